@@ -1,0 +1,127 @@
+//! `gerbil-run`: runs gerbil plans — generate text, print JSON, benchmark.
+
+use anyhow::{bail, Result};
+use clap::{Args, Parser, Subcommand};
+use gerbil_cli::run::{bench, run, BenchOptions, Prompt, RunOptions};
+use gerbil_runtime::SamplingParams;
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "gerbil-run", version, about = "Run a gerbil plan on any WebGPU device", args_conflicts_with_subcommands = true)]
+struct Cli {
+    /// The plan compiled by `gerbilc compile`.
+    plan: PathBuf,
+    #[command(subcommand)]
+    cmd: Option<Cmd>,
+    #[command(flatten)]
+    gen: GenArgs,
+}
+
+#[derive(Args)]
+struct GenArgs {
+    /// Prompt text (tokenized like `tokenizer(text)` in transformers).
+    #[arg(long, conflicts_with = "input_ids")]
+    prompt: Option<String>,
+    /// Apply the model's chat template to the prompt as one user message.
+    #[arg(long, requires = "prompt")]
+    chat: bool,
+    /// Comma-separated token ids instead of a prompt.
+    #[arg(long, value_delimiter = ',')]
+    input_ids: Option<Vec<u32>>,
+    /// Tokens to generate (0: only print the prompt's ids).
+    #[arg(long, default_value_t = 128)]
+    max_new_tokens: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample among the K most likely tokens (0: all).
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    /// Nucleus sampling threshold.
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    /// Random seed for sampling.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Record the K largest logits of every step (with --json).
+    #[arg(long, value_name = "K")]
+    top_logits: Option<usize>,
+    /// Print exactly one JSON object on stdout.
+    #[arg(long)]
+    json: bool,
+    /// Do not stop at end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Measure prefill and decode speed and GPU memory.
+    Bench {
+        /// Prompt length.
+        #[arg(long, default_value_t = 128)]
+        prompt_tokens: usize,
+        /// Tokens to decode.
+        #[arg(long, default_value_t = 128)]
+        new_tokens: usize,
+        /// Timed repetitions (median reported).
+        #[arg(long, default_value_t = 3)]
+        repeats: usize,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("GERBIL_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    match cli.cmd {
+        Some(Cmd::Bench { prompt_tokens, new_tokens, repeats, json }) => {
+            let r = bench(&cli.plan, BenchOptions { prompt_tokens, new_tokens, repeats })?;
+            if json {
+                println!("{}", serde_json::to_string(&r)?);
+            } else {
+                let mib = |b: u64| b as f64 / (1 << 20) as f64;
+                println!("device      {}", r.device);
+                println!("prefill     {:.1} tok/s ({prompt_tokens} tokens)", r.prefill_tok_s);
+                println!("decode      {:.1} tok/s ({:.2} ms/token, {new_tokens} tokens)", r.decode_tok_s, r.decode_ms_per_token);
+                println!("dispatches  {} per prefill step, {} per decode step", r.dispatches.0, r.dispatches.1);
+                println!(
+                    "gpu memory  weights {:.1} MiB, kv cache {:.1} MiB, activations {:.1} MiB",
+                    mib(r.weights_bytes),
+                    mib(r.kv_cache_bytes),
+                    mib(r.activation_bytes)
+                );
+            }
+        }
+        None => {
+            let g = cli.gen;
+            let prompt = match (g.prompt, g.input_ids) {
+                (Some(text), None) => Prompt::Text { text, chat: g.chat },
+                (None, Some(ids)) => Prompt::Ids(ids),
+                _ => bail!("give --prompt TEXT or --input-ids 1,2,3"),
+            };
+            run(
+                &cli.plan,
+                &RunOptions {
+                    prompt,
+                    max_new_tokens: g.max_new_tokens,
+                    sampling: SamplingParams {
+                        temperature: g.temperature,
+                        top_k: g.top_k,
+                        top_p: g.top_p,
+                        seed: g.seed,
+                    },
+                    top_logits: g.top_logits,
+                    json: g.json,
+                    ignore_eos: g.ignore_eos,
+                },
+            )?;
+        }
+    }
+    Ok(())
+}

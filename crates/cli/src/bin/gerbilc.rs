@@ -1,0 +1,108 @@
+//! `gerbilc`: compiles HuggingFace checkpoints to gerbil plans.
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+use gerbil_cli::compile::{compile, CompileOptions, DumpIr, Target, DEFAULT_MAX_TOKENS_PER_STEP};
+use gerbil_cli::inspect::{inspect, render};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(name = "gerbilc", version, about = "Ahead-of-time compiler: HuggingFace checkpoint → WebGPU plan")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Compile a local HF checkpoint directory to a plan.
+    Compile {
+        /// Directory with config.json, model.safetensors (or an index) and tokenizer files.
+        repo: PathBuf,
+        /// Plan file to write; without it only the requested dumps are produced.
+        #[arg(short, long)]
+        output: Option<PathBuf>,
+        /// KV-cache capacity in tokens (default: max_position_embeddings, at most 4096).
+        #[arg(long)]
+        max_context: Option<u64>,
+        /// Most prompt tokens per prefill step; longer prompts run in chunks.
+        #[arg(long, default_value_t = DEFAULT_MAX_TOKENS_PER_STEP)]
+        max_tokens_per_step: u64,
+        /// Skip a pass by name (repeatable).
+        #[arg(long = "disable-pass", value_name = "NAME")]
+        disable_pass: Vec<String>,
+        /// Print the IR: `lowered` (default), `after=PASS`, or `all`.
+        #[arg(long, value_name = "WHEN", num_args = 0..=1, default_missing_value = "lowered")]
+        dump_ir: Option<DumpIr>,
+        /// Write Graphviz files of the graph before and after each pass.
+        #[arg(long, value_name = "DIR")]
+        dump_dot: Option<PathBuf>,
+        /// Write every kernel's WGSL to this directory.
+        #[arg(long, value_name = "DIR")]
+        emit_wgsl: Option<PathBuf>,
+        /// Device limits to compile for.
+        #[arg(long, value_enum, default_value_t = Target::Portable)]
+        target: Target,
+    },
+    /// Summarize a plan: ops, dispatches, buffers, kernels.
+    Inspect {
+        /// The plan.
+        plan: PathBuf,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_env("GERBIL_LOG"))
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().cmd {
+        Cmd::Compile {
+            repo,
+            output,
+            max_context,
+            max_tokens_per_step,
+            disable_pass,
+            dump_ir,
+            dump_dot,
+            emit_wgsl,
+            target,
+        } => {
+            let out = output.clone();
+            let c = compile(&CompileOptions {
+                repo,
+                output,
+                max_context,
+                max_tokens_per_step,
+                disabled_passes: disable_pass,
+                dump_ir,
+                dump_dot,
+                emit_wgsl,
+                target,
+            })?;
+            if let Some(out) = out {
+                eprintln!(
+                    "wrote {} ({} kernels, {} prefill / {} decode dispatches, {:.1} MB of weights)",
+                    out.display(),
+                    c.header.kernels.len(),
+                    c.header.prefill.len(),
+                    c.header.decode.len(),
+                    c.weight_bytes as f64 / 1e6
+                );
+            }
+        }
+        Cmd::Inspect { plan, json } => {
+            let plan = gerbil_plan::PlanFile::open(&plan)?;
+            let i = inspect(&plan.header);
+            if json {
+                println!("{}", serde_json::to_string_pretty(&i)?);
+            } else {
+                print!("{}", render(&i));
+            }
+        }
+    }
+    Ok(())
+}

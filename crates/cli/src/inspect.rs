@@ -1,0 +1,117 @@
+//! `gerbilc inspect`: what a plan contains and what the compiler did.
+
+use gerbil_plan::{BufferKind, PlanHeader};
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// A plan summary; `--json` prints it as is.
+#[derive(Clone, Debug, Serialize)]
+pub struct Inspection {
+    /// Architecture and family.
+    pub architecture: String,
+    /// Family builder.
+    pub family: String,
+    /// Model name.
+    pub name: String,
+    /// Context capacity.
+    pub max_context: u64,
+    /// Prefill chunk.
+    pub max_tokens_per_step: u64,
+    /// Passes run.
+    pub passes: Vec<String>,
+    /// Op counts before the passes.
+    pub ops_before: BTreeMap<String, u64>,
+    /// Op counts after the passes.
+    pub ops_after: BTreeMap<String, u64>,
+    /// Dispatches per prefill step.
+    pub prefill_dispatches_total: usize,
+    /// Dispatches per decode step.
+    pub decode_dispatches_total: usize,
+    /// Decode dispatches inside one transformer layer.
+    pub decode_dispatches_per_layer: f64,
+    /// Bytes of all activation arenas.
+    pub activation_arena_bytes: u64,
+    /// Bytes if every activation had its own buffer.
+    pub activation_naive_bytes: u64,
+    /// KV-cache bytes.
+    pub kv_cache_bytes: u64,
+    /// Weight bytes by dtype.
+    pub weight_bytes_by_dtype: BTreeMap<String, u64>,
+    /// Kernels: name and workgroup size.
+    pub kernels: Vec<(String, [u32; 3])>,
+}
+
+/// Summarizes a plan header.
+pub fn inspect(h: &PlanHeader) -> Inspection {
+    let mut weight_bytes_by_dtype = BTreeMap::new();
+    let mut arena = 0;
+    let mut kv = 0;
+    for b in &h.buffers {
+        match &b.kind {
+            BufferKind::Weight { dtype, .. } => *weight_bytes_by_dtype.entry(dtype.clone()).or_default() += b.size,
+            BufferKind::Arena => arena += b.size,
+            BufferKind::State { name } if name.contains("cache") => kv += b.size,
+            _ => {}
+        }
+    }
+    let layer_dispatches = h.decode.iter().filter(|d| d.label.starts_with("layers.")).count();
+    Inspection {
+        architecture: h.model.architecture.clone(),
+        family: h.model.family.clone(),
+        name: h.model.name.clone(),
+        max_context: h.model.max_context,
+        max_tokens_per_step: h.model.max_tokens_per_step,
+        passes: h.compile.passes.clone(),
+        ops_before: h.compile.ops_before.iter().cloned().collect(),
+        ops_after: h.compile.ops_after.iter().cloned().collect(),
+        prefill_dispatches_total: h.prefill.len(),
+        decode_dispatches_total: h.decode.len(),
+        decode_dispatches_per_layer: layer_dispatches as f64 / h.model.num_layers.max(1) as f64,
+        activation_arena_bytes: arena,
+        activation_naive_bytes: h.compile.activation_naive_bytes,
+        kv_cache_bytes: kv,
+        weight_bytes_by_dtype,
+        kernels: h.kernels.iter().map(|k| (k.name.clone(), k.workgroup_size)).collect(),
+    }
+}
+
+/// Human-readable rendering of an inspection.
+pub fn render(i: &Inspection) -> String {
+    let mut s = format!(
+        "model      {} ({}, family {})\ncontext    {} tokens, prefill chunk {}\npasses     {}\n",
+        i.name,
+        i.architecture,
+        i.family,
+        i.max_context,
+        i.max_tokens_per_step,
+        i.passes.join(" → ")
+    );
+    s += "ops        before → after\n";
+    let names: std::collections::BTreeSet<&String> = i.ops_before.keys().chain(i.ops_after.keys()).collect();
+    for n in names {
+        s += &format!(
+            "  {n:<16} {:>6} → {}\n",
+            i.ops_before.get(n).copied().unwrap_or(0),
+            i.ops_after.get(n).copied().unwrap_or(0)
+        );
+    }
+    s += &format!(
+        "dispatches prefill {} / decode {} ({:.1} per layer)\n",
+        i.prefill_dispatches_total, i.decode_dispatches_total, i.decode_dispatches_per_layer
+    );
+    s += &format!(
+        "activations arena {} bytes vs {} naive ({:.1}%)\nkv cache   {} bytes\n",
+        i.activation_arena_bytes,
+        i.activation_naive_bytes,
+        100.0 * i.activation_arena_bytes as f64 / i.activation_naive_bytes.max(1) as f64,
+        i.kv_cache_bytes
+    );
+    for (d, b) in &i.weight_bytes_by_dtype {
+        s += &format!("weights    {d}: {b} bytes\n");
+    }
+    s += &format!("kernels    {}\n", i.kernels.len());
+    for (k, wg) in &i.kernels {
+        s += &format!("  {k:<48} @workgroup_size({}, {}, {})\n", wg[0], wg[1], wg[2]);
+    }
+    s
+}

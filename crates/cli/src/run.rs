@@ -1,0 +1,255 @@
+//! `gerbil-run`: generation, JSON output and benchmarks on a plan.
+
+use anyhow::{bail, Context, Result};
+use gerbil_plan::PlanFile;
+use gerbil_runtime::text::{ChatMessage, TextCodec};
+use gerbil_runtime::{generate, top_logits, GenerateOptions, SamplingParams, Session};
+use serde::Serialize;
+use std::io::Write;
+use std::time::Instant;
+
+/// What to feed the model.
+#[derive(Clone, Debug)]
+pub enum Prompt {
+    /// Text, tokenized as `tokenizer(text)` does (or through the chat template).
+    Text {
+        /// The text.
+        text: String,
+        /// Apply the chat template to one user message.
+        chat: bool,
+    },
+    /// Token ids as given.
+    Ids(Vec<u32>),
+}
+
+/// Settings of `gerbil-run` generation.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Input.
+    pub prompt: Prompt,
+    /// Tokens to generate.
+    pub max_new_tokens: usize,
+    /// Token choice.
+    pub sampling: SamplingParams,
+    /// Record the K largest logits of every step.
+    pub top_logits: Option<usize>,
+    /// Print one JSON object instead of streaming text.
+    pub json: bool,
+    /// Keep going past end-of-sequence tokens.
+    pub ignore_eos: bool,
+}
+
+/// One step in the JSON output.
+#[derive(Serialize)]
+pub struct StepJson {
+    /// The chosen token.
+    pub token: u32,
+    /// `[id, logit]` pairs, largest first.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The JSON object `--json` prints.
+#[derive(Serialize)]
+pub struct RunJson {
+    /// Prompt ids.
+    pub input_ids: Vec<u32>,
+    /// Generated ids.
+    pub output_ids: Vec<u32>,
+    /// Generated text (special tokens skipped; empty without a tokenizer).
+    pub text: String,
+    /// Per-step top logits (with `--top-logits`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub steps: Option<Vec<StepJson>>,
+}
+
+/// Builds the plan's tokenizer, if it has one.
+pub fn codec(plan: &PlanFile) -> Result<Option<TextCodec>> {
+    let text = &plan.header.text;
+    let Some(section) = text.tokenizer else {
+        return Ok(None);
+    };
+    let mut codec = TextCodec::from_tokenizer_json(plan.section(section))?
+        .with_special_tokens(text.bos_token.clone(), text.eos_token.clone());
+    if let Some(t) = &text.chat_template {
+        codec = codec.with_chat_template(t.clone())?;
+    }
+    Ok(Some(codec))
+}
+
+fn prompt_ids(prompt: &Prompt, codec: Option<&TextCodec>) -> Result<Vec<u32>> {
+    Ok(match prompt {
+        Prompt::Ids(ids) => ids.clone(),
+        Prompt::Text { text, chat } => {
+            let codec = codec.context("this plan has no tokenizer; pass --input-ids instead of --prompt")?;
+            if *chat {
+                codec.encode_chat(&[ChatMessage::new("user", text.clone())], true)?
+            } else {
+                codec.encode(text)?
+            }
+        }
+    })
+}
+
+/// Runs generation; prints streamed text, or one JSON object with `json`.
+pub fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
+    let plan = PlanFile::open(plan_path)?;
+    let codec = codec(&plan)?;
+    let input_ids = prompt_ids(&opts.prompt, codec.as_ref())?;
+    if input_ids.is_empty() {
+        bail!("the prompt has no tokens");
+    }
+    let stdout = std::io::stdout();
+    if opts.max_new_tokens == 0 {
+        let json = RunJson {
+            input_ids,
+            output_ids: vec![],
+            text: String::new(),
+            steps: opts.top_logits.map(|_| vec![]),
+        };
+        if opts.json {
+            println!("{}", serde_json::to_string(&json)?);
+        } else {
+            println!("{}", json.input_ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+        }
+        return Ok(());
+    }
+    let mut session = Session::new(&plan)?;
+    let gen_opts = GenerateOptions {
+        max_new_tokens: opts.max_new_tokens,
+        sampling: opts.sampling,
+        eos_token_ids: if opts.ignore_eos { vec![] } else { plan.header.text.eos_token_ids.clone() },
+    };
+    let mut steps = Vec::new();
+    let mut stream = match (&codec, opts.json) {
+        (Some(c), false) => Some(c.stream_decoder(true)),
+        _ => None,
+    };
+    let mut out = stdout.lock();
+    let mut stream_err = None;
+    let output_ids = generate(&mut session, &input_ids, &gen_opts, |ev| {
+        if let Some(k) = opts.top_logits {
+            steps.push(StepJson {
+                token: ev.token,
+                top: top_logits(ev.logits, k),
+            });
+        }
+        if let Some(s) = stream.as_mut() {
+            match s.push(ev.token) {
+                Ok(piece) => {
+                    let _ = out.write_all(piece.as_bytes());
+                    let _ = out.flush();
+                }
+                Err(e) => stream_err = Some(e),
+            }
+        } else if !opts.json {
+            let _ = write!(out, "{} ", ev.token);
+            let _ = out.flush();
+        }
+    })?;
+    if let Some(e) = stream_err {
+        return Err(e.into());
+    }
+    if let Some(s) = stream.as_mut() {
+        let rest = s.finish()?;
+        let _ = out.write_all(rest.as_bytes());
+    }
+    if opts.json {
+        let text = match &codec {
+            Some(c) => c.decode(&output_ids, true)?,
+            None => String::new(),
+        };
+        let json = RunJson {
+            input_ids,
+            output_ids,
+            text,
+            steps: opts.top_logits.map(|_| steps),
+        };
+        writeln!(out, "{}", serde_json::to_string(&json)?)?;
+    } else {
+        writeln!(out)?;
+    }
+    Ok(())
+}
+
+/// Settings of `gerbil-run bench`.
+#[derive(Clone, Copy, Debug)]
+pub struct BenchOptions {
+    /// Prompt length.
+    pub prompt_tokens: usize,
+    /// Tokens to decode.
+    pub new_tokens: usize,
+    /// Timed repetitions (the median is reported).
+    pub repeats: usize,
+}
+
+/// Benchmark results.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchReport {
+    /// Adapter name.
+    pub device: String,
+    /// Prompt tokens per second (median).
+    pub prefill_tok_s: f64,
+    /// Generated tokens per second (median), including each step's logits readback.
+    pub decode_tok_s: f64,
+    /// Milliseconds per decode step (median).
+    pub decode_ms_per_token: f64,
+    /// GPU bytes of weights.
+    pub weights_bytes: u64,
+    /// GPU bytes of KV cache.
+    pub kv_cache_bytes: u64,
+    /// GPU bytes of activations and I/O buffers.
+    pub activation_bytes: u64,
+    /// Dispatches per prefill step and per decode step.
+    pub dispatches: (usize, usize),
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// Times prefill and greedy decode on synthetic token ids.
+pub fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchReport> {
+    let plan = PlanFile::open(plan_path)?;
+    let mut session = Session::new(&plan)?;
+    let vocab = session.vocab_size() as u32;
+    let max = plan.header.model.max_context as usize;
+    if opts.prompt_tokens == 0 || opts.prompt_tokens + opts.new_tokens > max {
+        bail!(
+            "--prompt-tokens {} + --new-tokens {} must be between 1 and the plan's context {max}",
+            opts.prompt_tokens,
+            opts.new_tokens
+        );
+    }
+    let prompt: Vec<u32> = (0..opts.prompt_tokens as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    // Warm-up: pipelines, first-use costs.
+    session.reset();
+    session.forward(&prompt)?;
+    let mut prefill = Vec::new();
+    let mut decode = Vec::new();
+    for _ in 0..opts.repeats.max(1) {
+        session.reset();
+        let t0 = Instant::now();
+        let mut logits = session.forward(&prompt)?;
+        prefill.push(t0.elapsed().as_secs_f64());
+        let t1 = Instant::now();
+        for _ in 0..opts.new_tokens {
+            let next = gerbil_runtime::argmax(&logits);
+            logits = session.forward(&[next])?;
+        }
+        decode.push(t1.elapsed().as_secs_f64());
+    }
+    let prefill_s = median(prefill);
+    let decode_s = median(decode);
+    let mem = session.memory();
+    Ok(BenchReport {
+        device: format!("{} ({:?})", session.gpu().adapter.name, session.gpu().adapter.backend),
+        prefill_tok_s: opts.prompt_tokens as f64 / prefill_s,
+        decode_tok_s: opts.new_tokens as f64 / decode_s,
+        decode_ms_per_token: decode_s * 1000.0 / opts.new_tokens.max(1) as f64,
+        weights_bytes: mem.weights,
+        kv_cache_bytes: mem.kv_cache,
+        activation_bytes: mem.activations,
+        dispatches: (plan.header.prefill.len(), plan.header.decode.len()),
+    })
+}

@@ -1,0 +1,103 @@
+//! `attention`: causal (optionally sliding-window) grouped-query attention of
+//! the step's queries against the KV cache, with an online softmax.
+//!
+//! One workgroup per (query head, query row). Keys are visited in chunks of
+//! `WG`: each thread scores one key of the chunk, the chunk's maximum and sum
+//! are reduced in workgroup memory, and each thread accumulates the output
+//! dimensions `d ≡ lane (mod WG)` rescaled by `exp(m_old − m_new)` — the
+//! flash-attention recurrence, so no `[T, P]` score matrix is ever stored.
+//! Masked keys use a finite sentinel instead of −∞ so no NaN can arise.
+
+use super::{bindings, Access, f32_binding, f32_lit, prelude, tree_reduce, KernelSource, Rows};
+use gerbil_plan::WorkgroupCount;
+use std::fmt::Write;
+
+const WG: u32 = 64;
+
+/// Specialization of an attention kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AttentionSpec {
+    /// Query heads.
+    pub heads: u32,
+    /// Key/value heads.
+    pub kv_heads: u32,
+    /// Head width.
+    pub head_dim: u32,
+    /// Score multiplier.
+    pub scale: f32,
+    /// Sliding window, 0 for none.
+    pub window: u32,
+}
+
+/// Builds the kernel.
+pub fn kernel(s: AttentionSpec) -> KernelSource {
+    let mut w = prelude();
+    let per_thread = s.head_dim.div_ceil(WG);
+    let _ = writeln!(
+        w,
+        "const NH: u32 = {}u;\nconst NKV: u32 = {}u;\nconst HD: u32 = {}u;\nconst GROUP: u32 = {}u;\n\
+         const SCALE: f32 = {};\nconst WINDOW: u32 = {}u;\nconst WG: u32 = {WG}u;\nconst PT: u32 = {per_thread}u;\n\
+         const NEG: f32 = -3.0e38f;",
+        s.heads,
+        s.kv_heads,
+        s.head_dim,
+        s.heads / s.kv_heads,
+        f32_lit(s.scale),
+        s.window
+    );
+    f32_binding(&mut w, 1, "q", true);
+    f32_binding(&mut w, 2, "kc", false);
+    f32_binding(&mut w, 3, "vc", false);
+    f32_binding(&mut w, 4, "y", true);
+    let _ = write!(
+        w,
+        "var<workgroup> qs: array<f32, HD>;\n\
+         var<workgroup> ps: array<f32, WG>;\n\
+         var<workgroup> red: array<f32, WG>;\n\
+         @compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let h = wid.x;\n  let t = wid.y;\n  let lane = lid.x;\n\
+         \x20 let pos = params.p + t;\n  let kvh = h / GROUP;\n\
+         \x20 var lo = 0u;\n  if (WINDOW > 0u && pos + 1u > WINDOW) {{ lo = pos + 1u - WINDOW; }}\n\
+         \x20 for (var d = lane; d < HD; d = d + WG) {{ qs[d] = q[(t * NH + h) * HD + d]; }}\n\
+         \x20 workgroupBarrier();\n\
+         \x20 var m = NEG;\n  var l = 0.0f;\n  var acc: array<f32, PT>;\n\
+         \x20 for (var c = lo; c <= pos; c = c + WG) {{\n\
+         \x20   let j = c + lane;\n    var sc = NEG;\n\
+         \x20   if (j <= pos) {{\n\
+         \x20     let kb = (j * NKV + kvh) * HD;\n      var dot = 0.0f;\n\
+         \x20     for (var d = 0u; d < HD; d = d + 1u) {{ dot = dot + qs[d] * kc[kb + d]; }}\n\
+         \x20     sc = dot * SCALE;\n    }}\n\
+         \x20   red[lane] = sc;\n    workgroupBarrier();\n{max_reduce}\
+         \x20   let m_new = max(m, red[0]);\n    workgroupBarrier();\n\
+         \x20   var p = 0.0f;\n    if (j <= pos) {{ p = exp(sc - m_new); }}\n\
+         \x20   ps[lane] = p;\n    red[lane] = p;\n    workgroupBarrier();\n{sum_reduce}\
+         \x20   let alpha = exp(m - m_new);\n    l = l * alpha + red[0];\n\
+         \x20   let n_keys = min(WG, pos + 1u - c);\n\
+         \x20   for (var e = 0u; e < PT; e = e + 1u) {{\n\
+         \x20     let d = lane + e * WG;\n      if (d < HD) {{\n\
+         \x20       var a = acc[e] * alpha;\n\
+         \x20       for (var jj = 0u; jj < n_keys; jj = jj + 1u) {{ a = a + ps[jj] * vc[((c + jj) * NKV + kvh) * HD + d]; }}\n\
+         \x20       acc[e] = a;\n      }}\n    }}\n\
+         \x20   m = m_new;\n    workgroupBarrier();\n  }}\n\
+         \x20 for (var e = 0u; e < PT; e = e + 1u) {{\n\
+         \x20   let d = lane + e * WG;\n    if (d < HD) {{ y[(t * NH + h) * HD + d] = acc[e] / l; }}\n  }}\n}}\n",
+        max_reduce = tree_reduce(WG, "lane", "0u", "max"),
+        sum_reduce = tree_reduce(WG, "lane", "0u", "+"),
+    );
+    KernelSource {
+        name: format!(
+            "attention_h{}_kv{}_d{}_w{}",
+            s.heads, s.kv_heads, s.head_dim, s.window
+        ),
+        wgsl: w,
+        workgroup_size: [WG, 1, 1],
+        bindings: bindings(&[Access::Activation, Access::Read, Access::Read, Access::Activation]),
+        workgroups: [
+            WorkgroupCount::fixed(s.heads),
+            Rows::Tokens.count(1, 1),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: (s.head_dim + 2 * WG) * 4,
+    }
+}

@@ -1,0 +1,105 @@
+//! Elementwise kernels, one thread per element: unary activations, binary
+//! add/mul, the KV-cache write, and the last-row slice.
+
+use super::{bindings, Access, f32_binding, f32_lit, prelude, KernelSource, Rows};
+use gerbil_ir::{BinaryOp, UnaryOp};
+use gerbil_plan::{BindingDecl, WorkgroupCount};
+use std::fmt::Write;
+
+const WG: u32 = 256;
+
+fn flat(name: String, wgsl: String, rows: Rows, width: u32, bindings: Vec<BindingDecl>) -> KernelSource {
+    KernelSource {
+        name,
+        wgsl,
+        workgroup_size: [WG, 1, 1],
+        bindings,
+        workgroups: [rows.count(width, WG), WorkgroupCount::fixed(1), WorkgroupCount::fixed(1)],
+        workgroup_bytes: 0,
+    }
+}
+
+fn header(width: u32) -> String {
+    let mut w = prelude();
+    let _ = writeln!(w, "const W: u32 = {width}u;");
+    w
+}
+
+fn entry(rows: Rows, body: &str) -> String {
+    format!(
+        "@compute @workgroup_size({WG}, 1, 1)\n\
+         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n\
+         \x20 let i = gid.x;\n  if (i >= {rows} * W) {{ return; }}\n{body}}}\n",
+        rows = rows.wgsl()
+    )
+}
+
+/// WGSL expression of a unary function of `v`. `tanh` arguments are clamped
+/// to ±15 (where tanh is ±1 in f32) so no backend overflows `exp`.
+pub fn unary_expr(op: UnaryOp, v: &str) -> String {
+    match op {
+        UnaryOp::Silu => format!("{v} / (1.0f + exp(-{v}))"),
+        UnaryOp::GeluTanh => format!(
+            "0.5f * {v} * (1.0f + tanh(clamp(0.7978845608028654f * ({v} + 0.044715f * {v} * {v} * {v}), -15.0f, 15.0f)))"
+        ),
+        UnaryOp::Softcap(c) => format!(
+            "tanh(clamp({v} / {c}, -15.0f, 15.0f)) * {c}",
+            c = f32_lit(c)
+        ),
+    }
+}
+
+fn unary_tag(op: UnaryOp) -> String {
+    match op {
+        UnaryOp::Silu => "silu".into(),
+        UnaryOp::GeluTanh => "gelu_tanh".into(),
+        UnaryOp::Softcap(c) => format!("softcap{}", c.to_bits()),
+    }
+}
+
+/// `y = f(x)`.
+pub fn unary(op: UnaryOp, rows: Rows, width: u32) -> KernelSource {
+    let mut w = header(width);
+    f32_binding(&mut w, 1, "x", true);
+    f32_binding(&mut w, 2, "y", true);
+    w.push_str(&entry(rows, &format!("  let v = x[i];\n  y[i] = {};\n", unary_expr(op, "v"))));
+    flat(format!("{}_r{}_w{width}", unary_tag(op), rows.tag()), w, rows, width, bindings(&[Access::Activation, Access::Activation]))
+}
+
+/// `y = a ∘ b`.
+pub fn binary(op: BinaryOp, rows: Rows, width: u32) -> KernelSource {
+    let mut w = header(width);
+    f32_binding(&mut w, 1, "a", true);
+    f32_binding(&mut w, 2, "b", true);
+    f32_binding(&mut w, 3, "y", true);
+    let (sym, tag) = match op {
+        BinaryOp::Add => ("+", "add"),
+        BinaryOp::Mul => ("*", "mul"),
+    };
+    w.push_str(&entry(rows, &format!("  y[i] = a[i] {sym} b[i];\n")));
+    flat(format!("{tag}_r{}_w{width}", rows.tag()), w, rows, width, bindings(&[Access::Activation, Access::Activation, Access::Activation]))
+}
+
+/// `cache[P + t] = x[t]` for every row `t` of the step.
+pub fn cache_write(width: u32) -> KernelSource {
+    let mut w = header(width);
+    f32_binding(&mut w, 1, "cache", true);
+    f32_binding(&mut w, 2, "x", true);
+    w.push_str(&entry(Rows::Tokens, "  cache[params.p * W + i] = x[i];\n"));
+    flat(
+        format!("cache_write_w{width}"),
+        w,
+        Rows::Tokens,
+        width,
+        vec![BindingDecl::Uniform, BindingDecl::StorageReadWrite, BindingDecl::StorageReadWrite],
+    )
+}
+
+/// `y[0] = x[T - 1]`.
+pub fn slice_last_row(width: u32) -> KernelSource {
+    let mut w = header(width);
+    f32_binding(&mut w, 1, "x", true);
+    f32_binding(&mut w, 2, "y", true);
+    w.push_str(&entry(Rows::Fixed(1), "  y[i] = x[(params.t - 1u) * W + i];\n"));
+    flat(format!("slice_last_row_w{width}"), w, Rows::Fixed(1), width, bindings(&[Access::Activation, Access::Activation]))
+}

@@ -1,0 +1,169 @@
+//! One WGSL template per op, specialized with constants.
+//!
+//! Every kernel binds the step parameters (`T`, `P`) as a uniform at binding 0
+//! and its tensors as storage buffers from binding 1, inputs first (in the IR
+//! op's port order) and the output last. Templates never assume power-of-two
+//! sizes: every loop and store is bounds-checked against the true dimension.
+
+pub mod attention;
+pub mod elementwise;
+pub mod embedding;
+pub mod matmul;
+pub mod rms_norm;
+pub mod rope;
+
+use gerbil_ir::DType;
+use gerbil_plan::{BindingDecl, WorkgroupCount};
+use std::fmt::Write;
+
+/// Most workgroups a dispatch may have along one axis (WebGPU's default limit).
+pub const MAX_WORKGROUPS_PER_DIM: u32 = 65_535;
+
+/// A specialized kernel and how to launch it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct KernelSource {
+    /// Descriptive name; unique per specialization.
+    pub name: String,
+    /// Full WGSL module.
+    pub wgsl: String,
+    /// `@workgroup_size`.
+    pub workgroup_size: [u32; 3],
+    /// Binding declarations, binding 0 first.
+    pub bindings: Vec<BindingDecl>,
+    /// Workgroup counts along x, y, z.
+    pub workgroups: [WorkgroupCount; 3],
+    /// Bytes of `var<workgroup>` memory.
+    pub workgroup_bytes: u32,
+}
+
+/// Row count of an operand: a constant or the step's `T`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Rows {
+    /// `T` rows (read from the step parameters).
+    Tokens,
+    /// A fixed number of rows.
+    Fixed(u32),
+}
+
+impl Rows {
+    /// WGSL expression for the row count.
+    pub fn wgsl(self) -> String {
+        match self {
+            Rows::Tokens => "params.t".to_string(),
+            Rows::Fixed(n) => format!("{n}u"),
+        }
+    }
+
+    /// Workgroup count of `ceil(rows · per_row / divisor)`.
+    pub fn count(self, per_row: u32, divisor: u32) -> WorkgroupCount {
+        match self {
+            Rows::Tokens => WorkgroupCount {
+                per_token: per_row,
+                constant: 0,
+                divisor,
+            },
+            Rows::Fixed(n) => WorkgroupCount::fixed((n * per_row).div_ceil(divisor)),
+        }
+    }
+
+    /// Short tag for kernel names.
+    pub fn tag(self) -> String {
+        match self {
+            Rows::Tokens => "T".to_string(),
+            Rows::Fixed(n) => n.to_string(),
+        }
+    }
+}
+
+/// A WGSL f32 literal that round-trips exactly.
+pub fn f32_lit(v: f32) -> String {
+    format!("{v:?}f")
+}
+
+/// The common module header: the step-parameter struct and its binding.
+pub fn prelude() -> String {
+    "struct Params { t: u32, p: u32, pad0: u32, pad1: u32 }\n\
+     @group(0) @binding(0) var<uniform> params: Params;\n"
+        .to_string()
+}
+
+/// Declares a storage binding of f32 elements.
+pub fn f32_binding(out: &mut String, binding: u32, name: &str, writable: bool) {
+    let access = if writable { "read_write" } else { "read" };
+    let _ = writeln!(
+        out,
+        "@group(0) @binding({binding}) var<storage, {access}> {name}: array<f32>;"
+    );
+}
+
+/// Declares a read-only weight binding of `dtype` and a loader
+/// `fn load_{name}(i: u32) -> f32` returning element `i` widened to f32
+/// (bf16 and f16 are packed two per `u32`, low half first).
+pub fn weight_binding(out: &mut String, binding: u32, name: &str, dtype: DType) {
+    match dtype {
+        DType::F32 | DType::U32 => {
+            f32_binding(out, binding, name, false);
+            let _ = writeln!(out, "fn load_{name}(i: u32) -> f32 {{ return {name}[i]; }}");
+        }
+        DType::BF16 => {
+            let _ = writeln!(
+                out,
+                "@group(0) @binding({binding}) var<storage, read> {name}: array<u32>;\n\
+                 fn load_{name}(i: u32) -> f32 {{\n  let w = {name}[i >> 1u];\n  \
+                 return bitcast<f32>(select(w << 16u, w & 0xffff0000u, (i & 1u) == 1u));\n}}\n\
+                 fn pair_{name}(word: u32) -> vec2<f32> {{\n  let w = {name}[word];\n  \
+                 return vec2<f32>(bitcast<f32>(w << 16u), bitcast<f32>(w & 0xffff0000u));\n}}"
+            );
+        }
+        DType::F16 => {
+            let _ = writeln!(
+                out,
+                "@group(0) @binding({binding}) var<storage, read> {name}: array<u32>;\n\
+                 fn load_{name}(i: u32) -> f32 {{ return unpack2x16float({name}[i >> 1u])[i & 1u]; }}\n\
+                 fn pair_{name}(word: u32) -> vec2<f32> {{ return unpack2x16float({name}[word]); }}"
+            );
+        }
+    }
+}
+
+/// How a kernel binds one tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Access {
+    /// A weight, table or cache read by this kernel: `read`.
+    Read,
+    /// An activation: `read_write`. Activations share arena buffers, and
+    /// WebGPU lets one buffer be bound several times in a dispatch only if
+    /// every binding is writable storage.
+    Activation,
+}
+
+/// Binding declarations: the uniform at 0, then one per tensor.
+pub fn bindings(tensors: &[Access]) -> Vec<BindingDecl> {
+    std::iter::once(BindingDecl::Uniform)
+        .chain(tensors.iter().map(|a| match a {
+            Access::Read => BindingDecl::StorageRead,
+            Access::Activation => BindingDecl::StorageReadWrite,
+        }))
+        .collect()
+}
+
+/// Splits `groups` workgroups over x and y so neither exceeds the limit;
+/// returns `(gx, gy)`.
+pub fn split_groups(groups: u32) -> (u32, u32) {
+    let gy = groups.div_ceil(MAX_WORKGROUPS_PER_DIM).max(1);
+    (groups.div_ceil(gy).max(1), gy)
+}
+
+/// WGSL for a tree reduction of `red[base + 0..width]` into `red[base]` by
+/// threads `lane < width` (width a power of two), with `op` `+` or `max`.
+pub fn tree_reduce(width: u32, lane: &str, base: &str, op: &str) -> String {
+    let combine = if op == "max" {
+        format!("red[{base} + {lane}] = max(red[{base} + {lane}], red[{base} + {lane} + s]);")
+    } else {
+        format!("red[{base} + {lane}] = red[{base} + {lane}] + red[{base} + {lane} + s];")
+    };
+    format!(
+        "  for (var s = {half}u; s > 0u; s = s >> 1u) {{\n    if ({lane} < s) {{ {combine} }}\n    workgroupBarrier();\n  }}\n",
+        half = width / 2
+    )
+}

@@ -1,0 +1,60 @@
+//! `rms_norm`: `y = x / sqrt(mean(x²) + eps) · (w + offset)` per row; one
+//! workgroup per row, sum of squares reduced in workgroup memory.
+
+use super::{bindings, Access, f32_binding, f32_lit, prelude, tree_reduce, weight_binding, KernelSource, Rows};
+use gerbil_ir::DType;
+use gerbil_plan::WorkgroupCount;
+use std::fmt::Write;
+
+const WG: u32 = 256;
+
+/// Specialization of an RMSNorm kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RmsNormSpec {
+    /// Rows.
+    pub rows: Rows,
+    /// Row width.
+    pub width: u32,
+    /// Epsilon.
+    pub eps: f32,
+    /// Added to the weight (Gemma: 1).
+    pub offset: f32,
+    /// Weight dtype.
+    pub wdtype: DType,
+}
+
+/// Builds the kernel.
+pub fn kernel(s: RmsNormSpec) -> KernelSource {
+    let mut w = prelude();
+    let _ = writeln!(
+        w,
+        "const H: u32 = {h}u;\nconst EPS: f32 = {eps};\nconst OFFSET: f32 = {off};\nconst WG: u32 = {WG}u;",
+        h = s.width,
+        eps = f32_lit(s.eps),
+        off = f32_lit(s.offset)
+    );
+    f32_binding(&mut w, 1, "x", true);
+    weight_binding(&mut w, 2, "w", s.wdtype);
+    f32_binding(&mut w, 3, "y", true);
+    let _ = write!(
+        w,
+        "var<workgroup> red: array<f32, WG>;\n\
+         @compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let row = wid.x;\n  let lane = lid.x;\n\
+         \x20 var s = 0.0f;\n\
+         \x20 for (var i = lane; i < H; i = i + WG) {{ let v = x[row * H + i]; s = s + v * v; }}\n\
+         \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
+         \x20 let inv = 1.0f / sqrt(red[0] / f32(H) + EPS);\n\
+         \x20 for (var i = lane; i < H; i = i + WG) {{ y[row * H + i] = (x[row * H + i] * inv) * (load_w(i) + OFFSET); }}\n}}\n",
+        reduce = tree_reduce(WG, "lane", "0u", "+")
+    );
+    KernelSource {
+        name: format!("rms_norm_{}_r{}_h{}", s.wdtype, s.rows.tag(), s.width),
+        wgsl: w,
+        workgroup_size: [WG, 1, 1],
+        bindings: bindings(&[Access::Activation, Access::Read, Access::Activation]),
+        workgroups: [s.rows.count(1, 1), WorkgroupCount::fixed(1), WorkgroupCount::fixed(1)],
+        workgroup_bytes: WG * 4,
+    }
+}

@@ -1,0 +1,57 @@
+//! Codegen: IR in, specialized WGSL kernels and a dispatch schedule out.
+//!
+//! [`generate`] walks the verified graph in topological order, emits one
+//! kernel per compute node from the templates in [`kernels`] (dimensions,
+//! epsilons and head counts baked in as `const`s; only `T` and `P` come from
+//! the step-parameter uniform), validates every distinct module with naga,
+//! places activations in arenas with the liveness planner, and returns the
+//! buffers, kernels and two schedules (prefill with several rows per matmul
+//! workgroup, decode with one) as a [`Program`].
+//!
+//! This crate opens no device: it is IR in, WGSL text and plan data out. The
+//! caller fills in weight bytes (see [`Program::weights`]).
+
+pub mod kernels;
+mod schedule;
+mod validate;
+
+pub use schedule::{generate, CodegenOptions, Program, WeightBuffer};
+pub use validate::validate;
+
+/// Why codegen failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CodegenError {
+    /// naga rejected an emitted kernel (a compiler bug).
+    #[error("kernel `{kernel}` failed naga validation:\n{report}")]
+    Naga {
+        /// Kernel name.
+        kernel: String,
+        /// naga's report, with the source location.
+        report: String,
+    },
+    /// The graph has something codegen cannot lower.
+    #[error("cannot generate code for node `{label}`: {reason}")]
+    Unsupported {
+        /// Node label.
+        label: String,
+        /// Why.
+        reason: String,
+    },
+    /// A tensor exceeds a limit of the target.
+    #[error("{what} needs {needed} but the target allows {limit} ({limit_name}); {hint}")]
+    Limit {
+        /// What is too large.
+        what: String,
+        /// Needed value.
+        needed: u64,
+        /// Target's value.
+        limit: u64,
+        /// The WebGPU limit's name.
+        limit_name: &'static str,
+        /// What to do.
+        hint: &'static str,
+    },
+    /// The graph is cyclic or otherwise malformed.
+    #[error("malformed graph: {0}")]
+    Graph(String),
+}

@@ -1,0 +1,457 @@
+//! Lowering a verified graph to buffers, kernels and dispatch schedules.
+
+use crate::kernels::{
+    attention::{self, AttentionSpec},
+    elementwise,
+    embedding::{self, EmbeddingSpec},
+    matmul::{self, MatMulSpec},
+    rms_norm::{self, RmsNormSpec},
+    rope::{self, RopeSpec},
+    KernelSource, Rows, MAX_WORKGROUPS_PER_DIM,
+};
+use crate::{validate, CodegenError};
+use gerbil_ir::{Dim, Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
+use gerbil_passes::buffer_plan::{plan_arenas, Interval};
+use gerbil_plan::{
+    BufferDecl, BufferKind, BufferSlice, Dispatch, IoBindings, Kernel, Requirements, SectionRef,
+    STEP_PARAMS_BYTES,
+};
+use std::collections::HashMap;
+
+/// What the target allows and how large the plan's steps are.
+#[derive(Clone, Debug)]
+pub struct CodegenOptions {
+    /// KV-cache capacity (`Lmax`).
+    pub max_context: u64,
+    /// Most tokens in one prefill step (`T` ≤ this).
+    pub max_tokens_per_step: u64,
+    /// Largest storage binding the target allows.
+    pub max_storage_binding: u64,
+    /// Alignment of binding offsets.
+    pub binding_align: u64,
+    /// Rows of `x` per matmul workgroup in prefill.
+    pub prefill_rows_per_workgroup: u32,
+}
+
+impl Default for CodegenOptions {
+    fn default() -> Self {
+        CodegenOptions {
+            max_context: 4096,
+            max_tokens_per_step: 256,
+            max_storage_binding: 128 << 20,
+            binding_align: 256,
+            prefill_rows_per_workgroup: 8,
+        }
+    }
+}
+
+/// A weight buffer whose bytes the caller materializes from `source`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WeightBuffer {
+    /// Index into [`Program::buffers`].
+    pub buffer: u32,
+    /// Where the bytes come from.
+    pub source: WeightSource,
+    /// Type with `Lmax` resolved.
+    pub ty: TensorType,
+}
+
+/// Codegen's result: everything in a plan header but the weight sections.
+#[derive(Clone, Debug)]
+pub struct Program {
+    /// GPU buffers; weight buffers carry a placeholder section.
+    pub buffers: Vec<BufferDecl>,
+    /// Distinct kernels.
+    pub kernels: Vec<Kernel>,
+    /// Prefill schedule.
+    pub prefill: Vec<Dispatch>,
+    /// Decode schedule.
+    pub decode: Vec<Dispatch>,
+    /// Input and output buffers.
+    pub io: IoBindings,
+    /// Weight buffers to fill.
+    pub weights: Vec<WeightBuffer>,
+    /// Device limits the plan needs.
+    pub requirements: Requirements,
+    /// Sum of all activation sizes at `max_tokens_per_step`.
+    pub activation_naive_bytes: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Loc {
+    Whole(u32),
+    Arena(usize),
+}
+
+fn round4(n: u64) -> u64 {
+    n.div_ceil(4) * 4
+}
+
+fn rows_of(ty: &TensorType) -> Rows {
+    match ty.shape.first() {
+        Some(Dim::Const(n)) => Rows::Fixed(*n as u32),
+        _ => Rows::Tokens,
+    }
+}
+
+fn width_of(ty: &TensorType) -> u32 {
+    ty.last_const().unwrap_or(0) as u32
+}
+
+struct Builder<'g> {
+    graph: &'g Graph,
+    opts: &'g CodegenOptions,
+    buffers: Vec<BufferDecl>,
+    locs: HashMap<NodeId, Loc>,
+    arena_slices: Vec<BufferSlice>,
+    kernels: Vec<Kernel>,
+    kernel_index: HashMap<String, u32>,
+    requirements: Requirements,
+}
+
+impl Builder<'_> {
+    fn push_buffer(&mut self, size: u64, kind: BufferKind) -> u32 {
+        self.buffers.push(BufferDecl {
+            size: round4(size.max(4)),
+            kind,
+        });
+        (self.buffers.len() - 1) as u32
+    }
+
+    fn slice(&self, v: ValueRef) -> BufferSlice {
+        match self.locs[&v.node] {
+            Loc::Whole(b) => BufferSlice {
+                buffer: b,
+                offset: 0,
+                size: self.buffers[b as usize].size,
+            },
+            Loc::Arena(i) => self.arena_slices[i],
+        }
+    }
+
+    fn value_bytes(&self, ty: &TensorType) -> u64 {
+        round4(ty.size_bytes(self.opts.max_tokens_per_step, self.opts.max_context))
+    }
+
+    fn check_binding(&self, what: &str, size: u64) -> Result<(), CodegenError> {
+        if size > self.opts.max_storage_binding {
+            return Err(CodegenError::Limit {
+                what: what.to_string(),
+                needed: size,
+                limit: self.opts.max_storage_binding,
+                limit_name: "max_storage_buffer_binding_size",
+                hint: "weights this large need sharding, which this target profile does not do yet; use a target with a larger binding limit",
+            });
+        }
+        Ok(())
+    }
+
+    fn add_kernel(&mut self, src: KernelSource) -> Result<u32, CodegenError> {
+        if let Some(&i) = self.kernel_index.get(&src.wgsl) {
+            return Ok(i);
+        }
+        validate(&src.name, &src.wgsl)?;
+        let r = &mut self.requirements;
+        r.max_compute_workgroup_storage_size = r.max_compute_workgroup_storage_size.max(src.workgroup_bytes);
+        r.max_compute_invocations_per_workgroup = r
+            .max_compute_invocations_per_workgroup
+            .max(src.workgroup_size.iter().product());
+        r.max_storage_buffers_per_shader_stage = r
+            .max_storage_buffers_per_shader_stage
+            .max(src.bindings.len() as u32 - 1);
+        let mut name = src.name.clone();
+        if self.kernels.iter().any(|k| k.name == name) {
+            name = format!("{name}_{}", self.kernels.len());
+        }
+        self.kernels.push(Kernel {
+            name,
+            wgsl: src.wgsl.clone(),
+            entry: "main".into(),
+            workgroup_size: src.workgroup_size,
+            bindings: src.bindings,
+        });
+        let i = (self.kernels.len() - 1) as u32;
+        self.kernel_index.insert(src.wgsl, i);
+        Ok(i)
+    }
+
+    /// The kernel for one compute node in one phase.
+    fn kernel_for(&self, id: NodeId, tt: u32) -> Result<KernelSource, CodegenError> {
+        let g = self.graph;
+        let node = g.node(id);
+        let ins = g.inputs(id);
+        let in_ty = |i: usize| g.value_type(ins[i]);
+        let out_ty = &node.outputs[0];
+        let unsupported = |reason: &str| CodegenError::Unsupported {
+            label: node.label.clone(),
+            reason: reason.to_string(),
+        };
+        Ok(match &node.op {
+            Op::Embedding(e) => {
+                let t = in_ty(0);
+                embedding::kernel(EmbeddingSpec {
+                    vocab: t.shape[0].as_const().ok_or_else(|| unsupported("symbolic vocabulary"))? as u32,
+                    width: width_of(t),
+                    wdtype: t.dtype,
+                    scale: e.scale,
+                })
+            }
+            Op::RmsNorm(n) => rms_norm::kernel(RmsNormSpec {
+                rows: rows_of(out_ty),
+                width: width_of(out_ty),
+                eps: n.eps,
+                offset: n.weight_offset,
+                wdtype: in_ty(1).dtype,
+            }),
+            Op::MatMul(m) => {
+                let rows = rows_of(out_ty);
+                matmul::kernel(MatMulSpec {
+                    rows,
+                    k: width_of(in_ty(0)),
+                    n: width_of(out_ty),
+                    wdtype: in_ty(1).dtype,
+                    bias: m.has_bias,
+                    tt: match rows {
+                        Rows::Tokens => tt,
+                        Rows::Fixed(r) => r.min(tt).max(1),
+                    },
+                })
+            }
+            Op::Rope(r) => rope::kernel(RopeSpec {
+                heads: r.n_heads,
+                head_dim: r.head_dim,
+                rotary_dim: r.rotary_dim,
+            }),
+            Op::CacheWrite => elementwise::cache_write(width_of(out_ty)),
+            Op::Attention(a) => attention::kernel(AttentionSpec {
+                heads: a.n_heads,
+                kv_heads: a.n_kv_heads,
+                head_dim: a.head_dim,
+                scale: a.scale,
+                window: a.window.unwrap_or(0),
+            }),
+            Op::Unary(u) => elementwise::unary(*u, rows_of(out_ty), width_of(out_ty)),
+            Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
+            Op::SliceLastRow => elementwise::slice_last_row(width_of(out_ty)),
+            Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
+                return Err(unsupported("source nodes have no kernel"))
+            }
+        })
+    }
+
+    fn dispatches(&mut self, steps: &[NodeId], tt: u32) -> Result<Vec<Dispatch>, CodegenError> {
+        let mut out = Vec::with_capacity(steps.len());
+        for &id in steps {
+            let src = self.kernel_for(id, tt)?;
+            let max_t = self.opts.max_tokens_per_step as u32;
+            for (axis, wg) in src.workgroups.iter().enumerate() {
+                let n = wg.eval(max_t);
+                if n > MAX_WORKGROUPS_PER_DIM {
+                    return Err(CodegenError::Limit {
+                        what: format!("kernel {} (axis {axis}) at T={max_t}", src.name),
+                        needed: u64::from(n),
+                        limit: u64::from(MAX_WORKGROUPS_PER_DIM),
+                        limit_name: "max_compute_workgroups_per_dimension",
+                        hint: "use a smaller --max-tokens-per-step",
+                    });
+                }
+            }
+            let workgroups = src.workgroups;
+            let kernel = self.add_kernel(src)?;
+            let node = self.graph.node(id);
+            let ins = self.graph.inputs(id);
+            let mut bindings = vec![BufferSlice {
+                buffer: self.step_params(),
+                offset: 0,
+                size: STEP_PARAMS_BYTES,
+            }];
+            bindings.extend(ins.iter().map(|v| self.slice(*v)));
+            if !matches!(node.op, Op::CacheWrite) {
+                bindings.push(self.slice(ValueRef::of(id)));
+            }
+            out.push(Dispatch {
+                kernel,
+                bindings,
+                workgroups,
+                label: node.label.clone(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn step_params(&self) -> u32 {
+        0
+    }
+}
+
+/// Lowers a verified graph to a [`Program`].
+pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, CodegenError> {
+    let order = graph
+        .topo_order()
+        .ok_or_else(|| CodegenError::Graph("the graph has a cycle".into()))?;
+    let mut b = Builder {
+        graph,
+        opts,
+        buffers: Vec::new(),
+        locs: HashMap::new(),
+        arena_slices: Vec::new(),
+        kernels: Vec::new(),
+        kernel_index: HashMap::new(),
+        requirements: Requirements::default(),
+    };
+    b.push_buffer(STEP_PARAMS_BYTES, BufferKind::StepParams);
+    let mut weights = Vec::new();
+    let mut token_ids = None;
+    // Sources get whole buffers.
+    for &id in &order {
+        let node = graph.node(id);
+        let ty = &node.outputs[0];
+        let resolved = TensorType::new(
+            ty.dtype,
+            ty.shape
+                .iter()
+                .map(|d| Dim::Const(d.resolve(opts.max_tokens_per_step, opts.max_context))),
+        );
+        let bytes = round4(resolved.size_bytes(0, 0));
+        match &node.op {
+            Op::Input(_) => {
+                let i = b.push_buffer(bytes, BufferKind::TokenIds);
+                token_ids = Some(i);
+                b.locs.insert(id, Loc::Whole(i));
+            }
+            Op::Weight(w) => {
+                b.check_binding(&format!("weight `{}`", node.label), bytes)?;
+                let shape: Vec<u64> = resolved.shape.iter().filter_map(|d| d.as_const()).collect();
+                let i = b.push_buffer(
+                    bytes,
+                    BufferKind::Weight {
+                        section: SectionRef { offset: 0, len: 0 },
+                        name: node.label.clone(),
+                        dtype: resolved.dtype.to_string(),
+                        shape,
+                    },
+                );
+                weights.push(WeightBuffer {
+                    buffer: i,
+                    source: w.source.clone(),
+                    ty: resolved,
+                });
+                b.locs.insert(id, Loc::Whole(i));
+            }
+            Op::KvCache { .. } => {
+                b.check_binding(&format!("KV cache `{}`", node.label), bytes)?;
+                let i = b.push_buffer(bytes, BufferKind::State { name: node.label.clone() });
+                b.locs.insert(id, Loc::Whole(i));
+            }
+            _ => {}
+        }
+    }
+    let token_ids =
+        token_ids.ok_or_else(|| CodegenError::Graph("the graph reads no token ids".into()))?;
+    let steps: Vec<NodeId> = order
+        .iter()
+        .copied()
+        .filter(|&id| !graph.node(id).op.is_source())
+        .collect();
+    let step_of: HashMap<NodeId, usize> = steps.iter().enumerate().map(|(s, &id)| (id, s)).collect();
+    // Activations: liveness intervals in schedule order.
+    let mut intervals = Vec::new();
+    let mut logits = None;
+    for (s, &id) in steps.iter().enumerate() {
+        let node = graph.node(id);
+        let v = ValueRef::of(id);
+        if matches!(node.op, Op::CacheWrite) {
+            let cache = graph.inputs(id)[0];
+            let loc = b.locs[&cache.node];
+            b.locs.insert(id, loc);
+            continue;
+        }
+        let bytes = b.value_bytes(&node.outputs[0]);
+        b.check_binding(&format!("activation `{}`", node.label), bytes)?;
+        if let Some((name, _)) = graph.outputs.iter().find(|(_, o)| *o == v) {
+            let i = b.push_buffer(bytes, BufferKind::State { name: name.clone() });
+            b.locs.insert(id, Loc::Whole(i));
+            if name == "logits" {
+                logits = Some(i);
+            }
+            continue;
+        }
+        let end = graph
+            .users(v)
+            .iter()
+            .filter_map(|(u, _)| step_of.get(u).copied())
+            .max()
+            .unwrap_or(s);
+        b.locs.insert(id, Loc::Arena(intervals.len()));
+        intervals.push(Interval {
+            start: s,
+            end,
+            size: bytes,
+        });
+    }
+    let logits = logits.ok_or_else(|| CodegenError::Graph("the graph has no `logits` output".into()))?;
+    let logits_ty = graph
+        .outputs
+        .iter()
+        .find(|(n, _)| n == "logits")
+        .map(|(_, v)| graph.value_type(*v).clone())
+        .ok_or_else(|| CodegenError::Graph("no logits".into()))?;
+    if logits_ty.shape.first() != Some(&Dim::Const(1)) {
+        return Err(CodegenError::Graph(format!(
+            "logits must be one row (run the slice-last-row pass), got {logits_ty}"
+        )));
+    }
+    let plan = plan_arenas(&intervals, opts.binding_align, opts.max_storage_binding).map_err(|e| {
+        CodegenError::Limit {
+            what: format!("activation {}", e.index),
+            needed: e.size,
+            limit: e.max,
+            limit_name: "max_storage_buffer_binding_size",
+            hint: "use a smaller --max-tokens-per-step",
+        }
+    })?;
+    let arena_buffers: Vec<u32> = plan
+        .arena_sizes
+        .iter()
+        .map(|&size| b.push_buffer(size, BufferKind::Arena))
+        .collect();
+    b.arena_slices = intervals
+        .iter()
+        .zip(&plan.placements)
+        .map(|(iv, p)| BufferSlice {
+            buffer: arena_buffers[p.arena],
+            offset: p.offset,
+            size: iv.size,
+        })
+        .collect();
+    let prefill = b.dispatches(&steps, opts.prefill_rows_per_workgroup.max(1))?;
+    let decode = b.dispatches(&steps, 1)?;
+    let mut requirements = b.requirements.clone();
+    requirements.max_storage_buffer_binding_size = prefill
+        .iter()
+        .chain(&decode)
+        .flat_map(|d| d.bindings.iter().skip(1).map(|s| s.size))
+        .max()
+        .unwrap_or(0);
+    requirements.max_buffer_size = b.buffers.iter().map(|x| x.size).max().unwrap_or(0);
+    let logits_size = b.buffers[logits as usize].size;
+    Ok(Program {
+        buffers: b.buffers,
+        kernels: b.kernels,
+        prefill,
+        decode,
+        io: IoBindings {
+            step_params: 0,
+            token_ids,
+            logits: BufferSlice {
+                buffer: logits,
+                offset: 0,
+                size: logits_size,
+            },
+        },
+        weights,
+        requirements,
+        activation_naive_bytes: intervals.iter().map(|i| i.size).sum(),
+    })
+}
+

@@ -1,0 +1,118 @@
+//! A HuggingFace checkpoint directory, opened.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), gerbil_frontend_hf::FrontendError> {
+//! use gerbil_frontend_hf::Checkpoint;
+//! let ckpt = Checkpoint::open(std::path::Path::new("models/SmolLM2-135M"))?;
+//! println!("{} layers", ckpt.config.num_hidden_layers);
+//! let emb = ckpt.tensor("model.embed_tokens.weight")?;
+//! println!("{:?} {}", emb.shape, emb.dtype);
+//! # Ok(()) }
+//! ```
+//!
+//! [`Checkpoint::open`] reads `config.json` (kept raw and typed), maps the
+//! safetensors files and captures the text assets. It does not pick a family
+//! builder: that happens in [`crate::lower`], so a directory of an
+//! unsupported architecture can still be inspected. A directory without
+//! weight files opens too (tokenizer-only fixtures); lowering it fails with
+//! [`FrontendError::NoWeights`].
+
+use crate::config::HfConfig;
+use crate::error::{FrontendError, Result};
+use crate::safetensors_store::{SafetensorsStore, TensorView};
+use crate::text::TextAssets;
+use serde_json::Value;
+use std::path::{Path, PathBuf};
+
+/// The model configuration file.
+pub const CONFIG_FILE: &str = "config.json";
+
+/// A local HuggingFace model directory: configuration, weights, text assets.
+#[derive(Debug)]
+pub struct Checkpoint {
+    /// The directory, as given.
+    pub dir: PathBuf,
+    /// Model name: the directory's name.
+    pub name: String,
+    /// `config.json` as parsed JSON, for family-specific keys.
+    pub config_json: Value,
+    /// The keys every decoder family shares, normalized across transformers versions.
+    pub config: HfConfig,
+    /// The weights (empty when the directory has none).
+    pub weights: SafetensorsStore,
+    /// Whether weight files were found.
+    pub has_weights: bool,
+    /// Tokenizer, chat template and special tokens.
+    pub text: TextAssets,
+}
+
+impl Checkpoint {
+    /// Opens a checkpoint directory: parses `config.json`, maps
+    /// `model.safetensors` (or the shards of `model.safetensors.index.json`)
+    /// and reads the optional text assets.
+    pub fn open(dir: &Path) -> Result<Checkpoint> {
+        let meta = std::fs::metadata(dir).map_err(|source| FrontendError::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?;
+        if !meta.is_dir() {
+            return Err(FrontendError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotADirectory,
+                    "expected a HuggingFace model directory",
+                ),
+            });
+        }
+        let config_path = dir.join(CONFIG_FILE);
+        let text = std::fs::read_to_string(&config_path).map_err(|source| FrontendError::Io {
+            path: config_path.clone(),
+            source,
+        })?;
+        let config_json: Value =
+            serde_json::from_str(&text).map_err(|source| FrontendError::Json {
+                path: config_path.clone(),
+                source,
+            })?;
+        let config = HfConfig::from_json_str(&text, &config_path)?;
+        let (weights, has_weights) = match SafetensorsStore::open_dir(dir)? {
+            Some(store) => (store, true),
+            None => (SafetensorsStore::empty(), false),
+        };
+        let text = TextAssets::load_with_config(dir, Some(&config_json))?;
+        Ok(Checkpoint {
+            dir: dir.to_path_buf(),
+            name: dir_name(dir),
+            config_json,
+            config,
+            weights,
+            has_weights,
+            text,
+        })
+    }
+
+    /// The tensor called `name` (see [`SafetensorsStore::tensor`]).
+    pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
+        self.weights.tensor(name)
+    }
+
+    /// Whether the checkpoint holds a tensor called `name`.
+    pub fn contains(&self, name: &str) -> bool {
+        self.weights.contains(name)
+    }
+
+    /// Path of `config.json`, for error messages.
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.join(CONFIG_FILE)
+    }
+}
+
+/// The last component of `dir` (after resolving `.` and `..`), or the path
+/// as written when it has none.
+fn dir_name(dir: &Path) -> String {
+    let resolved = std::fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+    resolved
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| dir.display().to_string())
+}

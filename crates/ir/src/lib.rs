@@ -1,0 +1,28 @@
+//! gerbil's graph IR.
+//!
+//! A [`Graph`] is a petgraph `StableGraph` of typed [`Op`]s. Every node produces
+//! one or more tensor values ([`TensorType`]: dtype plus a shape of [`Dim`]s that
+//! may be symbolic: `T` tokens in this step, `Lmax` context capacity). Edges carry
+//! values from an output port of one node to an input port of another.
+//!
+//! One graph serves both prefill and decode: `T` is bound per step by the runtime.
+//! The [`verify`] module re-infers every type and is run after lowering and after
+//! every pass; the [`print`] module renders a deterministic text form used for
+//! `--dump-ir` and snapshot tests.
+//!
+//! This crate knows nothing about HuggingFace, WGSL or wgpu.
+
+pub mod dot;
+pub mod graph;
+pub mod op;
+pub mod print;
+pub mod types;
+pub mod verify;
+
+pub use graph::{Edge, Graph, Node, NodeId, ValueRef};
+pub use op::{
+    Attention, BinaryOp, Embedding, Input, MatMul, Op, RmsNorm, Rope, UnaryOp, Weight,
+    WeightSource,
+};
+pub use types::{DType, Dim, Sym, TensorType};
+pub use verify::{verify, VerifyError};

@@ -1,0 +1,17 @@
+//! gerbil's compiler passes.
+//!
+//! A [`PassManager`] runs named graph-to-graph passes in order, verifies the
+//! graph after each one (`gerbil_ir::verify`), can skip passes by name
+//! (`gerbilc compile --disable-pass NAME`) and hands the graph to a callback
+//! after each pass so the CLI can dump it (`--dump-ir after=NAME`).
+//!
+//! Passes that only make the plan faster or smaller are optional; the
+//! [`buffer_plan`] module is the liveness planner that codegen runs on the
+//! final schedule (reported as the `plan-buffers` stage).
+
+pub mod buffer_plan;
+pub mod dce;
+pub mod manager;
+pub mod slice_last_row;
+
+pub use manager::{default_pipeline, Pass, PassError, PassManager, PassReport};

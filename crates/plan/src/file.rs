@@ -1,0 +1,349 @@
+//! Reading and writing plan files.
+
+use crate::header::{BufferKind, PlanHeader, SectionRef};
+use memmap2::Mmap;
+use std::borrow::Cow;
+use std::fs::File;
+use std::io::{BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+/// The first 8 bytes of every plan file.
+pub const MAGIC: [u8; 8] = *b"GERBPLAN";
+/// The format version this build reads and writes.
+pub const FORMAT_VERSION: u32 = 1;
+/// Alignment of the data region and of every section in it.
+pub const SECTION_ALIGN: u64 = 256;
+const PREAMBLE_LEN: u64 = 48;
+
+/// Why a plan file could not be read or written.
+#[derive(Debug, thiserror::Error)]
+pub enum PlanError {
+    /// The file could not be opened, read or written.
+    #[error("{path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        source: std::io::Error,
+    },
+    /// The file does not start with the plan magic.
+    #[error("{0}: not a gerbil plan (wrong magic bytes); compile one with `gerbilc compile`")]
+    BadMagic(PathBuf),
+    /// The file was written by an incompatible gerbil.
+    #[error("{path}: plan format version {found} is not supported (this gerbil reads version {FORMAT_VERSION}); recompile the model with this gerbilc")]
+    Version {
+        /// The file.
+        path: PathBuf,
+        /// Version in the file.
+        found: u32,
+    },
+    /// The file is shorter than its preamble says.
+    #[error("{path}: truncated plan file ({found} bytes, expected {expected}); it was cut short while copying or writing")]
+    Truncated {
+        /// The file.
+        path: PathBuf,
+        /// Actual length.
+        found: u64,
+        /// Length the preamble implies.
+        expected: u64,
+    },
+    /// A checksum does not match.
+    #[error("{path}: {what} checksum mismatch (stored {stored:08x}, computed {computed:08x}); the file is corrupt")]
+    Checksum {
+        /// The file.
+        path: PathBuf,
+        /// `header` or `data`.
+        what: &'static str,
+        /// CRC in the preamble.
+        stored: u32,
+        /// CRC of the bytes.
+        computed: u32,
+    },
+    /// The header is not valid JSON of the expected shape.
+    #[error("{path}: malformed plan header: {source}")]
+    Header {
+        /// The file.
+        path: PathBuf,
+        /// The JSON error.
+        source: serde_json::Error,
+    },
+    /// The header is well-formed but inconsistent.
+    #[error("{path}: inconsistent plan: {reason}")]
+    Invalid {
+        /// The file.
+        path: PathBuf,
+        /// What is inconsistent.
+        reason: String,
+    },
+}
+
+/// Bytes of one data section, borrowed (e.g. from a mapped checkpoint) or owned.
+pub type SectionData<'a> = Cow<'a, [u8]>;
+
+/// An opened, checked plan file.
+pub struct PlanFile {
+    path: PathBuf,
+    map: Mmap,
+    data_offset: u64,
+    /// The decoded header.
+    pub header: PlanHeader,
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> PlanError + '_ {
+    move |source| PlanError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn align_up(n: u64) -> u64 {
+    n.div_ceil(SECTION_ALIGN) * SECTION_ALIGN
+}
+
+/// Lays out sections in the data region: each call returns where the bytes go.
+#[derive(Default)]
+pub struct DataLayout<'a> {
+    sections: Vec<(u64, SectionData<'a>)>,
+    len: u64,
+}
+
+impl<'a> DataLayout<'a> {
+    /// Appends a section; returns its place.
+    pub fn push(&mut self, bytes: SectionData<'a>) -> SectionRef {
+        let offset = align_up(self.len);
+        let len = bytes.len() as u64;
+        self.sections.push((offset, bytes));
+        self.len = offset + len;
+        SectionRef { offset, len }
+    }
+
+    /// Total length of the data region.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// Whether no section was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.sections.is_empty()
+    }
+}
+
+
+/// Writes a plan: preamble, header, then the data sections. Writes to a
+/// temporary file next to `path` and renames it, so a crash never leaves a
+/// half-written plan under the final name.
+pub fn write_plan(path: &Path, header: &PlanHeader, data: &DataLayout<'_>) -> Result<(), PlanError> {
+    let header_json = serde_json::to_vec(header).map_err(|source| PlanError::Header {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let data_offset = align_up(PREAMBLE_LEN + header_json.len() as u64);
+    let mut data_crc = crc32fast::Hasher::new();
+    let zeros = vec![0u8; SECTION_ALIGN as usize];
+    let mut pos = 0u64;
+    for (offset, bytes) in &data.sections {
+        data_crc.update(&zeros[..(offset - pos) as usize]);
+        data_crc.update(bytes);
+        pos = offset + bytes.len() as u64;
+    }
+    let mut pre = Vec::with_capacity(PREAMBLE_LEN as usize);
+    pre.extend_from_slice(&MAGIC);
+    pre.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    pre.extend_from_slice(&0u32.to_le_bytes());
+    pre.extend_from_slice(&(header_json.len() as u64).to_le_bytes());
+    pre.extend_from_slice(&data_offset.to_le_bytes());
+    pre.extend_from_slice(&data.len.to_le_bytes());
+    pre.extend_from_slice(&crc32fast::hash(&header_json).to_le_bytes());
+    pre.extend_from_slice(&data_crc.finalize().to_le_bytes());
+
+    let tmp = path.with_extension("plan.partial");
+    let file = File::create(&tmp).map_err(io_err(&tmp))?;
+    let mut w = BufWriter::with_capacity(1 << 20, file);
+    let write_all = |w: &mut BufWriter<File>| -> std::io::Result<()> {
+        w.write_all(&pre)?;
+        w.write_all(&header_json)?;
+        w.write_all(&vec![0u8; (data_offset - PREAMBLE_LEN - header_json.len() as u64) as usize])?;
+        let mut pos = 0u64;
+        for (offset, bytes) in &data.sections {
+            w.write_all(&zeros[..(offset - pos) as usize])?;
+            w.write_all(bytes)?;
+            pos = offset + bytes.len() as u64;
+        }
+        w.flush()
+    };
+    write_all(&mut w).map_err(io_err(&tmp))?;
+    drop(w);
+    std::fs::rename(&tmp, path).map_err(io_err(path))
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    let mut a = [0u8; 4];
+    a.copy_from_slice(&b[at..at + 4]);
+    u32::from_le_bytes(a)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(&b[at..at + 8]);
+    u64::from_le_bytes(a)
+}
+
+impl PlanFile {
+    /// Opens and checks a plan: magic, version, lengths, both checksums, and
+    /// the consistency of the header (indices and sections in range).
+    pub fn open(path: &Path) -> Result<PlanFile, PlanError> {
+        let file = File::open(path).map_err(io_err(path))?;
+        // SAFETY: the map is read-only; gerbil never writes plan files in place
+        // (write_plan renames a finished temporary file over the old one).
+        let map = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
+        let truncated = |expected: u64| PlanError::Truncated {
+            path: path.to_path_buf(),
+            found: map.len() as u64,
+            expected,
+        };
+        if map.len() < MAGIC.len() || map[..MAGIC.len()] != MAGIC {
+            if map.len() < MAGIC.len() && MAGIC.starts_with(&map) && !map.is_empty() {
+                return Err(truncated(PREAMBLE_LEN));
+            }
+            return Err(PlanError::BadMagic(path.to_path_buf()));
+        }
+        if (map.len() as u64) < PREAMBLE_LEN {
+            return Err(truncated(PREAMBLE_LEN));
+        }
+        let version = u32_at(&map, 8);
+        if version != FORMAT_VERSION {
+            return Err(PlanError::Version {
+                path: path.to_path_buf(),
+                found: version,
+            });
+        }
+        let header_len = u64_at(&map, 16);
+        let data_offset = u64_at(&map, 24);
+        let data_len = u64_at(&map, 32);
+        let expected = data_offset
+            .checked_add(data_len)
+            .filter(|_| data_offset >= PREAMBLE_LEN.saturating_add(header_len))
+            .ok_or_else(|| PlanError::Invalid {
+                path: path.to_path_buf(),
+                reason: "preamble lengths overflow or overlap".into(),
+            })?;
+        if (map.len() as u64) < expected {
+            return Err(truncated(expected));
+        }
+        let header_bytes = &map[PREAMBLE_LEN as usize..(PREAMBLE_LEN + header_len) as usize];
+        let check = |what, stored, bytes: &[u8]| {
+            let computed = crc32fast::hash(bytes);
+            if computed == stored {
+                Ok(())
+            } else {
+                Err(PlanError::Checksum {
+                    path: path.to_path_buf(),
+                    what,
+                    stored,
+                    computed,
+                })
+            }
+        };
+        check("header", u32_at(&map, 40), header_bytes)?;
+        check(
+            "data",
+            u32_at(&map, 44),
+            &map[data_offset as usize..(data_offset + data_len) as usize],
+        )?;
+        let header: PlanHeader =
+            serde_json::from_slice(header_bytes).map_err(|source| PlanError::Header {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        header
+            .validate(data_len)
+            .map_err(|reason| PlanError::Invalid {
+                path: path.to_path_buf(),
+                reason,
+            })?;
+        Ok(PlanFile {
+            path: path.to_path_buf(),
+            map,
+            data_offset,
+            header,
+        })
+    }
+
+    /// The bytes of a section (validated to lie inside the data region).
+    pub fn section(&self, r: SectionRef) -> &[u8] {
+        let start = (self.data_offset + r.offset) as usize;
+        &self.map[start..start + r.len as usize]
+    }
+
+    /// The path the plan was read from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Total size of the file in bytes.
+    pub fn file_len(&self) -> u64 {
+        self.map.len() as u64
+    }
+}
+
+impl PlanHeader {
+    /// Checks internal consistency: sections inside the data region, buffer
+    /// and kernel indices in range, bindings matching kernels and inside their
+    /// buffers.
+    pub fn validate(&self, data_len: u64) -> Result<(), String> {
+        let section_ok = |r: &SectionRef, what: &str| {
+            if r.offset.checked_add(r.len).is_some_and(|end| end <= data_len) {
+                Ok(())
+            } else {
+                Err(format!("{what} section {}+{} lies outside the data region ({data_len} bytes)", r.offset, r.len))
+            }
+        };
+        if let Some(t) = &self.text.tokenizer {
+            section_ok(t, "tokenizer")?;
+        }
+        for (i, b) in self.buffers.iter().enumerate() {
+            if let BufferKind::Weight { section, name, .. } = &b.kind {
+                section_ok(section, name)?;
+                if section.len != b.size {
+                    return Err(format!("buffer {i} ({name}) size {} differs from its section {}", b.size, section.len));
+                }
+            }
+        }
+        let slice_ok = |s: &crate::BufferSlice, what: &str| {
+            let buf = self
+                .buffers
+                .get(s.buffer as usize)
+                .ok_or_else(|| format!("{what} names buffer {} of {}", s.buffer, self.buffers.len()))?;
+            if s.offset.checked_add(s.size).is_some_and(|end| end <= buf.size) {
+                Ok(())
+            } else {
+                Err(format!("{what} binds bytes {}+{} of buffer {} ({} bytes)", s.offset, s.size, s.buffer, buf.size))
+            }
+        };
+        for (phase, list) in [("prefill", &self.prefill), ("decode", &self.decode)] {
+            for (i, d) in list.iter().enumerate() {
+                let what = format!("{phase} dispatch {i} ({})", d.label);
+                let k = self
+                    .kernels
+                    .get(d.kernel as usize)
+                    .ok_or_else(|| format!("{what} names kernel {} of {}", d.kernel, self.kernels.len()))?;
+                if k.bindings.len() != d.bindings.len() {
+                    return Err(format!("{what} binds {} buffers, kernel {} declares {}", d.bindings.len(), k.name, k.bindings.len()));
+                }
+                for s in &d.bindings {
+                    slice_ok(s, &what)?;
+                }
+            }
+        }
+        slice_ok(&self.io.logits, "logits output")?;
+        for (idx, what) in [(self.io.step_params, "step params"), (self.io.token_ids, "token ids")] {
+            if idx as usize >= self.buffers.len() {
+                return Err(format!("{what} names buffer {idx} of {}", self.buffers.len()));
+            }
+        }
+        if self.model.max_tokens_per_step == 0 || self.model.max_context == 0 {
+            return Err("max_context and max_tokens_per_step must be positive".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,18 @@
+//! The on-disk execution plan: the only boundary between `gerbilc` and
+//! `gerbil-run`.
+//!
+//! A plan file is a fixed 48-byte preamble, a JSON [`PlanHeader`], and a data
+//! region of sections (weights, tokenizer) each aligned to [`SECTION_ALIGN`]
+//! bytes so the runtime can map the file and upload weights without copying
+//! or reshaping. Both the header and the data carry CRC-32 checksums. See
+//! `docs/plan-format.md` for the byte layout.
+//!
+//! Write with [`write_plan`], read with [`PlanFile::open`]. Reading never
+//! panics on bad input: a truncated file, a wrong magic, an unsupported
+//! version or a checksum mismatch is a [`PlanError`].
+
+mod file;
+mod header;
+
+pub use file::{write_plan, DataLayout, PlanError, PlanFile, SectionData, FORMAT_VERSION, MAGIC, SECTION_ALIGN};
+pub use header::*;

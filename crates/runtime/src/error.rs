@@ -1,0 +1,68 @@
+//! The runtime's error type.
+
+use gerbil_plan::PlanError;
+
+/// Why the runtime could not run a plan.
+#[derive(Debug, thiserror::Error)]
+pub enum RuntimeError {
+    /// The plan file is unusable.
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    /// No GPU adapter was found.
+    #[error("no WebGPU adapter found (Vulkan, Metal or DX12); on a machine without a GPU install Mesa's lavapipe (`apt-get install mesa-vulkan-drivers`)")]
+    NoAdapter,
+    /// The adapter cannot meet a limit the plan needs.
+    #[error("the GPU `{adapter}` does not support this plan: {limit} is {available}, the plan needs {needed}; recompile with a smaller --max-tokens-per-step or for this device's limits")]
+    Limit {
+        /// Adapter name.
+        adapter: String,
+        /// The limit's WebGPU name.
+        limit: &'static str,
+        /// What the plan needs.
+        needed: u64,
+        /// What the adapter offers.
+        available: u64,
+    },
+    /// Creating the device failed.
+    #[error("could not create the GPU device: {0}")]
+    Device(String),
+    /// The GPU ran out of memory.
+    #[error("out of GPU memory while {0}; use a smaller --max-context or a GPU with more memory")]
+    OutOfMemory(String),
+    /// wgpu reported a validation error (a gerbil bug or a corrupt plan).
+    #[error("GPU validation error while {context}: {message}")]
+    Validation {
+        /// What the runtime was doing.
+        context: String,
+        /// wgpu's message.
+        message: String,
+    },
+    /// The device was lost or a wait failed.
+    #[error("the GPU device was lost or stopped responding: {0}")]
+    DeviceLost(String),
+    /// The prompt plus generation does not fit the KV cache.
+    #[error("{needed} tokens do not fit the plan's context of {max} tokens; shorten the prompt, lower --max-new-tokens, or recompile with a larger --max-context")]
+    ContextOverflow {
+        /// Tokens needed.
+        needed: u64,
+        /// The plan's context.
+        max: u64,
+    },
+    /// A token id outside the vocabulary.
+    #[error("token id {id} is outside the vocabulary (size {vocab})")]
+    TokenOutOfRange {
+        /// The id.
+        id: u32,
+        /// Vocabulary size.
+        vocab: u64,
+    },
+    /// Nothing to run.
+    #[error("the input has no tokens")]
+    EmptyInput,
+    /// Tokenization or chat-template failure.
+    #[error(transparent)]
+    Text(#[from] crate::text::TextError),
+    /// Invalid generation settings.
+    #[error("invalid sampling settings: {0}")]
+    Sampling(String),
+}

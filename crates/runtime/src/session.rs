@@ -1,0 +1,321 @@
+//! A loaded plan on a device: buffers, pipelines and bind groups created
+//! once, then steps of prefill or decode, each one submit.
+
+use crate::device::Gpu;
+use crate::error::RuntimeError;
+use gerbil_plan::{BindingDecl, BufferKind, Dispatch, PlanFile, PlanHeader, STEP_PARAMS_BYTES};
+use std::num::NonZeroU64;
+
+/// Bytes of GPU memory by purpose.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct MemoryReport {
+    /// Weights (and derived tables).
+    pub weights: u64,
+    /// KV cache.
+    pub kv_cache: u64,
+    /// Activation arenas, token ids, step parameters, logits.
+    pub activations: u64,
+}
+
+struct Step {
+    pipeline: usize,
+    bind_group: wgpu::BindGroup,
+    dispatch: Dispatch,
+}
+
+/// A plan resident on a GPU, with its KV cache.
+pub struct Session {
+    gpu: Gpu,
+    header: PlanHeader,
+    buffers: Vec<wgpu::Buffer>,
+    pipelines: Vec<wgpu::ComputePipeline>,
+    prefill: Vec<Step>,
+    decode: Vec<Step>,
+    readback: wgpu::Buffer,
+    position: u64,
+    memory: MemoryReport,
+}
+
+fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
+    use wgpu::BufferUsages as U;
+    match kind {
+        BufferKind::Weight { .. } => U::STORAGE,
+        BufferKind::Arena => U::STORAGE,
+        BufferKind::State { .. } => U::STORAGE | U::COPY_SRC,
+        BufferKind::StepParams => U::UNIFORM | U::COPY_DST,
+        BufferKind::TokenIds => U::STORAGE | U::COPY_DST,
+    }
+}
+
+impl Session {
+    /// Opens a device for the plan, uploads its weights and builds every
+    /// pipeline and bind group.
+    pub fn new(plan: &PlanFile) -> Result<Session, RuntimeError> {
+        let gpu = Gpu::open(&plan.header.requirements)?;
+        Session::with_gpu(gpu, plan)
+    }
+
+    /// Like [`Session::new`] on an already opened device.
+    pub fn with_gpu(gpu: Gpu, plan: &PlanFile) -> Result<Session, RuntimeError> {
+        let header = plan.header.clone();
+        let device = &gpu.device;
+        let mut memory = MemoryReport::default();
+        let mut buffers = Vec::with_capacity(header.buffers.len());
+        for (i, decl) in header.buffers.iter().enumerate() {
+            let label = match &decl.kind {
+                BufferKind::Weight { name, .. } | BufferKind::State { name } => name.clone(),
+                other => format!("{other:?}"),
+            };
+            let buffer = gpu.scoped(&format!("allocating buffer {i} ({label}, {} bytes)", decl.size), || {
+                match &decl.kind {
+                    BufferKind::Weight { section, .. } => {
+                        let b = device.create_buffer(&wgpu::BufferDescriptor {
+                            label: Some(&label),
+                            size: decl.size,
+                            usage: usage_for(&decl.kind),
+                            mapped_at_creation: true,
+                        });
+                        if let Ok(mut view) = b.slice(..).get_mapped_range_mut() {
+                            view.copy_from_slice(plan.section(*section));
+                        }
+                        b.unmap();
+                        b
+                    }
+                    kind => device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some(&label),
+                        size: decl.size,
+                        usage: usage_for(kind),
+                        mapped_at_creation: false,
+                    }),
+                }
+            })?;
+            match &decl.kind {
+                BufferKind::Weight { .. } => memory.weights += decl.size,
+                BufferKind::State { name } if name.contains("cache") => memory.kv_cache += decl.size,
+                _ => memory.activations += decl.size,
+            }
+            buffers.push(buffer);
+        }
+        let mut layouts = Vec::with_capacity(header.kernels.len());
+        let mut pipelines = Vec::with_capacity(header.kernels.len());
+        for k in &header.kernels {
+            let (layout, pipeline) = gpu.scoped(&format!("creating pipeline `{}`", k.name), || {
+                let entries: Vec<wgpu::BindGroupLayoutEntry> = k
+                    .bindings
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+                        binding: i as u32,
+                        visibility: wgpu::ShaderStages::COMPUTE,
+                        ty: wgpu::BindingType::Buffer {
+                            ty: match b {
+                                BindingDecl::Uniform => wgpu::BufferBindingType::Uniform,
+                                BindingDecl::StorageRead => wgpu::BufferBindingType::Storage { read_only: true },
+                                BindingDecl::StorageReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+                            },
+                            has_dynamic_offset: false,
+                            min_binding_size: None,
+                        },
+                        count: None,
+                    })
+                    .collect();
+                let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                    label: Some(&k.name),
+                    entries: &entries,
+                });
+                let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                    label: Some(&k.name),
+                    bind_group_layouts: &[Some(&bgl)],
+                    immediate_size: 0,
+                });
+                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                    label: Some(&k.name),
+                    source: wgpu::ShaderSource::Wgsl(k.wgsl.as_str().into()),
+                });
+                let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                    label: Some(&k.name),
+                    layout: Some(&pl),
+                    module: &module,
+                    entry_point: Some(&k.entry),
+                    compilation_options: wgpu::PipelineCompilationOptions::default(),
+                    cache: None,
+                });
+                (bgl, pipeline)
+            })?;
+            layouts.push(layout);
+            pipelines.push(pipeline);
+        }
+        let make_steps = |list: &[Dispatch], phase: &str| -> Result<Vec<Step>, RuntimeError> {
+            list.iter()
+                .map(|d| {
+                    let entries: Vec<wgpu::BindGroupEntry> = d
+                        .bindings
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| wgpu::BindGroupEntry {
+                            binding: i as u32,
+                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                                buffer: &buffers[s.buffer as usize],
+                                offset: s.offset,
+                                size: NonZeroU64::new(s.size),
+                            }),
+                        })
+                        .collect();
+                    let bind_group = gpu.scoped(&format!("binding {phase} dispatch `{}`", d.label), || {
+                        device.create_bind_group(&wgpu::BindGroupDescriptor {
+                            label: Some(&d.label),
+                            layout: &layouts[d.kernel as usize],
+                            entries: &entries,
+                        })
+                    })?;
+                    Ok(Step {
+                        pipeline: d.kernel as usize,
+                        bind_group,
+                        dispatch: d.clone(),
+                    })
+                })
+                .collect()
+        };
+        let prefill = make_steps(&header.prefill, "prefill")?;
+        let decode = make_steps(&header.decode, "decode")?;
+        let readback = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("logits readback"),
+            size: header.io.logits.size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        Ok(Session {
+            gpu,
+            header,
+            buffers,
+            pipelines,
+            prefill,
+            decode,
+            readback,
+            position: 0,
+            memory,
+        })
+    }
+
+    /// The plan's header.
+    pub fn header(&self) -> &PlanHeader {
+        &self.header
+    }
+
+    /// The device the session runs on.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// GPU memory by purpose.
+    pub fn memory(&self) -> MemoryReport {
+        self.memory
+    }
+
+    /// Tokens in the KV cache.
+    pub fn position(&self) -> u64 {
+        self.position
+    }
+
+    /// Forgets the KV cache (the next step starts at position 0).
+    pub fn reset(&mut self) {
+        self.position = 0;
+    }
+
+    /// Vocabulary size (logits per step).
+    pub fn vocab_size(&self) -> u64 {
+        self.header.model.vocab_size
+    }
+
+    /// Runs the model on `tokens` (appended after the cached ones) and returns
+    /// the logits of the last one. Long inputs run in chunks of
+    /// `max_tokens_per_step`; a single token uses the decode schedule.
+    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+        self.forward_no_readback(tokens)?;
+        self.read_logits()
+    }
+
+    /// Like [`Session::forward`] but leaves the logits on the GPU.
+    pub fn forward_no_readback(&mut self, tokens: &[u32]) -> Result<(), RuntimeError> {
+        if tokens.is_empty() {
+            return Err(RuntimeError::EmptyInput);
+        }
+        let max = self.header.model.max_context;
+        let needed = self.position + tokens.len() as u64;
+        if needed > max {
+            return Err(RuntimeError::ContextOverflow { needed, max });
+        }
+        let vocab = self.vocab_size();
+        if let Some(&id) = tokens.iter().find(|&&id| u64::from(id) >= vocab) {
+            return Err(RuntimeError::TokenOutOfRange { id, vocab });
+        }
+        let chunk = self.header.model.max_tokens_per_step as usize;
+        for part in tokens.chunks(chunk) {
+            self.run_step(part);
+            self.position += part.len() as u64;
+        }
+        Ok(())
+    }
+
+    fn run_step(&self, tokens: &[u32]) {
+        let t = tokens.len() as u32;
+        let params: [u32; (STEP_PARAMS_BYTES / 4) as usize] = [t, self.position as u32, 0, 0];
+        let q = &self.gpu.queue;
+        q.write_buffer(&self.buffers[self.header.io.step_params as usize], 0, bytemuck::cast_slice(&params));
+        q.write_buffer(&self.buffers[self.header.io.token_ids as usize], 0, bytemuck::cast_slice(tokens));
+        let steps = if t == 1 { &self.decode } else { &self.prefill };
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
+            for s in steps {
+                let [x, y, z] = s.dispatch.workgroups.map(|w| w.eval(t));
+                if x == 0 || y == 0 || z == 0 {
+                    continue;
+                }
+                pass.set_pipeline(&self.pipelines[s.pipeline]);
+                pass.set_bind_group(0, &s.bind_group, &[]);
+                pass.dispatch_workgroups(x, y, z);
+            }
+        }
+        q.submit([enc.finish()]);
+    }
+
+    /// Copies the last step's logits to the CPU.
+    pub fn read_logits(&self) -> Result<Vec<f32>, RuntimeError> {
+        let io = self.header.io.logits;
+        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+        enc.copy_buffer_to_buffer(&self.buffers[io.buffer as usize], io.offset, &self.readback, 0, io.size);
+        self.gpu.queue.submit([enc.finish()]);
+        let slice = self.readback.slice(..);
+        let (tx, rx) = std::sync::mpsc::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+        rx.recv()
+            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?
+            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+        let vocab = self.vocab_size() as usize;
+        let logits = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+            let all: &[f32] = bytemuck::cast_slice(&view);
+            all[..vocab.min(all.len())].to_vec()
+        };
+        self.readback.unmap();
+        Ok(logits)
+    }
+
+    /// Waits until the GPU has finished all submitted work.
+    pub fn sync(&self) -> Result<(), RuntimeError> {
+        self.gpu
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))
+    }
+}

@@ -1,0 +1,331 @@
+//! Text in and out of a model: tokenizer, chat template and streaming detokenizer.
+//!
+//! [`TextCodec`] wraps a HuggingFace `tokenizer.json` (via the `tokenizers` crate) and an
+//! optional Jinja chat template (rendered with `minijinja`), and reproduces what Python
+//! `transformers` does with the same files:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), gerbil_runtime::text::TextError> {
+//! use gerbil_runtime::text::{ChatMessage, TextCodec};
+//! let codec = TextCodec::from_hf_dir("fixtures/smollm2-135m".as_ref())?;
+//! let prompt = codec.encode_chat(&[ChatMessage::new("user", "Hi!")], true)?; // apply_chat_template(tokenize=True)
+//! let raw = codec.encode("The capital of France is")?;                      // tokenizer(text)
+//! let mut stream = codec.stream_decoder(false).with_context(&prompt);
+//! for id in [504, 3575] {
+//!     print!("{}", stream.push(id)?); // only complete characters, never half an emoji
+//! }
+//! print!("{}", stream.finish()?);
+//! # let _ = raw; Ok(()) }
+//! ```
+//!
+//! The surprise: a chat prompt is rendered to text first and then tokenized with
+//! `add_special_tokens = false` — the template writes `<bos>` itself where the model wants
+//! one, so [`TextCodec::encode_chat`] never adds a second one, while [`TextCodec::encode`]
+//! (plain text) lets the tokenizer's post-processor decide.
+
+mod stream;
+mod template;
+
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+pub use stream::StreamDecoder;
+use template::ChatTemplate;
+
+/// Everything that can go wrong turning text into ids and back.
+#[derive(Debug, thiserror::Error)]
+pub enum TextError {
+    /// A file next to the model could not be read.
+    #[error("cannot read {}: {source}", path.display())]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// `tokenizer.json` is not a file the `tokenizers` library understands.
+    #[error(
+        "invalid tokenizer.json: {detail}; expected the HuggingFace `tokenizers` JSON format \
+         (the `tokenizer.json` a fast tokenizer saves), not a sentencepiece `tokenizer.model`"
+    )]
+    InvalidTokenizer { detail: String },
+    /// `tokenizer_config.json` exists but cannot be understood.
+    #[error("invalid tokenizer_config.json: {detail}")]
+    InvalidTokenizerConfig { detail: String },
+    /// The tokenizer failed on this input.
+    #[error("tokenizing failed: {detail}")]
+    Encode { detail: String },
+    /// The tokenizer failed to turn ids back into text.
+    #[error("decoding token ids failed: {detail}")]
+    Decode { detail: String },
+    /// A chat prompt was asked for, but the model ships no chat template.
+    #[error(
+        "this model has no chat template (no chat_template.jinja and no `chat_template` in \
+         tokenizer_config.json); it is probably a base model: give it raw text instead of chat \
+         messages, or supply a template"
+    )]
+    NoChatTemplate,
+    /// The chat template is not valid Jinja (or uses syntax `minijinja` does not support).
+    #[error("the chat template does not parse: {source}")]
+    TemplateSyntax {
+        #[source]
+        source: minijinja::Error,
+    },
+    /// The chat template called `raise_exception(message)`, e.g. for a role it does not allow.
+    #[error("the chat template rejected the conversation: {message}")]
+    TemplateRaised { message: String },
+    /// Rendering the chat template failed for another reason.
+    #[error("rendering the chat template failed: {source}")]
+    TemplateRender {
+        #[source]
+        source: minijinja::Error,
+    },
+}
+
+/// One turn of a conversation, as `transformers` expects it: `{"role": ..., "content": ...}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ChatMessage {
+    /// `"system"`, `"user"`, `"assistant"`, ... — whatever the template understands.
+    pub role: String,
+    pub content: String,
+}
+
+impl ChatMessage {
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Self {
+            role: role.into(),
+            content: content.into(),
+        }
+    }
+}
+
+/// A model's tokenizer plus its chat template and special tokens.
+pub struct TextCodec {
+    tokenizer: tokenizers::Tokenizer,
+    template: Option<ChatTemplate>,
+    bos_token: Option<String>,
+    eos_token: Option<String>,
+}
+
+impl fmt::Debug for TextCodec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TextCodec")
+            .field("vocab_size", &self.vocab_size())
+            .field("has_chat_template", &self.has_chat_template())
+            .field("bos_token", &self.bos_token)
+            .field("eos_token", &self.eos_token)
+            .finish()
+    }
+}
+
+impl TextCodec {
+    /// Builds a codec from the bytes of a `tokenizer.json`, without chat template or special
+    /// tokens (add them with [`Self::with_chat_template`] and [`Self::with_special_tokens`]).
+    pub fn from_tokenizer_json(bytes: &[u8]) -> Result<Self, TextError> {
+        let mut tokenizer =
+            tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| TextError::InvalidTokenizer {
+                detail: e.to_string(),
+            })?;
+        // `tokenizer(text)` in transformers never truncates or pads unless asked to, whatever
+        // tokenizer.json says.
+        tokenizer
+            .with_truncation(None)
+            .map_err(|e| TextError::InvalidTokenizer {
+                detail: e.to_string(),
+            })?;
+        tokenizer.with_padding(None);
+        Ok(Self {
+            tokenizer,
+            template: None,
+            bos_token: None,
+            eos_token: None,
+        })
+    }
+
+    /// Sets the Jinja chat template (the content of `chat_template.jinja`). Fails if it does not
+    /// parse, so a broken template is reported when the model is loaded, not at the first prompt.
+    pub fn with_chat_template(mut self, source: impl Into<String>) -> Result<Self, TextError> {
+        self.template = Some(ChatTemplate::new(source.into())?);
+        Ok(self)
+    }
+
+    /// Sets the `bos_token` / `eos_token` strings the chat template sees.
+    pub fn with_special_tokens(mut self, bos: Option<String>, eos: Option<String>) -> Self {
+        self.bos_token = bos;
+        self.eos_token = eos;
+        self
+    }
+
+    /// Loads a HuggingFace model directory the way `AutoTokenizer.from_pretrained` does:
+    /// `tokenizer.json`, then `bos_token`, `eos_token` and `chat_template` from
+    /// `tokenizer_config.json` if present, and `chat_template.jinja` (which wins) if present.
+    pub fn from_hf_dir(dir: &Path) -> Result<Self, TextError> {
+        let read = |name: &str| -> Result<Option<Vec<u8>>, TextError> {
+            let path = dir.join(name);
+            match std::fs::read(&path) {
+                Ok(bytes) => Ok(Some(bytes)),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(source) => Err(TextError::Io { path, source }),
+            }
+        };
+        let tokenizer_path = dir.join("tokenizer.json");
+        let bytes = std::fs::read(&tokenizer_path).map_err(|source| TextError::Io {
+            path: tokenizer_path,
+            source,
+        })?;
+        let mut codec = Self::from_tokenizer_json(&bytes)?;
+
+        let mut template = None;
+        if let Some(config) = read("tokenizer_config.json")? {
+            let config: serde_json::Value =
+                serde_json::from_slice(&config).map_err(|e| TextError::InvalidTokenizerConfig {
+                    detail: e.to_string(),
+                })?;
+            codec.bos_token = special_token(&config, "bos_token")?;
+            codec.eos_token = special_token(&config, "eos_token")?;
+            template = config_template(&config)?;
+        }
+        if let Some(jinja) = read("chat_template.jinja")? {
+            let jinja = String::from_utf8(jinja).map_err(|e| TextError::Io {
+                path: dir.join("chat_template.jinja"),
+                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
+            })?;
+            template = Some(jinja);
+        }
+        match template {
+            Some(t) => codec.with_chat_template(t),
+            None => Ok(codec),
+        }
+    }
+
+    /// `tokenizer(text)["input_ids"]` in transformers: special tokens added as the
+    /// tokenizer's post-processor says (SmolLM2: none; Gemma: `<bos>` in front).
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, TextError> {
+        self.encode_plain(text, true)
+    }
+
+    /// Tokenizes `text`, with or without the post-processor's special tokens.
+    pub fn encode_plain(
+        &self,
+        text: &str,
+        add_special_tokens: bool,
+    ) -> Result<Vec<u32>, TextError> {
+        let encoding = self
+            .tokenizer
+            .encode_fast(text, add_special_tokens)
+            .map_err(|e| TextError::Encode {
+                detail: e.to_string(),
+            })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// `tokenizer.decode(ids, skip_special_tokens=...)`. Like the Python library, ids the
+    /// tokenizer does not know are silently left out.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TextError> {
+        self.tokenizer
+            .decode(ids, skip_special_tokens)
+            .map_err(|e| TextError::Decode {
+                detail: e.to_string(),
+            })
+    }
+
+    /// Renders the chat template like `tokenizer.apply_chat_template(messages, tokenize=False,
+    /// add_generation_prompt=...)`.
+    pub fn apply_chat_template(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<String, TextError> {
+        let template = self.template.as_ref().ok_or(TextError::NoChatTemplate)?;
+        template.render(
+            messages,
+            add_generation_prompt,
+            self.bos_token.as_deref(),
+            self.eos_token.as_deref(),
+        )
+    }
+
+    /// `tokenizer.apply_chat_template(messages, tokenize=True, ...)`: the rendered text,
+    /// tokenized without adding special tokens.
+    pub fn encode_chat(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TextError> {
+        let text = self.apply_chat_template(messages, add_generation_prompt)?;
+        self.encode_plain(&text, false)
+    }
+
+    /// A detokenizer for generated ids; see [`StreamDecoder`].
+    pub fn stream_decoder(&self, skip_special_tokens: bool) -> StreamDecoder<'_> {
+        StreamDecoder::new(self, skip_special_tokens)
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.template.is_some()
+    }
+
+    pub fn bos_token(&self) -> Option<&str> {
+        self.bos_token.as_deref()
+    }
+
+    pub fn eos_token(&self) -> Option<&str> {
+        self.eos_token.as_deref()
+    }
+
+    /// The id of a token string (e.g. `"<|im_end|>"`), if the vocabulary has it.
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.tokenizer.token_to_id(token)
+    }
+
+    /// The token string of an id, if the vocabulary has it.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.tokenizer.id_to_token(id)
+    }
+
+    /// Number of ids the tokenizer knows, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.tokenizer.get_vocab_size(true)
+    }
+}
+
+/// A special token in tokenizer_config.json: a string, an `AddedToken` dict, or null.
+fn special_token(config: &serde_json::Value, key: &str) -> Result<Option<String>, TextError> {
+    match config.get(key) {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(v) => match v.get("content").and_then(|c| c.as_str()) {
+            Some(s) => Ok(Some(s.to_owned())),
+            None => Err(TextError::InvalidTokenizerConfig {
+                detail: format!("`{key}` is neither a string nor an object with `content`: {v}"),
+            }),
+        },
+    }
+}
+
+/// `chat_template` in tokenizer_config.json: a string, or a list of `{name, template}` of which
+/// transformers uses the one named `default`.
+fn config_template(config: &serde_json::Value) -> Result<Option<String>, TextError> {
+    match config.get("chat_template") {
+        None | Some(serde_json::Value::Null) => Ok(None),
+        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
+        Some(serde_json::Value::Array(list)) => {
+            let default = list
+                .iter()
+                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"));
+            Ok(default
+                .and_then(|t| t.get("template"))
+                .and_then(|t| t.as_str())
+                .map(str::to_owned))
+        }
+        Some(v) => Err(TextError::InvalidTokenizerConfig {
+            detail: format!(
+                "`chat_template` is neither a string nor a list of named templates: {v}"
+            ),
+        }),
+    }
+}

@@ -1,0 +1,339 @@
+//! The Jinja environment transformers renders chat templates in, rebuilt on `minijinja`.
+//!
+//! transformers uses `ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+//! extensions=[loopcontrols])`, Python string methods (`.strip()`, `.split()`, ...), a
+//! `raise_exception(message)` global and its own `tojson` filter (Python `json.dumps`, no
+//! HTML escaping). minijinja gets the first two from its settings and `minijinja_contrib`'s
+//! pycompat; the other two are defined here. Not provided: `strftime_now` (templates test for
+//! it with `is defined` and fall back to a fixed date) and the `{% generation %}` tag.
+
+use minijinja::value::{Kwargs, Value, ValueKind};
+use minijinja::{AutoEscape, Environment, Error, ErrorKind};
+
+use super::{ChatMessage, TextError};
+
+const NAME: &str = "chat_template";
+
+/// Marks errors raised by `raise_exception` so they are reported as the template's own message.
+const RAISED: &str = "raise_exception: ";
+
+pub(super) struct ChatTemplate {
+    env: Environment<'static>,
+}
+
+impl ChatTemplate {
+    pub(super) fn new(source: String) -> Result<Self, TextError> {
+        let mut env = Environment::new();
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_auto_escape_callback(|_| AutoEscape::None);
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        env.add_function(
+            "raise_exception",
+            |message: String| -> Result<Value, Error> {
+                Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("{RAISED}{message}"),
+                ))
+            },
+        );
+        env.add_filter("tojson", tojson);
+        env.add_template_owned(NAME, source)
+            .map_err(|source| TextError::TemplateSyntax { source })?;
+        Ok(Self { env })
+    }
+
+    pub(super) fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        bos_token: Option<&str>,
+        eos_token: Option<&str>,
+    ) -> Result<String, TextError> {
+        let template = self
+            .env
+            .get_template(NAME)
+            .map_err(|source| TextError::TemplateRender { source })?;
+        let ctx = minijinja::context! {
+            messages => Value::from_serialize(messages),
+            add_generation_prompt => add_generation_prompt,
+            bos_token => bos_token,
+            eos_token => eos_token,
+        };
+        template.render(ctx).map_err(|source| {
+            // The raise_exception error may arrive wrapped in the error of the caller's frame.
+            let mut err: Option<&(dyn std::error::Error + 'static)> = Some(&source);
+            while let Some(e) = err {
+                if let Some(m) = e.downcast_ref::<Error>() {
+                    if let Some(message) = m.detail().and_then(|d| d.strip_prefix(RAISED)) {
+                        return TextError::TemplateRaised {
+                            message: message.to_owned(),
+                        };
+                    }
+                }
+                err = e.source();
+            }
+            TextError::TemplateRender { source }
+        })
+    }
+}
+
+/// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`,
+/// i.e. Python's `json.dumps` with those arguments.
+fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, Error> {
+    let indent = match indent {
+        Some(v) => Some(v),
+        None => kwargs.get::<Option<Value>>("indent")?,
+    };
+    let indent = match indent {
+        None => None,
+        Some(v) if v.is_none() => None,
+        Some(v) => match v.as_str() {
+            Some(s) => Some(s.to_owned()),
+            None => Some(" ".repeat(usize::try_from(v)?)),
+        },
+    };
+    let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
+    let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
+    let separators = match kwargs.get::<Option<Value>>("separators")? {
+        Some(v) if !v.is_none() => {
+            let parts: Vec<String> = v.try_iter()?.map(|p| p.to_string()).collect();
+            match <[String; 2]>::try_from(parts) {
+                Ok([item, key]) => Some((item, key)),
+                Err(_) => {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        "tojson: separators must be a pair (item_separator, key_separator)",
+                    ))
+                }
+            }
+        }
+        _ => None,
+    };
+    kwargs.assert_all_used()?;
+    let (item_sep, key_sep) = separators.unwrap_or_else(|| {
+        let item = if indent.is_some() { "," } else { ", " };
+        (item.to_owned(), ": ".to_owned())
+    });
+    let mut json = PyJson {
+        out: String::new(),
+        indent,
+        item_sep,
+        key_sep,
+        ensure_ascii,
+        sort_keys,
+    };
+    json.value(value, 0)?;
+    Ok(Value::from(json.out))
+}
+
+struct PyJson {
+    out: String,
+    indent: Option<String>,
+    item_sep: String,
+    key_sep: String,
+    ensure_ascii: bool,
+    sort_keys: bool,
+}
+
+impl PyJson {
+    fn value(&mut self, v: &Value, depth: usize) -> Result<(), Error> {
+        match v.kind() {
+            ValueKind::None => self.out.push_str("null"),
+            ValueKind::Bool => self
+                .out
+                .push_str(if v.is_true() { "true" } else { "false" }),
+            ValueKind::Number if v.is_integer() => self.out.push_str(&v.to_string()),
+            ValueKind::Number => self.out.push_str(&py_float(f64::try_from(v.clone())?)),
+            ValueKind::String => self.string(v.as_str().unwrap_or_default()),
+            ValueKind::Seq | ValueKind::Iterable => {
+                let items: Vec<Value> = v.try_iter()?.collect();
+                self.container('[', ']', depth, items.len(), |json, i| {
+                    json.value(&items[i], depth + 1)
+                })?;
+            }
+            ValueKind::Map => {
+                let mut keys: Vec<Value> = v.try_iter()?.collect();
+                if self.sort_keys {
+                    keys.sort_by_key(|k| k.to_string());
+                }
+                self.container('{', '}', depth, keys.len(), |json, i| {
+                    let key = &keys[i];
+                    match key.as_str() {
+                        Some(s) => json.string(s),
+                        None => json.string(&key.to_string()),
+                    }
+                    json.out.push_str(&json.key_sep.clone());
+                    json.value(&v.get_item(key)?, depth + 1)
+                })?;
+            }
+            kind => {
+                return Err(Error::new(
+                    ErrorKind::InvalidOperation,
+                    format!("tojson: object of kind {kind} is not JSON serializable"),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn container(
+        &mut self,
+        open: char,
+        close: char,
+        depth: usize,
+        len: usize,
+        mut item: impl FnMut(&mut Self, usize) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        self.out.push(open);
+        if len == 0 {
+            self.out.push(close);
+            return Ok(());
+        }
+        for i in 0..len {
+            if i > 0 {
+                self.out.push_str(&self.item_sep.clone());
+            }
+            self.newline(depth + 1);
+            item(self, i)?;
+        }
+        self.newline(depth);
+        self.out.push(close);
+        Ok(())
+    }
+
+    fn newline(&mut self, depth: usize) {
+        if let Some(indent) = &self.indent {
+            self.out.push('\n');
+            for _ in 0..depth {
+                self.out.push_str(indent);
+            }
+        }
+    }
+
+    fn string(&mut self, s: &str) {
+        self.out.push('"');
+        for c in s.chars() {
+            match c {
+                '"' => self.out.push_str("\\\""),
+                '\\' => self.out.push_str("\\\\"),
+                '\n' => self.out.push_str("\\n"),
+                '\r' => self.out.push_str("\\r"),
+                '\t' => self.out.push_str("\\t"),
+                '\u{8}' => self.out.push_str("\\b"),
+                '\u{c}' => self.out.push_str("\\f"),
+                c if (c as u32) < 0x20 || (self.ensure_ascii && !c.is_ascii()) => {
+                    let mut buf = [0u16; 2];
+                    for unit in c.encode_utf16(&mut buf) {
+                        self.out.push_str(&format!("\\u{unit:04x}"));
+                    }
+                }
+                c => self.out.push(c),
+            }
+        }
+        self.out.push('"');
+    }
+}
+
+/// Python's `repr(float)`: shortest round-trip digits, scientific outside `1e-4 <= |x| < 1e16`.
+fn py_float(x: f64) -> String {
+    if x.is_nan() {
+        return "NaN".into();
+    }
+    if x.is_infinite() {
+        return if x > 0.0 {
+            "Infinity".into()
+        } else {
+            "-Infinity".into()
+        };
+    }
+    if x == 0.0 {
+        return if x.is_sign_negative() {
+            "-0.0".into()
+        } else {
+            "0.0".into()
+        };
+    }
+    // `{:e}` gives the shortest round-trip digits, e.g. "1.2345e-5".
+    let sci = format!("{x:e}");
+    let (mantissa, exp) = sci.split_once('e').unwrap_or((&sci, "0"));
+    let exp: i32 = exp.parse().unwrap_or(0);
+    let (sign, mantissa) = match mantissa.strip_prefix('-') {
+        Some(m) => ("-", m),
+        None => ("", mantissa),
+    };
+    let digits: String = mantissa.chars().filter(|c| *c != '.').collect();
+    if (-4..16).contains(&exp) {
+        let n = digits.len() as i32;
+        let s = if exp < 0 {
+            format!("0.{}{digits}", "0".repeat((-exp - 1) as usize))
+        } else if exp + 1 >= n {
+            format!("{digits}{}.0", "0".repeat((exp + 1 - n) as usize))
+        } else {
+            let (int, frac) = digits.split_at((exp + 1) as usize);
+            format!("{int}.{frac}")
+        };
+        format!("{sign}{s}")
+    } else {
+        let m = if digits.len() > 1 {
+            format!("{}.{}", &digits[..1], &digits[1..])
+        } else {
+            digits
+        };
+        let esign = if exp < 0 { '-' } else { '+' };
+        format!("{sign}{m}e{esign}{:02}", exp.abs())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn py_float_matches_python_repr() {
+        for (x, want) in [
+            (1.0, "1.0"),
+            (0.1, "0.1"),
+            (-2.5, "-2.5"),
+            (1e16, "1e+16"),
+            (1.5e16, "1.5e+16"),
+            (123456789012345.6, "123456789012345.6"),
+            (0.0001, "0.0001"),
+            (0.00001, "1e-05"),
+            (-1.25e-7, "-1.25e-07"),
+            (1e100, "1e+100"),
+            (100.0, "100.0"),
+            (0.0, "0.0"),
+        ] {
+            assert_eq!(py_float(x), want, "{x}");
+        }
+    }
+
+    fn render(src: &str) -> String {
+        let t = ChatTemplate::new(src.to_owned()).unwrap();
+        let template = t.env.get_template(NAME).unwrap();
+        template.render(minijinja::context! {}).unwrap()
+    }
+
+    #[test]
+    fn tojson_matches_python_json_dumps() {
+        let x = r#"{% set x = {"b": [1, 2.5, true, none], "a": "<é\"\n>"} %}"#;
+        // Python: json.dumps(x, ensure_ascii=False) — key order kept, no HTML escaping.
+        assert_eq!(
+            render(&format!("{x}{{{{ x | tojson }}}}")),
+            r#"{"b": [1, 2.5, true, null], "a": "<é\"\n>"}"#
+        );
+        assert_eq!(
+            render(&format!("{x}{{{{ x | tojson(indent=2, sort_keys=true) }}}}")),
+            "{\n  \"a\": \"<é\\\"\\n>\",\n  \"b\": [\n    1,\n    2.5,\n    true,\n    null\n  ]\n}"
+        );
+        assert_eq!(
+            render(&format!("{x}{{{{ x.a | tojson(ensure_ascii=true) }}}}")),
+            r#""<\u00e9\"\n>""#
+        );
+        assert_eq!(
+            render(&format!("{x}{{{{ x.b | tojson(separators=(',', ':')) }}}}")),
+            "[1,2.5,true,null]"
+        );
+    }
+}

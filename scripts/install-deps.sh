@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Installs what gerbil's tests need besides Rust; safe to run again (does nothing when all is there).
+#  - a Vulkan driver: with no ICD registered, Mesa's (lavapipe runs the GPU tests on the CPU);
+#  - numpy and gguf==0.19.0 for scripts/build-fixtures.py.
+set -euo pipefail
+
+log() { echo "[install-deps] $*"; }
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then
+        "$@"
+    elif command -v sudo >/dev/null; then
+        sudo "$@"
+    else
+        log "need root for: $* (and sudo is not installed)"
+        return 1
+    fi
+}
+
+# --- Vulkan ---------------------------------------------------------------------------
+shopt -s nullglob
+icds=(/usr/share/vulkan/icd.d/*.json /etc/vulkan/icd.d/*.json)
+shopt -u nullglob
+have_loader() { ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1'; }
+if [ ${#icds[@]} -gt 0 ] && have_loader; then
+    log "Vulkan: ${#icds[@]} ICD(s) registered, loader present"
+elif command -v apt-get >/dev/null; then
+    log "Vulkan: no ICD or no loader; installing mesa-vulkan-drivers (lavapipe)"
+    as_root apt-get update -q
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        mesa-vulkan-drivers libvulkan1
+else
+    log "Vulkan: no ICD in /usr/share/vulkan/icd.d and no apt-get here;"
+    log "install Mesa's Vulkan drivers (lavapipe) and the Vulkan loader with your package manager"
+    exit 1
+fi
+
+# --- Python packages for the fixture builder --------------------------------------------
+if ! command -v python3 >/dev/null; then
+    log "python3 not found; install Python >= 3.10"
+    exit 1
+fi
+if python3 - <<'PY'
+import sys
+from importlib.metadata import version
+import numpy, gguf  # noqa: F401
+sys.exit(0 if version("gguf") == "0.19.0" else 1)
+PY
+then
+    log "Python: numpy and gguf 0.19.0 importable"
+else
+    user="--user"
+    if python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
+        user=""  # inside a virtualenv pip refuses --user
+    fi
+    log "Python: pip install $user numpy gguf==0.19.0"
+    python3 -m pip install $user --quiet numpy gguf==0.19.0
+fi

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# gerbil's test command (what CI runs): dependencies, the SmolLM2 fixture, fmt, clippy, tests.
+# Every check runs even when an earlier one fails; the summary says which failed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+# Setup failures make the checks meaningless: stop right away.
+bash scripts/install-deps.sh
+python3 scripts/build-fixtures.py --out fixtures smollm2-135m
+
+export GERBIL_FIXTURES="$PWD/fixtures"
+export LP_NUM_THREADS=2 # lavapipe: one thread per core of the CI machine
+unset RUST_TEST_THREADS
+
+summary=()
+failed=0
+check() {
+    local name=$1
+    shift
+    local start=$SECONDS status
+    echo "=== $name: $*"
+    if "$@"; then status=ok; else status=FAILED; failed=1; fi
+    summary+=("$(printf '%-7s %-7s %4ds' "$name" "$status" $((SECONDS - start)))")
+}
+
+check fmt cargo fmt --all -- --check
+check clippy cargo clippy --workspace --all-targets -- -D warnings
+check test cargo test --workspace
+
+echo
+echo "=== summary"
+printf '%s\n' "${summary[@]}"
+if [ "$failed" -ne 0 ]; then
+    echo "some checks FAILED"
+    exit 1
+fi
+echo "all checks passed"
