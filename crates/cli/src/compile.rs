@@ -37,7 +37,9 @@ impl std::str::FromStr for DumpIr {
             _ => match s.strip_prefix("after=") {
                 Some("all") => Ok(DumpIr::All),
                 Some(name) if !name.is_empty() => Ok(DumpIr::After(name.to_string())),
-                _ => Err(format!("expected `lowered`, `all` or `after=PASS`, got `{s}`")),
+                _ => Err(format!(
+                    "expected `lowered`, `all` or `after=PASS`, got `{s}`"
+                )),
             },
         }
     }
@@ -106,7 +108,8 @@ fn op_counts(graph: &Graph) -> Vec<(String, u64)> {
 fn write_dot(dir: &Path, name: &str, graph: &Graph) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     let path = dir.join(format!("{name}.dot"));
-    std::fs::write(&path, gerbil_ir::dot::to_dot(graph)).with_context(|| format!("writing {}", path.display()))
+    std::fs::write(&path, gerbil_ir::dot::to_dot(graph))
+        .with_context(|| format!("writing {}", path.display()))
 }
 
 /// The rotary table `[rows, 2·pairs]`: cos of each frequency, then sin,
@@ -128,7 +131,7 @@ pub fn rope_table(inv_freq: &[f32], scaling: f32, rows: u64) -> Vec<u8> {
 }
 
 fn pad4(bytes: Cow<'_, [u8]>) -> Cow<'_, [u8]> {
-    if bytes.len() % 4 == 0 {
+    if bytes.len().is_multiple_of(4) {
         bytes
     } else {
         let mut v = bytes.into_owned();
@@ -147,7 +150,10 @@ fn materialize<'a>(
         WeightSource::Checkpoint { tensor } => {
             let view = ckpt.tensor(tensor)?;
             if view.dtype != dtype {
-                bail!("tensor `{tensor}` is {} but the graph expects {dtype}", view.dtype);
+                bail!(
+                    "tensor `{tensor}` is {} but the graph expects {dtype}",
+                    view.dtype
+                );
             }
             Cow::Borrowed(view.data)
         }
@@ -238,7 +244,8 @@ pub fn compile(opts: &CompileOptions) -> Result<Compiled> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
         for k in &program.kernels {
             let path = dir.join(format!("{}.wgsl", k.name));
-            std::fs::write(&path, &k.wgsl).with_context(|| format!("writing {}", path.display()))?;
+            std::fs::write(&path, &k.wgsl)
+                .with_context(|| format!("writing {}", path.display()))?;
         }
     }
 

@@ -48,13 +48,19 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
     let mut kv = 0;
     for b in &h.buffers {
         match &b.kind {
-            BufferKind::Weight { dtype, .. } => *weight_bytes_by_dtype.entry(dtype.clone()).or_default() += b.size,
+            BufferKind::Weight { dtype, .. } => {
+                *weight_bytes_by_dtype.entry(dtype.clone()).or_default() += b.size
+            }
             BufferKind::Arena => arena += b.size,
             BufferKind::State { name } if name.contains("cache") => kv += b.size,
             _ => {}
         }
     }
-    let layer_dispatches = h.decode.iter().filter(|d| d.label.starts_with("layers.")).count();
+    let layer_dispatches = h
+        .decode
+        .iter()
+        .filter(|d| d.label.starts_with("layers."))
+        .count();
     Inspection {
         architecture: h.model.architecture.clone(),
         family: h.model.family.clone(),
@@ -71,7 +77,11 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
         activation_naive_bytes: h.compile.activation_naive_bytes,
         kv_cache_bytes: kv,
         weight_bytes_by_dtype,
-        kernels: h.kernels.iter().map(|k| (k.name.clone(), k.workgroup_size)).collect(),
+        kernels: h
+            .kernels
+            .iter()
+            .map(|k| (k.name.clone(), k.workgroup_size))
+            .collect(),
     }
 }
 
@@ -87,7 +97,8 @@ pub fn render(i: &Inspection) -> String {
         i.passes.join(" → ")
     );
     s += "ops        before → after\n";
-    let names: std::collections::BTreeSet<&String> = i.ops_before.keys().chain(i.ops_after.keys()).collect();
+    let names: std::collections::BTreeSet<&String> =
+        i.ops_before.keys().chain(i.ops_after.keys()).collect();
     for n in names {
         s += &format!(
             "  {n:<16} {:>6} → {}\n",
@@ -111,7 +122,10 @@ pub fn render(i: &Inspection) -> String {
     }
     s += &format!("kernels    {}\n", i.kernels.len());
     for (k, wg) in &i.kernels {
-        s += &format!("  {k:<48} @workgroup_size({}, {}, {})\n", wg[0], wg[1], wg[2]);
+        s += &format!(
+            "  {k:<48} @workgroup_size({}, {}, {})\n",
+            wg[0], wg[1], wg[2]
+        );
     }
     s
 }

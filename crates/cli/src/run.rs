@@ -80,7 +80,8 @@ fn prompt_ids(prompt: &Prompt, codec: Option<&TextCodec>) -> Result<Vec<u32>> {
     Ok(match prompt {
         Prompt::Ids(ids) => ids.clone(),
         Prompt::Text { text, chat } => {
-            let codec = codec.context("this plan has no tokenizer; pass --input-ids instead of --prompt")?;
+            let codec = codec
+                .context("this plan has no tokenizer; pass --input-ids instead of --prompt")?;
             if *chat {
                 codec.encode_chat(&[ChatMessage::new("user", text.clone())], true)?
             } else {
@@ -109,7 +110,14 @@ pub fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
         if opts.json {
             println!("{}", serde_json::to_string(&json)?);
         } else {
-            println!("{}", json.input_ids.iter().map(|i| i.to_string()).collect::<Vec<_>>().join(","));
+            println!(
+                "{}",
+                json.input_ids
+                    .iter()
+                    .map(|i| i.to_string())
+                    .collect::<Vec<_>>()
+                    .join(",")
+            );
         }
         return Ok(());
     }
@@ -117,7 +125,11 @@ pub fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
     let gen_opts = GenerateOptions {
         max_new_tokens: opts.max_new_tokens,
         sampling: opts.sampling,
-        eos_token_ids: if opts.ignore_eos { vec![] } else { plan.header.text.eos_token_ids.clone() },
+        eos_token_ids: if opts.ignore_eos {
+            vec![]
+        } else {
+            plan.header.text.eos_token_ids.clone()
+        },
     };
     let mut steps = Vec::new();
     let mut stream = match (&codec, opts.json) {
@@ -180,6 +192,39 @@ pub struct BenchOptions {
     pub new_tokens: usize,
     /// Timed repetitions (the median is reported).
     pub repeats: usize,
+    /// Also time every dispatch of one prefill and one decode step.
+    pub profile: bool,
+}
+
+/// GPU time of one kind of dispatch in a step.
+#[derive(Clone, Debug, Serialize)]
+pub struct ProfileRow {
+    /// What ran: the last part of the IR label (`q_proj`, `sdpa`, `lm_head`, …).
+    pub what: String,
+    /// Dispatches of this kind in the step.
+    pub count: usize,
+    /// Their summed GPU time in microseconds.
+    pub micros: f64,
+}
+
+fn summarize(times: &[gerbil_runtime::DispatchTime]) -> Vec<ProfileRow> {
+    let mut by: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
+    for t in times {
+        let what = t.label.rsplit('.').next().unwrap_or(&t.label).to_string();
+        let e = by.entry(what).or_default();
+        e.0 += 1;
+        e.1 += t.nanos / 1000.0;
+    }
+    let mut rows: Vec<ProfileRow> = by
+        .into_iter()
+        .map(|(what, (count, micros))| ProfileRow {
+            what,
+            count,
+            micros,
+        })
+        .collect();
+    rows.sort_by(|a, b| b.micros.total_cmp(&a.micros));
+    rows
 }
 
 /// Benchmark results.
@@ -201,6 +246,10 @@ pub struct BenchReport {
     pub activation_bytes: u64,
     /// Dispatches per prefill step and per decode step.
     pub dispatches: (usize, usize),
+    /// GPU time by dispatch kind of one prefill step (with `profile`).
+    pub prefill_profile: Option<Vec<ProfileRow>>,
+    /// GPU time by dispatch kind of one decode step (with `profile`).
+    pub decode_profile: Option<Vec<ProfileRow>>,
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -211,7 +260,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Times prefill and greedy decode on synthetic token ids.
 pub fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchReport> {
     let plan = PlanFile::open(plan_path)?;
-    let mut session = Session::new(&plan)?;
+    let mut session = if opts.profile {
+        Session::new_profiling(&plan)?
+    } else {
+        Session::new(&plan)?
+    };
     let vocab = session.vocab_size() as u32;
     let max = plan.header.model.max_context as usize;
     if opts.prompt_tokens == 0 || opts.prompt_tokens + opts.new_tokens > max {
@@ -221,7 +274,9 @@ pub fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchRep
             opts.new_tokens
         );
     }
-    let prompt: Vec<u32> = (0..opts.prompt_tokens as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let prompt: Vec<u32> = (0..opts.prompt_tokens as u32)
+        .map(|i| (i * 7919 + 13) % vocab)
+        .collect();
     // Warm-up: pipelines, first-use costs.
     session.reset();
     session.forward(&prompt)?;
@@ -239,11 +294,24 @@ pub fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchRep
         }
         decode.push(t1.elapsed().as_secs_f64());
     }
+    let (mut prefill_profile, mut decode_profile) = (None, None);
+    if opts.profile {
+        session.reset();
+        let chunk = prompt
+            .len()
+            .min(plan.header.model.max_tokens_per_step as usize);
+        prefill_profile = Some(summarize(&session.profile(&prompt[..chunk])?));
+        decode_profile = Some(summarize(&session.profile(&prompt[..1])?));
+    }
     let prefill_s = median(prefill);
     let decode_s = median(decode);
     let mem = session.memory();
     Ok(BenchReport {
-        device: format!("{} ({:?})", session.gpu().adapter.name, session.gpu().adapter.backend),
+        device: format!(
+            "{} ({:?})",
+            session.gpu().adapter.name,
+            session.gpu().adapter.backend
+        ),
         prefill_tok_s: opts.prompt_tokens as f64 / prefill_s,
         decode_tok_s: opts.new_tokens as f64 / decode_s,
         decode_ms_per_token: decode_s * 1000.0 / opts.new_tokens.max(1) as f64,
@@ -251,5 +319,7 @@ pub fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchRep
         kv_cache_bytes: mem.kv_cache,
         activation_bytes: mem.activations,
         dispatches: (plan.header.prefill.len(), plan.header.decode.len()),
+        prefill_profile,
+        decode_profile,
     })
 }

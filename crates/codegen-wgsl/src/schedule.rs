@@ -152,7 +152,9 @@ impl Builder<'_> {
         }
         validate(&src.name, &src.wgsl)?;
         let r = &mut self.requirements;
-        r.max_compute_workgroup_storage_size = r.max_compute_workgroup_storage_size.max(src.workgroup_bytes);
+        r.max_compute_workgroup_storage_size = r
+            .max_compute_workgroup_storage_size
+            .max(src.workgroup_bytes);
         r.max_compute_invocations_per_workgroup = r
             .max_compute_invocations_per_workgroup
             .max(src.workgroup_size.iter().product());
@@ -190,7 +192,10 @@ impl Builder<'_> {
             Op::Embedding(e) => {
                 let t = in_ty(0);
                 embedding::kernel(EmbeddingSpec {
-                    vocab: t.shape[0].as_const().ok_or_else(|| unsupported("symbolic vocabulary"))? as u32,
+                    vocab: t.shape[0]
+                        .as_const()
+                        .ok_or_else(|| unsupported("symbolic vocabulary"))?
+                        as u32,
                     width: width_of(t),
                     wdtype: t.dtype,
                     scale: e.scale,
@@ -340,7 +345,12 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
             }
             Op::KvCache { .. } => {
                 b.check_binding(&format!("KV cache `{}`", node.label), bytes)?;
-                let i = b.push_buffer(bytes, BufferKind::State { name: node.label.clone() });
+                let i = b.push_buffer(
+                    bytes,
+                    BufferKind::State {
+                        name: node.label.clone(),
+                    },
+                );
                 b.locs.insert(id, Loc::Whole(i));
             }
             _ => {}
@@ -353,7 +363,8 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         .copied()
         .filter(|&id| !graph.node(id).op.is_source())
         .collect();
-    let step_of: HashMap<NodeId, usize> = steps.iter().enumerate().map(|(s, &id)| (id, s)).collect();
+    let step_of: HashMap<NodeId, usize> =
+        steps.iter().enumerate().map(|(s, &id)| (id, s)).collect();
     // Activations: liveness intervals in schedule order.
     let mut intervals = Vec::new();
     let mut logits = None;
@@ -389,7 +400,8 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
             size: bytes,
         });
     }
-    let logits = logits.ok_or_else(|| CodegenError::Graph("the graph has no `logits` output".into()))?;
+    let logits =
+        logits.ok_or_else(|| CodegenError::Graph("the graph has no `logits` output".into()))?;
     let logits_ty = graph
         .outputs
         .iter()
@@ -401,15 +413,16 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
             "logits must be one row (run the slice-last-row pass), got {logits_ty}"
         )));
     }
-    let plan = plan_arenas(&intervals, opts.binding_align, opts.max_storage_binding).map_err(|e| {
-        CodegenError::Limit {
-            what: format!("activation {}", e.index),
-            needed: e.size,
-            limit: e.max,
-            limit_name: "max_storage_buffer_binding_size",
-            hint: "use a smaller --max-tokens-per-step",
-        }
-    })?;
+    let plan =
+        plan_arenas(&intervals, opts.binding_align, opts.max_storage_binding).map_err(|e| {
+            CodegenError::Limit {
+                what: format!("activation {}", e.index),
+                needed: e.size,
+                limit: e.max,
+                limit_name: "max_storage_buffer_binding_size",
+                hint: "use a smaller --max-tokens-per-step",
+            }
+        })?;
     let arena_buffers: Vec<u32> = plan
         .arena_sizes
         .iter()
@@ -454,4 +467,3 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         activation_naive_bytes: intervals.iter().map(|i| i.size).sum(),
     })
 }
-

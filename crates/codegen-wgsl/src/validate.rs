@@ -13,9 +13,11 @@ pub fn validate(name: &str, wgsl: &str) -> Result<(), CodegenError> {
         naga::valid::ValidationFlags::all(),
         naga::valid::Capabilities::default(),
     );
-    validator.validate(&module).map_err(|e| CodegenError::Naga {
-        kernel: name.to_string(),
-        report: e.emit_to_string(wgsl),
-    })?;
+    validator
+        .validate(&module)
+        .map_err(|e| CodegenError::Naga {
+            kernel: name.to_string(),
+            report: e.emit_to_string(wgsl),
+        })?;
     Ok(())
 }

@@ -272,7 +272,7 @@ impl HfConfig {
         }
         let heads = raw.num_attention_heads;
         let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
-        if kv_heads == 0 || heads % kv_heads != 0 {
+        if kv_heads == 0 || !heads.is_multiple_of(kv_heads) {
             return Err(bad(
                 "num_key_value_heads",
                 format!("{kv_heads} does not divide num_attention_heads {heads}"),
@@ -281,7 +281,7 @@ impl HfConfig {
         let head_dim = match raw.head_dim {
             Some(0) => return Err(bad("head_dim", "must be positive".to_string())),
             Some(d) => d,
-            None if raw.hidden_size % heads == 0 => raw.hidden_size / heads,
+            None if raw.hidden_size.is_multiple_of(heads) => raw.hidden_size / heads,
             None => {
                 return Err(bad(
                     "head_dim",

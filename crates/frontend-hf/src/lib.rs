@@ -12,13 +12,15 @@
 //! [`Checkpoint::open`] parses `config.json` ([`HfConfig`], v4 and v5 key
 //! spellings alike), memory-maps the safetensors files
 //! ([`SafetensorsStore`]) and captures the tokenizer and chat template
-//! ([`TextAssets`]). [`lower`] picks the family builder from
+//! ([`TextAssets`]). [`lower()`] picks the family builder from
 //! `architectures[0]` and emits the graph; every weight is checked against
 //! the shape the config implies, and keeps the checkpoint's dtype (bf16
 //! stays bf16: kernels convert). RoPE tables are described by their inverse
 //! frequencies, computed as transformers does ([`rope`]).
 //!
 //! This crate knows nothing about WGSL or wgpu.
+
+#![warn(missing_docs)]
 
 pub mod checkpoint;
 pub mod config;

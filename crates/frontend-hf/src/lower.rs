@@ -3,12 +3,12 @@
 //! [`lower`] looks up `architectures[0]` in the family registry
 //! ([`supported_architectures`]), runs that family's builder and returns the
 //! graph plus a few [`ModelFacts`] the later stages need. Builders work
-//! through a [`LowerCtx`], which checks every checkpoint weight against the
+//! through a `LowerCtx`, which checks every checkpoint weight against the
 //! shape the config implies before it becomes a node, and hands out one node
 //! per tensor (so tied embeddings share a node).
 //!
 //! To add a family: write `families/<name>.rs` with a `build` function that
-//! states what differs from the shared decoder in [`crate::families::decoder`],
+//! states what differs from the shared decoder in `families/decoder.rs`,
 //! and add a row to `FAMILIES` below.
 
 use crate::checkpoint::Checkpoint;

@@ -83,6 +83,8 @@ pub fn llama3_inv_freq(
             // smooth = (old / wavelen - low) / (high - low)
             let smooth = ((1.0f32 / wavelen) * old32 - low32) / span32;
             let smoothed = (1.0f32 - smooth) * scaled / factor32 + smooth * scaled;
+            // `~(wavelen < high) * ~(wavelen > low)`, written as torch does.
+            #[allow(clippy::neg_cmp_op_on_partial_ord)]
             let is_medium = !(wavelen < high_freq_wavelen) && !(wavelen > low_freq_wavelen);
             if is_medium {
                 smoothed
@@ -115,7 +117,7 @@ fn require(value: Option<f64>, key: &str, path: &Path) -> Result<f64> {
 pub fn rotary_dim(params: &RopeParameters, head_dim: u32, path: &Path) -> Result<u32> {
     let factor = params.partial_rotary_factor.unwrap_or(1.0);
     let dim = (f64::from(head_dim) * factor).floor();
-    if !(factor > 0.0 && factor <= 1.0) || dim < 2.0 || dim as u32 % 2 != 0 {
+    if !(factor > 0.0 && factor <= 1.0) || dim < 2.0 || !(dim as u32).is_multiple_of(2) {
         return Err(FrontendError::Config {
             path: path.to_path_buf(),
             key: "partial_rotary_factor".to_string(),

@@ -5,12 +5,20 @@ use std::fmt::Write;
 
 /// Renders the graph in DOT; weights are drawn as small grey boxes.
 pub fn to_dot(graph: &Graph) -> String {
-    let mut out = String::from("digraph gerbil {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n");
-    let order = graph.topo_order().unwrap_or_else(|| graph.g.node_indices().collect());
+    let mut out =
+        String::from("digraph gerbil {\n  rankdir=TB;\n  node [fontname=\"monospace\"];\n");
+    let order = graph
+        .topo_order()
+        .unwrap_or_else(|| graph.g.node_indices().collect());
     for id in order {
         let node = graph.node(id);
         let ty: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
-        let label = format!("{}\\n{}\\n{}", node.op.mnemonic(), node.label, ty.join(", "));
+        let label = format!(
+            "{}\\n{}\\n{}",
+            node.op.mnemonic(),
+            node.label,
+            ty.join(", ")
+        );
         let style = if node.op.is_source() {
             ", shape=box, style=filled, fillcolor=\"#eeeeee\""
         } else {
@@ -29,7 +37,11 @@ pub fn to_dot(graph: &Graph) -> String {
         }
     }
     for (name, v) in &graph.outputs {
-        let _ = writeln!(out, "  out_{name} [label=\"{name}\", shape=oval];\n  n{} -> out_{name};", v.node.index());
+        let _ = writeln!(
+            out,
+            "  out_{name} [label=\"{name}\", shape=oval];\n  n{} -> out_{name};",
+            v.node.index()
+        );
     }
     out.push_str("}\n");
     out

@@ -6,8 +6,8 @@ use petgraph::stable_graph::{NodeIndex, StableGraph};
 use petgraph::visit::EdgeRef;
 use petgraph::Direction;
 use serde::{Deserialize, Serialize};
-use std::collections::BinaryHeap;
 use std::cmp::Reverse;
+use std::collections::BinaryHeap;
 
 /// Index of a node; stable across removals of other nodes.
 pub type NodeId = NodeIndex<u32>;
@@ -218,9 +218,6 @@ impl Graph {
 
     /// Number of nodes whose op is not a source (weights, inputs, caches).
     pub fn compute_node_count(&self) -> usize {
-        self.g
-            .node_weights()
-            .filter(|n| !n.op.is_source())
-            .count()
+        self.g.node_weights().filter(|n| !n.op.is_source()).count()
     }
 }

@@ -180,7 +180,9 @@ fn expect_arity(ins: &[&TensorType], n: usize) -> Result<(), InferError> {
 fn expect_matrix(ty: &TensorType, what: &str) -> Result<(Dim, u64), InferError> {
     match ty.shape.as_slice() {
         [rows, Dim::Const(w)] => Ok((*rows, *w)),
-        _ => Err(format!("{what} must be [rows, width] with constant width, got {ty}")),
+        _ => Err(format!(
+            "{what} must be [rows, width] with constant width, got {ty}"
+        )),
     }
 }
 
@@ -257,9 +259,9 @@ impl Op {
                 let (rows, k) = expect_matrix(ins[0], "matmul input")?;
                 let (n, wk) = expect_matrix(ins[1], "matmul weight")?;
                 expect_float(ins[1], "matmul weight")?;
-                let n = n
-                    .as_const()
-                    .ok_or_else(|| format!("matmul weight rows must be constant, got {}", ins[1]))?;
+                let n = n.as_const().ok_or_else(|| {
+                    format!("matmul weight rows must be constant, got {}", ins[1])
+                })?;
                 if wk != k {
                     return Err(format!(
                         "matmul weight {} has in-features {wk}, input has {k}",
@@ -315,7 +317,10 @@ impl Op {
                 let (_, qw) = expect_matrix(ins[0], "queries")?;
                 let hd = u64::from(a.head_dim);
                 if qw != u64::from(a.n_heads) * hd {
-                    return Err(format!("queries width {qw} is not {} heads × {hd}", a.n_heads));
+                    return Err(format!(
+                        "queries width {qw} is not {} heads × {hd}",
+                        a.n_heads
+                    ));
                 }
                 if a.n_kv_heads == 0 || a.n_heads % a.n_kv_heads != 0 {
                     return Err(format!(

@@ -23,13 +23,12 @@ pub fn print(graph: &Graph) -> String {
         return out;
     };
     let mut names: HashMap<NodeId, usize> = HashMap::new();
-    let mut next = 0usize;
     let value_name = |names: &HashMap<NodeId, usize>, v: ValueRef| match names.get(&v.node) {
         Some(i) if v.port == 0 => format!("%{i}"),
         Some(i) => format!("%{i}.{}", v.port),
         None => "%?".to_string(),
     };
-    for id in order {
+    for (next, id) in order.into_iter().enumerate() {
         let node = graph.node(id);
         names.insert(id, next);
         let ins: Vec<String> = graph
@@ -47,7 +46,6 @@ pub fn print(graph: &Graph) -> String {
             let _ = write!(out, "   # {}", node.label);
         }
         out.push('\n');
-        next += 1;
     }
     for (name, v) in &graph.outputs {
         let _ = writeln!(out, "  output {name} = {}", value_name(&names, *v));

@@ -93,7 +93,10 @@ pub fn verify(graph: &Graph) -> Result<(), VerifyError> {
         let inferred = node.op.infer(&tys).map_err(type_err)?;
         if inferred != node.outputs {
             let show = |ts: &[TensorType]| {
-                ts.iter().map(|t| t.to_string()).collect::<Vec<_>>().join(", ")
+                ts.iter()
+                    .map(|t| t.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             };
             return Err(type_err(format!(
                 "stored output types ({}) differ from inferred ({})",

@@ -66,13 +66,26 @@ fn align_up(n: u64, align: u64) -> u64 {
 
 /// Places every interval. `align` is the binding-offset alignment (a power of
 /// two); `max_arena` the largest arena allowed.
-pub fn plan_arenas(intervals: &[Interval], align: u64, max_arena: u64) -> Result<ArenaPlan, TooLarge> {
+pub fn plan_arenas(
+    intervals: &[Interval],
+    align: u64,
+    max_arena: u64,
+) -> Result<ArenaPlan, TooLarge> {
     let mut order: Vec<usize> = (0..intervals.len()).collect();
     order.sort_by(|&a, &b| {
         let (ia, ib) = (&intervals[a], &intervals[b]);
-        ib.size.cmp(&ia.size).then(ia.start.cmp(&ib.start)).then(a.cmp(&b))
+        ib.size
+            .cmp(&ia.size)
+            .then(ia.start.cmp(&ib.start))
+            .then(a.cmp(&b))
     });
-    let mut placements = vec![Placement { arena: 0, offset: 0 }; intervals.len()];
+    let mut placements = vec![
+        Placement {
+            arena: 0,
+            offset: 0
+        };
+        intervals.len()
+    ];
     // Per arena: the placed values (offset, size, interval index).
     let mut arenas: Vec<Vec<(u64, u64, usize)>> = Vec::new();
     for idx in order {
@@ -136,8 +149,12 @@ mod tests {
             for (j, b) in intervals.iter().enumerate().skip(i + 1) {
                 let pb = plan.placements[j];
                 if pa.arena == pb.arena && a.overlaps_in_time(b) {
-                    let disjoint = pa.offset + a.size <= pb.offset || pb.offset + b.size <= pa.offset;
-                    assert!(disjoint, "values {i} and {j} overlap: {a:?}@{pa:?} {b:?}@{pb:?}");
+                    let disjoint =
+                        pa.offset + a.size <= pb.offset || pb.offset + b.size <= pa.offset;
+                    assert!(
+                        disjoint,
+                        "values {i} and {j} overlap: {a:?}@{pa:?} {b:?}@{pb:?}"
+                    );
                 }
             }
         }
@@ -147,7 +164,11 @@ mod tests {
     fn chain_reuses_memory() {
         // a -> b -> c -> d, each read only by the next step.
         let ivs: Vec<Interval> = (0..4)
-            .map(|i| Interval { start: i, end: i + 1, size: 1000 })
+            .map(|i| Interval {
+                start: i,
+                end: i + 1,
+                size: 1000,
+            })
             .collect();
         let plan = plan_arenas(&ivs, 256, 1 << 20).unwrap();
         check(&ivs, &plan, 256, 1 << 20);
@@ -156,7 +177,11 @@ mod tests {
 
     #[test]
     fn oversized_value_is_an_error() {
-        let ivs = [Interval { start: 0, end: 1, size: 5000 }];
+        let ivs = [Interval {
+            start: 0,
+            end: 1,
+            size: 5000,
+        }];
         let err = plan_arenas(&ivs, 256, 4096).unwrap_err();
         assert_eq!(err.size, 5000);
         assert!(err.to_string().contains("max_storage_buffer_binding_size"));
@@ -165,8 +190,16 @@ mod tests {
     #[test]
     fn spills_into_a_second_arena_at_the_limit() {
         let ivs = [
-            Interval { start: 0, end: 2, size: 3000 },
-            Interval { start: 1, end: 2, size: 3000 },
+            Interval {
+                start: 0,
+                end: 2,
+                size: 3000,
+            },
+            Interval {
+                start: 1,
+                end: 2,
+                size: 3000,
+            },
         ];
         let plan = plan_arenas(&ivs, 256, 4096).unwrap();
         check(&ivs, &plan, 256, 4096);

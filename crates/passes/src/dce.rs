@@ -28,7 +28,11 @@ impl Pass for Dce {
                 stack.extend(graph.g.neighbors_directed(n, Direction::Incoming));
             }
         }
-        let dead: Vec<_> = graph.g.node_indices().filter(|n| !live.contains(n)).collect();
+        let dead: Vec<_> = graph
+            .g
+            .node_indices()
+            .filter(|n| !live.contains(n))
+            .collect();
         for n in &dead {
             graph.remove(*n);
         }

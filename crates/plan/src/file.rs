@@ -128,11 +128,14 @@ impl<'a> DataLayout<'a> {
     }
 }
 
-
 /// Writes a plan: preamble, header, then the data sections. Writes to a
 /// temporary file next to `path` and renames it, so a crash never leaves a
 /// half-written plan under the final name.
-pub fn write_plan(path: &Path, header: &PlanHeader, data: &DataLayout<'_>) -> Result<(), PlanError> {
+pub fn write_plan(
+    path: &Path,
+    header: &PlanHeader,
+    data: &DataLayout<'_>,
+) -> Result<(), PlanError> {
     let header_json = serde_json::to_vec(header).map_err(|source| PlanError::Header {
         path: path.to_path_buf(),
         source,
@@ -162,7 +165,11 @@ pub fn write_plan(path: &Path, header: &PlanHeader, data: &DataLayout<'_>) -> Re
     let write_all = |w: &mut BufWriter<File>| -> std::io::Result<()> {
         w.write_all(&pre)?;
         w.write_all(&header_json)?;
-        w.write_all(&vec![0u8; (data_offset - PREAMBLE_LEN - header_json.len() as u64) as usize])?;
+        w.write_all(&vec![
+            0u8;
+            (data_offset - PREAMBLE_LEN - header_json.len() as u64)
+                as usize
+        ])?;
         let mut pos = 0u64;
         for (offset, bytes) in &data.sections {
             w.write_all(&zeros[..(offset - pos) as usize])?;
@@ -292,10 +299,16 @@ impl PlanHeader {
     /// buffers.
     pub fn validate(&self, data_len: u64) -> Result<(), String> {
         let section_ok = |r: &SectionRef, what: &str| {
-            if r.offset.checked_add(r.len).is_some_and(|end| end <= data_len) {
+            if r.offset
+                .checked_add(r.len)
+                .is_some_and(|end| end <= data_len)
+            {
                 Ok(())
             } else {
-                Err(format!("{what} section {}+{} lies outside the data region ({data_len} bytes)", r.offset, r.len))
+                Err(format!(
+                    "{what} section {}+{} lies outside the data region ({data_len} bytes)",
+                    r.offset, r.len
+                ))
             }
         };
         if let Some(t) = &self.text.tokenizer {
@@ -305,30 +318,42 @@ impl PlanHeader {
             if let BufferKind::Weight { section, name, .. } = &b.kind {
                 section_ok(section, name)?;
                 if section.len != b.size {
-                    return Err(format!("buffer {i} ({name}) size {} differs from its section {}", b.size, section.len));
+                    return Err(format!(
+                        "buffer {i} ({name}) size {} differs from its section {}",
+                        b.size, section.len
+                    ));
                 }
             }
         }
         let slice_ok = |s: &crate::BufferSlice, what: &str| {
-            let buf = self
-                .buffers
-                .get(s.buffer as usize)
-                .ok_or_else(|| format!("{what} names buffer {} of {}", s.buffer, self.buffers.len()))?;
-            if s.offset.checked_add(s.size).is_some_and(|end| end <= buf.size) {
+            let buf = self.buffers.get(s.buffer as usize).ok_or_else(|| {
+                format!("{what} names buffer {} of {}", s.buffer, self.buffers.len())
+            })?;
+            if s.offset
+                .checked_add(s.size)
+                .is_some_and(|end| end <= buf.size)
+            {
                 Ok(())
             } else {
-                Err(format!("{what} binds bytes {}+{} of buffer {} ({} bytes)", s.offset, s.size, s.buffer, buf.size))
+                Err(format!(
+                    "{what} binds bytes {}+{} of buffer {} ({} bytes)",
+                    s.offset, s.size, s.buffer, buf.size
+                ))
             }
         };
         for (phase, list) in [("prefill", &self.prefill), ("decode", &self.decode)] {
             for (i, d) in list.iter().enumerate() {
                 let what = format!("{phase} dispatch {i} ({})", d.label);
-                let k = self
-                    .kernels
-                    .get(d.kernel as usize)
-                    .ok_or_else(|| format!("{what} names kernel {} of {}", d.kernel, self.kernels.len()))?;
+                let k = self.kernels.get(d.kernel as usize).ok_or_else(|| {
+                    format!("{what} names kernel {} of {}", d.kernel, self.kernels.len())
+                })?;
                 if k.bindings.len() != d.bindings.len() {
-                    return Err(format!("{what} binds {} buffers, kernel {} declares {}", d.bindings.len(), k.name, k.bindings.len()));
+                    return Err(format!(
+                        "{what} binds {} buffers, kernel {} declares {}",
+                        d.bindings.len(),
+                        k.name,
+                        k.bindings.len()
+                    ));
                 }
                 for s in &d.bindings {
                     slice_ok(s, &what)?;
@@ -336,9 +361,15 @@ impl PlanHeader {
             }
         }
         slice_ok(&self.io.logits, "logits output")?;
-        for (idx, what) in [(self.io.step_params, "step params"), (self.io.token_ids, "token ids")] {
+        for (idx, what) in [
+            (self.io.step_params, "step params"),
+            (self.io.token_ids, "token ids"),
+        ] {
             if idx as usize >= self.buffers.len() {
-                return Err(format!("{what} names buffer {idx} of {}", self.buffers.len()));
+                return Err(format!(
+                    "{what} names buffer {idx} of {}",
+                    self.buffers.len()
+                ));
             }
         }
         if self.model.max_tokens_per_step == 0 || self.model.max_context == 0 {

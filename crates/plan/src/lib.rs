@@ -14,5 +14,7 @@
 mod file;
 mod header;
 
-pub use file::{write_plan, DataLayout, PlanError, PlanFile, SectionData, FORMAT_VERSION, MAGIC, SECTION_ALIGN};
+pub use file::{
+    write_plan, DataLayout, PlanError, PlanFile, SectionData, FORMAT_VERSION, MAGIC, SECTION_ALIGN,
+};
 pub use header::*;

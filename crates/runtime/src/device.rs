@@ -15,6 +15,15 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
 }
 
+impl Gpu {
+    /// Whether timestamp queries inside passes are enabled.
+    pub fn has_timestamps(&self) -> bool {
+        self.device
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES)
+    }
+}
+
 fn check(
     adapter: &str,
     limit: &'static str,
@@ -33,14 +42,23 @@ fn check(
 }
 
 /// Checks the plan's requirements against an adapter's limits.
-pub fn check_limits(adapter: &str, have: &wgpu::Limits, need: &Requirements) -> Result<(), RuntimeError> {
+pub fn check_limits(
+    adapter: &str,
+    have: &wgpu::Limits,
+    need: &Requirements,
+) -> Result<(), RuntimeError> {
     check(
         adapter,
         "max_storage_buffer_binding_size",
         need.max_storage_buffer_binding_size,
         have.max_storage_buffer_binding_size,
     )?;
-    check(adapter, "max_buffer_size", need.max_buffer_size, have.max_buffer_size)?;
+    check(
+        adapter,
+        "max_buffer_size",
+        need.max_buffer_size,
+        have.max_buffer_size,
+    )?;
     check(
         adapter,
         "max_storage_buffers_per_shader_stage",
@@ -65,7 +83,14 @@ impl Gpu {
     /// Opens the first high-performance adapter and a device with its full
     /// limits, after checking them against `need`.
     pub fn open(need: &Requirements) -> Result<Gpu, RuntimeError> {
-        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        Gpu::open_with(need, false)
+    }
+
+    /// Like [`Gpu::open`]; with `timestamps`, also enables timestamp queries
+    /// inside compute passes when the adapter has them (for profiling).
+    pub fn open_with(need: &Requirements, timestamps: bool) -> Result<Gpu, RuntimeError> {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
             power_preference: wgpu::PowerPreference::HighPerformance,
             force_fallback_adapter: false,
@@ -76,9 +101,15 @@ impl Gpu {
         let info = adapter.get_info();
         let limits = adapter.limits();
         check_limits(&info.name, &limits, need)?;
+        let ts = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        let features = if timestamps && adapter.features().contains(ts) {
+            ts
+        } else {
+            wgpu::Features::empty()
+        };
         let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
             label: Some("gerbil"),
-            required_features: wgpu::Features::empty(),
+            required_features: features,
             required_limits: limits.clone(),
             experimental_features: wgpu::ExperimentalFeatures::disabled(),
             memory_hints: wgpu::MemoryHints::Performance,

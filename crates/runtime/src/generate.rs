@@ -46,7 +46,10 @@ pub fn generate(
     let mut logits = session.forward(prompt)?;
     loop {
         let token = sampler.sample(&logits);
-        on_token(TokenEvent { token, logits: &logits });
+        on_token(TokenEvent {
+            token,
+            logits: &logits,
+        });
         out.push(token);
         if out.len() >= opts.max_new_tokens || opts.eos_token_ids.contains(&token) {
             break;

@@ -16,6 +16,7 @@
 pub mod device;
 pub mod error;
 pub mod generate;
+pub mod profile;
 pub mod sampling;
 pub mod session;
 pub mod text;
@@ -23,5 +24,6 @@ pub mod text;
 pub use device::Gpu;
 pub use error::RuntimeError;
 pub use generate::{generate, GenerateOptions, TokenEvent};
+pub use profile::DispatchTime;
 pub use sampling::{argmax, top_logits, Sampler, SamplingParams};
 pub use session::{MemoryReport, Session};

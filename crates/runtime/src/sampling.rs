@@ -59,6 +59,7 @@ pub fn top_logits(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
 }
 
 /// A seeded sampler.
+#[derive(Debug)]
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
@@ -67,11 +68,17 @@ pub struct Sampler {
 impl Sampler {
     /// A sampler; rejects negative temperature, top-p outside (0, 1].
     pub fn new(params: SamplingParams) -> Result<Sampler, RuntimeError> {
-        if !(params.temperature >= 0.0) || !params.temperature.is_finite() {
-            return Err(RuntimeError::Sampling(format!("temperature must be ≥ 0, got {}", params.temperature)));
+        if params.temperature.is_nan() || params.temperature < 0.0 || params.temperature.is_infinite() {
+            return Err(RuntimeError::Sampling(format!(
+                "temperature must be ≥ 0, got {}",
+                params.temperature
+            )));
         }
-        if !(params.top_p > 0.0 && params.top_p <= 1.0) {
-            return Err(RuntimeError::Sampling(format!("top-p must be in (0, 1], got {}", params.top_p)));
+        if params.top_p.is_nan() || params.top_p <= 0.0 || params.top_p > 1.0 {
+            return Err(RuntimeError::Sampling(format!(
+                "top-p must be in (0, 1], got {}",
+                params.top_p
+            )));
         }
         Ok(Sampler {
             params,
@@ -136,7 +143,12 @@ mod tests {
     #[test]
     fn seeded_sampling_is_deterministic_and_respects_top_k() {
         let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
-        let params = SamplingParams { temperature: 1.0, top_k: 5, top_p: 1.0, seed: 7 };
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_k: 5,
+            top_p: 1.0,
+            seed: 7,
+        };
         let run = || {
             let mut s = Sampler::new(params).unwrap();
             (0..20).map(|_| s.sample(&logits)).collect::<Vec<_>>()
@@ -150,9 +162,15 @@ mod tests {
 
     #[test]
     fn bad_settings_are_errors() {
-        let bad = SamplingParams { temperature: -1.0, ..Default::default() };
+        let bad = SamplingParams {
+            temperature: -1.0,
+            ..Default::default()
+        };
         assert!(Sampler::new(bad).is_err());
-        let bad = SamplingParams { top_p: 0.0, ..Default::default() };
+        let bad = SamplingParams {
+            top_p: 0.0,
+            ..Default::default()
+        };
         assert!(Sampler::new(bad).unwrap_err().to_string().contains("top-p"));
     }
 }

@@ -17,22 +17,22 @@ pub struct MemoryReport {
     pub activations: u64,
 }
 
-struct Step {
-    pipeline: usize,
-    bind_group: wgpu::BindGroup,
-    dispatch: Dispatch,
+pub(crate) struct Step {
+    pub(crate) pipeline: usize,
+    pub(crate) bind_group: wgpu::BindGroup,
+    pub(crate) dispatch: Dispatch,
 }
 
 /// A plan resident on a GPU, with its KV cache.
 pub struct Session {
-    gpu: Gpu,
-    header: PlanHeader,
-    buffers: Vec<wgpu::Buffer>,
-    pipelines: Vec<wgpu::ComputePipeline>,
-    prefill: Vec<Step>,
-    decode: Vec<Step>,
+    pub(crate) gpu: Gpu,
+    pub(crate) header: PlanHeader,
+    pub(crate) buffers: Vec<wgpu::Buffer>,
+    pub(crate) pipelines: Vec<wgpu::ComputePipeline>,
+    pub(crate) prefill: Vec<Step>,
+    pub(crate) decode: Vec<Step>,
     readback: wgpu::Buffer,
-    position: u64,
+    pub(crate) position: u64,
     memory: MemoryReport,
 }
 
@@ -55,6 +55,13 @@ impl Session {
         Session::with_gpu(gpu, plan)
     }
 
+    /// Like [`Session::new`], with timestamp queries enabled when the device
+    /// has them, for [`Session::profile`](crate::profile).
+    pub fn new_profiling(plan: &PlanFile) -> Result<Session, RuntimeError> {
+        let gpu = Gpu::open_with(&plan.header.requirements, true)?;
+        Session::with_gpu(gpu, plan)
+    }
+
     /// Like [`Session::new`] on an already opened device.
     pub fn with_gpu(gpu: Gpu, plan: &PlanFile) -> Result<Session, RuntimeError> {
         let header = plan.header.clone();
@@ -66,8 +73,9 @@ impl Session {
                 BufferKind::Weight { name, .. } | BufferKind::State { name } => name.clone(),
                 other => format!("{other:?}"),
             };
-            let buffer = gpu.scoped(&format!("allocating buffer {i} ({label}, {} bytes)", decl.size), || {
-                match &decl.kind {
+            let buffer = gpu.scoped(
+                &format!("allocating buffer {i} ({label}, {} bytes)", decl.size),
+                || match &decl.kind {
                     BufferKind::Weight { section, .. } => {
                         let b = device.create_buffer(&wgpu::BufferDescriptor {
                             label: Some(&label),
@@ -87,11 +95,13 @@ impl Session {
                         usage: usage_for(kind),
                         mapped_at_creation: false,
                     }),
-                }
-            })?;
+                },
+            )?;
             match &decl.kind {
                 BufferKind::Weight { .. } => memory.weights += decl.size,
-                BufferKind::State { name } if name.contains("cache") => memory.kv_cache += decl.size,
+                BufferKind::State { name } if name.contains("cache") => {
+                    memory.kv_cache += decl.size
+                }
                 _ => memory.activations += decl.size,
             }
             buffers.push(buffer);
@@ -99,49 +109,55 @@ impl Session {
         let mut layouts = Vec::with_capacity(header.kernels.len());
         let mut pipelines = Vec::with_capacity(header.kernels.len());
         for k in &header.kernels {
-            let (layout, pipeline) = gpu.scoped(&format!("creating pipeline `{}`", k.name), || {
-                let entries: Vec<wgpu::BindGroupLayoutEntry> = k
-                    .bindings
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| wgpu::BindGroupLayoutEntry {
-                        binding: i as u32,
-                        visibility: wgpu::ShaderStages::COMPUTE,
-                        ty: wgpu::BindingType::Buffer {
-                            ty: match b {
-                                BindingDecl::Uniform => wgpu::BufferBindingType::Uniform,
-                                BindingDecl::StorageRead => wgpu::BufferBindingType::Storage { read_only: true },
-                                BindingDecl::StorageReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+            let (layout, pipeline) =
+                gpu.scoped(&format!("creating pipeline `{}`", k.name), || {
+                    let entries: Vec<wgpu::BindGroupLayoutEntry> = k
+                        .bindings
+                        .iter()
+                        .enumerate()
+                        .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+                            binding: i as u32,
+                            visibility: wgpu::ShaderStages::COMPUTE,
+                            ty: wgpu::BindingType::Buffer {
+                                ty: match b {
+                                    BindingDecl::Uniform => wgpu::BufferBindingType::Uniform,
+                                    BindingDecl::StorageRead => {
+                                        wgpu::BufferBindingType::Storage { read_only: true }
+                                    }
+                                    BindingDecl::StorageReadWrite => {
+                                        wgpu::BufferBindingType::Storage { read_only: false }
+                                    }
+                                },
+                                has_dynamic_offset: false,
+                                min_binding_size: None,
                             },
-                            has_dynamic_offset: false,
-                            min_binding_size: None,
-                        },
-                        count: None,
-                    })
-                    .collect();
-                let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                    label: Some(&k.name),
-                    entries: &entries,
-                });
-                let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                    label: Some(&k.name),
-                    bind_group_layouts: &[Some(&bgl)],
-                    immediate_size: 0,
-                });
-                let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                    label: Some(&k.name),
-                    source: wgpu::ShaderSource::Wgsl(k.wgsl.as_str().into()),
-                });
-                let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                    label: Some(&k.name),
-                    layout: Some(&pl),
-                    module: &module,
-                    entry_point: Some(&k.entry),
-                    compilation_options: wgpu::PipelineCompilationOptions::default(),
-                    cache: None,
-                });
-                (bgl, pipeline)
-            })?;
+                            count: None,
+                        })
+                        .collect();
+                    let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+                        label: Some(&k.name),
+                        entries: &entries,
+                    });
+                    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+                        label: Some(&k.name),
+                        bind_group_layouts: &[Some(&bgl)],
+                        immediate_size: 0,
+                    });
+                    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+                        label: Some(&k.name),
+                        source: wgpu::ShaderSource::Wgsl(k.wgsl.as_str().into()),
+                    });
+                    let pipeline =
+                        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                            label: Some(&k.name),
+                            layout: Some(&pl),
+                            module: &module,
+                            entry_point: Some(&k.entry),
+                            compilation_options: wgpu::PipelineCompilationOptions::default(),
+                            cache: None,
+                        });
+                    (bgl, pipeline)
+                })?;
             layouts.push(layout);
             pipelines.push(pipeline);
         }
@@ -161,13 +177,14 @@ impl Session {
                             }),
                         })
                         .collect();
-                    let bind_group = gpu.scoped(&format!("binding {phase} dispatch `{}`", d.label), || {
-                        device.create_bind_group(&wgpu::BindGroupDescriptor {
-                            label: Some(&d.label),
-                            layout: &layouts[d.kernel as usize],
-                            entries: &entries,
-                        })
-                    })?;
+                    let bind_group =
+                        gpu.scoped(&format!("binding {phase} dispatch `{}`", d.label), || {
+                            device.create_bind_group(&wgpu::BindGroupDescriptor {
+                                label: Some(&d.label),
+                                layout: &layouts[d.kernel as usize],
+                                entries: &entries,
+                            })
+                        })?;
                     Ok(Step {
                         pipeline: d.kernel as usize,
                         bind_group,
@@ -257,34 +274,77 @@ impl Session {
         Ok(())
     }
 
-    fn run_step(&self, tokens: &[u32]) {
+    /// Writes the step's inputs and returns the schedule for `t` tokens.
+    pub(crate) fn prepare_step(&self, tokens: &[u32]) -> &[Step] {
         let t = tokens.len() as u32;
         let params: [u32; (STEP_PARAMS_BYTES / 4) as usize] = [t, self.position as u32, 0, 0];
         let q = &self.gpu.queue;
-        q.write_buffer(&self.buffers[self.header.io.step_params as usize], 0, bytemuck::cast_slice(&params));
-        q.write_buffer(&self.buffers[self.header.io.token_ids as usize], 0, bytemuck::cast_slice(tokens));
-        let steps = if t == 1 { &self.decode } else { &self.prefill };
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("step") });
+        q.write_buffer(
+            &self.buffers[self.header.io.step_params as usize],
+            0,
+            bytemuck::cast_slice(&params),
+        );
+        q.write_buffer(
+            &self.buffers[self.header.io.token_ids as usize],
+            0,
+            bytemuck::cast_slice(tokens),
+        );
+        if t == 1 {
+            &self.decode
+        } else {
+            &self.prefill
+        }
+    }
+
+    /// Records one dispatch; returns false if it has no work for `t` tokens.
+    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step, t: u32) -> bool {
+        let [x, y, z] = step.dispatch.workgroups.map(|w| w.eval(t));
+        if x == 0 || y == 0 || z == 0 {
+            return false;
+        }
+        pass.set_pipeline(&self.pipelines[step.pipeline]);
+        pass.set_bind_group(0, &step.bind_group, &[]);
+        pass.dispatch_workgroups(x, y, z);
+        true
+    }
+
+    fn run_step(&self, tokens: &[u32]) {
+        let t = tokens.len() as u32;
+        let steps = self.prepare_step(tokens);
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("step"),
+            });
         {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor { label: Some("forward"), timestamp_writes: None });
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("forward"),
+                timestamp_writes: None,
+            });
             for s in steps {
-                let [x, y, z] = s.dispatch.workgroups.map(|w| w.eval(t));
-                if x == 0 || y == 0 || z == 0 {
-                    continue;
-                }
-                pass.set_pipeline(&self.pipelines[s.pipeline]);
-                pass.set_bind_group(0, &s.bind_group, &[]);
-                pass.dispatch_workgroups(x, y, z);
+                self.record(&mut pass, s, t);
             }
         }
-        q.submit([enc.finish()]);
+        self.gpu.queue.submit([enc.finish()]);
     }
 
     /// Copies the last step's logits to the CPU.
     pub fn read_logits(&self) -> Result<Vec<f32>, RuntimeError> {
         let io = self.header.io.logits;
-        let mut enc = self.gpu.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
-        enc.copy_buffer_to_buffer(&self.buffers[io.buffer as usize], io.offset, &self.readback, 0, io.size);
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("readback"),
+            });
+        enc.copy_buffer_to_buffer(
+            &self.buffers[io.buffer as usize],
+            io.offset,
+            &self.readback,
+            0,
+            io.size,
+        );
         self.gpu.queue.submit([enc.finish()]);
         let slice = self.readback.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();

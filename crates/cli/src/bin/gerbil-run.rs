@@ -7,7 +7,11 @@ use gerbil_runtime::SamplingParams;
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "gerbil-run", version, about = "Run a gerbil plan on any WebGPU device", args_conflicts_with_subcommands = true)]
+#[command(
+    name = "gerbil-run",
+    version,
+    about = "Run a gerbil plan on any WebGPU device"
+)]
 struct Cli {
     /// The plan compiled by `gerbilc compile`.
     plan: PathBuf,
@@ -70,6 +74,9 @@ enum Cmd {
         /// Print one JSON object.
         #[arg(long)]
         json: bool,
+        /// Also report GPU time per kind of dispatch (needs timestamp queries).
+        #[arg(long)]
+        profile: bool,
     },
 }
 
@@ -80,22 +87,63 @@ fn main() -> Result<()> {
         .init();
     let cli = Cli::parse();
     match cli.cmd {
-        Some(Cmd::Bench { prompt_tokens, new_tokens, repeats, json }) => {
-            let r = bench(&cli.plan, BenchOptions { prompt_tokens, new_tokens, repeats })?;
+        Some(Cmd::Bench {
+            prompt_tokens,
+            new_tokens,
+            repeats,
+            json,
+            profile,
+        }) => {
+            let r = bench(
+                &cli.plan,
+                BenchOptions {
+                    prompt_tokens,
+                    new_tokens,
+                    repeats,
+                    profile,
+                },
+            )?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 let mib = |b: u64| b as f64 / (1 << 20) as f64;
                 println!("device      {}", r.device);
-                println!("prefill     {:.1} tok/s ({prompt_tokens} tokens)", r.prefill_tok_s);
-                println!("decode      {:.1} tok/s ({:.2} ms/token, {new_tokens} tokens)", r.decode_tok_s, r.decode_ms_per_token);
-                println!("dispatches  {} per prefill step, {} per decode step", r.dispatches.0, r.dispatches.1);
+                println!(
+                    "prefill     {:.1} tok/s ({prompt_tokens} tokens)",
+                    r.prefill_tok_s
+                );
+                println!(
+                    "decode      {:.1} tok/s ({:.2} ms/token, {new_tokens} tokens)",
+                    r.decode_tok_s, r.decode_ms_per_token
+                );
+                println!(
+                    "dispatches  {} per prefill step, {} per decode step",
+                    r.dispatches.0, r.dispatches.1
+                );
                 println!(
                     "gpu memory  weights {:.1} MiB, kv cache {:.1} MiB, activations {:.1} MiB",
                     mib(r.weights_bytes),
                     mib(r.kv_cache_bytes),
                     mib(r.activation_bytes)
                 );
+                for (name, rows) in [
+                    ("prefill", &r.prefill_profile),
+                    ("decode", &r.decode_profile),
+                ] {
+                    if let Some(rows) = rows {
+                        let total: f64 = rows.iter().map(|x| x.micros).sum();
+                        println!("{name} step GPU time {:.1} µs:", total);
+                        for x in rows {
+                            println!(
+                                "  {:<22} {:>4}×  {:>10.1} µs  {:>5.1}%",
+                                x.what,
+                                x.count,
+                                x.micros,
+                                100.0 * x.micros / total.max(1e-9)
+                            );
+                        }
+                    }
+                }
             }
         }
         None => {

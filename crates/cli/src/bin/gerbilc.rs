@@ -7,7 +7,11 @@ use gerbil_cli::inspect::{inspect, render};
 use std::path::PathBuf;
 
 #[derive(Parser)]
-#[command(name = "gerbilc", version, about = "Ahead-of-time compiler: HuggingFace checkpoint → WebGPU plan")]
+#[command(
+    name = "gerbilc",
+    version,
+    about = "Ahead-of-time compiler: HuggingFace checkpoint → WebGPU plan"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,

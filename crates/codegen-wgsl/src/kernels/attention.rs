@@ -8,7 +8,7 @@
 //! flash-attention recurrence, so no `[T, P]` score matrix is ever stored.
 //! Masked keys use a finite sentinel instead of −∞ so no NaN can arise.
 
-use super::{bindings, Access, f32_binding, f32_lit, prelude, tree_reduce, KernelSource, Rows};
+use super::{bindings, f32_binding, f32_lit, prelude, tree_reduce, Access, KernelSource, Rows};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
@@ -92,7 +92,12 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
         ),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
-        bindings: bindings(&[Access::Activation, Access::Read, Access::Read, Access::Activation]),
+        bindings: bindings(&[
+            Access::Activation,
+            Access::Read,
+            Access::Read,
+            Access::Activation,
+        ]),
         workgroups: [
             WorkgroupCount::fixed(s.heads),
             Rows::Tokens.count(1, 1),

@@ -1,20 +1,30 @@
 //! Elementwise kernels, one thread per element: unary activations, binary
 //! add/mul, the KV-cache write, and the last-row slice.
 
-use super::{bindings, Access, f32_binding, f32_lit, prelude, KernelSource, Rows};
+use super::{bindings, f32_binding, f32_lit, prelude, Access, KernelSource, Rows};
 use gerbil_ir::{BinaryOp, UnaryOp};
 use gerbil_plan::{BindingDecl, WorkgroupCount};
 use std::fmt::Write;
 
 const WG: u32 = 256;
 
-fn flat(name: String, wgsl: String, rows: Rows, width: u32, bindings: Vec<BindingDecl>) -> KernelSource {
+fn flat(
+    name: String,
+    wgsl: String,
+    rows: Rows,
+    width: u32,
+    bindings: Vec<BindingDecl>,
+) -> KernelSource {
     KernelSource {
         name,
         wgsl,
         workgroup_size: [WG, 1, 1],
         bindings,
-        workgroups: [rows.count(width, WG), WorkgroupCount::fixed(1), WorkgroupCount::fixed(1)],
+        workgroups: [
+            rows.count(width, WG),
+            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(1),
+        ],
         workgroup_bytes: 0,
     }
 }
@@ -62,8 +72,17 @@ pub fn unary(op: UnaryOp, rows: Rows, width: u32) -> KernelSource {
     let mut w = header(width);
     f32_binding(&mut w, 1, "x", true);
     f32_binding(&mut w, 2, "y", true);
-    w.push_str(&entry(rows, &format!("  let v = x[i];\n  y[i] = {};\n", unary_expr(op, "v"))));
-    flat(format!("{}_r{}_w{width}", unary_tag(op), rows.tag()), w, rows, width, bindings(&[Access::Activation, Access::Activation]))
+    w.push_str(&entry(
+        rows,
+        &format!("  let v = x[i];\n  y[i] = {};\n", unary_expr(op, "v")),
+    ));
+    flat(
+        format!("{}_r{}_w{width}", unary_tag(op), rows.tag()),
+        w,
+        rows,
+        width,
+        bindings(&[Access::Activation, Access::Activation]),
+    )
 }
 
 /// `y = a ∘ b`.
@@ -77,7 +96,13 @@ pub fn binary(op: BinaryOp, rows: Rows, width: u32) -> KernelSource {
         BinaryOp::Mul => ("*", "mul"),
     };
     w.push_str(&entry(rows, &format!("  y[i] = a[i] {sym} b[i];\n")));
-    flat(format!("{tag}_r{}_w{width}", rows.tag()), w, rows, width, bindings(&[Access::Activation, Access::Activation, Access::Activation]))
+    flat(
+        format!("{tag}_r{}_w{width}", rows.tag()),
+        w,
+        rows,
+        width,
+        bindings(&[Access::Activation, Access::Activation, Access::Activation]),
+    )
 }
 
 /// `cache[P + t] = x[t]` for every row `t` of the step.
@@ -91,7 +116,11 @@ pub fn cache_write(width: u32) -> KernelSource {
         w,
         Rows::Tokens,
         width,
-        vec![BindingDecl::Uniform, BindingDecl::StorageReadWrite, BindingDecl::StorageReadWrite],
+        vec![
+            BindingDecl::Uniform,
+            BindingDecl::StorageReadWrite,
+            BindingDecl::StorageReadWrite,
+        ],
     )
 }
 
@@ -100,6 +129,15 @@ pub fn slice_last_row(width: u32) -> KernelSource {
     let mut w = header(width);
     f32_binding(&mut w, 1, "x", true);
     f32_binding(&mut w, 2, "y", true);
-    w.push_str(&entry(Rows::Fixed(1), "  y[i] = x[(params.t - 1u) * W + i];\n"));
-    flat(format!("slice_last_row_w{width}"), w, Rows::Fixed(1), width, bindings(&[Access::Activation, Access::Activation]))
+    w.push_str(&entry(
+        Rows::Fixed(1),
+        "  y[i] = x[(params.t - 1u) * W + i];\n",
+    ));
+    flat(
+        format!("slice_last_row_w{width}"),
+        w,
+        Rows::Fixed(1),
+        width,
+        bindings(&[Access::Activation, Access::Activation]),
+    )
 }

@@ -24,11 +24,24 @@ pub struct EmbeddingSpec {
 /// Builds the kernel.
 pub fn kernel(s: EmbeddingSpec) -> KernelSource {
     let mut w = prelude();
-    let _ = writeln!(w, "const V: u32 = {}u;\nconst H: u32 = {}u;", s.vocab, s.width);
+    let _ = writeln!(
+        w,
+        "const V: u32 = {}u;\nconst H: u32 = {}u;",
+        s.vocab, s.width
+    );
     weight_binding(&mut w, 1, "table", s.wdtype);
-    let _ = writeln!(w, "@group(0) @binding(2) var<storage, read> ids: array<u32>;");
-    let _ = writeln!(w, "@group(0) @binding(3) var<storage, read_write> y: array<f32>;");
-    let scale = s.scale.map(|v| format!(" * {}", f32_lit(v))).unwrap_or_default();
+    let _ = writeln!(
+        w,
+        "@group(0) @binding(2) var<storage, read> ids: array<u32>;"
+    );
+    let _ = writeln!(
+        w,
+        "@group(0) @binding(3) var<storage, read_write> y: array<f32>;"
+    );
+    let scale = s
+        .scale
+        .map(|v| format!(" * {}", f32_lit(v)))
+        .unwrap_or_default();
     let _ = write!(
         w,
         "@compute @workgroup_size({WG}, 1, 1)\n\
@@ -61,4 +74,3 @@ pub fn kernel(s: EmbeddingSpec) -> KernelSource {
         workgroup_bytes: 0,
     }
 }
-

@@ -1,19 +1,28 @@
 //! `matmul`: `y[r, n] = Σ_k x[r, k] · w[n, k] (+ b[n])`, weights `[N, K]` in
 //! f32, f16 or bf16, accumulation in f32.
 //!
-//! A workgroup is 64 lanes × 4 output columns and handles `TT` rows of `x`
+//! A workgroup is `LANES` × `COLS` = 256 threads (see [`lanes_for`]) and handles `TT` rows of `x`
 //! at once, so each weight element is loaded once per `TT` rows (TT = 1 for
 //! decode, where this is a GEMV). Lanes stride along `K` (coalesced weight
 //! reads) and reduce through workgroup memory. Packed 16-bit weights are read
 //! two per `u32` when `K` is even.
 
-use super::{bindings, Access, f32_binding, prelude, split_groups, weight_binding, KernelSource, Rows};
+use super::{
+    bindings, f32_binding, prelude, split_groups, weight_binding, Access, KernelSource, Rows,
+};
 use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
-const LANES: u32 = 64;
-const COLS: u32 = 4;
+/// Threads per workgroup.
+const THREADS: u32 = 256;
+
+/// Lanes that share one output column: enough that each lane makes about 16
+/// passes over its slice of `K` (few lanes on short rows keeps the reduction
+/// cheap), a power of two between 8 and 64.
+fn lanes_for(k_steps: u32) -> u32 {
+    (k_steps / 16).next_power_of_two().clamp(8, 64)
+}
 
 /// Specialization of a matmul kernel.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -34,13 +43,15 @@ pub struct MatMulSpec {
 
 /// Builds the kernel.
 pub fn kernel(s: MatMulSpec) -> KernelSource {
-    let groups = s.n.div_ceil(COLS);
+    let packed = s.wdtype != DType::F32 && s.k.is_multiple_of(2);
+    let lanes = lanes_for(if packed { s.k / 2 } else { s.k });
+    let cols = THREADS / lanes;
+    let groups = s.n.div_ceil(cols);
     let (gx, gy) = split_groups(groups);
-    let packed = s.wdtype != DType::F32 && s.k % 2 == 0;
     let mut w = prelude();
     let _ = writeln!(
         w,
-        "const K: u32 = {k}u;\nconst N: u32 = {n}u;\nconst TT: u32 = {tt}u;\nconst LANES: u32 = {LANES}u;\nconst COLS: u32 = {COLS}u;\nconst GX: u32 = {gx}u;",
+        "const K: u32 = {k}u;\nconst N: u32 = {n}u;\nconst TT: u32 = {tt}u;\nconst LANES: u32 = {lanes}u;\nconst COLS: u32 = {cols}u;\nconst GX: u32 = {gx}u;",
         k = s.k,
         n = s.n,
         tt = s.tt
@@ -72,7 +83,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     let _ = write!(
         w,
         "var<workgroup> red: array<f32, {red}>;\n\
-         @compute @workgroup_size({LANES}, {COLS}, 1)\n\
+         @compute @workgroup_size({lanes}, {cols}, 1)\n\
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
          \x20 let lane = lid.x;\n  let col = lid.y;\n\
          \x20 let n = (wid.x + wid.y * GX) * COLS + col;\n\
@@ -90,7 +101,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
          \x20     }}\n    }}\n    workgroupBarrier();\n  }}\n\
          \x20 if (n < N && lane < count) {{\n\
          \x20   y[(t0 + lane) * N + n] = red[(col * TT + lane) * LANES]{bias};\n  }}\n}}\n",
-        red = COLS * LANES * s.tt,
+        red = THREADS * s.tt,
         rows = s.rows.wgsl(),
     );
     let z = match s.rows {
@@ -112,9 +123,18 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
             if s.bias { "_bias" } else { "" }
         ),
         wgsl: w,
-        workgroup_size: [LANES, COLS, 1],
-        bindings: if s.bias { bindings(&[Access::Activation, Access::Read, Access::Read, Access::Activation]) } else { bindings(&[Access::Activation, Access::Read, Access::Activation]) },
+        workgroup_size: [lanes, cols, 1],
+        bindings: if s.bias {
+            bindings(&[
+                Access::Activation,
+                Access::Read,
+                Access::Read,
+                Access::Activation,
+            ])
+        } else {
+            bindings(&[Access::Activation, Access::Read, Access::Activation])
+        },
         workgroups: [WorkgroupCount::fixed(gx), WorkgroupCount::fixed(gy), z],
-        workgroup_bytes: COLS * LANES * s.tt * 4,
+        workgroup_bytes: THREADS * s.tt * 4,
     }
 }

@@ -1,7 +1,10 @@
 //! `rms_norm`: `y = x / sqrt(mean(x²) + eps) · (w + offset)` per row; one
 //! workgroup per row, sum of squares reduced in workgroup memory.
 
-use super::{bindings, Access, f32_binding, f32_lit, prelude, tree_reduce, weight_binding, KernelSource, Rows};
+use super::{
+    bindings, f32_binding, f32_lit, prelude, tree_reduce, weight_binding, Access, KernelSource,
+    Rows,
+};
 use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
@@ -54,7 +57,11 @@ pub fn kernel(s: RmsNormSpec) -> KernelSource {
         wgsl: w,
         workgroup_size: [WG, 1, 1],
         bindings: bindings(&[Access::Activation, Access::Read, Access::Activation]),
-        workgroups: [s.rows.count(1, 1), WorkgroupCount::fixed(1), WorkgroupCount::fixed(1)],
+        workgroups: [
+            s.rows.count(1, 1),
+            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(1),
+        ],
         workgroup_bytes: WG * 4,
     }
 }

@@ -2,7 +2,7 @@
 //! precomputed `[Lmax, rotary_dim]` table (cos then sin of each frequency).
 //! One thread per (row, head, pair); dimensions past `rotary_dim` are copied.
 
-use super::{bindings, Access, f32_binding, prelude, KernelSource, Rows};
+use super::{bindings, f32_binding, prelude, Access, KernelSource, Rows};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
