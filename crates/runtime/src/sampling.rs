@@ -68,7 +68,10 @@ pub struct Sampler {
 impl Sampler {
     /// A sampler; rejects negative temperature, top-p outside (0, 1].
     pub fn new(params: SamplingParams) -> Result<Sampler, RuntimeError> {
-        if params.temperature.is_nan() || params.temperature < 0.0 || params.temperature.is_infinite() {
+        if params.temperature.is_nan()
+            || params.temperature < 0.0
+            || params.temperature.is_infinite()
+        {
             return Err(RuntimeError::Sampling(format!(
                 "temperature must be ≥ 0, got {}",
                 params.temperature

@@ -1,0 +1,165 @@
+//! Shared helpers of gerbil's end-to-end tests: where the test data lives,
+//! compiling a checkpoint to a temporary plan, the reference-file schemas,
+//! and a lock that keeps GPU tests from running at the same time (lavapipe
+//! already uses every core).
+
+use gerbil_cli::compile::{compile, CompileOptions, Target};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+}
+
+/// `tests/data`.
+pub fn data_dir() -> PathBuf {
+    repo_root().join("tests/data")
+}
+
+/// A tiny random-weight model's directory, e.g. `tiny_model("llama")`.
+pub fn tiny_model(name: &str) -> PathBuf {
+    data_dir().join("models/tiny").join(name)
+}
+
+/// A real model built by `scripts/build-fixtures.py`: `$GERBIL_FIXTURES/<name>`
+/// or `<repo>/fixtures/<name>`. Panics with the command to run if absent.
+pub fn fixture(name: &str) -> PathBuf {
+    let base = std::env::var_os("GERBIL_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("fixtures"));
+    let dir = base.join(name);
+    assert!(
+        dir.join("model.safetensors").is_file(),
+        "{} is missing: run `python3 scripts/build-fixtures.py --out fixtures {name}` (or scripts/test.sh)",
+        dir.display()
+    );
+    dir
+}
+
+static GPU: Mutex<()> = Mutex::new(());
+
+/// Serializes GPU work across the tests of one binary.
+pub fn gpu_lock() -> MutexGuard<'static, ()> {
+    GPU.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A fresh directory under the system temp dir, unique per call.
+pub fn temp_dir(tag: &str) -> PathBuf {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static N: AtomicU32 = AtomicU32::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "gerbil-test-{}-{tag}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("create temp dir");
+    dir
+}
+
+/// Compile options for `repo` writing to `out`, with everything else default.
+pub fn compile_options(repo: &Path, out: &Path) -> CompileOptions {
+    CompileOptions {
+        repo: repo.to_path_buf(),
+        output: Some(out.to_path_buf()),
+        max_context: None,
+        max_tokens_per_step: 256,
+        disabled_passes: Vec::new(),
+        dump_ir: None,
+        dump_dot: None,
+        emit_wgsl: None,
+        target: Target::Portable,
+    }
+}
+
+/// Compiles `repo` to a plan in a temp dir, letting `tweak` adjust the options.
+pub fn compile_plan(repo: &Path, tweak: impl FnOnce(&mut CompileOptions)) -> PathBuf {
+    let out = temp_dir("plan").join("model.plan");
+    let mut opts = compile_options(repo, &out);
+    tweak(&mut opts);
+    compile(&opts).unwrap_or_else(|e| panic!("compiling {}: {e:#}", repo.display()));
+    out
+}
+
+/// One case of a `tiny-ref-v1` reference.
+#[derive(Debug, Deserialize)]
+pub struct TinyCase {
+    /// `len1` or `len13`.
+    pub name: String,
+    /// Prompt.
+    pub input_ids: Vec<u32>,
+    /// Logits of the last prompt position.
+    pub last_logits: Vec<f32>,
+    /// Logits of every prompt position (13-token case only).
+    pub logits: Option<Vec<Vec<f32>>>,
+    /// 8 greedy tokens.
+    pub greedy_ids: Vec<u32>,
+}
+
+/// A `tiny-ref-v1` reference file.
+#[derive(Debug, Deserialize)]
+pub struct TinyRef {
+    /// Model name.
+    pub model: String,
+    /// Architecture.
+    pub architecture: String,
+    /// The cases.
+    pub cases: Vec<TinyCase>,
+}
+
+/// Loads `tests/data/refs/tiny/<name>.json`.
+pub fn tiny_ref(name: &str) -> TinyRef {
+    let path = data_dir().join(format!("refs/tiny/{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// One prompt of a `real-ref-v1` reference.
+#[derive(Debug, Deserialize)]
+pub struct RealPrompt {
+    /// Prompt id.
+    pub id: String,
+    /// `chat`, `raw` or `gemma_turns`.
+    pub kind: String,
+    /// Chat messages, for `chat` prompts.
+    pub messages: Option<Vec<serde_json::Value>>,
+    /// The exact string that was tokenized.
+    pub text: String,
+    /// Whether special tokens were added.
+    pub add_special_tokens: bool,
+    /// Prompt ids.
+    pub input_ids: Vec<u32>,
+    /// 32 greedy tokens.
+    pub greedy_ids: Vec<u32>,
+    /// Per step, the 10 largest `[id, logit]`.
+    pub top10: Vec<Vec<(u32, f32)>>,
+    /// Top-1 minus top-2 logit per step.
+    pub greedy_margins: Vec<f32>,
+}
+
+/// A `real-ref-v1` reference file.
+#[derive(Debug, Deserialize)]
+pub struct RealRef {
+    /// Model name.
+    pub model: String,
+    /// The prompts.
+    pub prompts: Vec<RealPrompt>,
+}
+
+/// Loads `tests/data/refs/<name>.json`.
+pub fn real_ref(name: &str) -> RealRef {
+    let path = data_dir().join(format!("refs/{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// Largest absolute difference of two equally long slices.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
