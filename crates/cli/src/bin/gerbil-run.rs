@@ -80,11 +80,18 @@ enum Cmd {
     },
 }
 
-fn main() -> Result<()> {
+fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_env("GERBIL_LOG"))
         .with_writer(std::io::stderr)
         .init();
+    if let Err(e) = real_main() {
+        eprintln!("error: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn real_main() -> Result<()> {
     let cli = Cli::parse();
     match cli.cmd {
         Some(Cmd::Bench {

@@ -1,0 +1,331 @@
+//! The command-line tools as a user runs them: compile, run with JSON
+//! output, dumps, inspect, bench, and a clear error for each kind of bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::Mutex;
+
+static GPU: Mutex<()> = Mutex::new(());
+
+fn data(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data")
+        .join(rel)
+}
+
+fn temp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("gerbil-cli-{}-{tag}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn gerbilc(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_gerbilc"))
+        .args(args)
+        .output()
+        .expect("spawn gerbilc")
+}
+
+fn gerbil_run(args: &[&str]) -> Output {
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    Command::new(env!("CARGO_BIN_EXE_gerbil-run"))
+        .args(args)
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .output()
+        .expect("spawn gerbil-run")
+}
+
+fn stdout(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+/// Compiles the tiny Llama with extra flags; returns the plan path.
+fn tiny_plan(tag: &str, extra: &[&str]) -> PathBuf {
+    let out = temp(tag).join("tiny.plan");
+    let repo = data("models/tiny/llama");
+    let mut args = vec![
+        "compile",
+        repo.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let o = gerbilc(&args);
+    assert!(o.status.success(), "gerbilc failed: {}", stderr(&o));
+    out
+}
+
+fn assert_fails_with(o: &Output, needle: &str) {
+    assert!(
+        !o.status.success(),
+        "expected failure, got success: {}",
+        stdout(o)
+    );
+    let err = stderr(o);
+    assert!(
+        err.contains(needle),
+        "expected `{needle}` in stderr:\n{err}"
+    );
+    assert!(
+        !err.contains("panicked"),
+        "panicked instead of an error:\n{err}"
+    );
+}
+
+#[test]
+fn json_output_matches_the_reference_greedy_tokens() {
+    let plan = tiny_plan("json", &[]);
+    let o = gerbil_run(&[
+        plan.to_str().unwrap(),
+        "--input-ids",
+        "14,34,328,242,438,202,17,354,183,500,325,56,88",
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--top-logits",
+        "10",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert_eq!(
+        text.trim().lines().count(),
+        1,
+        "exactly one JSON object: {text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    let ids: Vec<u64> = v["output_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap())
+        .collect();
+    assert_eq!(ids, [119, 197, 279, 155, 371, 10, 448, 315]);
+    let steps = v["steps"].as_array().unwrap();
+    assert_eq!(steps.len(), 8);
+    let top = steps[0]["top"].as_array().unwrap();
+    assert_eq!(top.len(), 10);
+    assert_eq!(top[0][0].as_u64(), Some(119));
+    assert!((top[0][1].as_f64().unwrap() - 7.6435657).abs() < 1e-3);
+    assert_eq!(v["input_ids"].as_array().unwrap().len(), 13);
+}
+
+#[test]
+fn whole_vocabulary_top_logits_and_sampling_are_deterministic() {
+    let plan = tiny_plan("sample", &[]);
+    let run = |seed: &str| {
+        let o = gerbil_run(&[
+            plan.to_str().unwrap(),
+            "--input-ids",
+            "1,5,9",
+            "--max-new-tokens",
+            "6",
+            "--temperature",
+            "0.8",
+            "--top-k",
+            "40",
+            "--top-p",
+            "0.9",
+            "--seed",
+            seed,
+            "--top-logits",
+            "512",
+            "--json",
+        ]);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+    };
+    let a = run("3");
+    assert_eq!(a["output_ids"], run("3")["output_ids"]);
+    assert_eq!(a["steps"][0]["top"].as_array().unwrap().len(), 512);
+}
+
+#[test]
+fn dump_ir_inspect_and_emit_wgsl() {
+    let repo = data("models/tiny/llama");
+    let o = gerbilc(&["compile", repo.to_str().unwrap(), "--dump-ir"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let ir = stdout(&o);
+    assert!(
+        ir.contains("graph llama") && ir.contains("attention{heads=4, kv_heads=2, head_dim=16"),
+        "{ir}"
+    );
+
+    let o = gerbilc(&[
+        "compile",
+        repo.to_str().unwrap(),
+        "--dump-ir",
+        "after=slice-last-row",
+    ]);
+    assert!(stdout(&o).contains("slice_last_row"), "{}", stdout(&o));
+
+    let wgsl = temp("wgsl");
+    let plan = tiny_plan(
+        "inspect",
+        &["--emit-wgsl", wgsl.to_str().unwrap(), "--max-context", "64"],
+    );
+    let kernels = std::fs::read_dir(&wgsl).unwrap().count();
+    assert!(kernels > 5, "{kernels} kernels written");
+
+    let o = gerbilc(&["inspect", plan.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    for key in [
+        "decode_dispatches_total",
+        "decode_dispatches_per_layer",
+        "activation_arena_bytes",
+        "activation_naive_bytes",
+    ] {
+        assert!(v.get(key).is_some(), "inspect --json lacks {key}");
+    }
+    assert_eq!(v["max_context"], 64);
+    let o = gerbilc(&["inspect", plan.to_str().unwrap()]);
+    assert!(stdout(&o).contains("dispatches"), "{}", stdout(&o));
+}
+
+#[test]
+fn bench_reports_speed_and_memory() {
+    let plan = tiny_plan("bench", &[]);
+    let o = gerbil_run(&[
+        plan.to_str().unwrap(),
+        "bench",
+        "--prompt-tokens",
+        "16",
+        "--new-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert!(v["prefill_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
+    assert!(v["weights_bytes"].as_u64().unwrap() > 0);
+    assert!(v["kv_cache_bytes"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn disabling_a_pass_by_name() {
+    let repo = data("models/tiny/llama");
+    let o = gerbilc(&[
+        "compile",
+        repo.to_str().unwrap(),
+        "--disable-pass",
+        "dce",
+        "--dump-ir",
+        "all",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = gerbilc(&[
+        "compile",
+        repo.to_str().unwrap(),
+        "--disable-pass",
+        "fuse-everything",
+    ]);
+    assert_fails_with(
+        &o,
+        "unknown pass `fuse-everything`; passes are: dce, slice-last-row",
+    );
+}
+
+#[test]
+fn bad_plan_files_are_clear_errors() {
+    let plan = tiny_plan("corrupt", &[]);
+    let bytes = std::fs::read(&plan).unwrap();
+    let dir = plan.parent().unwrap();
+    let write = |name: &str, b: &[u8]| {
+        let p = dir.join(name);
+        std::fs::write(&p, b).unwrap();
+        p
+    };
+    let run = |p: &Path| {
+        gerbil_run(&[
+            p.to_str().unwrap(),
+            "--input-ids",
+            "1,2",
+            "--max-new-tokens",
+            "1",
+        ])
+    };
+
+    assert_fails_with(&run(&dir.join("missing.plan")), "missing.plan");
+    assert_fails_with(
+        &run(&write("truncated.plan", &bytes[..bytes.len() / 2])),
+        "truncated plan file",
+    );
+    assert_fails_with(
+        &run(&write("short.plan", &bytes[..20])),
+        "truncated plan file",
+    );
+    assert_fails_with(
+        &run(&write("magic.plan", b"{\"not\": \"a plan\"}")),
+        "not a gerbil plan",
+    );
+    let mut v = bytes.clone();
+    v[8] = 99;
+    assert_fails_with(
+        &run(&write("version.plan", &v)),
+        "plan format version 99 is not supported",
+    );
+    let mut v = bytes.clone();
+    let last = v.len() - 3;
+    v[last] ^= 0x5a;
+    assert_fails_with(&run(&write("data.plan", &v)), "data checksum mismatch");
+    let mut v = bytes.clone();
+    v[60] ^= 0x01;
+    assert_fails_with(&run(&write("header.plan", &v)), "header checksum mismatch");
+}
+
+#[test]
+fn bad_run_inputs_are_clear_errors() {
+    let plan = tiny_plan("inputs", &["--max-context", "8"]);
+    let p = plan.to_str().unwrap();
+    let o = gerbil_run(&[
+        p,
+        "--input-ids",
+        "1,2,3,4,5,6,7,8,9",
+        "--max-new-tokens",
+        "1",
+    ]);
+    assert_fails_with(&o, "do not fit the plan's context of 8 tokens");
+    let o = gerbil_run(&[p, "--input-ids", "1,2,3,4,5,6", "--max-new-tokens", "5"]);
+    assert_fails_with(&o, "do not fit the plan's context of 8 tokens");
+    let o = gerbil_run(&[p, "--input-ids", "1,600", "--max-new-tokens", "1"]);
+    assert_fails_with(&o, "token id 600 is outside the vocabulary (size 512)");
+    let o = gerbil_run(&[p, "--prompt", "hello", "--max-new-tokens", "1"]);
+    assert_fails_with(&o, "this plan has no tokenizer");
+    let o = gerbil_run(&[
+        p,
+        "--input-ids",
+        "1",
+        "--max-new-tokens",
+        "1",
+        "--temperature=-1",
+    ]);
+    assert_fails_with(&o, "temperature must be ≥ 0");
+}
+
+#[test]
+fn bad_checkpoints_are_clear_errors() {
+    let dir = temp("ckpt");
+    let o = gerbilc(&["compile", dir.to_str().unwrap(), "-o", "x.plan"]);
+    assert_fails_with(&o, "config.json");
+    std::fs::write(dir.join("config.json"), "{ not json").unwrap();
+    let o = gerbilc(&["compile", dir.to_str().unwrap(), "-o", "x.plan"]);
+    assert_fails_with(&o, "config.json");
+    let cfg = std::fs::read_to_string(data("models/tiny/llama/config.json")).unwrap();
+    std::fs::write(
+        dir.join("config.json"),
+        cfg.replace("LlamaForCausalLM", "GPT2LMHeadModel"),
+    )
+    .unwrap();
+    let o = gerbilc(&["compile", dir.to_str().unwrap(), "-o", "x.plan"]);
+    assert_fails_with(&o, "GPT2LMHeadModel");
+}
