@@ -3,14 +3,20 @@
 //! and a lock that keeps GPU tests from running at the same time (lavapipe
 //! already uses every core).
 
+pub mod kernel_harness;
+
 use gerbil_cli::compile::{compile, CompileOptions, Target};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
 
-/// The repository root.
+/// The repository root: `$GERBIL_REPO` if set (for test binaries copied to
+/// another machine), else the checkout this crate was built from.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
+    match std::env::var_os("GERBIL_REPO") {
+        Some(dir) => PathBuf::from(dir),
+        None => Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
+    }
 }
 
 /// `tests/data`.

@@ -99,8 +99,10 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
          \x20       let i = (col * TT + tt) * LANES + lane;\n\
          \x20       red[i] = red[i] + red[i + s];\n\
          \x20     }}\n    }}\n    workgroupBarrier();\n  }}\n\
-         \x20 if (n < N && lane < count) {{\n\
-         \x20   y[(t0 + lane) * N + n] = red[(col * TT + lane) * LANES]{bias};\n  }}\n}}\n",
+         \x20 if (n < N) {{\n\
+         \x20   for (var r = lane; r < count; r = r + LANES) {{\n\
+         \x20     y[(t0 + r) * N + n] = red[(col * TT + r) * LANES]{bias};\n\
+         \x20   }}\n  }}\n}}\n",
         red = THREADS * s.tt,
         rows = s.rows.wgsl(),
     );

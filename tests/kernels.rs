@@ -1,0 +1,685 @@
+//! Every WGSL template of `gerbil_codegen_wgsl::kernels`, run on the GPU
+//! (lavapipe in CI) on deterministic random inputs and compared with an f64
+//! CPU reference computed from the same inputs (bf16/f16 decoded exactly).
+//!
+//! Each kernel has one `check_*` function and a table of cases; a test runs
+//! every case, then fails listing all the cases that failed. Outputs start as
+//! NaN, and activation inputs (bound `read_write`) must come back unchanged.
+//! The case's `Debug` form seeds its inputs, so a failure replays exactly.
+//! `matmul_random_shapes` adds a proptest over matmul shapes.
+
+use gerbil_codegen_wgsl::kernels::{self, KernelSource, Rows};
+use gerbil_e2e::kernel_harness::{
+    check_close, encode, f32_bytes, poison, run_output, u32_bytes, widen, Rng, TOL,
+};
+use gerbil_ir::{BinaryOp, DType, UnaryOp};
+use proptest::prelude::*;
+use std::fmt::Debug;
+
+/// Runs `check` on every case and panics listing each failure.
+fn check_all<C: Debug>(
+    cases: impl IntoIterator<Item = C>,
+    check: impl Fn(&C) -> Result<(), String>,
+) {
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for case in cases {
+        total += 1;
+        if let Err(e) = check(&case) {
+            failures.push(format!("  {case:?}: {e}"));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {total} cases failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
+}
+
+/// The inputs' generator of `case`.
+fn rng(case: &impl Debug) -> Rng {
+    Rng::from_label(&format!("{case:?}"))
+}
+
+/// Row count of `rows` at `t` tokens.
+fn row_count(rows: Rows, t: u32) -> usize {
+    match rows {
+        Rows::Tokens => t as usize,
+        Rows::Fixed(n) => n as usize,
+    }
+}
+
+/// Runs `src` and checks binding `out + 1` against `want`.
+fn expect(
+    src: &KernelSource,
+    t: u32,
+    p: u32,
+    inputs: &[Vec<u8>],
+    out: usize,
+    want: &[f64],
+) -> Result<(), String> {
+    let got = run_output(src, t, p, inputs, out)?;
+    check_close(&src.name, &got, want, TOL)
+}
+
+// ---------------------------------------------------------------- matmul
+
+#[derive(Clone, Copy, Debug)]
+struct MatMulCase {
+    rows: Rows,
+    t: u32,
+    k: u32,
+    n: u32,
+    wdtype: DType,
+    bias: bool,
+    tt: u32,
+}
+
+fn check_matmul(c: &MatMulCase) -> Result<(), String> {
+    let src = kernels::matmul::kernel(kernels::matmul::MatMulSpec {
+        rows: c.rows,
+        k: c.k,
+        n: c.n,
+        wdtype: c.wdtype,
+        bias: c.bias,
+        tt: c.tt,
+    });
+    let (m, k, n) = (row_count(c.rows, c.t), c.k as usize, c.n as usize);
+    let mut rng = rng(c);
+    let x = rng.vec(m * k);
+    let (w_bytes, w) = encode(&rng.vec(n * k), c.wdtype);
+    let b = rng.vec(n);
+    let mut inputs = vec![f32_bytes(&x), w_bytes];
+    if c.bias {
+        inputs.push(f32_bytes(&b));
+    }
+    inputs.push(poison(m * n));
+    let want: Vec<f64> = (0..m * n)
+        .map(|i| {
+            let (r, j) = (i / n, i % n);
+            let dot: f64 = (0..k).map(|e| f64::from(x[r * k + e]) * w[j * k + e]).sum();
+            dot + if c.bias { f64::from(b[j]) } else { 0.0 }
+        })
+        .collect();
+    expect(&src, c.t, 0, &inputs, inputs.len() - 1, &want)
+}
+
+/// Every weight dtype × K × N (K odd takes the unpacked path of 16-bit
+/// weights); the row layout, rows per workgroup and bias rotate so each dtype
+/// also meets every combination of them.
+fn matmul_cases() -> Vec<MatMulCase> {
+    let launches = [
+        (Rows::Tokens, 1),
+        (Rows::Tokens, 3),
+        (Rows::Tokens, 13),
+        (Rows::Fixed(1), 3),
+    ];
+    let mut cases = Vec::new();
+    for wdtype in [DType::F32, DType::BF16, DType::F16] {
+        for (ki, k) in [7, 64, 96, 130, 576].into_iter().enumerate() {
+            for (ni, n) in [1, 5, 64, 100].into_iter().enumerate() {
+                let j = ki + 5 * ni;
+                let (rows, t) = launches[j % 4];
+                cases.push(MatMulCase {
+                    rows,
+                    t,
+                    k,
+                    n,
+                    wdtype,
+                    bias: (j / 8) % 2 == 1,
+                    tt: [1, 8][(j / 4) % 2],
+                });
+            }
+        }
+    }
+    let case = |rows, t, k, n, wdtype, tt| MatMulCase {
+        rows,
+        t,
+        k,
+        n,
+        wdtype,
+        bias: true,
+        tt,
+    };
+    cases.extend([
+        // What codegen emits for a fixed row count below the prefill TT.
+        case(Rows::Fixed(3), 1, 130, 64, DType::BF16, 3),
+        // More rows per workgroup than lanes (K short enough for 8 lanes):
+        // rows past the lane count were once never written.
+        case(Rows::Tokens, 13, 64, 5, DType::F32, 16),
+        case(Rows::Tokens, 13, 96, 100, DType::BF16, 12),
+        case(Rows::Tokens, 40, 7, 64, DType::F16, 32),
+    ]);
+    cases
+}
+
+#[test]
+fn matmul_matches_reference() {
+    check_all(matmul_cases(), check_matmul);
+}
+
+fn dtype_strategy() -> impl Strategy<Value = DType> {
+    prop_oneof![Just(DType::F32), Just(DType::BF16), Just(DType::F16)]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn matmul_random_shapes(
+        k in 1u32..200,
+        n in 1u32..200,
+        t in 1u32..10,
+        wdtype in dtype_strategy(),
+        bias: bool,
+        fixed_rows: bool,
+        tt in 1u32..=16,
+    ) {
+        let rows = if fixed_rows { Rows::Fixed(t) } else { Rows::Tokens };
+        let case = MatMulCase { rows, t, k, n, wdtype, bias, tt };
+        check_matmul(&case).map_err(|e| TestCaseError::fail(format!("{case:?}: {e}")))?;
+    }
+}
+
+// -------------------------------------------------------------- rms_norm
+
+#[derive(Clone, Copy, Debug)]
+struct RmsNormCase {
+    rows: Rows,
+    t: u32,
+    width: u32,
+    eps: f32,
+    offset: f32,
+    wdtype: DType,
+}
+
+fn check_rms_norm(c: &RmsNormCase) -> Result<(), String> {
+    let src = kernels::rms_norm::kernel(kernels::rms_norm::RmsNormSpec {
+        rows: c.rows,
+        width: c.width,
+        eps: c.eps,
+        offset: c.offset,
+        wdtype: c.wdtype,
+    });
+    let (m, h) = (row_count(c.rows, c.t), c.width as usize);
+    let mut rng = rng(c);
+    let x = rng.vec(m * h);
+    let (w_bytes, w) = encode(&rng.vec(h), c.wdtype);
+    let want: Vec<f64> = x
+        .chunks(h)
+        .flat_map(|row| {
+            let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / h as f64;
+            let inv = 1.0 / (ms + f64::from(c.eps)).sqrt();
+            row.iter()
+                .zip(&w)
+                .map(move |(&v, &wi)| f64::from(v) * inv * (wi + f64::from(c.offset)))
+        })
+        .collect();
+    expect(
+        &src,
+        c.t,
+        0,
+        &[f32_bytes(&x), w_bytes, poison(m * h)],
+        2,
+        &want,
+    )
+}
+
+fn rms_norm_cases() -> Vec<RmsNormCase> {
+    let launches = [(Rows::Tokens, 1), (Rows::Tokens, 13), (Rows::Fixed(1), 4)];
+    let mut cases = Vec::new();
+    for (i, width) in [7, 64, 300].into_iter().enumerate() {
+        for offset in [0.0, 1.0] {
+            for (j, wdtype) in [DType::F32, DType::BF16, DType::F16]
+                .into_iter()
+                .enumerate()
+            {
+                let (rows, t) = launches[(i + j) % 3];
+                cases.push(RmsNormCase {
+                    rows,
+                    t,
+                    width,
+                    eps: 1e-6,
+                    offset,
+                    wdtype,
+                });
+            }
+        }
+    }
+    // An epsilon large enough to matter.
+    cases.push(RmsNormCase {
+        rows: Rows::Tokens,
+        t: 3,
+        width: 64,
+        eps: 0.5,
+        offset: 0.0,
+        wdtype: DType::BF16,
+    });
+    cases
+}
+
+#[test]
+fn rms_norm_matches_reference() {
+    check_all(rms_norm_cases(), check_rms_norm);
+}
+
+// ------------------------------------------------------------- embedding
+
+#[derive(Clone, Copy, Debug)]
+struct EmbeddingCase {
+    vocab: u32,
+    width: u32,
+    t: u32,
+    wdtype: DType,
+    scale: Option<f32>,
+}
+
+fn check_embedding(c: &EmbeddingCase) -> Result<(), String> {
+    let src = kernels::embedding::kernel(kernels::embedding::EmbeddingSpec {
+        vocab: c.vocab,
+        width: c.width,
+        wdtype: c.wdtype,
+        scale: c.scale,
+    });
+    let (v, h, t) = (c.vocab as usize, c.width as usize, c.t as usize);
+    let mut rng = rng(c);
+    let (table_bytes, table) = encode(&rng.vec(v * h), c.wdtype);
+    let mut ids: Vec<u32> = (0..t).map(|_| rng.below(c.vocab)).collect();
+    // The last id is out of range when there are several: it reads row 0.
+    if t > 1 {
+        ids[t - 1] = c.vocab + 3;
+    }
+    let scale = c.scale.map_or(1.0, f64::from);
+    let want: Vec<f64> = ids
+        .iter()
+        .flat_map(|&id| {
+            let row = if id < c.vocab { id as usize } else { 0 };
+            table[row * h..(row + 1) * h]
+                .iter()
+                .map(move |&e| e * scale)
+        })
+        .collect();
+    expect(
+        &src,
+        c.t,
+        0,
+        &[table_bytes, u32_bytes(&ids), poison(t * h)],
+        2,
+        &want,
+    )
+}
+
+fn embedding_cases() -> Vec<EmbeddingCase> {
+    let shapes = [(50, 7, 5), (33, 64, 13), (10, 130, 1), (257, 300, 3)];
+    let mut cases = Vec::new();
+    for (i, wdtype) in [DType::F32, DType::BF16, DType::F16]
+        .into_iter()
+        .enumerate()
+    {
+        for (j, scale) in [None, Some(7.875)].into_iter().enumerate() {
+            let (vocab, width, t) = shapes[(2 * i + j) % shapes.len()];
+            cases.push(EmbeddingCase {
+                vocab,
+                width,
+                t,
+                wdtype,
+                scale,
+            });
+        }
+    }
+    cases
+}
+
+#[test]
+fn embedding_matches_reference() {
+    check_all(embedding_cases(), check_embedding);
+}
+
+// ------------------------------------------------------------------ rope
+
+#[derive(Clone, Copy, Debug)]
+struct RopeCase {
+    heads: u32,
+    head_dim: u32,
+    rotary_dim: u32,
+    t: u32,
+    p: u32,
+}
+
+fn check_rope(c: &RopeCase) -> Result<(), String> {
+    let src = kernels::rope::kernel(kernels::rope::RopeSpec {
+        heads: c.heads,
+        head_dim: c.head_dim,
+        rotary_dim: c.rotary_dim,
+    });
+    let (nh, hd, rot) = (c.heads as usize, c.head_dim as usize, c.rotary_dim as usize);
+    let (t, p, half) = (c.t as usize, c.p as usize, rot / 2);
+    // A real cos/sin table (θ = 10000) for every position the step may use.
+    let table: Vec<f32> = (0..p + t + 1)
+        .flat_map(|pos| {
+            let angle = move |i: usize| pos as f64 * 10000f64.powf(-2.0 * i as f64 / rot as f64);
+            let cos = (0..half).map(move |i| angle(i).cos() as f32);
+            let sin = (0..half).map(move |i| angle(i).sin() as f32);
+            cos.chain(sin).collect::<Vec<_>>()
+        })
+        .collect();
+    let mut rng = rng(c);
+    let x = rng.vec(t * nh * hd);
+    let mut want = widen(&x);
+    for r in 0..t {
+        let row = &table[(p + r) * rot..(p + r + 1) * rot];
+        for h in 0..nh {
+            let base = (r * nh + h) * hd;
+            for j in 0..half {
+                let (cos, sin) = (f64::from(row[j]), f64::from(row[half + j]));
+                let (a, b) = (f64::from(x[base + j]), f64::from(x[base + half + j]));
+                want[base + j] = a * cos - b * sin;
+                want[base + half + j] = b * cos + a * sin;
+            }
+        }
+    }
+    let inputs = [f32_bytes(&x), f32_bytes(&table), poison(x.len())];
+    expect(&src, c.t, c.p, &inputs, 2, &want)
+}
+
+#[test]
+fn rope_matches_reference() {
+    let case = |heads, head_dim, rotary_dim, t, p| RopeCase {
+        heads,
+        head_dim,
+        rotary_dim,
+        t,
+        p,
+    };
+    check_all(
+        [
+            case(2, 16, 16, 3, 5),
+            case(3, 32, 32, 13, 40),
+            case(2, 40, 40, 4, 7),
+            case(4, 6, 6, 13, 0),
+            case(2, 32, 24, 5, 9),
+            case(1, 40, 16, 1, 100),
+            case(8, 64, 64, 13, 3),
+        ],
+        check_rope,
+    );
+}
+
+// ------------------------------------------------------------- attention
+
+#[derive(Clone, Copy, Debug)]
+struct AttentionCase {
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    window: u32,
+    scale: f32,
+    t: u32,
+    p: u32,
+}
+
+fn check_attention(c: &AttentionCase) -> Result<(), String> {
+    let src = kernels::attention::kernel(kernels::attention::AttentionSpec {
+        heads: c.heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        scale: c.scale,
+        window: c.window,
+    });
+    let (nh, nkv, hd) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
+    let (t, p, window) = (c.t as usize, c.p as usize, c.window as usize);
+    let group = nh / nkv;
+    let mut rng = rng(c);
+    let q = rng.vec(t * nh * hd);
+    // The cache holds rows [0, P + T); two more rows of NaN past the end
+    // catch a kernel that reads keys after its position.
+    let filled = (p + t) * nkv * hd;
+    let spare = 2 * nkv * hd;
+    let mut kc = rng.vec(filled);
+    let mut vc = rng.vec(filled);
+    kc.extend(std::iter::repeat_n(f32::NAN, spare));
+    vc.extend(std::iter::repeat_n(f32::NAN, spare));
+    let mut want = vec![0.0f64; t * nh * hd];
+    for r in 0..t {
+        let pos = p + r;
+        let lo = if window > 0 {
+            (pos + 1).saturating_sub(window)
+        } else {
+            0
+        };
+        for h in 0..nh {
+            let qrow = &q[(r * nh + h) * hd..][..hd];
+            let kvh = h / group;
+            let scores: Vec<f64> = (lo..=pos)
+                .map(|j| {
+                    let krow = &kc[(j * nkv + kvh) * hd..][..hd];
+                    let dot: f64 = qrow
+                        .iter()
+                        .zip(krow)
+                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
+                        .sum();
+                    dot * f64::from(c.scale)
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            let out = &mut want[(r * nh + h) * hd..][..hd];
+            for (j, wj) in (lo..=pos).zip(&weights) {
+                let vrow = &vc[(j * nkv + kvh) * hd..][..hd];
+                for (o, &v) in out.iter_mut().zip(vrow) {
+                    *o += wj / total * f64::from(v);
+                }
+            }
+        }
+    }
+    let inputs = [
+        f32_bytes(&q),
+        f32_bytes(&kc),
+        f32_bytes(&vc),
+        poison(q.len()),
+    ];
+    expect(&src, c.t, c.p, &inputs, 3, &want)
+}
+
+#[test]
+fn attention_matches_reference() {
+    let case = |heads, kv_heads, head_dim, window, scale, t, p| AttentionCase {
+        heads,
+        kv_heads,
+        head_dim,
+        window,
+        scale,
+        t,
+        p,
+    };
+    check_all(
+        [
+            // Decode against 71 cached keys: two key chunks.
+            case(4, 2, 16, 0, 0.3, 1, 70),
+            case(4, 2, 16, 4, 0.3, 13, 70),
+            case(4, 2, 16, 0, 1.0, 13, 0),
+            case(4, 1, 24, 0, 0.5, 13, 60),
+            case(4, 1, 24, 4, 0.5, 5, 0),
+            // head_dim > 64: each thread owns two output dims.
+            case(3, 3, 100, 0, 0.12, 7, 80),
+            case(3, 3, 100, 4, 0.12, 1, 0),
+            // head_dim 256: four dims per thread, three key chunks.
+            case(6, 3, 256, 0, 0.05, 13, 130),
+            case(6, 3, 256, 4, 0.05, 3, 9),
+            // A window wider than a chunk, starting mid-chunk.
+            case(4, 2, 16, 100, 0.3, 13, 120),
+            // Large scores: the online softmax must rescale without overflow.
+            case(6, 3, 256, 0, 5.0, 2, 70),
+        ],
+        check_attention,
+    );
+}
+
+// ----------------------------------------------------------- elementwise
+
+#[derive(Clone, Copy, Debug)]
+struct UnaryCase {
+    op: UnaryOp,
+    rows: Rows,
+    t: u32,
+    width: u32,
+}
+
+fn unary_reference(op: UnaryOp, v: f64) -> f64 {
+    match op {
+        UnaryOp::Silu => v / (1.0 + (-v).exp()),
+        UnaryOp::GeluTanh => {
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3));
+            0.5 * v * (1.0 + inner.tanh())
+        }
+        UnaryOp::Softcap(cap) => (v / f64::from(cap)).tanh() * f64::from(cap),
+    }
+}
+
+fn check_unary(c: &UnaryCase) -> Result<(), String> {
+    let src = kernels::elementwise::unary(c.op, c.rows, c.width);
+    let len = row_count(c.rows, c.t) * c.width as usize;
+    let mut x = rng(c).vec(len);
+    // Large magnitudes must saturate, not overflow to inf or NaN.
+    let large = [50.0, -50.0, 100.0, -100.0, 1e4, -1e4, 0.0, 20.0, -20.0];
+    for (slot, v) in x.iter_mut().step_by(7).zip(large) {
+        *slot = v;
+    }
+    let want: Vec<f64> = x
+        .iter()
+        .map(|&v| unary_reference(c.op, f64::from(v)))
+        .collect();
+    expect(&src, c.t, 0, &[f32_bytes(&x), poison(len)], 1, &want)
+}
+
+#[test]
+fn unary_matches_reference() {
+    let ops = [
+        UnaryOp::Silu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Softcap(30.0),
+        UnaryOp::Softcap(15.0),
+    ];
+    let launches = [
+        (Rows::Tokens, 3, 300),
+        (Rows::Fixed(2), 5, 7),
+        (Rows::Tokens, 13, 64),
+    ];
+    let cases = ops
+        .into_iter()
+        .flat_map(|op| launches.map(|(rows, t, width)| UnaryCase { op, rows, t, width }));
+    check_all(cases, check_unary);
+}
+
+#[derive(Clone, Copy, Debug)]
+struct BinaryCase {
+    op: BinaryOp,
+    rows: Rows,
+    t: u32,
+    width: u32,
+}
+
+fn check_binary(c: &BinaryCase) -> Result<(), String> {
+    let src = kernels::elementwise::binary(c.op, c.rows, c.width);
+    let len = row_count(c.rows, c.t) * c.width as usize;
+    let mut rng = rng(c);
+    let (a, b) = (rng.vec(len), rng.vec(len));
+    let want: Vec<f64> = a
+        .iter()
+        .zip(&b)
+        .map(|(&a, &b)| match c.op {
+            BinaryOp::Add => f64::from(a) + f64::from(b),
+            BinaryOp::Mul => f64::from(a) * f64::from(b),
+        })
+        .collect();
+    expect(
+        &src,
+        c.t,
+        0,
+        &[f32_bytes(&a), f32_bytes(&b), poison(len)],
+        2,
+        &want,
+    )
+}
+
+#[test]
+fn binary_matches_reference() {
+    let launches = [
+        (Rows::Tokens, 13, 100),
+        (Rows::Fixed(1), 4, 7),
+        (Rows::Tokens, 1, 300),
+    ];
+    let cases = [BinaryOp::Add, BinaryOp::Mul]
+        .into_iter()
+        .flat_map(|op| launches.map(|(rows, t, width)| BinaryCase { op, rows, t, width }));
+    check_all(cases, check_binary);
+}
+
+#[derive(Clone, Copy, Debug)]
+struct CacheWriteCase {
+    width: u32,
+    t: u32,
+    p: u32,
+}
+
+fn check_cache_write(c: &CacheWriteCase) -> Result<(), String> {
+    let src = kernels::elementwise::cache_write(c.width);
+    let (w, t, p) = (c.width as usize, c.t as usize, c.p as usize);
+    let mut rng = rng(c);
+    // Rows before P and two rows after P + T hold values that must survive;
+    // the step's rows start as NaN.
+    let mut cache = rng.vec((p + t + 2) * w);
+    cache[p * w..(p + t) * w].fill(f32::NAN);
+    let x = rng.vec(t * w);
+    let mut want = widen(&cache);
+    for (slot, &v) in want[p * w..].iter_mut().zip(&x) {
+        *slot = f64::from(v);
+    }
+    expect(
+        &src,
+        c.t,
+        c.p,
+        &[f32_bytes(&cache), f32_bytes(&x)],
+        0,
+        &want,
+    )
+}
+
+#[test]
+fn cache_write_matches_reference() {
+    let case = |width, t, p| CacheWriteCase { width, t, p };
+    check_all(
+        [
+            case(32, 1, 0),
+            case(7, 13, 5),
+            case(300, 3, 60),
+            case(64, 1, 17),
+        ],
+        check_cache_write,
+    );
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SliceCase {
+    width: u32,
+    t: u32,
+}
+
+fn check_slice_last_row(c: &SliceCase) -> Result<(), String> {
+    let src = kernels::elementwise::slice_last_row(c.width);
+    let (w, t) = (c.width as usize, c.t as usize);
+    let x = rng(c).vec(t * w);
+    let want = widen(&x[(t - 1) * w..]);
+    expect(&src, c.t, 0, &[f32_bytes(&x), poison(w)], 1, &want)
+}
+
+#[test]
+fn slice_last_row_matches_reference() {
+    let case = |width, t| SliceCase { width, t };
+    check_all(
+        [case(7, 1), case(64, 5), case(300, 13)],
+        check_slice_last_row,
+    );
+}

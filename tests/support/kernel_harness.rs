@@ -1,0 +1,359 @@
+//! Runs one codegen kernel template on the GPU (lavapipe in CI) and compares
+//! it with a CPU reference.
+//!
+//! [`run`] takes a [`KernelSource`], the step parameters `T` and `P`, and one
+//! byte buffer per storage binding (binding 1 first); it dispatches the
+//! kernel once and returns the bytes of every `read_write` binding, in
+//! binding order. Outputs are whatever the caller passes for them: give
+//! [`poison`] so an element the kernel forgets to write reads back as NaN and
+//! fails [`check_close`]. [`Rng`] makes deterministic inputs in `[-1, 1]`,
+//! [`encode`] packs them as f32, bf16 or f16 and returns the exactly decoded
+//! values for the reference.
+//!
+//! The surprise: wgpu's default runtime checks and Vulkan's robust buffer
+//! access make an out-of-bounds read return 0 (or a clamped element) and
+//! drop an out-of-bounds write, so such a bug shows up only as a wrong or a
+//! missing (NaN) value, never as a crash.
+
+use gerbil_codegen_wgsl::kernels::KernelSource;
+use gerbil_ir::DType;
+use gerbil_plan::BindingDecl;
+use std::sync::OnceLock;
+
+/// Largest accepted `|got − want| / max(1, |want|)`: f32 accumulation noise.
+pub const TOL: f64 = 1e-4;
+
+struct Gpu {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+}
+
+/// The device, opened on first use with the adapter's full limits.
+fn gpu() -> &'static Gpu {
+    static GPU: OnceLock<Gpu> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let instance =
+            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
+            power_preference: wgpu::PowerPreference::HighPerformance,
+            force_fallback_adapter: false,
+            compatible_surface: None,
+            ..Default::default()
+        }))
+        .expect("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)");
+        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+            label: Some("kernel tests"),
+            required_features: wgpu::Features::empty(),
+            required_limits: adapter.limits(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        }))
+        .expect("request_device");
+        Gpu { device, queue }
+    })
+}
+
+/// Runs `src` once with step parameters `t`, `p` and one input per storage
+/// binding (`inputs[i]` is binding `i + 1`; lengths are padded to 4 bytes).
+/// Returns the contents of every `read_write` binding, in binding order, at
+/// the length it was given. Panics on any wgpu error, naming the kernel.
+pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    assert_eq!(
+        src.bindings.first(),
+        Some(&BindingDecl::Uniform),
+        "{}: binding 0 must be the step parameters",
+        src.name
+    );
+    assert_eq!(
+        inputs.len(),
+        src.bindings.len() - 1,
+        "{}: one input per storage binding",
+        src.name
+    );
+    let _lock = crate::gpu_lock();
+    let Gpu { device, queue } = gpu();
+    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+
+    let storage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
+    let params = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("params"),
+        size: 16,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    queue.write_buffer(&params, 0, bytemuck::cast_slice(&[t, p, 0u32, 0u32]));
+    let buffers: Vec<wgpu::Buffer> = inputs
+        .iter()
+        .map(|data| {
+            let mut padded = data.clone();
+            padded.resize(data.len().next_multiple_of(4).max(4), 0);
+            let buf = device.create_buffer(&wgpu::BufferDescriptor {
+                label: None,
+                size: padded.len() as u64,
+                usage: storage | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            });
+            queue.write_buffer(&buf, 0, &padded);
+            buf
+        })
+        .collect();
+
+    let layout_entries: Vec<wgpu::BindGroupLayoutEntry> = src
+        .bindings
+        .iter()
+        .enumerate()
+        .map(|(i, b)| wgpu::BindGroupLayoutEntry {
+            binding: i as u32,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: match b {
+                    BindingDecl::Uniform => wgpu::BufferBindingType::Uniform,
+                    BindingDecl::StorageRead => {
+                        wgpu::BufferBindingType::Storage { read_only: true }
+                    }
+                    BindingDecl::StorageReadWrite => {
+                        wgpu::BufferBindingType::Storage { read_only: false }
+                    }
+                },
+                has_dynamic_offset: false,
+                min_binding_size: None,
+            },
+            count: None,
+        })
+        .collect();
+    let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some(&src.name),
+        entries: &layout_entries,
+    });
+    let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some(&src.name),
+        bind_group_layouts: &[Some(&bgl)],
+        immediate_size: 0,
+    });
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(&src.name),
+        source: wgpu::ShaderSource::Wgsl(src.wgsl.as_str().into()),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(&src.name),
+        layout: Some(&pipeline_layout),
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: wgpu::PipelineCompilationOptions::default(),
+        cache: None,
+    });
+    let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(&params)
+        .chain(&buffers)
+        .enumerate()
+        .map(|(i, buffer)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: buffer.as_entire_binding(),
+        })
+        .collect();
+    let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(&src.name),
+        layout: &bgl,
+        entries: &entries,
+    });
+
+    let groups = src.workgroups.map(|w| w.eval(t));
+    let mut enc = device.create_command_encoder(&Default::default());
+    if groups.iter().all(|&g| g > 0) {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(&src.name),
+            timestamp_writes: None,
+        });
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &bind_group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    }
+    let mut readbacks = Vec::new();
+    for (i, b) in src.bindings.iter().enumerate().skip(1) {
+        if *b != BindingDecl::StorageReadWrite {
+            continue;
+        }
+        let gpu_buf = &buffers[i - 1];
+        let staging = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size: gpu_buf.size(),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        enc.copy_buffer_to_buffer(gpu_buf, 0, &staging, 0, gpu_buf.size());
+        readbacks.push((i - 1, staging));
+    }
+    queue.submit([enc.finish()]);
+    if let Some(e) = pollster::block_on(validation.pop()) {
+        panic!("kernel `{}` (groups {groups:?}): {e}", src.name);
+    }
+
+    for (_, staging) in &readbacks {
+        staging.slice(..).map_async(wgpu::MapMode::Read, |r| {
+            r.expect("map readback buffer");
+        });
+    }
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("device lost");
+    readbacks
+        .iter()
+        .map(|(i, staging)| {
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .expect("mapped readback");
+            view[..inputs[*i].len()].to_vec()
+        })
+        .collect()
+}
+
+/// Runs `src` like [`run`] and returns `inputs[out]` (binding `out + 1`,
+/// which must be `read_write`) as f32s, after checking that every other
+/// `read_write` binding came back unchanged.
+pub fn run_output(
+    src: &KernelSource,
+    t: u32,
+    p: u32,
+    inputs: &[Vec<u8>],
+    out: usize,
+) -> Result<Vec<f32>, String> {
+    let writable = src
+        .bindings
+        .iter()
+        .skip(1)
+        .enumerate()
+        .filter(|(_, b)| **b == BindingDecl::StorageReadWrite)
+        .map(|(i, _)| i);
+    let mut result = None;
+    for (i, bytes) in writable.zip(run(src, t, p, inputs)) {
+        if i == out {
+            result = Some(to_f32(&bytes));
+        } else if bytes != inputs[i] {
+            return Err(format!("input binding {} was modified", i + 1));
+        }
+    }
+    result.ok_or_else(|| format!("binding {} is not read_write", out + 1))
+}
+
+/// `n` f32s of NaN (all bits set): the initial contents of an output.
+pub fn poison(n: usize) -> Vec<u8> {
+    vec![0xFF; n * 4]
+}
+
+/// Little-endian bytes of `v`.
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// Little-endian bytes of `v`.
+pub fn u32_bytes(v: &[u32]) -> Vec<u8> {
+    bytemuck::cast_slice(v).to_vec()
+}
+
+/// f32s from little-endian bytes.
+pub fn to_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(4)
+        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// `v` stored as `dtype` (bf16/f16: raw little-endian halves, so two per
+/// `u32`, low half first) and the stored values decoded exactly.
+pub fn encode(v: &[f32], dtype: DType) -> (Vec<u8>, Vec<f64>) {
+    match dtype {
+        DType::F32 => (f32_bytes(v), v.iter().map(|&x| f64::from(x)).collect()),
+        DType::BF16 => {
+            let h: Vec<half::bf16> = v.iter().map(|&x| half::bf16::from_f32(x)).collect();
+            (
+                bytemuck::cast_slice(&h).to_vec(),
+                h.iter().map(|x| x.to_f64()).collect(),
+            )
+        }
+        DType::F16 => {
+            let h: Vec<half::f16> = v.iter().map(|&x| half::f16::from_f32(x)).collect();
+            (
+                bytemuck::cast_slice(&h).to_vec(),
+                h.iter().map(|x| x.to_f64()).collect(),
+            )
+        }
+        DType::U32 => panic!("encode: U32 is not a float dtype"),
+    }
+}
+
+/// Widens f32s for the reference.
+pub fn widen(v: &[f32]) -> Vec<f64> {
+    v.iter().map(|&x| f64::from(x)).collect()
+}
+
+/// Checks `got` against `want` element by element with
+/// `|got − want| / max(1, |want|) ≤ tol`; NaN always fails. The error names
+/// `what`, the worst index and both values.
+pub fn check_close(what: &str, got: &[f32], want: &[f64], tol: f64) -> Result<(), String> {
+    if got.len() != want.len() {
+        return Err(format!(
+            "{what}: {} values, expected {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    let mut worst = (0.0f64, 0usize);
+    for (i, (&g, &w)) in got.iter().zip(want).enumerate() {
+        let err = (f64::from(g) - w).abs() / w.abs().max(1.0);
+        if err.is_nan() {
+            return Err(format!("{what}: [{i}] is {g}, expected {w}"));
+        }
+        if err > worst.0 {
+            worst = (err, i);
+        }
+    }
+    let (err, i) = worst;
+    if err > tol {
+        return Err(format!(
+            "{what}: error {err:.3e} > {tol:.0e} at [{i}]: got {}, expected {}",
+            got[i], want[i]
+        ));
+    }
+    Ok(())
+}
+
+/// splitmix64: a small deterministic generator for test inputs.
+#[derive(Clone, Debug)]
+pub struct Rng(u64);
+
+impl Rng {
+    /// A generator seeded from any string (e.g. the case's `Debug` form).
+    pub fn from_label(label: &str) -> Rng {
+        // FNV-1a.
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for b in label.bytes() {
+            h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+        Rng(h)
+    }
+
+    /// Next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in `[0, n)`.
+    pub fn below(&mut self, n: u32) -> u32 {
+        (((self.next_u64() >> 32) * u64::from(n)) >> 32) as u32
+    }
+
+    /// Uniform in `[-1, 1)`.
+    pub fn unit(&mut self) -> f32 {
+        ((self.next_u64() >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+    }
+
+    /// `n` values uniform in `[-1, 1)`.
+    pub fn vec(&mut self, n: usize) -> Vec<f32> {
+        (0..n).map(|_| self.unit()).collect()
+    }
+}
