@@ -16,15 +16,24 @@ const REAL_TOL: f32 = 2e-2;
 /// logits after a prefill, the logits of every position fed one token at a
 /// time through the decode path, and 8 greedy tokens.
 fn check_tiny(name: &str, max_tokens_per_step: u64) {
-    let reference = tiny_ref(name);
-    let plan_path = compile_plan(&tiny_model(name), |o| {
+    check_tiny_with(name, &format!("chunk {max_tokens_per_step}"), |o| {
         o.max_tokens_per_step = max_tokens_per_step
     });
+}
+
+/// [`check_tiny`] with compile options adjusted by `tweak` (`variant` names them).
+fn check_tiny_with(
+    name: &str,
+    variant: &str,
+    tweak: impl FnOnce(&mut gerbil_cli::compile::CompileOptions),
+) {
+    let reference = tiny_ref(name);
+    let plan_path = compile_plan(&tiny_model(name), tweak);
     let plan = PlanFile::open(&plan_path).expect("open plan");
     let _gpu = gpu_lock();
     let mut session = Session::new(&plan).expect("session");
     for case in &reference.cases {
-        let what = format!("{name}/{} (chunk {max_tokens_per_step})", case.name);
+        let what = format!("{name}/{} ({variant})", case.name);
         session.reset();
         let last = session.forward(&case.input_ids).expect("prefill");
         let d = max_abs_diff(&last, &case.last_logits);
@@ -68,6 +77,16 @@ fn tiny_llama_bf16_checkpoint_matches_transformers() {
 fn chunked_prefill_matches_transformers() {
     // 13 prompt tokens in chunks of 4, 4, 4, 1.
     check_tiny("llama", 4);
+}
+
+#[test]
+fn every_optional_pass_can_be_disabled() {
+    for pass in ["dce", "slice-last-row"] {
+        check_tiny_with("llama", &format!("without {pass}"), |o| {
+            o.disabled_passes = vec![pass.to_string()];
+            o.max_tokens_per_step = 8;
+        });
+    }
 }
 
 /// SmolLM2-135M-Instruct: for every reference prompt, the plan's tokenizer

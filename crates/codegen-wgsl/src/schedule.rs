@@ -408,11 +408,15 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         .find(|(n, _)| n == "logits")
         .map(|(_, v)| graph.value_type(*v).clone())
         .ok_or_else(|| CodegenError::Graph("no logits".into()))?;
-    if logits_ty.shape.first() != Some(&Dim::Const(1)) {
-        return Err(CodegenError::Graph(format!(
-            "logits must be one row (run the slice-last-row pass), got {logits_ty}"
-        )));
-    }
+    let logits_all_rows = match logits_ty.shape.first() {
+        Some(Dim::Const(1)) => false,
+        Some(Dim::Sym(_)) => true,
+        _ => {
+            return Err(CodegenError::Graph(format!(
+                "logits must be [1, vocab] or [T, vocab], got {logits_ty}"
+            )))
+        }
+    };
     let plan =
         plan_arenas(&intervals, opts.binding_align, opts.max_storage_binding).map_err(|e| {
             CodegenError::Limit {
@@ -461,6 +465,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                 offset: 0,
                 size: logits_size,
             },
+            logits_all_rows,
         },
         weights,
         requirements,

@@ -361,6 +361,17 @@ impl PlanHeader {
             }
         }
         slice_ok(&self.io.logits, "logits output")?;
+        let rows = if self.io.logits_all_rows {
+            self.model.max_tokens_per_step
+        } else {
+            1
+        };
+        if self.io.logits.size < rows.saturating_mul(self.model.vocab_size).saturating_mul(4) {
+            return Err(format!(
+                "logits output holds {} bytes, less than {rows} row(s) of {} f32 logits",
+                self.io.logits.size, self.model.vocab_size
+            ));
+        }
         for (idx, what) in [
             (self.io.step_params, "step params"),
             (self.io.token_ids, "token ids"),

@@ -230,6 +230,11 @@ pub struct IoBindings {
     pub step_params: u32,
     /// Buffer holding the token ids.
     pub token_ids: u32,
-    /// Logits of the step's last position, `f32[vocab]`.
+    /// Logits of the step: `f32[vocab]` of the last position, or `f32[T, vocab]`
+    /// of every position when `logits_all_rows` is set.
     pub logits: BufferSlice,
+    /// Whether `logits` holds a row per token of the step (the compiler ran
+    /// without `slice-last-row`); the runtime then reads row `T - 1`.
+    #[serde(default)]
+    pub logits_all_rows: bool,
 }

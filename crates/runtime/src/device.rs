@@ -148,3 +148,35 @@ impl Gpu {
         Ok(value)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_limit_the_adapter_lacks_names_the_limit_and_both_values() {
+        let have = wgpu::Limits::default();
+        let need = Requirements {
+            max_storage_buffer_binding_size: have.max_storage_buffer_binding_size + 4,
+            ..Requirements::default()
+        };
+        let err = check_limits("test-gpu", &have, &need)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("`test-gpu`"), "{err}");
+        assert!(err.contains("max_storage_buffer_binding_size"), "{err}");
+        assert!(
+            err.contains(&(have.max_storage_buffer_binding_size + 4).to_string()),
+            "{err}"
+        );
+        let need = Requirements {
+            max_compute_workgroup_storage_size: have.max_compute_workgroup_storage_size + 1,
+            ..Requirements::default()
+        };
+        let err = check_limits("test-gpu", &have, &need)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("max_compute_workgroup_storage_size"), "{err}");
+        assert!(check_limits("test-gpu", &have, &Requirements::default()).is_ok());
+    }
+}

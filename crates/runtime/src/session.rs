@@ -33,6 +33,8 @@ pub struct Session {
     pub(crate) decode: Vec<Step>,
     readback: wgpu::Buffer,
     pub(crate) position: u64,
+    /// Tokens in the last step (the logits row to read when the plan keeps every row).
+    last_step_tokens: u64,
     memory: MemoryReport,
 }
 
@@ -197,7 +199,7 @@ impl Session {
         let decode = make_steps(&header.decode, "decode")?;
         let readback = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits readback"),
-            size: header.io.logits.size,
+            size: header.model.vocab_size * 4,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
@@ -210,6 +212,7 @@ impl Session {
             decode,
             readback,
             position: 0,
+            last_step_tokens: 0,
             memory,
         })
     }
@@ -268,8 +271,9 @@ impl Session {
         }
         let chunk = self.header.model.max_tokens_per_step as usize;
         for part in tokens.chunks(chunk) {
-            self.run_step(part);
+            self.gpu.scoped("running a step", || self.run_step(part))?;
             self.position += part.len() as u64;
+            self.last_step_tokens = part.len() as u64;
         }
         Ok(())
     }
@@ -332,20 +336,29 @@ impl Session {
     /// Copies the last step's logits to the CPU.
     pub fn read_logits(&self) -> Result<Vec<f32>, RuntimeError> {
         let io = self.header.io.logits;
-        let mut enc = self
-            .gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("readback"),
-            });
-        enc.copy_buffer_to_buffer(
-            &self.buffers[io.buffer as usize],
-            io.offset,
-            &self.readback,
-            0,
-            io.size,
-        );
-        self.gpu.queue.submit([enc.finish()]);
+        let row_bytes = self.vocab_size() * 4;
+        let row = if self.header.io.logits_all_rows {
+            self.last_step_tokens.saturating_sub(1)
+        } else {
+            0
+        };
+        let enc = self.gpu.scoped("copying the logits", || {
+            let mut enc = self
+                .gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("readback"),
+                });
+            enc.copy_buffer_to_buffer(
+                &self.buffers[io.buffer as usize],
+                io.offset + row * row_bytes,
+                &self.readback,
+                0,
+                row_bytes,
+            );
+            enc.finish()
+        })?;
+        self.gpu.queue.submit([enc]);
         let slice = self.readback.slice(..);
         let (tx, rx) = std::sync::mpsc::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {

@@ -64,7 +64,7 @@ fn main() {
         .with_writer(std::io::stderr)
         .init();
     if let Err(e) = real_main() {
-        eprintln!("error: {e:#}");
+        eprintln!("error: {}", gerbil_cli::error_message(&e));
         std::process::exit(1);
     }
 }

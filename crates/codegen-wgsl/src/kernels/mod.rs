@@ -96,6 +96,22 @@ pub fn f32_binding(out: &mut String, binding: u32, name: &str, writable: bool) {
     );
 }
 
+/// Exact IEEE binary16 → binary32 conversion with integer operations, so
+/// kernels need neither `shader-f16` nor naga's `SHADER_FLOAT16_IN_FLOAT32`
+/// (`unpack2x16float`), which some backends lack.
+const F16_DECODE: &str = "fn f16_bits_to_f32(h: u32) -> f32 {
+  let sign = (h & 0x8000u) << 16u;
+  let e = (h >> 10u) & 0x1fu;
+  let m = h & 0x3ffu;
+  if (e == 0u) {
+    let v = f32(m) * 5.9604644775390625e-8f;
+    return select(v, -v, sign != 0u);
+  }
+  if (e == 31u) { return bitcast<f32>(sign | 0x7f800000u | (m << 13u)); }
+  return bitcast<f32>(sign | ((e + 112u) << 23u) | (m << 13u));
+}
+";
+
 /// Declares a read-only weight binding of `dtype` and a loader
 /// `fn load_{name}(i: u32) -> f32` returning element `i` widened to f32
 /// (bf16 and f16 are packed two per `u32`, low half first).
@@ -119,9 +135,11 @@ pub fn weight_binding(out: &mut String, binding: u32, name: &str, dtype: DType) 
             let _ = writeln!(
                 out,
                 "@group(0) @binding({binding}) var<storage, read> {name}: array<u32>;\n\
-                 fn load_{name}(i: u32) -> f32 {{ return unpack2x16float({name}[i >> 1u])[i & 1u]; }}\n\
-                 fn pair_{name}(word: u32) -> vec2<f32> {{ return unpack2x16float({name}[word]); }}"
+                 fn load_{name}(i: u32) -> f32 {{ return f16_bits_to_f32(({name}[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu); }}\n\
+                 fn pair_{name}(word: u32) -> vec2<f32> {{\n  let w = {name}[word];\n  \
+                 return vec2<f32>(f16_bits_to_f32(w & 0xffffu), f16_bits_to_f32(w >> 16u));\n}}"
             );
+            out.push_str(F16_DECODE);
         }
     }
 }

@@ -1,0 +1,97 @@
+//! Golden WGSL: a fixed set of specialized kernels, each validated by naga and
+//! compared with its committed snapshot (`cargo insta review` to update).
+
+use gerbil_codegen_wgsl::kernels::{
+    attention::{self, AttentionSpec},
+    elementwise,
+    embedding::{self, EmbeddingSpec},
+    matmul::{self, MatMulSpec},
+    rms_norm::{self, RmsNormSpec},
+    rope::{self, RopeSpec},
+    KernelSource, Rows,
+};
+use gerbil_codegen_wgsl::validate;
+use gerbil_ir::{BinaryOp, DType, UnaryOp};
+
+fn golden(src: KernelSource) {
+    validate(&src.name, &src.wgsl).unwrap_or_else(|e| panic!("{e}"));
+    let header = format!(
+        "// {} @workgroup_size({:?}) workgroups {:?}\n",
+        src.name, src.workgroup_size, src.workgroups
+    );
+    insta::assert_snapshot!(src.name.clone(), header + &src.wgsl);
+}
+
+#[test]
+fn golden_kernels() {
+    golden(matmul::kernel(MatMulSpec {
+        rows: Rows::Tokens,
+        k: 576,
+        n: 1536,
+        wdtype: DType::BF16,
+        bias: false,
+        tt: 1,
+    }));
+    golden(matmul::kernel(MatMulSpec {
+        rows: Rows::Tokens,
+        k: 64,
+        n: 100,
+        wdtype: DType::F32,
+        bias: true,
+        tt: 8,
+    }));
+    golden(matmul::kernel(MatMulSpec {
+        rows: Rows::Fixed(1),
+        k: 7,
+        n: 5,
+        wdtype: DType::F16,
+        bias: false,
+        tt: 1,
+    }));
+    golden(rms_norm::kernel(RmsNormSpec {
+        rows: Rows::Tokens,
+        width: 640,
+        eps: 1e-6,
+        offset: 1.0,
+        wdtype: DType::BF16,
+    }));
+    golden(embedding::kernel(EmbeddingSpec {
+        vocab: 262_144,
+        width: 640,
+        wdtype: DType::BF16,
+        scale: Some(25.298_221),
+    }));
+    golden(rope::kernel(RopeSpec {
+        heads: 9,
+        head_dim: 64,
+        rotary_dim: 64,
+    }));
+    golden(rope::kernel(RopeSpec {
+        heads: 4,
+        head_dim: 40,
+        rotary_dim: 24,
+    }));
+    golden(attention::kernel(AttentionSpec {
+        heads: 9,
+        kv_heads: 3,
+        head_dim: 64,
+        scale: 0.125,
+        window: 0,
+    }));
+    golden(attention::kernel(AttentionSpec {
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 256,
+        scale: 0.0625,
+        window: 512,
+    }));
+    golden(elementwise::unary(UnaryOp::GeluTanh, Rows::Tokens, 2048));
+    golden(elementwise::unary(
+        UnaryOp::Softcap(30.0),
+        Rows::Fixed(1),
+        262_144,
+    ));
+    golden(elementwise::binary(BinaryOp::Add, Rows::Tokens, 576));
+    golden(elementwise::cache_write(192));
+    golden(elementwise::slice_last_row(576));
+}
