@@ -10,6 +10,7 @@ python3 scripts/build-fixtures.py --out fixtures smollm2-135m
 
 export GERBIL_FIXTURES="$PWD/fixtures"
 export LP_NUM_THREADS=2 # lavapipe: one thread per core of the CI machine
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} # lavapipe warns when it is unset
 unset RUST_TEST_THREADS
 
 summary=()

@@ -63,6 +63,21 @@ fn expect(
     check_close(&src.name, &got, want, TOL)
 }
 
+/// Splits a `[rows, width]` tensor's bytes into shards of `shard_rows` rows
+/// (the last may be shorter), as codegen does for weights above the binding limit.
+fn shard_bytes(bytes: Vec<u8>, rows: usize, shard_rows: Option<u32>) -> Vec<Vec<u8>> {
+    match shard_rows {
+        Some(r) if (r as usize) < rows => {
+            let row_bytes = bytes.len() / rows;
+            bytes
+                .chunks(r as usize * row_bytes)
+                .map(<[u8]>::to_vec)
+                .collect()
+        }
+        _ => vec![bytes],
+    }
+}
+
 // ---------------------------------------------------------------- matmul
 
 #[derive(Clone, Copy, Debug)]
@@ -74,10 +89,12 @@ struct MatMulCase {
     wdtype: DType,
     bias: bool,
     tt: u32,
+    shard_rows: Option<u32>,
 }
 
 fn check_matmul(c: &MatMulCase) -> Result<(), String> {
     let src = kernels::matmul::kernel(kernels::matmul::MatMulSpec {
+        shard_rows: c.shard_rows,
         rows: c.rows,
         k: c.k,
         n: c.n,
@@ -90,7 +107,8 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
     let x = rng.vec(m * k);
     let (w_bytes, w) = encode(&rng.vec(n * k), c.wdtype);
     let b = rng.vec(n);
-    let mut inputs = vec![f32_bytes(&x), w_bytes];
+    let mut inputs = vec![f32_bytes(&x)];
+    inputs.extend(shard_bytes(w_bytes, n, c.shard_rows));
     if c.bias {
         inputs.push(f32_bytes(&b));
     }
@@ -129,6 +147,7 @@ fn matmul_cases() -> Vec<MatMulCase> {
                     wdtype,
                     bias: (j / 8) % 2 == 1,
                     tt: [1, 8][(j / 4) % 2],
+                    shard_rows: None,
                 });
             }
         }
@@ -141,6 +160,7 @@ fn matmul_cases() -> Vec<MatMulCase> {
         wdtype,
         bias: true,
         tt,
+        shard_rows: None,
     };
     cases.extend([
         // What codegen emits for a fixed row count below the prefill TT.
@@ -151,6 +171,20 @@ fn matmul_cases() -> Vec<MatMulCase> {
         case(Rows::Tokens, 13, 96, 100, DType::BF16, 12),
         case(Rows::Tokens, 40, 7, 64, DType::F16, 32),
     ]);
+    // Weights split into row shards (a multiple of 4 rows each, the last
+    // shorter), as for tables above the binding limit.
+    for (wdtype, k, n, shard) in [
+        (DType::F32, 64, 100, 32),
+        (DType::BF16, 7, 13, 4),
+        (DType::F16, 130, 64, 8),
+        (DType::BF16, 576, 100, 48),
+    ] {
+        cases.push(MatMulCase {
+            shard_rows: Some(shard),
+            bias: false,
+            ..case(Rows::Tokens, 3, k, n, wdtype, 8)
+        });
+    }
     cases
 }
 
@@ -177,7 +211,7 @@ proptest! {
         tt in 1u32..=16,
     ) {
         let rows = if fixed_rows { Rows::Fixed(t) } else { Rows::Tokens };
-        let case = MatMulCase { rows, t, k, n, wdtype, bias, tt };
+        let case = MatMulCase { rows, t, k, n, wdtype, bias, tt, shard_rows: None };
         check_matmul(&case).map_err(|e| TestCaseError::fail(format!("{case:?}: {e}")))?;
     }
 }
@@ -273,10 +307,12 @@ struct EmbeddingCase {
     t: u32,
     wdtype: DType,
     scale: Option<f32>,
+    shard_rows: Option<u32>,
 }
 
 fn check_embedding(c: &EmbeddingCase) -> Result<(), String> {
     let src = kernels::embedding::kernel(kernels::embedding::EmbeddingSpec {
+        shard_rows: c.shard_rows,
         vocab: c.vocab,
         width: c.width,
         wdtype: c.wdtype,
@@ -300,14 +336,10 @@ fn check_embedding(c: &EmbeddingCase) -> Result<(), String> {
                 .map(move |&e| e * scale)
         })
         .collect();
-    expect(
-        &src,
-        c.t,
-        0,
-        &[table_bytes, u32_bytes(&ids), poison(t * h)],
-        2,
-        &want,
-    )
+    let mut inputs = shard_bytes(table_bytes, v, c.shard_rows);
+    inputs.push(u32_bytes(&ids));
+    inputs.push(poison(t * h));
+    expect(&src, c.t, 0, &inputs, inputs.len() - 1, &want)
 }
 
 fn embedding_cases() -> Vec<EmbeddingCase> {
@@ -325,8 +357,24 @@ fn embedding_cases() -> Vec<EmbeddingCase> {
                 t,
                 wdtype,
                 scale,
+                shard_rows: None,
             });
         }
+    }
+    // Tables split into row shards; ids land in every shard.
+    for (wdtype, vocab, width, shard) in [
+        (DType::BF16, 50, 7, 8),
+        (DType::F32, 257, 64, 64),
+        (DType::F16, 33, 130, 12),
+    ] {
+        cases.push(EmbeddingCase {
+            vocab,
+            width,
+            t: 13,
+            wdtype,
+            scale: Some(2.5),
+            shard_rows: Some(shard),
+        });
     }
     cases
 }

@@ -89,6 +89,18 @@ fn every_optional_pass_can_be_disabled() {
     }
 }
 
+#[test]
+fn weights_larger_than_a_binding_are_sharded() {
+    // The tied 512×64 f32 embedding is 128 KiB; 48 KiB bindings hold 192
+    // rows, so it becomes 3 shards (192, 192, 128 rows) that both the
+    // embedding lookup and the LM head read.
+    check_tiny_with("llama", "48 KiB bindings", |o| {
+        o.max_storage_binding = Some(48 << 10);
+        o.max_tokens_per_step = 16;
+        o.max_context = Some(64);
+    });
+}
+
 /// SmolLM2-135M-Instruct: for every reference prompt, the plan's tokenizer
 /// reproduces the prompt ids; teacher-forced over the 32 reference tokens,
 /// every step's top-10 reference logits are within 2e-2 and the argmax is the

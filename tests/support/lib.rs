@@ -77,6 +77,7 @@ pub fn compile_options(repo: &Path, out: &Path) -> CompileOptions {
         dump_dot: None,
         emit_wgsl: None,
         target: Target::Portable,
+        max_storage_binding: None,
     }
 }
 

@@ -85,6 +85,9 @@ pub struct CompileOptions {
     pub emit_wgsl: Option<PathBuf>,
     /// Target limits.
     pub target: Target,
+    /// Overrides the target's largest storage binding (bytes); weights larger
+    /// than this are split into row shards.
+    pub max_storage_binding: Option<u64>,
 }
 
 /// What a compilation produced.
@@ -236,7 +239,9 @@ pub fn compile(opts: &CompileOptions) -> Result<Compiled> {
         &CodegenOptions {
             max_context,
             max_tokens_per_step,
-            max_storage_binding: opts.target.max_storage_binding(),
+            max_storage_binding: opts
+                .max_storage_binding
+                .unwrap_or_else(|| opts.target.max_storage_binding()),
             ..CodegenOptions::default()
         },
     )?;
@@ -254,7 +259,26 @@ pub fn compile(opts: &CompileOptions) -> Result<Compiled> {
     let mut weight_bytes = 0;
     for w in &program.weights {
         let rows = w.ty.shape.first().and_then(|d| d.as_const()).unwrap_or(0);
-        let bytes = pad4(materialize(&ckpt, &w.source, w.ty.dtype, rows)?);
+        let mut bytes = materialize(&ckpt, &w.source, w.ty.dtype, rows)?;
+        if let Some((start, count)) = w.rows {
+            let row_bytes = (w.ty.size_bytes(0, 0) / count.max(1)) as usize;
+            let (a, b) = (
+                start as usize * row_bytes,
+                (start + count) as usize * row_bytes,
+            );
+            if b > bytes.len() {
+                bail!(
+                    "weight `{}`: rows {start}..{} exceed the tensor",
+                    w.source,
+                    start + count
+                );
+            }
+            bytes = match bytes {
+                Cow::Borrowed(all) => Cow::Borrowed(&all[a..b]),
+                Cow::Owned(all) => Cow::Owned(all[a..b].to_vec()),
+            };
+        }
+        let bytes = pad4(bytes);
         let decl = &mut buffers[w.buffer as usize];
         if bytes.len() as u64 != decl.size {
             bail!(

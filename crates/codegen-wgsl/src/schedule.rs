@@ -52,8 +52,11 @@ pub struct WeightBuffer {
     pub buffer: u32,
     /// Where the bytes come from.
     pub source: WeightSource,
-    /// Type with `Lmax` resolved.
+    /// Type with `Lmax` resolved (of this shard, if sharded).
     pub ty: TensorType,
+    /// For a shard of a weight too large for one binding: the first row of
+    /// the source tensor it holds and how many rows.
+    pub rows: Option<(u64, u64)>,
 }
 
 /// Codegen's result: everything in a plan header but the weight sections.
@@ -77,9 +80,14 @@ pub struct Program {
     pub activation_naive_bytes: u64,
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 enum Loc {
     Whole(u32),
+    /// A weight split by leading rows over several buffers of `rows` rows each.
+    Shards {
+        buffers: Vec<u32>,
+        rows: u64,
+    },
     Arena(usize),
 }
 
@@ -118,14 +126,32 @@ impl Builder<'_> {
         (self.buffers.len() - 1) as u32
     }
 
+    fn whole(&self, b: u32) -> BufferSlice {
+        BufferSlice {
+            buffer: b,
+            offset: 0,
+            size: self.buffers[b as usize].size,
+        }
+    }
+
+    /// The bindings of a value: one slice, or one per shard.
+    fn slices(&self, v: ValueRef) -> Vec<BufferSlice> {
+        match &self.locs[&v.node] {
+            Loc::Whole(b) => vec![self.whole(*b)],
+            Loc::Shards { buffers, .. } => buffers.iter().map(|&b| self.whole(b)).collect(),
+            Loc::Arena(i) => vec![self.arena_slices[*i]],
+        }
+    }
+
     fn slice(&self, v: ValueRef) -> BufferSlice {
-        match self.locs[&v.node] {
-            Loc::Whole(b) => BufferSlice {
-                buffer: b,
-                offset: 0,
-                size: self.buffers[b as usize].size,
-            },
-            Loc::Arena(i) => self.arena_slices[i],
+        self.slices(v)[0]
+    }
+
+    /// Rows per shard of a sharded weight.
+    fn shard_rows(&self, v: ValueRef) -> Option<u32> {
+        match &self.locs[&v.node] {
+            Loc::Shards { rows, .. } => Some(*rows as u32),
+            _ => None,
         }
     }
 
@@ -133,14 +159,14 @@ impl Builder<'_> {
         round4(ty.size_bytes(self.opts.max_tokens_per_step, self.opts.max_context))
     }
 
-    fn check_binding(&self, what: &str, size: u64) -> Result<(), CodegenError> {
+    fn check_binding(&self, what: &str, size: u64, hint: &'static str) -> Result<(), CodegenError> {
         if size > self.opts.max_storage_binding {
             return Err(CodegenError::Limit {
                 what: what.to_string(),
                 needed: size,
                 limit: self.opts.max_storage_binding,
                 limit_name: "max_storage_buffer_binding_size",
-                hint: "weights this large need sharding, which this target profile does not do yet; use a target with a larger binding limit",
+                hint,
             });
         }
         Ok(())
@@ -192,6 +218,7 @@ impl Builder<'_> {
             Op::Embedding(e) => {
                 let t = in_ty(0);
                 embedding::kernel(EmbeddingSpec {
+                    shard_rows: self.shard_rows(ins[0]),
                     vocab: t.shape[0]
                         .as_const()
                         .ok_or_else(|| unsupported("symbolic vocabulary"))?
@@ -211,6 +238,7 @@ impl Builder<'_> {
             Op::MatMul(m) => {
                 let rows = rows_of(out_ty);
                 matmul::kernel(MatMulSpec {
+                    shard_rows: self.shard_rows(ins[1]),
                     rows,
                     k: width_of(in_ty(0)),
                     n: width_of(out_ty),
@@ -270,7 +298,7 @@ impl Builder<'_> {
                 offset: 0,
                 size: STEP_PARAMS_BYTES,
             }];
-            bindings.extend(ins.iter().map(|v| self.slice(*v)));
+            bindings.extend(ins.iter().flat_map(|v| self.slices(*v)));
             if !matches!(node.op, Op::CacheWrite) {
                 bindings.push(self.slice(ValueRef::of(id)));
             }
@@ -287,6 +315,19 @@ impl Builder<'_> {
     fn step_params(&self) -> u32 {
         0
     }
+}
+
+/// Rows per shard for a weight of `shape` that exceeds one binding of
+/// `max_binding` bytes, or `None` if it fits. Shards hold a multiple of 4
+/// rows so every shard starts on a 4-byte boundary whatever the dtype.
+fn shard_plan(shape: &[u64], elem_bytes: u64, max_binding: u64) -> Option<u64> {
+    let total: u64 = shape.iter().product::<u64>() * elem_bytes;
+    if total <= max_binding || shape.len() < 2 {
+        return None;
+    }
+    let row_bytes: u64 = shape[1..].iter().product::<u64>() * elem_bytes;
+    let rows = (max_binding / row_bytes.max(1)) / 4 * 4;
+    (rows > 0).then_some(rows)
 }
 
 /// Lowers a verified graph to a [`Program`].
@@ -325,26 +366,75 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                 b.locs.insert(id, Loc::Whole(i));
             }
             Op::Weight(w) => {
-                b.check_binding(&format!("weight `{}`", node.label), bytes)?;
                 let shape: Vec<u64> = resolved.shape.iter().filter_map(|d| d.as_const()).collect();
-                let i = b.push_buffer(
-                    bytes,
-                    BufferKind::Weight {
-                        section: SectionRef { offset: 0, len: 0 },
-                        name: node.label.clone(),
-                        dtype: resolved.dtype.to_string(),
-                        shape,
+                let plan = shard_plan(
+                    &shape,
+                    resolved.dtype.size_bytes(),
+                    opts.max_storage_binding,
+                );
+                let Some(rows_per_shard) = plan else {
+                    b.check_binding(
+                        &format!("weight `{}`", node.label),
+                        bytes,
+                        "one row of it is larger than a binding, so it cannot be split into row shards; use a target with a larger binding limit",
+                    )?;
+                    let i = b.push_buffer(
+                        bytes,
+                        BufferKind::Weight {
+                            section: SectionRef { offset: 0, len: 0 },
+                            name: node.label.clone(),
+                            dtype: resolved.dtype.to_string(),
+                            shape,
+                        },
+                    );
+                    weights.push(WeightBuffer {
+                        buffer: i,
+                        source: w.source.clone(),
+                        ty: resolved,
+                        rows: None,
+                    });
+                    b.locs.insert(id, Loc::Whole(i));
+                    continue;
+                };
+                let mut buffers = Vec::new();
+                let mut start = 0;
+                while start < shape[0] {
+                    let count = rows_per_shard.min(shape[0] - start);
+                    let mut shard_shape = shape.clone();
+                    shard_shape[0] = count;
+                    let ty = TensorType::fixed(resolved.dtype, &shard_shape);
+                    let i = b.push_buffer(
+                        round4(ty.size_bytes(0, 0)),
+                        BufferKind::Weight {
+                            section: SectionRef { offset: 0, len: 0 },
+                            name: format!("{}[{start}..{}]", node.label, start + count),
+                            dtype: resolved.dtype.to_string(),
+                            shape: shard_shape,
+                        },
+                    );
+                    weights.push(WeightBuffer {
+                        buffer: i,
+                        source: w.source.clone(),
+                        ty,
+                        rows: Some((start, count)),
+                    });
+                    buffers.push(i);
+                    start += count;
+                }
+                b.locs.insert(
+                    id,
+                    Loc::Shards {
+                        buffers,
+                        rows: rows_per_shard,
                     },
                 );
-                weights.push(WeightBuffer {
-                    buffer: i,
-                    source: w.source.clone(),
-                    ty: resolved,
-                });
-                b.locs.insert(id, Loc::Whole(i));
             }
             Op::KvCache { .. } => {
-                b.check_binding(&format!("KV cache `{}`", node.label), bytes)?;
+                b.check_binding(
+                    &format!("KV cache `{}`", node.label),
+                    bytes,
+                    "use a smaller --max-context",
+                )?;
                 let i = b.push_buffer(
                     bytes,
                     BufferKind::State {
@@ -373,12 +463,16 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         let v = ValueRef::of(id);
         if matches!(node.op, Op::CacheWrite) {
             let cache = graph.inputs(id)[0];
-            let loc = b.locs[&cache.node];
+            let loc = b.locs[&cache.node].clone();
             b.locs.insert(id, loc);
             continue;
         }
         let bytes = b.value_bytes(&node.outputs[0]);
-        b.check_binding(&format!("activation `{}`", node.label), bytes)?;
+        b.check_binding(
+            &format!("activation `{}`", node.label),
+            bytes,
+            "use a smaller --max-tokens-per-step",
+        )?;
         if let Some((name, _)) = graph.outputs.iter().find(|(_, o)| *o == v) {
             let i = b.push_buffer(bytes, BufferKind::State { name: name.clone() });
             b.locs.insert(id, Loc::Whole(i));

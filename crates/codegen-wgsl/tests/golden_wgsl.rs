@@ -25,6 +25,7 @@ fn golden(src: KernelSource) {
 #[test]
 fn golden_kernels() {
     golden(matmul::kernel(MatMulSpec {
+        shard_rows: None,
         rows: Rows::Tokens,
         k: 576,
         n: 1536,
@@ -33,6 +34,7 @@ fn golden_kernels() {
         tt: 1,
     }));
     golden(matmul::kernel(MatMulSpec {
+        shard_rows: None,
         rows: Rows::Tokens,
         k: 64,
         n: 100,
@@ -41,12 +43,29 @@ fn golden_kernels() {
         tt: 8,
     }));
     golden(matmul::kernel(MatMulSpec {
+        shard_rows: None,
         rows: Rows::Fixed(1),
         k: 7,
         n: 5,
         wdtype: DType::F16,
         bias: false,
         tt: 1,
+    }));
+    golden(matmul::kernel(MatMulSpec {
+        shard_rows: Some(104_856),
+        rows: Rows::Fixed(1),
+        k: 640,
+        n: 262_144,
+        wdtype: DType::BF16,
+        bias: false,
+        tt: 1,
+    }));
+    golden(embedding::kernel(EmbeddingSpec {
+        shard_rows: Some(104_856),
+        vocab: 262_144,
+        width: 640,
+        wdtype: DType::BF16,
+        scale: Some(25.298_221),
     }));
     golden(rms_norm::kernel(RmsNormSpec {
         rows: Rows::Tokens,
@@ -56,6 +75,7 @@ fn golden_kernels() {
         wdtype: DType::BF16,
     }));
     golden(embedding::kernel(EmbeddingSpec {
+        shard_rows: None,
         vocab: 262_144,
         width: 640,
         wdtype: DType::BF16,

@@ -47,6 +47,10 @@ enum Cmd {
         /// Device limits to compile for.
         #[arg(long, value_enum, default_value_t = Target::Portable)]
         target: Target,
+        /// Override the target's largest storage binding in bytes (weights
+        /// larger than this are split into row shards).
+        #[arg(long, value_name = "BYTES")]
+        max_storage_binding: Option<u64>,
     },
     /// Summarize a plan: ops, dispatches, buffers, kernels.
     Inspect {
@@ -81,6 +85,7 @@ fn real_main() -> Result<()> {
             dump_dot,
             emit_wgsl,
             target,
+            max_storage_binding,
         } => {
             let out = output.clone();
             let c = compile(&CompileOptions {
@@ -93,6 +98,7 @@ fn real_main() -> Result<()> {
                 dump_dot,
                 emit_wgsl,
                 target,
+                max_storage_binding,
             })?;
             if let Some(out) = out {
                 eprintln!(

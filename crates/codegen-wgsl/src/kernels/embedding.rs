@@ -1,5 +1,6 @@
 //! `embedding`: `y[t, h] = table[ids[t], h] · scale`, one thread per element.
 //! Ids outside the vocabulary read row 0 (the runtime rejects them first).
+//! A table larger than one binding arrives as row shards; the id picks one.
 
 use super::{f32_lit, prelude, weight_binding, KernelSource, Rows};
 use gerbil_ir::DType;
@@ -19,53 +20,85 @@ pub struct EmbeddingSpec {
     pub wdtype: DType,
     /// Multiplier, if any.
     pub scale: Option<f32>,
+    /// Table rows per shard when split over several bindings; `None` for one.
+    pub shard_rows: Option<u32>,
 }
 
 /// Builds the kernel.
 pub fn kernel(s: EmbeddingSpec) -> KernelSource {
+    let starts: Vec<u32> = match s.shard_rows {
+        Some(r) if r > 0 && r < s.vocab => (0..s.vocab.div_ceil(r)).map(|i| i * r).collect(),
+        _ => vec![0],
+    };
+    let names: Vec<String> = if starts.len() == 1 {
+        vec!["table".into()]
+    } else {
+        (0..starts.len()).map(|i| format!("table{i}")).collect()
+    };
     let mut w = prelude();
     let _ = writeln!(
         w,
         "const V: u32 = {}u;\nconst H: u32 = {}u;",
         s.vocab, s.width
     );
-    weight_binding(&mut w, 1, "table", s.wdtype);
+    for (i, name) in names.iter().enumerate() {
+        weight_binding(&mut w, 1 + i as u32, name, s.wdtype);
+    }
+    let ids = 1 + names.len();
     let _ = writeln!(
         w,
-        "@group(0) @binding(2) var<storage, read> ids: array<u32>;"
+        "@group(0) @binding({ids}) var<storage, read> ids: array<u32>;"
     );
     let _ = writeln!(
         w,
-        "@group(0) @binding(3) var<storage, read_write> y: array<f32>;"
+        "@group(0) @binding({}) var<storage, read_write> y: array<f32>;",
+        ids + 1
     );
     let scale = s
         .scale
         .map(|v| format!(" * {}", f32_lit(v)))
         .unwrap_or_default();
+    let mut lookup = String::from("  var v = 0.0f;\n");
+    for (i, (name, start)) in names.iter().zip(&starts).enumerate() {
+        let read = format!("v = load_{name}((id - {start}u) * H + i % H);");
+        match starts.get(i + 1) {
+            Some(end) if i == 0 => lookup += &format!("  if (id < {end}u) {{ {read} }}"),
+            Some(end) => lookup += &format!(" else if (id < {end}u) {{ {read} }}"),
+            None if i == 0 => lookup += &format!("  {read}\n"),
+            None => lookup += &format!(" else {{ {read} }}\n"),
+        }
+    }
     let _ = write!(
         w,
         "@compute @workgroup_size({WG}, 1, 1)\n\
          fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n\
          \x20 let i = gid.x;\n  if (i >= params.t * H) {{ return; }}\n\
          \x20 var id = ids[i / H];\n  if (id >= V) {{ id = 0u; }}\n\
-         \x20 y[i] = load_table(id * H + i % H){scale};\n}}\n"
+         {lookup}\
+         \x20 y[i] = v{scale};\n}}\n"
     );
+    let mut decls = vec![BindingDecl::Uniform];
+    decls.extend(std::iter::repeat_n(
+        BindingDecl::StorageRead,
+        names.len() + 1,
+    ));
+    decls.push(BindingDecl::StorageReadWrite);
     KernelSource {
         name: format!(
-            "embedding_{}_v{}_h{}{}",
+            "embedding_{}_v{}_h{}{}{}",
             s.wdtype,
             s.vocab,
             s.width,
-            if s.scale.is_some() { "_scaled" } else { "" }
+            if s.scale.is_some() { "_scaled" } else { "" },
+            if names.len() > 1 {
+                format!("_shards{}", names.len())
+            } else {
+                String::new()
+            }
         ),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
-        bindings: vec![
-            BindingDecl::Uniform,
-            BindingDecl::StorageRead,
-            BindingDecl::StorageRead,
-            BindingDecl::StorageReadWrite,
-        ],
+        bindings: decls,
         workgroups: [
             Rows::Tokens.count(s.width, WG),
             WorkgroupCount::fixed(1),

@@ -39,6 +39,39 @@ pub struct MatMulSpec {
     pub bias: bool,
     /// Rows per workgroup.
     pub tt: u32,
+    /// Weight rows per shard when the weight is split over several bindings
+    /// (shard `s` holds rows `s·R .. (s+1)·R`); `None` for one binding.
+    pub shard_rows: Option<u32>,
+}
+
+/// The weight's shards as `(first row, binding name suffix)`.
+fn shards(n: u32, shard_rows: Option<u32>) -> Vec<u32> {
+    match shard_rows {
+        Some(r) if r > 0 && r < n => (0..n.div_ceil(r)).map(|i| i * r).collect(),
+        _ => vec![0],
+    }
+}
+
+/// The K loop of one output column `n` reading weight shard `w` at local row `row`.
+fn k_loop(packed: bool, w: &str, row: &str) -> String {
+    if packed {
+        format!(
+            "    for (var wi = lane; wi < K / 2u; wi = wi + LANES) {{\n\
+             \x20     let wv = pair_{w}(({row}) * (K / 2u) + wi);\n\
+             \x20     for (var tt = 0u; tt < count; tt = tt + 1u) {{\n\
+             \x20       let xi = (t0 + tt) * K + 2u * wi;\n\
+             \x20       acc[tt] = acc[tt] + wv.x * x[xi] + wv.y * x[xi + 1u];\n\
+             \x20     }}\n    }}\n"
+        )
+    } else {
+        format!(
+            "    for (var k = lane; k < K; k = k + LANES) {{\n\
+             \x20     let wv = load_{w}(({row}) * K + k);\n\
+             \x20     for (var tt = 0u; tt < count; tt = tt + 1u) {{\n\
+             \x20       acc[tt] = acc[tt] + wv * x[(t0 + tt) * K + k];\n\
+             \x20     }}\n    }}\n"
+        )
+    }
 }
 
 /// Builds the kernel.
@@ -57,28 +90,36 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         tt = s.tt
     );
     f32_binding(&mut w, 1, "x", true);
-    weight_binding(&mut w, 2, "w", s.wdtype);
-    let out_binding = if s.bias {
-        weight_binding(&mut w, 3, "b", DType::F32);
-        4
+    let starts = shards(s.n, s.shard_rows);
+    let names: Vec<String> = if starts.len() == 1 {
+        vec!["w".to_string()]
     } else {
-        3
+        (0..starts.len()).map(|i| format!("w{i}")).collect()
     };
-    f32_binding(&mut w, out_binding, "y", true);
-    let inner = if packed {
-        "  for (var wi = lane; wi < K / 2u; wi = wi + LANES) {\n\
-         \x20   let wv = pair_w(n * (K / 2u) + wi);\n\
-         \x20   for (var tt = 0u; tt < count; tt = tt + 1u) {\n\
-         \x20     let xi = (t0 + tt) * K + 2u * wi;\n\
-         \x20     acc[tt] = acc[tt] + wv.x * x[xi] + wv.y * x[xi + 1u];\n\
-         \x20   }\n  }\n"
-    } else {
-        "  for (var k = lane; k < K; k = k + LANES) {\n\
-         \x20   let wv = load_w(n * K + k);\n\
-         \x20   for (var tt = 0u; tt < count; tt = tt + 1u) {\n\
-         \x20     acc[tt] = acc[tt] + wv * x[(t0 + tt) * K + k];\n\
-         \x20   }\n  }\n"
-    };
+    for (i, name) in names.iter().enumerate() {
+        weight_binding(&mut w, 2 + i as u32, name, s.wdtype);
+    }
+    let mut next = 2 + names.len() as u32;
+    if s.bias {
+        weight_binding(&mut w, next, "b", DType::F32);
+        next += 1;
+    }
+    f32_binding(&mut w, next, "y", true);
+    let mut inner = String::new();
+    for (i, (name, start)) in names.iter().zip(&starts).enumerate() {
+        let row = if *start == 0 {
+            "n".to_string()
+        } else {
+            format!("n - {start}u")
+        };
+        let body = k_loop(packed, name, &row);
+        match (i, starts.get(i + 1)) {
+            (_, None) if names.len() == 1 => inner = body,
+            (0, Some(end)) => inner += &format!("  if (n < {end}u) {{\n{body}  }}"),
+            (_, Some(end)) => inner += &format!(" else if (n < {end}u) {{\n{body}  }}"),
+            (_, None) => inner += &format!(" else {{\n{body}  }}\n"),
+        }
+    }
     let bias = if s.bias { " + load_b(n)" } else { "" };
     let _ = write!(
         w,
@@ -116,26 +157,30 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     };
     KernelSource {
         name: format!(
-            "matmul_{}_r{}_k{}_n{}_tt{}{}",
+            "matmul_{}_r{}_k{}_n{}_tt{}{}{}",
             s.wdtype,
             s.rows.tag(),
             s.k,
             s.n,
             s.tt,
-            if s.bias { "_bias" } else { "" }
+            if s.bias { "_bias" } else { "" },
+            if names.len() > 1 {
+                format!("_shards{}", names.len())
+            } else {
+                String::new()
+            }
         ),
         wgsl: w,
         workgroup_size: [lanes, cols, 1],
-        bindings: if s.bias {
-            bindings(&[
-                Access::Activation,
-                Access::Read,
-                Access::Read,
-                Access::Activation,
-            ])
-        } else {
-            bindings(&[Access::Activation, Access::Read, Access::Activation])
-        },
+        bindings: bindings(
+            &std::iter::once(Access::Activation)
+                .chain(std::iter::repeat_n(
+                    Access::Read,
+                    names.len() + usize::from(s.bias),
+                ))
+                .chain(std::iter::once(Access::Activation))
+                .collect::<Vec<_>>(),
+        ),
         workgroups: [WorkgroupCount::fixed(gx), WorkgroupCount::fixed(gy), z],
         workgroup_bytes: THREADS * s.tt * 4,
     }

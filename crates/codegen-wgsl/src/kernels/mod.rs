@@ -139,7 +139,9 @@ pub fn weight_binding(out: &mut String, binding: u32, name: &str, dtype: DType) 
                  fn pair_{name}(word: u32) -> vec2<f32> {{\n  let w = {name}[word];\n  \
                  return vec2<f32>(f16_bits_to_f32(w & 0xffffu), f16_bits_to_f32(w >> 16u));\n}}"
             );
-            out.push_str(F16_DECODE);
+            if !out.contains(F16_DECODE) {
+                out.push_str(F16_DECODE);
+            }
         }
     }
 }
