@@ -6,7 +6,7 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Setup failures make the checks meaningless: stop right away.
 bash scripts/install-deps.sh
-python3 scripts/build-fixtures.py --out fixtures smollm2-135m
+python3 scripts/build-fixtures.py --out fixtures all
 
 export GERBIL_FIXTURES="$PWD/fixtures"
 export LP_NUM_THREADS=2 # lavapipe: one thread per core of the CI machine

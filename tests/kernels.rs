@@ -222,7 +222,10 @@ proptest! {
 struct RmsNormCase {
     rows: Rows,
     t: u32,
+    /// Width of one normalized group.
     width: u32,
+    /// Groups per row (per-head q/k norms).
+    groups: u32,
     eps: f32,
     offset: f32,
     wdtype: DType,
@@ -232,11 +235,13 @@ fn check_rms_norm(c: &RmsNormCase) -> Result<(), String> {
     let src = kernels::rms_norm::kernel(kernels::rms_norm::RmsNormSpec {
         rows: c.rows,
         width: c.width,
+        groups: c.groups,
         eps: c.eps,
         offset: c.offset,
         wdtype: c.wdtype,
     });
-    let (m, h) = (row_count(c.rows, c.t), c.width as usize);
+    // Each group of `width` is normalized on its own with the same weight.
+    let (m, h) = (row_count(c.rows, c.t) * c.groups as usize, c.width as usize);
     let mut rng = rng(c);
     let x = rng.vec(m * h);
     let (w_bytes, w) = encode(&rng.vec(h), c.wdtype);
@@ -274,6 +279,7 @@ fn rms_norm_cases() -> Vec<RmsNormCase> {
                     rows,
                     t,
                     width,
+                    groups: 1,
                     eps: 1e-6,
                     offset,
                     wdtype,
@@ -281,11 +287,29 @@ fn rms_norm_cases() -> Vec<RmsNormCase> {
             }
         }
     }
+    // Per-head norms: several groups per row, odd group widths included.
+    for (rows, t, width, groups, offset, wdtype) in [
+        (Rows::Tokens, 13, 32, 4, 0.0, DType::F32),
+        (Rows::Tokens, 5, 7, 3, 1.0, DType::BF16),
+        (Rows::Fixed(1), 2, 300, 2, 1.0, DType::F16),
+        (Rows::Tokens, 1, 256, 1, 1.0, DType::BF16),
+    ] {
+        cases.push(RmsNormCase {
+            rows,
+            t,
+            width,
+            groups,
+            eps: 1e-6,
+            offset,
+            wdtype,
+        });
+    }
     // An epsilon large enough to matter.
     cases.push(RmsNormCase {
         rows: Rows::Tokens,
         t: 3,
         width: 64,
+        groups: 1,
         eps: 0.5,
         offset: 0.0,
         wdtype: DType::BF16,

@@ -7,85 +7,170 @@ use gerbil_e2e::*;
 use gerbil_plan::PlanFile;
 use gerbil_runtime::{argmax, Session};
 
+/// Random-weight variants of the tiny models (shared with the frontend's tests).
+#[path = "../crates/frontend-hf/tests/common/random_checkpoint.rs"]
+mod random_checkpoint;
+
 /// Tolerance on tiny-model logits in f32 compute (shared/models/README.md).
 const TINY_TOL: f32 = 1e-3;
 /// Tolerance on real-model top-10 logits in f32 compute.
 const REAL_TOL: f32 = 2e-2;
 
-/// Checks one tiny model against its reference: for each case, the last
-/// logits after a prefill, the logits of every position fed one token at a
-/// time through the decode path, and 8 greedy tokens.
-fn check_tiny(name: &str, max_tokens_per_step: u64) {
-    check_tiny_with(name, &format!("chunk {max_tokens_per_step}"), |o| {
-        o.max_tokens_per_step = max_tokens_per_step
-    });
+/// Every tiny model of `tests/data/models/tiny` and what it exercises
+/// (shared/models/README.md): the table the family tests run over.
+const TINY_MODELS: &[(&str, &str)] = &[
+    ("llama", "Llama, tied embeddings"),
+    ("llama_bf16", "Llama, bf16 checkpoint"),
+    ("qwen2", "q/k/v biases, untied LM head, θ 1e6"),
+    ("qwen3", "per-head q/k norms, head_dim 32 with hidden 64"),
+    ("mistral", "sliding window 4"),
+    (
+        "gemma3",
+        "sandwich norms, (1 + w), √hidden embedding, GeGLU, 1 KV head, \
+         sliding and full layers with their own RoPE, query_pre_attn_scalar, logit softcap",
+    ),
+    ("phi3", "fused qkv_proj and gate_up_proj"),
+];
+
+/// Checks one reference case on `session`: the last logits after a prefill,
+/// the logits of every position fed one token at a time through the decode
+/// path (when recorded), and the greedy tokens. Returns what differed.
+fn check_case(session: &mut Session, case: &TinyCase) -> Result<(), String> {
+    session.reset();
+    let last = session
+        .forward(&case.input_ids)
+        .map_err(|e| e.to_string())?;
+    let d = max_abs_diff(&last, &case.last_logits);
+    if d > TINY_TOL {
+        return Err(format!("last logits differ by {d}"));
+    }
+
+    if let Some(all) = &case.logits {
+        session.reset();
+        for (pos, (&id, want)) in case.input_ids.iter().zip(all).enumerate() {
+            let got = session.forward(&[id]).map_err(|e| e.to_string())?;
+            let d = max_abs_diff(&got, want);
+            if d > TINY_TOL {
+                return Err(format!(
+                    "position {pos} logits differ by {d} (token-by-token)"
+                ));
+            }
+        }
+    }
+
+    session.reset();
+    let mut logits = session
+        .forward(&case.input_ids)
+        .map_err(|e| e.to_string())?;
+    let mut greedy = Vec::new();
+    for _ in 0..case.greedy_ids.len() {
+        let next = argmax(&logits);
+        greedy.push(next);
+        logits = session.forward(&[next]).map_err(|e| e.to_string())?;
+    }
+    if greedy != case.greedy_ids {
+        return Err(format!(
+            "greedy tokens {greedy:?}, reference {:?}",
+            case.greedy_ids
+        ));
+    }
+    Ok(())
 }
 
-/// [`check_tiny`] with compile options adjusted by `tweak` (`variant` names them).
-fn check_tiny_with(
+/// Compiles tiny model `name` once, with options adjusted by `tweak`, and
+/// checks every case of its reference; returns one line per failed case.
+fn tiny_failures(
     name: &str,
     variant: &str,
     tweak: impl FnOnce(&mut gerbil_cli::compile::CompileOptions),
-) {
+) -> Vec<String> {
     let reference = tiny_ref(name);
     let plan_path = compile_plan(&tiny_model(name), tweak);
     let plan = PlanFile::open(&plan_path).expect("open plan");
     let _gpu = gpu_lock();
     let mut session = Session::new(&plan).expect("session");
-    for case in &reference.cases {
-        let what = format!("{name}/{} ({variant})", case.name);
-        session.reset();
-        let last = session.forward(&case.input_ids).expect("prefill");
-        let d = max_abs_diff(&last, &case.last_logits);
-        assert!(d <= TINY_TOL, "{what}: last logits differ by {d}");
+    reference
+        .cases
+        .iter()
+        .filter_map(|case| {
+            check_case(&mut session, case)
+                .err()
+                .map(|e| format!("{name}/{} ({variant}): {e}", case.name))
+        })
+        .collect()
+}
 
-        if let Some(all) = &case.logits {
-            session.reset();
-            for (pos, (&id, want)) in case.input_ids.iter().zip(all).enumerate() {
-                let got = session.forward(&[id]).expect("decode");
-                let d = max_abs_diff(&got, want);
-                assert!(
-                    d <= TINY_TOL,
-                    "{what}: position {pos} logits differ by {d} (token-by-token)"
-                );
-            }
-        }
+/// Panics listing every failure.
+fn assert_none_failed(failures: Vec<String>, total: usize) {
+    assert!(
+        failures.is_empty(),
+        "{} of {total} cases failed:\n  {}",
+        failures.len(),
+        failures.join("\n  ")
+    );
+}
 
-        session.reset();
-        let mut logits = session.forward(&case.input_ids).expect("prefill");
-        let mut greedy = Vec::new();
-        for _ in 0..case.greedy_ids.len() {
-            let next = argmax(&logits);
-            greedy.push(next);
-            logits = session.forward(&[next]).expect("decode");
-        }
-        assert_eq!(greedy, case.greedy_ids, "{what}: greedy tokens");
+/// [`tiny_failures`] for one model, failing the test on any failure.
+fn check_tiny_with(
+    name: &str,
+    variant: &str,
+    tweak: impl FnOnce(&mut gerbil_cli::compile::CompileOptions),
+) {
+    let total = tiny_ref(name).cases.len();
+    assert_none_failed(tiny_failures(name, variant, tweak), total);
+}
+
+/// Every family against transformers: for each tiny model and each of its
+/// reference inputs (1 and 13 tokens), the prefill's last logits, every
+/// position's logits through the decode path, and 8 greedy tokens.
+#[test]
+fn tiny_models_match_transformers() {
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for &(name, _) in TINY_MODELS {
+        total += tiny_ref(name).cases.len();
+        failures.extend(tiny_failures(name, "chunk 256", |_| {}));
     }
+    assert_none_failed(failures, total);
 }
 
 #[test]
-fn tiny_llama_matches_transformers() {
-    check_tiny("llama", 256);
-}
-
-#[test]
-fn tiny_llama_bf16_checkpoint_matches_transformers() {
-    check_tiny("llama_bf16", 256);
+fn the_table_covers_every_tiny_model() {
+    let mut on_disk: Vec<String> = std::fs::read_dir(data_dir().join("models/tiny"))
+        .expect("tiny models dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<String> = TINY_MODELS.iter().map(|(n, _)| n.to_string()).collect();
+    listed.sort();
+    assert_eq!(listed, on_disk);
 }
 
 #[test]
 fn chunked_prefill_matches_transformers() {
-    // 13 prompt tokens in chunks of 4, 4, 4, 1.
-    check_tiny("llama", 4);
+    // 13 prompt tokens in chunks of 4, 4, 4, 1; Gemma 3's and Mistral's
+    // windows of 4 then span chunk boundaries.
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for name in ["llama", "mistral", "gemma3"] {
+        total += tiny_ref(name).cases.len();
+        failures.extend(tiny_failures(name, "chunk 4", |o| {
+            o.max_tokens_per_step = 4
+        }));
+    }
+    assert_none_failed(failures, total);
 }
 
 #[test]
 fn every_optional_pass_can_be_disabled() {
     for pass in ["dce", "slice-last-row"] {
-        check_tiny_with("llama", &format!("without {pass}"), |o| {
-            o.disabled_passes = vec![pass.to_string()];
-            o.max_tokens_per_step = 8;
-        });
+        // Gemma 3: the logit softcap sits between the LM head and the output.
+        for name in ["llama", "gemma3"] {
+            check_tiny_with(name, &format!("without {pass}"), |o| {
+                o.disabled_passes = vec![pass.to_string()];
+                o.max_tokens_per_step = 8;
+            });
+        }
     }
 }
 
@@ -101,14 +186,61 @@ fn weights_larger_than_a_binding_are_sharded() {
     });
 }
 
-/// SmolLM2-135M-Instruct: for every reference prompt, the plan's tokenizer
-/// reproduces the prompt ids; teacher-forced over the 32 reference tokens,
-/// every step's top-10 reference logits are within 2e-2 and the argmax is the
-/// reference token — so free-running greedy decoding reproduces all 32.
+/// Largest difference allowed between two f32 computations of the same
+/// logits that only sum in different orders (tiny models: ≤ 1e-5 in torch).
+const SAME_MATH_TOL: f32 = 1e-4;
+
+/// Shapes that do not divide evenly (head widths that are not multiples of
+/// 8, odd MLP widths, 1 and 3 KV heads, partial rotation, YaRN, LongRoPE,
+/// windows shorter than the prompt) compile and run: on random weights, a
+/// 9-token prompt prefilled in chunks of 4 gives finite, spread-out logits
+/// equal to those of the same prompt fed one token at a time (a different
+/// matmul and attention path).
 #[test]
-fn smollm2_matches_transformers() {
-    let reference = real_ref("smollm2-135m");
-    let plan_path = compile_plan(&fixture("smollm2-135m"), |o| o.max_context = Some(256));
+fn odd_shapes_compile_and_run() {
+    use random_checkpoint::{odd_shape_variants, write_variant};
+    let root = temp_dir("odd");
+    let prompt: Vec<u32> = (0..9).map(|i| 3 + (37 * i) % 500).collect();
+    let mut failures = Vec::new();
+    let variants = odd_shape_variants();
+    for (seed, v) in variants.iter().enumerate() {
+        let dir = root.join(v.name);
+        write_variant(&data_dir().join("models/tiny"), v, &dir, seed as u64);
+        let plan_path = compile_plan(&dir, |o| o.max_tokens_per_step = 4);
+        let plan = PlanFile::open(&plan_path).expect("open plan");
+        let _gpu = gpu_lock();
+        let mut session = Session::new(&plan).expect("session");
+        let chunked = session.forward(&prompt).expect("prefill");
+        session.reset();
+        let mut one_by_one = Vec::new();
+        for &id in &prompt {
+            one_by_one = session.forward(&[id]).expect("decode");
+        }
+        let spread = chunked.iter().fold(f32::MIN, |m, &x| m.max(x))
+            - chunked.iter().fold(f32::MAX, |m, &x| m.min(x));
+        let d = max_abs_diff(&chunked, &one_by_one);
+        if chunked.iter().any(|x| !x.is_finite()) {
+            failures.push(format!("{}: non-finite logits", v.name));
+        } else if spread <= 0.5 {
+            failures.push(format!("{}: logits spread only {spread}", v.name));
+        } else if d > SAME_MATH_TOL {
+            failures.push(format!(
+                "{}: chunked prefill and token-by-token logits differ by {d}",
+                v.name
+            ));
+        }
+    }
+    assert_none_failed(failures, variants.len());
+}
+
+/// A real model against its `real-ref-v1` reference: for every prompt, the
+/// plan's tokenizer reproduces the prompt ids; teacher-forced over the 32
+/// reference tokens, every step's top-10 reference logits are within 2e-2
+/// and the argmax is the reference token — so free-running greedy decoding
+/// reproduces all 32.
+fn check_real(name: &str) {
+    let reference = real_ref(name);
+    let plan_path = compile_plan(&fixture(name), |o| o.max_context = Some(256));
     let plan = PlanFile::open(&plan_path).expect("open plan");
     let codec = gerbil_cli::run::codec(&plan)
         .expect("codec")
@@ -127,6 +259,7 @@ fn smollm2_matches_transformers() {
                     .collect();
                 codec.encode_chat(&messages, true).expect("chat template")
             }
+            // `raw`, and `gemma_turns` (the turn format written out by hand).
             _ => codec
                 .encode_plain(&p.text, p.add_special_tokens)
                 .expect("encode"),
@@ -159,8 +292,21 @@ fn smollm2_matches_transformers() {
             }
         }
         eprintln!(
-            "{}: 32/32 tokens, max |Δlogit| over top-10 = {worst:.2e}",
+            "{name}/{}: 32/32 tokens, max |Δlogit| over top-10 = {worst:.2e}",
             p.id
         );
     }
+}
+
+/// SmolLM2-135M-Instruct (Llama family).
+#[test]
+fn smollm2_matches_transformers() {
+    check_real("smollm2-135m");
+}
+
+/// Gemma 3 270M (base): 18 layers of 5 sliding (window 512) : 1 full, a
+/// 262144-token tied embedding split into shards, one KV head of 256.
+#[test]
+fn gemma3_270m_matches_transformers() {
+    check_real("gemma3-270m");
 }

@@ -23,34 +23,12 @@ use std::sync::OnceLock;
 /// Largest accepted `|got − want| / max(1, |want|)`: f32 accumulation noise.
 pub const TOL: f64 = 1e-4;
 
-struct Gpu {
-    device: wgpu::Device,
-    queue: wgpu::Queue,
-}
-
 /// The device, opened on first use with the adapter's full limits.
-fn gpu() -> &'static Gpu {
-    static GPU: OnceLock<Gpu> = OnceLock::new();
+fn gpu() -> &'static gerbil_runtime::Gpu {
+    static GPU: OnceLock<gerbil_runtime::Gpu> = OnceLock::new();
     GPU.get_or_init(|| {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::HighPerformance,
-            force_fallback_adapter: false,
-            compatible_surface: None,
-            ..Default::default()
-        }))
-        .expect("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)");
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("kernel tests"),
-            required_features: wgpu::Features::empty(),
-            required_limits: adapter.limits(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .expect("request_device");
-        Gpu { device, queue }
+        gerbil_runtime::Gpu::open(&Default::default())
+            .expect("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
     })
 }
 
@@ -72,7 +50,7 @@ pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8
         src.name
     );
     let _lock = crate::gpu_lock();
-    let Gpu { device, queue } = gpu();
+    let gerbil_runtime::Gpu { device, queue, .. } = gpu();
     let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
 
     let storage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
@@ -99,50 +77,17 @@ pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8
         })
         .collect();
 
-    let layout_entries: Vec<wgpu::BindGroupLayoutEntry> = src
-        .bindings
-        .iter()
-        .enumerate()
-        .map(|(i, b)| wgpu::BindGroupLayoutEntry {
-            binding: i as u32,
-            visibility: wgpu::ShaderStages::COMPUTE,
-            ty: wgpu::BindingType::Buffer {
-                ty: match b {
-                    BindingDecl::Uniform => wgpu::BufferBindingType::Uniform,
-                    BindingDecl::StorageRead => {
-                        wgpu::BufferBindingType::Storage { read_only: true }
-                    }
-                    BindingDecl::StorageReadWrite => {
-                        wgpu::BufferBindingType::Storage { read_only: false }
-                    }
-                },
-                has_dynamic_offset: false,
-                min_binding_size: None,
-            },
-            count: None,
-        })
-        .collect();
-    let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-        label: Some(&src.name),
-        entries: &layout_entries,
-    });
-    let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-        label: Some(&src.name),
-        bind_group_layouts: &[Some(&bgl)],
-        immediate_size: 0,
-    });
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(&src.name),
-        source: wgpu::ShaderSource::Wgsl(src.wgsl.as_str().into()),
-    });
-    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(&src.name),
-        layout: Some(&pipeline_layout),
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: wgpu::PipelineCompilationOptions::default(),
-        cache: None,
-    });
+    let kernel = gerbil_plan::Kernel {
+        name: src.name.clone(),
+        wgsl: src.wgsl.clone(),
+        entry: "main".into(),
+        workgroup_size: src.workgroup_size,
+        bindings: src.bindings.clone(),
+    };
+    let gerbil_runtime::pipeline::KernelPipeline {
+        layout: bgl,
+        pipeline,
+    } = gerbil_runtime::pipeline::create_pipeline(device, &kernel);
     let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(&params)
         .chain(&buffers)
         .enumerate()

@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use gerbil_codegen_wgsl::{generate, CodegenOptions, Program};
-use gerbil_frontend_hf::{lower, Checkpoint};
+use gerbil_frontend_hf::{lower_with, Checkpoint, LowerOptions};
 use gerbil_ir::{print::print, DType, Graph, WeightSource};
 use gerbil_passes::{default_pipeline, PassManager};
 use gerbil_plan::{
@@ -167,6 +167,29 @@ fn materialize<'a>(
             }
             Cow::Owned(v)
         }
+        WeightSource::Rows {
+            tensor,
+            start,
+            count,
+        } => {
+            let view = ckpt.tensor(tensor)?;
+            if view.dtype != dtype {
+                bail!(
+                    "tensor `{tensor}` is {} but the graph expects {dtype}",
+                    view.dtype
+                );
+            }
+            let total = view.shape.first().copied().unwrap_or(0);
+            if total == 0 || start + count > total {
+                bail!(
+                    "tensor `{tensor}` has {total} rows; rows {start}..{} were asked for",
+                    start + count
+                );
+            }
+            let row_bytes = view.data.len() as u64 / total;
+            let (a, b) = (start * row_bytes, (start + count) * row_bytes);
+            Cow::Borrowed(&view.data[a as usize..b as usize])
+        }
         WeightSource::RopeTable {
             inv_freq,
             attention_scaling,
@@ -179,15 +202,22 @@ fn materialize<'a>(
 /// writes the plan.
 pub fn compile(opts: &CompileOptions) -> Result<Compiled> {
     let ckpt = Checkpoint::open(&opts.repo)?;
-    let lowered = lower(&ckpt)?;
-    let mut graph = lowered.graph;
-    let facts = lowered.facts;
+    let max_position_embeddings = ckpt.config.max_position_embeddings;
     let max_context = opts
         .max_context
-        .unwrap_or_else(|| facts.max_position_embeddings.min(DEFAULT_MAX_CONTEXT_CAP));
+        .unwrap_or_else(|| max_position_embeddings.min(DEFAULT_MAX_CONTEXT_CAP));
     if max_context == 0 {
         bail!("--max-context must be at least 1");
     }
+    // The context matters to lowering: LongRoPE picks its factors by it.
+    let lowered = lower_with(
+        &ckpt,
+        &LowerOptions {
+            max_context: Some(max_context),
+        },
+    )?;
+    let mut graph = lowered.graph;
+    let facts = lowered.facts;
     if max_context > facts.max_position_embeddings {
         tracing::warn!(
             "--max-context {max_context} exceeds the model's max_position_embeddings {}",

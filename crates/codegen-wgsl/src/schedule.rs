@@ -230,7 +230,8 @@ impl Builder<'_> {
             }
             Op::RmsNorm(n) => rms_norm::kernel(RmsNormSpec {
                 rows: rows_of(out_ty),
-                width: width_of(out_ty),
+                width: width_of(out_ty) / n.groups.max(1),
+                groups: n.groups.max(1),
                 eps: n.eps,
                 offset: n.weight_offset,
                 wdtype: in_ty(1).dtype,

@@ -70,6 +70,16 @@ fn golden_kernels() {
     golden(rms_norm::kernel(RmsNormSpec {
         rows: Rows::Tokens,
         width: 640,
+        groups: 1,
+        eps: 1e-6,
+        offset: 1.0,
+        wdtype: DType::BF16,
+    }));
+    // Gemma 3 270M's per-head q norm: 4 heads of 256 per row.
+    golden(rms_norm::kernel(RmsNormSpec {
+        rows: Rows::Tokens,
+        width: 256,
+        groups: 4,
         eps: 1e-6,
         offset: 1.0,
         wdtype: DType::BF16,

@@ -10,7 +10,10 @@
 //!
 //! The surprise: `rope_parameters` may also be a map from layer type to
 //! parameters (Gemma 3: `{"full_attention": {...}, "sliding_attention": {...}}`),
-//! which is why [`RopeConfig`] has two forms.
+//! which is why [`RopeConfig`] has two forms. Per-layer-type parameters do not
+//! inherit the top-level `rope_theta`: which default applies depends on the
+//! layer type and the family (Gemma 3's sliding layers fall back to
+//! `rope_local_base_freq`), so the family resolves it.
 
 use crate::error::{FrontendError, Result};
 use serde::Deserialize;
@@ -79,6 +82,8 @@ struct RawConfig {
     #[serde(default)]
     partial_rotary_factor: Option<f64>,
     #[serde(default)]
+    original_max_position_embeddings: Option<u64>,
+    #[serde(default)]
     sliding_window: Option<u64>,
     #[serde(default)]
     bos_token_id: Option<TokenIds>,
@@ -105,15 +110,42 @@ pub struct RopeParameters {
     /// `llama3`: high-frequency factor.
     #[serde(default)]
     pub high_freq_factor: Option<f64>,
-    /// `llama3` / `yarn`: context length the model was pre-trained with.
+    /// `llama3` / `yarn` / `longrope`: context length the model was
+    /// pre-trained with. For these types it is always set after parsing:
+    /// a top-level `original_max_position_embeddings` takes priority, then
+    /// this key, then `max_position_embeddings` (as transformers'
+    /// `standardize_rope_params`).
     #[serde(default)]
     pub original_max_position_embeddings: Option<u64>,
     /// Fraction of each head that rotates (1 when absent).
     #[serde(default)]
     pub partial_rotary_factor: Option<f64>,
-    /// Attention scaling of `yarn` / `longrope` (unused by the supported types).
+    /// `yarn` / `longrope`: multiplier of cos and sin; derived from `factor`
+    /// when absent.
     #[serde(default)]
     pub attention_factor: Option<f64>,
+    /// `yarn`: rotations above which dimensions keep their frequency (32).
+    #[serde(default)]
+    pub beta_fast: Option<f64>,
+    /// `yarn`: rotations below which dimensions are fully interpolated (1).
+    #[serde(default)]
+    pub beta_slow: Option<f64>,
+    /// `yarn`: numerator scale of the derived attention factor.
+    #[serde(default)]
+    pub mscale: Option<f64>,
+    /// `yarn`: denominator scale of the derived attention factor.
+    #[serde(default)]
+    pub mscale_all_dim: Option<f64>,
+    /// `yarn`: whether the correction range is rounded to whole dimensions (true).
+    #[serde(default)]
+    pub truncate: Option<bool>,
+    /// `longrope`: per-frequency divisors for contexts up to
+    /// `original_max_position_embeddings`.
+    #[serde(default)]
+    pub short_factor: Option<Vec<f64>>,
+    /// `longrope`: per-frequency divisors for longer contexts.
+    #[serde(default)]
+    pub long_factor: Option<Vec<f64>>,
     /// Every other key, kept for RoPE variants added later.
     #[serde(flatten)]
     pub extra: BTreeMap<String, Value>,
@@ -135,6 +167,13 @@ impl RopeParameters {
             original_max_position_embeddings: None,
             partial_rotary_factor: None,
             attention_factor: None,
+            beta_fast: None,
+            beta_slow: None,
+            mscale: None,
+            mscale_all_dim: None,
+            truncate: None,
+            short_factor: None,
+            long_factor: None,
             extra: BTreeMap::new(),
         }
     }
@@ -173,6 +212,8 @@ impl RopeParameters {
 
 /// The model's RoPE configuration.
 #[derive(Clone, Debug, PartialEq)]
+// One per config, never in a collection: the variants' sizes do not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum RopeConfig {
     /// One set of parameters for every layer.
     Uniform(RopeParameters),
@@ -221,6 +262,9 @@ pub struct HfConfig {
     pub num_key_value_heads: u64,
     /// Width of one head (`head_dim`, else `hidden_size / num_attention_heads`).
     pub head_dim: u64,
+    /// `head_dim` as written in the config, if it is (families whose class
+    /// has its own default, like Qwen 3's 128, need to know).
+    pub explicit_head_dim: Option<u64>,
     /// Vocabulary size (rows of the embedding table).
     pub vocab_size: u64,
     /// RMSNorm epsilon.
@@ -239,6 +283,12 @@ pub struct HfConfig {
     pub dtype: Option<String>,
     /// RoPE parameters (v5 `rope_parameters` or v4 `rope_theta` + `rope_scaling`).
     pub rope: RopeConfig,
+    /// The top-level `rope_theta` when [`RopeConfig::PerLayerType`] (whose
+    /// parameters do not inherit it; the family decides). `None` for
+    /// uniform parameters, which already hold it.
+    pub rope_theta: Option<f64>,
+    /// The top-level `original_max_position_embeddings`, if present.
+    pub original_max_position_embeddings: Option<u64>,
     /// Sliding attention window, if any.
     pub sliding_window: Option<u64>,
     /// `bos_token_id`, if present (the first one when a list).
@@ -309,6 +359,7 @@ impl HfConfig {
             num_attention_heads: heads,
             num_key_value_heads: kv_heads,
             head_dim,
+            explicit_head_dim: raw.head_dim,
             vocab_size: raw.vocab_size,
             rms_norm_eps: raw.rms_norm_eps,
             max_position_embeddings: raw.max_position_embeddings,
@@ -317,7 +368,12 @@ impl HfConfig {
             attention_bias: raw.attention_bias,
             mlp_bias: raw.mlp_bias,
             dtype: raw.dtype.or(raw.torch_dtype),
+            rope_theta: match rope {
+                RopeConfig::PerLayerType(_) => raw.rope_theta,
+                RopeConfig::Uniform(_) => None,
+            },
             rope,
+            original_max_position_embeddings: raw.original_max_position_embeddings,
             sliding_window: raw.sliding_window,
             bos_token_id: raw.bos_token_id.and_then(|t| t.to_vec().first().copied()),
             eos_token_ids: raw.eos_token_id.map(|t| t.to_vec()).unwrap_or_default(),
@@ -340,13 +396,22 @@ impl HfConfig {
 /// Normalizes v5 `rope_parameters` and v4 `rope_theta` + `rope_scaling`.
 fn parse_rope(raw: &RawConfig, path: &Path) -> Result<RopeConfig> {
     // Top-level keys fill in what the parameter object leaves out (v4 style,
-    // and v5 configs that still carry `rope_theta` or `partial_rotary_factor`).
-    let fill = |mut p: RopeParameters| {
-        if p.rope_theta.is_none() {
+    // and v5 configs that still carry `rope_theta` or `partial_rotary_factor`),
+    // as transformers' `standardize_rope_params` does. Per-layer-type
+    // parameters get no `rope_theta` here (see the module docs).
+    let fill = |mut p: RopeParameters, nested: bool| {
+        if p.rope_theta.is_none() && !nested {
             p.rope_theta = raw.rope_theta;
         }
         if p.partial_rotary_factor.is_none() {
             p.partial_rotary_factor = raw.partial_rotary_factor;
+        }
+        if matches!(p.rope_type.as_str(), "llama3" | "yarn" | "longrope") {
+            // A top-level value wins over the parameter's own.
+            p.original_max_position_embeddings = raw
+                .original_max_position_embeddings
+                .or(p.original_max_position_embeddings)
+                .or(Some(raw.max_position_embeddings));
         }
         p
     };
@@ -357,21 +422,23 @@ fn parse_rope(raw: &RawConfig, path: &Path) -> Result<RopeConfig> {
                 let key = format!("rope_parameters.{layer_type}");
                 per.insert(
                     layer_type.clone(),
-                    fill(RopeParameters::from_value(v, path, &key)?),
+                    fill(RopeParameters::from_value(v, path, &key)?, true),
                 );
             }
             Ok(RopeConfig::PerLayerType(per))
         }
-        Some(v @ Value::Object(_)) => Ok(RopeConfig::Uniform(fill(RopeParameters::from_value(
-            v,
-            path,
-            "rope_parameters",
-        )?))),
+        Some(v @ Value::Object(_)) => Ok(RopeConfig::Uniform(fill(
+            RopeParameters::from_value(v, path, "rope_parameters")?,
+            false,
+        ))),
         Some(Value::Null) | None => match &raw.rope_scaling {
             Some(v @ Value::Object(_)) => Ok(RopeConfig::Uniform(fill(
                 RopeParameters::from_value(v, path, "rope_scaling")?,
+                false,
             ))),
-            Some(Value::Null) | None => Ok(RopeConfig::Uniform(fill(RopeParameters::plain()))),
+            Some(Value::Null) | None => {
+                Ok(RopeConfig::Uniform(fill(RopeParameters::plain(), false)))
+            }
             Some(other) => Err(FrontendError::Config {
                 path: path.to_path_buf(),
                 key: "rope_scaling".to_string(),
@@ -460,6 +527,45 @@ mod tests {
         assert_eq!(m["sliding_attention"].rope_theta, Some(1e4));
         let err = c.rope.uniform(Path::new("config.json")).unwrap_err();
         assert!(err.to_string().contains("per layer type"), "{err}");
+    }
+
+    #[test]
+    fn original_context_is_filled_for_the_types_that_need_it() {
+        // Absent: max_position_embeddings (128).
+        let c = parse(r#", "rope_parameters": {"rope_type": "yarn", "factor": 4.0}"#).unwrap();
+        assert_eq!(uniform(&c).original_max_position_embeddings, Some(128));
+        // A top-level value wins over the parameter's own (Phi-3 style).
+        let c = parse(
+            r#", "original_max_position_embeddings": 32, "rope_scaling": {"type": "longrope",
+            "original_max_position_embeddings": 64, "short_factor": [1], "long_factor": [2]}"#,
+        )
+        .unwrap();
+        let p = uniform(&c);
+        assert_eq!(p.original_max_position_embeddings, Some(32));
+        assert_eq!(p.long_factor.as_deref(), Some(&[2.0][..]));
+        assert_eq!(c.original_max_position_embeddings, Some(32));
+        // Other types are left alone.
+        let c = parse(r#", "rope_parameters": {"rope_type": "linear", "factor": 4.0}"#).unwrap();
+        assert_eq!(uniform(&c).original_max_position_embeddings, None);
+    }
+
+    #[test]
+    fn per_layer_type_rope_does_not_inherit_the_top_level_theta() {
+        let c = parse(
+            r#", "rope_theta": 5e5, "partial_rotary_factor": 0.5, "rope_parameters": {
+            "full_attention": {"rope_type": "default"},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}"#,
+        )
+        .unwrap();
+        let RopeConfig::PerLayerType(m) = &c.rope else {
+            panic!("{:?}", c.rope)
+        };
+        assert_eq!(m["full_attention"].rope_theta, None);
+        assert_eq!(m["full_attention"].partial_rotary_factor, Some(0.5));
+        assert_eq!(c.rope_theta, Some(5e5));
+        // Uniform parameters hold the top-level theta themselves.
+        let c = parse(r#", "rope_theta": 5e5"#).unwrap();
+        assert_eq!((uniform(&c).rope_theta, c.rope_theta), (Some(5e5), None));
     }
 
     #[test]

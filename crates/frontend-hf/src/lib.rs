@@ -34,7 +34,10 @@ pub mod text;
 pub use checkpoint::Checkpoint;
 pub use config::{HfConfig, RopeConfig, RopeParameters};
 pub use error::FrontendError;
-pub use lower::{family_of, lower, supported_architectures, Lowered, ModelFacts};
-pub use rope::RopeFrequencies;
+pub use lower::{
+    family_of, lower, lower_with, required_weights, supported_architectures, LowerOptions, Lowered,
+    ModelFacts, RequiredWeight,
+};
+pub use rope::{RopeContext, RopeFrequencies};
 pub use safetensors_store::{SafetensorsStore, TensorView};
 pub use text::TextAssets;

@@ -7,15 +7,21 @@
 //! shape the config implies before it becomes a node, and hands out one node
 //! per tensor (so tied embeddings share a node).
 //!
+//! [`lower_with`] takes [`LowerOptions`]: the context the plan is compiled
+//! for matters to one RoPE variant (`longrope` picks its factors by it).
+//! [`required_weights`] runs a builder without reading any weight and lists
+//! the tensors, with shapes, that lowering would read.
+//!
 //! To add a family: write `families/<name>.rs` with a `build` function that
 //! states what differs from the shared decoder in `families/decoder.rs`,
-//! and add a row to `FAMILIES` below.
+//! and add a row to `FAMILIES` below (docs/adding-a-model-family.md).
 
 use crate::checkpoint::Checkpoint;
 use crate::error::{FrontendError, Result};
 use crate::families;
-use crate::rope::RopeFrequencies;
+use crate::rope::{RopeContext, RopeFrequencies};
 use gerbil_ir::{DType, Dim, Graph, Op, Sym, TensorType, ValueRef, Weight, WeightSource};
+use serde::de::DeserializeOwned;
 use std::collections::HashMap;
 
 /// Facts about the lowered model that later stages and the runtime need.
@@ -50,8 +56,32 @@ pub struct Lowered {
 pub(crate) type BuildFn = fn(&mut LowerCtx<'_>) -> Result<()>;
 
 /// The registry: architecture (model class) → family name → builder.
-static FAMILIES: &[(&str, &str, BuildFn)] =
-    &[("LlamaForCausalLM", "llama", families::llama::build)];
+static FAMILIES: &[(&str, &str, BuildFn)] = &[
+    ("LlamaForCausalLM", "llama", families::llama::build),
+    ("Qwen2ForCausalLM", "qwen2", families::qwen2::build),
+    ("Qwen3ForCausalLM", "qwen3", families::qwen3::build),
+    ("MistralForCausalLM", "mistral", families::mistral::build),
+    ("Gemma3ForCausalLM", "gemma3", families::gemma3::build),
+    ("Phi3ForCausalLM", "phi3", families::phi3::build),
+];
+
+/// Settings of one lowering.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LowerOptions {
+    /// The context the plan is compiled for (its KV-cache capacity); `None`
+    /// means the model's `max_position_embeddings`. Only `longrope` RoPE
+    /// reads it.
+    pub max_context: Option<u64>,
+}
+
+/// A checkpoint tensor that lowering reads, with the shape the config implies.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RequiredWeight {
+    /// Tensor name.
+    pub name: String,
+    /// Expected shape.
+    pub shape: Vec<u64>,
+}
 
 /// Architectures [`lower`] accepts, in registry order.
 pub fn supported_architectures() -> Vec<&'static str> {
@@ -66,25 +96,36 @@ pub fn family_of(architecture: &str) -> Option<&'static str> {
         .map(|(_, family, _)| *family)
 }
 
-/// Lowers a checkpoint to a graph with one output, `logits` (`f32[T, vocab]`).
-pub fn lower(ckpt: &Checkpoint) -> Result<Lowered> {
+/// The registry row of the checkpoint's architecture.
+fn family_entry(ckpt: &Checkpoint) -> Result<(&str, &'static str, BuildFn)> {
     let architecture = ckpt.config.architecture()?;
-    let Some(&(_, family, build)) = FAMILIES.iter().find(|(arch, _, _)| *arch == architecture)
-    else {
-        return Err(FrontendError::UnsupportedArchitecture {
+    match FAMILIES.iter().find(|(arch, _, _)| *arch == architecture) {
+        Some(&(_, family, build)) => Ok((architecture, family, build)),
+        None => Err(FrontendError::UnsupportedArchitecture {
             found: architecture.to_string(),
             supported: supported_architectures()
                 .into_iter()
                 .map(String::from)
                 .collect(),
-        });
-    };
+        }),
+    }
+}
+
+/// Lowers a checkpoint to a graph with one output, `logits` (`f32[T, vocab]`),
+/// with default [`LowerOptions`].
+pub fn lower(ckpt: &Checkpoint) -> Result<Lowered> {
+    lower_with(ckpt, &LowerOptions::default())
+}
+
+/// Lowers a checkpoint to a graph with one output, `logits` (`f32[T, vocab]`).
+pub fn lower_with(ckpt: &Checkpoint, options: &LowerOptions) -> Result<Lowered> {
+    let (architecture, family, build) = family_entry(ckpt)?;
     if !ckpt.has_weights {
         return Err(FrontendError::NoWeights {
             dir: ckpt.dir.clone(),
         });
     }
-    let mut ctx = LowerCtx::new(ckpt);
+    let mut ctx = LowerCtx::new(ckpt, options.clone());
     build(&mut ctx)?;
     let c = &ckpt.config;
     Ok(Lowered {
@@ -101,24 +142,70 @@ pub fn lower(ckpt: &Checkpoint) -> Result<Lowered> {
     })
 }
 
+/// The checkpoint tensors (names and shapes the config implies) that
+/// [`lower`] reads, in the order it first reads them, found without reading
+/// any weight: the checkpoint needs no safetensors files. The LM head counts
+/// as tied when the config ties it (there is no file to find a separate one
+/// in). Lowering errors other than missing or mis-shaped tensors still occur.
+pub fn required_weights(ckpt: &Checkpoint, options: &LowerOptions) -> Result<Vec<RequiredWeight>> {
+    let (_, _, build) = family_entry(ckpt)?;
+    let mut ctx = LowerCtx::new(ckpt, options.clone());
+    ctx.dry_run = Some(Vec::new());
+    build(&mut ctx)?;
+    Ok(ctx.dry_run.unwrap_or_default())
+}
+
 /// What a family builder works with: the checkpoint and the graph being built.
 pub(crate) struct LowerCtx<'a> {
     /// The checkpoint being lowered.
     pub ckpt: &'a Checkpoint,
     /// The graph under construction.
     pub graph: Graph,
-    /// Checkpoint weight nodes already created, by tensor name.
+    /// The lowering's settings.
+    pub options: LowerOptions,
+    /// Checkpoint weight nodes already created, by label (the tensor name,
+    /// or `name[start..end]` for a row range).
     weights: HashMap<String, ValueRef>,
+    /// In a dry run ([`required_weights`]): the tensors asked for so far;
+    /// weights are then not read, only recorded (as f32).
+    dry_run: Option<Vec<RequiredWeight>>,
 }
 
 impl<'a> LowerCtx<'a> {
     /// An empty graph named after the checkpoint.
-    pub fn new(ckpt: &'a Checkpoint) -> Self {
+    pub fn new(ckpt: &'a Checkpoint, options: LowerOptions) -> Self {
         LowerCtx {
             ckpt,
             graph: Graph::new(ckpt.name.clone()),
+            options,
             weights: HashMap::new(),
+            dry_run: None,
         }
+    }
+
+    /// What RoPE variants need to know about the model and the plan.
+    pub fn rope_context(&self) -> RopeContext {
+        let max_position_embeddings = self.ckpt.config.max_position_embeddings;
+        RopeContext {
+            max_position_embeddings,
+            context: self.options.max_context.unwrap_or(max_position_embeddings),
+        }
+    }
+
+    /// Whether the checkpoint holds tensor `name` (never in a dry run).
+    pub fn has_tensor(&self, name: &str) -> bool {
+        self.dry_run.is_none() && self.ckpt.contains(name)
+    }
+
+    /// The family-specific keys of `config.json`, read into `T` (a struct of
+    /// `#[serde(default)]` fields; unknown keys are ignored).
+    pub fn family_keys<T: DeserializeOwned>(&self) -> Result<T> {
+        serde_json::from_value(self.ckpt.config_json.clone()).map_err(|source| {
+            FrontendError::Json {
+                path: self.ckpt.config_path(),
+                source,
+            }
+        })
     }
 
     /// Adds a node (the IR checks the inputs against the op's type rule).
@@ -131,10 +218,18 @@ impl<'a> LowerCtx<'a> {
         Ok(self.graph.add(op, inputs, label)?)
     }
 
-    /// The weight node of checkpoint tensor `name`, after checking that it
-    /// exists, has a loadable dtype and has shape `expected`. Labelled with
-    /// the tensor name; asking twice returns the same node.
-    pub fn weight(&mut self, name: &str, expected: &[u64]) -> Result<ValueRef> {
+    /// Checks that checkpoint tensor `name` exists, has a loadable dtype and
+    /// has shape `expected`; returns its dtype. In a dry run, records it.
+    fn check_tensor(&mut self, name: &str, expected: &[u64]) -> Result<DType> {
+        if let Some(needed) = &mut self.dry_run {
+            if !needed.iter().any(|w| w.name == name) {
+                needed.push(RequiredWeight {
+                    name: name.to_string(),
+                    shape: expected.to_vec(),
+                });
+            }
+            return Ok(DType::F32);
+        }
         let view = self.ckpt.tensor(name)?;
         if view.shape != expected {
             return Err(FrontendError::TensorShape {
@@ -143,18 +238,63 @@ impl<'a> LowerCtx<'a> {
                 found: view.shape,
             });
         }
-        if let Some(&v) = self.weights.get(name) {
+        Ok(view.dtype)
+    }
+
+    /// The node of a weight from `source` labelled `label`, created once per label.
+    fn weight_node(
+        &mut self,
+        source: WeightSource,
+        ty: TensorType,
+        label: String,
+    ) -> Result<ValueRef> {
+        if let Some(&v) = self.weights.get(&label) {
             return Ok(v);
         }
-        let op = Op::Weight(Weight {
-            source: WeightSource::Checkpoint {
-                tensor: name.to_string(),
-            },
-            ty: TensorType::fixed(view.dtype, expected),
-        });
-        let v = self.add(op, &[], name)?;
-        self.weights.insert(name.to_string(), v);
+        let v = self.add(Op::Weight(Weight { source, ty }), &[], label.clone())?;
+        self.weights.insert(label, v);
         Ok(v)
+    }
+
+    /// The weight node of checkpoint tensor `name`, after checking that it
+    /// exists, has a loadable dtype and has shape `expected`. Labelled with
+    /// the tensor name; asking twice returns the same node.
+    pub fn weight(&mut self, name: &str, expected: &[u64]) -> Result<ValueRef> {
+        let dtype = self.check_tensor(name, expected)?;
+        let source = WeightSource::Checkpoint {
+            tensor: name.to_string(),
+        };
+        self.weight_node(source, TensorType::fixed(dtype, expected), name.to_string())
+    }
+
+    /// The weight node of rows `start..start + count` of checkpoint tensor
+    /// `name` (a fused projection), after checking the whole tensor as
+    /// [`Self::weight`] does against `shape`. Labelled `name[start..end]`.
+    pub fn weight_rows(
+        &mut self,
+        name: &str,
+        shape: &[u64],
+        start: u64,
+        count: u64,
+    ) -> Result<ValueRef> {
+        let dtype = self.check_tensor(name, shape)?;
+        let rows = shape.first().copied().unwrap_or(0);
+        if count == 0 || start + count > rows {
+            return Err(FrontendError::TensorShape {
+                name: format!("{name}[{start}..{}]", start + count),
+                expected: vec![start + count],
+                found: shape.to_vec(),
+            });
+        }
+        let mut sliced = shape.to_vec();
+        sliced[0] = count;
+        let source = WeightSource::Rows {
+            tensor: name.to_string(),
+            start,
+            count,
+        };
+        let label = format!("{name}[{start}..{}]", start + count);
+        self.weight_node(source, TensorType::fixed(dtype, &sliced), label)
     }
 
     /// A RoPE table node `f32[Lmax, 2·inv_freq.len()]`.

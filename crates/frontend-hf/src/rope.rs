@@ -11,21 +11,43 @@
 //! Python scalars meeting an f32 tensor are cast to f32 first (PyTorch's type
 //! promotion), and `scalar / tensor` is `tensor.reciprocal() * scalar`
 //! (`Tensor.__rtruediv__`): both matter for the last bit.
+//!
+//! Types: `default`, `linear`, `llama3`, `yarn` (with its attention factor
+//! from `mscale`/`mscale_all_dim`) and `longrope` (short or long factors by
+//! [`RopeContext::context`], attention factor `√(1 + ln f / ln original)`).
+//! The unit tests compare bit patterns with `tests/rope_reference.py`, a
+//! numpy transcription of transformers' formulas; against transformers 5.23
+//! itself (torch 2.11, CPU) the yarn and longrope cases agree bit for bit
+//! except one YaRN frequency one ulp away, from the SLEEF power above.
 
 use crate::config::RopeParameters;
 use crate::error::{FrontendError, Result};
 use std::path::Path;
 
 /// RoPE types [`rope_frequencies`] implements.
-pub const SUPPORTED_ROPE_TYPES: &[&str] = &["default", "linear", "llama3"];
+pub const SUPPORTED_ROPE_TYPES: &[&str] = &["default", "linear", "llama3", "yarn", "longrope"];
 
 /// Inverse frequencies and attention scaling of a RoPE table.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RopeFrequencies {
     /// `rotary_dim / 2` inverse frequencies.
     pub inv_freq: Vec<f32>,
-    /// Multiplier of cos and sin (1 for the supported types).
+    /// Multiplier of cos and sin (1 except for `yarn` and `longrope`).
     pub attention_scaling: f32,
+}
+
+/// What RoPE variants read besides their own parameters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RopeContext {
+    /// The config's `max_position_embeddings` (`yarn` and `longrope` derive
+    /// a missing `factor` from it).
+    pub max_position_embeddings: u64,
+    /// The longest sequence the plan will run (its KV-cache capacity).
+    /// `longrope` uses its long factors when this exceeds
+    /// `original_max_position_embeddings`, its short factors otherwise.
+    /// transformers decides per forward call from the current sequence
+    /// length instead; one plan has one table, so it decides once.
+    pub context: u64,
 }
 
 /// Plain RoPE: `inv_freq[i] = 1 / theta^(2i/dim)` for `i < dim/2`.
@@ -34,12 +56,20 @@ pub struct RopeFrequencies {
 /// `theta` cast to f32, the power is taken in f64 and rounded to f32, and the
 /// reciprocal is taken in f32.
 pub fn default_inv_freq(theta: f64, dim: u32) -> Vec<f32> {
+    pos_freqs(theta, dim)
+        .into_iter()
+        .map(|p| 1.0f32 / p)
+        .collect()
+}
+
+/// `base^(2i/dim)` for `i < dim/2` as torch computes `base ** (arange(0, dim, 2) / dim)`
+/// in f32 (see [`default_inv_freq`]).
+fn pos_freqs(theta: f64, dim: u32) -> Vec<f32> {
     let base = f64::from(theta as f32);
     (0..dim / 2)
         .map(|i| {
             let exponent = (2 * i) as f32 / dim as f32;
-            let p = base.powf(f64::from(exponent)) as f32;
-            1.0f32 / p
+            base.powf(f64::from(exponent)) as f32
         })
         .collect()
 }
@@ -95,6 +125,96 @@ pub fn llama3_inv_freq(
         .collect()
 }
 
+/// YaRN's attention factor for `factor` (transformers' `get_mscale` logic,
+/// in f64): `0.1·ln(factor) + 1`, or the ratio of two such terms scaled by
+/// `mscale` and `mscale_all_dim` when both are set and non-zero.
+pub fn yarn_attention_factor(factor: f64, mscale: Option<f64>, mscale_all_dim: Option<f64>) -> f64 {
+    let get = |scale: f64, m: f64| {
+        if scale <= 1.0 {
+            1.0
+        } else {
+            0.1 * m * scale.ln() + 1.0
+        }
+    };
+    match (mscale, mscale_all_dim) {
+        (Some(m), Some(all)) if m != 0.0 && all != 0.0 => get(factor, m) / get(factor, all),
+        _ => get(factor, 1.0),
+    }
+}
+
+/// The YaRN parameters [`yarn_inv_freq`] reads.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Yarn {
+    /// Context extension factor.
+    pub factor: f64,
+    /// Pre-training context length.
+    pub original_max_position_embeddings: u64,
+    /// Rotations at the high-frequency end of the ramp.
+    pub beta_fast: f64,
+    /// Rotations at the low-frequency end of the ramp.
+    pub beta_slow: f64,
+    /// Whether the ramp ends are rounded to whole dimensions.
+    pub truncate: bool,
+}
+
+/// `yarn` RoPE: transformers' `_compute_yarn_parameters`. Each frequency is
+/// a blend of the original (extrapolated) one and the one divided by
+/// `factor` (interpolated), with a linear ramp over the dimensions between
+/// the correction range that `beta_fast`/`beta_slow` give. The range is
+/// computed in f64 (Python floats), the blend in f32 (torch).
+pub fn yarn_inv_freq(theta: f64, dim: u32, y: &Yarn) -> Vec<f32> {
+    let correction_dim = |rotations: f64| {
+        (f64::from(dim)
+            * (y.original_max_position_embeddings as f64
+                / (rotations * 2.0 * std::f64::consts::PI))
+                .ln())
+            / (2.0 * theta.ln())
+    };
+    let (mut low, mut high) = (correction_dim(y.beta_fast), correction_dim(y.beta_slow));
+    if y.truncate {
+        low = low.floor();
+        high = high.ceil();
+    }
+    let low = low.max(0.0);
+    let mut high = high.min(f64::from(dim) - 1.0);
+    if low == high {
+        high += 0.001; // transformers: "prevent singularity"
+    }
+    let (low32, span32) = (low as f32, (high - low) as f32);
+    let factor32 = y.factor as f32;
+    pos_freqs(theta, dim)
+        .into_iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let ramp = ((i as f32 - low32) / span32).clamp(0.0, 1.0);
+            let extrapolation_factor = 1.0f32 - ramp;
+            let extrapolation = 1.0f32 / p;
+            let interpolation = 1.0f32 / (factor32 * p);
+            interpolation * (1.0f32 - extrapolation_factor) + extrapolation * extrapolation_factor
+        })
+        .collect()
+}
+
+/// `longrope` RoPE: `1 / (ext_i · base^(2i/dim))` with the per-frequency
+/// factors `ext` (transformers' `_compute_longrope_parameters`, in f32).
+pub fn longrope_inv_freq(theta: f64, dim: u32, ext_factors: &[f64]) -> Vec<f32> {
+    pos_freqs(theta, dim)
+        .into_iter()
+        .zip(ext_factors)
+        .map(|(p, &e)| 1.0f32 / (e as f32 * p))
+        .collect()
+}
+
+/// LongRoPE's attention factor: `sqrt(1 + ln(factor) / ln(original))`, or 1
+/// when `factor ≤ 1` (in f64, as transformers).
+pub fn longrope_attention_factor(factor: f64, original_max_position_embeddings: u64) -> f64 {
+    if factor <= 1.0 {
+        1.0
+    } else {
+        (1.0 + factor.ln() / (original_max_position_embeddings as f64).ln()).sqrt()
+    }
+}
+
 fn require(value: Option<f64>, key: &str, path: &Path) -> Result<f64> {
     let v = value.ok_or_else(|| FrontendError::Config {
         path: path.to_path_buf(),
@@ -129,6 +249,43 @@ pub fn rotary_dim(params: &RopeParameters, head_dim: u32, path: &Path) -> Result
     Ok(dim as u32)
 }
 
+fn config_err(path: &Path, key: &str, why: String) -> FrontendError {
+    FrontendError::Config {
+        path: path.to_path_buf(),
+        key: format!("rope_parameters.{key}"),
+        why,
+    }
+}
+
+/// `original_max_position_embeddings` of a type that needs it (always set
+/// by config parsing for those types; checked for hand-built parameters).
+fn original_of(params: &RopeParameters, path: &Path) -> Result<u64> {
+    params
+        .original_max_position_embeddings
+        .filter(|&n| n > 0)
+        .ok_or_else(|| {
+            config_err(
+                path,
+                "original_max_position_embeddings",
+                format!("required by {} RoPE but missing or zero", params.rope_type),
+            )
+        })
+}
+
+/// `factor`, or `max_position_embeddings / original` when absent (what
+/// `yarn` and `longrope` do).
+fn factor_or_ratio(
+    params: &RopeParameters,
+    original: u64,
+    rc: &RopeContext,
+    path: &Path,
+) -> Result<f64> {
+    match params.factor {
+        Some(_) => require(params.factor, "factor", path),
+        None => Ok(rc.max_position_embeddings as f64 / original as f64),
+    }
+}
+
 /// Frequencies for a rotary dimension of `rotary_dim` with base `theta`
 /// (the family resolves a missing `rope_theta` to its default first).
 /// `path` names the config file in errors.
@@ -136,6 +293,7 @@ pub fn rope_frequencies(
     params: &RopeParameters,
     theta: f64,
     rotary_dim: u32,
+    rc: &RopeContext,
     path: &Path,
 ) -> Result<RopeFrequencies> {
     if !(theta.is_finite() && theta > 1.0) {
@@ -146,6 +304,7 @@ pub fn rope_frequencies(
         });
     }
     let base = default_inv_freq(theta, rotary_dim);
+    let mut attention_scaling = 1.0;
     let inv_freq = match params.rope_type.as_str() {
         "default" => base,
         "linear" => linear_inv_freq(&base, require(params.factor, "factor", path)?),
@@ -153,14 +312,7 @@ pub fn rope_frequencies(
             let factor = require(params.factor, "factor", path)?;
             let low = require(params.low_freq_factor, "low_freq_factor", path)?;
             let high = require(params.high_freq_factor, "high_freq_factor", path)?;
-            let original = params
-                .original_max_position_embeddings
-                .filter(|&n| n > 0)
-                .ok_or_else(|| FrontendError::Config {
-                    path: path.to_path_buf(),
-                    key: "rope_parameters.original_max_position_embeddings".to_string(),
-                    why: "required by llama3 RoPE but missing or zero".to_string(),
-                })?;
+            let original = original_of(params, path)?;
             if high <= low {
                 return Err(FrontendError::Config {
                     path: path.to_path_buf(),
@@ -169,6 +321,62 @@ pub fn rope_frequencies(
                 });
             }
             llama3_inv_freq(&base, factor, low, high, original)
+        }
+        "yarn" => {
+            let original = original_of(params, path)?;
+            let factor = factor_or_ratio(params, original, rc, path)?;
+            let optional = |v: Option<f64>, key, default| match v {
+                // transformers: `get(key) or default`, so 0 means the default.
+                Some(x) if x != 0.0 => require(Some(x), key, path),
+                _ => Ok(default),
+            };
+            let y = Yarn {
+                factor,
+                original_max_position_embeddings: original,
+                beta_fast: optional(params.beta_fast, "beta_fast", 32.0)?,
+                beta_slow: optional(params.beta_slow, "beta_slow", 1.0)?,
+                truncate: params.truncate.unwrap_or(true),
+            };
+            attention_scaling = match params.attention_factor {
+                Some(a) => require(Some(a), "attention_factor", path)?,
+                None => yarn_attention_factor(factor, params.mscale, params.mscale_all_dim),
+            };
+            yarn_inv_freq(theta, rotary_dim, &y)
+        }
+        "longrope" => {
+            let original = original_of(params, path)?;
+            let factor = factor_or_ratio(params, original, rc, path)?;
+            attention_scaling = match params.attention_factor {
+                Some(a) => require(Some(a), "attention_factor", path)?,
+                None => longrope_attention_factor(factor, original),
+            };
+            let (key, ext) = if rc.context > original {
+                ("long_factor", &params.long_factor)
+            } else {
+                ("short_factor", &params.short_factor)
+            };
+            let ext = ext.as_ref().ok_or_else(|| {
+                config_err(path, key, "required by longrope RoPE but missing".into())
+            })?;
+            let pairs = rotary_dim as usize / 2;
+            if ext.len() != pairs {
+                return Err(config_err(
+                    path,
+                    key,
+                    format!(
+                        "has {} factors; rotary dimension {rotary_dim} needs {pairs}",
+                        ext.len()
+                    ),
+                ));
+            }
+            if let Some(bad) = ext.iter().find(|e| !(e.is_finite() && **e > 0.0)) {
+                return Err(config_err(
+                    path,
+                    key,
+                    format!("{bad} is not a positive number"),
+                ));
+            }
+            longrope_inv_freq(theta, rotary_dim, ext)
         }
         other => {
             return Err(FrontendError::UnsupportedRope {
@@ -180,7 +388,7 @@ pub fn rope_frequencies(
     };
     Ok(RopeFrequencies {
         inv_freq,
-        attention_scaling: 1.0,
+        attention_scaling: attention_scaling as f32,
     })
 }
 
@@ -213,6 +421,39 @@ mod tests {
         0x34a4c2ff,
     ];
 
+    // From `tests/rope_reference.py` (numpy, transformers' formulas).
+    // attention_scaling = 1.138629436111989 -> f32 0x3f91be9c
+    const YARN_QWEN: [u32; 64] = [
+        0x3f800000, 0x3f4e4bad, 0x3f263de0, 0x3f05f6ef, 0x3ed7e89b, 0x3eadfcff, 0x3e8c3504,
+        0x3e61f835, 0x3e361887, 0x3e12bd91, 0x3dec7fd6, 0x3dbe94c6, 0x3d99940d, 0x3d778513,
+        0x3d47763f, 0x3d20bc1d, 0x3d0186e3, 0x3cd0c1a8, 0x3ca8398b, 0x3c879008, 0x3c5a7bf2,
+        0x3c301052, 0x3c0de12d, 0x3be4aa46, 0x3bb02377, 0x3b876388, 0x3b4fa550, 0x3b1ed248,
+        0x3af241df, 0x3ab82bc0, 0x3a8b8207, 0x3a527db8, 0x3a1e0eb2, 0x39ec1968, 0x39af3d02,
+        0x39811c3e, 0x393c93be, 0x39083e37, 0x38c23e9a, 0x38881d0a, 0x383a7753, 0x38164324,
+        0x37f22ce2, 0x37c327b5, 0x379d43a4, 0x377d75d4, 0x374c3fbe, 0x372497ab, 0x3704a2b2,
+        0x36d5c441, 0x36ac431d, 0x368ad0ed, 0x365fba4f, 0x36344a0e, 0x361148e3, 0x35ea2732,
+        0x35bcb0c1, 0x35980e02, 0x35751070, 0x35457bab, 0x351f23e4, 0x35003dec, 0x34ceaf79,
+        0x34a68e4c,
+    ];
+    // attention_scaling = 0.9495608824621653 -> f32 0x3f73166c
+    const YARN_SMALL: [u32; 16] = [
+        0x3f800000, 0x3ee334e6, 0x3e09e187, 0x3cb61887, 0x3c4ccccd, 0x3be655c2, 0x3b8186e3,
+        0x3b11ad39, 0x3aa3d70a, 0x3a38449c, 0x39cf3e38, 0x39691528, 0x3903126f, 0x38936a16,
+        0x3825cb60, 0x37ba7753,
+    ];
+    // attention_scaling = 1.1902380714238083 -> f32 0x3f9859b9
+    const LONGROPE_SHORT: [u32; 16] = [
+        0x3f800000, 0x3f06271f, 0x3e8d41c2, 0x3e155834, 0x3d9e7702, 0x3d28ae8b, 0x3cb412d4,
+        0x3c40bb73, 0x3bcec3a7, 0x3b5e4a75, 0x3aef72ed, 0x3a813232, 0x3a0ba573, 0x39972bc7,
+        0x3923e087, 0x38b1e21d,
+    ];
+    // attention_scaling = 1.1902380714238083 -> f32 0x3f9859b9
+    const LONGROPE_LONG: [u32; 16] = [
+        0x3f800000, 0x3ed228e0, 0x3e1e3a76, 0x3d7939f7, 0x3ccede63, 0x3c335cff, 0x3ba0f4cf,
+        0x3b1469c1, 0x3a8bda4c, 0x3a062292, 0x39828adb, 0x39009bf3, 0x388006c7, 0x3800963d,
+        0x378226ac, 0x3704a094,
+    ];
+
     fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|f| f.to_bits()).collect()
     }
@@ -224,8 +465,20 @@ mod tests {
         }
     }
 
+    /// A context of `context` tokens for a model of 128k positions.
+    fn rc(context: u64) -> RopeContext {
+        RopeContext {
+            max_position_embeddings: 131072,
+            context,
+        }
+    }
+
+    fn freqs(p: &RopeParameters, theta: f64, dim: u32, context: u64) -> RopeFrequencies {
+        rope_frequencies(p, theta, dim, &rc(context), Path::new("config.json")).unwrap()
+    }
+
     fn check(p: &RopeParameters, theta: f64, dim: u32, expected: &[u32]) {
-        let r = rope_frequencies(p, theta, dim, Path::new("config.json")).unwrap();
+        let r = freqs(p, theta, dim, 4096);
         assert_eq!(bits(&r.inv_freq), expected, "{p:?}");
         assert_eq!(r.attention_scaling, 1.0);
     }
@@ -268,7 +521,7 @@ mod tests {
             factor: Some(8.0),
             ..params("llama3")
         };
-        let err = rope_frequencies(&p, 5e5, 128, Path::new("config.json")).unwrap_err();
+        let err = rope_frequencies(&p, 5e5, 128, &rc(4096), Path::new("config.json")).unwrap_err();
         assert!(
             err.to_string().contains("rope_parameters.low_freq_factor"),
             "{err}"
@@ -277,11 +530,96 @@ mod tests {
 
     #[test]
     fn unknown_type_lists_supported() {
-        let err = rope_frequencies(&params("yarn"), 1e4, 16, Path::new("config.json")).unwrap_err();
+        let err = rope_frequencies(
+            &params("dynamic"),
+            1e4,
+            16,
+            &rc(4096),
+            Path::new("config.json"),
+        )
+        .unwrap_err();
         let msg = err.to_string();
         assert!(
-            msg.contains("`yarn`") && msg.contains("default, linear, llama3"),
+            msg.contains("`dynamic`") && msg.contains("default, linear, llama3, yarn, longrope"),
             "{msg}"
+        );
+    }
+
+    #[test]
+    fn yarn_matches_transformers() {
+        let p = RopeParameters {
+            factor: Some(4.0),
+            original_max_position_embeddings: Some(32768),
+            ..params("yarn")
+        };
+        let r = freqs(&p, 1e6, 128, 4096);
+        assert_eq!(bits(&r.inv_freq), YARN_QWEN);
+        assert_eq!(r.attention_scaling.to_bits(), 0x3f91be9c);
+        // Dimensions below the ramp keep their frequency, those above are
+        // divided by the factor, those on it are blended.
+        let base = default_inv_freq(1e6, 128);
+        assert_eq!(YARN_QWEN[10], base[10].to_bits());
+        assert_eq!(
+            YARN_QWEN[50],
+            (1.0f32 / (4.0f32 * (1.0 / base[50]))).to_bits()
+        );
+        assert!(YARN_QWEN[30] != base[30].to_bits());
+
+        let small = RopeParameters {
+            factor: Some(8.0),
+            original_max_position_embeddings: Some(64),
+            beta_fast: Some(8.0),
+            beta_slow: Some(2.0),
+            truncate: Some(false),
+            mscale: Some(0.707),
+            mscale_all_dim: Some(1.0),
+            ..params("yarn")
+        };
+        let r = freqs(&small, 1e4, 32, 4096);
+        assert_eq!(bits(&r.inv_freq), YARN_SMALL);
+        assert_eq!(r.attention_scaling.to_bits(), 0x3f73166c);
+        // An explicit attention factor wins.
+        let given = RopeParameters {
+            attention_factor: Some(1.5),
+            ..small
+        };
+        assert_eq!(freqs(&given, 1e4, 32, 4096).attention_scaling, 1.5);
+    }
+
+    #[test]
+    fn longrope_picks_factors_by_context() {
+        let p = RopeParameters {
+            original_max_position_embeddings: Some(4096),
+            short_factor: Some((0..16).map(|i| 1.0 + 0.0731 * f64::from(i)).collect()),
+            long_factor: Some(
+                (0..16)
+                    .map(|i| 1.0 + 0.37 * f64::from(i).powf(1.5))
+                    .collect(),
+            ),
+            ..params("longrope")
+        };
+        // factor = 131072 / 4096 = 32, so sqrt(1 + ln 32 / ln 4096).
+        for (context, expected) in [(4096, LONGROPE_SHORT), (4097, LONGROPE_LONG)] {
+            let r = freqs(&p, 1e4, 32, context);
+            assert_eq!(bits(&r.inv_freq), expected, "context {context}");
+            assert_eq!(r.attention_scaling.to_bits(), 0x3f9859b9);
+        }
+        // An explicit factor replaces the ratio.
+        let one = RopeParameters {
+            factor: Some(1.0),
+            ..p.clone()
+        };
+        assert_eq!(freqs(&one, 1e4, 32, 4096).attention_scaling, 1.0);
+        // Factor lists must cover every frequency.
+        let short = RopeParameters {
+            short_factor: Some(vec![1.0; 15]),
+            ..p
+        };
+        let err = rope_frequencies(&short, 1e4, 32, &rc(16), Path::new("config.json")).unwrap_err();
+        assert!(
+            err.to_string().contains("rope_parameters.short_factor")
+                && err.to_string().contains("16"),
+            "{err}"
         );
     }
 

@@ -216,10 +216,13 @@ fn unknown_rope_type() {
     let dir = llama_with(&tmp, |c| {
         c.insert(
             "rope_parameters".into(),
-            json!({"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}),
+            json!({"rope_type": "proportional", "rope_theta": 10000.0, "factor": 4.0}),
         );
     });
-    let err = check(&dir, &["`yarn`", "default, linear, llama3"]);
+    let err = check(
+        &dir,
+        &["`proportional`", "default, linear, llama3, yarn, longrope"],
+    );
     assert!(matches!(err, FrontendError::UnsupportedRope { .. }));
 
     // v4 spelling, same verdict.
@@ -232,26 +235,63 @@ fn unknown_rope_type() {
             json!({"type": "dynamic", "factor": 2.0}),
         );
     });
-    check(&dir, &["`dynamic`", "default, linear, llama3"]);
+    check(
+        &dir,
+        &["`dynamic`", "default, linear, llama3, yarn, longrope"],
+    );
 }
 
 #[test]
 fn incomplete_llama3_rope() {
+    // (A missing `original_max_position_embeddings` defaults to
+    // `max_position_embeddings`, as in transformers.)
     let tmp = TempDir::new("llama3");
     let dir = llama_with(&tmp, |c| {
         c.insert(
             "rope_parameters".into(),
             json!({"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
-                   "low_freq_factor": 1.0, "high_freq_factor": 4.0}),
+                   "low_freq_factor": 1.0}),
         );
+    });
+    check(&dir, &["config.json", "rope_parameters.high_freq_factor"]);
+}
+
+#[test]
+fn incomplete_yarn_and_longrope() {
+    let tmp = TempDir::new("longrope");
+    let dir = llama_with(&tmp, |c| {
+        c.insert(
+            "rope_parameters".into(),
+            json!({"rope_type": "longrope", "rope_theta": 10000.0,
+                   "short_factor": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]}),
+        );
+    });
+    // Compiled for the full 128 positions = original: the short factors,
+    // which are fine; a longer original would not change that.
+    Checkpoint::open(&dir).and_then(|c| lower(&c)).unwrap();
+    edit_config(&dir, |c| {
+        c.insert("max_position_embeddings".into(), json!(256));
+        c.insert("original_max_position_embeddings".into(), json!(128));
     });
     check(
         &dir,
-        &[
-            "config.json",
-            "rope_parameters.original_max_position_embeddings",
-        ],
+        &["config.json", "rope_parameters.long_factor", "missing"],
     );
+    edit_config(&dir, |c| {
+        c["rope_parameters"]["long_factor"] = json!([1.0, 2.0, 3.0]);
+    });
+    check(
+        &dir,
+        &["rope_parameters.long_factor", "has 3 factors", "needs 8"],
+    );
+
+    let dir = llama_with(&tmp, |c| {
+        c.insert(
+            "rope_parameters".into(),
+            json!({"rope_type": "yarn", "rope_theta": 10000.0, "factor": -2.0}),
+        );
+    });
+    check(&dir, &["rope_parameters.factor", "not a positive number"]);
 }
 
 #[test]

@@ -23,6 +23,17 @@ pub enum WeightSource {
         /// Tensor names, in order.
         tensors: Vec<String>,
     },
+    /// Rows `start..start + count` (along axis 0) of one checkpoint tensor,
+    /// e.g. the query rows of Phi-3's fused `qkv_proj`. The weight's type is
+    /// the tensor's type with `count` leading rows.
+    Rows {
+        /// Tensor name in the safetensors files.
+        tensor: String,
+        /// First row.
+        start: u64,
+        /// Number of rows (at least 1).
+        count: u64,
+    },
     /// The rotary-embedding table `[Lmax, rotary_dim]`: row `p` holds
     /// `cos(p·f_i)·s` for `i < rotary_dim/2`, then `sin(p·f_i)·s`.
     RopeTable {
@@ -65,13 +76,26 @@ pub struct Embedding {
     pub scale: Option<f32>,
 }
 
-/// RMSNorm over the last dimension: `x / sqrt(mean(x²) + eps) * (w + weight_offset)`.
+/// RMSNorm: `x / sqrt(mean(x²) + eps) * (w + weight_offset)`, where the
+/// mean runs over each of `groups` equal, contiguous slices of a row.
+///
+/// With `groups = 1` this is the usual norm over the whole row. Per-head
+/// q/k norms (Qwen 3, Gemma 3) use `groups = n_heads`: a row of width
+/// `n_heads·head_dim` is normalized head by head, all heads sharing one
+/// weight of `[head_dim]`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct RmsNorm {
     /// Epsilon inside the square root.
     pub eps: f32,
     /// Added to the weight before multiplying (1 for Gemma's `(1 + w)`, else 0).
     pub weight_offset: f32,
+    /// Independent groups per row (at least 1); the weight is `[W / groups]`.
+    #[serde(default = "one")]
+    pub groups: u32,
+}
+
+fn one() -> u32 {
+    1
 }
 
 /// `out[r, n] = Σ_k x[r, k] · w[n, k] (+ bias[n])`: a linear layer with the
@@ -231,6 +255,15 @@ impl Op {
             }
             Op::Weight(w) => {
                 expect_arity(ins, 0)?;
+                if let WeightSource::Rows { count, .. } = &w.source {
+                    if *count == 0 || w.ty.shape.first() != Some(&Dim::Const(*count)) {
+                        return Err(format!(
+                            "a weight of {count} rows must have a leading dimension of {count} \
+                             (at least 1), got {}",
+                            w.ty
+                        ));
+                    }
+                }
                 w.ty.clone()
             }
             Op::KvCache { width, .. } => {
@@ -246,11 +279,18 @@ impl Op {
                 }
                 TensorType::new(DType::F32, [ins[1].shape[0], Dim::Const(hidden)])
             }
-            Op::RmsNorm(_) => {
+            Op::RmsNorm(n) => {
                 expect_arity(ins, 2)?;
                 expect_f32(ins[0], "normalized input")?;
                 let (_, w) = expect_matrix(ins[0], "normalized input")?;
-                expect_vector(ins[1], w, "norm weight")?;
+                let groups = u64::from(n.groups);
+                if groups == 0 || !w.is_multiple_of(groups) {
+                    return Err(format!(
+                        "row width {w} cannot be split into {} equal groups",
+                        n.groups
+                    ));
+                }
+                expect_vector(ins[1], w / groups, "norm weight")?;
                 ins[0].clone()
             }
             Op::MatMul(m) => {
@@ -388,6 +428,11 @@ impl fmt::Display for WeightSource {
         match self {
             WeightSource::Checkpoint { tensor } => write!(f, "{tensor:?}"),
             WeightSource::Concat { tensors } => write!(f, "concat{tensors:?}"),
+            WeightSource::Rows {
+                tensor,
+                start,
+                count,
+            } => write!(f, "{tensor:?}[{start}..{}]", start + count),
             WeightSource::RopeTable {
                 inv_freq,
                 attention_scaling,
@@ -413,7 +458,13 @@ impl fmt::Display for Op {
                 Some(s) => write!(f, "{{scale={s}}}"),
                 None => Ok(()),
             },
-            Op::RmsNorm(n) => write!(f, "{{eps={:e}, offset={}}}", n.eps, n.weight_offset),
+            Op::RmsNorm(n) => {
+                write!(f, "{{eps={:e}, offset={}", n.eps, n.weight_offset)?;
+                if n.groups != 1 {
+                    write!(f, ", groups={}", n.groups)?;
+                }
+                f.write_str("}")
+            }
             Op::MatMul(m) if m.has_bias => f.write_str("{bias}"),
             Op::Rope(r) => write!(
                 f,
@@ -434,5 +485,68 @@ impl fmt::Display for Op {
             Op::Unary(UnaryOp::Softcap(c)) => write!(f, "{{cap={c}}}"),
             _ => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn norm(groups: u32) -> Op {
+        Op::RmsNorm(RmsNorm {
+            eps: 1e-6,
+            weight_offset: 0.0,
+            groups,
+        })
+    }
+
+    #[test]
+    fn grouped_rms_norm_takes_a_weight_per_group() {
+        let x = TensorType::rows(128);
+        let head = TensorType::fixed(DType::BF16, &[32]);
+        let full = TensorType::fixed(DType::F32, &[128]);
+        assert_eq!(norm(4).infer(&[&x, &head]).unwrap(), vec![x.clone()]);
+        assert_eq!(norm(1).infer(&[&x, &full]).unwrap(), vec![x.clone()]);
+        let err = norm(4).infer(&[&x, &full]).unwrap_err();
+        assert!(err.contains("[32]"), "{err}");
+        let err = norm(3).infer(&[&x, &head]).unwrap_err();
+        assert!(err.contains("3 equal groups"), "{err}");
+        assert!(norm(0).infer(&[&x, &head]).is_err());
+    }
+
+    #[test]
+    fn grouped_rms_norm_prints_its_groups() {
+        assert_eq!(norm(1).to_string(), "rms_norm{eps=1e-6, offset=0}");
+        assert_eq!(
+            norm(8).to_string(),
+            "rms_norm{eps=1e-6, offset=0, groups=8}"
+        );
+    }
+
+    #[test]
+    fn rms_norm_without_groups_deserializes_as_one_group() {
+        let n: RmsNorm = serde_json::from_str(r#"{"eps": 1e-5, "weight_offset": 1.0}"#).unwrap();
+        assert_eq!(n.groups, 1);
+    }
+
+    #[test]
+    fn row_range_weights() {
+        let w = |count, rows| {
+            Op::Weight(Weight {
+                source: WeightSource::Rows {
+                    tensor: "qkv".into(),
+                    start: 64,
+                    count,
+                },
+                ty: TensorType::fixed(DType::F32, &[rows, 16]),
+            })
+        };
+        assert_eq!(
+            w(32, 32).infer(&[]).unwrap(),
+            vec![TensorType::fixed(DType::F32, &[32, 16])]
+        );
+        assert!(w(32, 33).infer(&[]).is_err());
+        assert!(w(0, 0).infer(&[]).is_err());
+        assert_eq!(w(32, 32).to_string(), r#"weight "qkv"[64..96]"#);
     }
 }

@@ -16,6 +16,7 @@
 pub mod device;
 pub mod error;
 pub mod generate;
+pub mod pipeline;
 pub mod profile;
 pub mod sampling;
 pub mod session;

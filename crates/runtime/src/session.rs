@@ -3,7 +3,7 @@
 
 use crate::device::Gpu;
 use crate::error::RuntimeError;
-use gerbil_plan::{BindingDecl, BufferKind, Dispatch, PlanFile, PlanHeader, STEP_PARAMS_BYTES};
+use gerbil_plan::{BufferKind, Dispatch, PlanFile, PlanHeader, STEP_PARAMS_BYTES};
 use std::num::NonZeroU64;
 
 /// Bytes of GPU memory by purpose.
@@ -111,54 +111,9 @@ impl Session {
         let mut layouts = Vec::with_capacity(header.kernels.len());
         let mut pipelines = Vec::with_capacity(header.kernels.len());
         for k in &header.kernels {
-            let (layout, pipeline) =
-                gpu.scoped(&format!("creating pipeline `{}`", k.name), || {
-                    let entries: Vec<wgpu::BindGroupLayoutEntry> = k
-                        .bindings
-                        .iter()
-                        .enumerate()
-                        .map(|(i, b)| wgpu::BindGroupLayoutEntry {
-                            binding: i as u32,
-                            visibility: wgpu::ShaderStages::COMPUTE,
-                            ty: wgpu::BindingType::Buffer {
-                                ty: match b {
-                                    BindingDecl::Uniform => wgpu::BufferBindingType::Uniform,
-                                    BindingDecl::StorageRead => {
-                                        wgpu::BufferBindingType::Storage { read_only: true }
-                                    }
-                                    BindingDecl::StorageReadWrite => {
-                                        wgpu::BufferBindingType::Storage { read_only: false }
-                                    }
-                                },
-                                has_dynamic_offset: false,
-                                min_binding_size: None,
-                            },
-                            count: None,
-                        })
-                        .collect();
-                    let bgl = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
-                        label: Some(&k.name),
-                        entries: &entries,
-                    });
-                    let pl = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
-                        label: Some(&k.name),
-                        bind_group_layouts: &[Some(&bgl)],
-                        immediate_size: 0,
-                    });
-                    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                        label: Some(&k.name),
-                        source: wgpu::ShaderSource::Wgsl(k.wgsl.as_str().into()),
-                    });
-                    let pipeline =
-                        device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                            label: Some(&k.name),
-                            layout: Some(&pl),
-                            module: &module,
-                            entry_point: Some(&k.entry),
-                            compilation_options: wgpu::PipelineCompilationOptions::default(),
-                            cache: None,
-                        });
-                    (bgl, pipeline)
+            let crate::pipeline::KernelPipeline { layout, pipeline } = gpu
+                .scoped(&format!("creating pipeline `{}`", k.name), || {
+                    crate::pipeline::create_pipeline(device, k)
                 })?;
             layouts.push(layout);
             pipelines.push(pipeline);

@@ -1,5 +1,9 @@
 //! `rms_norm`: `y = x / sqrt(mean(x²) + eps) · (w + offset)` per row; one
 //! workgroup per row, sum of squares reduced in workgroup memory.
+//!
+//! A grouped norm (per-head q/k norm: `groups` slices of `width` in each
+//! activation row) is the same kernel over `rows · groups` rows of `width`:
+//! the slices are contiguous, so only the workgroup count changes.
 
 use super::{
     bindings, f32_binding, f32_lit, prelude, tree_reduce, weight_binding, Access, KernelSource,
@@ -16,8 +20,10 @@ const WG: u32 = 256;
 pub struct RmsNormSpec {
     /// Rows.
     pub rows: Rows,
-    /// Row width.
+    /// Width of one normalized group (the whole row when `groups` is 1).
     pub width: u32,
+    /// Groups per activation row; the kernel runs `rows · groups` groups.
+    pub groups: u32,
     /// Epsilon.
     pub eps: f32,
     /// Added to the weight (Gemma: 1).
@@ -53,12 +59,22 @@ pub fn kernel(s: RmsNormSpec) -> KernelSource {
         reduce = tree_reduce(WG, "lane", "0u", "+")
     );
     KernelSource {
-        name: format!("rms_norm_{}_r{}_h{}", s.wdtype, s.rows.tag(), s.width),
+        name: if s.groups == 1 {
+            format!("rms_norm_{}_r{}_h{}", s.wdtype, s.rows.tag(), s.width)
+        } else {
+            format!(
+                "rms_norm_{}_r{}_g{}_h{}",
+                s.wdtype,
+                s.rows.tag(),
+                s.groups,
+                s.width
+            )
+        },
         wgsl: w,
         workgroup_size: [WG, 1, 1],
         bindings: bindings(&[Access::Activation, Access::Read, Access::Activation]),
         workgroups: [
-            s.rows.count(1, 1),
+            s.rows.count(s.groups, 1),
             WorkgroupCount::fixed(1),
             WorkgroupCount::fixed(1),
         ],

@@ -1,18 +1,27 @@
-//! The shared decoder block of Llama-like models.
+//! The shared decoder of Llama-like models, with the knobs families turn.
 //!
 //! ```text
-//! x = embed(ids)
-//! for each layer:
-//!     x = x + o_proj(attention(rope(q_proj(norm(x))), rope(k_proj(..)), v_proj(..)))
-//!     x = x + down_proj(act(gate_proj(norm(x))) * up_proj(norm(x)))
-//! logits = lm_head(norm(x))
+//! x = embed(ids) [· embed_scale]
+//! for each layer i:
+//!     h = norm(x)
+//!     q, k, v = q_proj(h), k_proj(h), v_proj(h)        # or rows of a fused qkv_proj
+//!     q, k = q_norm(q), k_norm(k)                        # optional, per head
+//!     q, k = rope_i(q), rope_i(k)                        # the layer's RoPE table
+//!     a = o_proj(attention(q, k, v, window_i))
+//!     x = x + a                                          # sandwich: x + post_norm(a)
+//!     m = down_proj(act(gate_proj(norm(x))) * up_proj(..))   # or rows of gate_up_proj
+//!     x = x + m                                          # sandwich: x + post_norm(m)
+//! logits = lm_head(norm(x)) [→ softcap]
 //! ```
 //!
-//! Tensor names follow transformers' `model.layers.{i}.self_attn.q_proj.weight`
-//! scheme; node labels are shorter (`layers.{i}.attn.q_proj`). Every helper
-//! checks its weights against the checkpoint through [`LowerCtx::weight`].
+//! A family reads its config into a [`DecoderSpec`] (usually
+//! [`DecoderSpec::from_config`], then a few field changes) and calls
+//! [`build_decoder`]. Tensor names follow transformers'
+//! `model.layers.{i}.self_attn.q_proj.weight` scheme; node labels are shorter
+//! (`layers.{i}.attn.q_proj`). Every helper checks its weights against the
+//! checkpoint through [`LowerCtx::weight`].
 
-use crate::config::HfConfig;
+use crate::config::{HfConfig, RopeParameters};
 use crate::error::Result;
 use crate::lower::LowerCtx;
 use crate::rope::{self, RopeFrequencies};
@@ -20,6 +29,8 @@ use gerbil_ir::op::KvKind;
 use gerbil_ir::{
     Attention, BinaryOp, Embedding, Input, MatMul, Op, RmsNorm, Rope, UnaryOp, ValueRef,
 };
+use serde::Deserialize;
+use serde_json::Value;
 
 /// RMSNorm attributes shared by all norms of a model.
 #[derive(Clone, Debug)]
@@ -30,7 +41,19 @@ pub(crate) struct NormSpec {
     pub weight_offset: f32,
 }
 
-/// The attention sub-block's shape and options.
+/// Where a layer's norms sit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum NormLayout {
+    /// Llama: `x + attn(input_layernorm(x))`, then
+    /// `x + mlp(post_attention_layernorm(x))`.
+    PreNorm,
+    /// Gemma 3: each sub-block's output is normalized too, before the
+    /// residual add: `x + post_attention_layernorm(attn(input_layernorm(x)))`,
+    /// then `x + post_feedforward_layernorm(mlp(pre_feedforward_layernorm(x)))`.
+    Sandwich,
+}
+
+/// The attention sub-block's shape and options (the same in every layer).
 #[derive(Clone, Debug)]
 pub(crate) struct AttentionSpec {
     /// Query heads.
@@ -39,16 +62,17 @@ pub(crate) struct AttentionSpec {
     pub n_kv_heads: u32,
     /// Width of one head.
     pub head_dim: u32,
-    /// Leading dimensions of each head that RoPE rotates.
-    pub rotary_dim: u32,
     /// Whether q/k/v projections have biases.
     pub qkv_bias: bool,
     /// Whether the output projection has a bias.
     pub o_bias: bool,
     /// Softmax scale.
     pub scale: f32,
-    /// Sliding window, if any.
-    pub window: Option<u32>,
+    /// Per-head RMSNorm of queries and keys before RoPE (`q_norm`/`k_norm`,
+    /// weights `[head_dim]`).
+    pub qk_norm: bool,
+    /// Queries, keys and values are row ranges of one `qkv_proj` (Phi-3).
+    pub fused_qkv: bool,
 }
 
 /// The gated MLP's shape and options.
@@ -60,19 +84,39 @@ pub(crate) struct MlpSpec {
     pub act: UnaryOp,
     /// Whether gate/up/down projections have biases.
     pub bias: bool,
+    /// Gate and up are the two halves of one `gate_up_proj` (Phi-3).
+    pub fused_gate_up: bool,
 }
 
-/// Everything that shapes a pre-norm decoder-only model.
+/// One RoPE table of the model.
+#[derive(Clone, Debug)]
+pub(crate) struct RopeTable {
+    /// Node label (`rope_table`, or `rope_table.{layer_type}`).
+    pub label: String,
+    /// Its frequencies; the rotary dimension is twice their number.
+    pub freqs: RopeFrequencies,
+}
+
+/// How one layer attends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LayerAttention {
+    /// Sliding window, if any.
+    pub window: Option<u32>,
+    /// Index of the layer's table in [`DecoderSpec::ropes`].
+    pub rope: usize,
+}
+
+/// Everything that shapes a decoder-only model.
 #[derive(Clone, Debug)]
 pub(crate) struct DecoderSpec {
     /// Residual width.
     pub hidden: u64,
     /// Vocabulary size.
     pub vocab: u64,
-    /// Number of layers.
-    pub layers: u32,
     /// Norm attributes.
     pub norm: NormSpec,
+    /// Where the norms sit.
+    pub norm_layout: NormLayout,
     /// Attention attributes.
     pub attn: AttentionSpec,
     /// MLP attributes.
@@ -81,11 +125,15 @@ pub(crate) struct DecoderSpec {
     pub embed_scale: Option<f32>,
     /// Whether the LM head reuses the embedding table.
     pub tie_embeddings: bool,
-    /// RoPE frequencies, one table for all layers.
-    pub rope: RopeFrequencies,
+    /// The RoPE tables.
+    pub ropes: Vec<RopeTable>,
+    /// Per layer: window and RoPE table. Its length is the number of layers.
+    pub layers: Vec<LayerAttention>,
+    /// `tanh(l / c) · c` on the logits, if set.
+    pub logit_softcap: Option<f32>,
 }
 
-/// What a family's config leaves implicit.
+/// What a family's config class leaves implicit.
 #[derive(Clone, Debug)]
 pub(crate) struct FamilyDefaults {
     /// `rope_theta` when the config has none.
@@ -96,7 +144,12 @@ pub(crate) struct FamilyDefaults {
     pub attention_bias: bool,
     /// `mlp_bias` when absent.
     pub mlp_bias: bool,
-    /// `hidden_act` when absent.
+    /// `head_dim` when absent (`None`: `hidden_size / num_attention_heads`).
+    pub head_dim: Option<u64>,
+    /// The config key naming the MLP activation (`hidden_act`; Gemma:
+    /// `hidden_activation`).
+    pub act_key: &'static str,
+    /// The activation when that key is absent.
     pub hidden_act: &'static str,
     /// Activations this family's code accepts.
     pub activations: &'static [&'static str],
@@ -111,76 +164,193 @@ pub(crate) fn activation(name: &str) -> Option<UnaryOp> {
     }
 }
 
+/// The IR op for activation `name` (config key `key`), if this family accepts it.
+pub(crate) fn checked_activation(
+    ctx: &LowerCtx<'_>,
+    key: &str,
+    name: &str,
+    accepted: &[&str],
+) -> Result<UnaryOp> {
+    activation(name)
+        .filter(|_| accepted.contains(&name))
+        .ok_or_else(|| {
+            ctx.config_err(
+                key,
+                format!(
+                    "activation `{name}` is not supported for {}; expected {}",
+                    ctx.ckpt
+                        .config
+                        .architectures
+                        .first()
+                        .map(String::as_str)
+                        .unwrap_or("this model"),
+                    accepted.join(" or ")
+                ),
+            )
+        })
+}
+
+/// The kind of attention of one layer, as in transformers' `layer_types`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum LayerType {
+    /// Causal attention over the whole context.
+    FullAttention,
+    /// Causal attention over the last `sliding_window` positions.
+    SlidingAttention,
+}
+
+impl LayerType {
+    /// The name transformers uses (also the key of per-layer-type RoPE parameters).
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerType::FullAttention => "full_attention",
+            LayerType::SlidingAttention => "sliding_attention",
+        }
+    }
+}
+
+/// `layer_types` of the config when given (checked to have one entry per
+/// layer), else `default(i)` for each layer `i`.
+pub(crate) fn layer_types(
+    ctx: &LowerCtx<'_>,
+    layers: u32,
+    given: Option<Vec<LayerType>>,
+    default: impl Fn(u32) -> LayerType,
+) -> Result<Vec<LayerType>> {
+    match given {
+        Some(types) if types.len() != layers as usize => Err(ctx.config_err(
+            "layer_types",
+            format!(
+                "has {} entries but num_hidden_layers is {layers}",
+                types.len()
+            ),
+        )),
+        Some(types) => Ok(types),
+        None => Ok((0..layers).map(default).collect()),
+    }
+}
+
+/// A sliding window from config key `key` (`None` stays `None`).
+pub(crate) fn window(ctx: &LowerCtx<'_>, key: &str, w: Option<u64>) -> Result<Option<u32>> {
+    match w {
+        None => Ok(None),
+        Some(0) => Err(ctx.config_err(key, "must be positive (or null for no window)")),
+        Some(w) => Ok(Some(ctx.u32_of(key, w)?)),
+    }
+}
+
+/// A RoPE table labelled `label` for `params` with base `theta`, rotating
+/// the part of each head of `head_dim` that `partial_rotary_factor` says.
+pub(crate) fn rope_table(
+    ctx: &LowerCtx<'_>,
+    label: &str,
+    params: &RopeParameters,
+    theta: f64,
+    head_dim: u32,
+) -> Result<RopeTable> {
+    let path = ctx.ckpt.config_path();
+    let rotary_dim = rope::rotary_dim(params, head_dim, &path)?;
+    let freqs = rope::rope_frequencies(params, theta, rotary_dim, &ctx.rope_context(), &path)?;
+    Ok(RopeTable {
+        label: label.to_string(),
+        freqs,
+    })
+}
+
 impl DecoderSpec {
-    /// The Llama reading of the shared config keys; families adjust the
-    /// result for what they do differently.
+    /// The Llama reading of the shared config keys, with one RoPE table for
+    /// every layer and no sliding window; families adjust the result for
+    /// what they do differently.
     pub fn from_config(ctx: &LowerCtx<'_>, d: &FamilyDefaults) -> Result<Self> {
+        let mut spec = Self::without_rope(ctx, d)?;
+        let params = ctx.ckpt.config.rope.uniform(&ctx.ckpt.config_path())?;
+        let table = rope_table(
+            ctx,
+            "rope_table",
+            params,
+            params.theta_or(d.rope_theta),
+            spec.attn.head_dim,
+        )?;
+        spec.ropes = vec![table];
+        Ok(spec)
+    }
+
+    /// [`Self::from_config`] without the RoPE tables (`ropes` is empty, every
+    /// layer points at table 0), for families whose RoPE differs per layer.
+    pub fn without_rope(ctx: &LowerCtx<'_>, d: &FamilyDefaults) -> Result<Self> {
         let c: &HfConfig = &ctx.ckpt.config;
-        let path = ctx.ckpt.config_path();
-        let act_name = c.hidden_act.as_deref().unwrap_or(d.hidden_act);
-        let act = activation(act_name)
-            .filter(|_| d.activations.contains(&act_name))
-            .ok_or_else(|| {
-                ctx.config_err(
-                    "hidden_act",
-                    format!(
-                        "activation `{act_name}` is not supported for {}; expected {}",
-                        c.architectures
-                            .first()
-                            .map(String::as_str)
-                            .unwrap_or("this model"),
-                        d.activations.join(" or ")
-                    ),
-                )
-            })?;
-        let head_dim = ctx.u32_of("head_dim", c.head_dim)?;
+        let act_name = match ctx.ckpt.config_json.get(d.act_key) {
+            None | Some(Value::Null) => d.hidden_act,
+            Some(Value::String(name)) => name.as_str(),
+            Some(other) => {
+                return Err(ctx.config_err(d.act_key, format!("expected a string, found {other}")))
+            }
+        };
+        let act = checked_activation(ctx, d.act_key, act_name, d.activations)?;
+        let head_dim = match (c.explicit_head_dim, d.head_dim) {
+            (None, Some(default)) => default,
+            _ => c.head_dim,
+        };
+        let head_dim = ctx.u32_of("head_dim", head_dim)?;
         let n_heads = ctx.u32_of("num_attention_heads", c.num_attention_heads)?;
         let n_kv_heads = ctx.u32_of("num_key_value_heads", c.num_key_value_heads)?;
-        let rope_params = c.rope.uniform(&path)?;
-        let rotary_dim = rope::rotary_dim(rope_params, head_dim, &path)?;
-        let rope = rope::rope_frequencies(
-            rope_params,
-            rope_params.theta_or(d.rope_theta),
-            rotary_dim,
-            &path,
-        )?;
         let attention_bias = c.attention_bias.unwrap_or(d.attention_bias);
+        let layers = ctx.u32_of("num_hidden_layers", c.num_hidden_layers)?;
         Ok(DecoderSpec {
             hidden: c.hidden_size,
             vocab: c.vocab_size,
-            layers: ctx.u32_of("num_hidden_layers", c.num_hidden_layers)?,
             norm: NormSpec {
                 eps: c.rms_norm_eps as f32,
                 weight_offset: 0.0,
             },
+            norm_layout: NormLayout::PreNorm,
             attn: AttentionSpec {
                 n_heads,
                 n_kv_heads,
                 head_dim,
-                rotary_dim,
                 qkv_bias: attention_bias,
                 o_bias: attention_bias,
                 scale: f64::from(head_dim).powf(-0.5) as f32,
-                window: None,
+                qk_norm: false,
+                fused_qkv: false,
             },
             mlp: MlpSpec {
                 intermediate: c.intermediate_size,
                 act,
                 bias: c.mlp_bias.unwrap_or(d.mlp_bias),
+                fused_gate_up: false,
             },
             embed_scale: None,
             tie_embeddings: c.tie_word_embeddings.unwrap_or(d.tie_word_embeddings),
-            rope,
+            ropes: Vec::new(),
+            layers: vec![
+                LayerAttention {
+                    window: None,
+                    rope: 0,
+                };
+                layers as usize
+            ],
+            logit_softcap: None,
         })
+    }
+
+    /// Gives every layer the sliding window `w`.
+    pub fn set_window(&mut self, w: Option<u32>) {
+        for l in &mut self.layers {
+            l.window = w;
+        }
     }
 }
 
-/// `RmsNorm(x, W tensor[width])`.
+/// `RmsNorm(x, W tensor[width])` over `groups` equal slices of each row
+/// (`width` is the slice's width).
 pub(crate) fn rms_norm(
     ctx: &mut LowerCtx<'_>,
     x: ValueRef,
     tensor: &str,
     width: u64,
+    groups: u32,
     norm: &NormSpec,
     label: String,
 ) -> Result<ValueRef> {
@@ -188,6 +358,7 @@ pub(crate) fn rms_norm(
     let op = Op::RmsNorm(RmsNorm {
         eps: norm.eps,
         weight_offset: norm.weight_offset,
+        groups,
     });
     ctx.add(op, &[x, w], label)
 }
@@ -211,6 +382,36 @@ pub(crate) fn linear(
     ctx.add(Op::MatMul(MatMul { has_bias: bias }), &inputs, label)
 }
 
+/// Splits a fused linear layer `{prefix}.weight` `[Σ parts, inp]` (and its
+/// bias `[Σ parts]`) into one linear layer per part, in order, each reading
+/// its own rows of the fused tensors. `parts` pairs a label with a row count.
+pub(crate) fn fused_linear(
+    ctx: &mut LowerCtx<'_>,
+    x: ValueRef,
+    prefix: &str,
+    parts: &[(String, u64)],
+    inp: u64,
+    bias: bool,
+) -> Result<Vec<ValueRef>> {
+    let total: u64 = parts.iter().map(|(_, n)| n).sum();
+    let mut start = 0;
+    let mut outs = Vec::with_capacity(parts.len());
+    for (label, rows) in parts {
+        let w = ctx.weight_rows(&format!("{prefix}.weight"), &[total, inp], start, *rows)?;
+        let mut inputs = vec![x, w];
+        if bias {
+            inputs.push(ctx.weight_rows(&format!("{prefix}.bias"), &[total], start, *rows)?);
+        }
+        outs.push(ctx.add(
+            Op::MatMul(MatMul { has_bias: bias }),
+            &inputs,
+            label.clone(),
+        )?);
+        start += rows;
+    }
+    Ok(outs)
+}
+
 /// `ids → embedding table lookup`; returns `(table, x)` so a tied LM head can
 /// reuse the table node.
 pub(crate) fn embed(
@@ -226,15 +427,21 @@ pub(crate) fn embed(
 }
 
 /// The attention sub-block of layer `layer` on normalized input `h`:
-/// projections, RoPE, KV-cache writes, attention and output projection.
-/// Returns the output projection (before the residual add).
+/// projections, optional q/k norms, RoPE with `rope_table` (whose rotary
+/// dimension is `rotary_dim`), KV-cache writes, attention with `window`, and
+/// the output projection. Returns the output projection (before any post-norm
+/// and the residual add).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn attention_block(
     ctx: &mut LowerCtx<'_>,
     h: ValueRef,
     layer: u32,
     hidden: u64,
     spec: &AttentionSpec,
+    norm: &NormSpec,
     rope_table: ValueRef,
+    rotary_dim: u32,
+    window: Option<u32>,
 ) -> Result<ValueRef> {
     let t = format!("model.layers.{layer}.self_attn");
     let p = format!("layers.{layer}");
@@ -242,38 +449,68 @@ pub(crate) fn attention_block(
     let q_width = u64::from(spec.n_heads) * hd;
     let kv_width = u64::from(spec.n_kv_heads) * hd;
 
-    let q = linear(
-        ctx,
-        h,
-        &format!("{t}.q_proj"),
-        q_width,
-        hidden,
-        spec.qkv_bias,
-        format!("{p}.attn.q_proj"),
-    )?;
-    let k = linear(
-        ctx,
-        h,
-        &format!("{t}.k_proj"),
-        kv_width,
-        hidden,
-        spec.qkv_bias,
-        format!("{p}.attn.k_proj"),
-    )?;
-    let v = linear(
-        ctx,
-        h,
-        &format!("{t}.v_proj"),
-        kv_width,
-        hidden,
-        spec.qkv_bias,
-        format!("{p}.attn.v_proj"),
-    )?;
+    let (q, k, v) = if spec.fused_qkv {
+        let parts = [
+            (format!("{p}.attn.q_proj"), q_width),
+            (format!("{p}.attn.k_proj"), kv_width),
+            (format!("{p}.attn.v_proj"), kv_width),
+        ];
+        let qkv = fused_linear(
+            ctx,
+            h,
+            &format!("{t}.qkv_proj"),
+            &parts,
+            hidden,
+            spec.qkv_bias,
+        )?;
+        (qkv[0], qkv[1], qkv[2])
+    } else {
+        let mut proj = |name: &str, out: u64| {
+            linear(
+                ctx,
+                h,
+                &format!("{t}.{name}"),
+                out,
+                hidden,
+                spec.qkv_bias,
+                format!("{p}.attn.{name}"),
+            )
+        };
+        (
+            proj("q_proj", q_width)?,
+            proj("k_proj", kv_width)?,
+            proj("v_proj", kv_width)?,
+        )
+    };
+    let (q, k) = if spec.qk_norm {
+        (
+            rms_norm(
+                ctx,
+                q,
+                &format!("{t}.q_norm.weight"),
+                hd,
+                spec.n_heads,
+                norm,
+                format!("{p}.attn.q_norm"),
+            )?,
+            rms_norm(
+                ctx,
+                k,
+                &format!("{t}.k_norm.weight"),
+                hd,
+                spec.n_kv_heads,
+                norm,
+                format!("{p}.attn.k_norm"),
+            )?,
+        )
+    } else {
+        (q, k)
+    };
     let rope = |n_heads| {
         Op::Rope(Rope {
             n_heads,
             head_dim: spec.head_dim,
-            rotary_dim: spec.rotary_dim,
+            rotary_dim,
         })
     };
     let q = ctx.add(
@@ -300,7 +537,7 @@ pub(crate) fn attention_block(
         n_kv_heads: spec.n_kv_heads,
         head_dim: spec.head_dim,
         scale: spec.scale,
-        window: spec.window,
+        window,
     });
     let a = ctx.add(attn, &[q, kc, vc], format!("{p}.attn.sdpa"))?;
     linear(
@@ -326,24 +563,31 @@ pub(crate) fn gated_mlp(
     let t = format!("model.layers.{layer}.mlp");
     let p = format!("layers.{layer}.mlp");
     let i = spec.intermediate;
-    let g = linear(
-        ctx,
-        h,
-        &format!("{t}.gate_proj"),
-        i,
-        hidden,
-        spec.bias,
-        format!("{p}.gate_proj"),
-    )?;
-    let u = linear(
-        ctx,
-        h,
-        &format!("{t}.up_proj"),
-        i,
-        hidden,
-        spec.bias,
-        format!("{p}.up_proj"),
-    )?;
+    let (g, u) = if spec.fused_gate_up {
+        let parts = [(format!("{p}.gate_proj"), i), (format!("{p}.up_proj"), i)];
+        let gu = fused_linear(
+            ctx,
+            h,
+            &format!("{t}.gate_up_proj"),
+            &parts,
+            hidden,
+            spec.bias,
+        )?;
+        (gu[0], gu[1])
+    } else {
+        let mut proj = |name: &str| {
+            linear(
+                ctx,
+                h,
+                &format!("{t}.{name}"),
+                i,
+                hidden,
+                spec.bias,
+                format!("{p}.{name}"),
+            )
+        };
+        (proj("gate_proj")?, proj("up_proj")?)
+    };
     let s = ctx.add(Op::Unary(spec.act), &[g], format!("{p}.act"))?;
     let m = ctx.add(Op::Binary(BinaryOp::Mul), &[s, u], format!("{p}.gate_mul"))?;
     linear(
@@ -377,7 +621,7 @@ pub(crate) fn lm_head(
     vocab: u64,
     hidden: u64,
 ) -> Result<ValueRef> {
-    let w = if tie && !ctx.ckpt.contains("lm_head.weight") {
+    let w = if tie && !ctx.has_tensor("lm_head.weight") {
         table
     } else {
         ctx.weight("lm_head.weight", &[vocab, hidden])?
@@ -385,35 +629,80 @@ pub(crate) fn lm_head(
     ctx.add(Op::MatMul(MatMul { has_bias: false }), &[h, w], "lm_head")
 }
 
-/// The whole Llama-shaped model: embedding, `layers` pre-norm blocks
-/// (attention then gated MLP, each with a residual), final norm and LM head.
+/// The whole model: embedding, one block per entry of `spec.layers`
+/// (attention then gated MLP, each with a residual, norms placed by
+/// `spec.norm_layout`), final norm, LM head and optional logit softcap.
 /// Sets the graph's `logits` output.
-pub(crate) fn build_pre_norm_decoder(ctx: &mut LowerCtx<'_>, spec: &DecoderSpec) -> Result<()> {
+pub(crate) fn build_decoder(ctx: &mut LowerCtx<'_>, spec: &DecoderSpec) -> Result<()> {
     let hidden = spec.hidden;
     let (table, mut x) = embed(ctx, spec.vocab, hidden, spec.embed_scale)?;
-    let rope_table = ctx.rope_table(&spec.rope, "rope_table")?;
-    for i in 0..spec.layers {
+    let mut tables = Vec::with_capacity(spec.ropes.len());
+    for r in &spec.ropes {
+        tables.push(ctx.rope_table(&r.freqs, &r.label)?);
+    }
+    for (i, layer) in spec.layers.iter().enumerate() {
+        let i = i as u32;
         let t = format!("model.layers.{i}");
         let p = format!("layers.{i}");
-        let h = rms_norm(
+        let rope = &spec.ropes[layer.rope];
+        let norm = |ctx: &mut LowerCtx<'_>, x, name: &str, label: String| {
+            rms_norm(
+                ctx,
+                x,
+                &format!("{t}.{name}.weight"),
+                hidden,
+                1,
+                &spec.norm,
+                label,
+            )
+        };
+        let h = norm(ctx, x, "input_layernorm", format!("{p}.input_norm"))?;
+        let mut a = attention_block(
             ctx,
-            x,
-            &format!("{t}.input_layernorm.weight"),
+            h,
+            i,
             hidden,
+            &spec.attn,
             &spec.norm,
-            format!("{p}.input_norm"),
+            tables[layer.rope],
+            2 * rope.freqs.inv_freq.len() as u32,
+            layer.window,
         )?;
-        let o = attention_block(ctx, h, i, hidden, &spec.attn, rope_table)?;
-        x = residual(ctx, x, o, format!("{p}.attn.residual"))?;
-        let h = rms_norm(
-            ctx,
-            x,
-            &format!("{t}.post_attention_layernorm.weight"),
-            hidden,
-            &spec.norm,
-            format!("{p}.post_attention_norm"),
-        )?;
-        let d = gated_mlp(ctx, h, i, hidden, &spec.mlp)?;
+        let h = match spec.norm_layout {
+            NormLayout::PreNorm => {
+                x = residual(ctx, x, a, format!("{p}.attn.residual"))?;
+                norm(
+                    ctx,
+                    x,
+                    "post_attention_layernorm",
+                    format!("{p}.post_attention_norm"),
+                )?
+            }
+            NormLayout::Sandwich => {
+                a = norm(
+                    ctx,
+                    a,
+                    "post_attention_layernorm",
+                    format!("{p}.attn.post_norm"),
+                )?;
+                x = residual(ctx, x, a, format!("{p}.attn.residual"))?;
+                norm(
+                    ctx,
+                    x,
+                    "pre_feedforward_layernorm",
+                    format!("{p}.pre_mlp_norm"),
+                )?
+            }
+        };
+        let mut d = gated_mlp(ctx, h, i, hidden, &spec.mlp)?;
+        if spec.norm_layout == NormLayout::Sandwich {
+            d = norm(
+                ctx,
+                d,
+                "post_feedforward_layernorm",
+                format!("{p}.mlp.post_norm"),
+            )?;
+        }
         x = residual(ctx, x, d, format!("{p}.mlp.residual"))?;
     }
     let h = rms_norm(
@@ -421,10 +710,14 @@ pub(crate) fn build_pre_norm_decoder(ctx: &mut LowerCtx<'_>, spec: &DecoderSpec)
         x,
         "model.norm.weight",
         hidden,
+        1,
         &spec.norm,
         "final_norm".to_string(),
     )?;
-    let logits = lm_head(ctx, h, table, spec.tie_embeddings, spec.vocab, hidden)?;
+    let mut logits = lm_head(ctx, h, table, spec.tie_embeddings, spec.vocab, hidden)?;
+    if let Some(cap) = spec.logit_softcap {
+        logits = ctx.add(Op::Unary(UnaryOp::Softcap(cap)), &[logits], "logit_softcap")?;
+    }
     ctx.graph.outputs.push(("logits".to_string(), logits));
     Ok(())
 }

@@ -12,6 +12,8 @@ const DEFAULTS: FamilyDefaults = FamilyDefaults {
     tie_word_embeddings: false,
     attention_bias: false,
     mlp_bias: false,
+    head_dim: None,
+    act_key: "hidden_act",
     hidden_act: "silu",
     activations: &["silu", "swish"],
 };
@@ -19,5 +21,5 @@ const DEFAULTS: FamilyDefaults = FamilyDefaults {
 /// Builds a Llama graph: nothing differs from the shared decoder.
 pub(crate) fn build(ctx: &mut LowerCtx<'_>) -> Result<()> {
     let spec = DecoderSpec::from_config(ctx, &DEFAULTS)?;
-    decoder::build_pre_norm_decoder(ctx, &spec)
+    decoder::build_decoder(ctx, &spec)
 }

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod random_checkpoint;
+
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 
