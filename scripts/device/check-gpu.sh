@@ -22,7 +22,7 @@ bin=.device/bin
 status=0
 
 echo "=== tiny models (e2e tests) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
-$bin/models tiny chunked --test-threads=1 2>&1 | tee "$out/tiny.log" | grep -E "^test |test result" || status=1
+$bin/models tiny chunked sharded disabled odd --test-threads=1 2>&1 | tee "$out/tiny.log" | grep -E "^test |test result" || status=1
 
 configs=("$@")
 [ ${#configs[@]} -eq 0 ] && configs=(tests/data/models/smollm2-135m/config.json)

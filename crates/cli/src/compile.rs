@@ -2,7 +2,7 @@
 
 use anyhow::{bail, Context, Result};
 use gerbil_codegen_wgsl::{generate, CodegenOptions, Program};
-use gerbil_frontend_hf::{lower_with, Checkpoint, LowerOptions};
+use gerbil_frontend_hf::{lower_with, Checkpoint, LowerOptions, TensorView, TextAssets};
 use gerbil_ir::{print::print, DType, Graph, WeightSource};
 use gerbil_passes::{default_pipeline, PassManager};
 use gerbil_plan::{
@@ -143,8 +143,20 @@ fn pad4(bytes: Cow<'_, [u8]>) -> Cow<'_, [u8]> {
     }
 }
 
+/// Where weight bytes come from: a checkpoint, or tensors built in memory (tests).
+pub trait TensorSource {
+    /// The tensor's dtype, shape and raw little-endian bytes.
+    fn tensor(&self, name: &str) -> Result<TensorView<'_>>;
+}
+
+impl TensorSource for Checkpoint {
+    fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
+        Ok(Checkpoint::tensor(self, name)?)
+    }
+}
+
 fn materialize<'a>(
-    ckpt: &'a Checkpoint,
+    ckpt: &'a dyn TensorSource,
     source: &WeightSource,
     dtype: DType,
     rows: u64,
@@ -264,32 +276,84 @@ pub fn compile(opts: &CompileOptions) -> Result<Compiled> {
     }
     let ops_after = op_counts(&graph);
 
-    let program: Program = generate(
-        &graph,
-        &CodegenOptions {
-            max_context,
-            max_tokens_per_step,
-            max_storage_binding: opts
-                .max_storage_binding
-                .unwrap_or_else(|| opts.target.max_storage_binding()),
-            ..CodegenOptions::default()
-        },
-    )?;
+    let mut passes: Vec<String> = report.ran.iter().map(|(n, _)| n.clone()).collect();
+    passes.push("plan-buffers".into());
+    let codegen = CodegenOptions {
+        max_context,
+        max_tokens_per_step,
+        max_storage_binding: opts
+            .max_storage_binding
+            .unwrap_or_else(|| opts.target.max_storage_binding()),
+        ..CodegenOptions::default()
+    };
+    let model = ModelInfo {
+        architecture: facts.architecture.clone(),
+        family: facts.family.clone(),
+        name: facts.name.clone(),
+        vocab_size: facts.vocab_size,
+        hidden_size: facts.hidden_size,
+        num_layers: facts.num_layers,
+        max_context,
+        max_tokens_per_step,
+        config: ckpt.config_json.clone(),
+    };
+    let compile_info = CompileInfo {
+        gerbil_version: env!("CARGO_PKG_VERSION").to_string(),
+        passes,
+        ops_before,
+        ops_after,
+        activation_naive_bytes: 0,
+    };
+    let built = build_plan(&graph, &ckpt, model, &ckpt.text, compile_info, &codegen)?;
     if let Some(dir) = &opts.emit_wgsl {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-        for k in &program.kernels {
+        for k in &built.header.kernels {
             let path = dir.join(format!("{}.wgsl", k.name));
             std::fs::write(&path, &k.wgsl)
                 .with_context(|| format!("writing {}", path.display()))?;
         }
     }
+    if let Some(out) = &opts.output {
+        write_plan(out, &built.header, &built.data)?;
+    }
+    Ok(Compiled {
+        graph,
+        header: built.header,
+        weight_bytes: built.weight_bytes,
+    })
+}
 
+/// A plan ready to write: its header and data sections.
+pub struct BuiltPlan<'a> {
+    /// The header.
+    pub header: PlanHeader,
+    /// Weight and tokenizer sections (borrowing from the tensor source).
+    pub data: DataLayout<'a>,
+    /// Bytes of weight data.
+    pub weight_bytes: u64,
+}
+
+/// Generates code for a graph whose passes have run, materializes its
+/// weights from `tensors` and assembles the plan. `model`'s context fields
+/// are taken from `codegen`.
+pub fn build_plan<'a>(
+    graph: &Graph,
+    tensors: &'a dyn TensorSource,
+    mut model: ModelInfo,
+    text: &'a TextAssets,
+    mut compile: CompileInfo,
+    codegen: &CodegenOptions,
+) -> Result<BuiltPlan<'a>> {
+    let program: Program = generate(graph, codegen)?;
+    model.max_context = codegen.max_context;
+    model.max_tokens_per_step = codegen.max_tokens_per_step;
+    compile.activation_naive_bytes = program.activation_naive_bytes;
     let mut data = DataLayout::default();
     let mut buffers = program.buffers.clone();
     let mut weight_bytes = 0;
     for w in &program.weights {
         let rows = w.ty.shape.first().and_then(|d| d.as_const()).unwrap_or(0);
-        let mut bytes = materialize(&ckpt, &w.source, w.ty.dtype, rows)?;
+        let mut bytes = materialize(tensors, &w.source, w.ty.dtype, rows)?;
         if let Some((start, count)) = w.rows {
             let row_bytes = (w.ty.size_bytes(0, 0) / count.max(1)) as usize;
             let (a, b) = (
@@ -324,25 +388,12 @@ pub fn compile(opts: &CompileOptions) -> Result<Compiled> {
             *s = section;
         }
     }
-    let text = &ckpt.text;
     let tokenizer = text
         .tokenizer_json
         .as_ref()
         .map(|t| data.push(Cow::Borrowed(t.as_slice())));
-    let mut passes: Vec<String> = report.ran.iter().map(|(n, _)| n.clone()).collect();
-    passes.push("plan-buffers".into());
     let header = PlanHeader {
-        model: ModelInfo {
-            architecture: facts.architecture.clone(),
-            family: facts.family.clone(),
-            name: facts.name.clone(),
-            vocab_size: facts.vocab_size,
-            hidden_size: facts.hidden_size,
-            num_layers: facts.num_layers,
-            max_context,
-            max_tokens_per_step,
-            config: ckpt.config_json.clone(),
-        },
+        model,
         text: TextInfo {
             tokenizer,
             chat_template: text.chat_template.clone(),
@@ -350,13 +401,7 @@ pub fn compile(opts: &CompileOptions) -> Result<Compiled> {
             eos_token: text.eos_token.clone(),
             eos_token_ids: text.eos_token_ids.clone(),
         },
-        compile: CompileInfo {
-            gerbil_version: env!("CARGO_PKG_VERSION").to_string(),
-            passes,
-            ops_before,
-            ops_after,
-            activation_naive_bytes: program.activation_naive_bytes,
-        },
+        compile,
         requirements: program.requirements.clone(),
         buffers,
         kernels: program.kernels.clone(),
@@ -367,12 +412,9 @@ pub fn compile(opts: &CompileOptions) -> Result<Compiled> {
     header
         .validate(data.len())
         .map_err(|e| anyhow::anyhow!("internal error: generated plan is inconsistent: {e}"))?;
-    if let Some(out) = &opts.output {
-        write_plan(out, &header, &data)?;
-    }
-    Ok(Compiled {
-        graph,
+    Ok(BuiltPlan {
         header,
+        data,
         weight_bytes,
     })
 }

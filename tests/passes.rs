@@ -1,0 +1,356 @@
+//! Every pass preserves results: random small graphs — chains and diamonds
+//! of the ops the passes rewrite (attention blocks, gated MLPs, parallel
+//! matmuls, residual adds and norms), random and odd shapes — are compiled
+//! with all passes, with each pass disabled in turn, and with every optional
+//! pass disabled, then run on the GPU (lavapipe); the logits of a prefill and
+//! of two decode steps agree within f32 tolerance.
+
+use gerbil_cli::compile::{build_plan, TensorSource};
+use gerbil_codegen_wgsl::CodegenOptions;
+use gerbil_e2e::{gpu_lock, temp_dir};
+use gerbil_frontend_hf::{TensorView, TextAssets};
+use gerbil_ir::op::KvKind;
+use gerbil_ir::{
+    Attention, BinaryOp, DType, Dim, Embedding, Graph, MatMul, Op, RmsNorm, Rope, Sym, TensorType,
+    UnaryOp, ValueRef, Weight, WeightSource,
+};
+use gerbil_passes::{default_pipeline, PassManager};
+use gerbil_plan::{write_plan, CompileInfo, ModelInfo, PlanFile};
+use gerbil_runtime::Session;
+use proptest::prelude::*;
+use std::collections::HashMap;
+
+/// Tensors made in memory, f32.
+#[derive(Default)]
+struct Tensors(HashMap<String, (Vec<u64>, Vec<u8>)>);
+
+impl TensorSource for Tensors {
+    fn tensor(&self, name: &str) -> anyhow::Result<TensorView<'_>> {
+        let (shape, data) = self
+            .0
+            .get(name)
+            .ok_or_else(|| anyhow::anyhow!("no tensor {name}"))?;
+        Ok(TensorView {
+            dtype: DType::F32,
+            shape: shape.clone(),
+            data,
+        })
+    }
+}
+
+/// A block of the random graph.
+#[derive(Clone, Copy, Debug)]
+enum Block {
+    /// Pre-norm attention with RoPE, GQA and a KV cache, plus the residual add.
+    Attention {
+        heads: u32,
+        kv_heads: u32,
+        head_dim: u32,
+        window: u32,
+    },
+    /// Pre-norm gated MLP (SwiGLU or GeGLU), plus the residual add.
+    Mlp { inter: u64, gelu: bool },
+    /// Two matmuls of one input added: a diamond.
+    Diamond,
+}
+
+/// Builds graphs and their random weights.
+struct Builder {
+    g: Graph,
+    tensors: Tensors,
+    seed: u64,
+    next: u32,
+}
+
+impl Builder {
+    fn rand(&mut self) -> f32 {
+        self.seed = self.seed.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.seed;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0
+    }
+
+    /// A weight of `shape` with values `offset + scale · U(-1, 1)`.
+    fn weight(&mut self, shape: &[u64], scale: f32, offset: f32) -> ValueRef {
+        let name = format!("w{}", self.next);
+        self.next += 1;
+        let n: u64 = shape.iter().product();
+        let bytes: Vec<u8> = (0..n)
+            .flat_map(|_| (offset + scale * self.rand()).to_le_bytes())
+            .collect();
+        self.tensors.0.insert(name.clone(), (shape.to_vec(), bytes));
+        let op = Op::Weight(Weight {
+            source: WeightSource::Checkpoint {
+                tensor: name.clone(),
+            },
+            ty: TensorType::fixed(DType::F32, shape),
+        });
+        self.g.add(op, &[], name).expect("weight")
+    }
+
+    fn add(&mut self, op: Op, ins: &[ValueRef], label: &str) -> ValueRef {
+        self.g.add(op, ins, label).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn norm(&mut self, x: ValueRef, width: u64) -> ValueRef {
+        let w = self.weight(&[width], 0.3, 1.0);
+        self.add(
+            Op::RmsNorm(RmsNorm {
+                eps: 1e-5,
+                weight_offset: 0.0,
+                groups: 1,
+            }),
+            &[x, w],
+            "norm",
+        )
+    }
+
+    fn linear(&mut self, x: ValueRef, n: u64, k: u64, label: &str) -> ValueRef {
+        let w = self.weight(&[n, k], 1.0 / (k as f32).sqrt(), 0.0);
+        self.add(Op::MatMul(MatMul { has_bias: false }), &[x, w], label)
+    }
+
+    fn block(
+        &mut self,
+        b: Block,
+        x: ValueRef,
+        hidden: u64,
+        layer: u32,
+        table: &mut HashMap<u32, ValueRef>,
+    ) -> ValueRef {
+        let p = format!("layers.{layer}");
+        match b {
+            Block::Attention {
+                heads,
+                kv_heads,
+                head_dim,
+                window,
+            } => {
+                let h = self.norm(x, hidden);
+                let (qw, kw) = (u64::from(heads * head_dim), u64::from(kv_heads * head_dim));
+                let q = self.linear(h, qw, hidden, &format!("{p}.attn.q_proj"));
+                let k = self.linear(h, kw, hidden, &format!("{p}.attn.k_proj"));
+                let v = self.linear(h, kw, hidden, &format!("{p}.attn.v_proj"));
+                let t = *table.entry(head_dim).or_insert_with(|| {
+                    let inv_freq = (0..head_dim / 2)
+                        .map(|i| 1.0 / 10000f32.powf(2.0 * i as f32 / head_dim as f32))
+                        .collect();
+                    self.g
+                        .add(
+                            Op::Weight(Weight {
+                                source: WeightSource::RopeTable {
+                                    inv_freq,
+                                    attention_scaling: 1.0,
+                                },
+                                ty: TensorType::new(
+                                    DType::F32,
+                                    [Dim::Sym(Sym::Lmax), Dim::Const(u64::from(head_dim))],
+                                ),
+                            }),
+                            &[],
+                            "rope_table",
+                        )
+                        .expect("table")
+                });
+                let rope = |n| {
+                    Op::Rope(Rope {
+                        n_heads: n,
+                        head_dim,
+                        rotary_dim: head_dim,
+                    })
+                };
+                let q = self.add(rope(heads), &[q, t], &format!("{p}.attn.q_rope"));
+                let k = self.add(rope(kv_heads), &[k, t], &format!("{p}.attn.k_rope"));
+                let kc = self.add(
+                    Op::KvCache {
+                        layer,
+                        kind: KvKind::K,
+                        width: kw,
+                    },
+                    &[],
+                    &format!("{p}.k_cache"),
+                );
+                let vc = self.add(
+                    Op::KvCache {
+                        layer,
+                        kind: KvKind::V,
+                        width: kw,
+                    },
+                    &[],
+                    &format!("{p}.v_cache"),
+                );
+                let kc = self.add(Op::CacheWrite, &[kc, k], &format!("{p}.attn.k_cache_write"));
+                let vc = self.add(Op::CacheWrite, &[vc, v], &format!("{p}.attn.v_cache_write"));
+                let a = self.add(
+                    Op::Attention(Attention {
+                        n_heads: heads,
+                        n_kv_heads: kv_heads,
+                        head_dim,
+                        scale: (head_dim as f32).powf(-0.5),
+                        window: (window > 0).then_some(window),
+                    }),
+                    &[q, kc, vc],
+                    &format!("{p}.attn.sdpa"),
+                );
+                let o = self.linear(a, hidden, qw, &format!("{p}.attn.o_proj"));
+                self.add(
+                    Op::Binary(BinaryOp::Add),
+                    &[x, o],
+                    &format!("{p}.attn.residual"),
+                )
+            }
+            Block::Mlp { inter, gelu } => {
+                let h = self.norm(x, hidden);
+                let g = self.linear(h, inter, hidden, &format!("{p}.mlp.gate_proj"));
+                let u = self.linear(h, inter, hidden, &format!("{p}.mlp.up_proj"));
+                let act = if gelu {
+                    UnaryOp::GeluTanh
+                } else {
+                    UnaryOp::Silu
+                };
+                let s = self.add(Op::Unary(act), &[g], &format!("{p}.mlp.act"));
+                let m = self.add(
+                    Op::Binary(BinaryOp::Mul),
+                    &[s, u],
+                    &format!("{p}.mlp.gate_mul"),
+                );
+                let d = self.linear(m, hidden, inter, &format!("{p}.mlp.down_proj"));
+                self.add(
+                    Op::Binary(BinaryOp::Add),
+                    &[x, d],
+                    &format!("{p}.mlp.residual"),
+                )
+            }
+            Block::Diamond => {
+                let a = self.linear(x, hidden, hidden, &format!("{p}.a"));
+                let b = self.linear(x, hidden, hidden, &format!("{p}.b"));
+                self.add(Op::Binary(BinaryOp::Add), &[a, b], &format!("{p}.sum"))
+            }
+        }
+    }
+}
+
+/// A random model: embedding, blocks, final norm, LM head.
+fn build(blocks: &[Block], hidden: u64, vocab: u64, seed: u64) -> (Graph, Tensors) {
+    let mut b = Builder {
+        g: Graph::new("random"),
+        tensors: Tensors::default(),
+        seed,
+        next: 0,
+    };
+    let ids = b.add(Op::Input(gerbil_ir::Input::TokenIds), &[], "input_ids");
+    let table = b.weight(&[vocab, hidden], 1.0, 0.0);
+    let mut x = b.add(
+        Op::Embedding(Embedding { scale: None }),
+        &[table, ids],
+        "embed",
+    );
+    let mut tables = HashMap::new();
+    for (i, &blk) in blocks.iter().enumerate() {
+        x = b.block(blk, x, hidden, i as u32, &mut tables);
+    }
+    let h = b.norm(x, hidden);
+    let logits = b.linear(h, vocab, hidden, "lm_head");
+    b.g.outputs.push(("logits".into(), logits));
+    (b.g, b.tensors)
+}
+
+/// Runs the passes except `disabled`, builds and loads the plan, and returns
+/// the logits of a prefill of `prompt` followed by decode steps of `decode`.
+fn run(
+    graph: &Graph,
+    tensors: &Tensors,
+    vocab: u64,
+    hidden: u64,
+    disabled: &[&str],
+    prompt: &[u32],
+    decode: &[u32],
+) -> Vec<Vec<f32>> {
+    let mut g = graph.clone();
+    let mut pm = PassManager::new(default_pipeline());
+    for d in disabled {
+        pm.disable(d).expect("pass name");
+    }
+    pm.run(&mut g, |_, _| {})
+        .unwrap_or_else(|e| panic!("passes (disabled {disabled:?}): {e}"));
+    let model = ModelInfo {
+        architecture: "Random".into(),
+        family: "random".into(),
+        name: "random".into(),
+        vocab_size: vocab,
+        hidden_size: hidden,
+        num_layers: 0,
+        max_context: 0,
+        max_tokens_per_step: 0,
+        config: serde_json::Value::Null,
+    };
+    let codegen = CodegenOptions {
+        max_context: 32,
+        max_tokens_per_step: 8,
+        ..CodegenOptions::default()
+    };
+    let text = TextAssets::default();
+    let built = build_plan(&g, tensors, model, &text, CompileInfo::default(), &codegen)
+        .unwrap_or_else(|e| panic!("build (disabled {disabled:?}): {e:#}"));
+    let path = temp_dir("passes").join("random.plan");
+    write_plan(&path, &built.header, &built.data).expect("write plan");
+    let plan = PlanFile::open(&path).expect("open plan");
+    let _gpu = gpu_lock();
+    let mut session = Session::new(&plan).expect("session");
+    let mut out = vec![session.forward(prompt).expect("prefill")];
+    for &t in decode {
+        out.push(session.forward(&[t]).expect("decode"));
+    }
+    out
+}
+
+fn block_strategy() -> impl Strategy<Value = Block> {
+    prop_oneof![
+        (
+            1u32..4,
+            prop::sample::select(vec![1u32, 2]),
+            prop::sample::select(vec![6u32, 8, 10, 16]),
+            prop::sample::select(vec![0u32, 3])
+        )
+            .prop_map(|(kv, group, head_dim, window)| Block::Attention {
+                heads: kv * group,
+                kv_heads: kv,
+                head_dim,
+                window
+            }),
+        (prop::sample::select(vec![17u64, 40, 63]), any::<bool>())
+            .prop_map(|(inter, gelu)| Block::Mlp { inter, gelu }),
+        Just(Block::Diamond),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 8, max_shrink_iters: 16, ..ProptestConfig::default() })]
+
+    #[test]
+    fn every_pass_preserves_results(
+        blocks in prop::collection::vec(block_strategy(), 1..4),
+        hidden in prop::sample::select(vec![12u64, 24, 31, 48]),
+        vocab in prop::sample::select(vec![33u64, 64]),
+        seed in any::<u64>(),
+        prompt_len in 1usize..7,
+    ) {
+        let (graph, tensors) = build(&blocks, hidden, vocab, seed);
+        let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| (i * 7 + 3) % vocab as u32).collect();
+        let decode = [5u32 % vocab as u32, 11 % vocab as u32];
+        let reference = run(&graph, &tensors, vocab, hidden, &[], &prompt, &decode);
+        let names = PassManager::new(default_pipeline()).names();
+        let mut variants: Vec<Vec<&str>> = names.iter().map(|n| vec![*n]).collect();
+        variants.push(names.clone());
+        for disabled in variants {
+            let got = run(&graph, &tensors, vocab, hidden, &disabled, &prompt, &decode);
+            for (step, (a, b)) in got.iter().zip(&reference).enumerate() {
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    let tol = 1e-4 * y.abs().max(1.0);
+                    prop_assert!((x - y).abs() <= tol, "disabled {:?}: step {} logit {} = {} vs {} (blocks {:?})", disabled, step, i, x, y, blocks);
+                }
+            }
+        }
+    }
+}
