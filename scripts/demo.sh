@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compiles SmolLM2-135M-Instruct to a plan and chats with it:  bash scripts/demo.sh ["your question"]
 set -euo pipefail
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp} # lavapipe warns when it is unset
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/install-deps.sh
