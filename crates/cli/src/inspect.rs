@@ -13,6 +13,10 @@ pub struct Inspection {
     pub family: String,
     /// Model name.
     pub name: String,
+    /// The checkpoint's config.json.
+    pub config: serde_json::Value,
+    /// Transformer layers.
+    pub num_layers: u64,
     /// Context capacity.
     pub max_context: u64,
     /// Prefill chunk.
@@ -25,12 +29,16 @@ pub struct Inspection {
     pub ops_after: BTreeMap<String, u64>,
     /// Dispatches per prefill step.
     pub prefill_dispatches_total: usize,
+    /// Prefill dispatches inside one transformer layer.
+    pub prefill_dispatches_per_layer: f64,
     /// Dispatches per decode step.
     pub decode_dispatches_total: usize,
     /// Decode dispatches inside one transformer layer.
     pub decode_dispatches_per_layer: f64,
     /// Bytes of all activation arenas.
     pub activation_arena_bytes: u64,
+    /// Size of each arena buffer.
+    pub arena_sizes: Vec<u64>,
     /// Bytes if every activation had its own buffer.
     pub activation_naive_bytes: u64,
     /// KV-cache bytes.
@@ -45,26 +53,34 @@ pub struct Inspection {
 pub fn inspect(h: &PlanHeader) -> Inspection {
     let mut weight_bytes_by_dtype = BTreeMap::new();
     let mut arena = 0;
+    let mut arena_sizes = Vec::new();
     let mut kv = 0;
     for b in &h.buffers {
         match &b.kind {
             BufferKind::Weight { dtype, .. } => {
                 *weight_bytes_by_dtype.entry(dtype.clone()).or_default() += b.size
             }
-            BufferKind::Arena => arena += b.size,
+            BufferKind::Arena => {
+                arena += b.size;
+                arena_sizes.push(b.size);
+            }
             BufferKind::State { name } if name.contains("cache") => kv += b.size,
             _ => {}
         }
     }
-    let layer_dispatches = h
-        .decode
-        .iter()
-        .filter(|d| d.label.starts_with("layers."))
-        .count();
+    let layers = h.model.num_layers.max(1) as f64;
+    let per_layer = |list: &[gerbil_plan::Dispatch]| {
+        list.iter()
+            .filter(|d| d.label.starts_with("layers."))
+            .count() as f64
+            / layers
+    };
     Inspection {
         architecture: h.model.architecture.clone(),
         family: h.model.family.clone(),
         name: h.model.name.clone(),
+        config: h.model.config.clone(),
+        num_layers: h.model.num_layers,
         max_context: h.model.max_context,
         max_tokens_per_step: h.model.max_tokens_per_step,
         passes: h.compile.passes.clone(),
@@ -72,8 +88,10 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
         ops_after: h.compile.ops_after.iter().cloned().collect(),
         prefill_dispatches_total: h.prefill.len(),
         decode_dispatches_total: h.decode.len(),
-        decode_dispatches_per_layer: layer_dispatches as f64 / h.model.num_layers.max(1) as f64,
+        decode_dispatches_per_layer: per_layer(&h.decode),
+        prefill_dispatches_per_layer: per_layer(&h.prefill),
         activation_arena_bytes: arena,
+        arena_sizes,
         activation_naive_bytes: h.compile.activation_naive_bytes,
         kv_cache_bytes: kv,
         weight_bytes_by_dtype,
@@ -87,11 +105,26 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
 
 /// Human-readable rendering of an inspection.
 pub fn render(i: &Inspection) -> String {
+    let cfg = |k: &str| {
+        i.config
+            .get(k)
+            .map(|v| v.to_string())
+            .unwrap_or_else(|| "-".into())
+    };
     let mut s = format!(
-        "model      {} ({}, family {})\ncontext    {} tokens, prefill chunk {}\npasses     {}\n",
+        "model      {} ({}, family {}), {} layers\n\
+         config     hidden {}, intermediate {}, heads {} / kv {}, head_dim {}, vocab {}\n\
+         context    {} tokens, prefill chunk {}\npasses     {}\n",
         i.name,
         i.architecture,
         i.family,
+        i.num_layers,
+        cfg("hidden_size"),
+        cfg("intermediate_size"),
+        cfg("num_attention_heads"),
+        cfg("num_key_value_heads"),
+        cfg("head_dim"),
+        cfg("vocab_size"),
         i.max_context,
         i.max_tokens_per_step,
         i.passes.join(" → ")
@@ -107,12 +140,16 @@ pub fn render(i: &Inspection) -> String {
         );
     }
     s += &format!(
-        "dispatches prefill {} / decode {} ({:.1} per layer)\n",
-        i.prefill_dispatches_total, i.decode_dispatches_total, i.decode_dispatches_per_layer
+        "dispatches prefill {} ({:.1} per layer) / decode {} ({:.1} per layer)\n",
+        i.prefill_dispatches_total,
+        i.prefill_dispatches_per_layer,
+        i.decode_dispatches_total,
+        i.decode_dispatches_per_layer
     );
     s += &format!(
-        "activations arena {} bytes vs {} naive ({:.1}%)\nkv cache   {} bytes\n",
+        "activations arena {} bytes in {} buffer(s) vs {} naive ({:.1}%)\nkv cache   {} bytes\n",
         i.activation_arena_bytes,
+        i.arena_sizes.len(),
         i.activation_naive_bytes,
         100.0 * i.activation_arena_bytes as f64 / i.activation_naive_bytes.max(1) as f64,
         i.kv_cache_bytes
