@@ -10,7 +10,7 @@
 
 use gerbil_codegen_wgsl::kernels::{self, KernelSource, Rows};
 use gerbil_e2e::kernel_harness::{
-    check_close, encode, f32_bytes, poison, run_output, u32_bytes, widen, Rng, TOL,
+    check_close, encode, f32_bytes, poison, run_output, run_outputs, u32_bytes, widen, Rng, TOL,
 };
 use gerbil_ir::{BinaryOp, DType, UnaryOp};
 use proptest::prelude::*;
@@ -63,6 +63,22 @@ fn expect(
     check_close(&src.name, &got, want, TOL)
 }
 
+/// Runs `src` once and checks each binding `outs[i].0 + 1` against `outs[i].1`.
+fn expect_all(
+    src: &KernelSource,
+    t: u32,
+    p: u32,
+    inputs: &[Vec<u8>],
+    outs: &[(usize, &[f64])],
+) -> Result<(), String> {
+    let idx: Vec<usize> = outs.iter().map(|o| o.0).collect();
+    let got = run_outputs(src, t, p, inputs, &idx)?;
+    for (g, (o, want)) in got.iter().zip(outs) {
+        check_close(&format!("{} binding {}", src.name, o + 1), g, want, TOL)?;
+    }
+    Ok(())
+}
+
 /// Splits a `[rows, width]` tensor's bytes into shards of `shard_rows` rows
 /// (the last may be shorter), as codegen does for weights above the binding limit.
 fn shard_bytes(bytes: Vec<u8>, rows: usize, shard_rows: Option<u32>) -> Vec<Vec<u8>> {
@@ -90,6 +106,8 @@ struct MatMulCase {
     bias: bool,
     tt: u32,
     shard_rows: Option<u32>,
+    /// Gated epilogue: the weight has `2n` rows.
+    glu: Option<UnaryOp>,
 }
 
 fn check_matmul(c: &MatMulCase) -> Result<(), String> {
@@ -101,14 +119,16 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
         wdtype: c.wdtype,
         bias: c.bias,
         tt: c.tt,
+        glu: c.glu,
     });
     let (m, k, n) = (row_count(c.rows, c.t), c.k as usize, c.n as usize);
+    let wn = if c.glu.is_some() { 2 * n } else { n };
     let mut rng = rng(c);
     let x = rng.vec(m * k);
-    let (w_bytes, w) = encode(&rng.vec(n * k), c.wdtype);
-    let b = rng.vec(n);
+    let (w_bytes, w) = encode(&rng.vec(wn * k), c.wdtype);
+    let b = rng.vec(wn);
     let mut inputs = vec![f32_bytes(&x)];
-    inputs.extend(shard_bytes(w_bytes, n, c.shard_rows));
+    inputs.extend(shard_bytes(w_bytes, wn, c.shard_rows));
     if c.bias {
         inputs.push(f32_bytes(&b));
     }
@@ -116,8 +136,14 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
     let want: Vec<f64> = (0..m * n)
         .map(|i| {
             let (r, j) = (i / n, i % n);
-            let dot: f64 = (0..k).map(|e| f64::from(x[r * k + e]) * w[j * k + e]).sum();
-            dot + if c.bias { f64::from(b[j]) } else { 0.0 }
+            let lin = |j: usize| {
+                let dot: f64 = (0..k).map(|e| f64::from(x[r * k + e]) * w[j * k + e]).sum();
+                dot + if c.bias { f64::from(b[j]) } else { 0.0 }
+            };
+            match c.glu {
+                None => lin(j),
+                Some(act) => unary_reference(act, lin(j)) * lin(n + j),
+            }
         })
         .collect();
     expect(&src, c.t, 0, &inputs, inputs.len() - 1, &want)
@@ -148,6 +174,7 @@ fn matmul_cases() -> Vec<MatMulCase> {
                     bias: (j / 8) % 2 == 1,
                     tt: [1, 8][(j / 4) % 2],
                     shard_rows: None,
+                    glu: None,
                 });
             }
         }
@@ -161,6 +188,7 @@ fn matmul_cases() -> Vec<MatMulCase> {
         bias: true,
         tt,
         shard_rows: None,
+        glu: None,
     };
     cases.extend([
         // What codegen emits for a fixed row count below the prefill TT.
@@ -182,6 +210,32 @@ fn matmul_cases() -> Vec<MatMulCase> {
         cases.push(MatMulCase {
             shard_rows: Some(shard),
             bias: false,
+            ..case(Rows::Tokens, 3, k, n, wdtype, 8)
+        });
+    }
+    // Gated epilogues (fuse-swiglu / fuse-geglu): odd and even K, odd N,
+    // every dtype, decode and prefill row counts, with and without bias.
+    for (i, (act, wdtype, k, n, t, tt)) in [
+        (UnaryOp::Silu, DType::F32, 64, 176, 1, 1),
+        (UnaryOp::Silu, DType::BF16, 576, 100, 13, 8),
+        (UnaryOp::GeluTanh, DType::BF16, 130, 37, 3, 8),
+        (UnaryOp::GeluTanh, DType::F16, 7, 5, 13, 16),
+        (UnaryOp::Silu, DType::F16, 96, 1, 1, 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        cases.push(MatMulCase {
+            glu: Some(act),
+            bias: i % 2 == 1,
+            ..case(Rows::Tokens, t, k, n, wdtype, tt)
+        });
+    }
+    // A gated weight split into shards, gate and up rows in different ones.
+    for (wdtype, k, n, shard) in [(DType::F32, 64, 13, 8), (DType::BF16, 130, 100, 48)] {
+        cases.push(MatMulCase {
+            glu: Some(UnaryOp::Silu),
+            shard_rows: Some(shard),
             ..case(Rows::Tokens, 3, k, n, wdtype, 8)
         });
     }
@@ -211,7 +265,7 @@ proptest! {
         tt in 1u32..=16,
     ) {
         let rows = if fixed_rows { Rows::Fixed(t) } else { Rows::Tokens };
-        let case = MatMulCase { rows, t, k, n, wdtype, bias, tt, shard_rows: None };
+        let case = MatMulCase { rows, t, k, n, wdtype, bias, tt, shard_rows: None, glu: None };
         check_matmul(&case).map_err(|e| TestCaseError::fail(format!("{case:?}: {e}")))?;
     }
 }
@@ -753,5 +807,241 @@ fn slice_last_row_matches_reference() {
     check_all(
         [case(7, 1), case(64, 5), case(300, 13)],
         check_slice_last_row,
+    );
+}
+
+// ---------------------------------------------------------- add_rms_norm
+
+#[derive(Clone, Copy, Debug)]
+struct AddRmsNormCase {
+    rows: Rows,
+    t: u32,
+    width: u32,
+    offset: f32,
+    wdtype: DType,
+}
+
+fn check_add_rms_norm(c: &AddRmsNormCase) -> Result<(), String> {
+    let src = kernels::rms_norm::add_kernel(kernels::rms_norm::RmsNormSpec {
+        rows: c.rows,
+        width: c.width,
+        groups: 1,
+        eps: 1e-6,
+        offset: c.offset,
+        wdtype: c.wdtype,
+    });
+    let (m, h) = (row_count(c.rows, c.t), c.width as usize);
+    let mut rng = rng(c);
+    let (a, b) = (rng.vec(m * h), rng.vec(m * h));
+    let (w_bytes, w) = encode(&rng.vec(h), c.wdtype);
+    let sum: Vec<f64> = a.iter().zip(&b).map(|(&x, &y)| f64::from(x + y)).collect();
+    let normed: Vec<f64> = sum
+        .chunks(h)
+        .flat_map(|row| {
+            let ms = row.iter().map(|v| v * v).sum::<f64>() / h as f64;
+            let inv = 1.0 / (ms + 1e-6).sqrt();
+            row.iter()
+                .zip(&w)
+                .map(move |(&v, &wi)| v * inv * (wi + f64::from(c.offset)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let inputs = [
+        f32_bytes(&a),
+        f32_bytes(&b),
+        w_bytes,
+        poison(m * h),
+        poison(m * h),
+    ];
+    expect_all(&src, c.t, 0, &inputs, &[(3, &sum), (4, &normed)])
+}
+
+#[test]
+fn add_rms_norm_matches_reference() {
+    let case = |rows, t, width, offset, wdtype| AddRmsNormCase {
+        rows,
+        t,
+        width,
+        offset,
+        wdtype,
+    };
+    check_all(
+        [
+            case(Rows::Tokens, 1, 576, 0.0, DType::BF16),
+            case(Rows::Tokens, 13, 7, 1.0, DType::F32),
+            case(Rows::Tokens, 5, 300, 1.0, DType::F16),
+            case(Rows::Fixed(3), 1, 640, 1.0, DType::BF16),
+            case(Rows::Tokens, 2, 257, 0.0, DType::F32),
+        ],
+        check_add_rms_norm,
+    );
+}
+
+// -------------------------------------------------------------- qkv_rope
+
+#[derive(Clone, Copy, Debug)]
+struct QkvRopeCase {
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    rotary_dim: u32,
+    /// `(weight offset, weight dtype)` of the per-head norms.
+    norm: Option<(f32, DType)>,
+    t: u32,
+    p: u32,
+}
+
+fn check_qkv_rope(c: &QkvRopeCase) -> Result<(), String> {
+    let src = kernels::qkv_rope::kernel(kernels::qkv_rope::QkvRopeSpec {
+        heads: c.heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        rotary_dim: c.rotary_dim,
+        norm: c.norm.map(|(off, dt)| (1e-6, off, dt)),
+    });
+    let (nh, nkv, hd, rot) = (
+        c.heads as usize,
+        c.kv_heads as usize,
+        c.head_dim as usize,
+        c.rotary_dim as usize,
+    );
+    let (t, p, half) = (c.t as usize, c.p as usize, rot / 2);
+    let lmax = p + t + 2;
+    let (qw, kw) = (nh * hd, nkv * hd);
+    let xw = qw + 2 * kw;
+    let table: Vec<f32> = (0..lmax)
+        .flat_map(|pos| {
+            let angle = move |i: usize| pos as f64 * 10000f64.powf(-2.0 * i as f64 / rot as f64);
+            let cos = (0..half).map(move |i| angle(i).cos() as f32);
+            let sin = (0..half).map(move |i| angle(i).sin() as f32);
+            cos.chain(sin).collect::<Vec<_>>()
+        })
+        .collect();
+    let mut rng = rng(c);
+    let x = rng.vec(t * xw);
+    let (qn_bytes, qn) = encode(&rng.vec(hd), c.norm.map_or(DType::F32, |n| n.1));
+    let (kn_bytes, kn) = encode(&rng.vec(hd), c.norm.map_or(DType::F32, |n| n.1));
+    // Caches start with recognizable contents; rows outside P..P+T must keep them.
+    let kc0 = rng.vec(lmax * kw);
+    let vc0 = rng.vec(lmax * kw);
+    let mut want_q = vec![0.0; t * qw];
+    let mut want_k = widen(&kc0);
+    let mut want_v = widen(&vc0);
+    for r in 0..t {
+        let row = &table[(p + r) * rot..(p + r + 1) * rot];
+        for h in 0..nh + 2 * nkv {
+            let src_head: Vec<f64> = widen(&x[r * xw + h * hd..r * xw + (h + 1) * hd]);
+            if h >= nh + nkv {
+                let dst = (p + r) * kw + (h - nh - nkv) * hd;
+                want_v[dst..dst + hd].copy_from_slice(&src_head);
+                continue;
+            }
+            let head: Vec<f64> = match c.norm {
+                None => src_head,
+                Some((off, _)) => {
+                    let w = if h < nh { &qn } else { &kn };
+                    let ms = src_head.iter().map(|v| v * v).sum::<f64>() / hd as f64;
+                    let inv = 1.0 / (ms + 1e-6).sqrt();
+                    src_head
+                        .iter()
+                        .zip(w)
+                        .map(|(v, wi)| v * inv * (wi + f64::from(off)))
+                        .collect()
+                }
+            };
+            let mut out = head.clone();
+            for j in 0..half {
+                let (cos, sin) = (f64::from(row[j]), f64::from(row[half + j]));
+                out[j] = head[j] * cos - head[half + j] * sin;
+                out[half + j] = head[half + j] * cos + head[j] * sin;
+            }
+            let dst = if h < nh {
+                &mut want_q[r * qw + h * hd..r * qw + (h + 1) * hd]
+            } else {
+                let d = (p + r) * kw + (h - nh) * hd;
+                &mut want_k[d..d + hd]
+            };
+            dst.copy_from_slice(&out);
+        }
+    }
+    let mut inputs = vec![
+        f32_bytes(&x),
+        f32_bytes(&table),
+        f32_bytes(&kc0),
+        f32_bytes(&vc0),
+    ];
+    if c.norm.is_some() {
+        inputs.extend([qn_bytes, kn_bytes]);
+    }
+    inputs.push(poison(t * qw));
+    let q_out = inputs.len() - 1;
+    expect_all(
+        &src,
+        c.t,
+        c.p,
+        &inputs,
+        &[(q_out, &want_q), (2, &want_k), (3, &want_v)],
+    )
+}
+
+#[test]
+fn qkv_rope_matches_reference() {
+    let case = |heads, kv_heads, head_dim, rotary_dim, norm, t, p| QkvRopeCase {
+        heads,
+        kv_heads,
+        head_dim,
+        rotary_dim,
+        norm,
+        t,
+        p,
+    };
+    check_all(
+        [
+            // SmolLM2: 9 heads, 3 KV heads of 64, decode at P = 5.
+            case(9, 3, 64, 64, None, 1, 5),
+            // Gemma 3 270M: 4 heads, 1 KV head of 256, (1 + w) norms.
+            case(4, 1, 256, 256, Some((1.0, DType::BF16)), 3, 2),
+            // Qwen 3-like norms, odd head width, partial rotation, prefill.
+            case(3, 3, 10, 6, Some((0.0, DType::F32)), 13, 0),
+            case(6, 2, 7, 4, Some((0.0, DType::F16)), 4, 9),
+            // Heads wider than the workgroup and not a multiple of it.
+            case(2, 1, 96, 32, None, 2, 1),
+        ],
+        check_qkv_rope,
+    );
+}
+
+// ------------------------------------------------------------ slice_cols
+
+#[test]
+fn slice_cols_matches_reference() {
+    let check = |&(rows, t, width, start, len): &(Rows, u32, u32, u32, u32)| {
+        let src = kernels::elementwise::slice_cols(rows, width, start, len);
+        let m = row_count(rows, t);
+        let x = rng(&(rows, t, width, start, len)).vec(m * width as usize);
+        let want: Vec<f64> = (0..m)
+            .flat_map(|r| {
+                let a = r * width as usize + start as usize;
+                widen(&x[a..a + len as usize])
+            })
+            .collect();
+        expect(
+            &src,
+            t,
+            0,
+            &[f32_bytes(&x), poison(m * len as usize)],
+            1,
+            &want,
+        )
+    };
+    check_all(
+        [
+            (Rows::Tokens, 13, 128, 0, 64),
+            (Rows::Tokens, 3, 128, 64, 32),
+            (Rows::Fixed(1), 1, 352, 176, 176),
+            (Rows::Tokens, 5, 7, 2, 5),
+            (Rows::Tokens, 1, 9, 8, 1),
+        ],
+        check,
     );
 }

@@ -161,17 +161,27 @@ fn chunked_prefill_matches_transformers() {
     assert_none_failed(failures, total);
 }
 
+/// Every pass of the default pipeline is optional for correctness: each
+/// tiny model still matches transformers with any one of them disabled.
 #[test]
 fn every_optional_pass_can_be_disabled() {
-    for pass in ["dce", "slice-last-row"] {
-        // Gemma 3: the logit softcap sits between the LM head and the output.
-        for name in ["llama", "gemma3"] {
-            check_tiny_with(name, &format!("without {pass}"), |o| {
+    let passes: Vec<&str> = gerbil_passes::default_pipeline()
+        .iter()
+        .map(|p| p.name())
+        .collect();
+    assert!(passes.contains(&"fuse-residual-norm"), "{passes:?}");
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for pass in &passes {
+        for &(name, _) in TINY_MODELS {
+            total += tiny_ref(name).cases.len();
+            failures.extend(tiny_failures(name, &format!("without {pass}"), |o| {
                 o.disabled_passes = vec![pass.to_string()];
                 o.max_tokens_per_step = 8;
-            });
+            }));
         }
     }
+    assert_none_failed(failures, total);
 }
 
 #[test]

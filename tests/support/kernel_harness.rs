@@ -163,6 +163,19 @@ pub fn run_output(
     inputs: &[Vec<u8>],
     out: usize,
 ) -> Result<Vec<f32>, String> {
+    Ok(run_outputs(src, t, p, inputs, &[out])?.remove(0))
+}
+
+/// [`run_output`] for a kernel with several outputs: returns `inputs[o]` for
+/// each `o` of `outs`, in that order, after checking that every other
+/// `read_write` binding came back unchanged.
+pub fn run_outputs(
+    src: &KernelSource,
+    t: u32,
+    p: u32,
+    inputs: &[Vec<u8>],
+    outs: &[usize],
+) -> Result<Vec<Vec<f32>>, String> {
     let writable = src
         .bindings
         .iter()
@@ -170,15 +183,19 @@ pub fn run_output(
         .enumerate()
         .filter(|(_, b)| **b == BindingDecl::StorageReadWrite)
         .map(|(i, _)| i);
-    let mut result = None;
+    let mut results = vec![None; outs.len()];
     for (i, bytes) in writable.zip(run(src, t, p, inputs)) {
-        if i == out {
-            result = Some(to_f32(&bytes));
+        if let Some(k) = outs.iter().position(|&o| o == i) {
+            results[k] = Some(to_f32(&bytes));
         } else if bytes != inputs[i] {
             return Err(format!("input binding {} was modified", i + 1));
         }
     }
-    result.ok_or_else(|| format!("binding {} is not read_write", out + 1))
+    results
+        .into_iter()
+        .zip(outs)
+        .map(|(r, o)| r.ok_or_else(|| format!("binding {} is not read_write", o + 1)))
+        .collect()
 }
 
 /// `n` f32s of NaN (all bits set): the initial contents of an output.

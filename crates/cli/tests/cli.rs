@@ -231,7 +231,8 @@ fn disabling_a_pass_by_name() {
     ]);
     assert_fails_with(
         &o,
-        "unknown pass `fuse-everything`; passes are: dce, slice-last-row",
+        "unknown pass `fuse-everything`; passes are: dce, slice-last-row, fuse-qkv, \
+         fuse-qkv-rope, fuse-gate-up, fuse-swiglu, fuse-geglu, fuse-residual-norm",
     );
 }
 
@@ -328,4 +329,67 @@ fn bad_checkpoints_are_clear_errors() {
     .unwrap();
     let o = gerbilc(&["compile", dir.to_str().unwrap(), "-o", "x.plan"]);
     assert_fails_with(&o, "GPT2LMHeadModel");
+}
+
+/// `decode_dispatches_per_layer` and the arena ratio of `inspect --json`
+/// for a plan of `fixture` at context 2048, compiled with `extra` flags.
+fn smollm2_inspection(extra: &[&str]) -> serde_json::Value {
+    let base = std::env::var_os("GERBIL_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"));
+    let repo = base.join("smollm2-135m");
+    assert!(
+        repo.join("model.safetensors").is_file(),
+        "{} is missing: run scripts/test.sh or scripts/build-fixtures.py",
+        repo.display()
+    );
+    let out = temp(&format!("smollm2-{}", extra.len())).join("s.plan");
+    let mut args = vec![
+        "compile",
+        repo.to_str().unwrap(),
+        "--max-context",
+        "2048",
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let o = gerbilc(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = gerbilc(&["inspect", out.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    serde_json::from_slice(&o.stdout).expect("inspect --json")
+}
+
+/// The fusion passes bring SmolLM2's decode from 18 dispatches per layer to
+/// 8 (residual+norm, qkv matmul, qkv-rope-cache, attention, o_proj,
+/// residual+norm, gate_up+swiglu, down_proj). The layer-labelled dispatches
+/// also include two at the model's ends that no neighbour absorbs (layer
+/// 0's input norm, reading the embedding, and the last layer's residual add,
+/// read by the last-row slice): 8 · 30 + 2 − 1 = 241 over 30 layers. The
+/// arena holds every activation in at most 10% of one buffer each.
+#[test]
+fn smollm2_decode_dispatches_and_arena() {
+    let fused = smollm2_inspection(&[]);
+    let per_layer = fused["decode_dispatches_per_layer"].as_f64().unwrap();
+    let layers = 30.0;
+    assert!(
+        per_layer * layers <= 8.0 * layers + 1.0,
+        "{per_layer} decode dispatches per layer"
+    );
+    let arena = fused["activation_arena_bytes"].as_u64().unwrap();
+    let naive = fused["activation_naive_bytes"].as_u64().unwrap();
+    assert!(arena * 10 <= naive, "arena {arena} vs naive {naive}");
+    let unfused = smollm2_inspection(&[
+        "--disable-pass",
+        "fuse-qkv",
+        "--disable-pass",
+        "fuse-qkv-rope",
+        "--disable-pass",
+        "fuse-gate-up",
+        "--disable-pass",
+        "fuse-swiglu",
+        "--disable-pass",
+        "fuse-residual-norm",
+    ]);
+    assert_eq!(unfused["decode_dispatches_per_layer"].as_f64(), Some(18.0));
 }

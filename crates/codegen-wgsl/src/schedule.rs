@@ -5,6 +5,7 @@ use crate::kernels::{
     elementwise,
     embedding::{self, EmbeddingSpec},
     matmul::{self, MatMulSpec},
+    qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
     rope::{self, RopeSpec},
     KernelSource, Rows, MAX_WORKGROUPS_PER_DIM,
@@ -110,7 +111,8 @@ struct Builder<'g> {
     graph: &'g Graph,
     opts: &'g CodegenOptions,
     buffers: Vec<BufferDecl>,
-    locs: HashMap<NodeId, Loc>,
+    /// Where each value lives, by (node, output port).
+    locs: HashMap<ValueRef, Loc>,
     arena_slices: Vec<BufferSlice>,
     kernels: Vec<Kernel>,
     kernel_index: HashMap<String, u32>,
@@ -136,7 +138,7 @@ impl Builder<'_> {
 
     /// The bindings of a value: one slice, or one per shard.
     fn slices(&self, v: ValueRef) -> Vec<BufferSlice> {
-        match &self.locs[&v.node] {
+        match &self.locs[&v] {
             Loc::Whole(b) => vec![self.whole(*b)],
             Loc::Shards { buffers, .. } => buffers.iter().map(|&b| self.whole(b)).collect(),
             Loc::Arena(i) => vec![self.arena_slices[*i]],
@@ -149,7 +151,7 @@ impl Builder<'_> {
 
     /// Rows per shard of a sharded weight.
     fn shard_rows(&self, v: ValueRef) -> Option<u32> {
-        match &self.locs[&v.node] {
+        match &self.locs[&v] {
             Loc::Shards { rows, .. } => Some(*rows as u32),
             _ => None,
         }
@@ -249,8 +251,47 @@ impl Builder<'_> {
                         Rows::Tokens => tt,
                         Rows::Fixed(r) => r.min(tt).max(1),
                     },
+                    glu: None,
                 })
             }
+            Op::MatMulGlu(m) => {
+                let rows = rows_of(out_ty);
+                matmul::kernel(MatMulSpec {
+                    shard_rows: self.shard_rows(ins[1]),
+                    rows,
+                    k: width_of(in_ty(0)),
+                    n: width_of(out_ty),
+                    wdtype: in_ty(1).dtype,
+                    bias: m.has_bias,
+                    tt: match rows {
+                        Rows::Tokens => tt,
+                        Rows::Fixed(r) => r.min(tt).max(1),
+                    },
+                    glu: Some(m.act),
+                })
+            }
+            Op::AddRmsNorm(n) => rms_norm::add_kernel(RmsNormSpec {
+                rows: rows_of(out_ty),
+                width: width_of(out_ty),
+                groups: 1,
+                eps: n.eps,
+                offset: n.weight_offset,
+                wdtype: in_ty(2).dtype,
+            }),
+            Op::QkvRope(r) => qkv_rope::kernel(QkvRopeSpec {
+                heads: r.n_heads,
+                kv_heads: r.n_kv_heads,
+                head_dim: r.head_dim,
+                rotary_dim: r.rotary_dim,
+                norm: r.qk_norm.map(|n| (n.eps, n.weight_offset, in_ty(4).dtype)),
+            }),
+            Op::SliceCols { start, len } => elementwise::slice_cols(
+                rows_of(out_ty),
+                width_of(in_ty(0)),
+                *start as u32,
+                *len as u32,
+            ),
+
             Op::Rope(r) => rope::kernel(RopeSpec {
                 heads: r.n_heads,
                 head_dim: r.head_dim,
@@ -300,8 +341,11 @@ impl Builder<'_> {
                 size: STEP_PARAMS_BYTES,
             }];
             bindings.extend(ins.iter().flat_map(|v| self.slices(*v)));
-            if !matches!(node.op, Op::CacheWrite) {
-                bindings.push(self.slice(ValueRef::of(id)));
+            // Then every output the op does not write in place, in port order.
+            for port in 0..node.outputs.len() as u32 {
+                if node.op.aliased_input(port).is_none() {
+                    bindings.push(self.slice(ValueRef { node: id, port }));
+                }
             }
             out.push(Dispatch {
                 kernel,
@@ -364,7 +408,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
             Op::Input(_) => {
                 let i = b.push_buffer(bytes, BufferKind::TokenIds);
                 token_ids = Some(i);
-                b.locs.insert(id, Loc::Whole(i));
+                b.locs.insert(ValueRef::of(id), Loc::Whole(i));
             }
             Op::Weight(w) => {
                 let shape: Vec<u64> = resolved.shape.iter().filter_map(|d| d.as_const()).collect();
@@ -394,7 +438,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                         ty: resolved,
                         rows: None,
                     });
-                    b.locs.insert(id, Loc::Whole(i));
+                    b.locs.insert(ValueRef::of(id), Loc::Whole(i));
                     continue;
                 };
                 let mut buffers = Vec::new();
@@ -423,7 +467,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                     start += count;
                 }
                 b.locs.insert(
-                    id,
+                    ValueRef::of(id),
                     Loc::Shards {
                         buffers,
                         rows: rows_per_shard,
@@ -442,7 +486,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                         name: node.label.clone(),
                     },
                 );
-                b.locs.insert(id, Loc::Whole(i));
+                b.locs.insert(ValueRef::of(id), Loc::Whole(i));
             }
             _ => {}
         }
@@ -461,39 +505,42 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
     let mut logits = None;
     for (s, &id) in steps.iter().enumerate() {
         let node = graph.node(id);
-        let v = ValueRef::of(id);
-        if matches!(node.op, Op::CacheWrite) {
-            let cache = graph.inputs(id)[0];
-            let loc = b.locs[&cache.node].clone();
-            b.locs.insert(id, loc);
-            continue;
-        }
-        let bytes = b.value_bytes(&node.outputs[0]);
-        b.check_binding(
-            &format!("activation `{}`", node.label),
-            bytes,
-            "use a smaller --max-tokens-per-step",
-        )?;
-        if let Some((name, _)) = graph.outputs.iter().find(|(_, o)| *o == v) {
-            let i = b.push_buffer(bytes, BufferKind::State { name: name.clone() });
-            b.locs.insert(id, Loc::Whole(i));
-            if name == "logits" {
-                logits = Some(i);
+        for port in 0..node.outputs.len() as u32 {
+            let v = ValueRef { node: id, port };
+            // An output written in place lives where its input does.
+            if let Some(i) = node.op.aliased_input(port) {
+                let input = graph.inputs(id)[i];
+                let loc = b.locs[&input].clone();
+                b.locs.insert(v, loc);
+                continue;
             }
-            continue;
+            let bytes = b.value_bytes(&node.outputs[port as usize]);
+            b.check_binding(
+                &format!("activation `{}`", node.label),
+                bytes,
+                "use a smaller --max-tokens-per-step",
+            )?;
+            if let Some((name, _)) = graph.outputs.iter().find(|(_, o)| *o == v) {
+                let i = b.push_buffer(bytes, BufferKind::State { name: name.clone() });
+                b.locs.insert(v, Loc::Whole(i));
+                if name == "logits" {
+                    logits = Some(i);
+                }
+                continue;
+            }
+            let end = graph
+                .users(v)
+                .iter()
+                .filter_map(|(u, _)| step_of.get(u).copied())
+                .max()
+                .unwrap_or(s);
+            b.locs.insert(v, Loc::Arena(intervals.len()));
+            intervals.push(Interval {
+                start: s,
+                end,
+                size: bytes,
+            });
         }
-        let end = graph
-            .users(v)
-            .iter()
-            .filter_map(|(u, _)| step_of.get(u).copied())
-            .max()
-            .unwrap_or(s);
-        b.locs.insert(id, Loc::Arena(intervals.len()));
-        intervals.push(Interval {
-            start: s,
-            end,
-            size: bytes,
-        });
     }
     let logits =
         logits.ok_or_else(|| CodegenError::Graph("the graph has no `logits` output".into()))?;

@@ -6,6 +6,7 @@ use gerbil_codegen_wgsl::kernels::{
     elementwise,
     embedding::{self, EmbeddingSpec},
     matmul::{self, MatMulSpec},
+    qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
     rope::{self, RopeSpec},
     KernelSource, Rows,
@@ -22,6 +23,56 @@ fn golden(src: KernelSource) {
     insta::assert_snapshot!(src.name.clone(), header + &src.wgsl);
 }
 
+/// The kernels of the fusion passes, at SmolLM2 and Gemma 3 270M shapes.
+#[test]
+fn golden_fused_kernels() {
+    // SmolLM2 decode: gate_up + SwiGLU.
+    golden(matmul::kernel(MatMulSpec {
+        shard_rows: None,
+        rows: Rows::Tokens,
+        k: 576,
+        n: 1536,
+        wdtype: DType::BF16,
+        bias: false,
+        tt: 1,
+        glu: Some(UnaryOp::Silu),
+    }));
+    // GeGLU with a bias over an odd K, prefill rows, and a sharded weight.
+    golden(matmul::kernel(MatMulSpec {
+        shard_rows: Some(48),
+        rows: Rows::Tokens,
+        k: 7,
+        n: 37,
+        wdtype: DType::F32,
+        bias: true,
+        tt: 8,
+        glu: Some(UnaryOp::GeluTanh),
+    }));
+    golden(rms_norm::add_kernel(RmsNormSpec {
+        rows: Rows::Tokens,
+        width: 640,
+        groups: 1,
+        eps: 1e-6,
+        offset: 1.0,
+        wdtype: DType::BF16,
+    }));
+    golden(qkv_rope::kernel(QkvRopeSpec {
+        heads: 9,
+        kv_heads: 3,
+        head_dim: 64,
+        rotary_dim: 64,
+        norm: None,
+    }));
+    golden(qkv_rope::kernel(QkvRopeSpec {
+        heads: 4,
+        kv_heads: 1,
+        head_dim: 256,
+        rotary_dim: 256,
+        norm: Some((1e-6, 1.0, DType::BF16)),
+    }));
+    golden(elementwise::slice_cols(Rows::Tokens, 960, 576, 192));
+}
+
 #[test]
 fn golden_kernels() {
     golden(matmul::kernel(MatMulSpec {
@@ -32,6 +83,7 @@ fn golden_kernels() {
         wdtype: DType::BF16,
         bias: false,
         tt: 1,
+        glu: None,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: None,
@@ -41,6 +93,7 @@ fn golden_kernels() {
         wdtype: DType::F32,
         bias: true,
         tt: 8,
+        glu: None,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: None,
@@ -50,6 +103,7 @@ fn golden_kernels() {
         wdtype: DType::F16,
         bias: false,
         tt: 1,
+        glu: None,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: Some(104_856),
@@ -59,6 +113,7 @@ fn golden_kernels() {
         wdtype: DType::BF16,
         bias: false,
         tt: 1,
+        glu: None,
     }));
     golden(embedding::kernel(EmbeddingSpec {
         shard_rows: Some(104_856),

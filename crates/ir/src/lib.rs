@@ -21,7 +21,8 @@ pub mod verify;
 
 pub use graph::{Edge, Graph, Node, NodeId, ValueRef};
 pub use op::{
-    Attention, BinaryOp, Embedding, Input, MatMul, Op, RmsNorm, Rope, UnaryOp, Weight, WeightSource,
+    Attention, BinaryOp, Embedding, Input, MatMul, MatMulGlu, Op, QkNorm, QkvRope, RmsNorm, Rope,
+    UnaryOp, Weight, WeightSource,
 };
 pub use types::{DType, Dim, Sym, TensorType};
 pub use verify::{verify, VerifyError};

@@ -134,6 +134,45 @@ pub struct Attention {
     pub window: Option<u32>,
 }
 
+/// A matmul over a weight `[2·I, K]` whose epilogue applies a gated linear
+/// unit: `out[r, n] = act(x·w[n] (+ b[n])) · (x·w[I + n] (+ b[I + n]))` for
+/// `n < I` (SwiGLU with `Silu`, GeGLU with `GeluTanh`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MatMulGlu {
+    /// Activation applied to the gate half.
+    pub act: UnaryOp,
+    /// Whether a bias `[2·I]` is bound to input port 2.
+    pub has_bias: bool,
+}
+
+/// Optional per-head RMSNorm of queries and keys inside [`QkvRope`].
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QkNorm {
+    /// Epsilon inside the square root.
+    pub eps: f32,
+    /// Added to the weights (Gemma: 1).
+    pub weight_offset: f32,
+}
+
+/// The post-projection work of one attention layer in one op: reads a fused
+/// `[rows, (n_heads + 2·n_kv_heads)·head_dim]` q|k|v row, applies the
+/// optional per-head q/k norms and RoPE, writes rotated queries to output 0,
+/// and writes rotated keys and raw values into the caches at rows `P..P+T`
+/// **in place** (outputs 1 and 2 are the caches, inputs 2 and 3).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct QkvRope {
+    /// Query heads.
+    pub n_heads: u32,
+    /// Key/value heads.
+    pub n_kv_heads: u32,
+    /// Width of one head.
+    pub head_dim: u32,
+    /// Rotated leading dimensions of each head.
+    pub rotary_dim: u32,
+    /// Per-head q/k norm (weights on input ports 4 and 5), if any.
+    pub qk_norm: Option<QkNorm>,
+}
+
 /// Elementwise unary functions.
 #[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
 pub enum UnaryOp {
@@ -188,6 +227,22 @@ pub enum Op {
     Binary(BinaryOp),
     /// The last row of `[T, W]`, as `[1, W]`.
     SliceLastRow,
+    /// Columns `start..start + len` of `[rows, W]`, as `[rows, len]`.
+    SliceCols {
+        /// First column.
+        start: u64,
+        /// Number of columns (at least 1).
+        len: u64,
+    },
+    /// `(a, b, w) -> (a + b, rms_norm(a + b, w))`: a residual add and the
+    /// norm that follows it, with both results as outputs (ports 0 and 1).
+    /// `groups` must be 1.
+    AddRmsNorm(RmsNorm),
+    /// Gated matmul `(x, w[, bias])`, see [`MatMulGlu`].
+    MatMulGlu(MatMulGlu),
+    /// Fused q/k/v post-processing `(qkv, table, k_cache, v_cache[, q_norm_w,
+    /// k_norm_w]) -> (q, k_cache, v_cache)`, see [`QkvRope`].
+    QkvRope(QkvRope),
 }
 
 /// Why an op rejected its inputs.
@@ -238,7 +293,22 @@ fn expect_vector(ty: &TensorType, len: u64, what: &str) -> Result<(), InferError
 impl Op {
     /// Number of output values.
     pub fn num_outputs(&self) -> usize {
-        1
+        match self {
+            Op::AddRmsNorm(_) => 2,
+            Op::QkvRope(_) => 3,
+            _ => 1,
+        }
+    }
+
+    /// The input whose buffer output `port` reuses (the op writes it in
+    /// place), if any: the cache of `cache_write`, the caches of `qkv_rope`.
+    pub fn aliased_input(&self, port: u32) -> Option<usize> {
+        match (self, port) {
+            (Op::CacheWrite, 0) => Some(0),
+            (Op::QkvRope(_), 1) => Some(2),
+            (Op::QkvRope(_), 2) => Some(3),
+            _ => None,
+        }
     }
 
     /// Whether the op reads no inputs (weights, inputs, caches).
@@ -397,6 +467,100 @@ impl Op {
                 let (_, w) = expect_matrix(ins[0], "input")?;
                 TensorType::new(ins[0].dtype, [Dim::Const(1), Dim::Const(w)])
             }
+            Op::SliceCols { start, len } => {
+                expect_arity(ins, 1)?;
+                expect_f32(ins[0], "input")?;
+                let (rows, w) = expect_matrix(ins[0], "input")?;
+                if *len == 0 || start + len > w {
+                    return Err(format!(
+                        "columns {start}..{} are not a non-empty range of width {w}",
+                        start + len
+                    ));
+                }
+                TensorType::new(DType::F32, [rows, Dim::Const(*len)])
+            }
+            Op::AddRmsNorm(n) => {
+                expect_arity(ins, 3)?;
+                expect_f32(ins[0], "residual")?;
+                let (_, w) = expect_matrix(ins[0], "residual")?;
+                if ins[0] != ins[1] {
+                    return Err(format!("operands differ: {} vs {}", ins[0], ins[1]));
+                }
+                if n.groups != 1 {
+                    return Err(format!("groups must be 1, got {}", n.groups));
+                }
+                expect_vector(ins[2], w, "norm weight")?;
+                return Ok(vec![ins[0].clone(), ins[0].clone()]);
+            }
+            Op::MatMulGlu(m) => {
+                expect_arity(ins, if m.has_bias { 3 } else { 2 })?;
+                expect_f32(ins[0], "matmul input")?;
+                let (rows, k) = expect_matrix(ins[0], "matmul input")?;
+                let (n, wk) = expect_matrix(ins[1], "matmul weight")?;
+                expect_float(ins[1], "matmul weight")?;
+                let n = n
+                    .as_const()
+                    .filter(|n| n % 2 == 0 && *n > 0)
+                    .ok_or_else(|| {
+                        format!(
+                            "gated matmul weight rows must be a positive even constant, got {}",
+                            ins[1]
+                        )
+                    })?;
+                if wk != k {
+                    return Err(format!(
+                        "matmul weight {} has in-features {wk}, input has {k}",
+                        ins[1]
+                    ));
+                }
+                if m.has_bias {
+                    expect_vector(ins[2], n, "matmul bias")?;
+                }
+                TensorType::new(DType::F32, [rows, Dim::Const(n / 2)])
+            }
+            Op::QkvRope(r) => {
+                let norm = r.qk_norm.is_some();
+                expect_arity(ins, if norm { 6 } else { 4 })?;
+                expect_f32(ins[0], "qkv")?;
+                let (rows, w) = expect_matrix(ins[0], "qkv")?;
+                let hd = u64::from(r.head_dim);
+                let (qw, kw) = (u64::from(r.n_heads) * hd, u64::from(r.n_kv_heads) * hd);
+                if w != qw + 2 * kw {
+                    return Err(format!(
+                        "qkv width {w} is not ({} + 2·{}) heads × {hd}",
+                        r.n_heads, r.n_kv_heads
+                    ));
+                }
+                if r.rotary_dim % 2 != 0 || r.rotary_dim > r.head_dim || r.n_kv_heads == 0 {
+                    return Err(format!(
+                        "rotary_dim {} must be even and at most head_dim {}, with kv heads",
+                        r.rotary_dim, r.head_dim
+                    ));
+                }
+                let (_, tw) = expect_matrix(ins[1], "rope table")?;
+                if tw != u64::from(r.rotary_dim) || ins[1].shape[0] != Dim::Sym(Sym::Lmax) {
+                    return Err(format!(
+                        "rope table must be f32[Lmax,{}], got {}",
+                        r.rotary_dim, ins[1]
+                    ));
+                }
+                for (ty, what) in [(ins[2], "key cache"), (ins[3], "value cache")] {
+                    let (crows, cw) = expect_matrix(ty, what)?;
+                    expect_f32(ty, what)?;
+                    if crows != Dim::Sym(Sym::Lmax) || cw != kw {
+                        return Err(format!("{what} must be f32[Lmax,{kw}], got {ty}"));
+                    }
+                }
+                if norm {
+                    expect_vector(ins[4], hd, "q norm weight")?;
+                    expect_vector(ins[5], hd, "k norm weight")?;
+                }
+                return Ok(vec![
+                    TensorType::new(DType::F32, [rows, Dim::Const(qw)]),
+                    ins[2].clone(),
+                    ins[3].clone(),
+                ]);
+            }
         };
         Ok(vec![out])
     }
@@ -419,6 +583,14 @@ impl Op {
             Op::Binary(BinaryOp::Add) => "add",
             Op::Binary(BinaryOp::Mul) => "mul",
             Op::SliceLastRow => "slice_last_row",
+            Op::SliceCols { .. } => "slice_cols",
+            Op::AddRmsNorm(_) => "add_rms_norm",
+            Op::MatMulGlu(m) => match m.act {
+                UnaryOp::Silu => "matmul_swiglu",
+                UnaryOp::GeluTanh => "matmul_geglu",
+                UnaryOp::Softcap(_) => "matmul_glu",
+            },
+            Op::QkvRope(_) => "qkv_rope",
         }
     }
 }
@@ -458,7 +630,7 @@ impl fmt::Display for Op {
                 Some(s) => write!(f, "{{scale={s}}}"),
                 None => Ok(()),
             },
-            Op::RmsNorm(n) => {
+            Op::RmsNorm(n) | Op::AddRmsNorm(n) => {
                 write!(f, "{{eps={:e}, offset={}", n.eps, n.weight_offset)?;
                 if n.groups != 1 {
                     write!(f, ", groups={}", n.groups)?;
@@ -466,6 +638,19 @@ impl fmt::Display for Op {
                 f.write_str("}")
             }
             Op::MatMul(m) if m.has_bias => f.write_str("{bias}"),
+            Op::MatMulGlu(m) if m.has_bias => f.write_str("{bias}"),
+            Op::SliceCols { start, len } => write!(f, "{{cols={start}..{}}}", start + len),
+            Op::QkvRope(r) => {
+                write!(
+                    f,
+                    "{{heads={}, kv_heads={}, head_dim={}, rotary_dim={}",
+                    r.n_heads, r.n_kv_heads, r.head_dim, r.rotary_dim
+                )?;
+                if let Some(n) = r.qk_norm {
+                    write!(f, ", qk_norm(eps={:e}, offset={})", n.eps, n.weight_offset)?;
+                }
+                f.write_str("}")
+            }
             Op::Rope(r) => write!(
                 f,
                 "{{heads={}, head_dim={}, rotary_dim={}}}",

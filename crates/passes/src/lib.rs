@@ -11,7 +11,13 @@
 
 pub mod buffer_plan;
 pub mod dce;
+pub mod fuse_gate_up;
+pub mod fuse_glu;
+pub mod fuse_qkv;
+pub mod fuse_qkv_rope;
+pub mod fuse_residual_norm;
 pub mod manager;
+mod rewrite;
 pub mod slice_last_row;
 
 pub use manager::{default_pipeline, Pass, PassError, PassManager, PassReport};

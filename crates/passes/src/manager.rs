@@ -59,11 +59,25 @@ pub struct PassManager {
     disabled: Vec<String>,
 }
 
-/// The standard pipeline, in order.
+/// The standard pipeline, in order. `slice-last-row` runs before the
+/// fusions so that the final norm is rebuilt on one row before
+/// `fuse-residual-norm` could claim it; each fusion matches what the one
+/// before it leaves (`fuse-qkv` → `fuse-qkv-rope`, `fuse-gate-up` →
+/// `fuse-swiglu` / `fuse-geglu`) and is correct without it.
 pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(crate::dce::Dce),
         Box::new(crate::slice_last_row::SliceLastRow),
+        Box::new(crate::fuse_qkv::FuseQkv),
+        Box::new(crate::fuse_qkv_rope::FuseQkvRope),
+        Box::new(crate::fuse_gate_up::FuseGateUp),
+        Box::new(crate::fuse_glu::FuseGlu {
+            act: gerbil_ir::UnaryOp::Silu,
+        }),
+        Box::new(crate::fuse_glu::FuseGlu {
+            act: gerbil_ir::UnaryOp::GeluTanh,
+        }),
+        Box::new(crate::fuse_residual_norm::FuseResidualNorm),
     ]
 }
 

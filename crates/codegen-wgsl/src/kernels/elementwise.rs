@@ -1,5 +1,5 @@
 //! Elementwise kernels, one thread per element: unary activations, binary
-//! add/mul, the KV-cache write, and the last-row slice.
+//! add/mul, the KV-cache write, and the row and column slices.
 
 use super::{bindings, f32_binding, f32_lit, prelude, Access, KernelSource, Rows};
 use gerbil_ir::{BinaryOp, UnaryOp};
@@ -138,6 +138,25 @@ pub fn slice_last_row(width: u32) -> KernelSource {
         w,
         Rows::Fixed(1),
         width,
+        bindings(&[Access::Activation, Access::Activation]),
+    )
+}
+
+/// `y[r, c] = x[r, start + c]` for `c < len`, from rows of `width`.
+pub fn slice_cols(rows: Rows, width: u32, start: u32, len: u32) -> KernelSource {
+    let mut w = header(len);
+    let _ = writeln!(w, "const XW: u32 = {width}u;\nconst START: u32 = {start}u;");
+    f32_binding(&mut w, 1, "x", true);
+    f32_binding(&mut w, 2, "y", true);
+    w.push_str(&entry(
+        rows,
+        "  let r = i / W;\n  let c = i % W;\n  y[i] = x[r * XW + START + c];\n",
+    ));
+    flat(
+        format!("slice_cols_r{}_w{width}_c{start}_{len}", rows.tag()),
+        w,
+        rows,
+        len,
         bindings(&[Access::Activation, Access::Activation]),
     )
 }

@@ -6,11 +6,17 @@
 //! decode, where this is a GEMV). Lanes stride along `K` (coalesced weight
 //! reads) and reduce through workgroup memory. Packed 16-bit weights are read
 //! two per `u32` when `K` is even.
+//!
+//! With [`MatMulSpec::glu`] set, the weight has `2·N` rows and the epilogue is a
+//! gated linear unit: each column `n < N` accumulates rows `n` (gate) and
+//! `N + n` (up) in the same pass over `x`, and stores `act(gate) · up`. The
+//! two sums are reduced one after the other through the same workgroup
+//! memory, so the kernel needs no more of it than a plain matmul.
 
 use super::{
     bindings, f32_binding, prelude, split_groups, weight_binding, Access, KernelSource, Rows,
 };
-use gerbil_ir::DType;
+use gerbil_ir::{DType, UnaryOp};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
@@ -25,7 +31,7 @@ fn lanes_for(k_steps: u32) -> u32 {
 }
 
 /// Specialization of a matmul kernel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MatMulSpec {
     /// Rows of `x`.
     pub rows: Rows,
@@ -41,7 +47,11 @@ pub struct MatMulSpec {
     pub tt: u32,
     /// Weight rows per shard when the weight is split over several bindings
     /// (shard `s` holds rows `s·R .. (s+1)·R`); `None` for one binding.
+    /// With `glu`, the shards split the `2·N` rows.
     pub shard_rows: Option<u32>,
+    /// Gated epilogue: the weight is `[2·N, K]` and the output
+    /// `act(x·w[n] + b[n]) · (x·w[N + n] + b[N + n])`.
+    pub glu: Option<UnaryOp>,
 }
 
 /// The weight's shards as `(first row, binding name suffix)`.
@@ -53,7 +63,33 @@ fn shards(n: u32, shard_rows: Option<u32>) -> Vec<u32> {
 }
 
 /// The K loop of one output column `n` reading weight shard `w` at local row `row`.
-fn k_loop(packed: bool, w: &str, row: &str) -> String {
+fn k_loop(packed: bool, w: &str, row: &str, glu: bool) -> String {
+    if glu {
+        return if packed {
+            format!(
+                "    for (var wi = lane; wi < K / 2u; wi = wi + LANES) {{\n\
+                 \x20     let wv = pair_{w}(({row}) * (K / 2u) + wi);\n\
+                 \x20     let wu = pair_{w}(({row} + N) * (K / 2u) + wi);\n\
+                 \x20     for (var tt = 0u; tt < count; tt = tt + 1u) {{\n\
+                 \x20       let xi = (t0 + tt) * K + 2u * wi;\n\
+                 \x20       let x0 = x[xi];\n        let x1 = x[xi + 1u];\n\
+                 \x20       acc[tt] = acc[tt] + wv.x * x0 + wv.y * x1;\n\
+                 \x20       acc2[tt] = acc2[tt] + wu.x * x0 + wu.y * x1;\n\
+                 \x20     }}\n    }}\n"
+            )
+        } else {
+            format!(
+                "    for (var k = lane; k < K; k = k + LANES) {{\n\
+                 \x20     let wv = load_{w}(({row}) * K + k);\n\
+                 \x20     let wu = load_{w}(({row} + N) * K + k);\n\
+                 \x20     for (var tt = 0u; tt < count; tt = tt + 1u) {{\n\
+                 \x20       let xv = x[(t0 + tt) * K + k];\n\
+                 \x20       acc[tt] = acc[tt] + wv * xv;\n\
+                 \x20       acc2[tt] = acc2[tt] + wu * xv;\n\
+                 \x20     }}\n    }}\n"
+            )
+        };
+    }
     if packed {
         format!(
             "    for (var wi = lane; wi < K / 2u; wi = wi + LANES) {{\n\
@@ -90,7 +126,8 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         tt = s.tt
     );
     f32_binding(&mut w, 1, "x", true);
-    let starts = shards(s.n, s.shard_rows);
+    let glu = s.glu.is_some();
+    let starts = shards(if glu { 2 * s.n } else { s.n }, s.shard_rows);
     let names: Vec<String> = if starts.len() == 1 {
         vec!["w".to_string()]
     } else {
@@ -106,13 +143,41 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     }
     f32_binding(&mut w, next, "y", true);
     let mut inner = String::new();
-    for (i, (name, start)) in names.iter().zip(&starts).enumerate() {
+    if glu && names.len() > 1 {
+        // Gate row `n` and up row `N + n` may lie in different shards: load
+        // through a helper that picks the shard by row.
+        let mut f = "fn load_row(row: u32, k: u32) -> f32 {\n".to_string();
+        for (i, (name, start)) in names.iter().zip(&starts).enumerate() {
+            let load = format!("return load_{name}((row - {start}u) * K + k);");
+            match starts.get(i + 1) {
+                Some(end) => f += &format!("  if (row < {end}u) {{ {load} }}\n"),
+                None => f += &format!("  {load}\n"),
+            }
+        }
+        f += "}\n";
+        w.push_str(&f);
+        inner = "    for (var k = lane; k < K; k = k + LANES) {\n\
+                 \x20     let wv = load_row(n, k);\n\
+                 \x20     let wu = load_row(n + N, k);\n\
+                 \x20     for (var tt = 0u; tt < count; tt = tt + 1u) {\n\
+                 \x20       let xv = x[(t0 + tt) * K + k];\n\
+                 \x20       acc[tt] = acc[tt] + wv * xv;\n\
+                 \x20       acc2[tt] = acc2[tt] + wu * xv;\n\
+                 \x20     }\n    }\n"
+            .to_string();
+    }
+    for (i, (name, start)) in names
+        .iter()
+        .zip(&starts)
+        .enumerate()
+        .filter(|_| !(glu && names.len() > 1))
+    {
         let row = if *start == 0 {
             "n".to_string()
         } else {
             format!("n - {start}u")
         };
-        let body = k_loop(packed, name, &row);
+        let body = k_loop(packed, name, &row, glu);
         match (i, starts.get(i + 1)) {
             (_, None) if names.len() == 1 => inner = body,
             (0, Some(end)) => inner += &format!("  if (n < {end}u) {{\n{body}  }}"),
@@ -121,6 +186,43 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         }
     }
     let bias = if s.bias { " + load_b(n)" } else { "" };
+    let reduce = "  workgroupBarrier();\n\
+         \x20 for (var s = LANES / 2u; s > 0u; s = s >> 1u) {\n\
+         \x20   if (lane < s) {\n\
+         \x20     for (var tt = 0u; tt < TT; tt = tt + 1u) {\n\
+         \x20       let i = (col * TT + tt) * LANES + lane;\n\
+         \x20       red[i] = red[i] + red[i + s];\n\
+         \x20     }\n    }\n    workgroupBarrier();\n  }\n";
+    let (acc2, store) = match s.glu {
+        None => (
+            String::new(),
+            format!("      y[(t0 + r) * N + n] = red[(col * TT + r) * LANES]{bias};\n"),
+        ),
+        Some(act) => (
+            "  var acc2: array<f32, TT>;\n".to_string(),
+            format!(
+                "      let gv = g[r]{gb};\n      let uv = red[(col * TT + r) * LANES]{ub};\n\
+                 \x20     y[(t0 + r) * N + n] = ({e}) * uv;\n",
+                gb = bias,
+                ub = if s.bias { " + load_b(N + n)" } else { "" },
+                e = super::elementwise::unary_expr(act, "gv"),
+            ),
+        ),
+    };
+    // With a gated epilogue, the gate sums are reduced first and kept in `g`.
+    let gate_phase = if glu {
+        format!(
+            "  for (var tt = 0u; tt < TT; tt = tt + 1u) {{ red[(col * TT + tt) * LANES + lane] = acc[tt]; }}\n\
+             {reduce}\
+             \x20 var g: array<f32, TT>;\n\
+             \x20 for (var tt = 0u; tt < TT; tt = tt + 1u) {{ g[tt] = red[(col * TT + tt) * LANES]; }}\n\
+             \x20 workgroupBarrier();\n\
+             \x20 for (var tt = 0u; tt < TT; tt = tt + 1u) {{ red[(col * TT + tt) * LANES + lane] = acc2[tt]; }}\n"
+        )
+    } else {
+        "  for (var tt = 0u; tt < TT; tt = tt + 1u) { red[(col * TT + tt) * LANES + lane] = acc[tt]; }\n"
+            .to_string()
+    };
     let _ = write!(
         w,
         "var<workgroup> red: array<f32, {red}>;\n\
@@ -130,19 +232,11 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
          \x20 let n = (wid.x + wid.y * GX) * COLS + col;\n\
          \x20 let rows = {rows};\n  let t0 = wid.z * TT;\n\
          \x20 var count = 0u;\n  if (t0 < rows) {{ count = min(TT, rows - t0); }}\n\
-         \x20 var acc: array<f32, TT>;\n\
+         \x20 var acc: array<f32, TT>;\n{acc2}\
          \x20 if (n < N) {{\n{inner}  }}\n\
-         \x20 for (var tt = 0u; tt < TT; tt = tt + 1u) {{ red[(col * TT + tt) * LANES + lane] = acc[tt]; }}\n\
-         \x20 workgroupBarrier();\n\
-         \x20 for (var s = LANES / 2u; s > 0u; s = s >> 1u) {{\n\
-         \x20   if (lane < s) {{\n\
-         \x20     for (var tt = 0u; tt < TT; tt = tt + 1u) {{\n\
-         \x20       let i = (col * TT + tt) * LANES + lane;\n\
-         \x20       red[i] = red[i] + red[i + s];\n\
-         \x20     }}\n    }}\n    workgroupBarrier();\n  }}\n\
+         {gate_phase}{reduce}\
          \x20 if (n < N) {{\n\
-         \x20   for (var r = lane; r < count; r = r + LANES) {{\n\
-         \x20     y[(t0 + r) * N + n] = red[(col * TT + r) * LANES]{bias};\n\
+         \x20   for (var r = lane; r < count; r = r + LANES) {{\n{store}\
          \x20   }}\n  }}\n}}\n",
         red = THREADS * s.tt,
         rows = s.rows.wgsl(),
@@ -157,7 +251,13 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     };
     KernelSource {
         name: format!(
-            "matmul_{}_r{}_k{}_n{}_tt{}{}{}",
+            "matmul{}_{}_r{}_k{}_n{}_tt{}{}{}",
+            match s.glu {
+                None => String::new(),
+                Some(UnaryOp::Silu) => "_swiglu".to_string(),
+                Some(UnaryOp::GeluTanh) => "_geglu".to_string(),
+                Some(UnaryOp::Softcap(c)) => format!("_glu_softcap{}", c.to_bits()),
+            },
             s.wdtype,
             s.rows.tag(),
             s.k,

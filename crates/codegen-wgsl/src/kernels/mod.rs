@@ -9,6 +9,7 @@ pub mod attention;
 pub mod elementwise;
 pub mod embedding;
 pub mod matmul;
+pub mod qkv_rope;
 pub mod rms_norm;
 pub mod rope;
 

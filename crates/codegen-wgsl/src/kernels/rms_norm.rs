@@ -4,6 +4,10 @@
 //! A grouped norm (per-head q/k norm: `groups` slices of `width` in each
 //! activation row) is the same kernel over `rows · groups` rows of `width`:
 //! the slices are contiguous, so only the workgroup count changes.
+//!
+//! [`add_kernel`] is the residual form (`add_rms_norm`): it adds two rows,
+//! writes the sum (the new residual stream) and normalizes it in the same
+//! dispatch.
 
 use super::{
     bindings, f32_binding, f32_lit, prelude, tree_reduce, weight_binding, Access, KernelSource,
@@ -75,6 +79,58 @@ pub fn kernel(s: RmsNormSpec) -> KernelSource {
         bindings: bindings(&[Access::Activation, Access::Read, Access::Activation]),
         workgroups: [
             s.rows.count(s.groups, 1),
+            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: WG * 4,
+    }
+}
+
+/// Builds the residual-add-then-norm kernel (`groups` must be 1): bindings
+/// `a`, `b`, `w`, then the outputs `sum = a + b` and `y = rms_norm(sum)`.
+pub fn add_kernel(s: RmsNormSpec) -> KernelSource {
+    let mut w = prelude();
+    let _ = writeln!(
+        w,
+        "const H: u32 = {h}u;\nconst EPS: f32 = {eps};\nconst OFFSET: f32 = {off};\nconst WG: u32 = {WG}u;",
+        h = s.width,
+        eps = f32_lit(s.eps),
+        off = f32_lit(s.offset)
+    );
+    f32_binding(&mut w, 1, "a", true);
+    f32_binding(&mut w, 2, "b", true);
+    weight_binding(&mut w, 3, "w", s.wdtype);
+    f32_binding(&mut w, 4, "sum", true);
+    f32_binding(&mut w, 5, "y", true);
+    let _ = write!(
+        w,
+        "var<workgroup> red: array<f32, WG>;\n\
+         @compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let row = wid.x;\n  let lane = lid.x;\n\
+         \x20 var s = 0.0f;\n\
+         \x20 for (var i = lane; i < H; i = i + WG) {{\n\
+         \x20   let v = a[row * H + i] + b[row * H + i];\n    sum[row * H + i] = v;\n    s = s + v * v;\n  }}\n\
+         \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
+         \x20 let inv = 1.0f / sqrt(red[0] / f32(H) + EPS);\n\
+         \x20 for (var i = lane; i < H; i = i + WG) {{\n\
+         \x20   let v = a[row * H + i] + b[row * H + i];\n\
+         \x20   y[row * H + i] = (v * inv) * (load_w(i) + OFFSET);\n  }}\n}}\n",
+        reduce = tree_reduce(WG, "lane", "0u", "+")
+    );
+    KernelSource {
+        name: format!("add_rms_norm_{}_r{}_h{}", s.wdtype, s.rows.tag(), s.width),
+        wgsl: w,
+        workgroup_size: [WG, 1, 1],
+        bindings: bindings(&[
+            Access::Activation,
+            Access::Activation,
+            Access::Read,
+            Access::Activation,
+            Access::Activation,
+        ]),
+        workgroups: [
+            s.rows.count(1, 1),
             WorkgroupCount::fixed(1),
             WorkgroupCount::fixed(1),
         ],

@@ -1,0 +1,152 @@
+//! `qkv_rope`: everything between a layer's fused q|k|v projection and its
+//! attention, in one dispatch: optional per-head q/k RMSNorm, rotate-half
+//! RoPE of queries and keys at positions `P + t`, the rotated queries to an
+//! activation, the rotated keys and the raw values into the KV caches.
+//!
+//! One workgroup per (row, head slot): slots `0..NH` are query heads,
+//! `NH..NH+NKV` key heads, the rest value heads. In the fused row the heads
+//! lie in that order, so slot `h` reads `x[t·XW + h·HD ..]`. A value slot
+//! copies its head into the V cache and returns (the branch is uniform over
+//! the workgroup). A query or key slot normalizes its head into workgroup
+//! memory, then rotates pairs out of it, so a pair's two elements never
+//! race. Nothing assumes power-of-two head sizes.
+
+use super::{
+    bindings, f32_binding, f32_lit, prelude, tree_reduce, weight_binding, Access, KernelSource,
+    Rows,
+};
+use gerbil_ir::DType;
+use gerbil_plan::WorkgroupCount;
+use std::fmt::Write;
+
+const WG: u32 = 64;
+
+/// Specialization of a qkv-rope kernel.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct QkvRopeSpec {
+    /// Query heads.
+    pub heads: u32,
+    /// Key/value heads.
+    pub kv_heads: u32,
+    /// Head width.
+    pub head_dim: u32,
+    /// Rotated leading dimensions of each head.
+    pub rotary_dim: u32,
+    /// Per-head norm: `(eps, weight offset, weight dtype)`.
+    pub norm: Option<(f32, f32, DType)>,
+}
+
+/// Builds the kernel. Bindings: `x` (fused qkv), `table`, `kc`, `vc`, then
+/// with a norm `qn`, `kn`, and last the query output `q`.
+pub fn kernel(s: QkvRopeSpec) -> KernelSource {
+    let mut w = prelude();
+    let half = s.rotary_dim / 2;
+    let _ = writeln!(
+        w,
+        "const NH: u32 = {nh}u;\nconst NKV: u32 = {nkv}u;\nconst HD: u32 = {hd}u;\nconst ROT: u32 = {rot}u;\nconst HALF: u32 = {half}u;\n\
+         const QW: u32 = {qw}u;\nconst KW: u32 = {kw}u;\nconst XW: u32 = {xw}u;\nconst SLOTS: u32 = {slots}u;\nconst WG: u32 = {WG}u;",
+        nh = s.heads,
+        nkv = s.kv_heads,
+        hd = s.head_dim,
+        rot = s.rotary_dim,
+        qw = s.heads * s.head_dim,
+        kw = s.kv_heads * s.head_dim,
+        xw = (s.heads + 2 * s.kv_heads) * s.head_dim,
+        slots = s.heads + 2 * s.kv_heads,
+    );
+    f32_binding(&mut w, 1, "x", true);
+    f32_binding(&mut w, 2, "table", false);
+    f32_binding(&mut w, 3, "kc", true);
+    f32_binding(&mut w, 4, "vc", true);
+    let mut next = 5;
+    if let Some((eps, off, dt)) = s.norm {
+        let _ = writeln!(
+            w,
+            "const EPS: f32 = {};\nconst OFFSET: f32 = {};",
+            f32_lit(eps),
+            f32_lit(off)
+        );
+        weight_binding(&mut w, 5, "qn", dt);
+        weight_binding(&mut w, 6, "kn", dt);
+        next = 7;
+    }
+    f32_binding(&mut w, next, "q", true);
+    let load = match s.norm {
+        Some(_) => format!(
+            "  var ss = 0.0f;\n\
+             \x20 for (var i = lane; i < HD; i = i + WG) {{ let v = x[src + i]; ss = ss + v * v; }}\n\
+             \x20 red[lane] = ss;\n  workgroupBarrier();\n{}\
+             \x20 let inv = 1.0f / sqrt(red[0] / f32(HD) + EPS);\n\
+             \x20 for (var i = lane; i < HD; i = i + WG) {{\n\
+             \x20   let wn = select(load_kn(i), load_qn(i), h < NH);\n\
+             \x20   hv[i] = (x[src + i] * inv) * (wn + OFFSET);\n  }}\n",
+            tree_reduce(WG, "lane", "0u", "+")
+        ),
+        None => "  for (var i = lane; i < HD; i = i + WG) { hv[i] = x[src + i]; }\n".to_string(),
+    };
+    let red = if s.norm.is_some() {
+        "var<workgroup> red: array<f32, WG>;\n"
+    } else {
+        ""
+    };
+    let _ = write!(
+        w,
+        "var<workgroup> hv: array<f32, HD>;\n{red}\
+         @compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let t = wid.x / SLOTS;\n  let h = wid.x % SLOTS;\n  let lane = lid.x;\n\
+         \x20 let src = t * XW + h * HD;\n\
+         \x20 if (h >= NH + NKV) {{\n\
+         \x20   let dst = (params.p + t) * KW + (h - NH - NKV) * HD;\n\
+         \x20   for (var i = lane; i < HD; i = i + WG) {{ vc[dst + i] = x[src + i]; }}\n\
+         \x20   return;\n  }}\n\
+         {load}\
+         \x20 workgroupBarrier();\n\
+         \x20 let row = (params.p + t) * ROT;\n\
+         \x20 for (var j = lane; j < HD; j = j + WG) {{\n\
+         \x20   var o = hv[j];\n\
+         \x20   if (j < HALF) {{\n\
+         \x20     o = hv[j] * table[row + j] - hv[j + HALF] * table[row + HALF + j];\n\
+         \x20   }} else if (j < ROT) {{\n\
+         \x20     let i = j - HALF;\n\
+         \x20     o = hv[j] * table[row + i] + hv[i] * table[row + HALF + i];\n\
+         \x20   }}\n\
+         \x20   if (h < NH) {{\n\
+         \x20     q[t * QW + h * HD + j] = o;\n\
+         \x20   }} else {{\n\
+         \x20     kc[(params.p + t) * KW + (h - NH) * HD + j] = o;\n\
+         \x20   }}\n  }}\n}}\n"
+    );
+    let mut access = vec![
+        Access::Activation,
+        Access::Read,
+        Access::Activation,
+        Access::Activation,
+    ];
+    if s.norm.is_some() {
+        access.extend([Access::Read, Access::Read]);
+    }
+    access.push(Access::Activation);
+    KernelSource {
+        name: format!(
+            "qkv_rope_h{}_kv{}_d{}_r{}{}",
+            s.heads,
+            s.kv_heads,
+            s.head_dim,
+            s.rotary_dim,
+            match s.norm {
+                Some((_, _, dt)) => format!("_norm_{dt}"),
+                None => String::new(),
+            }
+        ),
+        wgsl: w,
+        workgroup_size: [WG, 1, 1],
+        bindings: bindings(&access),
+        workgroups: [
+            Rows::Tokens.count(s.heads + 2 * s.kv_heads, 1),
+            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: (s.head_dim + if s.norm.is_some() { WG } else { 0 }) * 4,
+    }
+}

@@ -1,0 +1,43 @@
+//! The IR after each pass of the default pipeline, for the tiny Llama and
+//! the tiny Gemma 3 (`cargo insta review` to update). Each snapshot shows
+//! what one pass matched and rewrote; the verifier runs after every pass.
+
+use gerbil_frontend_hf::{lower, Checkpoint};
+use gerbil_passes::{default_pipeline, PassManager};
+use std::path::Path;
+
+fn snapshots(model: &str) {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../../tests/data/models/tiny")
+        .join(model);
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let mut graph = lower(&ckpt).unwrap().graph;
+    let mut dumps = Vec::new();
+    let report = PassManager::new(default_pipeline())
+        .run(&mut graph, |name, g| {
+            dumps.push((name.to_string(), gerbil_ir::print::print(g)))
+        })
+        .unwrap();
+    // Every pass changes these graphs, except `dce` (the frontend emits no
+    // dead nodes) and the fusion of the activation a model lacks.
+    for (name, changed) in &report.ran {
+        let expected = !matches!(
+            (model, name.as_str()),
+            (_, "dce") | ("llama", "fuse-geglu") | ("gemma3", "fuse-swiglu")
+        );
+        assert_eq!(*changed, expected, "{model}: {name}");
+    }
+    for (i, (name, text)) in dumps.into_iter().enumerate() {
+        insta::assert_snapshot!(format!("{model}_{i:02}_{name}"), text);
+    }
+}
+
+#[test]
+fn tiny_llama_after_each_pass() {
+    snapshots("llama");
+}
+
+#[test]
+fn tiny_gemma3_after_each_pass() {
+    snapshots("gemma3");
+}
