@@ -386,16 +386,29 @@ struct EmbeddingCase {
     wdtype: DType,
     scale: Option<f32>,
     shard_rows: Option<u32>,
+    /// `embedding_rms_norm`: the norm's `(weight offset, weight dtype)`.
+    norm: Option<(f32, DType)>,
 }
 
 fn check_embedding(c: &EmbeddingCase) -> Result<(), String> {
-    let src = kernels::embedding::kernel(kernels::embedding::EmbeddingSpec {
+    let spec = kernels::embedding::EmbeddingSpec {
         shard_rows: c.shard_rows,
         vocab: c.vocab,
         width: c.width,
         wdtype: c.wdtype,
         scale: c.scale,
-    });
+    };
+    let src = match c.norm {
+        None => kernels::embedding::kernel(spec),
+        Some((offset, wdtype)) => kernels::embedding::kernel_with_norm(
+            spec,
+            kernels::embedding::NormSpec {
+                eps: 1e-6,
+                offset,
+                wdtype,
+            },
+        ),
+    };
     let (v, h, t) = (c.vocab as usize, c.width as usize, c.t as usize);
     let mut rng = rng(c);
     let (table_bytes, table) = encode(&rng.vec(v * h), c.wdtype);
@@ -416,8 +429,26 @@ fn check_embedding(c: &EmbeddingCase) -> Result<(), String> {
         .collect();
     let mut inputs = shard_bytes(table_bytes, v, c.shard_rows);
     inputs.push(u32_bytes(&ids));
+    let Some((offset, wdtype)) = c.norm else {
+        inputs.push(poison(t * h));
+        return expect(&src, c.t, 0, &inputs, inputs.len() - 1, &want);
+    };
+    let (w_bytes, w) = encode(&rng.vec(h), wdtype);
+    let normed: Vec<f64> = want
+        .chunks(h)
+        .flat_map(|row| {
+            let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / h as f64 + 1e-6).sqrt();
+            row.iter()
+                .zip(&w)
+                .map(move |(&v, &wi)| v * inv * (wi + f64::from(offset)))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    inputs.push(w_bytes);
     inputs.push(poison(t * h));
-    expect(&src, c.t, 0, &inputs, inputs.len() - 1, &want)
+    inputs.push(poison(t * h));
+    let n = inputs.len();
+    expect_all(&src, c.t, 0, &inputs, &[(n - 2, &want), (n - 1, &normed)])
 }
 
 fn embedding_cases() -> Vec<EmbeddingCase> {
@@ -436,6 +467,7 @@ fn embedding_cases() -> Vec<EmbeddingCase> {
                 wdtype,
                 scale,
                 shard_rows: None,
+                norm: None,
             });
         }
     }
@@ -452,8 +484,23 @@ fn embedding_cases() -> Vec<EmbeddingCase> {
             wdtype,
             scale: Some(2.5),
             shard_rows: Some(shard),
+            norm: None,
         });
     }
+    // The lookup fused with the first RMSNorm, plain, Gemma-style (scaled,
+    // offset 1) and sharded.
+    let fused: Vec<EmbeddingCase> = cases
+        .iter()
+        .enumerate()
+        .map(|(i, c)| EmbeddingCase {
+            norm: Some((
+                [0.0, 1.0][i % 2],
+                [DType::F32, DType::BF16, DType::F16][i % 3],
+            )),
+            ..*c
+        })
+        .collect();
+    cases.extend(fused);
     cases
 }
 
@@ -819,11 +866,18 @@ struct AddRmsNormCase {
     width: u32,
     offset: f32,
     wdtype: DType,
+    /// The `add_rms_norm_last_row` variant: only row `t - 1`, one output row.
+    last_row: bool,
 }
 
 fn check_add_rms_norm(c: &AddRmsNormCase) -> Result<(), String> {
-    let src = kernels::rms_norm::add_kernel(kernels::rms_norm::RmsNormSpec {
-        rows: c.rows,
+    let build = if c.last_row {
+        kernels::rms_norm::add_kernel_last_row
+    } else {
+        kernels::rms_norm::add_kernel
+    };
+    let src = build(kernels::rms_norm::RmsNormSpec {
+        rows: if c.last_row { Rows::Fixed(1) } else { c.rows },
         width: c.width,
         groups: 1,
         eps: 1e-6,
@@ -834,7 +888,13 @@ fn check_add_rms_norm(c: &AddRmsNormCase) -> Result<(), String> {
     let mut rng = rng(c);
     let (a, b) = (rng.vec(m * h), rng.vec(m * h));
     let (w_bytes, w) = encode(&rng.vec(h), c.wdtype);
-    let sum: Vec<f64> = a.iter().zip(&b).map(|(&x, &y)| f64::from(x + y)).collect();
+    let mut sum: Vec<f64> = a.iter().zip(&b).map(|(&x, &y)| f64::from(x + y)).collect();
+    let out_rows = if c.last_row {
+        sum.drain(..(m - 1) * h);
+        1
+    } else {
+        m
+    };
     let normed: Vec<f64> = sum
         .chunks(h)
         .flat_map(|row| {
@@ -850,8 +910,8 @@ fn check_add_rms_norm(c: &AddRmsNormCase) -> Result<(), String> {
         f32_bytes(&a),
         f32_bytes(&b),
         w_bytes,
-        poison(m * h),
-        poison(m * h),
+        poison(out_rows * h),
+        poison(out_rows * h),
     ];
     expect_all(&src, c.t, 0, &inputs, &[(3, &sum), (4, &normed)])
 }
@@ -864,6 +924,11 @@ fn add_rms_norm_matches_reference() {
         width,
         offset,
         wdtype,
+        last_row: false,
+    };
+    let last = |t, width, offset, wdtype| AddRmsNormCase {
+        last_row: true,
+        ..case(Rows::Tokens, t, width, offset, wdtype)
     };
     check_all(
         [
@@ -872,6 +937,9 @@ fn add_rms_norm_matches_reference() {
             case(Rows::Tokens, 5, 300, 1.0, DType::F16),
             case(Rows::Fixed(3), 1, 640, 1.0, DType::BF16),
             case(Rows::Tokens, 2, 257, 0.0, DType::F32),
+            last(1, 576, 0.0, DType::BF16),
+            last(13, 7, 1.0, DType::F32),
+            last(5, 300, 0.0, DType::F16),
         ],
         check_add_rms_norm,
     );

@@ -217,6 +217,26 @@ impl Builder<'_> {
             reason: reason.to_string(),
         };
         Ok(match &node.op {
+            Op::EmbeddingRmsNorm(e, n) => {
+                let t = in_ty(0);
+                embedding::kernel_with_norm(
+                    EmbeddingSpec {
+                        shard_rows: self.shard_rows(ins[0]),
+                        vocab: t.shape[0]
+                            .as_const()
+                            .ok_or_else(|| unsupported("symbolic vocabulary"))?
+                            as u32,
+                        width: width_of(t),
+                        wdtype: t.dtype,
+                        scale: e.scale,
+                    },
+                    embedding::NormSpec {
+                        eps: n.eps,
+                        offset: n.weight_offset,
+                        wdtype: in_ty(2).dtype,
+                    },
+                )
+            }
             Op::Embedding(e) => {
                 let t = in_ty(0);
                 embedding::kernel(EmbeddingSpec {
@@ -270,6 +290,14 @@ impl Builder<'_> {
                     glu: Some(m.act),
                 })
             }
+            Op::AddRmsNormLastRow(n) => rms_norm::add_kernel_last_row(RmsNormSpec {
+                rows: Rows::Fixed(1),
+                width: width_of(out_ty),
+                groups: 1,
+                eps: n.eps,
+                offset: n.weight_offset,
+                wdtype: in_ty(2).dtype,
+            }),
             Op::AddRmsNorm(n) => rms_norm::add_kernel(RmsNormSpec {
                 rows: rows_of(out_ty),
                 width: width_of(out_ty),

@@ -122,6 +122,28 @@ fn golden_kernels() {
         wdtype: DType::BF16,
         scale: Some(25.298_221),
     }));
+    golden(embedding::kernel_with_norm(
+        EmbeddingSpec {
+            shard_rows: Some(104_856),
+            vocab: 262_144,
+            width: 640,
+            wdtype: DType::BF16,
+            scale: Some(25.298_221),
+        },
+        embedding::NormSpec {
+            eps: 1e-6,
+            offset: 1.0,
+            wdtype: DType::BF16,
+        },
+    ));
+    golden(rms_norm::add_kernel_last_row(RmsNormSpec {
+        rows: Rows::Fixed(1),
+        width: 576,
+        groups: 1,
+        eps: 1e-5,
+        offset: 0.0,
+        wdtype: DType::BF16,
+    }));
     golden(rms_norm::kernel(RmsNormSpec {
         rows: Rows::Tokens,
         width: 640,

@@ -238,6 +238,13 @@ pub enum Op {
     /// norm that follows it, with both results as outputs (ports 0 and 1).
     /// `groups` must be 1.
     AddRmsNorm(RmsNorm),
+    /// `(a, b, w) -> (s, rms_norm(s, w))` with `s = a[T-1] + b[T-1]`: the last
+    /// row of a residual add and the final norm, both outputs `[1, W]` (what
+    /// `slice_last_row` between the two leaves after `fuse-residual-norm`).
+    AddRmsNormLastRow(RmsNorm),
+    /// `(table, ids, w) -> (x, rms_norm(x, w))` with `x = embedding(table,
+    /// ids)`: the lookup and the first norm, both results as outputs.
+    EmbeddingRmsNorm(Embedding, RmsNorm),
     /// Gated matmul `(x, w[, bias])`, see [`MatMulGlu`].
     MatMulGlu(MatMulGlu),
     /// Fused q/k/v post-processing `(qkv, table, k_cache, v_cache[, q_norm_w,
@@ -294,7 +301,7 @@ impl Op {
     /// Number of output values.
     pub fn num_outputs(&self) -> usize {
         match self {
-            Op::AddRmsNorm(_) => 2,
+            Op::AddRmsNorm(_) | Op::AddRmsNormLastRow(_) | Op::EmbeddingRmsNorm(..) => 2,
             Op::QkvRope(_) => 3,
             _ => 1,
         }
@@ -348,6 +355,16 @@ impl Op {
                     return Err(format!("token ids must be u32[T], got {}", ins[1]));
                 }
                 TensorType::new(DType::F32, [ins[1].shape[0], Dim::Const(hidden)])
+            }
+            Op::EmbeddingRmsNorm(e, n) => {
+                expect_arity(ins, 3)?;
+                let x = Op::Embedding(e.clone()).infer(&ins[..2])?.remove(0);
+                if n.groups != 1 {
+                    return Err(format!("groups must be 1, got {}", n.groups));
+                }
+                let w = x.last_const().unwrap_or(0);
+                expect_vector(ins[2], w, "norm weight")?;
+                return Ok(vec![x.clone(), x]);
             }
             Op::RmsNorm(n) => {
                 expect_arity(ins, 2)?;
@@ -479,7 +496,7 @@ impl Op {
                 }
                 TensorType::new(DType::F32, [rows, Dim::Const(*len)])
             }
-            Op::AddRmsNorm(n) => {
+            Op::AddRmsNorm(n) | Op::AddRmsNormLastRow(n) => {
                 expect_arity(ins, 3)?;
                 expect_f32(ins[0], "residual")?;
                 let (_, w) = expect_matrix(ins[0], "residual")?;
@@ -490,7 +507,12 @@ impl Op {
                     return Err(format!("groups must be 1, got {}", n.groups));
                 }
                 expect_vector(ins[2], w, "norm weight")?;
-                return Ok(vec![ins[0].clone(), ins[0].clone()]);
+                let out = if matches!(self, Op::AddRmsNormLastRow(_)) {
+                    TensorType::new(DType::F32, [Dim::Const(1), Dim::Const(w)])
+                } else {
+                    ins[0].clone()
+                };
+                return Ok(vec![out.clone(), out]);
             }
             Op::MatMulGlu(m) => {
                 expect_arity(ins, if m.has_bias { 3 } else { 2 })?;
@@ -585,6 +607,8 @@ impl Op {
             Op::SliceLastRow => "slice_last_row",
             Op::SliceCols { .. } => "slice_cols",
             Op::AddRmsNorm(_) => "add_rms_norm",
+            Op::AddRmsNormLastRow(_) => "add_rms_norm_last_row",
+            Op::EmbeddingRmsNorm(..) => "embedding_rms_norm",
             Op::MatMulGlu(m) => match m.act {
                 UnaryOp::Silu => "matmul_swiglu",
                 UnaryOp::GeluTanh => "matmul_geglu",
@@ -630,7 +654,14 @@ impl fmt::Display for Op {
                 Some(s) => write!(f, "{{scale={s}}}"),
                 None => Ok(()),
             },
-            Op::RmsNorm(n) | Op::AddRmsNorm(n) => {
+            Op::EmbeddingRmsNorm(e, n) => {
+                write!(f, "{{eps={:e}, offset={}", n.eps, n.weight_offset)?;
+                if let Some(s) = e.scale {
+                    write!(f, ", scale={s}")?;
+                }
+                f.write_str("}")
+            }
+            Op::RmsNorm(n) | Op::AddRmsNorm(n) | Op::AddRmsNormLastRow(n) => {
                 write!(f, "{{eps={:e}, offset={}", n.eps, n.weight_offset)?;
                 if n.groups != 1 {
                     write!(f, ", groups={}", n.groups)?;

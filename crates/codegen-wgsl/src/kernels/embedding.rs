@@ -1,8 +1,10 @@
-//! `embedding`: `y[t, h] = table[ids[t], h] · scale`, one thread per element.
+//! `embedding`: `y[t, h] = table[ids[t], h] · scale`, one thread per element;
+//! and `embedding_rms_norm`, the lookup fused with the RMSNorm after it (one
+//! workgroup per row, writing the row and its normalized form).
 //! Ids outside the vocabulary read row 0 (the runtime rejects them first).
 //! A table larger than one binding arrives as row shards; the id picks one.
 
-use super::{f32_lit, prelude, weight_binding, KernelSource, Rows};
+use super::{f32_lit, prelude, tree_reduce, weight_binding, KernelSource, Rows};
 use gerbil_ir::DType;
 use gerbil_plan::{BindingDecl, WorkgroupCount};
 use std::fmt::Write;
@@ -24,8 +26,21 @@ pub struct EmbeddingSpec {
     pub shard_rows: Option<u32>,
 }
 
-/// Builds the kernel.
-pub fn kernel(s: EmbeddingSpec) -> KernelSource {
+/// The RMSNorm fused after the lookup.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct NormSpec {
+    /// Epsilon.
+    pub eps: f32,
+    /// Added to the weight (Gemma: 1).
+    pub offset: f32,
+    /// Norm weight dtype.
+    pub wdtype: DType,
+}
+
+/// Module header shared by both kernels: constants, table (shard) bindings,
+/// the ids binding and `fn lookup(id, h) -> f32` (scaled). Returns the
+/// source, the next free binding and the tag for kernel names.
+fn header(s: &EmbeddingSpec) -> (String, u32, String) {
     let starts: Vec<u32> = match s.shard_rows {
         Some(r) if r > 0 && r < s.vocab => (0..s.vocab.div_ceil(r)).map(|i| i * r).collect(),
         _ => vec![0],
@@ -44,66 +59,117 @@ pub fn kernel(s: EmbeddingSpec) -> KernelSource {
     for (i, name) in names.iter().enumerate() {
         weight_binding(&mut w, 1 + i as u32, name, s.wdtype);
     }
-    let ids = 1 + names.len();
+    let ids = 1 + names.len() as u32;
     let _ = writeln!(
         w,
         "@group(0) @binding({ids}) var<storage, read> ids: array<u32>;"
-    );
-    let _ = writeln!(
-        w,
-        "@group(0) @binding({}) var<storage, read_write> y: array<f32>;",
-        ids + 1
     );
     let scale = s
         .scale
         .map(|v| format!(" * {}", f32_lit(v)))
         .unwrap_or_default();
-    let mut lookup = String::from("  var v = 0.0f;\n");
+    let mut body = String::new();
     for (i, (name, start)) in names.iter().zip(&starts).enumerate() {
-        let read = format!("v = load_{name}((id - {start}u) * H + i % H);");
+        let read = format!("return load_{name}((id - {start}u) * H + h){scale};");
         match starts.get(i + 1) {
-            Some(end) if i == 0 => lookup += &format!("  if (id < {end}u) {{ {read} }}"),
-            Some(end) => lookup += &format!(" else if (id < {end}u) {{ {read} }}"),
-            None if i == 0 => lookup += &format!("  {read}\n"),
-            None => lookup += &format!(" else {{ {read} }}\n"),
+            Some(end) => body += &format!("  if (id < {end}u) {{ {read} }}\n"),
+            None => body += &format!("  {read}\n"),
         }
     }
+    let _ = writeln!(w, "fn lookup(id: u32, h: u32) -> f32 {{\n{body}}}");
+    let tag = format!(
+        "{}_v{}_h{}{}{}",
+        s.wdtype,
+        s.vocab,
+        s.width,
+        if s.scale.is_some() { "_scaled" } else { "" },
+        if names.len() > 1 {
+            format!("_shards{}", names.len())
+        } else {
+            String::new()
+        }
+    );
+    (w, ids + 1, tag)
+}
+
+fn decls(reads: u32, writes: usize) -> Vec<BindingDecl> {
+    let mut d = vec![BindingDecl::Uniform];
+    d.extend(std::iter::repeat_n(
+        BindingDecl::StorageRead,
+        reads as usize,
+    ));
+    d.extend(std::iter::repeat_n(BindingDecl::StorageReadWrite, writes));
+    d
+}
+
+/// Builds the lookup kernel.
+pub fn kernel(s: EmbeddingSpec) -> KernelSource {
+    let (mut w, next, tag) = header(&s);
+    let _ = writeln!(
+        w,
+        "@group(0) @binding({next}) var<storage, read_write> y: array<f32>;"
+    );
     let _ = write!(
         w,
         "@compute @workgroup_size({WG}, 1, 1)\n\
          fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n\
          \x20 let i = gid.x;\n  if (i >= params.t * H) {{ return; }}\n\
          \x20 var id = ids[i / H];\n  if (id >= V) {{ id = 0u; }}\n\
-         {lookup}\
-         \x20 y[i] = v{scale};\n}}\n"
+         \x20 y[i] = lookup(id, i % H);\n}}\n"
     );
-    let mut decls = vec![BindingDecl::Uniform];
-    decls.extend(std::iter::repeat_n(
-        BindingDecl::StorageRead,
-        names.len() + 1,
-    ));
-    decls.push(BindingDecl::StorageReadWrite);
     KernelSource {
-        name: format!(
-            "embedding_{}_v{}_h{}{}{}",
-            s.wdtype,
-            s.vocab,
-            s.width,
-            if s.scale.is_some() { "_scaled" } else { "" },
-            if names.len() > 1 {
-                format!("_shards{}", names.len())
-            } else {
-                String::new()
-            }
-        ),
+        name: format!("embedding_{tag}"),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
-        bindings: decls,
+        bindings: decls(next - 1, 1),
         workgroups: [
             Rows::Tokens.count(s.width, WG),
             WorkgroupCount::fixed(1),
             WorkgroupCount::fixed(1),
         ],
         workgroup_bytes: 0,
+    }
+}
+
+/// Builds the lookup fused with an RMSNorm: bindings are the table (shards),
+/// ids, norm weight, then `x` (the looked-up rows) and `y` (normalized).
+pub fn kernel_with_norm(s: EmbeddingSpec, n: NormSpec) -> KernelSource {
+    let (mut w, next, tag) = header(&s);
+    weight_binding(&mut w, next, "w", n.wdtype);
+    let _ = writeln!(
+        w,
+        "@group(0) @binding({}) var<storage, read_write> x: array<f32>;\n\
+         @group(0) @binding({}) var<storage, read_write> y: array<f32>;\n\
+         const EPS: f32 = {};\nconst OFFSET: f32 = {};\nconst WG: u32 = {WG}u;",
+        next + 1,
+        next + 2,
+        f32_lit(n.eps),
+        f32_lit(n.offset)
+    );
+    let _ = write!(
+        w,
+        "var<workgroup> red: array<f32, WG>;\n\
+         @compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let row = wid.x;\n  let lane = lid.x;\n\
+         \x20 var id = ids[row];\n  if (id >= V) {{ id = 0u; }}\n\
+         \x20 var s = 0.0f;\n\
+         \x20 for (var i = lane; i < H; i = i + WG) {{ let v = lookup(id, i); x[row * H + i] = v; s = s + v * v; }}\n\
+         \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
+         \x20 let inv = 1.0f / sqrt(red[0] / f32(H) + EPS);\n\
+         \x20 for (var i = lane; i < H; i = i + WG) {{ y[row * H + i] = (lookup(id, i) * inv) * (load_w(i) + OFFSET); }}\n}}\n",
+        reduce = tree_reduce(WG, "lane", "0u", "+")
+    );
+    KernelSource {
+        name: format!("embedding_rms_norm_{tag}_w{}", n.wdtype),
+        wgsl: w,
+        workgroup_size: [WG, 1, 1],
+        bindings: decls(next, 2),
+        workgroups: [
+            Rows::Tokens.count(1, 1),
+            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: WG * 4,
     }
 }

@@ -89,6 +89,17 @@ pub fn kernel(s: RmsNormSpec) -> KernelSource {
 /// Builds the residual-add-then-norm kernel (`groups` must be 1): bindings
 /// `a`, `b`, `w`, then the outputs `sum = a + b` and `y = rms_norm(sum)`.
 pub fn add_kernel(s: RmsNormSpec) -> KernelSource {
+    add_kernel_rows(s, false)
+}
+
+/// [`add_kernel`] on the step's last row only: reads row `T - 1` of `a` and
+/// `b`, writes one row of each output (`s.rows` must be `Fixed(1)`).
+pub fn add_kernel_last_row(s: RmsNormSpec) -> KernelSource {
+    add_kernel_rows(s, true)
+}
+
+fn add_kernel_rows(s: RmsNormSpec, last_row: bool) -> KernelSource {
+    let src_row = if last_row { "(params.t - 1u)" } else { "row" };
     let mut w = prelude();
     let _ = writeln!(
         w,
@@ -110,16 +121,22 @@ pub fn add_kernel(s: RmsNormSpec) -> KernelSource {
          \x20 let row = wid.x;\n  let lane = lid.x;\n\
          \x20 var s = 0.0f;\n\
          \x20 for (var i = lane; i < H; i = i + WG) {{\n\
-         \x20   let v = a[row * H + i] + b[row * H + i];\n    sum[row * H + i] = v;\n    s = s + v * v;\n  }}\n\
+         \x20   let v = a[{src_row} * H + i] + b[{src_row} * H + i];\n    sum[row * H + i] = v;\n    s = s + v * v;\n  }}\n\
          \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
          \x20 let inv = 1.0f / sqrt(red[0] / f32(H) + EPS);\n\
          \x20 for (var i = lane; i < H; i = i + WG) {{\n\
-         \x20   let v = a[row * H + i] + b[row * H + i];\n\
+         \x20   let v = a[{src_row} * H + i] + b[{src_row} * H + i];\n\
          \x20   y[row * H + i] = (v * inv) * (load_w(i) + OFFSET);\n  }}\n}}\n",
         reduce = tree_reduce(WG, "lane", "0u", "+")
     );
     KernelSource {
-        name: format!("add_rms_norm_{}_r{}_h{}", s.wdtype, s.rows.tag(), s.width),
+        name: format!(
+            "add_rms_norm{}_{}_r{}_h{}",
+            if last_row { "_last_row" } else { "" },
+            s.wdtype,
+            s.rows.tag(),
+            s.width
+        ),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
         bindings: bindings(&[
