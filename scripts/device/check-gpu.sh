@@ -3,11 +3,11 @@
 #
 # Expects, in the carried, git-ignored folder .device/:
 #   bin/gerbilc, bin/gerbil-run     release builds (cargo build --release -p gerbil-cli)
-#   bin/models                      the e2e test binary (cargo test --release -p gerbil-e2e --test models --no-run)
+#   bin/models, bin/passes          the e2e test binaries (cargo test --release -p gerbil-e2e --test models --test passes --no-run)
 #   random_ref.py                   makes a random-weight HF model + its transformers reference (torch there)
 # and .gl/ with the Vulkan loader .debs (see docs/gpu-checks.md).
 #
-# 1. the tiny-model e2e tests through the GPU's real Vulkan driver;
+# 1. the tiny-model e2e tests and the random-graph pass-equivalence test through the GPU's real Vulkan driver;
 # 2. for each config given (default: SmolLM2-135M's), a random-weight model of that shape made with
 #    transformers on this machine, compiled with gerbilc, checked with scripts/check-ref.py;
 # 3. gerbil-run bench (with --profile) on that model.
@@ -23,6 +23,8 @@ status=0
 
 echo "=== tiny models (e2e tests) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 $bin/models tiny chunked sharded disabled odd --test-threads=1 2>&1 | tee "$out/tiny.log" | grep -E "^test |test result" || status=1
+echo "=== random graphs: every pass preserves results"
+$bin/passes 2>&1 | tee "$out/passes.log" | grep -E "^test |test result" || status=1
 
 configs=("$@")
 [ ${#configs[@]} -eq 0 ] && configs=(tests/data/models/smollm2-135m/config.json)
