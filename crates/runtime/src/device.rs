@@ -3,7 +3,9 @@
 use crate::error::RuntimeError;
 use gerbil_plan::Requirements;
 
-/// A wgpu device and queue with the adapter's description.
+/// A wgpu device and queue with the adapter's description. Cloning shares
+/// the device.
+#[derive(Clone)]
 pub struct Gpu {
     /// The device.
     pub device: wgpu::Device,
@@ -88,7 +90,24 @@ impl Gpu {
 
     /// Like [`Gpu::open`]; with `timestamps`, also enables timestamp queries
     /// inside compute passes when the adapter has them (for profiling).
+    ///
+    /// One device per process (per `timestamps` setting) is opened and then
+    /// shared by every later call: sessions of several plans live on one
+    /// device, as they would in a server, and drivers that limit how many
+    /// Vulkan instances or devices a process may create are never exhausted.
     pub fn open_with(need: &Requirements, timestamps: bool) -> Result<Gpu, RuntimeError> {
+        static SHARED: std::sync::Mutex<Vec<(bool, Gpu)>> = std::sync::Mutex::new(Vec::new());
+        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, gpu)) = shared.iter().find(|(t, _)| *t == timestamps) {
+            check_limits(&gpu.adapter.name, &gpu.limits, need)?;
+            return Ok(gpu.clone());
+        }
+        let gpu = Gpu::create(need, timestamps)?;
+        shared.push((timestamps, gpu.clone()));
+        Ok(gpu)
+    }
+
+    fn create(need: &Requirements, timestamps: bool) -> Result<Gpu, RuntimeError> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
