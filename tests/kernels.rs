@@ -777,6 +777,49 @@ fn check_binary(c: &BinaryCase) -> Result<(), String> {
     )
 }
 
+#[derive(Clone, Copy, Debug)]
+struct AddBiasCase {
+    rows: Rows,
+    t: u32,
+    width: u32,
+    dtype: DType,
+}
+
+fn check_add_bias(c: &AddBiasCase) -> Result<(), String> {
+    let src = kernels::elementwise::add_bias(c.rows, c.width, c.dtype);
+    let (m, n) = (row_count(c.rows, c.t), c.width as usize);
+    let mut rng = rng(c);
+    let x = rng.vec(m * n);
+    let (b_bytes, b) = encode(&rng.vec(n), c.dtype);
+    let want: Vec<f64> = (0..m * n).map(|i| f64::from(x[i]) + b[i % n]).collect();
+    expect(
+        &src,
+        c.t,
+        0,
+        &[f32_bytes(&x), b_bytes, poison(m * n)],
+        2,
+        &want,
+    )
+}
+
+#[test]
+fn add_bias_matches_reference() {
+    let case = |rows, t, width, dtype| AddBiasCase {
+        rows,
+        t,
+        width,
+        dtype,
+    };
+    check_all(
+        [
+            case(Rows::Tokens, 13, 100, DType::F32),
+            case(Rows::Fixed(1), 1, 7, DType::BF16),
+            case(Rows::Tokens, 3, 129, DType::F16),
+        ],
+        check_add_bias,
+    );
+}
+
 #[test]
 fn binary_matches_reference() {
     let launches = [

@@ -1,6 +1,6 @@
 //! Every pass preserves results: random small graphs — chains and diamonds
 //! of the ops the passes rewrite (attention blocks, gated MLPs, parallel
-//! matmuls, residual adds and norms), random and odd shapes — are compiled
+//! matmuls with and without bias adds, residual adds and norms), random and odd shapes — are compiled
 //! with all passes, with each pass disabled in turn, and with every optional
 //! pass disabled, then run on the GPU (lavapipe); the logits of a prefill and
 //! of two decode steps agree within f32 tolerance.
@@ -50,8 +50,8 @@ enum Block {
     },
     /// Pre-norm gated MLP (SwiGLU or GeGLU), plus the residual add.
     Mlp { inter: u64, gelu: bool },
-    /// Two matmuls of one input added: a diamond.
-    Diamond,
+    /// Two matmuls of one input added: a diamond; with biases (add_bias).
+    Diamond { bias: bool },
 }
 
 /// Builds graphs and their random weights.
@@ -222,9 +222,17 @@ impl Builder {
                     &format!("{p}.mlp.residual"),
                 )
             }
-            Block::Diamond => {
-                let a = self.linear(x, hidden, hidden, &format!("{p}.a"));
-                let b = self.linear(x, hidden, hidden, &format!("{p}.b"));
+            Block::Diamond { bias } => {
+                let mut a = self.linear(x, hidden, hidden, &format!("{p}.a"));
+                let mut b = self.linear(x, hidden, hidden, &format!("{p}.b"));
+                if bias {
+                    let (ba, bb) = (
+                        self.weight(&[hidden], 0.5, 0.0),
+                        self.weight(&[hidden], 0.5, 0.0),
+                    );
+                    a = self.add(Op::AddBias, &[a, ba], &format!("{p}.a.bias"));
+                    b = self.add(Op::AddBias, &[b, bb], &format!("{p}.b.bias"));
+                }
                 self.add(Op::Binary(BinaryOp::Add), &[a, b], &format!("{p}.sum"))
             }
         }
@@ -321,7 +329,7 @@ fn block_strategy() -> impl Strategy<Value = Block> {
             }),
         (prop::sample::select(vec![17u64, 40, 63]), any::<bool>())
             .prop_map(|(inter, gelu)| Block::Mlp { inter, gelu }),
-        Just(Block::Diamond),
+        any::<bool>().prop_map(|bias| Block::Diamond { bias }),
     ]
 }
 

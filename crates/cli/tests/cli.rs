@@ -231,7 +231,7 @@ fn disabling_a_pass_by_name() {
     ]);
     assert_fails_with(
         &o,
-        "unknown pass `fuse-everything`; passes are: dce, slice-last-row, fuse-qkv, \
+        "unknown pass `fuse-everything`; passes are: dce, slice-last-row, fuse-matmul-bias, fuse-qkv, \
          fuse-qkv-rope, fuse-gate-up, fuse-swiglu, fuse-geglu, fuse-residual-norm",
     );
 }

@@ -335,6 +335,7 @@ impl Builder<'_> {
             }),
             Op::Unary(u) => elementwise::unary(*u, rows_of(out_ty), width_of(out_ty)),
             Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
+            Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),
             Op::SliceLastRow => elementwise::slice_last_row(width_of(out_ty)),
             Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
                 return Err(unsupported("source nodes have no kernel"))

@@ -200,5 +200,6 @@ fn golden_kernels() {
     ));
     golden(elementwise::binary(BinaryOp::Add, Rows::Tokens, 576));
     golden(elementwise::cache_write(192));
+    golden(elementwise::add_bias(Rows::Tokens, 896, DType::BF16));
     golden(elementwise::slice_last_row(576));
 }

@@ -132,9 +132,15 @@ fn every_tiny_family_is_registered() {
 #[test]
 fn qwen2_has_qkv_biases_and_an_untied_head() {
     let g = lower_dir(&model("tiny/qwen2")).graph;
-    let with_bias = |label: &str| match &by_label(&g, label).op {
-        Op::MatMul(m) => m.has_bias,
-        other => panic!("{other:?}"),
+    // A biased projection is a plain matmul followed by `add_bias`
+    // (`fuse-matmul-bias` folds the two later).
+    let with_bias = |label: &str| {
+        assert_eq!(
+            by_label(&g, label).op,
+            Op::MatMul(MatMul { has_bias: false })
+        );
+        g.g.node_weights()
+            .any(|n| n.label == format!("{label}.bias") && n.op == Op::AddBias)
     };
     for i in 0..2 {
         for proj in ["q_proj", "k_proj", "v_proj"] {
@@ -144,12 +150,9 @@ fn qwen2_has_qkv_biases_and_an_untied_head() {
         assert!(!with_bias(&format!("layers.{i}.mlp.up_proj")));
         assert_eq!(attention(&g, i).window, None);
     }
+    assert_eq!(count(&g, |op| *op == Op::AddBias), 6);
     assert_eq!(
-        count(&g, |op| matches!(op, Op::MatMul(MatMul { has_bias: true }))),
-        6
-    );
-    assert_eq!(
-        input_label(&g, "layers.0.attn.k_proj", 2),
+        input_label(&g, "layers.0.attn.k_proj.bias", 1),
         "model.layers.0.self_attn.k_proj.bias"
     );
     assert_eq!(head_weight(&g), "lm_head.weight");

@@ -270,16 +270,13 @@ fn biases_and_untied_head_are_honoured() {
     write_tensors(&dir.join("model.safetensors"), &tensors);
 
     let g = lower_dir(&dir).graph;
-    assert_eq!(
-        count(&g, |op| matches!(op, Op::MatMul(MatMul { has_bias: true }))),
-        14
-    );
-    let q = by_label(&g, "layers.0.attn.q_proj");
-    assert_eq!(q.op, Op::MatMul(MatMul { has_bias: true }));
+    assert_eq!(count(&g, |op| *op == Op::AddBias), 14);
+    let q = by_label(&g, "layers.0.attn.q_proj.bias");
+    assert_eq!(q.op, Op::AddBias);
     let (_, logits) = g.outputs[0];
     let head_w = g.inputs(logits.node)[1];
     assert_eq!(g.node(head_w.node).label, "lm_head.weight");
-    assert!(print(&g).contains("matmul{bias}"));
+    assert!(print(&g).contains("add_bias("));
 }
 
 #[test]

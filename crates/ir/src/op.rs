@@ -227,6 +227,9 @@ pub enum Op {
     Binary(BinaryOp),
     /// The last row of `[T, W]`, as `[1, W]`.
     SliceLastRow,
+    /// `x[r, n] + b[n]`: a bias `[N]` added to every row of `[rows, N]` (the
+    /// frontend's linear layers; `fuse-matmul-bias` folds it into the matmul).
+    AddBias,
     /// Columns `start..start + len` of `[rows, W]`, as `[rows, len]`.
     SliceCols {
         /// First column.
@@ -479,6 +482,13 @@ impl Op {
                 }
                 ins[0].clone()
             }
+            Op::AddBias => {
+                expect_arity(ins, 2)?;
+                expect_f32(ins[0], "input")?;
+                let (_, n) = expect_matrix(ins[0], "input")?;
+                expect_vector(ins[1], n, "bias")?;
+                ins[0].clone()
+            }
             Op::SliceLastRow => {
                 expect_arity(ins, 1)?;
                 let (_, w) = expect_matrix(ins[0], "input")?;
@@ -603,6 +613,7 @@ impl Op {
             Op::Unary(UnaryOp::GeluTanh) => "gelu_tanh",
             Op::Unary(UnaryOp::Softcap(_)) => "softcap",
             Op::Binary(BinaryOp::Add) => "add",
+            Op::AddBias => "add_bias",
             Op::Binary(BinaryOp::Mul) => "mul",
             Op::SliceLastRow => "slice_last_row",
             Op::SliceCols { .. } => "slice_cols",

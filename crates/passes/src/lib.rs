@@ -13,6 +13,7 @@ pub mod buffer_plan;
 pub mod dce;
 pub mod fuse_gate_up;
 pub mod fuse_glu;
+pub mod fuse_matmul_bias;
 pub mod fuse_qkv;
 pub mod fuse_qkv_rope;
 pub mod fuse_residual_norm;

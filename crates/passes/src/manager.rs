@@ -68,6 +68,7 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(crate::dce::Dce),
         Box::new(crate::slice_last_row::SliceLastRow),
+        Box::new(crate::fuse_matmul_bias::FuseMatMulBias),
         Box::new(crate::fuse_qkv::FuseQkv),
         Box::new(crate::fuse_qkv_rope::FuseQkvRope),
         Box::new(crate::fuse_gate_up::FuseGateUp),

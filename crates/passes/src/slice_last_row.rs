@@ -14,7 +14,10 @@ pub struct SliceLastRow;
 
 /// Whether `op` works row by row (so slicing before it equals slicing after).
 fn is_rowwise(op: &Op) -> bool {
-    matches!(op, Op::RmsNorm(_) | Op::MatMul(_) | Op::Unary(_))
+    matches!(
+        op,
+        Op::RmsNorm(_) | Op::MatMul(_) | Op::Unary(_) | Op::AddBias
+    )
 }
 
 impl Pass for SliceLastRow {

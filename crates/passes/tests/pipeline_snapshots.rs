@@ -1,5 +1,5 @@
-//! The IR after each pass of the default pipeline, for the tiny Llama and
-//! the tiny Gemma 3 (`cargo insta review` to update). Each snapshot shows
+//! The IR after each pass of the default pipeline, for the tiny Llama,
+//! Qwen2 (biases) and Gemma 3 (`cargo insta review` to update). Each snapshot shows
 //! what one pass matched and rewrote; the verifier runs after every pass.
 
 use gerbil_frontend_hf::{lower, Checkpoint};
@@ -19,11 +19,15 @@ fn snapshots(model: &str) {
         })
         .unwrap();
     // Every pass changes these graphs, except `dce` (the frontend emits no
-    // dead nodes) and the fusion of the activation a model lacks.
+    // dead nodes), the fusion of the activation a model lacks, and the bias
+    // fusion where there are no biases (only Qwen2 has them).
     for (name, changed) in &report.ran {
         let expected = !matches!(
             (model, name.as_str()),
-            (_, "dce") | ("llama", "fuse-geglu") | ("gemma3", "fuse-swiglu")
+            (_, "dce")
+                | ("llama" | "qwen2", "fuse-geglu")
+                | ("gemma3", "fuse-swiglu")
+                | ("llama" | "gemma3", "fuse-matmul-bias")
         );
         assert_eq!(*changed, expected, "{model}: {name}");
     }
@@ -35,6 +39,11 @@ fn snapshots(model: &str) {
 #[test]
 fn tiny_llama_after_each_pass() {
     snapshots("llama");
+}
+
+#[test]
+fn tiny_qwen2_after_each_pass() {
+    snapshots("qwen2");
 }
 
 #[test]

@@ -2,7 +2,7 @@
 //! add/mul, the KV-cache write, and the row and column slices.
 
 use super::{bindings, f32_binding, f32_lit, prelude, Access, KernelSource, Rows};
-use gerbil_ir::{BinaryOp, UnaryOp};
+use gerbil_ir::{BinaryOp, DType, UnaryOp};
 use gerbil_plan::{BindingDecl, WorkgroupCount};
 use std::fmt::Write;
 
@@ -102,6 +102,22 @@ pub fn binary(op: BinaryOp, rows: Rows, width: u32) -> KernelSource {
         rows,
         width,
         bindings(&[Access::Activation, Access::Activation, Access::Activation]),
+    )
+}
+
+/// `y[r, n] = x[r, n] + b[n]`, the bias of a linear layer.
+pub fn add_bias(rows: Rows, width: u32, bdtype: DType) -> KernelSource {
+    let mut w = header(width);
+    f32_binding(&mut w, 1, "x", true);
+    super::weight_binding(&mut w, 2, "b", bdtype);
+    f32_binding(&mut w, 3, "y", true);
+    w.push_str(&entry(rows, "  y[i] = x[i] + load_b(i % W);\n"));
+    flat(
+        format!("add_bias_{bdtype}_r{}_w{width}", rows.tag()),
+        w,
+        rows,
+        width,
+        bindings(&[Access::Activation, Access::Read, Access::Activation]),
     )
 }
 

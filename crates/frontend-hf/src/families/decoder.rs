@@ -375,11 +375,16 @@ pub(crate) fn linear(
     label: String,
 ) -> Result<ValueRef> {
     let w = ctx.weight(&format!("{prefix}.weight"), &[out, inp])?;
-    let mut inputs = vec![x, w];
-    if bias {
-        inputs.push(ctx.weight(&format!("{prefix}.bias"), &[out])?);
+    let y = ctx.add(
+        Op::MatMul(MatMul { has_bias: false }),
+        &[x, w],
+        label.clone(),
+    )?;
+    if !bias {
+        return Ok(y);
     }
-    ctx.add(Op::MatMul(MatMul { has_bias: bias }), &inputs, label)
+    let b = ctx.weight(&format!("{prefix}.bias"), &[out])?;
+    ctx.add(Op::AddBias, &[y, b], format!("{label}.bias"))
 }
 
 /// Splits a fused linear layer `{prefix}.weight` `[Σ parts, inp]` (and its
@@ -398,15 +403,16 @@ pub(crate) fn fused_linear(
     let mut outs = Vec::with_capacity(parts.len());
     for (label, rows) in parts {
         let w = ctx.weight_rows(&format!("{prefix}.weight"), &[total, inp], start, *rows)?;
-        let mut inputs = vec![x, w];
-        if bias {
-            inputs.push(ctx.weight_rows(&format!("{prefix}.bias"), &[total], start, *rows)?);
-        }
-        outs.push(ctx.add(
-            Op::MatMul(MatMul { has_bias: bias }),
-            &inputs,
+        let mut y = ctx.add(
+            Op::MatMul(MatMul { has_bias: false }),
+            &[x, w],
             label.clone(),
-        )?);
+        )?;
+        if bias {
+            let b = ctx.weight_rows(&format!("{prefix}.bias"), &[total], start, *rows)?;
+            y = ctx.add(Op::AddBias, &[y, b], format!("{label}.bias"))?;
+        }
+        outs.push(y);
         start += rows;
     }
     Ok(outs)

@@ -1,0 +1,53 @@
+//! `fuse-matmul-bias`: the bias add in the matmul's epilogue.
+//!
+//! Pattern: `y = add_bias(m, b)` where `m = matmul(x, w)` (no bias yet) is
+//! read by nothing else. Rewrite: `y = matmul{bias}(x, w, b)`: the kernel
+//! adds `b[n]` to each output as it stores it, one dispatch instead of two.
+//! Runs before `fuse-qkv` and `fuse-gate-up`, which stack biased matmuls.
+
+use crate::manager::{Pass, PassError};
+use crate::rewrite::{add_err, remove_if_dead};
+use gerbil_ir::{Graph, MatMul, Op, ValueRef};
+
+/// Folds bias adds into matmuls.
+pub struct FuseMatMulBias;
+
+impl Pass for FuseMatMulBias {
+    fn name(&self) -> &'static str {
+        "fuse-matmul-bias"
+    }
+
+    fn description(&self) -> &'static str {
+        "fold add_bias(matmul(x, w), b) into matmul{bias}(x, w, b)"
+    }
+
+    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+        let order = graph.topo_order().unwrap_or_default();
+        let mut changed = false;
+        for id in order {
+            if graph.g.node_weight(id).is_none() || graph.node(id).op != Op::AddBias {
+                continue;
+            }
+            let [m, b] = graph.inputs(id)[..] else {
+                continue;
+            };
+            let plain = graph.node(m.node).op == Op::MatMul(MatMul { has_bias: false });
+            if !plain || graph.users(m).len() != 1 || graph.is_output(m) {
+                continue;
+            }
+            let xw = graph.inputs(m.node);
+            let label = graph.node(m.node).label.clone();
+            let fused = graph
+                .add(
+                    Op::MatMul(MatMul { has_bias: true }),
+                    &[xw[0], xw[1], b],
+                    label,
+                )
+                .map_err(add_err(self.name()))?;
+            graph.replace_all_uses(ValueRef::of(id), fused);
+            remove_if_dead(graph, id);
+            changed = true;
+        }
+        Ok(changed)
+    }
+}
