@@ -205,6 +205,29 @@ impl Builder<'_> {
         Ok(i)
     }
 
+    /// The lookup part of an embedding kernel for the table `table` of type `t`.
+    fn embedding_spec(
+        &self,
+        table: ValueRef,
+        t: &TensorType,
+        scale: Option<f32>,
+        label: &str,
+    ) -> Result<EmbeddingSpec, CodegenError> {
+        let vocab = t.shape[0]
+            .as_const()
+            .ok_or_else(|| CodegenError::Unsupported {
+                label: label.to_string(),
+                reason: "symbolic vocabulary".into(),
+            })?;
+        Ok(EmbeddingSpec {
+            shard_rows: self.shard_rows(table),
+            vocab: vocab as u32,
+            width: width_of(t),
+            wdtype: t.dtype,
+            scale,
+        })
+    }
+
     /// The kernel for one compute node in one phase.
     fn kernel_for(&self, id: NodeId, tt: u32) -> Result<KernelSource, CodegenError> {
         let g = self.graph;
@@ -217,38 +240,16 @@ impl Builder<'_> {
             reason: reason.to_string(),
         };
         Ok(match &node.op {
-            Op::EmbeddingRmsNorm(e, n) => {
-                let t = in_ty(0);
-                embedding::kernel_with_norm(
-                    EmbeddingSpec {
-                        shard_rows: self.shard_rows(ins[0]),
-                        vocab: t.shape[0]
-                            .as_const()
-                            .ok_or_else(|| unsupported("symbolic vocabulary"))?
-                            as u32,
-                        width: width_of(t),
-                        wdtype: t.dtype,
-                        scale: e.scale,
-                    },
-                    embedding::NormSpec {
-                        eps: n.eps,
-                        offset: n.weight_offset,
-                        wdtype: in_ty(2).dtype,
-                    },
-                )
-            }
+            Op::EmbeddingRmsNorm(e, n) => embedding::kernel_with_norm(
+                self.embedding_spec(ins[0], in_ty(0), e.scale, &node.label)?,
+                embedding::NormSpec {
+                    eps: n.eps,
+                    offset: n.weight_offset,
+                    wdtype: in_ty(2).dtype,
+                },
+            ),
             Op::Embedding(e) => {
-                let t = in_ty(0);
-                embedding::kernel(EmbeddingSpec {
-                    shard_rows: self.shard_rows(ins[0]),
-                    vocab: t.shape[0]
-                        .as_const()
-                        .ok_or_else(|| unsupported("symbolic vocabulary"))?
-                        as u32,
-                    width: width_of(t),
-                    wdtype: t.dtype,
-                    scale: e.scale,
-                })
+                embedding::kernel(self.embedding_spec(ins[0], in_ty(0), e.scale, &node.label)?)
             }
             Op::RmsNorm(n) => rms_norm::kernel(RmsNormSpec {
                 rows: rows_of(out_ty),

@@ -17,52 +17,59 @@
 
 use crate::manager::{Pass, PassError};
 use crate::rewrite::{add_err, join_labels, op_of, remove_if_dead};
-use gerbil_ir::{BinaryOp, Graph, Op, ValueRef};
+use gerbil_ir::{BinaryOp, Graph, NodeId, Op, RmsNorm, ValueRef};
 
-/// Fuses residual adds with the norms after them.
+/// Fuses residual adds (and the embedding) with the norms after them.
 pub struct FuseResidualNorm;
 
-impl FuseResidualNorm {
-    /// The last-row form: `norm = rms_norm(x, w)` with `x = slice_last_row(s)`,
-    /// `s = add(a, b)` read by nothing but the slice. Returns `Some(true)` if
-    /// it rewrote, `None` if `x` is not such a slice.
-    fn last_row(
-        &self,
-        graph: &mut Graph,
-        norm_id: gerbil_ir::NodeId,
-        norm: &gerbil_ir::RmsNorm,
-        x: ValueRef,
-        w: ValueRef,
-    ) -> Result<Option<bool>, PassError> {
-        if *op_of(graph, x) != Op::SliceLastRow {
-            return Ok(None);
+/// A match: the fused op and its inputs, the value its output 0 replaces, and
+/// the producer nodes that die with the norm.
+struct Fusion {
+    op: Op,
+    inputs: Vec<ValueRef>,
+    stream: ValueRef,
+    producers: Vec<NodeId>,
+}
+
+/// Which form `norm = rms_norm(x, w)` takes, if any.
+fn match_norm(graph: &Graph, norm: &RmsNorm, x: ValueRef, w: ValueRef) -> Option<Fusion> {
+    let norm = norm.clone();
+    match op_of(graph, x).clone() {
+        // rms_norm(slice_last_row(add(a, b))), the add read by nothing else.
+        Op::SliceLastRow => {
+            let s = graph.inputs(x.node)[0];
+            let sole = graph.users(s).len() == 1 && !graph.is_output(s);
+            (*op_of(graph, s) == Op::Binary(BinaryOp::Add) && sole).then(|| {
+                let ab = graph.inputs(s.node);
+                Fusion {
+                    op: Op::AddRmsNormLastRow(norm),
+                    inputs: vec![ab[0], ab[1], w],
+                    stream: x,
+                    producers: vec![x.node, s.node],
+                }
+            })
         }
-        let s = graph.inputs(x.node)[0];
-        let sole_reader = graph.users(s).len() == 1 && !graph.is_output(s);
-        if *op_of(graph, s) != Op::Binary(BinaryOp::Add) || !sole_reader {
-            return Ok(None);
+        // rms_norm(embedding(table, ids)).
+        Op::Embedding(e) => {
+            let lookup = graph.inputs(x.node);
+            Some(Fusion {
+                op: Op::EmbeddingRmsNorm(e, norm),
+                inputs: vec![lookup[0], lookup[1], w],
+                stream: x,
+                producers: vec![x.node],
+            })
         }
-        let ab = graph.inputs(s.node);
-        let label = join_labels(&[&graph.node(s.node).label, &graph.node(norm_id).label]);
-        let fused = graph
-            .add(
-                Op::AddRmsNormLastRow(norm.clone()),
-                &[ab[0], ab[1], w],
-                label,
-            )
-            .map_err(add_err(self.name()))?;
-        graph.replace_all_uses(x, fused);
-        graph.replace_all_uses(
-            ValueRef::of(norm_id),
-            ValueRef {
-                node: fused.node,
-                port: 1,
-            },
-        );
-        remove_if_dead(graph, norm_id);
-        remove_if_dead(graph, x.node);
-        remove_if_dead(graph, s.node);
-        Ok(Some(true))
+        // rms_norm(add(a, b)).
+        Op::Binary(BinaryOp::Add) => {
+            let ab = graph.inputs(x.node);
+            Some(Fusion {
+                op: Op::AddRmsNorm(norm),
+                inputs: vec![ab[0], ab[1], w],
+                stream: x,
+                producers: vec![x.node],
+            })
+        }
+        _ => None,
     }
 }
 
@@ -89,44 +96,15 @@ impl Pass for FuseResidualNorm {
             if norm.groups != 1 {
                 continue;
             }
-            if let Some(fused) = self.last_row(graph, id, &norm, ins[0], ins[1])? {
-                changed |= fused;
+            let Some(f) = match_norm(graph, &norm, ins[0], ins[1]) else {
                 continue;
-            }
-            if let Op::Embedding(e) = op_of(graph, ins[0]).clone() {
-                let x = ins[0];
-                let lookup = graph.inputs(x.node);
-                let label = join_labels(&[&graph.node(x.node).label, &graph.node(id).label]);
-                let fused = graph
-                    .add(
-                        Op::EmbeddingRmsNorm(e, norm.clone()),
-                        &[lookup[0], lookup[1], ins[1]],
-                        label,
-                    )
-                    .map_err(add_err(self.name()))?;
-                graph.replace_all_uses(x, fused);
-                graph.replace_all_uses(
-                    ValueRef::of(id),
-                    ValueRef {
-                        node: fused.node,
-                        port: 1,
-                    },
-                );
-                remove_if_dead(graph, id);
-                remove_if_dead(graph, x.node);
-                changed = true;
-                continue;
-            }
-            let s = ins[0];
-            if *op_of(graph, s) != Op::Binary(BinaryOp::Add) {
-                continue;
-            }
-            let ab = graph.inputs(s.node);
-            let label = join_labels(&[&graph.node(s.node).label, &graph.node(id).label]);
+            };
+            let first = f.producers.last().copied().unwrap_or(id);
+            let label = join_labels(&[&graph.node(first).label, &graph.node(id).label]);
             let fused = graph
-                .add(Op::AddRmsNorm(norm), &[ab[0], ab[1], ins[1]], label)
+                .add(f.op, &f.inputs, label)
                 .map_err(add_err(self.name()))?;
-            graph.replace_all_uses(s, fused);
+            graph.replace_all_uses(f.stream, fused);
             graph.replace_all_uses(
                 ValueRef::of(id),
                 ValueRef {
@@ -135,7 +113,9 @@ impl Pass for FuseResidualNorm {
                 },
             );
             remove_if_dead(graph, id);
-            remove_if_dead(graph, s.node);
+            for p in f.producers {
+                remove_if_dead(graph, p);
+            }
             changed = true;
         }
         Ok(changed)
