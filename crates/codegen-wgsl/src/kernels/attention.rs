@@ -1,18 +1,27 @@
 //! `attention`: causal (optionally sliding-window) grouped-query attention of
 //! the step's queries against the KV cache, with an online softmax.
 //!
-//! One workgroup per (query head, query row). Keys are visited in chunks of
-//! `WG`: each thread scores one key of the chunk, the chunk's maximum and sum
-//! are reduced in workgroup memory, and each thread accumulates the output
-//! dimensions `d ≡ lane (mod WG)` rescaled by `exp(m_old − m_new)` — the
+//! One workgroup of `WG` = 256 threads per (query head, query row). Keys are
+//! visited in chunks of `WG`: each thread scores one key of the chunk, the
+//! chunk's maximum and sum are reduced in workgroup memory, and the output is
+//! accumulated by `DL` = 64 dimension lanes × `KG` = 4 key groups (thread
+//! `(lane, g)` owns dims `d ≡ lane (mod DL)` and keys `jj ≡ g (mod KG)` of
+//! the chunk), rescaled by `exp(m_old − m_new)` per chunk — the
 //! flash-attention recurrence, so no `[T, P]` score matrix is ever stored.
-//! Masked keys use a finite sentinel instead of −∞ so no NaN can arise.
+//! The key groups' partial sums are added once at the end. A decode step
+//! with up to 256 cached keys runs a single chunk. Masked keys use a finite
+//! sentinel instead of −∞ so no NaN can arise.
 
 use super::{bindings, f32_binding, f32_lit, prelude, tree_reduce, Access, KernelSource, Rows};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
-const WG: u32 = 64;
+/// Threads per workgroup, and keys per chunk.
+const WG: u32 = 256;
+/// Dimension lanes of the value accumulation.
+const DL: u32 = 64;
+/// Key groups of the value accumulation (`WG / DL`).
+const KG: u32 = WG / DL;
 
 /// Specialization of an attention kernel.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -32,12 +41,12 @@ pub struct AttentionSpec {
 /// Builds the kernel.
 pub fn kernel(s: AttentionSpec) -> KernelSource {
     let mut w = prelude();
-    let per_thread = s.head_dim.div_ceil(WG);
+    let per_thread = s.head_dim.div_ceil(DL);
     let _ = writeln!(
         w,
         "const NH: u32 = {}u;\nconst NKV: u32 = {}u;\nconst HD: u32 = {}u;\nconst GROUP: u32 = {}u;\n\
-         const SCALE: f32 = {};\nconst WINDOW: u32 = {}u;\nconst WG: u32 = {WG}u;\nconst PT: u32 = {per_thread}u;\n\
-         const NEG: f32 = -3.0e38f;",
+         const SCALE: f32 = {};\nconst WINDOW: u32 = {}u;\nconst WG: u32 = {WG}u;\nconst DL: u32 = {DL}u;\n\
+         const KG: u32 = {KG}u;\nconst PT: u32 = {per_thread}u;\nconst NEG: f32 = -3.0e38f;",
         s.heads,
         s.kv_heads,
         s.head_dim,
@@ -54,9 +63,11 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
         "var<workgroup> qs: array<f32, HD>;\n\
          var<workgroup> ps: array<f32, WG>;\n\
          var<workgroup> red: array<f32, WG>;\n\
+         var<workgroup> part: array<f32, {part}>;\n\
          @compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
          \x20 let h = wid.x;\n  let t = wid.y;\n  let lane = lid.x;\n\
+         \x20 let dl = lane % DL;\n  let kg = lane / DL;\n\
          \x20 let pos = params.p + t;\n  let kvh = h / GROUP;\n\
          \x20 var lo = 0u;\n  if (WINDOW > 0u && pos + 1u > WINDOW) {{ lo = pos + 1u - WINDOW; }}\n\
          \x20 for (var d = lane; d < HD; d = d + WG) {{ qs[d] = q[(t * NH + h) * HD + d]; }}\n\
@@ -75,13 +86,18 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
          \x20   let alpha = exp(m - m_new);\n    l = l * alpha + red[0];\n\
          \x20   let n_keys = min(WG, pos + 1u - c);\n\
          \x20   for (var e = 0u; e < PT; e = e + 1u) {{\n\
-         \x20     let d = lane + e * WG;\n      if (d < HD) {{\n\
+         \x20     let d = dl + e * DL;\n      if (d < HD) {{\n\
          \x20       var a = acc[e] * alpha;\n\
-         \x20       for (var jj = 0u; jj < n_keys; jj = jj + 1u) {{ a = a + ps[jj] * vc[((c + jj) * NKV + kvh) * HD + d]; }}\n\
+         \x20       for (var jj = kg; jj < n_keys; jj = jj + KG) {{ a = a + ps[jj] * vc[((c + jj) * NKV + kvh) * HD + d]; }}\n\
          \x20       acc[e] = a;\n      }}\n    }}\n\
          \x20   m = m_new;\n    workgroupBarrier();\n  }}\n\
          \x20 for (var e = 0u; e < PT; e = e + 1u) {{\n\
-         \x20   let d = lane + e * WG;\n    if (d < HD) {{ y[(t * NH + h) * HD + d] = acc[e] / l; }}\n  }}\n}}\n",
+         \x20   let d = dl + e * DL;\n    if (d < HD) {{ part[kg * HD + d] = acc[e]; }}\n  }}\n\
+         \x20 workgroupBarrier();\n\
+         \x20 for (var d = lane; d < HD; d = d + WG) {{\n\
+         \x20   var o = 0.0f;\n    for (var g = 0u; g < KG; g = g + 1u) {{ o = o + part[g * HD + d]; }}\n\
+         \x20   y[(t * NH + h) * HD + d] = o / l;\n  }}\n}}\n",
+        part = KG * s.head_dim,
         max_reduce = tree_reduce(WG, "lane", "0u", "max"),
         sum_reduce = tree_reduce(WG, "lane", "0u", "+"),
     );
@@ -103,6 +119,6 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
             Rows::Tokens.count(1, 1),
             WorkgroupCount::fixed(1),
         ],
-        workgroup_bytes: (s.head_dim + 2 * WG) * 4,
+        workgroup_bytes: (s.head_dim + 2 * WG + KG * s.head_dim) * 4,
     }
 }
