@@ -259,7 +259,12 @@ impl Builder<'_> {
                 offset: n.weight_offset,
                 wdtype: in_ty(1).dtype,
             }),
-            Op::MatMul(m) => {
+            Op::MatMul(_) | Op::MatMulGlu(_) => {
+                let (bias, glu) = match &node.op {
+                    Op::MatMulGlu(m) => (m.has_bias, Some(m.act)),
+                    Op::MatMul(m) => (m.has_bias, None),
+                    _ => (false, None),
+                };
                 let rows = rows_of(out_ty);
                 matmul::kernel(MatMulSpec {
                     shard_rows: self.shard_rows(ins[1]),
@@ -267,28 +272,12 @@ impl Builder<'_> {
                     k: width_of(in_ty(0)),
                     n: width_of(out_ty),
                     wdtype: in_ty(1).dtype,
-                    bias: m.has_bias,
+                    bias,
                     tt: match rows {
                         Rows::Tokens => tt,
                         Rows::Fixed(r) => r.min(tt).max(1),
                     },
-                    glu: None,
-                })
-            }
-            Op::MatMulGlu(m) => {
-                let rows = rows_of(out_ty);
-                matmul::kernel(MatMulSpec {
-                    shard_rows: self.shard_rows(ins[1]),
-                    rows,
-                    k: width_of(in_ty(0)),
-                    n: width_of(out_ty),
-                    wdtype: in_ty(1).dtype,
-                    bias: m.has_bias,
-                    tt: match rows {
-                        Rows::Tokens => tt,
-                        Rows::Fixed(r) => r.min(tt).max(1),
-                    },
-                    glu: Some(m.act),
+                    glu,
                 })
             }
             Op::AddRmsNormLastRow(n) => rms_norm::add_kernel_last_row(RmsNormSpec {

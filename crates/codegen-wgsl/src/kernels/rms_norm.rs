@@ -36,8 +36,8 @@ pub struct RmsNormSpec {
     pub wdtype: DType,
 }
 
-/// Builds the kernel.
-pub fn kernel(s: RmsNormSpec) -> KernelSource {
+/// The module prelude with the norm's constants `H`, `EPS`, `OFFSET`, `WG`.
+fn header(s: &RmsNormSpec) -> String {
     let mut w = prelude();
     let _ = writeln!(
         w,
@@ -46,6 +46,12 @@ pub fn kernel(s: RmsNormSpec) -> KernelSource {
         eps = f32_lit(s.eps),
         off = f32_lit(s.offset)
     );
+    w
+}
+
+/// Builds the kernel.
+pub fn kernel(s: RmsNormSpec) -> KernelSource {
+    let mut w = header(&s);
     f32_binding(&mut w, 1, "x", true);
     weight_binding(&mut w, 2, "w", s.wdtype);
     f32_binding(&mut w, 3, "y", true);
@@ -100,14 +106,7 @@ pub fn add_kernel_last_row(s: RmsNormSpec) -> KernelSource {
 
 fn add_kernel_rows(s: RmsNormSpec, last_row: bool) -> KernelSource {
     let src_row = if last_row { "(params.t - 1u)" } else { "row" };
-    let mut w = prelude();
-    let _ = writeln!(
-        w,
-        "const H: u32 = {h}u;\nconst EPS: f32 = {eps};\nconst OFFSET: f32 = {off};\nconst WG: u32 = {WG}u;",
-        h = s.width,
-        eps = f32_lit(s.eps),
-        off = f32_lit(s.offset)
-    );
+    let mut w = header(&s);
     f32_binding(&mut w, 1, "a", true);
     f32_binding(&mut w, 2, "b", true);
     weight_binding(&mut w, 3, "w", s.wdtype);
