@@ -1,7 +1,12 @@
 //! Reading and writing plan files.
+//!
+//! [`PlanFile::open`] maps the file read-only on native targets (weights are
+//! uploaded straight from the map, never copied); [`PlanFile::from_bytes`]
+//! reads a plan already in memory, which is how a browser loads one it
+//! fetched (wasm32 has no memory mapping, so `open` reads the file there).
+//! Both run the same checks and report the same [`PlanError`]s.
 
 use crate::header::{BufferKind, PlanHeader, SectionRef};
-use memmap2::Mmap;
 use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -80,10 +85,29 @@ pub enum PlanError {
 /// Bytes of one data section, borrowed (e.g. from a mapped checkpoint) or owned.
 pub type SectionData<'a> = Cow<'a, [u8]>;
 
+/// The bytes of a plan: a read-only map of the file, or a buffer in memory.
+enum PlanBytes {
+    #[cfg(not(target_arch = "wasm32"))]
+    Mapped(memmap2::Mmap),
+    Owned(Vec<u8>),
+}
+
+impl std::ops::Deref for PlanBytes {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            PlanBytes::Mapped(map) => map,
+            PlanBytes::Owned(bytes) => bytes,
+        }
+    }
+}
+
 /// An opened, checked plan file.
 pub struct PlanFile {
     path: PathBuf,
-    map: Mmap,
+    map: PlanBytes,
     data_offset: u64,
     /// The decoded header.
     pub header: PlanHeader,
@@ -199,10 +223,26 @@ impl PlanFile {
     /// Opens and checks a plan: magic, version, lengths, both checksums, and
     /// the consistency of the header (indices and sections in range).
     pub fn open(path: &Path) -> Result<PlanFile, PlanError> {
-        let file = File::open(path).map_err(io_err(path))?;
-        // SAFETY: the map is read-only; gerbil never writes plan files in place
-        // (write_plan renames a finished temporary file over the old one).
-        let map = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
+        #[cfg(not(target_arch = "wasm32"))]
+        let map = {
+            let file = File::open(path).map_err(io_err(path))?;
+            // SAFETY: the map is read-only; gerbil never writes plan files in place
+            // (write_plan renames a finished temporary file over the old one).
+            PlanBytes::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(io_err(path))?)
+        };
+        #[cfg(target_arch = "wasm32")]
+        let map = PlanBytes::Owned(std::fs::read(path).map_err(io_err(path))?);
+        PlanFile::checked(path, map)
+    }
+
+    /// Checks a plan that is already in memory (e.g. fetched by a browser),
+    /// exactly as [`PlanFile::open`] checks a file; `name` stands for the file
+    /// in errors and in [`PlanFile::path`].
+    pub fn from_bytes(name: impl Into<PathBuf>, bytes: Vec<u8>) -> Result<PlanFile, PlanError> {
+        PlanFile::checked(&name.into(), PlanBytes::Owned(bytes))
+    }
+
+    fn checked(path: &Path, map: PlanBytes) -> Result<PlanFile, PlanError> {
         let truncated = |expected: u64| PlanError::Truncated {
             path: path.to_path_buf(),
             found: map.len() as u64,
@@ -282,7 +322,7 @@ impl PlanFile {
         &self.map[start..start + r.len as usize]
     }
 
-    /// The path the plan was read from.
+    /// The path the plan was read from (the name given to [`PlanFile::from_bytes`]).
     pub fn path(&self) -> &Path {
         &self.path
     }

@@ -123,3 +123,42 @@ fn workgroup_counts_round_up() {
     assert_eq!(w.eval(5), 4);
     assert_eq!(WorkgroupCount::fixed(7).eval(100), 7);
 }
+
+#[test]
+fn a_plan_in_memory_reads_like_the_file() {
+    let dir = std::env::temp_dir().join(format!("gerbil-plan-bytes-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("b.plan");
+    let mut data = DataLayout::default();
+    let w = data.push(Cow::Owned(vec![7u8, 6, 5, 4, 3, 2, 1, 0, 9, 8, 7, 6]));
+    let h = header(w);
+    write_plan(&path, &h, &data).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+
+    let plan = PlanFile::from_bytes("https://example.test/b.plan", bytes.clone()).unwrap();
+    assert_eq!(plan.header, h);
+    assert_eq!(plan.section(w), &[7, 6, 5, 4, 3, 2, 1, 0, 9, 8, 7, 6]);
+    assert_eq!(plan.file_len(), bytes.len() as u64);
+    assert_eq!(
+        plan.path(),
+        std::path::Path::new("https://example.test/b.plan")
+    );
+
+    // The same checks as a file: a flipped data byte, a cut, a wrong magic.
+    let mut corrupt = bytes.clone();
+    *corrupt.last_mut().unwrap() ^= 1;
+    let err = PlanFile::from_bytes("fetched.plan", corrupt).err().unwrap();
+    assert!(
+        matches!(err, PlanError::Checksum { what: "data", .. }),
+        "{err}"
+    );
+    assert!(err.to_string().starts_with("fetched.plan: "), "{err}");
+    let err = PlanFile::from_bytes("cut.plan", bytes[..bytes.len() - 1].to_vec())
+        .err()
+        .unwrap();
+    assert!(matches!(err, PlanError::Truncated { .. }), "{err}");
+    let err = PlanFile::from_bytes("page.html", b"<!doctype html>".to_vec())
+        .err()
+        .unwrap();
+    assert!(matches!(err, PlanError::BadMagic(_)), "{err}");
+}
