@@ -82,7 +82,7 @@ fn check_case(session: &mut Session, case: &TinyCase) -> Result<(), String> {
 fn tiny_failures(
     name: &str,
     variant: &str,
-    tweak: impl FnOnce(&mut gerbil_cli::compile::CompileOptions),
+    tweak: impl FnOnce(&mut gerbil_compiler::CompileOptions),
 ) -> Vec<String> {
     let reference = tiny_ref(name);
     let plan_path = compile_plan(&tiny_model(name), tweak);
@@ -114,7 +114,7 @@ fn assert_none_failed(failures: Vec<String>, total: usize) {
 fn check_tiny_with(
     name: &str,
     variant: &str,
-    tweak: impl FnOnce(&mut gerbil_cli::compile::CompileOptions),
+    tweak: impl FnOnce(&mut gerbil_compiler::CompileOptions),
 ) {
     let total = tiny_ref(name).cases.len();
     assert_none_failed(tiny_failures(name, variant, tweak), total);

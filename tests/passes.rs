@@ -5,10 +5,10 @@
 //! pass disabled, then run on the GPU (lavapipe); the logits of a prefill and
 //! of two decode steps agree within f32 tolerance.
 
-use gerbil_cli::compile::{build_plan, TensorSource};
+use gerbil_compiler::{build_plan, TensorSource};
 use gerbil_codegen_wgsl::CodegenOptions;
 use gerbil_e2e::{gpu_lock, temp_dir};
-use gerbil_frontend_hf::{TensorView, TextAssets};
+use gerbil_frontend_hf::{FrontendError, TensorView, TextAssets};
 use gerbil_ir::op::KvKind;
 use gerbil_ir::{
     Attention, BinaryOp, DType, Dim, Embedding, Graph, MatMul, Op, RmsNorm, Rope, Sym, TensorType,
@@ -25,11 +25,11 @@ use std::collections::HashMap;
 struct Tensors(HashMap<String, (Vec<u64>, Vec<u8>)>);
 
 impl TensorSource for Tensors {
-    fn tensor(&self, name: &str) -> anyhow::Result<TensorView<'_>> {
+    fn tensor(&self, name: &str) -> Result<TensorView<'_>, FrontendError> {
         let (shape, data) = self
             .0
             .get(name)
-            .ok_or_else(|| anyhow::anyhow!("no tensor {name}"))?;
+            .ok_or_else(|| FrontendError::MissingTensor { name: name.into() })?;
         Ok(TensorView {
             dtype: DType::F32,
             shape: shape.clone(),

@@ -5,7 +5,7 @@
 
 pub mod kernel_harness;
 
-use gerbil_cli::compile::{compile, CompileOptions, Target};
+use gerbil_compiler::{compile, Checkpoint, CompileOptions};
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -65,28 +65,18 @@ pub fn temp_dir(tag: &str) -> PathBuf {
     dir
 }
 
-/// Compile options for `repo` writing to `out`, with everything else default.
-pub fn compile_options(repo: &Path, out: &Path) -> CompileOptions {
-    CompileOptions {
-        repo: repo.to_path_buf(),
-        output: Some(out.to_path_buf()),
-        max_context: None,
-        max_tokens_per_step: 256,
-        disabled_passes: Vec::new(),
-        dump_ir: None,
-        dump_dot: None,
-        emit_wgsl: None,
-        target: Target::Portable,
-        max_storage_binding: None,
-    }
-}
-
 /// Compiles `repo` to a plan in a temp dir, letting `tweak` adjust the options.
 pub fn compile_plan(repo: &Path, tweak: impl FnOnce(&mut CompileOptions)) -> PathBuf {
     let out = temp_dir("plan").join("model.plan");
-    let mut opts = compile_options(repo, &out);
+    let mut opts = CompileOptions::default();
     tweak(&mut opts);
-    compile(&opts).unwrap_or_else(|e| panic!("compiling {}: {e:#}", repo.display()));
+    let ckpt = Checkpoint::open(repo).unwrap_or_else(|e| panic!("opening {}: {e}", repo.display()));
+    let compiled = compile(&ckpt, &opts, &mut ())
+        .unwrap_or_else(|e| panic!("compiling {}: {e}", repo.display()));
+    compiled
+        .plan
+        .write(&out)
+        .unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
     out
 }
 

@@ -1,11 +1,11 @@
 //! The `gerbilc` and `gerbil-run` command-line tools.
 //!
-//! [`compile`] is the compiler driver (frontend → passes → codegen → plan
-//! file); [`run`] executes plans (generation, JSON output, benchmarks);
-//! [`inspect`] summarizes a plan. The binaries in `src/bin` only parse
-//! arguments and call these.
+//! The compiler itself is the `gerbil-compiler` crate and the runtime is
+//! `gerbil-runtime`; this crate holds argument handling and output only:
+//! [`run`] drives generation, JSON output and benchmarks; [`inspect`]
+//! summarizes a plan. The binaries in `src/bin` parse arguments and call
+//! these. No other crate depends on this one.
 
-pub mod compile;
 pub mod inspect;
 pub mod run;
 

@@ -16,6 +16,7 @@ pub mod dot;
 pub mod graph;
 pub mod op;
 pub mod print;
+pub mod rope_table;
 pub mod types;
 pub mod verify;
 

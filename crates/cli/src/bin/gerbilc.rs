@@ -2,8 +2,10 @@
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use gerbil_cli::compile::{compile, CompileOptions, DumpIr, Target, DEFAULT_MAX_TOKENS_PER_STEP};
 use gerbil_cli::inspect::{inspect, render};
+use gerbil_compiler::{
+    compile, Checkpoint, CompileOptions, DumpIr, Dumps, Target, DEFAULT_MAX_TOKENS_PER_STEP,
+};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -45,7 +47,7 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         emit_wgsl: Option<PathBuf>,
         /// Device limits to compile for.
-        #[arg(long, value_enum, default_value_t = Target::Portable)]
+        #[arg(long, default_value = "portable", value_parser = parse_target)]
         target: Target,
         /// Override the target's largest storage binding in bytes (weights
         /// larger than this are split into row shards).
@@ -60,6 +62,10 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+fn parse_target(s: &str) -> Result<Target, String> {
+    s.parse()
 }
 
 fn main() {
@@ -87,27 +93,29 @@ fn real_main() -> Result<()> {
             target,
             max_storage_binding,
         } => {
-            let out = output.clone();
-            let c = compile(&CompileOptions {
-                repo,
-                output,
+            let ckpt = Checkpoint::open(&repo)?;
+            let opts = CompileOptions {
                 max_context,
                 max_tokens_per_step,
                 disabled_passes: disable_pass,
-                dump_ir,
-                dump_dot,
-                emit_wgsl,
                 target,
                 max_storage_binding,
-            })?;
-            if let Some(out) = out {
+            };
+            let mut dumps = Dumps::new(dump_ir, dump_dot, std::io::stdout().lock());
+            let plan = compile(&ckpt, &opts, &mut dumps)?.plan;
+            if let Some(dir) = &emit_wgsl {
+                plan.emit_wgsl(dir)?;
+            }
+            if let Some(out) = output {
+                plan.write(&out)?;
+                let h = &plan.header;
                 eprintln!(
                     "wrote {} ({} kernels, {} prefill / {} decode dispatches, {:.1} MB of weights)",
                     out.display(),
-                    c.header.kernels.len(),
-                    c.header.prefill.len(),
-                    c.header.decode.len(),
-                    c.weight_bytes as f64 / 1e6
+                    h.kernels.len(),
+                    h.prefill.len(),
+                    h.decode.len(),
+                    plan.weight_bytes as f64 / 1e6
                 );
             }
         }

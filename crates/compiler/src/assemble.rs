@@ -1,0 +1,111 @@
+//! Plan assembly: a codegen [`Program`] plus materialized weights and the text
+//! assets become a [`Plan`] — a header and its data sections — ready to write.
+//!
+//! [`build_plan`] is the back half of the compiler, usable on any graph whose
+//! passes have run and any [`TensorSource`]; the pass-equivalence tests build
+//! random graphs with in-memory weights and go through it. The header is
+//! checked with `PlanHeader::validate` before it is returned, so a plan this
+//! crate hands out is one the runtime accepts.
+
+use crate::error::CompileError;
+use crate::materialize::{weight_buffer_bytes, TensorSource};
+use gerbil_codegen_wgsl::{generate, CodegenOptions};
+use gerbil_frontend_hf::TextAssets;
+use gerbil_ir::Graph;
+use gerbil_plan::{
+    write_plan, BufferKind, CompileInfo, DataLayout, ModelInfo, PlanHeader, TextInfo,
+};
+use std::borrow::Cow;
+use std::path::Path;
+
+/// A plan ready to write: its header and data sections, which borrow from
+/// the tensor source (the checkpoint's mmap) where they can.
+pub struct Plan<'a> {
+    /// The header.
+    pub header: PlanHeader,
+    /// Weight and tokenizer sections.
+    pub data: DataLayout<'a>,
+    /// Bytes of weight data.
+    pub weight_bytes: u64,
+}
+
+impl Plan<'_> {
+    /// Writes the plan file (to a temporary name, then renamed into place).
+    pub fn write(&self, path: &Path) -> Result<(), CompileError> {
+        Ok(write_plan(path, &self.header, &self.data)?)
+    }
+
+    /// Writes every kernel's WGSL to `dir/<kernel>.wgsl`.
+    pub fn emit_wgsl(&self, dir: &Path) -> Result<(), CompileError> {
+        std::fs::create_dir_all(dir).map_err(|e| CompileError::io(dir, e))?;
+        for k in &self.header.kernels {
+            let path = dir.join(format!("{}.wgsl", k.name));
+            std::fs::write(&path, &k.wgsl).map_err(|e| CompileError::io(&path, e))?;
+        }
+        Ok(())
+    }
+}
+
+/// Generates code for a graph whose passes have run, materializes its
+/// weights from `tensors` and assembles the plan. `model`'s context fields
+/// are taken from `codegen`.
+pub fn build_plan<'a>(
+    graph: &Graph,
+    tensors: &'a dyn TensorSource,
+    mut model: ModelInfo,
+    text: &'a TextAssets,
+    mut compile: CompileInfo,
+    codegen: &CodegenOptions,
+) -> Result<Plan<'a>, CompileError> {
+    let program = generate(graph, codegen)?;
+    model.max_context = codegen.max_context;
+    model.max_tokens_per_step = codegen.max_tokens_per_step;
+    compile.activation_naive_bytes = program.activation_naive_bytes;
+    let mut data = DataLayout::default();
+    let mut buffers = program.buffers;
+    let mut weight_bytes = 0;
+    for w in &program.weights {
+        let bytes = weight_buffer_bytes(tensors, w)?;
+        let decl = &mut buffers[w.buffer as usize];
+        if bytes.len() as u64 != decl.size {
+            return Err(CompileError::Weight {
+                weight: w.source.to_string(),
+                reason: format!("{} bytes materialized, {} expected", bytes.len(), decl.size),
+            });
+        }
+        weight_bytes += decl.size;
+        let section = data.push(bytes);
+        if let BufferKind::Weight { section: s, .. } = &mut decl.kind {
+            *s = section;
+        }
+    }
+    let tokenizer = text
+        .tokenizer_json
+        .as_ref()
+        .map(|t| data.push(Cow::Borrowed(t.as_slice())));
+    let header = PlanHeader {
+        model,
+        text: TextInfo {
+            tokenizer,
+            chat_template: text.chat_template.clone(),
+            bos_token: text.bos_token.clone(),
+            eos_token: text.eos_token.clone(),
+            eos_token_ids: text.eos_token_ids.clone(),
+        },
+        compile,
+        requirements: program.requirements,
+        buffers,
+        kernels: program.kernels,
+        prefill: program.prefill,
+        decode: program.decode,
+        io: program.io,
+    };
+    header
+        .validate(data.len())
+        .map_err(CompileError::Inconsistent)?;
+    Ok(Plan {
+        header,
+        data,
+        weight_bytes,
+    })
+}

@@ -1,0 +1,129 @@
+//! The compiler driver: a checkpoint in, a [`Plan`] out.
+//!
+//! [`compile`] runs every stage in order — lower the checkpoint with the
+//! family builder, run the pass pipeline (verifying after each pass), generate
+//! kernels and schedules, materialize the weights — and returns the plan with
+//! the final graph. Nothing here prints or writes files on its own: dumps go
+//! through the [`Observer`], and the caller decides whether to
+//! [`write`](Plan::write) the plan.
+//!
+//! The context size is an input of lowering, not only of codegen: LongRoPE
+//! picks its short or long factors by it.
+
+use crate::assemble::{build_plan, Plan};
+use crate::dump::Observer;
+use crate::error::CompileError;
+use crate::options::{CompileOptions, DEFAULT_MAX_CONTEXT_CAP};
+use gerbil_codegen_wgsl::CodegenOptions;
+use gerbil_frontend_hf::{lower_with, Checkpoint, LowerOptions};
+use gerbil_ir::Graph;
+use gerbil_passes::{default_pipeline, PassManager, PassReport};
+use gerbil_plan::{CompileInfo, ModelInfo};
+use std::collections::BTreeMap;
+
+/// What a compilation produced.
+pub struct Compiled<'a> {
+    /// The graph after the last pass.
+    pub graph: Graph,
+    /// What the pass pipeline did.
+    pub passes: PassReport,
+    /// The plan, borrowing weights from the checkpoint.
+    pub plan: Plan<'a>,
+}
+
+/// Compute ops of a graph by mnemonic, for the plan's compile record.
+pub fn op_counts(graph: &Graph) -> Vec<(String, u64)> {
+    let mut m: BTreeMap<String, u64> = BTreeMap::new();
+    for n in graph.g.node_weights().filter(|n| !n.op.is_source()) {
+        *m.entry(n.op.mnemonic().to_string()).or_default() += 1;
+    }
+    m.into_iter().collect()
+}
+
+/// Compiles a checkpoint, showing `observer` the graph as lowered and after
+/// every pass.
+pub fn compile<'a>(
+    ckpt: &'a Checkpoint,
+    opts: &CompileOptions,
+    observer: &mut dyn Observer,
+) -> Result<Compiled<'a>, CompileError> {
+    let max_context = opts.max_context.unwrap_or_else(|| {
+        ckpt.config
+            .max_position_embeddings
+            .min(DEFAULT_MAX_CONTEXT_CAP)
+    });
+    if max_context == 0 {
+        return Err(CompileError::Option {
+            option: "--max-context",
+            value: "0".into(),
+            reason: "the KV cache must hold at least 1 token".into(),
+        });
+    }
+    let lowered = lower_with(
+        ckpt,
+        &LowerOptions {
+            max_context: Some(max_context),
+        },
+    )?;
+    let mut graph = lowered.graph;
+    let facts = lowered.facts;
+    if max_context > facts.max_position_embeddings {
+        tracing::warn!(
+            "--max-context {max_context} exceeds the model's max_position_embeddings {}",
+            facts.max_position_embeddings
+        );
+    }
+    let max_tokens_per_step = opts.max_tokens_per_step.clamp(1, max_context);
+    let ops_before = op_counts(&graph);
+
+    let mut pm = PassManager::new(default_pipeline());
+    for name in &opts.disabled_passes {
+        pm.disable(name)?;
+    }
+    observer.check(&pm)?;
+    observer.lowered(&graph)?;
+    let mut observed = Ok(());
+    let mut index = 0;
+    let report = pm.run(&mut graph, |name, g| {
+        index += 1;
+        if observed.is_ok() {
+            observed = observer.after_pass(index, name, g);
+        }
+    })?;
+    observed?;
+
+    let mut passes: Vec<String> = report.ran.iter().map(|(n, _)| n.clone()).collect();
+    passes.push("plan-buffers".into());
+    let codegen = CodegenOptions {
+        max_context,
+        max_tokens_per_step,
+        max_storage_binding: opts
+            .max_storage_binding
+            .unwrap_or_else(|| opts.target.max_storage_binding()),
+        ..CodegenOptions::default()
+    };
+    let model = ModelInfo {
+        architecture: facts.architecture.clone(),
+        family: facts.family.clone(),
+        name: facts.name.clone(),
+        vocab_size: facts.vocab_size,
+        hidden_size: facts.hidden_size,
+        num_layers: facts.num_layers,
+        max_context,
+        max_tokens_per_step,
+        config: ckpt.config_json.clone(),
+    };
+    let compile_info = CompileInfo {
+        gerbil_version: env!("CARGO_PKG_VERSION").to_string(),
+        passes,
+        ops_before,
+        ops_after: op_counts(&graph),
+        activation_naive_bytes: 0,
+    };
+    let plan = build_plan(&graph, ckpt, model, &ckpt.text, compile_info, &codegen)?;
+    Ok(Compiled {
+        graph,
+        passes: report,
+        plan,
+    })
+}

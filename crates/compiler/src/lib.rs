@@ -1,0 +1,34 @@
+//! gerbil's compiler as a library: a HuggingFace checkpoint in, a plan out.
+//!
+//! ```no_run
+//! use gerbil_compiler::{compile, CompileOptions, Checkpoint};
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let ckpt = Checkpoint::open("fixtures/smollm2-135m".as_ref())?;
+//! let compiled = compile(&ckpt, &CompileOptions::default(), &mut ())?;
+//! compiled.plan.write("smollm2.plan".as_ref())?;
+//! # Ok(()) }
+//! ```
+//!
+//! The stages live in their own crates (`frontend-hf` lowers, `passes`
+//! rewrites, `codegen-wgsl` generates kernels and schedules, `plan` is the file
+//! format); this crate drives them ([`driver`]), turns weight sources into
+//! bytes ([`materialize`]), assembles the plan ([`assemble`]) and carries the
+//! dump hooks ([`dump`]). Every failure is a [`CompileError`]. The surprising
+//! part: the plan borrows the checkpoint's memory map, so the checkpoint must
+//! outlive it — writing a plan never copies weights that need no transform.
+
+pub mod assemble;
+pub mod driver;
+pub mod dump;
+pub mod error;
+pub mod materialize;
+pub mod options;
+
+pub use assemble::{build_plan, Plan};
+pub use driver::{compile, op_counts, Compiled};
+pub use dump::{DumpIr, Dumps, Observer};
+pub use error::CompileError;
+pub use gerbil_frontend_hf::Checkpoint;
+pub use gerbil_ir::rope_table::rope_table;
+pub use materialize::{materialize, weight_buffer_bytes, TensorSource};
+pub use options::{CompileOptions, Target, DEFAULT_MAX_CONTEXT_CAP, DEFAULT_MAX_TOKENS_PER_STEP};

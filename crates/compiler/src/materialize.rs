@@ -1,0 +1,137 @@
+//! Weight materialization: the bytes of every weight buffer, from its
+//! [`WeightSource`].
+//!
+//! Checkpoint tensors and row ranges of them are borrowed straight from the
+//! source (the checkpoint's mmap), so compiling a 1 GB model does not copy
+//! 1 GB; concatenations and RoPE tables are built in memory. A weight that
+//! codegen split into row shards is cut here, after materialization, so a
+//! shard of a concatenation is exact too.
+//!
+//! [`TensorSource`] is the seam that lets tests build plans from tensors made
+//! in memory instead of a checkpoint directory.
+
+use crate::error::CompileError;
+use gerbil_codegen_wgsl::WeightBuffer;
+use gerbil_frontend_hf::{Checkpoint, FrontendError, TensorView};
+use gerbil_ir::{rope_table::rope_table, DType, WeightSource};
+use std::borrow::Cow;
+
+/// Where weight bytes come from: a checkpoint, or tensors built in memory (tests).
+pub trait TensorSource {
+    /// The tensor's dtype, shape and raw little-endian bytes.
+    fn tensor(&self, name: &str) -> Result<TensorView<'_>, FrontendError>;
+}
+
+impl TensorSource for Checkpoint {
+    fn tensor(&self, name: &str) -> Result<TensorView<'_>, FrontendError> {
+        Checkpoint::tensor(self, name)
+    }
+}
+
+fn weight_error(source: &WeightSource, reason: String) -> CompileError {
+    CompileError::Weight {
+        weight: source.to_string(),
+        reason,
+    }
+}
+
+fn checked<'a>(
+    tensors: &'a dyn TensorSource,
+    source: &WeightSource,
+    name: &str,
+    dtype: DType,
+) -> Result<TensorView<'a>, CompileError> {
+    let view = tensors.tensor(name)?;
+    if view.dtype != dtype {
+        return Err(weight_error(
+            source,
+            format!(
+                "tensor `{name}` is {} but the graph expects {dtype}",
+                view.dtype
+            ),
+        ));
+    }
+    Ok(view)
+}
+
+/// The bytes of a whole weight of `dtype` whose leading dimension is `rows`
+/// (the RoPE table's row count is the plan's context).
+pub fn materialize<'a>(
+    tensors: &'a dyn TensorSource,
+    source: &WeightSource,
+    dtype: DType,
+    rows: u64,
+) -> Result<Cow<'a, [u8]>, CompileError> {
+    Ok(match source {
+        WeightSource::Checkpoint { tensor } => {
+            Cow::Borrowed(checked(tensors, source, tensor, dtype)?.data)
+        }
+        WeightSource::Concat { tensors: names } => {
+            let mut v = Vec::new();
+            for t in names {
+                v.extend_from_slice(checked(tensors, source, t, dtype)?.data);
+            }
+            Cow::Owned(v)
+        }
+        WeightSource::Rows {
+            tensor,
+            start,
+            count,
+        } => {
+            let view = checked(tensors, source, tensor, dtype)?;
+            let total = view.shape.first().copied().unwrap_or(0);
+            let end = start
+                .checked_add(*count)
+                .filter(|&e| e <= total && total > 0);
+            let Some(end) = end else {
+                return Err(weight_error(
+                    source,
+                    format!("tensor `{tensor}` has {total} rows"),
+                ));
+            };
+            let row_bytes = view.data.len() as u64 / total;
+            Cow::Borrowed(&view.data[(start * row_bytes) as usize..(end * row_bytes) as usize])
+        }
+        WeightSource::RopeTable {
+            inv_freq,
+            attention_scaling,
+        } => Cow::Owned(rope_table(inv_freq, *attention_scaling, rows)),
+    })
+}
+
+/// The bytes of one weight buffer: its source materialized, cut to its row
+/// shard if it is one, and padded to a multiple of 4 bytes.
+pub fn weight_buffer_bytes<'a>(
+    tensors: &'a dyn TensorSource,
+    w: &WeightBuffer,
+) -> Result<Cow<'a, [u8]>, CompileError> {
+    let mut bytes = match w.rows {
+        None => {
+            let rows = w.ty.shape.first().and_then(|d| d.as_const()).unwrap_or(0);
+            materialize(tensors, &w.source, w.ty.dtype, rows)?
+        }
+        Some((start, count)) => {
+            // A shard: materialize the whole tensor, then keep its rows.
+            let whole_rows = start + count;
+            let all = materialize(tensors, &w.source, w.ty.dtype, whole_rows)?;
+            let row_bytes = (w.ty.size_bytes(0, 0) / count.max(1)) as usize;
+            let (a, b) = (start as usize * row_bytes, whole_rows as usize * row_bytes);
+            if b > all.len() {
+                return Err(weight_error(
+                    &w.source,
+                    format!("rows {start}..{whole_rows} exceed the tensor"),
+                ));
+            }
+            match all {
+                Cow::Borrowed(all) => Cow::Borrowed(&all[a..b]),
+                Cow::Owned(all) => Cow::Owned(all[a..b].to_vec()),
+            }
+        }
+    };
+    if !bytes.len().is_multiple_of(4) {
+        let mut v = bytes.into_owned();
+        v.resize(v.len().div_ceil(4) * 4, 0);
+        bytes = Cow::Owned(v);
+    }
+    Ok(bytes)
+}

@@ -1,0 +1,84 @@
+//! What one compilation is asked to do: [`CompileOptions`] and the device
+//! [`Target`] it compiles for.
+//!
+//! Options carry no paths: where the checkpoint comes from is the caller's
+//! [`Checkpoint`](gerbil_frontend_hf::Checkpoint), where the plan goes is
+//! [`Plan::write`](crate::Plan::write), and dumps go to an
+//! [`Observer`](crate::Observer). That keeps the compiler usable from tests,
+//! a server or a build script, not only from `gerbilc`.
+
+use std::str::FromStr;
+
+/// Largest context a plan gets unless `max_context` says otherwise.
+pub const DEFAULT_MAX_CONTEXT_CAP: u64 = 4096;
+/// Default prefill chunk (tokens per step).
+pub const DEFAULT_MAX_TOKENS_PER_STEP: u64 = 256;
+
+/// Device limits to compile for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub enum Target {
+    /// WebGPU-portable limits (128 MiB storage bindings), as on lavapipe and browsers.
+    #[default]
+    Portable,
+    /// Desktop GPUs (2 GiB − 4 storage bindings).
+    Desktop,
+}
+
+impl Target {
+    /// Every target, for help texts.
+    pub const ALL: [Target; 2] = [Target::Portable, Target::Desktop];
+
+    /// Largest storage binding of the target.
+    pub fn max_storage_binding(self) -> u64 {
+        match self {
+            Target::Portable => 128 << 20,
+            Target::Desktop => (2u64 << 30) - 4,
+        }
+    }
+
+    /// The name `--target` takes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Target::Portable => "portable",
+            Target::Desktop => "desktop",
+        }
+    }
+}
+
+impl FromStr for Target {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Target::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or_else(|| format!("unknown target `{s}`; expected `portable` or `desktop`"))
+    }
+}
+
+/// Settings of one compilation.
+#[derive(Clone, Debug)]
+pub struct CompileOptions {
+    /// KV-cache capacity; default `min(max_position_embeddings, 4096)`.
+    pub max_context: Option<u64>,
+    /// Prefill chunk size (clamped to `1..=max_context`).
+    pub max_tokens_per_step: u64,
+    /// Passes to skip, by name.
+    pub disabled_passes: Vec<String>,
+    /// Target limits.
+    pub target: Target,
+    /// Overrides the target's largest storage binding (bytes); weights larger
+    /// than this are split into row shards.
+    pub max_storage_binding: Option<u64>,
+}
+
+impl Default for CompileOptions {
+    fn default() -> Self {
+        CompileOptions {
+            max_context: None,
+            max_tokens_per_step: DEFAULT_MAX_TOKENS_PER_STEP,
+            disabled_passes: Vec::new(),
+            target: Target::Portable,
+            max_storage_binding: None,
+        }
+    }
+}
