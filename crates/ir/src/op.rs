@@ -300,6 +300,32 @@ fn expect_vector(ty: &TensorType, len: u64, what: &str) -> Result<(), InferError
     }
 }
 
+/// `n_heads` query heads share `n_kv_heads` key/value heads evenly.
+fn expect_grouping(n_heads: u32, n_kv_heads: u32) -> Result<(), InferError> {
+    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        return Err(format!(
+            "{n_heads} query heads cannot be grouped over {n_kv_heads} kv heads"
+        ));
+    }
+    Ok(())
+}
+
+/// A fused norm normalizes whole rows.
+fn expect_one_group(n: &RmsNorm) -> Result<(), InferError> {
+    if n.groups == 1 {
+        Ok(())
+    } else {
+        Err(format!("groups must be 1, got {}", n.groups))
+    }
+}
+
+/// The single output type of an unfused `op` on `ins`; an error names the
+/// piece (`what`) of the fused op it came from.
+fn piece(op: Op, ins: &[&TensorType], what: &str) -> Result<TensorType, InferError> {
+    let mut out = op.infer(ins).map_err(|e| format!("{what}: {e}"))?;
+    Ok(out.remove(0))
+}
+
 impl Op {
     /// Number of output values.
     pub fn num_outputs(&self) -> usize {
@@ -359,15 +385,14 @@ impl Op {
                 }
                 TensorType::new(DType::F32, [ins[1].shape[0], Dim::Const(hidden)])
             }
+            // The fused ops below are their unfused pieces chained: each
+            // piece's own rule checks its inputs, and an error names the piece.
             Op::EmbeddingRmsNorm(e, n) => {
                 expect_arity(ins, 3)?;
-                let x = Op::Embedding(e.clone()).infer(&ins[..2])?.remove(0);
-                if n.groups != 1 {
-                    return Err(format!("groups must be 1, got {}", n.groups));
-                }
-                let w = x.last_const().unwrap_or(0);
-                expect_vector(ins[2], w, "norm weight")?;
-                return Ok(vec![x.clone(), x]);
+                expect_one_group(n)?;
+                let x = piece(Op::Embedding(e.clone()), &ins[..2], "embedding")?;
+                let normed = piece(Op::RmsNorm(n.clone()), &[&x, ins[2]], "rms_norm")?;
+                return Ok(vec![x, normed]);
             }
             Op::RmsNorm(n) => {
                 expect_arity(ins, 2)?;
@@ -431,6 +456,7 @@ impl Op {
             Op::CacheWrite => {
                 expect_arity(ins, 2)?;
                 let (rows, w) = expect_matrix(ins[0], "cache")?;
+                expect_f32(ins[0], "cache")?;
                 if rows != Dim::Sym(Sym::Lmax) {
                     return Err(format!("cache must have Lmax rows, got {}", ins[0]));
                 }
@@ -452,12 +478,7 @@ impl Op {
                         a.n_heads
                     ));
                 }
-                if a.n_kv_heads == 0 || a.n_heads % a.n_kv_heads != 0 {
-                    return Err(format!(
-                        "{} query heads cannot be grouped over {} kv heads",
-                        a.n_heads, a.n_kv_heads
-                    ));
-                }
+                expect_grouping(a.n_heads, a.n_kv_heads)?;
                 for (ty, what) in [(ins[1], "key cache"), (ins[2], "value cache")] {
                     let (rows, w) = expect_matrix(ty, what)?;
                     if rows != Dim::Sym(Sym::Lmax) || w != u64::from(a.n_kv_heads) * hd {
@@ -506,55 +527,45 @@ impl Op {
                 }
                 TensorType::new(DType::F32, [rows, Dim::Const(*len)])
             }
-            Op::AddRmsNorm(n) | Op::AddRmsNormLastRow(n) => {
+            Op::AddRmsNorm(n) => {
                 expect_arity(ins, 3)?;
-                expect_f32(ins[0], "residual")?;
-                let (_, w) = expect_matrix(ins[0], "residual")?;
-                if ins[0] != ins[1] {
-                    return Err(format!("operands differ: {} vs {}", ins[0], ins[1]));
-                }
-                if n.groups != 1 {
-                    return Err(format!("groups must be 1, got {}", n.groups));
-                }
-                expect_vector(ins[2], w, "norm weight")?;
-                let out = if matches!(self, Op::AddRmsNormLastRow(_)) {
-                    TensorType::new(DType::F32, [Dim::Const(1), Dim::Const(w)])
-                } else {
-                    ins[0].clone()
-                };
-                return Ok(vec![out.clone(), out]);
+                expect_one_group(n)?;
+                let sum = piece(Op::Binary(BinaryOp::Add), &ins[..2], "add")?;
+                let normed = piece(Op::RmsNorm(n.clone()), &[&sum, ins[2]], "rms_norm")?;
+                return Ok(vec![sum, normed]);
+            }
+            Op::AddRmsNormLastRow(n) => {
+                expect_arity(ins, 3)?;
+                expect_one_group(n)?;
+                let sum = piece(Op::Binary(BinaryOp::Add), &ins[..2], "add")?;
+                let last = piece(Op::SliceLastRow, &[&sum], "slice_last_row")?;
+                let normed = piece(Op::RmsNorm(n.clone()), &[&last, ins[2]], "rms_norm")?;
+                return Ok(vec![last, normed]);
             }
             Op::MatMulGlu(m) => {
-                expect_arity(ins, if m.has_bias { 3 } else { 2 })?;
-                expect_f32(ins[0], "matmul input")?;
-                let (rows, k) = expect_matrix(ins[0], "matmul input")?;
-                let (n, wk) = expect_matrix(ins[1], "matmul weight")?;
-                expect_float(ins[1], "matmul weight")?;
-                let n = n
-                    .as_const()
-                    .filter(|n| n % 2 == 0 && *n > 0)
-                    .ok_or_else(|| {
-                        format!(
-                            "gated matmul weight rows must be a positive even constant, got {}",
-                            ins[1]
-                        )
-                    })?;
-                if wk != k {
+                let plain = MatMul {
+                    has_bias: m.has_bias,
+                };
+                let both = piece(Op::MatMul(plain), ins, "matmul")?;
+                let (_, n) = expect_matrix(&both, "gated matmul")?;
+                if n == 0 || n % 2 != 0 {
                     return Err(format!(
-                        "matmul weight {} has in-features {wk}, input has {k}",
+                        "gated matmul weight rows must be a positive even constant, got {}",
                         ins[1]
                     ));
                 }
-                if m.has_bias {
-                    expect_vector(ins[2], n, "matmul bias")?;
-                }
-                TensorType::new(DType::F32, [rows, Dim::Const(n / 2)])
+                let half = n / 2;
+                let cols = |start, what| piece(Op::SliceCols { start, len: half }, &[&both], what);
+                let (gate, up) = (cols(0, "gate half")?, cols(half, "up half")?);
+                let act = piece(Op::Unary(m.act), &[&gate], "activation")?;
+                piece(Op::Binary(BinaryOp::Mul), &[&act, &up], "mul")?
             }
             Op::QkvRope(r) => {
                 let norm = r.qk_norm.is_some();
                 expect_arity(ins, if norm { 6 } else { 4 })?;
+                expect_grouping(r.n_heads, r.n_kv_heads)?;
                 expect_f32(ins[0], "qkv")?;
-                let (rows, w) = expect_matrix(ins[0], "qkv")?;
+                let (_, w) = expect_matrix(ins[0], "qkv")?;
                 let hd = u64::from(r.head_dim);
                 let (qw, kw) = (u64::from(r.n_heads) * hd, u64::from(r.n_kv_heads) * hd);
                 if w != qw + 2 * kw {
@@ -563,35 +574,41 @@ impl Op {
                         r.n_heads, r.n_kv_heads
                     ));
                 }
-                if r.rotary_dim % 2 != 0 || r.rotary_dim > r.head_dim || r.n_kv_heads == 0 {
-                    return Err(format!(
-                        "rotary_dim {} must be even and at most head_dim {}, with kv heads",
-                        r.rotary_dim, r.head_dim
-                    ));
+                let cols = |start, len, what| piece(Op::SliceCols { start, len }, &[ins[0]], what);
+                let (mut q, mut k) = (cols(0, qw, "q slice")?, cols(qw, kw, "k slice")?);
+                let v = cols(qw + kw, kw, "v slice")?;
+                if let Some(qk) = r.qk_norm {
+                    let norm = |groups| {
+                        Op::RmsNorm(RmsNorm {
+                            eps: qk.eps,
+                            weight_offset: qk.weight_offset,
+                            groups,
+                        })
+                    };
+                    q = piece(norm(r.n_heads), &[&q, ins[4]], "q norm")?;
+                    k = piece(norm(r.n_kv_heads), &[&k, ins[5]], "k norm")?;
                 }
-                let (_, tw) = expect_matrix(ins[1], "rope table")?;
-                if tw != u64::from(r.rotary_dim) || ins[1].shape[0] != Dim::Sym(Sym::Lmax) {
-                    return Err(format!(
-                        "rope table must be f32[Lmax,{}], got {}",
-                        r.rotary_dim, ins[1]
-                    ));
-                }
-                for (ty, what) in [(ins[2], "key cache"), (ins[3], "value cache")] {
-                    let (crows, cw) = expect_matrix(ty, what)?;
-                    expect_f32(ty, what)?;
-                    if crows != Dim::Sym(Sym::Lmax) || cw != kw {
-                        return Err(format!("{what} must be f32[Lmax,{kw}], got {ty}"));
-                    }
-                }
-                if norm {
-                    expect_vector(ins[4], hd, "q norm weight")?;
-                    expect_vector(ins[5], hd, "k norm weight")?;
-                }
-                return Ok(vec![
-                    TensorType::new(DType::F32, [rows, Dim::Const(qw)]),
-                    ins[2].clone(),
-                    ins[3].clone(),
-                ]);
+                let rope = |n_heads| {
+                    Op::Rope(Rope {
+                        n_heads,
+                        head_dim: r.head_dim,
+                        rotary_dim: r.rotary_dim,
+                    })
+                };
+                let q = piece(rope(r.n_heads), &[&q, ins[1]], "q rope")?;
+                let k = piece(rope(r.n_kv_heads), &[&k, ins[1]], "k rope")?;
+                let k_cache = piece(Op::CacheWrite, &[ins[2], &k], "k cache_write")?;
+                let v_cache = piece(Op::CacheWrite, &[ins[3], &v], "v cache_write")?;
+                // What it feeds: attention over the written caches.
+                let attention = Op::Attention(Attention {
+                    n_heads: r.n_heads,
+                    n_kv_heads: r.n_kv_heads,
+                    head_dim: r.head_dim,
+                    scale: 1.0,
+                    window: None,
+                });
+                piece(attention, &[&q, &k_cache, &v_cache], "attention")?;
+                return Ok(vec![q, k_cache, v_cache]);
             }
         };
         Ok(vec![out])
@@ -775,5 +792,187 @@ mod tests {
         assert!(w(32, 33).infer(&[]).is_err());
         assert!(w(0, 0).infer(&[]).is_err());
         assert_eq!(w(32, 32).to_string(), r#"weight "qkv"[64..96]"#);
+    }
+
+    fn lmax(width: u64) -> TensorType {
+        TensorType::new(DType::F32, [Dim::Sym(Sym::Lmax), Dim::Const(width)])
+    }
+
+    fn vector(len: u64) -> TensorType {
+        TensorType::fixed(DType::BF16, &[len])
+    }
+
+    fn qkv_rope(n_heads: u32, n_kv_heads: u32, norm: bool) -> Op {
+        Op::QkvRope(QkvRope {
+            n_heads,
+            n_kv_heads,
+            head_dim: 8,
+            rotary_dim: 4,
+            qk_norm: norm.then_some(QkNorm {
+                eps: 1e-6,
+                weight_offset: 1.0,
+            }),
+        })
+    }
+
+    fn rms(groups: u32) -> RmsNorm {
+        RmsNorm {
+            eps: 1e-6,
+            weight_offset: 0.0,
+            groups,
+        }
+    }
+
+    /// Runs `op` and returns its error, failing if it accepted the inputs.
+    fn rejects(op: &Op, ins: &[&TensorType]) -> String {
+        match op.infer(ins) {
+            Ok(out) => panic!("{op} accepted {ins:?}, giving {out:?}"),
+            Err(e) => e,
+        }
+    }
+
+    #[test]
+    fn qkv_rope_is_slices_norms_ropes_cache_writes_and_attention() {
+        // 4 query heads over 2 KV heads of 8: width (4 + 2·2)·8 = 64.
+        let (qkv, table, cache, w) = (TensorType::rows(64), lmax(4), lmax(16), vector(8));
+        let op = qkv_rope(4, 2, true);
+        let ins = [&qkv, &table, &cache, &cache, &w, &w];
+        assert_eq!(
+            op.infer(&ins).unwrap(),
+            vec![TensorType::rows(32), cache.clone(), cache.clone()]
+        );
+        let plain = qkv_rope(4, 2, false);
+        assert_eq!(plain.infer(&ins[..4]).unwrap().len(), 3);
+        assert!(rejects(&plain, &ins).contains("expects 4 inputs"));
+
+        // The grouping rule of attention: 6 query heads over 4 KV heads, the
+        // width (6 + 2·4)·8 = 112 otherwise consistent.
+        let (qkv112, cache32) = (TensorType::rows(112), lmax(32));
+        let err = rejects(
+            &qkv_rope(6, 4, false),
+            &[&qkv112, &table, &cache32, &cache32],
+        );
+        assert!(
+            err.contains("6 query heads cannot be grouped over 4 kv heads"),
+            "{err}"
+        );
+        let err = rejects(
+            &qkv_rope(4, 0, false),
+            &[&TensorType::rows(32), &table, &cache, &cache],
+        );
+        assert!(err.contains("over 0 kv heads"), "{err}");
+
+        // Each piece's own rule, named by the piece.
+        let err = rejects(&op, &[&qkv, &table, &cache, &cache, &w, &vector(16)]);
+        assert!(err.starts_with("k norm: norm weight must be [8]"), "{err}");
+        let err = rejects(&op, &[&qkv, &lmax(8), &cache, &cache, &w, &w]);
+        assert!(
+            err.starts_with("q rope: rope table must be f32[Lmax,4]"),
+            "{err}"
+        );
+        let err = rejects(&op, &[&qkv, &table, &cache, &lmax(8), &w, &w]);
+        assert!(err.starts_with("v cache_write: cache width 8"), "{err}");
+        let odd = Op::QkvRope(QkvRope {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 8,
+            rotary_dim: 5,
+            qk_norm: None,
+        });
+        let err = rejects(&odd, &[&qkv, &lmax(5), &cache, &cache]);
+        assert!(err.contains("rotary_dim 5 must be even"), "{err}");
+        let err = rejects(
+            &op,
+            &[&TensorType::rows(63), &table, &cache, &cache, &w, &w],
+        );
+        assert!(err.contains("qkv width 63"), "{err}");
+    }
+
+    #[test]
+    fn add_rms_norm_is_add_then_rms_norm() {
+        let (x, w) = (TensorType::rows(48), vector(48));
+        let op = Op::AddRmsNorm(rms(1));
+        assert_eq!(op.infer(&[&x, &x, &w]).unwrap(), vec![x.clone(), x.clone()]);
+        let err = rejects(&op, &[&x, &TensorType::rows(47), &w]);
+        assert!(err.starts_with("add: operands differ"), "{err}");
+        let err = rejects(&op, &[&x, &x, &vector(47)]);
+        assert!(
+            err.starts_with("rms_norm: norm weight must be [48]"),
+            "{err}"
+        );
+        let err = rejects(&Op::AddRmsNorm(rms(2)), &[&x, &x, &vector(24)]);
+        assert!(err.contains("groups must be 1"), "{err}");
+    }
+
+    #[test]
+    fn add_rms_norm_last_row_is_add_slice_last_row_and_rms_norm() {
+        let (x, w) = (TensorType::rows(48), vector(48));
+        let row = TensorType::fixed(DType::F32, &[1, 48]);
+        let op = Op::AddRmsNormLastRow(rms(1));
+        assert_eq!(op.infer(&[&x, &x, &w]).unwrap(), vec![row.clone(), row]);
+        let err = rejects(&op, &[&x, &TensorType::fixed(DType::F32, &[1, 48]), &w]);
+        assert!(err.starts_with("add: operands differ"), "{err}");
+        let err = rejects(&op, &[&x, &x, &vector(12)]);
+        assert!(err.starts_with("rms_norm:"), "{err}");
+    }
+
+    #[test]
+    fn matmul_glu_is_matmul_then_halves_activation_and_product() {
+        let x = TensorType::rows(32);
+        let w = TensorType::fixed(DType::BF16, &[2 * 40, 32]);
+        let glu = |has_bias| {
+            Op::MatMulGlu(MatMulGlu {
+                act: UnaryOp::Silu,
+                has_bias,
+            })
+        };
+        assert_eq!(
+            glu(false).infer(&[&x, &w]).unwrap(),
+            vec![TensorType::rows(40)]
+        );
+        assert_eq!(
+            glu(true).infer(&[&x, &w, &vector(80)]).unwrap(),
+            vec![TensorType::rows(40)]
+        );
+        let err = rejects(&glu(true), &[&x, &w, &vector(40)]);
+        assert!(err.starts_with("matmul: matmul bias must be [80]"), "{err}");
+        let err = rejects(&glu(false), &[&TensorType::rows(31), &w]);
+        assert!(err.starts_with("matmul: matmul weight"), "{err}");
+        let odd = TensorType::fixed(DType::F32, &[81, 32]);
+        let err = rejects(&glu(false), &[&x, &odd]);
+        assert!(err.contains("positive even constant"), "{err}");
+    }
+
+    #[test]
+    fn embedding_rms_norm_is_embedding_then_rms_norm() {
+        let table = TensorType::fixed(DType::BF16, &[100, 24]);
+        let ids = TensorType::new(DType::U32, [Dim::Sym(Sym::T)]);
+        let op = Op::EmbeddingRmsNorm(Embedding { scale: Some(2.0) }, rms(1));
+        let x = TensorType::rows(24);
+        assert_eq!(
+            op.infer(&[&table, &ids, &vector(24)]).unwrap(),
+            vec![x.clone(), x]
+        );
+        let err = rejects(&op, &[&table, &TensorType::rows(1), &vector(24)]);
+        assert!(
+            err.starts_with("embedding: token ids must be u32[T]"),
+            "{err}"
+        );
+        let err = rejects(&op, &[&table, &ids, &vector(12)]);
+        assert!(
+            err.starts_with("rms_norm: norm weight must be [24]"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn cache_write_takes_an_f32_cache() {
+        let x = TensorType::rows(16);
+        assert_eq!(
+            Op::CacheWrite.infer(&[&lmax(16), &x]).unwrap(),
+            vec![lmax(16)]
+        );
+        let half = TensorType::new(DType::F16, [Dim::Sym(Sym::Lmax), Dim::Const(16)]);
+        assert!(rejects(&Op::CacheWrite, &[&half, &x]).contains("cache must be f32"));
     }
 }
