@@ -1,14 +1,18 @@
 //! Text assets of a checkpoint: tokenizer, chat template, special tokens.
 //!
+//! This is gerbil's only reader of these files: the compiler stores what it
+//! finds in the plan, and the runtime builds its tokenizer from the plan alone.
 //! Everything here is optional (tiny test models have no tokenizer), but a
-//! file that exists and is malformed is an error, not a silent `None`.
+//! file that exists and is malformed is an error naming the file and the key,
+//! not a silent `None`.
 //! Sources, in the order transformers uses them:
 //!
 //! - `tokenizer.json`: kept as raw bytes for the runtime's tokenizer;
 //! - chat template: a `chat_template.jinja` file, else `tokenizer_config.json`
 //!   key `chat_template` (a string, or a list of `{name, template}` from which
-//!   `default` is taken). transformers lets the `.jinja` file override the key
-//!   when both exist, and so do we;
+//!   `default` is taken; a list without `default` means no chat template, and
+//!   an entry that is not such an object is an error). transformers lets the
+//!   `.jinja` file override the key when both exist, and so do we;
 //! - `bos_token` / `eos_token` from `tokenizer_config.json` (a string or an
 //!   `AddedToken` object with `content`);
 //! - end-of-sequence ids from `generation_config.json` `eos_token_id` (an int
@@ -111,28 +115,34 @@ fn token_ids(v: Option<&Value>, path: &Path, key: &str) -> Result<Option<Vec<u32
 }
 
 /// `chat_template` in tokenizer_config.json: a string, or a list of
-/// `{name, template}` of which `default` is taken.
+/// `{name, template}` of which `default` is taken. As in transformers (which
+/// turns the list into a dict), every entry must be well-formed and the last
+/// `default` wins.
 fn chat_template_key(v: Option<&Value>, path: &Path) -> Result<Option<String>> {
     match v {
         None | Some(Value::Null) => Ok(None),
         Some(Value::String(s)) => Ok(Some(s.clone())),
         Some(Value::Array(items)) => {
-            for item in items {
+            let mut default = None;
+            for (i, item) in items.iter().enumerate() {
                 let name = item.get("name").and_then(Value::as_str);
                 let template = item.get("template").and_then(Value::as_str);
                 match (name, template) {
-                    (Some("default"), Some(t)) => return Ok(Some(t.to_string())),
+                    (Some("default"), Some(t)) => default = Some(t.to_string()),
                     (Some(_), Some(_)) => {}
                     _ => {
                         return Err(config_err(
                             path,
-                            "chat_template",
-                            "list entries must be {\"name\": ..., \"template\": ...}".to_string(),
+                            &format!("chat_template[{i}]"),
+                            format!(
+                                "expected an object {{\"name\": string, \"template\": string}}, \
+                                 found {item}"
+                            ),
                         ))
                     }
                 }
             }
-            Ok(None)
+            Ok(default)
         }
         Some(other) => Err(config_err(
             path,
@@ -254,5 +264,36 @@ mod tests {
             Some("S".into())
         );
         assert!(chat_template_key(Some(&json!([1])), p).is_err());
+        let twice = json!([
+            {"name": "default", "template": "first"},
+            {"name": "default", "template": "last"}
+        ]);
+        assert_eq!(
+            chat_template_key(Some(&twice), p).unwrap(),
+            Some("last".into())
+        );
+        let no_default = json!([{"name": "tool_use", "template": "T"}]);
+        assert_eq!(chat_template_key(Some(&no_default), p).unwrap(), None);
+    }
+
+    #[test]
+    fn a_malformed_chat_template_list_names_the_file_and_the_entry() {
+        let p = Path::new("/m/tokenizer_config.json");
+        let err = chat_template_key(Some(&json!([1])), p).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "/m/tokenizer_config.json: `chat_template[0]`: expected an object \
+             {\"name\": string, \"template\": string}, found 1"
+        );
+        // An entry after `default` is checked too, and a template must be a string.
+        let list = json!([
+            {"name": "default", "template": "D"},
+            {"name": "rag", "template": ["not", "a", "string"]}
+        ]);
+        let err = chat_template_key(Some(&list), p).unwrap_err().to_string();
+        assert!(err.contains("`chat_template[1]`"), "{err}");
+        assert!(err.contains(r#"["not","a","string"]"#), "{err}");
+        let err = chat_template_key(Some(&json!([{"template": "T"}])), p).unwrap_err();
+        assert!(err.to_string().contains("`chat_template[0]`"), "{err}");
     }
 }

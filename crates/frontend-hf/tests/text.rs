@@ -104,3 +104,27 @@ fn string_chat_template_key() {
     assert_eq!(text.eos_token, None);
     assert!(text.eos_token_ids.is_empty());
 }
+
+#[test]
+fn a_malformed_chat_template_list_is_an_error_naming_file_and_entry() {
+    let tmp = TempDir::new("tokbad");
+    let path = tmp.path().join("tokenizer_config.json");
+    std::fs::write(
+        &path,
+        json!({"chat_template": [
+            {"name": "default", "template": "D"},
+            {"name": "tool_use"}
+        ]})
+        .to_string(),
+    )
+    .unwrap();
+    let err = TextAssets::load(tmp.path()).unwrap_err().to_string();
+    assert!(err.starts_with(&path.display().to_string()), "{err}");
+    assert!(err.contains("`chat_template[1]`"), "{err}");
+    assert!(err.contains(r#"{"name":"tool_use"}"#), "{err}");
+
+    // A chat_template.jinja file replaces the key, so the list is not read at all.
+    std::fs::write(tmp.path().join("chat_template.jinja"), "FROM FILE").unwrap();
+    let text = TextAssets::load(tmp.path()).unwrap();
+    assert_eq!(text.chat_template.as_deref(), Some("FROM FILE"));
+}
