@@ -7,14 +7,16 @@
 //!
 //! One graph serves both prefill and decode: `T` is bound per step by the runtime.
 //! The [`verify`] module re-infers every type and is run after lowering and after
-//! every pass; the [`print`] module renders a deterministic text form used for
-//! `--dump-ir` and snapshot tests.
+//! every pass; the [`print`] module renders the deterministic text form
+//! (`.gir`) used for `--dump-ir`, `gerbilc opt` and pass file tests, and
+//! [`parse()`] reads it back.
 //!
 //! This crate knows nothing about HuggingFace, WGSL or wgpu.
 
 pub mod dot;
 pub mod graph;
 pub mod op;
+pub mod parse;
 pub mod print;
 pub mod rope_table;
 pub mod types;
@@ -25,5 +27,6 @@ pub use op::{
     Attention, BinaryOp, Embedding, Input, MatMul, MatMulGlu, Op, QkNorm, QkvRope, RmsNorm, Rope,
     UnaryOp, Weight, WeightSource,
 };
+pub use parse::{parse, ParseError};
 pub use types::{DType, Dim, Sym, TensorType};
 pub use verify::{verify, VerifyError};

@@ -660,13 +660,15 @@ impl fmt::Display for WeightSource {
             WeightSource::RopeTable {
                 inv_freq,
                 attention_scaling,
-            } => write!(
-                f,
-                "rope_table(pairs={}, f0={:e}, scaling={})",
-                inv_freq.len(),
-                inv_freq.first().copied().unwrap_or(0.0),
-                attention_scaling
-            ),
+            } => {
+                // Shortest round-trip forms: the table is rebuilt from these.
+                f.write_str("rope_table(inv_freq=[")?;
+                for (i, x) in inv_freq.iter().enumerate() {
+                    let sep = if i == 0 { "" } else { ", " };
+                    write!(f, "{sep}{x:e}")?;
+                }
+                write!(f, "], scaling={attention_scaling})")
+            }
         }
     }
 }
@@ -684,6 +686,9 @@ impl fmt::Display for Op {
             },
             Op::EmbeddingRmsNorm(e, n) => {
                 write!(f, "{{eps={:e}, offset={}", n.eps, n.weight_offset)?;
+                if n.groups != 1 {
+                    write!(f, ", groups={}", n.groups)?;
+                }
                 if let Some(s) = e.scale {
                     write!(f, ", scale={s}")?;
                 }
@@ -697,7 +702,12 @@ impl fmt::Display for Op {
                 f.write_str("}")
             }
             Op::MatMul(m) if m.has_bias => f.write_str("{bias}"),
-            Op::MatMulGlu(m) if m.has_bias => f.write_str("{bias}"),
+            Op::MatMulGlu(m) => match (m.act, m.has_bias) {
+                (UnaryOp::Softcap(c), true) => write!(f, "{{cap={c}, bias}}"),
+                (UnaryOp::Softcap(c), false) => write!(f, "{{cap={c}}}"),
+                (_, true) => f.write_str("{bias}"),
+                (_, false) => Ok(()),
+            },
             Op::SliceCols { start, len } => write!(f, "{{cols={start}..{}}}", start + len),
             Op::QkvRope(r) => {
                 write!(
