@@ -84,15 +84,15 @@ pub fn compile<'a>(
     observer.lowered(&graph)?;
     let mut observed = Ok(());
     let mut index = 0;
-    let report = pm.run(&mut graph, |name, g| {
+    let report = pm.run(&mut graph, |run, g| {
         index += 1;
         if observed.is_ok() {
-            observed = observer.after_pass(index, name, g);
+            observed = observer.after_pass(index, &run.name, g);
         }
     })?;
     observed?;
 
-    let mut passes: Vec<String> = report.ran.iter().map(|(n, _)| n.clone()).collect();
+    let mut passes: Vec<String> = report.ran.iter().map(|r| r.name.clone()).collect();
     passes.push("plan-buffers".into());
     let codegen = CodegenOptions {
         max_context,

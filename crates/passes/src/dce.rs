@@ -20,7 +20,7 @@ impl Pass for Dce {
         "delete nodes that no graph output depends on"
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
         let mut live = HashSet::new();
         let mut stack: Vec<_> = graph.outputs.iter().map(|(_, v)| v.node).collect();
         while let Some(n) = stack.pop() {
@@ -36,6 +36,6 @@ impl Pass for Dce {
         for n in &dead {
             graph.remove(*n);
         }
-        Ok(!dead.is_empty())
+        Ok(dead.len())
     }
 }

@@ -25,9 +25,9 @@ impl Pass for FuseGateUp {
         "merge an MLP's gate and up matmuls into one over the stacked weight"
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
         let order = graph.topo_order().unwrap_or_default();
-        let mut changed = false;
+        let mut rewrites = 0;
         for id in order {
             if graph.g.node_weight(id).is_none()
                 || !matches!(graph.node(id).op, Op::Binary(BinaryOp::Mul))
@@ -54,8 +54,9 @@ impl Pass for FuseGateUp {
             {
                 continue;
             }
-            changed |= merge_matmuls(graph, self.name(), &[g.node, u.node])?.is_some();
+            rewrites +=
+                usize::from(merge_matmuls(graph, self.name(), &[g.node, u.node])?.is_some());
         }
-        Ok(changed)
+        Ok(rewrites)
     }
 }

@@ -33,9 +33,9 @@ impl Pass for FuseGlu {
         }
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
         let order = graph.topo_order().unwrap_or_default();
-        let mut changed = false;
+        let mut rewrites = 0;
         for id in order {
             if graph.g.node_weight(id).is_none()
                 || !matches!(graph.node(id).op, Op::Binary(BinaryOp::Mul))
@@ -84,8 +84,8 @@ impl Pass for FuseGlu {
                 .map_err(add_err(self.name()))?;
             graph.replace_all_uses(ValueRef::of(id), glu);
             remove_if_dead(graph, id);
-            changed = true;
+            rewrites += 1;
         }
-        Ok(changed)
+        Ok(rewrites)
     }
 }

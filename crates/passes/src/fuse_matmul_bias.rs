@@ -21,9 +21,9 @@ impl Pass for FuseMatMulBias {
         "fold add_bias(matmul(x, w), b) into matmul{bias}(x, w, b)"
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
         let order = graph.topo_order().unwrap_or_default();
-        let mut changed = false;
+        let mut rewrites = 0;
         for id in order {
             if graph.g.node_weight(id).is_none() || graph.node(id).op != Op::AddBias {
                 continue;
@@ -46,8 +46,8 @@ impl Pass for FuseMatMulBias {
                 .map_err(add_err(self.name()))?;
             graph.replace_all_uses(ValueRef::of(id), fused);
             remove_if_dead(graph, id);
-            changed = true;
+            rewrites += 1;
         }
-        Ok(changed)
+        Ok(rewrites)
     }
 }

@@ -43,9 +43,9 @@ impl Pass for FuseQkv {
         "merge an attention layer's q, k and v matmuls into one over the stacked weight"
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
         let order = graph.topo_order().unwrap_or_default();
-        let mut changed = false;
+        let mut rewrites = 0;
         for id in order {
             if graph.g.node_weight(id).is_none() || !matches!(graph.node(id).op, Op::Attention(_)) {
                 continue;
@@ -58,9 +58,9 @@ impl Pass for FuseQkv {
                 (q != k && k != v && q != v).then_some([q, k, v])
             })();
             if let Some(mms) = found {
-                changed |= merge_matmuls(graph, self.name(), &mms)?.is_some();
+                rewrites += usize::from(merge_matmuls(graph, self.name(), &mms)?.is_some());
             }
         }
-        Ok(changed)
+        Ok(rewrites)
     }
 }

@@ -133,9 +133,9 @@ impl Pass for FuseQkvRope {
         "fuse q/k/v slices, q/k norms, rope and cache writes into qkv_rope"
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
         let order = graph.topo_order().unwrap_or_default();
-        let mut changed = false;
+        let mut rewrites = 0;
         for id in order {
             if graph.g.node_weight(id).is_none() {
                 continue;
@@ -164,8 +164,8 @@ impl Pass for FuseQkvRope {
             for old in m.outs {
                 remove_if_dead(graph, old.node);
             }
-            changed = true;
+            rewrites += 1;
         }
-        Ok(changed)
+        Ok(rewrites)
     }
 }

@@ -82,9 +82,9 @@ impl Pass for FuseResidualNorm {
         "fuse add(a, b) and the rms_norm reading it into add_rms_norm with both results"
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
         let order = graph.topo_order().unwrap_or_default();
-        let mut changed = false;
+        let mut rewrites = 0;
         for id in order {
             if graph.g.node_weight(id).is_none() {
                 continue;
@@ -116,8 +116,8 @@ impl Pass for FuseResidualNorm {
             for p in f.producers {
                 remove_if_dead(graph, p);
             }
-            changed = true;
+            rewrites += 1;
         }
-        Ok(changed)
+        Ok(rewrites)
     }
 }

@@ -1,4 +1,24 @@
-//! The pass manager: ordering, enabling, verifying and dumping passes.
+//! The pass manager: ordering, enabling, bisecting, verifying and dumping
+//! passes.
+//!
+//! ```
+//! use gerbil_passes::{default_pipeline, PassManager};
+//! # let mut graph = gerbil_ir::Graph::new("empty");
+//! let mut pm = PassManager::new(default_pipeline());
+//! pm.disable("fuse-qkv")?;
+//! pm.bisect(3); // run only the first 3 passes that are enabled
+//! let report = pm.run(&mut graph, |run, _graph| {
+//!     println!("{}: {} rewrites", run.name, run.rewrites);
+//! })?;
+//! assert_eq!(report.stopped_before.as_deref(), Some("fuse-qkv-rope"));
+//! # Ok::<(), gerbil_passes::PassError>(())
+//! ```
+//!
+//! Every pass reports how many rewrites it made; zero means it left the graph
+//! untouched, which is how `--dump-dot` knows what to skip. Every pass of the
+//! default pipeline is optional (the plan is correct without it), so
+//! [`PassManager::bisect`] can stop anywhere: like rustc's `-Z mir-opt-bisect-limit`,
+//! halve `N` until a miscompile disappears and the report names the culprit.
 
 use gerbil_ir::{verify, Graph, VerifyError};
 
@@ -8,8 +28,10 @@ pub trait Pass {
     fn name(&self) -> &'static str;
     /// One line: the pattern it matches and the rewrite.
     fn description(&self) -> &'static str;
-    /// Rewrites the graph; returns whether anything changed.
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError>;
+    /// Rewrites the graph; returns how many rewrites it made (each a match of
+    /// its pattern replaced, or for `dce` each node deleted); 0 means the
+    /// graph is unchanged.
+    fn run(&self, graph: &mut Graph) -> Result<usize, PassError>;
 }
 
 /// Why the pipeline stopped.
@@ -34,7 +56,7 @@ pub enum PassError {
         /// Why.
         reason: String,
     },
-    /// `--disable-pass` or `--dump-ir` named a pass that does not exist.
+    /// `--disable-pass`, `--dump-ir` or `--passes` named a pass that does not exist.
     #[error("unknown pass `{name}`; passes are: {known}")]
     UnknownPass {
         /// The name given.
@@ -44,19 +66,39 @@ pub enum PassError {
     },
 }
 
+/// One pass that ran.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PassRun {
+    /// Its name.
+    pub name: String,
+    /// How many rewrites it made.
+    pub rewrites: usize,
+}
+
+impl PassRun {
+    /// Whether the pass changed the graph.
+    pub fn changed(&self) -> bool {
+        self.rewrites > 0
+    }
+}
+
 /// What the pipeline did.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PassReport {
-    /// Passes that ran, with whether each changed the graph.
-    pub ran: Vec<(String, bool)>,
+    /// Passes that ran, in order, with their rewrite counts.
+    pub ran: Vec<PassRun>,
     /// Passes skipped because they were disabled.
     pub skipped: Vec<String>,
+    /// With [`PassManager::bisect`]: the first enabled pass that did not run
+    /// because the limit was reached (`None` if every pass ran).
+    pub stopped_before: Option<String>,
 }
 
 /// Runs passes in order.
 pub struct PassManager {
     passes: Vec<Box<dyn Pass>>,
     disabled: Vec<String>,
+    limit: Option<usize>,
 }
 
 /// The standard pipeline, in order. `slice-last-row` runs before the
@@ -82,12 +124,35 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
     ]
 }
 
+/// The passes of the default pipeline with these names, in the order given
+/// (`gerbilc opt --passes a,b,c`, the pass file tests); an unknown name is
+/// an error listing the valid ones.
+pub fn passes_named<S: AsRef<str>>(names: &[S]) -> Result<Vec<Box<dyn Pass>>, PassError> {
+    let mut out = Vec::with_capacity(names.len());
+    for name in names {
+        let name = name.as_ref();
+        let pass = default_pipeline().into_iter().find(|p| p.name() == name);
+        out.push(pass.ok_or_else(|| {
+            PassError::UnknownPass {
+                name: name.to_string(),
+                known: default_pipeline()
+                    .iter()
+                    .map(|p| p.name())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            }
+        })?);
+    }
+    Ok(out)
+}
+
 impl PassManager {
     /// A manager over the given passes.
     pub fn new(passes: Vec<Box<dyn Pass>>) -> Self {
         PassManager {
             passes,
             disabled: Vec::new(),
+            limit: None,
         }
     }
 
@@ -115,12 +180,18 @@ impl PassManager {
         Ok(())
     }
 
-    /// Runs every enabled pass, verifying after each and calling
-    /// `after(pass_name, graph)` once per pass that ran.
+    /// Runs only the first `n` enabled passes; the report names the pass it
+    /// stopped before.
+    pub fn bisect(&mut self, n: usize) {
+        self.limit = Some(n);
+    }
+
+    /// Runs every enabled pass (up to the bisect limit), verifying after each
+    /// and calling `after(run, graph)` once per pass that ran.
     pub fn run(
         &self,
         graph: &mut Graph,
-        mut after: impl FnMut(&str, &Graph),
+        mut after: impl FnMut(&PassRun, &Graph),
     ) -> Result<PassReport, PassError> {
         verify(graph).map_err(PassError::Input)?;
         let mut report = PassReport::default();
@@ -130,13 +201,23 @@ impl PassManager {
                 report.skipped.push(name.to_string());
                 continue;
             }
-            let changed = pass.run(graph)?;
+            if self.limit.is_some_and(|n| report.ran.len() >= n) {
+                report
+                    .stopped_before
+                    .get_or_insert_with(|| name.to_string());
+                continue;
+            }
+            let rewrites = pass.run(graph)?;
             verify(graph).map_err(|source| PassError::Verify {
                 pass: name.to_string(),
                 source,
             })?;
-            report.ran.push((name.to_string(), changed));
-            after(name, graph);
+            let run = PassRun {
+                name: name.to_string(),
+                rewrites,
+            };
+            after(&run, graph);
+            report.ran.push(run);
         }
         Ok(report)
     }

@@ -29,9 +29,9 @@ impl Pass for SliceLastRow {
         "move the logits' row-wise tail (final norm, lm_head) after a slice of the last row"
     }
 
-    fn run(&self, graph: &mut Graph) -> Result<bool, PassError> {
+    fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
         let Some(&(_, out)) = graph.outputs.iter().find(|(n, _)| n == "logits") else {
-            return Ok(false);
+            return Ok(0);
         };
         // Walk back from the output along input 0 through row-wise ops.
         let mut chain = Vec::new();
@@ -43,7 +43,7 @@ impl Pass for SliceLastRow {
             cur = graph.inputs(cur.node)[0];
         }
         if chain.is_empty() {
-            return Ok(false);
+            return Ok(0);
         }
         let err = |e: gerbil_ir::graph::AddError| PassError::Rewrite {
             pass: "slice-last-row".into(),
@@ -64,6 +64,6 @@ impl Pass for SliceLastRow {
                 graph.remove(n);
             }
         }
-        Ok(true)
+        Ok(1)
     }
 }

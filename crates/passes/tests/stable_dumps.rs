@@ -1,7 +1,8 @@
 //! The dump after a pass differs from the dump before it only in the lines of
 //! the nodes the pass removed, created or rewired: values are named from
 //! labels and printed in an order that depends on the graph's structure, so
-//! untouched nodes keep their text and their relative order.
+//! untouched nodes keep their text and their relative order. A pass that
+//! reports no rewrites leaves the dump identical.
 
 mod common;
 
@@ -65,12 +66,25 @@ fn check(model: &str, mut graph: Graph) -> Vec<(String, usize, usize)> {
     let mut sizes = Vec::new();
     for pass in default_pipeline() {
         let before = graph.clone();
-        pass.run(&mut graph).unwrap();
+        let rewrites = pass.run(&mut graph).unwrap();
         let keep = untouched(&before, &graph);
         let ((order_a, lines_a), (order_b, lines_b)) = (lines(&before), lines(&graph));
-        let kept_a: Vec<NodeId> = order_a.iter().copied().filter(|n| keep.contains(n)).collect();
-        let kept_b: Vec<NodeId> = order_b.iter().copied().filter(|n| keep.contains(n)).collect();
+        let kept_a: Vec<NodeId> = order_a
+            .iter()
+            .copied()
+            .filter(|n| keep.contains(n))
+            .collect();
+        let kept_b: Vec<NodeId> = order_b
+            .iter()
+            .copied()
+            .filter(|n| keep.contains(n))
+            .collect();
         let what = format!("{model}, {}", pass.name());
+        assert_eq!(
+            rewrites == 0,
+            lines_a == lines_b,
+            "{what}: {rewrites} rewrites must change the dump exactly when nonzero"
+        );
         assert_eq!(kept_a, kept_b, "{what}: untouched nodes changed order");
         let (gone, new) = diff(&lines_a, &lines_b);
         for (i, id) in order_a.iter().enumerate() {

@@ -12,7 +12,10 @@ fn assert_round_trip(what: &str, graph: &Graph) {
     let parsed = parse(&text).unwrap_or_else(|e| panic!("{what}: {e}\n{text}"));
     verify(&parsed).unwrap_or_else(|e| panic!("{what}: parsed graph invalid: {e}"));
     let again = print(&parsed);
-    assert!(again == text, "{what}: print(parse(text)) differs:\n{again}\n---\n{text}");
+    assert!(
+        again == text,
+        "{what}: print(parse(text)) differs:\n{again}\n---\n{text}"
+    );
     let (a, b) = (graph.g.node_weights(), parsed.g.node_weights());
     assert_eq!(a.count(), b.count(), "{what}: node count");
     assert_eq!(graph.outputs.len(), parsed.outputs.len(), "{what}: outputs");
@@ -21,8 +24,8 @@ fn assert_round_trip(what: &str, graph: &Graph) {
 fn check_pipeline(model: &str, mut graph: Graph) {
     assert_round_trip(&format!("{model} lowered"), &graph);
     PassManager::new(default_pipeline())
-        .run(&mut graph, |name, g| {
-            assert_round_trip(&format!("{model} after {name}"), g)
+        .run(&mut graph, |run, g| {
+            assert_round_trip(&format!("{model} after {}", run.name), g)
         })
         .unwrap();
 }
