@@ -1,6 +1,7 @@
 //! Every WGSL template of `gerbil_codegen_wgsl::kernels`, run on the GPU
-//! (lavapipe in CI) on deterministic random inputs and compared with an f64
-//! CPU reference computed from the same inputs (bf16/f16 decoded exactly).
+//! (lavapipe in CI) on deterministic random inputs and compared with the f64
+//! reference of its IR op (`gerbil_e2e::reference`) computed from the same
+//! inputs (bf16/f16 decoded exactly).
 //!
 //! Each kernel has one `check_*` function and a table of cases; a test runs
 //! every case, then fails listing all the cases that failed. Outputs start as
@@ -10,9 +11,12 @@
 
 use gerbil_codegen_wgsl::kernels::{self, KernelSource, Rows};
 use gerbil_e2e::kernel_harness::{
-    check_close, encode, f32_bytes, poison, run_output, run_outputs, u32_bytes, widen, Rng, TOL,
+    check_close, encode, f32_bytes, poison, run_output, run_outputs, to_f32, u32_bytes, widen, Rng,
+    TOL,
 };
-use gerbil_ir::{BinaryOp, DType, UnaryOp};
+use gerbil_e2e::reference;
+use gerbil_ir::rope_table::rope_table;
+use gerbil_ir::{Attention, BinaryOp, DType, Embedding, QkNorm, QkvRope, RmsNorm, Rope, UnaryOp};
 use proptest::prelude::*;
 use std::fmt::Debug;
 
@@ -133,19 +137,13 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
         inputs.push(f32_bytes(&b));
     }
     inputs.push(poison(m * n));
-    let want: Vec<f64> = (0..m * n)
-        .map(|i| {
-            let (r, j) = (i / n, i % n);
-            let lin = |j: usize| {
-                let dot: f64 = (0..k).map(|e| f64::from(x[r * k + e]) * w[j * k + e]).sum();
-                dot + if c.bias { f64::from(b[j]) } else { 0.0 }
-            };
-            match c.glu {
-                None => lin(j),
-                Some(act) => unary_reference(act, lin(j)) * lin(n + j),
-            }
-        })
-        .collect();
+    let (x, b) = (widen(&x), widen(&b));
+    let bias = c.bias.then_some(b.as_slice());
+    let want = match c.glu {
+        None => reference::matmul(&x, k, &w, bias),
+        Some(act) => reference::matmul_glu(&x, k, &w, bias, act),
+    };
+    debug_assert_eq!(want.len(), m * n);
     expect(&src, c.t, 0, &inputs, inputs.len() - 1, &want)
 }
 
@@ -299,16 +297,12 @@ fn check_rms_norm(c: &RmsNormCase) -> Result<(), String> {
     let mut rng = rng(c);
     let x = rng.vec(m * h);
     let (w_bytes, w) = encode(&rng.vec(h), c.wdtype);
-    let want: Vec<f64> = x
-        .chunks(h)
-        .flat_map(|row| {
-            let ms = row.iter().map(|&v| f64::from(v).powi(2)).sum::<f64>() / h as f64;
-            let inv = 1.0 / (ms + f64::from(c.eps)).sqrt();
-            row.iter()
-                .zip(&w)
-                .map(move |(&v, &wi)| f64::from(v) * inv * (wi + f64::from(c.offset)))
-        })
-        .collect();
+    let norm = RmsNorm {
+        eps: c.eps,
+        weight_offset: c.offset,
+        groups: c.groups,
+    };
+    let want = reference::rms_norm(&widen(&x), &w, &norm);
     expect(
         &src,
         c.t,
@@ -417,33 +411,21 @@ fn check_embedding(c: &EmbeddingCase) -> Result<(), String> {
     if t > 1 {
         ids[t - 1] = c.vocab + 3;
     }
-    let scale = c.scale.map_or(1.0, f64::from);
-    let want: Vec<f64> = ids
-        .iter()
-        .flat_map(|&id| {
-            let row = if id < c.vocab { id as usize } else { 0 };
-            table[row * h..(row + 1) * h]
-                .iter()
-                .map(move |&e| e * scale)
-        })
-        .collect();
+    let lookup = Embedding { scale: c.scale };
     let mut inputs = shard_bytes(table_bytes, v, c.shard_rows);
     inputs.push(u32_bytes(&ids));
     let Some((offset, wdtype)) = c.norm else {
+        let want = reference::embedding(&table, h, &ids, &lookup);
         inputs.push(poison(t * h));
         return expect(&src, c.t, 0, &inputs, inputs.len() - 1, &want);
     };
     let (w_bytes, w) = encode(&rng.vec(h), wdtype);
-    let normed: Vec<f64> = want
-        .chunks(h)
-        .flat_map(|row| {
-            let inv = 1.0 / (row.iter().map(|v| v * v).sum::<f64>() / h as f64 + 1e-6).sqrt();
-            row.iter()
-                .zip(&w)
-                .map(move |(&v, &wi)| v * inv * (wi + f64::from(offset)))
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let norm = RmsNorm {
+        eps: 1e-6,
+        weight_offset: offset,
+        groups: 1,
+    };
+    let (want, normed) = reference::embedding_rms_norm(&table, &ids, &lookup, &w, &norm);
     inputs.push(w_bytes);
     inputs.push(poison(t * h));
     inputs.push(poison(t * h));
@@ -511,6 +493,15 @@ fn embedding_matches_reference() {
 
 // ------------------------------------------------------------------ rope
 
+/// A real RoPE table (θ = 10000, `rotary_dim` wide) of `rows` positions, as
+/// the compiler materializes it.
+fn theta_table(rotary_dim: u32, rows: usize) -> Vec<f32> {
+    let inv_freq: Vec<f32> = (0..rotary_dim / 2)
+        .map(|i| 10000f64.powf(-2.0 * f64::from(i) / f64::from(rotary_dim)) as f32)
+        .collect();
+    to_f32(&rope_table(&inv_freq, 1.0, rows as u64))
+}
+
 #[derive(Clone, Copy, Debug)]
 struct RopeCase {
     heads: u32,
@@ -526,32 +517,16 @@ fn check_rope(c: &RopeCase) -> Result<(), String> {
         head_dim: c.head_dim,
         rotary_dim: c.rotary_dim,
     });
-    let (nh, hd, rot) = (c.heads as usize, c.head_dim as usize, c.rotary_dim as usize);
-    let (t, p, half) = (c.t as usize, c.p as usize, rot / 2);
-    // A real cos/sin table (θ = 10000) for every position the step may use.
-    let table: Vec<f32> = (0..p + t + 1)
-        .flat_map(|pos| {
-            let angle = move |i: usize| pos as f64 * 10000f64.powf(-2.0 * i as f64 / rot as f64);
-            let cos = (0..half).map(move |i| angle(i).cos() as f32);
-            let sin = (0..half).map(move |i| angle(i).sin() as f32);
-            cos.chain(sin).collect::<Vec<_>>()
-        })
-        .collect();
-    let mut rng = rng(c);
-    let x = rng.vec(t * nh * hd);
-    let mut want = widen(&x);
-    for r in 0..t {
-        let row = &table[(p + r) * rot..(p + r + 1) * rot];
-        for h in 0..nh {
-            let base = (r * nh + h) * hd;
-            for j in 0..half {
-                let (cos, sin) = (f64::from(row[j]), f64::from(row[half + j]));
-                let (a, b) = (f64::from(x[base + j]), f64::from(x[base + half + j]));
-                want[base + j] = a * cos - b * sin;
-                want[base + half + j] = b * cos + a * sin;
-            }
-        }
-    }
+    let (nh, hd) = (c.heads as usize, c.head_dim as usize);
+    let (t, p) = (c.t as usize, c.p as usize);
+    let table = theta_table(c.rotary_dim, p + t + 1);
+    let x = rng(c).vec(t * nh * hd);
+    let spec = Rope {
+        n_heads: c.heads,
+        head_dim: c.head_dim,
+        rotary_dim: c.rotary_dim,
+    };
+    let want = reference::rope(&widen(&x), &widen(&table), &spec, p);
     let inputs = [f32_bytes(&x), f32_bytes(&table), poison(x.len())];
     expect(&src, c.t, c.p, &inputs, 2, &want)
 }
@@ -601,8 +576,7 @@ fn check_attention(c: &AttentionCase) -> Result<(), String> {
         window: c.window,
     });
     let (nh, nkv, hd) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
-    let (t, p, window) = (c.t as usize, c.p as usize, c.window as usize);
-    let group = nh / nkv;
+    let (t, p) = (c.t as usize, c.p as usize);
     let mut rng = rng(c);
     let q = rng.vec(t * nh * hd);
     // The cache holds rows [0, P + T); two more rows of NaN past the end
@@ -613,40 +587,14 @@ fn check_attention(c: &AttentionCase) -> Result<(), String> {
     let mut vc = rng.vec(filled);
     kc.extend(std::iter::repeat_n(f32::NAN, spare));
     vc.extend(std::iter::repeat_n(f32::NAN, spare));
-    let mut want = vec![0.0f64; t * nh * hd];
-    for r in 0..t {
-        let pos = p + r;
-        let lo = if window > 0 {
-            (pos + 1).saturating_sub(window)
-        } else {
-            0
-        };
-        for h in 0..nh {
-            let qrow = &q[(r * nh + h) * hd..][..hd];
-            let kvh = h / group;
-            let scores: Vec<f64> = (lo..=pos)
-                .map(|j| {
-                    let krow = &kc[(j * nkv + kvh) * hd..][..hd];
-                    let dot: f64 = qrow
-                        .iter()
-                        .zip(krow)
-                        .map(|(&a, &b)| f64::from(a) * f64::from(b))
-                        .sum();
-                    dot * f64::from(c.scale)
-                })
-                .collect();
-            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
-            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-            let total: f64 = weights.iter().sum();
-            let out = &mut want[(r * nh + h) * hd..][..hd];
-            for (j, wj) in (lo..=pos).zip(&weights) {
-                let vrow = &vc[(j * nkv + kvh) * hd..][..hd];
-                for (o, &v) in out.iter_mut().zip(vrow) {
-                    *o += wj / total * f64::from(v);
-                }
-            }
-        }
-    }
+    let spec = Attention {
+        n_heads: c.heads,
+        n_kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        scale: c.scale,
+        window: (c.window > 0).then_some(c.window),
+    };
+    let want = reference::attention(&widen(&q), &widen(&kc), &widen(&vc), &spec, p);
     let inputs = [
         f32_bytes(&q),
         f32_bytes(&kc),
@@ -700,17 +648,6 @@ struct UnaryCase {
     width: u32,
 }
 
-fn unary_reference(op: UnaryOp, v: f64) -> f64 {
-    match op {
-        UnaryOp::Silu => v / (1.0 + (-v).exp()),
-        UnaryOp::GeluTanh => {
-            let inner = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3));
-            0.5 * v * (1.0 + inner.tanh())
-        }
-        UnaryOp::Softcap(cap) => (v / f64::from(cap)).tanh() * f64::from(cap),
-    }
-}
-
 fn check_unary(c: &UnaryCase) -> Result<(), String> {
     let src = kernels::elementwise::unary(c.op, c.rows, c.width);
     let len = row_count(c.rows, c.t) * c.width as usize;
@@ -720,10 +657,7 @@ fn check_unary(c: &UnaryCase) -> Result<(), String> {
     for (slot, v) in x.iter_mut().step_by(7).zip(large) {
         *slot = v;
     }
-    let want: Vec<f64> = x
-        .iter()
-        .map(|&v| unary_reference(c.op, f64::from(v)))
-        .collect();
+    let want = reference::unary(c.op, &widen(&x));
     expect(&src, c.t, 0, &[f32_bytes(&x), poison(len)], 1, &want)
 }
 
@@ -759,14 +693,7 @@ fn check_binary(c: &BinaryCase) -> Result<(), String> {
     let len = row_count(c.rows, c.t) * c.width as usize;
     let mut rng = rng(c);
     let (a, b) = (rng.vec(len), rng.vec(len));
-    let want: Vec<f64> = a
-        .iter()
-        .zip(&b)
-        .map(|(&a, &b)| match c.op {
-            BinaryOp::Add => f64::from(a) + f64::from(b),
-            BinaryOp::Mul => f64::from(a) * f64::from(b),
-        })
-        .collect();
+    let want = reference::binary(c.op, &widen(&a), &widen(&b));
     expect(
         &src,
         c.t,
@@ -791,7 +718,7 @@ fn check_add_bias(c: &AddBiasCase) -> Result<(), String> {
     let mut rng = rng(c);
     let x = rng.vec(m * n);
     let (b_bytes, b) = encode(&rng.vec(n), c.dtype);
-    let want: Vec<f64> = (0..m * n).map(|i| f64::from(x[i]) + b[i % n]).collect();
+    let want = reference::add_bias(&widen(&x), &b);
     expect(
         &src,
         c.t,
@@ -849,10 +776,7 @@ fn check_cache_write(c: &CacheWriteCase) -> Result<(), String> {
     let mut cache = rng.vec((p + t + 2) * w);
     cache[p * w..(p + t) * w].fill(f32::NAN);
     let x = rng.vec(t * w);
-    let mut want = widen(&cache);
-    for (slot, &v) in want[p * w..].iter_mut().zip(&x) {
-        *slot = f64::from(v);
-    }
+    let want = reference::cache_write(&widen(&cache), &widen(&x), w, p);
     expect(
         &src,
         c.t,
@@ -887,7 +811,7 @@ fn check_slice_last_row(c: &SliceCase) -> Result<(), String> {
     let src = kernels::elementwise::slice_last_row(c.width);
     let (w, t) = (c.width as usize, c.t as usize);
     let x = rng(c).vec(t * w);
-    let want = widen(&x[(t - 1) * w..]);
+    let want = reference::slice_last_row(&widen(&x), w);
     expect(&src, c.t, 0, &[f32_bytes(&x), poison(w)], 1, &want)
 }
 
@@ -931,24 +855,18 @@ fn check_add_rms_norm(c: &AddRmsNormCase) -> Result<(), String> {
     let mut rng = rng(c);
     let (a, b) = (rng.vec(m * h), rng.vec(m * h));
     let (w_bytes, w) = encode(&rng.vec(h), c.wdtype);
-    let mut sum: Vec<f64> = a.iter().zip(&b).map(|(&x, &y)| f64::from(x + y)).collect();
-    let out_rows = if c.last_row {
-        sum.drain(..(m - 1) * h);
-        1
-    } else {
-        m
+    let norm = RmsNorm {
+        eps: 1e-6,
+        weight_offset: c.offset,
+        groups: 1,
     };
-    let normed: Vec<f64> = sum
-        .chunks(h)
-        .flat_map(|row| {
-            let ms = row.iter().map(|v| v * v).sum::<f64>() / h as f64;
-            let inv = 1.0 / (ms + 1e-6).sqrt();
-            row.iter()
-                .zip(&w)
-                .map(move |(&v, &wi)| v * inv * (wi + f64::from(c.offset)))
-                .collect::<Vec<_>>()
-        })
-        .collect();
+    let (a64, b64) = (widen(&a), widen(&b));
+    let (sum, normed) = if c.last_row {
+        reference::add_rms_norm_last_row(&a64, &b64, &w, &norm)
+    } else {
+        reference::add_rms_norm(&a64, &b64, &w, &norm)
+    };
+    let out_rows = sum.len() / h;
     let inputs = [
         f32_bytes(&a),
         f32_bytes(&b),
@@ -1010,71 +928,37 @@ fn check_qkv_rope(c: &QkvRopeCase) -> Result<(), String> {
         rotary_dim: c.rotary_dim,
         norm: c.norm.map(|(off, dt)| (1e-6, off, dt)),
     });
-    let (nh, nkv, hd, rot) = (
-        c.heads as usize,
-        c.kv_heads as usize,
-        c.head_dim as usize,
-        c.rotary_dim as usize,
-    );
-    let (t, p, half) = (c.t as usize, c.p as usize, rot / 2);
+    let (nh, nkv, hd) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
+    let (t, p) = (c.t as usize, c.p as usize);
     let lmax = p + t + 2;
     let (qw, kw) = (nh * hd, nkv * hd);
-    let xw = qw + 2 * kw;
-    let table: Vec<f32> = (0..lmax)
-        .flat_map(|pos| {
-            let angle = move |i: usize| pos as f64 * 10000f64.powf(-2.0 * i as f64 / rot as f64);
-            let cos = (0..half).map(move |i| angle(i).cos() as f32);
-            let sin = (0..half).map(move |i| angle(i).sin() as f32);
-            cos.chain(sin).collect::<Vec<_>>()
-        })
-        .collect();
+    let table = theta_table(c.rotary_dim, lmax);
     let mut rng = rng(c);
-    let x = rng.vec(t * xw);
+    let x = rng.vec(t * (qw + 2 * kw));
     let (qn_bytes, qn) = encode(&rng.vec(hd), c.norm.map_or(DType::F32, |n| n.1));
     let (kn_bytes, kn) = encode(&rng.vec(hd), c.norm.map_or(DType::F32, |n| n.1));
     // Caches start with recognizable contents; rows outside P..P+T must keep them.
     let kc0 = rng.vec(lmax * kw);
     let vc0 = rng.vec(lmax * kw);
-    let mut want_q = vec![0.0; t * qw];
-    let mut want_k = widen(&kc0);
-    let mut want_v = widen(&vc0);
-    for r in 0..t {
-        let row = &table[(p + r) * rot..(p + r + 1) * rot];
-        for h in 0..nh + 2 * nkv {
-            let src_head: Vec<f64> = widen(&x[r * xw + h * hd..r * xw + (h + 1) * hd]);
-            if h >= nh + nkv {
-                let dst = (p + r) * kw + (h - nh - nkv) * hd;
-                want_v[dst..dst + hd].copy_from_slice(&src_head);
-                continue;
-            }
-            let head: Vec<f64> = match c.norm {
-                None => src_head,
-                Some((off, _)) => {
-                    let w = if h < nh { &qn } else { &kn };
-                    let ms = src_head.iter().map(|v| v * v).sum::<f64>() / hd as f64;
-                    let inv = 1.0 / (ms + 1e-6).sqrt();
-                    src_head
-                        .iter()
-                        .zip(w)
-                        .map(|(v, wi)| v * inv * (wi + f64::from(off)))
-                        .collect()
-                }
-            };
-            let mut out = head.clone();
-            for j in 0..half {
-                let (cos, sin) = (f64::from(row[j]), f64::from(row[half + j]));
-                out[j] = head[j] * cos - head[half + j] * sin;
-                out[half + j] = head[half + j] * cos + head[j] * sin;
-            }
-            let dst = if h < nh {
-                &mut want_q[r * qw + h * hd..r * qw + (h + 1) * hd]
-            } else {
-                let d = (p + r) * kw + (h - nh) * hd;
-                &mut want_k[d..d + hd]
-            };
-            dst.copy_from_slice(&out);
-        }
-    }
+    let spec = QkvRope {
+        n_heads: c.heads,
+        n_kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        rotary_dim: c.rotary_dim,
+        qk_norm: c.norm.map(|(offset, _)| QkNorm {
+            eps: 1e-6,
+            weight_offset: offset,
+        }),
+    };
+    let want = reference::qkv_rope(
+        &widen(&x),
+        &widen(&table),
+        &widen(&kc0),
+        &widen(&vc0),
+        &spec,
+        c.norm.map(|_| (qn.as_slice(), kn.as_slice())),
+        p,
+    );
     let mut inputs = vec![
         f32_bytes(&x),
         f32_bytes(&table),
@@ -1091,7 +975,7 @@ fn check_qkv_rope(c: &QkvRopeCase) -> Result<(), String> {
         c.t,
         c.p,
         &inputs,
-        &[(q_out, &want_q), (2, &want_k), (3, &want_v)],
+        &[(q_out, &want.q), (2, &want.k_cache), (3, &want.v_cache)],
     )
 }
 
@@ -1130,12 +1014,8 @@ fn slice_cols_matches_reference() {
         let src = kernels::elementwise::slice_cols(rows, width, start, len);
         let m = row_count(rows, t);
         let x = rng(&(rows, t, width, start, len)).vec(m * width as usize);
-        let want: Vec<f64> = (0..m)
-            .flat_map(|r| {
-                let a = r * width as usize + start as usize;
-                widen(&x[a..a + len as usize])
-            })
-            .collect();
+        let (w, a, n) = (width as usize, start as usize, len as usize);
+        let want = reference::slice_cols(&widen(&x), w, a, n);
         expect(
             &src,
             t,

@@ -2,11 +2,18 @@
 //! of the ops the passes rewrite (attention blocks, gated MLPs, parallel
 //! matmuls with and without bias adds, residual adds and norms), random and odd shapes — are compiled
 //! with all passes, with each pass disabled in turn, and with every optional
-//! pass disabled, then run on the GPU (lavapipe); the logits of a prefill and
-//! of two decode steps agree within f32 tolerance.
+//! pass disabled.
+//!
+//! Without a GPU, the f64 CPU interpreter (`gerbil_e2e::interpreter`) runs
+//! each optimized graph and the graph as built, before any pass, through a
+//! prefill in two chunks and two decode steps; their logits agree to f64
+//! rounding. On the GPU (lavapipe), every variant's plan gives the logits of
+//! a prefill and of two decode steps that agree within f32 tolerance, and
+//! with the interpreter's.
 
-use gerbil_compiler::{build_plan, TensorSource};
 use gerbil_codegen_wgsl::CodegenOptions;
+use gerbil_compiler::{build_plan, TensorSource};
+use gerbil_e2e::interpreter::Interpreter;
 use gerbil_e2e::{gpu_lock, temp_dir};
 use gerbil_frontend_hf::{FrontendError, TensorView, TextAssets};
 use gerbil_ir::op::KvKind;
@@ -264,6 +271,43 @@ fn build(blocks: &[Block], hidden: u64, vocab: u64, seed: u64) -> (Graph, Tensor
     (b.g, b.tensors)
 }
 
+/// KV-cache capacity of the random graphs' runs.
+const MAX_CONTEXT: u64 = 32;
+
+/// `graph` after the default pipeline without the passes in `disabled`.
+fn optimized(graph: &Graph, disabled: &[&str]) -> Graph {
+    let mut g = graph.clone();
+    let mut pm = PassManager::new(default_pipeline());
+    for d in disabled {
+        pm.disable(d).expect("pass name");
+    }
+    pm.run(&mut g, |_, _| {})
+        .unwrap_or_else(|e| panic!("passes (disabled {disabled:?}): {e}"));
+    g
+}
+
+/// The CPU interpreter's logits (each step's last row, as the runtime reads
+/// them back) of `graph` over consecutive `steps`.
+fn interpret(graph: &Graph, tensors: &Tensors, steps: &[&[u32]]) -> Vec<Vec<f64>> {
+    let mut it = Interpreter::new(graph, tensors, MAX_CONTEXT as usize)
+        .unwrap_or_else(|e| panic!("interpreter: {e}"));
+    steps
+        .iter()
+        .map(|s| {
+            let outputs = it.step(s).unwrap_or_else(|e| panic!("interpreter: {e}"));
+            outputs[0].last_row().to_vec()
+        })
+        .collect()
+}
+
+/// The passes disabled in each variant: each pass alone, then all of them.
+fn variants() -> Vec<Vec<&'static str>> {
+    let names = PassManager::new(default_pipeline()).names();
+    let mut variants: Vec<Vec<&str>> = names.iter().map(|n| vec![*n]).collect();
+    variants.push(names.clone());
+    variants
+}
+
 /// Runs the passes except `disabled`, builds and loads the plan, and returns
 /// the logits of a prefill of `prompt` followed by decode steps of `decode`.
 fn run(
@@ -275,13 +319,7 @@ fn run(
     prompt: &[u32],
     decode: &[u32],
 ) -> Vec<Vec<f32>> {
-    let mut g = graph.clone();
-    let mut pm = PassManager::new(default_pipeline());
-    for d in disabled {
-        pm.disable(d).expect("pass name");
-    }
-    pm.run(&mut g, |_, _| {})
-        .unwrap_or_else(|e| panic!("passes (disabled {disabled:?}): {e}"));
+    let g = optimized(graph, disabled);
     let model = ModelInfo {
         architecture: "Random".into(),
         family: "random".into(),
@@ -294,7 +332,7 @@ fn run(
         config: serde_json::Value::Null,
     };
     let codegen = CodegenOptions {
-        max_context: 32,
+        max_context: MAX_CONTEXT,
         max_tokens_per_step: 8,
         ..CodegenOptions::default()
     };
@@ -348,14 +386,58 @@ proptest! {
         let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| (i * 7 + 3) % vocab as u32).collect();
         let decode = [5u32 % vocab as u32, 11 % vocab as u32];
         let reference = run(&graph, &tensors, vocab, hidden, &[], &prompt, &decode);
-        let names = PassManager::new(default_pipeline()).names();
-        let mut variants: Vec<Vec<&str>> = names.iter().map(|n| vec![*n]).collect();
-        variants.push(names.clone());
-        for disabled in variants {
+        let steps: Vec<&[u32]> = [&prompt[..], &decode[..1], &decode[1..]].into();
+        let cpu = interpret(&graph, &tensors, &steps);
+        for (step, (a, b)) in reference.iter().zip(&cpu).enumerate() {
+            for (i, (&x, &y)) in a.iter().zip(b).enumerate() {
+                let tol = 1e-3 * y.abs().max(1.0);
+                prop_assert!((f64::from(x) - y).abs() <= tol, "GPU vs interpreter: step {} logit {} = {} vs {} (blocks {:?})", step, i, x, y, blocks);
+            }
+        }
+        for disabled in variants() {
             let got = run(&graph, &tensors, vocab, hidden, &disabled, &prompt, &decode);
             for (step, (a, b)) in got.iter().zip(&reference).enumerate() {
                 for (i, (x, y)) in a.iter().zip(b).enumerate() {
                     let tol = 1e-4 * y.abs().max(1.0);
+                    prop_assert!((x - y).abs() <= tol, "disabled {:?}: step {} logit {} = {} vs {} (blocks {:?})", disabled, step, i, x, y, blocks);
+                }
+            }
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 32, ..ProptestConfig::default() })]
+
+    /// The same graphs without a GPU: the interpreter runs each optimized
+    /// graph and the graph as built; a prefill split in two chunks (the
+    /// second at `P > 0`) and two decode steps give the same logits.
+    #[test]
+    fn every_pass_preserves_interpreted_results(
+        blocks in prop::collection::vec(block_strategy(), 1..4),
+        hidden in prop::sample::select(vec![12u64, 24, 31, 48]),
+        vocab in prop::sample::select(vec![33u64, 64]),
+        seed in any::<u64>(),
+        prompt_len in 1usize..9,
+        split in 0usize..9,
+    ) {
+        let (graph, tensors) = build(&blocks, hidden, vocab, seed);
+        let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| (i * 7 + 3) % vocab as u32).collect();
+        let (first, second) = prompt.split_at(split.clamp(1, prompt_len));
+        let decode = [5u32 % vocab as u32, 11 % vocab as u32];
+        let mut steps: Vec<&[u32]> = vec![first];
+        if !second.is_empty() {
+            steps.push(second);
+        }
+        steps.extend([&decode[..1], &decode[1..]]);
+        let reference = interpret(&graph, &tensors, &steps);
+        let mut all = variants();
+        all.push(Vec::new());
+        for disabled in all {
+            let got = interpret(&optimized(&graph, &disabled), &tensors, &steps);
+            for (step, (a, b)) in got.iter().zip(&reference).enumerate() {
+                for (i, (x, y)) in a.iter().zip(b).enumerate() {
+                    let tol = 1e-10 * y.abs().max(1.0);
                     prop_assert!((x - y).abs() <= tol, "disabled {:?}: step {} logit {} = {} vs {} (blocks {:?})", disabled, step, i, x, y, blocks);
                 }
             }

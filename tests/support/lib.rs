@@ -3,7 +3,9 @@
 //! and a lock that keeps GPU tests from running at the same time (lavapipe
 //! already uses every core).
 
+pub mod interpreter;
 pub mod kernel_harness;
+pub mod reference;
 
 use gerbil_compiler::{compile, Checkpoint, CompileOptions};
 use serde::Deserialize;

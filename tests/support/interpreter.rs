@@ -1,0 +1,333 @@
+//! A CPU interpreter of a `gerbil_ir::Graph`, in f64, built on the op
+//! references of [`crate::reference`]: the GPU-free oracle of the
+//! pass-equivalence and model tests.
+//!
+//! [`Interpreter::new`] materializes every weight from its `WeightSource`
+//! (through `gerbil_compiler::materialize`, the compiler's own code, so a RoPE
+//! table is the very table a plan holds) and decodes it to f64; it zeroes one
+//! `[max_context, width]` buffer per KV cache. [`Interpreter::step`] runs
+//! one step of `T` tokens at positions `P..P+T`, like one runtime step, and
+//! returns every graph output; the caches keep their rows across steps, so
+//! a prompt may run in chunks followed by one-token decode steps.
+//! [`Interpreter::reset`] starts over at position 0.
+//!
+//! The surprise: in-place writes (`cache_write`, `qkv_rope`'s caches) produce
+//! a new value in the graph, and the interpreter stores it back into the
+//! cache it aliases (`Op::aliased_input`, followed to the `kv_cache` source),
+//! which is what sharing the buffer does on the GPU.
+
+use crate::reference as r;
+use gerbil_compiler::{materialize, CompileError, TensorSource};
+use gerbil_ir::{DType, Graph, NodeId, Op, TensorType, ValueRef};
+use std::collections::HashMap;
+use std::fmt;
+use std::rc::Rc;
+
+/// Why the interpreter could not run a graph.
+#[derive(Debug)]
+pub enum InterpretError {
+    /// The graph has a cycle, so it has no evaluation order.
+    Cycle,
+    /// A weight's bytes could not be materialized.
+    Weight {
+        /// The weight node's label.
+        label: String,
+        /// What the compiler's materialization said.
+        source: Box<CompileError>,
+    },
+    /// A weight of a dtype that is not a float.
+    WeightDType {
+        /// The weight node's label.
+        label: String,
+        /// Its dtype.
+        dtype: DType,
+    },
+    /// A step with no tokens.
+    EmptyStep,
+    /// The step would write past the KV caches.
+    ContextFull {
+        /// Tokens already cached.
+        position: usize,
+        /// Tokens of this step.
+        tokens: usize,
+        /// The caches' capacity.
+        max_context: usize,
+    },
+}
+
+impl fmt::Display for InterpretError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            InterpretError::Cycle => f.write_str("the graph has a cycle; run the verifier on it"),
+            InterpretError::Weight { label, source } => {
+                write!(f, "weight `{label}` cannot be materialized: {source}")
+            }
+            InterpretError::WeightDType { label, dtype } => {
+                write!(
+                    f,
+                    "weight `{label}` is {dtype}; weights must be f32, f16 or bf16"
+                )
+            }
+            InterpretError::EmptyStep => f.write_str("a step needs at least one token"),
+            InterpretError::ContextFull {
+                position,
+                tokens,
+                max_context,
+            } => write!(
+                f,
+                "{tokens} tokens at position {position} exceed the context of {max_context}; \
+                 interpret with a larger max_context or call reset"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for InterpretError {}
+
+/// A row-major f64 matrix: one value of the graph.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Tensor {
+    /// Columns.
+    pub width: usize,
+    /// `rows · width` values.
+    pub data: Vec<f64>,
+}
+
+impl Tensor {
+    /// Number of rows.
+    pub fn rows(&self) -> usize {
+        self.data.len().checked_div(self.width).unwrap_or(0)
+    }
+
+    /// Row `i`.
+    pub fn row(&self, i: usize) -> &[f64] {
+        &self.data[i * self.width..(i + 1) * self.width]
+    }
+
+    /// The last row (what the runtime reads back as a step's logits).
+    pub fn last_row(&self) -> &[f64] {
+        self.row(self.rows() - 1)
+    }
+}
+
+/// Runs a graph step by step on the CPU; see the module docs.
+pub struct Interpreter<'g> {
+    graph: &'g Graph,
+    order: Vec<NodeId>,
+    weights: HashMap<NodeId, Rc<Vec<f64>>>,
+    caches: HashMap<NodeId, Rc<Vec<f64>>>,
+    max_context: usize,
+    position: usize,
+}
+
+/// The width (last, constant dimension) of a value's type.
+fn width(ty: &TensorType) -> usize {
+    ty.last_const().unwrap_or(1) as usize
+}
+
+/// Little-endian values of `dtype`, widened exactly to f64.
+fn decode(bytes: &[u8], dtype: DType) -> Option<Vec<f64>> {
+    let pairs = || {
+        bytes
+            .chunks_exact(2)
+            .map(|c| u16::from_le_bytes([c[0], c[1]]))
+    };
+    Some(match dtype {
+        DType::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
+            .collect(),
+        DType::BF16 => pairs().map(|b| half::bf16::from_bits(b).to_f64()).collect(),
+        DType::F16 => pairs().map(|b| half::f16::from_bits(b).to_f64()).collect(),
+        DType::U32 => return None,
+    })
+}
+
+impl<'g> Interpreter<'g> {
+    /// Prepares `graph` with its weights from `tensors` and KV caches of
+    /// `max_context` rows (also the RoPE tables' row count).
+    pub fn new(
+        graph: &'g Graph,
+        tensors: &dyn TensorSource,
+        max_context: usize,
+    ) -> Result<Self, InterpretError> {
+        let order = graph.topo_order().ok_or(InterpretError::Cycle)?;
+        let (mut weights, mut caches) = (HashMap::new(), HashMap::new());
+        for &id in &order {
+            let node = graph.node(id);
+            match &node.op {
+                Op::Weight(w) => {
+                    let rows =
+                        w.ty.shape
+                            .first()
+                            .map_or(1, |d| d.resolve(0, max_context as u64));
+                    let bytes =
+                        materialize(tensors, &w.source, w.ty.dtype, rows).map_err(|source| {
+                            InterpretError::Weight {
+                                label: node.label.clone(),
+                                source: Box::new(source),
+                            }
+                        })?;
+                    let values =
+                        decode(&bytes, w.ty.dtype).ok_or_else(|| InterpretError::WeightDType {
+                            label: node.label.clone(),
+                            dtype: w.ty.dtype,
+                        })?;
+                    weights.insert(id, Rc::new(values));
+                }
+                Op::KvCache { width, .. } => {
+                    caches.insert(id, Rc::new(vec![0.0; max_context * *width as usize]));
+                }
+                _ => {}
+            }
+        }
+        Ok(Interpreter {
+            graph,
+            order,
+            weights,
+            caches,
+            max_context,
+            position: 0,
+        })
+    }
+
+    /// Tokens cached so far (`P` of the next step).
+    pub fn position(&self) -> usize {
+        self.position
+    }
+
+    /// Forgets the cached tokens: the next step runs at position 0.
+    pub fn reset(&mut self) {
+        self.position = 0;
+        for cache in self.caches.values_mut() {
+            *cache = Rc::new(vec![0.0; cache.len()]);
+        }
+    }
+
+    /// Runs one step of `tokens` at positions `P..P+T` and returns the graph's
+    /// outputs, in the graph's order.
+    pub fn step(&mut self, tokens: &[u32]) -> Result<Vec<Tensor>, InterpretError> {
+        let (p, t) = (self.position, tokens.len());
+        if t == 0 {
+            return Err(InterpretError::EmptyStep);
+        }
+        if p + t > self.max_context {
+            return Err(InterpretError::ContextFull {
+                position: p,
+                tokens: t,
+                max_context: self.max_context,
+            });
+        }
+        let g = self.graph;
+        let mut values: HashMap<ValueRef, Rc<Vec<f64>>> = HashMap::new();
+        for &id in &self.order {
+            let node = g.node(id);
+            let inputs = g.inputs(id);
+            let ins: Vec<&[f64]> = inputs.iter().map(|v| values[v].as_slice()).collect();
+            let tys: Vec<&TensorType> = inputs.iter().map(|v| g.value_type(*v)).collect();
+            let outs: Vec<Rc<Vec<f64>>> = match &node.op {
+                Op::Input(_) => vec![Rc::new(tokens.iter().map(|&i| f64::from(i)).collect())],
+                Op::Weight(_) => vec![self.weights[&id].clone()],
+                Op::KvCache { .. } => vec![self.caches[&id].clone()],
+                op => eval(op, &ins, &tys, p).into_iter().map(Rc::new).collect(),
+            };
+            for (port, out) in outs.into_iter().enumerate() {
+                values.insert(
+                    ValueRef {
+                        node: id,
+                        port: port as u32,
+                    },
+                    out,
+                );
+            }
+        }
+        // In-place outputs become the new contents of the caches they alias.
+        for &id in &self.order {
+            for port in 0..g.node(id).outputs.len() as u32 {
+                if let Some(cache) = self.aliased_cache(ValueRef { node: id, port }) {
+                    let written = values[&ValueRef { node: id, port }].clone();
+                    self.caches.insert(cache, written);
+                }
+            }
+        }
+        self.position += t;
+        Ok(g.outputs
+            .iter()
+            .map(|(_, v)| Tensor {
+                width: width(g.value_type(*v)),
+                data: values[v].to_vec(),
+            })
+            .collect())
+    }
+
+    /// The KV cache that value `v` is written into in place, if any.
+    fn aliased_cache(&self, v: ValueRef) -> Option<NodeId> {
+        let op = &self.graph.node(v.node).op;
+        let input = op.aliased_input(v.port)?;
+        let src = *self.graph.inputs(v.node).get(input)?;
+        match self.graph.node(src.node).op {
+            Op::KvCache { .. } => Some(src.node),
+            _ => self.aliased_cache(src),
+        }
+    }
+}
+
+/// Token ids carried as f64 (exact for every u32).
+fn ids(v: &[f64]) -> Vec<u32> {
+    v.iter().map(|&x| x as u32).collect()
+}
+
+/// One compute op on its inputs (types in `tys`), at position offset `p`.
+fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize) -> Vec<Vec<f64>> {
+    let bias = |has: bool, i: usize| has.then(|| ins[i]);
+    match op {
+        Op::Embedding(e) => vec![r::embedding(ins[0], width(tys[0]), &ids(ins[1]), e)],
+        Op::RmsNorm(n) => vec![r::rms_norm(ins[0], ins[1], n)],
+        Op::MatMul(m) => vec![r::matmul(
+            ins[0],
+            width(tys[0]),
+            ins[1],
+            bias(m.has_bias, 2),
+        )],
+        Op::Rope(spec) => vec![r::rope(ins[0], ins[1], spec, p)],
+        Op::CacheWrite => vec![r::cache_write(ins[0], ins[1], width(tys[0]), p)],
+        Op::Attention(a) => vec![r::attention(ins[0], ins[1], ins[2], a, p)],
+        Op::Unary(u) => vec![r::unary(*u, ins[0])],
+        Op::Binary(b) => vec![r::binary(*b, ins[0], ins[1])],
+        Op::SliceLastRow => vec![r::slice_last_row(ins[0], width(tys[0]))],
+        Op::AddBias => vec![r::add_bias(ins[0], ins[1])],
+        Op::SliceCols { start, len } => vec![r::slice_cols(
+            ins[0],
+            width(tys[0]),
+            *start as usize,
+            *len as usize,
+        )],
+        Op::AddRmsNorm(n) => {
+            let (sum, normed) = r::add_rms_norm(ins[0], ins[1], ins[2], n);
+            vec![sum, normed]
+        }
+        Op::AddRmsNormLastRow(n) => {
+            let (sum, normed) = r::add_rms_norm_last_row(ins[0], ins[1], ins[2], n);
+            vec![sum, normed]
+        }
+        Op::EmbeddingRmsNorm(e, n) => {
+            let (x, normed) = r::embedding_rms_norm(ins[0], &ids(ins[1]), e, ins[2], n);
+            vec![x, normed]
+        }
+        Op::MatMulGlu(m) => vec![r::matmul_glu(
+            ins[0],
+            width(tys[0]),
+            ins[1],
+            bias(m.has_bias, 2),
+            m.act,
+        )],
+        Op::QkvRope(q) => {
+            let norms = q.qk_norm.map(|_| (ins[4], ins[5]));
+            let out = r::qkv_rope(ins[0], ins[1], ins[2], ins[3], q, norms, p);
+            vec![out.q, out.k_cache, out.v_cache]
+        }
+        Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
+            unreachable!("sources are read from the interpreter's state")
+        }
+    }
+}

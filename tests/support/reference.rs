@@ -1,0 +1,298 @@
+//! One f64 reference per IR op: what every `gerbil_ir::Op` computes, written
+//! as plainly as possible, for the kernel tests and the CPU interpreter.
+//!
+//! Tensors are row-major `&[f64]` slices (weights already decoded from their
+//! dtype), with their widths passed explicitly; the number of rows follows
+//! from the length. `p` is the step's position offset (tokens already
+//! cached). Each function's contract is the op's in `gerbil_ir::op`: read it
+//! there, not here.
+//!
+//! The fused ops are compositions of the unfused references, never formulas
+//! of their own: `qkv_rope` is `slice_cols` + grouped `rms_norm` + `rope` +
+//! `cache_write`, `matmul_glu` is `matmul` + `slice_cols` + `unary` + `binary`,
+//! and so on. A fused kernel therefore meets the very arithmetic its unfused
+//! pieces meet, and a wrong fusion rule cannot hide in a matching wrong
+//! reference.
+//!
+//! The surprise: [`embedding`] reads row 0 for an id past the table, which is
+//! what the kernel does (the runtime never passes one; the kernel test does).
+
+use gerbil_ir::rope_table::{cos_index, sin_index};
+use gerbil_ir::{Attention, BinaryOp, Embedding, QkvRope, RmsNorm, Rope, UnaryOp};
+
+/// Rows of `x` at `width` columns (a zero width has no rows).
+fn rows(x: &[f64], width: usize) -> usize {
+    x.len().checked_div(width).unwrap_or(0)
+}
+
+/// `table[ids[t]] · scale`; an id past the table reads row 0.
+pub fn embedding(table: &[f64], width: usize, ids: &[u32], e: &Embedding) -> Vec<f64> {
+    let vocab = rows(table, width);
+    let scale = e.scale.map_or(1.0, f64::from);
+    ids.iter()
+        .flat_map(|&id| {
+            let row = if (id as usize) < vocab {
+                id as usize
+            } else {
+                0
+            };
+            table[row * width..(row + 1) * width]
+                .iter()
+                .map(move |&v| v * scale)
+        })
+        .collect()
+}
+
+/// RMSNorm over each `w.len()`-wide group of `x` (a row is `n.groups` such
+/// groups): `v / sqrt(mean(v²) + eps) · (w + weight_offset)`.
+pub fn rms_norm(x: &[f64], w: &[f64], n: &RmsNorm) -> Vec<f64> {
+    let (eps, offset) = (f64::from(n.eps), f64::from(n.weight_offset));
+    x.chunks(w.len())
+        .flat_map(|group| {
+            let ms = group.iter().map(|v| v * v).sum::<f64>() / group.len() as f64;
+            let inv = 1.0 / (ms + eps).sqrt();
+            group
+                .iter()
+                .zip(w)
+                .map(move |(&v, &wi)| v * inv * (wi + offset))
+        })
+        .collect()
+}
+
+/// `x[r] · w[n] (+ bias[n])` with `w` in `[N, k]` layout.
+pub fn matmul(x: &[f64], k: usize, w: &[f64], bias: Option<&[f64]>) -> Vec<f64> {
+    let n = rows(w, k);
+    (0..rows(x, k))
+        .flat_map(|r| {
+            let xr = &x[r * k..(r + 1) * k];
+            (0..n).map(move |j| {
+                let dot: f64 = xr
+                    .iter()
+                    .zip(&w[j * k..(j + 1) * k])
+                    .map(|(a, b)| a * b)
+                    .sum();
+                dot + bias.map_or(0.0, |b| b[j])
+            })
+        })
+        .collect()
+}
+
+/// A matmul over `[2·I, k]` with a gated epilogue: `act(gate) · up`, where
+/// gate and up are the first and second `I` columns of the matmul.
+pub fn matmul_glu(x: &[f64], k: usize, w: &[f64], bias: Option<&[f64]>, act: UnaryOp) -> Vec<f64> {
+    let lin = matmul(x, k, w, bias);
+    let width = rows(w, k);
+    let half = width / 2;
+    let gate = unary(act, &slice_cols(&lin, width, 0, half));
+    let up = slice_cols(&lin, width, half, half);
+    binary(BinaryOp::Mul, &gate, &up)
+}
+
+/// Rotate-half RoPE on `[T, n_heads·head_dim]` at positions `p..p+T`: in each
+/// head, dimension `j < rotary_dim/2` pairs with `j + rotary_dim/2`; the
+/// dimensions past `rotary_dim` pass through. `table` has the layout of
+/// `gerbil_ir::rope_table` (`rotary_dim` columns per position).
+pub fn rope(x: &[f64], table: &[f64], r: &Rope, p: usize) -> Vec<f64> {
+    let (nh, hd, rot) = (
+        r.n_heads as usize,
+        r.head_dim as usize,
+        r.rotary_dim as usize,
+    );
+    let half = rot / 2;
+    let mut out = x.to_vec();
+    for t in 0..rows(x, nh * hd) {
+        let pos = (p + t) as u64;
+        for h in 0..nh {
+            let base = (t * nh + h) * hd;
+            for j in 0..half {
+                let cos = table[cos_index(pos, j as u64, rot as u64) as usize];
+                let sin = table[sin_index(pos, j as u64, rot as u64) as usize];
+                let (a, b) = (x[base + j], x[base + half + j]);
+                out[base + j] = a * cos - b * sin;
+                out[base + half + j] = b * cos + a * sin;
+            }
+        }
+    }
+    out
+}
+
+/// The cache with rows `p..p+T` replaced by `x` (`width` columns each).
+pub fn cache_write(cache: &[f64], x: &[f64], width: usize, p: usize) -> Vec<f64> {
+    let mut out = cache.to_vec();
+    out[p * width..p * width + x.len()].copy_from_slice(x);
+    out
+}
+
+/// Causal attention of `q` (`[T, n_heads·head_dim]`, positions `p..p+T`)
+/// against caches holding rows `0..p+T`: query head `h` reads KV head
+/// `h / (n_heads / n_kv_heads)`, keys `j ≤ pos` (and `j > pos − window`),
+/// softmax of `scale · q·k`.
+pub fn attention(q: &[f64], k_cache: &[f64], v_cache: &[f64], a: &Attention, p: usize) -> Vec<f64> {
+    let (nh, nkv, hd) = (
+        a.n_heads as usize,
+        a.n_kv_heads as usize,
+        a.head_dim as usize,
+    );
+    let group = nh / nkv;
+    let scale = f64::from(a.scale);
+    let t_rows = rows(q, nh * hd);
+    let mut out = vec![0.0; q.len()];
+    for t in 0..t_rows {
+        let pos = p + t;
+        let lo = a.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+        for h in 0..nh {
+            let qrow = &q[(t * nh + h) * hd..][..hd];
+            let kvh = h / group;
+            let scores: Vec<f64> = (lo..=pos)
+                .map(|j| {
+                    let krow = &k_cache[(j * nkv + kvh) * hd..][..hd];
+                    qrow.iter().zip(krow).map(|(a, b)| a * b).sum::<f64>() * scale
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            let o = &mut out[(t * nh + h) * hd..][..hd];
+            for (j, wj) in (lo..=pos).zip(&weights) {
+                let vrow = &v_cache[(j * nkv + kvh) * hd..][..hd];
+                for (oi, &v) in o.iter_mut().zip(vrow) {
+                    *oi += wj / total * v;
+                }
+            }
+        }
+    }
+    out
+}
+
+/// One value of an elementwise unary function.
+pub fn unary_scalar(op: UnaryOp, v: f64) -> f64 {
+    match op {
+        UnaryOp::Silu => v / (1.0 + (-v).exp()),
+        UnaryOp::GeluTanh => {
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3));
+            0.5 * v * (1.0 + inner.tanh())
+        }
+        UnaryOp::Softcap(cap) => (v / f64::from(cap)).tanh() * f64::from(cap),
+    }
+}
+
+/// An elementwise unary function.
+pub fn unary(op: UnaryOp, x: &[f64]) -> Vec<f64> {
+    x.iter().map(|&v| unary_scalar(op, v)).collect()
+}
+
+/// An elementwise binary function of two equally long tensors.
+pub fn binary(op: BinaryOp, a: &[f64], b: &[f64]) -> Vec<f64> {
+    assert_eq!(a.len(), b.len(), "binary operands differ in length");
+    a.iter()
+        .zip(b)
+        .map(|(&x, &y)| match op {
+            BinaryOp::Add => x + y,
+            BinaryOp::Mul => x * y,
+        })
+        .collect()
+}
+
+/// `x[r, n] + b[n]`.
+pub fn add_bias(x: &[f64], b: &[f64]) -> Vec<f64> {
+    x.iter()
+        .enumerate()
+        .map(|(i, &v)| v + b[i % b.len()])
+        .collect()
+}
+
+/// The last row of `x`.
+pub fn slice_last_row(x: &[f64], width: usize) -> Vec<f64> {
+    x[x.len() - width..].to_vec()
+}
+
+/// Columns `start..start + len` of every row of `x`.
+pub fn slice_cols(x: &[f64], width: usize, start: usize, len: usize) -> Vec<f64> {
+    x.chunks(width)
+        .flat_map(|row| row[start..start + len].iter().copied())
+        .collect()
+}
+
+/// `(a + b, rms_norm(a + b, w))`.
+pub fn add_rms_norm(a: &[f64], b: &[f64], w: &[f64], n: &RmsNorm) -> (Vec<f64>, Vec<f64>) {
+    let sum = binary(BinaryOp::Add, a, b);
+    let normed = rms_norm(&sum, w, n);
+    (sum, normed)
+}
+
+/// `(s, rms_norm(s, w))` with `s` the last row of `a + b`.
+pub fn add_rms_norm_last_row(a: &[f64], b: &[f64], w: &[f64], n: &RmsNorm) -> (Vec<f64>, Vec<f64>) {
+    let sum = slice_last_row(&binary(BinaryOp::Add, a, b), w.len());
+    let normed = rms_norm(&sum, w, n);
+    (sum, normed)
+}
+
+/// `(x, rms_norm(x, w))` with `x` the embedding lookup.
+pub fn embedding_rms_norm(
+    table: &[f64],
+    ids: &[u32],
+    e: &Embedding,
+    w: &[f64],
+    n: &RmsNorm,
+) -> (Vec<f64>, Vec<f64>) {
+    let x = embedding(table, w.len(), ids, e);
+    let normed = rms_norm(&x, w, n);
+    (x, normed)
+}
+
+/// The outputs of `qkv_rope`: rotated queries and both caches after the
+/// step's writes.
+pub struct QkvRopeOut {
+    /// Rotated (and normalized) queries, `[T, n_heads·head_dim]`.
+    pub q: Vec<f64>,
+    /// The key cache with rows `p..p+T` written.
+    pub k_cache: Vec<f64>,
+    /// The value cache with rows `p..p+T` written.
+    pub v_cache: Vec<f64>,
+}
+
+/// `qkv_rope` as its unfused pieces: slice q, k and v out of the fused row,
+/// norm q and k per head (if `norms` holds the q and k norm weights), rotate
+/// them, and write k and v into the caches.
+pub fn qkv_rope(
+    qkv: &[f64],
+    table: &[f64],
+    k_cache: &[f64],
+    v_cache: &[f64],
+    r: &QkvRope,
+    norms: Option<(&[f64], &[f64])>,
+    p: usize,
+) -> QkvRopeOut {
+    let hd = r.head_dim as usize;
+    let (qw, kw) = (r.n_heads as usize * hd, r.n_kv_heads as usize * hd);
+    let width = qw + 2 * kw;
+    let part = |start, len, heads: u32, norm_w: Option<&[f64]>| {
+        let x = slice_cols(qkv, width, start, len);
+        let x = match (norm_w, r.qk_norm) {
+            (Some(w), Some(n)) => rms_norm(
+                &x,
+                w,
+                &RmsNorm {
+                    eps: n.eps,
+                    weight_offset: n.weight_offset,
+                    groups: heads,
+                },
+            ),
+            _ => x,
+        };
+        let spec = Rope {
+            n_heads: heads,
+            head_dim: r.head_dim,
+            rotary_dim: r.rotary_dim,
+        };
+        rope(&x, table, &spec, p)
+    };
+    let q = part(0, qw, r.n_heads, norms.map(|n| n.0));
+    let k = part(qw, kw, r.n_kv_heads, norms.map(|n| n.1));
+    let v = slice_cols(qkv, width, qw + kw, kw);
+    QkvRopeOut {
+        q,
+        k_cache: cache_write(k_cache, &k, kw, p),
+        v_cache: cache_write(v_cache, &v, kw, p),
+    }
+}
