@@ -302,7 +302,7 @@ fn expect_vector(ty: &TensorType, len: u64, what: &str) -> Result<(), InferError
 
 /// `n_heads` query heads share `n_kv_heads` key/value heads evenly.
 fn expect_grouping(n_heads: u32, n_kv_heads: u32) -> Result<(), InferError> {
-    if n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+    if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
         return Err(format!(
             "{n_heads} query heads cannot be grouped over {n_kv_heads} kv heads"
         ));
@@ -548,7 +548,7 @@ impl Op {
                 };
                 let both = piece(Op::MatMul(plain), ins, "matmul")?;
                 let (_, n) = expect_matrix(&both, "gated matmul")?;
-                if n == 0 || n % 2 != 0 {
+                if n == 0 || !n.is_multiple_of(2) {
                     return Err(format!(
                         "gated matmul weight rows must be a positive even constant, got {}",
                         ins[1]
