@@ -3,10 +3,12 @@
 //! The compiler itself is the `gerbil-compiler` crate and the runtime is
 //! `gerbil-runtime`; this crate holds argument handling and output only:
 //! [`run`] drives generation, JSON output and benchmarks; [`inspect`]
-//! summarizes a plan. The binaries in `src/bin` parse arguments and call
-//! these. No other crate depends on this one.
+//! summarizes a plan; [`passes`] prints what the pass pipeline did. The
+//! binaries in `src/bin` parse arguments and call these. No other crate
+//! depends on this one.
 
 pub mod inspect;
+pub mod passes;
 pub mod run;
 
 /// An error and its causes on one line, leaving out causes whose text an

@@ -393,3 +393,158 @@ fn smollm2_decode_dispatches_and_arena() {
     ]);
     assert_eq!(unfused["decode_dispatches_per_layer"].as_f64(), Some(18.0));
 }
+
+/// `gerbilc opt` with `text` on standard input.
+fn gerbilc_opt_stdin(text: &[u8], args: &[&str]) -> Output {
+    use std::io::Write;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gerbilc"))
+        .arg("opt")
+        .arg("-")
+        .args(args)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn gerbilc opt");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(text)
+        .expect("write IR to gerbilc opt");
+    child.wait_with_output().expect("gerbilc opt")
+}
+
+/// The SmolLM2-135M fixture directory.
+fn smollm2_dir() -> PathBuf {
+    std::env::var_os("GERBIL_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"))
+        .join("smollm2-135m")
+}
+
+/// `compile M --dump-ir lowered | opt - --passes default` prints exactly what
+/// `compile M --dump-ir final` prints, for every tiny family model and
+/// SmolLM2: the text form carries everything the passes look at.
+#[test]
+fn lowered_ir_through_opt_equals_the_final_ir() {
+    let mut models: Vec<PathBuf> = std::fs::read_dir(data("models/tiny"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.join("config.json").is_file())
+        .collect();
+    models.sort();
+    assert!(models.len() >= 7, "{models:?}");
+    models.push(smollm2_dir());
+    for m in &models {
+        let m = m.to_str().unwrap();
+        let lowered = gerbilc(&["compile", m, "--dump-ir", "lowered"]);
+        assert!(lowered.status.success(), "{m}: {}", stderr(&lowered));
+        let opt = gerbilc_opt_stdin(&lowered.stdout, &["--passes", "default"]);
+        assert!(opt.status.success(), "{m}: {}", stderr(&opt));
+        let fin = gerbilc(&["compile", m, "--dump-ir", "final"]);
+        assert!(fin.status.success(), "{m}: {}", stderr(&fin));
+        assert!(stdout(&fin).starts_with("graph "), "{m}: {}", stdout(&fin));
+        assert!(
+            stdout(&opt) == stdout(&fin),
+            "{m}: opt and --dump-ir final differ"
+        );
+    }
+}
+
+#[test]
+fn opt_runs_named_passes_with_stats_and_clear_errors() {
+    let case = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../passes/tests/filetests/fuse-qkv/one-layer.gir");
+    let case = case.to_str().unwrap();
+    let o = gerbilc(&["opt", case, "--passes", "dce,fuse-qkv", "--pass-stats"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stdout(&o).contains("slice_cols{cols=8..12}"),
+        "{}",
+        stdout(&o)
+    );
+    let err = stderr(&o);
+    assert!(err.contains("  dce       0\n  fuse-qkv  1\n"), "{err}");
+
+    let o = gerbilc(&["opt", case, "--passes", "fuse-qkv,fuse-everything"]);
+    assert_fails_with(
+        &o,
+        "unknown pass `fuse-everything`; passes are: dce, slice-last-row",
+    );
+    let o = gerbilc(&["opt", case, "--passes", ","]);
+    assert_fails_with(&o, "expected `default` or pass names separated by commas");
+    let o = gerbilc_opt_stdin(b"graph g\n  %x = silu(%y) : f32[T,4]\n", &[]);
+    assert_fails_with(&o, "<stdin>: line 2, column 13: `%y` is not defined");
+    let o = gerbilc(&["opt", "/nonexistent/x.gir"]);
+    assert_fails_with(&o, "reading /nonexistent/x.gir");
+}
+
+/// `--bisect N` runs the first N passes, names the next, and its IR equals
+/// `opt` with those N passes named.
+#[test]
+fn bisect_names_the_pass_it_stopped_before() {
+    let repo = data("models/tiny/llama");
+    let repo = repo.to_str().unwrap();
+    let o = gerbilc(&["compile", repo, "--bisect", "4", "--dump-ir", "final"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("ran the first 4 pass(es) [dce, slice-last-row, fuse-matmul-bias, fuse-qkv]; stopped before `fuse-qkv-rope` (pass 5)"),
+        "{}",
+        stderr(&o)
+    );
+    let lowered = gerbilc(&["compile", repo, "--dump-ir"]);
+    let opt = gerbilc_opt_stdin(
+        &lowered.stdout,
+        &["--passes", "dce,slice-last-row,fuse-matmul-bias,fuse-qkv"],
+    );
+    assert_eq!(stdout(&opt), stdout(&o));
+    let o = gerbilc(&["compile", repo, "--bisect", "0", "--pass-stats"]);
+    assert!(
+        stderr(&o).contains("stopped before `dce` (pass 1)"),
+        "{}",
+        stderr(&o)
+    );
+}
+
+/// `--dump-dot` writes the lowered graph and one file per pass that changed
+/// it, clustered by layer, with the pass's new nodes highlighted.
+#[test]
+fn dump_dot_writes_only_passes_that_changed_the_graph() {
+    let dir = temp("dot");
+    let repo = data("models/tiny/llama");
+    let o = gerbilc(&[
+        "compile",
+        repo.to_str().unwrap(),
+        "--dump-dot",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    files.sort();
+    assert_eq!(
+        files,
+        [
+            "00-lowered.dot",
+            "02-slice-last-row.dot",
+            "04-fuse-qkv.dot",
+            "05-fuse-qkv-rope.dot",
+            "06-fuse-gate-up.dot",
+            "07-fuse-swiglu.dot",
+            "09-fuse-residual-norm.dot"
+        ]
+    );
+    let dot = std::fs::read_to_string(dir.join("07-fuse-swiglu.dot")).unwrap();
+    assert!(dot.contains("subgraph cluster_layer_1 {"), "{dot}");
+    let new: Vec<&str> = dot.lines().filter(|l| l.contains("#ffe680")).collect();
+    assert_eq!(new.len(), 2, "one matmul_swiglu per layer: {new:?}");
+    assert!(new.iter().all(|l| l.contains("matmul_swiglu")), "{new:?}");
+    let lowered = std::fs::read_to_string(dir.join("00-lowered.dot")).unwrap();
+    assert!(
+        !lowered.contains("#ffe680"),
+        "nothing is new in the lowered graph"
+    );
+}

@@ -80,6 +80,9 @@ pub fn compile<'a>(
     for name in &opts.disabled_passes {
         pm.disable(name)?;
     }
+    if let Some(n) = opts.bisect {
+        pm.bisect(n);
+    }
     observer.check(&pm)?;
     observer.lowered(&graph)?;
     let mut observed = Ok(());
@@ -87,10 +90,11 @@ pub fn compile<'a>(
     let report = pm.run(&mut graph, |run, g| {
         index += 1;
         if observed.is_ok() {
-            observed = observer.after_pass(index, &run.name, g);
+            observed = observer.after_pass(index, run, g);
         }
     })?;
     observed?;
+    observer.finished(&graph)?;
 
     let mut passes: Vec<String> = report.ran.iter().map(|r| r.name.clone()).collect();
     passes.push("plan-buffers".into());

@@ -7,6 +7,7 @@
 
 use gerbil_codegen_wgsl::CodegenError;
 use gerbil_frontend_hf::FrontendError;
+use gerbil_ir::ParseError;
 use gerbil_passes::PassError;
 use gerbil_plan::PlanError;
 use std::path::PathBuf;
@@ -26,6 +27,14 @@ pub enum CompileError {
     /// Writing the plan failed.
     #[error(transparent)]
     Plan(#[from] PlanError),
+    /// Textual IR (`gerbilc opt`) does not parse.
+    #[error("{input}: {source}")]
+    Parse {
+        /// Where the text came from (a path, or `<stdin>`).
+        input: String,
+        /// Where and why.
+        source: ParseError,
+    },
     /// An option has a value the compiler cannot use.
     #[error("{option} {value}: {reason}")]
     Option {

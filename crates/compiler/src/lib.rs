@@ -13,7 +13,8 @@
 //! rewrites, `codegen-wgsl` generates kernels and schedules, `plan` is the file
 //! format); this crate drives them ([`driver`]), turns weight sources into
 //! bytes ([`materialize`]), assembles the plan ([`assemble`]) and carries the
-//! dump hooks ([`dump`]). Every failure is a [`CompileError`]. The surprising
+//! dump hooks ([`dump`]); [`opt()`] runs passes on textual IR (`gerbilc
+//! opt`). Every failure is a [`CompileError`]. The surprising
 //! part: the plan borrows the checkpoint's memory map, so the checkpoint must
 //! outlive it — writing a plan never copies weights that need no transform.
 
@@ -22,6 +23,7 @@ pub mod driver;
 pub mod dump;
 pub mod error;
 pub mod materialize;
+pub mod opt;
 pub mod options;
 
 pub use assemble::{build_plan, Plan};
@@ -30,5 +32,8 @@ pub use dump::{DumpIr, Dumps, Observer};
 pub use error::CompileError;
 pub use gerbil_frontend_hf::Checkpoint;
 pub use gerbil_ir::rope_table::rope_table;
+pub use gerbil_passes::manager::PassRun;
+pub use gerbil_passes::PassReport;
 pub use materialize::{materialize, weight_buffer_bytes, TensorSource};
+pub use opt::{opt, OptOptions, Optimized, PassSelection};
 pub use options::{CompileOptions, Target, DEFAULT_MAX_CONTEXT_CAP, DEFAULT_MAX_TOKENS_PER_STEP};

@@ -64,6 +64,9 @@ pub struct CompileOptions {
     pub max_tokens_per_step: u64,
     /// Passes to skip, by name.
     pub disabled_passes: Vec<String>,
+    /// Run only the first `N` enabled passes (`--bisect N`); the pass report
+    /// names the one it stopped before.
+    pub bisect: Option<usize>,
     /// Target limits.
     pub target: Target,
     /// Overrides the target's largest storage binding (bytes); weights larger
@@ -77,6 +80,7 @@ impl Default for CompileOptions {
             max_context: None,
             max_tokens_per_step: DEFAULT_MAX_TOKENS_PER_STEP,
             disabled_passes: Vec::new(),
+            bisect: None,
             target: Target::Portable,
             max_storage_binding: None,
         }

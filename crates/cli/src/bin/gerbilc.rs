@@ -1,11 +1,14 @@
 //! `gerbilc`: compiles HuggingFace checkpoints to gerbil plans.
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use gerbil_cli::inspect::{inspect, render};
+use gerbil_cli::passes::{bisect_note, pass_stats};
 use gerbil_compiler::{
-    compile, Checkpoint, CompileOptions, DumpIr, Dumps, Target, DEFAULT_MAX_TOKENS_PER_STEP,
+    compile, opt, Checkpoint, CompileOptions, DumpIr, Dumps, OptOptions, PassReport, PassSelection,
+    Target, DEFAULT_MAX_TOKENS_PER_STEP,
 };
+use std::io::Read;
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -37,12 +40,20 @@ enum Cmd {
         /// Skip a pass by name (repeatable).
         #[arg(long = "disable-pass", value_name = "NAME")]
         disable_pass: Vec<String>,
-        /// Print the IR: `lowered` (default), `after=PASS`, or `all`.
+        /// Print the IR: `lowered` (default), `after=PASS`, `all`, or `final`
+        /// (after the last pass, alone: what `gerbilc opt` prints).
         #[arg(long, value_name = "WHEN", num_args = 0..=1, default_missing_value = "lowered")]
         dump_ir: Option<DumpIr>,
-        /// Write Graphviz files of the graph before and after each pass.
+        /// Write Graphviz files of the graph as lowered and after each pass
+        /// that changed it (clustered by layer, the pass's new nodes highlighted).
         #[arg(long, value_name = "DIR")]
         dump_dot: Option<PathBuf>,
+        /// Print how many rewrites each pass made (to standard error).
+        #[arg(long)]
+        pass_stats: bool,
+        /// Run only the first N passes and name the pass it stopped before.
+        #[arg(long, value_name = "N")]
+        bisect: Option<usize>,
         /// Write every kernel's WGSL to this directory.
         #[arg(long, value_name = "DIR")]
         emit_wgsl: Option<PathBuf>,
@@ -54,6 +65,24 @@ enum Cmd {
         #[arg(long, value_name = "BYTES")]
         max_storage_binding: Option<u64>,
     },
+    /// Run passes on textual IR (`.gir`, as `--dump-ir` prints it) and print
+    /// the result.
+    Opt {
+        /// The IR file, or `-` for standard input.
+        file: PathBuf,
+        /// `default` (the compiler's own pipeline) or pass names separated by commas.
+        #[arg(long, default_value = "default", value_parser = parse_passes)]
+        passes: PassSelection,
+        /// Print how many rewrites each pass made (to standard error).
+        #[arg(long)]
+        pass_stats: bool,
+        /// Run only the first N passes and name the pass it stopped before.
+        #[arg(long, value_name = "N")]
+        bisect: Option<usize>,
+        /// Write Graphviz files of the graph as read and after each pass that changed it.
+        #[arg(long, value_name = "DIR")]
+        dump_dot: Option<PathBuf>,
+    },
     /// Summarize a plan: ops, dispatches, buffers, kernels.
     Inspect {
         /// The plan.
@@ -62,6 +91,20 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+fn parse_passes(s: &str) -> Result<PassSelection, String> {
+    s.parse()
+}
+
+/// Prints `--pass-stats` and the `--bisect` note to standard error.
+fn report_passes(report: &PassReport, stats: bool, bisect: Option<usize>) {
+    if stats {
+        eprint!("{}", pass_stats(report));
+    }
+    if let Some(n) = bisect {
+        eprintln!("{}", bisect_note(report, n));
+    }
 }
 
 fn parse_target(s: &str) -> Result<Target, String> {
@@ -92,6 +135,8 @@ fn real_main() -> Result<()> {
             emit_wgsl,
             target,
             max_storage_binding,
+            pass_stats,
+            bisect,
         } => {
             let ckpt = Checkpoint::open(&repo)?;
             let opts = CompileOptions {
@@ -100,9 +145,12 @@ fn real_main() -> Result<()> {
                 disabled_passes: disable_pass,
                 target,
                 max_storage_binding,
+                bisect,
             };
             let mut dumps = Dumps::new(dump_ir, dump_dot, std::io::stdout().lock());
-            let plan = compile(&ckpt, &opts, &mut dumps)?.plan;
+            let compiled = compile(&ckpt, &opts, &mut dumps)?;
+            report_passes(&compiled.passes, pass_stats, bisect);
+            let plan = compiled.plan;
             if let Some(dir) = &emit_wgsl {
                 plan.emit_wgsl(dir)?;
             }
@@ -118,6 +166,31 @@ fn real_main() -> Result<()> {
                     plan.weight_bytes as f64 / 1e6
                 );
             }
+        }
+        Cmd::Opt {
+            file,
+            passes,
+            pass_stats,
+            bisect,
+            dump_dot,
+        } => {
+            let (text, input) = if file.as_os_str() == "-" {
+                let mut text = String::new();
+                std::io::stdin()
+                    .read_to_string(&mut text)
+                    .context("reading the IR from standard input")?;
+                (text, "<stdin>".to_string())
+            } else {
+                let text = std::fs::read_to_string(&file)
+                    .with_context(|| format!("reading {}", file.display()))?;
+                (text, file.display().to_string())
+            };
+            let opts = OptOptions { passes, bisect };
+            // The result prints as `--dump-ir final` prints, by the same code.
+            let stdout = std::io::stdout().lock();
+            let mut dumps = Dumps::new(Some(DumpIr::Final), dump_dot, stdout);
+            let out = opt(&text, &input, &opts, &mut dumps)?;
+            report_passes(&out.passes, pass_stats, bisect);
         }
         Cmd::Inspect { plan, json } => {
             let plan = gerbil_plan::PlanFile::open(&plan)?;
