@@ -6,8 +6,8 @@
 //! values from an output port of one node to an input port of another.
 //!
 //! One graph serves both prefill and decode: `T` is bound per step by the runtime.
-//! The [`verify`] module re-infers every type and is run after lowering and after
-//! every pass; the [`print`] module renders the deterministic text form
+//! The [`verify`](mod@verify) module re-infers every type and is run after lowering and after
+//! every pass; the [`print`](mod@print) module renders the deterministic text form
 //! (`.gir`) used for `--dump-ir`, `gerbilc opt` and pass file tests, and
 //! [`parse()`] reads it back.
 //!

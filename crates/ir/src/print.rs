@@ -1,5 +1,5 @@
 //! The text form of a graph (`.gir`), for `--dump-ir`, `gerbilc opt` and
-//! pass file tests; [`crate::parse`] reads it back.
+//! pass file tests; [`crate::parse()`] reads it back.
 //!
 //! ```text
 //! graph tiny-llama
