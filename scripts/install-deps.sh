@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what gerbil's tests need besides Rust; safe to run again (does nothing when all is there).
 #  - a Vulkan driver: with no ICD registered, Mesa's (lavapipe runs the GPU tests on the CPU);
-#  - numpy and gguf==0.19.0 for scripts/build-fixtures.py.
+#  - numpy and gguf==0.19.0 for scripts/build-fixtures.py;
+#  - the wasm32-unknown-unknown Rust target, to check that the runtime builds for the browser.
 set -euo pipefail
 
 log() { echo "[install-deps] $*"; }
@@ -32,6 +33,17 @@ elif command -v apt-get >/dev/null; then
 else
     log "Vulkan: no ICD in /usr/share/vulkan/icd.d and no apt-get here;"
     log "install Mesa's Vulkan drivers (lavapipe) and the Vulkan loader with your package manager"
+    exit 1
+fi
+
+# --- Rust target for the browser build check -------------------------------------------
+if rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
+    log "Rust: wasm32-unknown-unknown target installed"
+elif command -v rustup >/dev/null; then
+    log "Rust: rustup target add wasm32-unknown-unknown"
+    rustup target add wasm32-unknown-unknown
+else
+    log "Rust: rustup not found; install the wasm32-unknown-unknown target for your toolchain"
     exit 1
 fi
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# gerbil's test command (what CI runs): dependencies, the SmolLM2 fixture, fmt, clippy, tests.
+# gerbil's test command (what CI runs): dependencies, the SmolLM2 fixture, fmt, clippy, tests,
+# and the runtime's browser build (wasm32 with WebGPU).
 # Every check runs even when an earlier one fails; the summary says which failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -27,6 +28,7 @@ check() {
 check fmt cargo fmt --all -- --check
 check clippy cargo clippy --workspace --all-targets -- -D warnings
 check test cargo test --workspace
+check wasm cargo check -p gerbil-runtime --target wasm32-unknown-unknown
 
 echo
 echo "=== summary"

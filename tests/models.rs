@@ -6,6 +6,7 @@
 use gerbil_e2e::*;
 use gerbil_plan::PlanFile;
 use gerbil_runtime::{argmax, Session};
+use pollster::block_on;
 
 /// Random-weight variants of the tiny models (shared with the frontend's tests).
 #[path = "../crates/frontend-hf/tests/common/random_checkpoint.rs"]
@@ -37,9 +38,7 @@ const TINY_MODELS: &[(&str, &str)] = &[
 /// path (when recorded), and the greedy tokens. Returns what differed.
 fn check_case(session: &mut Session, case: &TinyCase) -> Result<(), String> {
     session.reset();
-    let last = session
-        .forward(&case.input_ids)
-        .map_err(|e| e.to_string())?;
+    let last = block_on(session.forward(&case.input_ids)).map_err(|e| e.to_string())?;
     let d = max_abs_diff(&last, &case.last_logits);
     if d > TINY_TOL {
         return Err(format!("last logits differ by {d}"));
@@ -48,7 +47,7 @@ fn check_case(session: &mut Session, case: &TinyCase) -> Result<(), String> {
     if let Some(all) = &case.logits {
         session.reset();
         for (pos, (&id, want)) in case.input_ids.iter().zip(all).enumerate() {
-            let got = session.forward(&[id]).map_err(|e| e.to_string())?;
+            let got = block_on(session.forward(&[id])).map_err(|e| e.to_string())?;
             let d = max_abs_diff(&got, want);
             if d > TINY_TOL {
                 return Err(format!(
@@ -59,14 +58,12 @@ fn check_case(session: &mut Session, case: &TinyCase) -> Result<(), String> {
     }
 
     session.reset();
-    let mut logits = session
-        .forward(&case.input_ids)
-        .map_err(|e| e.to_string())?;
+    let mut logits = block_on(session.forward(&case.input_ids)).map_err(|e| e.to_string())?;
     let mut greedy = Vec::new();
     for _ in 0..case.greedy_ids.len() {
         let next = argmax(&logits);
         greedy.push(next);
-        logits = session.forward(&[next]).map_err(|e| e.to_string())?;
+        logits = block_on(session.forward(&[next])).map_err(|e| e.to_string())?;
     }
     if greedy != case.greedy_ids {
         return Err(format!(
@@ -88,7 +85,7 @@ fn tiny_failures(
     let plan_path = compile_plan(&tiny_model(name), tweak);
     let plan = PlanFile::open(&plan_path).expect("open plan");
     let _gpu = gpu_lock();
-    let mut session = Session::new(&plan).expect("session");
+    let mut session = block_on(Session::new(&plan)).expect("session");
     reference
         .cases
         .iter()
@@ -219,12 +216,12 @@ fn odd_shapes_compile_and_run() {
         let plan_path = compile_plan(&dir, |o| o.max_tokens_per_step = 4);
         let plan = PlanFile::open(&plan_path).expect("open plan");
         let _gpu = gpu_lock();
-        let mut session = Session::new(&plan).expect("session");
-        let chunked = session.forward(&prompt).expect("prefill");
+        let mut session = block_on(Session::new(&plan)).expect("session");
+        let chunked = block_on(session.forward(&prompt)).expect("prefill");
         session.reset();
         let mut one_by_one = Vec::new();
         for &id in &prompt {
-            one_by_one = session.forward(&[id]).expect("decode");
+            one_by_one = block_on(session.forward(&[id])).expect("decode");
         }
         let spread = chunked.iter().fold(f32::MIN, |m, &x| m.max(x))
             - chunked.iter().fold(f32::MAX, |m, &x| m.min(x));
@@ -252,11 +249,11 @@ fn check_real(name: &str) {
     let reference = real_ref(name);
     let plan_path = compile_plan(&fixture(name), |o| o.max_context = Some(256));
     let plan = PlanFile::open(&plan_path).expect("open plan");
-    let codec = gerbil_cli::run::codec(&plan)
+    let codec = gerbil_runtime::text::TextCodec::from_plan(&plan)
         .expect("codec")
         .expect("tokenizer in plan");
     let _gpu = gpu_lock();
-    let mut session = Session::new(&plan).expect("session");
+    let mut session = block_on(Session::new(&plan)).expect("session");
     for p in &reference.prompts {
         let ids = match p.kind.as_str() {
             "chat" => {
@@ -277,7 +274,7 @@ fn check_real(name: &str) {
         assert_eq!(ids, p.input_ids, "{}: prompt ids", p.id);
 
         session.reset();
-        let mut logits = session.forward(&p.input_ids).expect("prefill");
+        let mut logits = block_on(session.forward(&p.input_ids)).expect("prefill");
         let mut worst = 0f32;
         for (step, (&want, top)) in p.greedy_ids.iter().zip(&p.top10).enumerate() {
             for &(id, l) in top {
@@ -298,7 +295,7 @@ fn check_real(name: &str) {
                 p.greedy_margins[step]
             );
             if step + 1 < p.greedy_ids.len() {
-                logits = session.forward(&[want]).expect("decode");
+                logits = block_on(session.forward(&[want])).expect("decode");
             }
         }
         eprintln!(

@@ -24,6 +24,7 @@ use gerbil_ir::{
 use gerbil_passes::{default_pipeline, PassManager};
 use gerbil_plan::{write_plan, CompileInfo, ModelInfo, PlanFile};
 use gerbil_runtime::Session;
+use pollster::block_on;
 use proptest::prelude::*;
 use std::collections::HashMap;
 
@@ -343,10 +344,10 @@ fn run(
     write_plan(&path, &built.header, &built.data).expect("write plan");
     let plan = PlanFile::open(&path).expect("open plan");
     let _gpu = gpu_lock();
-    let mut session = Session::new(&plan).expect("session");
-    let mut out = vec![session.forward(prompt).expect("prefill")];
+    let mut session = block_on(Session::new(&plan)).expect("session");
+    let mut out = vec![block_on(session.forward(prompt)).expect("prefill")];
     for &t in decode {
-        out.push(session.forward(&[t]).expect("decode"));
+        out.push(block_on(session.forward(&[t])).expect("decode"));
     }
     out
 }

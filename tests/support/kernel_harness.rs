@@ -17,7 +17,7 @@
 
 use gerbil_codegen_wgsl::kernels::KernelSource;
 use gerbil_ir::DType;
-use gerbil_plan::BindingDecl;
+use gerbil_plan::Access;
 use std::sync::OnceLock;
 
 /// Largest accepted `|got − want| / max(1, |want|)`: f32 accumulation noise.
@@ -27,7 +27,7 @@ pub const TOL: f64 = 1e-4;
 fn gpu() -> &'static gerbil_runtime::Gpu {
     static GPU: OnceLock<gerbil_runtime::Gpu> = OnceLock::new();
     GPU.get_or_init(|| {
-        gerbil_runtime::Gpu::open(&Default::default())
+        pollster::block_on(gerbil_runtime::Gpu::open(&Default::default()))
             .expect("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
     })
 }
@@ -38,8 +38,8 @@ fn gpu() -> &'static gerbil_runtime::Gpu {
 /// the length it was given. Panics on any wgpu error, naming the kernel.
 pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
     assert_eq!(
-        src.bindings.first(),
-        Some(&BindingDecl::Uniform),
+        src.bindings.first().map(|b| b.access),
+        Some(Access::Uniform),
         "{}: binding 0 must be the step parameters",
         src.name
     );
@@ -115,7 +115,7 @@ pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8
     }
     let mut readbacks = Vec::new();
     for (i, b) in src.bindings.iter().enumerate().skip(1) {
-        if *b != BindingDecl::StorageReadWrite {
+        if b.access != Access::ReadWrite {
             continue;
         }
         let gpu_buf = &buffers[i - 1];
@@ -181,7 +181,7 @@ pub fn run_outputs(
         .iter()
         .skip(1)
         .enumerate()
-        .filter(|(_, b)| **b == BindingDecl::StorageReadWrite)
+        .filter(|(_, b)| b.access == Access::ReadWrite)
         .map(|(i, _)| i);
     let mut results = vec![None; outs.len()];
     for (i, bytes) in writable.zip(run(src, t, p, inputs)) {

@@ -1,6 +1,6 @@
 //! `gerbilc inspect`: what a plan contains and what the compiler did.
 
-use gerbil_plan::{BufferKind, PlanHeader};
+use gerbil_plan::{BufferKind, Dispatch, PlanHeader, Variant};
 use serde::Serialize;
 use std::collections::BTreeMap;
 
@@ -47,6 +47,39 @@ pub struct Inspection {
     pub weight_bytes_by_dtype: BTreeMap<String, u64>,
     /// Kernels: name and workgroup size.
     pub kernels: Vec<(String, [u32; 3])>,
+    /// The plan's variants, best first; the `*_dispatches*` fields above are
+    /// those of the first.
+    pub variants: Vec<VariantSummary>,
+}
+
+/// One variant of a plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct VariantSummary {
+    /// Name, e.g. `portable`.
+    pub name: String,
+    /// Device features it needs.
+    pub features: Vec<&'static str>,
+    /// Dispatches per prefill step.
+    pub prefill_dispatches: usize,
+    /// Dispatches per decode step.
+    pub decode_dispatches: usize,
+    /// Decode dispatches inside one transformer layer.
+    pub decode_dispatches_per_layer: f64,
+}
+
+/// Dispatches of `list` inside transformer layers, per layer.
+fn per_layer(list: &[Dispatch], layers: u64) -> f64 {
+    list.iter().filter(|d| d.layer.is_some()).count() as f64 / layers.max(1) as f64
+}
+
+fn summarize(v: &Variant, layers: u64) -> VariantSummary {
+    VariantSummary {
+        name: v.name.clone(),
+        features: v.features.iter().map(|f| f.name()).collect(),
+        prefill_dispatches: v.prefill.len(),
+        decode_dispatches: v.decode.len(),
+        decode_dispatches_per_layer: per_layer(&v.decode, layers),
+    }
 }
 
 /// Summarizes a plan header.
@@ -64,17 +97,12 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
                 arena += b.size;
                 arena_sizes.push(b.size);
             }
-            BufferKind::State { name } if name.contains("cache") => kv += b.size,
+            BufferKind::KvCache { .. } => kv += b.size,
             _ => {}
         }
     }
-    let layers = h.model.num_layers.max(1) as f64;
-    let per_layer = |list: &[gerbil_plan::Dispatch]| {
-        list.iter()
-            .filter(|d| d.label.starts_with("layers."))
-            .count() as f64
-            / layers
-    };
+    let layers = h.model.num_layers;
+    let best = &h.variants[0];
     Inspection {
         architecture: h.model.architecture.clone(),
         family: h.model.family.clone(),
@@ -86,10 +114,10 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
         passes: h.compile.passes.clone(),
         ops_before: h.compile.ops_before.iter().cloned().collect(),
         ops_after: h.compile.ops_after.iter().cloned().collect(),
-        prefill_dispatches_total: h.prefill.len(),
-        decode_dispatches_total: h.decode.len(),
-        decode_dispatches_per_layer: per_layer(&h.decode),
-        prefill_dispatches_per_layer: per_layer(&h.prefill),
+        prefill_dispatches_total: best.prefill.len(),
+        decode_dispatches_total: best.decode.len(),
+        decode_dispatches_per_layer: per_layer(&best.decode, layers),
+        prefill_dispatches_per_layer: per_layer(&best.prefill, layers),
         activation_arena_bytes: arena,
         arena_sizes,
         activation_naive_bytes: h.compile.activation_naive_bytes,
@@ -100,6 +128,7 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
             .iter()
             .map(|k| (k.name.clone(), k.workgroup_size))
             .collect(),
+        variants: h.variants.iter().map(|v| summarize(v, layers)).collect(),
     }
 }
 
@@ -137,6 +166,17 @@ pub fn render(i: &Inspection) -> String {
             "  {n:<16} {:>6} → {}\n",
             i.ops_before.get(n).copied().unwrap_or(0),
             i.ops_after.get(n).copied().unwrap_or(0)
+        );
+    }
+    for v in &i.variants {
+        let features = if v.features.is_empty() {
+            "no optional features".to_string()
+        } else {
+            v.features.join(", ")
+        };
+        s += &format!(
+            "variant    {} ({features}): prefill {} / decode {} dispatches\n",
+            v.name, v.prefill_dispatches, v.decode_dispatches
         );
     }
     s += &format!(

@@ -1,4 +1,7 @@
 //! `gerbil-run`: generation, JSON output and benchmarks on a plan.
+//!
+//! [`run`] and [`bench`] are `async` like the runtime they drive; the
+//! `gerbil-run` binary blocks on them at the top (`pollster::block_on`).
 
 use anyhow::{bail, Context, Result};
 use gerbil_plan::PlanFile;
@@ -62,20 +65,6 @@ pub struct RunJson {
     pub steps: Option<Vec<StepJson>>,
 }
 
-/// Builds the plan's tokenizer, if it has one.
-pub fn codec(plan: &PlanFile) -> Result<Option<TextCodec>> {
-    let text = &plan.header.text;
-    let Some(section) = text.tokenizer else {
-        return Ok(None);
-    };
-    let mut codec = TextCodec::from_tokenizer_json(plan.section(section))?
-        .with_special_tokens(text.bos_token.clone(), text.eos_token.clone());
-    if let Some(t) = &text.chat_template {
-        codec = codec.with_chat_template(t.clone())?;
-    }
-    Ok(Some(codec))
-}
-
 fn prompt_ids(prompt: &Prompt, codec: Option<&TextCodec>) -> Result<Vec<u32>> {
     Ok(match prompt {
         Prompt::Ids(ids) => ids.clone(),
@@ -92,9 +81,9 @@ fn prompt_ids(prompt: &Prompt, codec: Option<&TextCodec>) -> Result<Vec<u32>> {
 }
 
 /// Runs generation; prints streamed text, or one JSON object with `json`.
-pub fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
+pub async fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
     let plan = PlanFile::open(plan_path)?;
-    let codec = codec(&plan)?;
+    let codec = TextCodec::from_plan(&plan)?;
     let input_ids = prompt_ids(&opts.prompt, codec.as_ref())?;
     if input_ids.is_empty() {
         bail!("the prompt has no tokens");
@@ -121,7 +110,7 @@ pub fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
         }
         return Ok(());
     }
-    let mut session = Session::new(&plan)?;
+    let mut session = Session::new(&plan).await?;
     let gen_opts = GenerateOptions {
         max_new_tokens: opts.max_new_tokens,
         sampling: opts.sampling,
@@ -157,7 +146,8 @@ pub fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
             let _ = write!(out, "{} ", ev.token);
             let _ = out.flush();
         }
-    })?;
+    })
+    .await?;
     if let Some(e) = stream_err {
         return Err(e.into());
     }
@@ -199,7 +189,8 @@ pub struct BenchOptions {
 /// GPU time of one kind of dispatch in a step.
 #[derive(Clone, Debug, Serialize)]
 pub struct ProfileRow {
-    /// What ran: the last part of the IR label (`q_proj`, `sdpa`, `lm_head`, …).
+    /// What ran: the IR label without its layer (`attn.qkv`, `attn.qkv_rope`,
+    /// `mlp.gate_up`, `lm_head`, …), so fused nodes keep their own names.
     pub what: String,
     /// Dispatches of this kind in the step.
     pub count: usize,
@@ -210,7 +201,14 @@ pub struct ProfileRow {
 fn summarize(times: &[gerbil_runtime::DispatchTime]) -> Vec<ProfileRow> {
     let mut by: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
     for t in times {
-        let what = t.label.rsplit('.').next().unwrap_or(&t.label).to_string();
+        let what = match t.layer {
+            Some(n) => t
+                .label
+                .strip_prefix(&format!("layers.{n}."))
+                .unwrap_or(&t.label),
+            None => &t.label,
+        }
+        .to_string();
         let e = by.entry(what).or_default();
         e.0 += 1;
         e.1 += t.nanos / 1000.0;
@@ -232,6 +230,8 @@ fn summarize(times: &[gerbil_runtime::DispatchTime]) -> Vec<ProfileRow> {
 pub struct BenchReport {
     /// Adapter name.
     pub device: String,
+    /// The plan variant that ran (the best one the device supports).
+    pub variant: String,
     /// Prompt tokens per second (median).
     pub prefill_tok_s: f64,
     /// Generated tokens per second (median), including each step's logits readback.
@@ -258,12 +258,12 @@ fn median(mut v: Vec<f64>) -> f64 {
 }
 
 /// Times prefill and greedy decode on synthetic token ids.
-pub fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchReport> {
+pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchReport> {
     let plan = PlanFile::open(plan_path)?;
     let mut session = if opts.profile {
-        Session::new_profiling(&plan)?
+        Session::new_profiling(&plan).await?
     } else {
-        Session::new(&plan)?
+        Session::new(&plan).await?
     };
     let vocab = session.vocab_size() as u32;
     let max = plan.header.model.max_context as usize;
@@ -279,18 +279,18 @@ pub fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchRep
         .collect();
     // Warm-up: pipelines, first-use costs.
     session.reset();
-    session.forward(&prompt)?;
+    session.forward(&prompt).await?;
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     for _ in 0..opts.repeats.max(1) {
         session.reset();
         let t0 = Instant::now();
-        let mut logits = session.forward(&prompt)?;
+        let mut logits = session.forward(&prompt).await?;
         prefill.push(t0.elapsed().as_secs_f64());
         let t1 = Instant::now();
         for _ in 0..opts.new_tokens {
             let next = gerbil_runtime::argmax(&logits);
-            logits = session.forward(&[next])?;
+            logits = session.forward(&[next]).await?;
         }
         decode.push(t1.elapsed().as_secs_f64());
     }
@@ -300,8 +300,8 @@ pub fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchRep
         let chunk = prompt
             .len()
             .min(plan.header.model.max_tokens_per_step as usize);
-        prefill_profile = Some(summarize(&session.profile(&prompt[..chunk])?));
-        decode_profile = Some(summarize(&session.profile(&prompt[..1])?));
+        prefill_profile = Some(summarize(&session.profile(&prompt[..chunk]).await?));
+        decode_profile = Some(summarize(&session.profile(&prompt[..1]).await?));
     }
     let prefill_s = median(prefill);
     let decode_s = median(decode);
@@ -318,7 +318,11 @@ pub fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchRep
         weights_bytes: mem.weights,
         kv_cache_bytes: mem.kv_cache,
         activation_bytes: mem.activations,
-        dispatches: (plan.header.prefill.len(), plan.header.decode.len()),
+        variant: session.variant().name.clone(),
+        dispatches: (
+            session.variant().prefill.len(),
+            session.variant().decode.len(),
+        ),
         prefill_profile,
         decode_profile,
     })

@@ -548,3 +548,24 @@ fn dump_dot_writes_only_passes_that_changed_the_graph() {
         "nothing is new in the lowered graph"
     );
 }
+
+#[test]
+fn inspect_schedule_lists_dispatches_with_labels_and_kernels() {
+    let plan = tiny_plan("schedule", &[]);
+    let o = gerbilc(&["inspect", plan.to_str().unwrap(), "--schedule"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let text = stdout(&o);
+    assert!(text.contains("portable decode (18 dispatches)"), "{text}");
+    let sdpa = text
+        .lines()
+        .find(|l| l.contains("layers.1.attn.sdpa"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        sdpa.trim_start().starts_with("11    1  layers.1.attn.sdpa"),
+        "{sdpa}"
+    );
+    assert!(
+        sdpa.trim_end().ends_with("attention_h4_kv2_d16_w0"),
+        "{sdpa}"
+    );
+}

@@ -11,12 +11,19 @@
 //! This crate opens no device: it is IR in, WGSL text and plan data out. The
 //! caller fills in weight bytes (see [`Program::weights`]).
 
+mod dispatch;
 pub mod kernels;
+mod lower;
+pub mod planner;
 mod schedule;
+mod target;
 mod validate;
+mod variant;
 
 pub use schedule::{generate, CodegenOptions, Program, WeightBuffer};
-pub use validate::validate;
+pub use target::{Limits, SubgroupSizes, Target};
+pub use validate::{validate, validate_with};
+pub use variant::{variants_for, VariantSpec};
 
 /// Why codegen failed.
 #[derive(Debug, thiserror::Error)]

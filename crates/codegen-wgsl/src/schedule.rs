@@ -1,21 +1,25 @@
-//! Lowering a verified graph to buffers, kernels and dispatch schedules.
+//! [`generate`]: a verified graph becomes a [`Program`] — buffers, kernels,
+//! and per variant a prefill and a decode schedule.
+//!
+//! The work is split by room: sources (token ids, weights and their row
+//! shards, KV caches) and graph outputs get buffers of their own here;
+//! [`crate::planner`] places every other value in arenas by liveness;
+//! [`crate::lower`] picks and specializes each node's kernel;
+//! [`crate::dispatch`] binds operands to kernel ports and stores kernels once.
+//! Weights are placed before any variant is built, so every variant binds the
+//! same weight buffers.
 
-use crate::kernels::{
-    attention::{self, AttentionSpec},
-    elementwise,
-    embedding::{self, EmbeddingSpec},
-    matmul::{self, MatMulSpec},
-    qkv_rope::{self, QkvRopeSpec},
-    rms_norm::{self, RmsNormSpec},
-    rope::{self, RopeSpec},
-    KernelSource, Rows, MAX_WORKGROUPS_PER_DIM,
-};
-use crate::{validate, CodegenError};
+use crate::dispatch::{Assembler, Operands};
+use crate::lower::Lowering;
+use crate::planner::{self, Home, Step};
+use crate::target::Target;
+use crate::variant::{variants_for, VariantSpec};
+use crate::CodegenError;
+use gerbil_ir::op::KvKind;
 use gerbil_ir::{Dim, Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
-use gerbil_passes::buffer_plan::{plan_arenas, Interval};
 use gerbil_plan::{
-    BufferDecl, BufferKind, BufferSlice, Dispatch, IoBindings, Kernel, Requirements, SectionRef,
-    STEP_PARAMS_BYTES,
+    BufferDecl, BufferKind, BufferSlice, Dispatch, IoBindings, KvHalf, OutputKind, Port,
+    SectionRef, Variant, STEP_PARAMS_BYTES,
 };
 use std::collections::HashMap;
 
@@ -26,10 +30,8 @@ pub struct CodegenOptions {
     pub max_context: u64,
     /// Most tokens in one prefill step (`T` ≤ this).
     pub max_tokens_per_step: u64,
-    /// Largest storage binding the target allows.
-    pub max_storage_binding: u64,
-    /// Alignment of binding offsets.
-    pub binding_align: u64,
+    /// Features and limits to compile for.
+    pub target: Target,
     /// Rows of `x` per matmul workgroup in prefill.
     pub prefill_rows_per_workgroup: u32,
 }
@@ -39,8 +41,7 @@ impl Default for CodegenOptions {
         CodegenOptions {
             max_context: 4096,
             max_tokens_per_step: 256,
-            max_storage_binding: 128 << 20,
-            binding_align: 256,
+            target: Target::portable(),
             prefill_rows_per_workgroup: 8,
         }
     }
@@ -65,320 +66,28 @@ pub struct WeightBuffer {
 pub struct Program {
     /// GPU buffers; weight buffers carry a placeholder section.
     pub buffers: Vec<BufferDecl>,
-    /// Distinct kernels.
-    pub kernels: Vec<Kernel>,
-    /// Prefill schedule.
-    pub prefill: Vec<Dispatch>,
-    /// Decode schedule.
-    pub decode: Vec<Dispatch>,
+    /// Distinct kernels of every variant.
+    pub kernels: Vec<gerbil_plan::Kernel>,
+    /// The variants, best first.
+    pub variants: Vec<Variant>,
     /// Input and output buffers.
     pub io: IoBindings,
     /// Weight buffers to fill.
     pub weights: Vec<WeightBuffer>,
-    /// Device limits the plan needs.
-    pub requirements: Requirements,
     /// Sum of all activation sizes at `max_tokens_per_step`.
     pub activation_naive_bytes: u64,
 }
 
+/// Where a value with a buffer of its own lives.
 #[derive(Clone, Debug)]
-enum Loc {
+enum Own {
     Whole(u32),
-    /// A weight split by leading rows over several buffers of `rows` rows each.
-    Shards {
-        buffers: Vec<u32>,
-        rows: u64,
-    },
-    Arena(usize),
+    /// A weight split by leading rows over several buffers.
+    Shards(Vec<u32>),
 }
 
 fn round4(n: u64) -> u64 {
     n.div_ceil(4) * 4
-}
-
-fn rows_of(ty: &TensorType) -> Rows {
-    match ty.shape.first() {
-        Some(Dim::Const(n)) => Rows::Fixed(*n as u32),
-        _ => Rows::Tokens,
-    }
-}
-
-fn width_of(ty: &TensorType) -> u32 {
-    ty.last_const().unwrap_or(0) as u32
-}
-
-struct Builder<'g> {
-    graph: &'g Graph,
-    opts: &'g CodegenOptions,
-    buffers: Vec<BufferDecl>,
-    /// Where each value lives, by (node, output port).
-    locs: HashMap<ValueRef, Loc>,
-    arena_slices: Vec<BufferSlice>,
-    kernels: Vec<Kernel>,
-    kernel_index: HashMap<String, u32>,
-    requirements: Requirements,
-}
-
-impl Builder<'_> {
-    fn push_buffer(&mut self, size: u64, kind: BufferKind) -> u32 {
-        self.buffers.push(BufferDecl {
-            size: round4(size.max(4)),
-            kind,
-        });
-        (self.buffers.len() - 1) as u32
-    }
-
-    fn whole(&self, b: u32) -> BufferSlice {
-        BufferSlice {
-            buffer: b,
-            offset: 0,
-            size: self.buffers[b as usize].size,
-        }
-    }
-
-    /// The bindings of a value: one slice, or one per shard.
-    fn slices(&self, v: ValueRef) -> Vec<BufferSlice> {
-        match &self.locs[&v] {
-            Loc::Whole(b) => vec![self.whole(*b)],
-            Loc::Shards { buffers, .. } => buffers.iter().map(|&b| self.whole(b)).collect(),
-            Loc::Arena(i) => vec![self.arena_slices[*i]],
-        }
-    }
-
-    fn slice(&self, v: ValueRef) -> BufferSlice {
-        self.slices(v)[0]
-    }
-
-    /// Rows per shard of a sharded weight.
-    fn shard_rows(&self, v: ValueRef) -> Option<u32> {
-        match &self.locs[&v] {
-            Loc::Shards { rows, .. } => Some(*rows as u32),
-            _ => None,
-        }
-    }
-
-    fn value_bytes(&self, ty: &TensorType) -> u64 {
-        round4(ty.size_bytes(self.opts.max_tokens_per_step, self.opts.max_context))
-    }
-
-    fn check_binding(&self, what: &str, size: u64, hint: &'static str) -> Result<(), CodegenError> {
-        if size > self.opts.max_storage_binding {
-            return Err(CodegenError::Limit {
-                what: what.to_string(),
-                needed: size,
-                limit: self.opts.max_storage_binding,
-                limit_name: "max_storage_buffer_binding_size",
-                hint,
-            });
-        }
-        Ok(())
-    }
-
-    fn add_kernel(&mut self, src: KernelSource) -> Result<u32, CodegenError> {
-        if let Some(&i) = self.kernel_index.get(&src.wgsl) {
-            return Ok(i);
-        }
-        validate(&src.name, &src.wgsl)?;
-        let r = &mut self.requirements;
-        r.max_compute_workgroup_storage_size = r
-            .max_compute_workgroup_storage_size
-            .max(src.workgroup_bytes);
-        r.max_compute_invocations_per_workgroup = r
-            .max_compute_invocations_per_workgroup
-            .max(src.workgroup_size.iter().product());
-        r.max_storage_buffers_per_shader_stage = r
-            .max_storage_buffers_per_shader_stage
-            .max(src.bindings.len() as u32 - 1);
-        let mut name = src.name.clone();
-        if self.kernels.iter().any(|k| k.name == name) {
-            name = format!("{name}_{}", self.kernels.len());
-        }
-        self.kernels.push(Kernel {
-            name,
-            wgsl: src.wgsl.clone(),
-            entry: "main".into(),
-            workgroup_size: src.workgroup_size,
-            bindings: src.bindings,
-        });
-        let i = (self.kernels.len() - 1) as u32;
-        self.kernel_index.insert(src.wgsl, i);
-        Ok(i)
-    }
-
-    /// The lookup part of an embedding kernel for the table `table` of type `t`.
-    fn embedding_spec(
-        &self,
-        table: ValueRef,
-        t: &TensorType,
-        scale: Option<f32>,
-        label: &str,
-    ) -> Result<EmbeddingSpec, CodegenError> {
-        let vocab = t.shape[0]
-            .as_const()
-            .ok_or_else(|| CodegenError::Unsupported {
-                label: label.to_string(),
-                reason: "symbolic vocabulary".into(),
-            })?;
-        Ok(EmbeddingSpec {
-            shard_rows: self.shard_rows(table),
-            vocab: vocab as u32,
-            width: width_of(t),
-            wdtype: t.dtype,
-            scale,
-        })
-    }
-
-    /// The kernel for one compute node in one phase.
-    fn kernel_for(&self, id: NodeId, tt: u32) -> Result<KernelSource, CodegenError> {
-        let g = self.graph;
-        let node = g.node(id);
-        let ins = g.inputs(id);
-        let in_ty = |i: usize| g.value_type(ins[i]);
-        let out_ty = &node.outputs[0];
-        let unsupported = |reason: &str| CodegenError::Unsupported {
-            label: node.label.clone(),
-            reason: reason.to_string(),
-        };
-        Ok(match &node.op {
-            Op::EmbeddingRmsNorm(e, n) => embedding::kernel_with_norm(
-                self.embedding_spec(ins[0], in_ty(0), e.scale, &node.label)?,
-                embedding::NormSpec {
-                    eps: n.eps,
-                    offset: n.weight_offset,
-                    wdtype: in_ty(2).dtype,
-                },
-            ),
-            Op::Embedding(e) => {
-                embedding::kernel(self.embedding_spec(ins[0], in_ty(0), e.scale, &node.label)?)
-            }
-            Op::RmsNorm(n) => rms_norm::kernel(RmsNormSpec {
-                rows: rows_of(out_ty),
-                width: width_of(out_ty) / n.groups.max(1),
-                groups: n.groups.max(1),
-                eps: n.eps,
-                offset: n.weight_offset,
-                wdtype: in_ty(1).dtype,
-            }),
-            Op::MatMul(_) | Op::MatMulGlu(_) => {
-                let (bias, glu) = match &node.op {
-                    Op::MatMulGlu(m) => (m.has_bias, Some(m.act)),
-                    Op::MatMul(m) => (m.has_bias, None),
-                    _ => (false, None),
-                };
-                let rows = rows_of(out_ty);
-                matmul::kernel(MatMulSpec {
-                    shard_rows: self.shard_rows(ins[1]),
-                    rows,
-                    k: width_of(in_ty(0)),
-                    n: width_of(out_ty),
-                    wdtype: in_ty(1).dtype,
-                    bias,
-                    tt: match rows {
-                        Rows::Tokens => tt,
-                        Rows::Fixed(r) => r.min(tt).max(1),
-                    },
-                    glu,
-                })
-            }
-            Op::AddRmsNormLastRow(n) => rms_norm::add_kernel_last_row(RmsNormSpec {
-                rows: Rows::Fixed(1),
-                width: width_of(out_ty),
-                groups: 1,
-                eps: n.eps,
-                offset: n.weight_offset,
-                wdtype: in_ty(2).dtype,
-            }),
-            Op::AddRmsNorm(n) => rms_norm::add_kernel(RmsNormSpec {
-                rows: rows_of(out_ty),
-                width: width_of(out_ty),
-                groups: 1,
-                eps: n.eps,
-                offset: n.weight_offset,
-                wdtype: in_ty(2).dtype,
-            }),
-            Op::QkvRope(r) => qkv_rope::kernel(QkvRopeSpec {
-                heads: r.n_heads,
-                kv_heads: r.n_kv_heads,
-                head_dim: r.head_dim,
-                rotary_dim: r.rotary_dim,
-                norm: r.qk_norm.map(|n| (n.eps, n.weight_offset, in_ty(4).dtype)),
-            }),
-            Op::SliceCols { start, len } => elementwise::slice_cols(
-                rows_of(out_ty),
-                width_of(in_ty(0)),
-                *start as u32,
-                *len as u32,
-            ),
-
-            Op::Rope(r) => rope::kernel(RopeSpec {
-                heads: r.n_heads,
-                head_dim: r.head_dim,
-                rotary_dim: r.rotary_dim,
-            }),
-            Op::CacheWrite => elementwise::cache_write(width_of(out_ty)),
-            Op::Attention(a) => attention::kernel(AttentionSpec {
-                heads: a.n_heads,
-                kv_heads: a.n_kv_heads,
-                head_dim: a.head_dim,
-                scale: a.scale,
-                window: a.window.unwrap_or(0),
-            }),
-            Op::Unary(u) => elementwise::unary(*u, rows_of(out_ty), width_of(out_ty)),
-            Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
-            Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),
-            Op::SliceLastRow => elementwise::slice_last_row(width_of(out_ty)),
-            Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
-                return Err(unsupported("source nodes have no kernel"))
-            }
-        })
-    }
-
-    fn dispatches(&mut self, steps: &[NodeId], tt: u32) -> Result<Vec<Dispatch>, CodegenError> {
-        let mut out = Vec::with_capacity(steps.len());
-        for &id in steps {
-            let src = self.kernel_for(id, tt)?;
-            let max_t = self.opts.max_tokens_per_step as u32;
-            for (axis, wg) in src.workgroups.iter().enumerate() {
-                let n = wg.eval(max_t);
-                if n > MAX_WORKGROUPS_PER_DIM {
-                    return Err(CodegenError::Limit {
-                        what: format!("kernel {} (axis {axis}) at T={max_t}", src.name),
-                        needed: u64::from(n),
-                        limit: u64::from(MAX_WORKGROUPS_PER_DIM),
-                        limit_name: "max_compute_workgroups_per_dimension",
-                        hint: "use a smaller --max-tokens-per-step",
-                    });
-                }
-            }
-            let workgroups = src.workgroups;
-            let kernel = self.add_kernel(src)?;
-            let node = self.graph.node(id);
-            let ins = self.graph.inputs(id);
-            let mut bindings = vec![BufferSlice {
-                buffer: self.step_params(),
-                offset: 0,
-                size: STEP_PARAMS_BYTES,
-            }];
-            bindings.extend(ins.iter().flat_map(|v| self.slices(*v)));
-            // Then every output the op does not write in place, in port order.
-            for port in 0..node.outputs.len() as u32 {
-                if node.op.aliased_input(port).is_none() {
-                    bindings.push(self.slice(ValueRef { node: id, port }));
-                }
-            }
-            out.push(Dispatch {
-                kernel,
-                bindings,
-                workgroups,
-                label: node.label.clone(),
-            });
-        }
-        Ok(out)
-    }
-
-    fn step_params(&self) -> u32 {
-        0
-    }
 }
 
 /// Rows per shard for a weight of `shape` that exceeds one binding of
@@ -394,232 +103,346 @@ fn shard_plan(shape: &[u64], elem_bytes: u64, max_binding: u64) -> Option<u64> {
     (rows > 0).then_some(rows)
 }
 
+/// Buffers with a known home, before arenas are placed.
+struct Buffers<'o> {
+    opts: &'o CodegenOptions,
+    decls: Vec<BufferDecl>,
+    own: HashMap<ValueRef, Own>,
+    shard_rows: HashMap<ValueRef, u32>,
+    weights: Vec<WeightBuffer>,
+}
+
+impl Buffers<'_> {
+    fn push(&mut self, size: u64, kind: BufferKind) -> u32 {
+        self.decls.push(BufferDecl {
+            size: round4(size.max(4)),
+            kind,
+        });
+        (self.decls.len() - 1) as u32
+    }
+
+    fn whole(&self, b: u32) -> BufferSlice {
+        BufferSlice {
+            buffer: b,
+            offset: 0,
+            size: self.decls[b as usize].size,
+        }
+    }
+
+    fn check_binding(
+        &self,
+        what: String,
+        size: u64,
+        hint: &'static str,
+    ) -> Result<(), CodegenError> {
+        let limit = self.opts.target.limits.max_storage_binding;
+        if size > limit {
+            return Err(CodegenError::Limit {
+                what,
+                needed: size,
+                limit,
+                limit_name: "max_storage_buffer_binding_size",
+                hint,
+            });
+        }
+        Ok(())
+    }
+
+    fn resolved(&self, ty: &TensorType) -> TensorType {
+        let (t, l) = (self.opts.max_tokens_per_step, self.opts.max_context);
+        TensorType::new(
+            ty.dtype,
+            ty.shape.iter().map(|d| Dim::Const(d.resolve(t, l))),
+        )
+    }
+
+    fn value_bytes(&self, ty: &TensorType) -> u64 {
+        round4(ty.size_bytes(self.opts.max_tokens_per_step, self.opts.max_context))
+    }
+
+    /// A weight: one buffer, or row shards when it exceeds a binding.
+    fn weight(
+        &mut self,
+        v: ValueRef,
+        label: &str,
+        source: &WeightSource,
+        ty: &TensorType,
+    ) -> Result<(), CodegenError> {
+        let resolved = self.resolved(ty);
+        let shape: Vec<u64> = resolved.shape.iter().filter_map(|d| d.as_const()).collect();
+        let limit = self.opts.target.limits.max_storage_binding;
+        let Some(rows_per_shard) = shard_plan(&shape, resolved.dtype.size_bytes(), limit) else {
+            let bytes = round4(resolved.size_bytes(0, 0));
+            self.check_binding(
+                format!("weight `{label}`"),
+                bytes,
+                "one row of it is larger than a binding, so it cannot be split into row shards; use a target with a larger binding limit",
+            )?;
+            let i = self.push(bytes, weight_kind(label.to_string(), &resolved, shape));
+            self.weights.push(WeightBuffer {
+                buffer: i,
+                source: source.clone(),
+                ty: resolved,
+                rows: None,
+            });
+            self.own.insert(v, Own::Whole(i));
+            return Ok(());
+        };
+        let mut buffers = Vec::new();
+        let mut start = 0;
+        while start < shape[0] {
+            let count = rows_per_shard.min(shape[0] - start);
+            let mut shard_shape = shape.clone();
+            shard_shape[0] = count;
+            let ty = TensorType::fixed(resolved.dtype, &shard_shape);
+            let name = format!("{label}[{start}..{}]", start + count);
+            let i = self.push(
+                round4(ty.size_bytes(0, 0)),
+                weight_kind(name, &ty, shard_shape),
+            );
+            self.weights.push(WeightBuffer {
+                buffer: i,
+                source: source.clone(),
+                ty,
+                rows: Some((start, count)),
+            });
+            buffers.push(i);
+            start += count;
+        }
+        self.own.insert(v, Own::Shards(buffers));
+        self.shard_rows.insert(v, rows_per_shard as u32);
+        Ok(())
+    }
+}
+
+fn weight_kind(name: String, ty: &TensorType, shape: Vec<u64>) -> BufferKind {
+    BufferKind::Weight {
+        section: SectionRef { offset: 0, len: 0 },
+        name,
+        dtype: ty.dtype.to_string(),
+        shape,
+    }
+}
+
+/// The graph output a named output stands for.
+fn output_kind(name: &str) -> Result<OutputKind, CodegenError> {
+    match name {
+        "logits" => Ok(OutputKind::Logits),
+        other => Err(CodegenError::Graph(format!(
+            "graph output `{other}` has no runtime meaning; the runtime reads `logits`"
+        ))),
+    }
+}
+
 /// Lowers a verified graph to a [`Program`].
 pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, CodegenError> {
     let order = graph
         .topo_order()
         .ok_or_else(|| CodegenError::Graph("the graph has a cycle".into()))?;
-    let mut b = Builder {
-        graph,
+    let mut b = Buffers {
         opts,
-        buffers: Vec::new(),
-        locs: HashMap::new(),
-        arena_slices: Vec::new(),
-        kernels: Vec::new(),
-        kernel_index: HashMap::new(),
-        requirements: Requirements::default(),
+        decls: Vec::new(),
+        own: HashMap::new(),
+        shard_rows: HashMap::new(),
+        weights: Vec::new(),
     };
-    b.push_buffer(STEP_PARAMS_BYTES, BufferKind::StepParams);
-    let mut weights = Vec::new();
+    let step_params = b.push(STEP_PARAMS_BYTES, BufferKind::StepParams);
     let mut token_ids = None;
-    // Sources get whole buffers.
     for &id in &order {
         let node = graph.node(id);
+        let v = ValueRef::of(id);
         let ty = &node.outputs[0];
-        let resolved = TensorType::new(
-            ty.dtype,
-            ty.shape
-                .iter()
-                .map(|d| Dim::Const(d.resolve(opts.max_tokens_per_step, opts.max_context))),
-        );
-        let bytes = round4(resolved.size_bytes(0, 0));
         match &node.op {
             Op::Input(_) => {
-                let i = b.push_buffer(bytes, BufferKind::TokenIds);
+                let i = b.push(b.value_bytes(ty), BufferKind::TokenIds);
                 token_ids = Some(i);
-                b.locs.insert(ValueRef::of(id), Loc::Whole(i));
+                b.own.insert(v, Own::Whole(i));
             }
-            Op::Weight(w) => {
-                let shape: Vec<u64> = resolved.shape.iter().filter_map(|d| d.as_const()).collect();
-                let plan = shard_plan(
-                    &shape,
-                    resolved.dtype.size_bytes(),
-                    opts.max_storage_binding,
-                );
-                let Some(rows_per_shard) = plan else {
-                    b.check_binding(
-                        &format!("weight `{}`", node.label),
-                        bytes,
-                        "one row of it is larger than a binding, so it cannot be split into row shards; use a target with a larger binding limit",
-                    )?;
-                    let i = b.push_buffer(
-                        bytes,
-                        BufferKind::Weight {
-                            section: SectionRef { offset: 0, len: 0 },
-                            name: node.label.clone(),
-                            dtype: resolved.dtype.to_string(),
-                            shape,
-                        },
-                    );
-                    weights.push(WeightBuffer {
-                        buffer: i,
-                        source: w.source.clone(),
-                        ty: resolved,
-                        rows: None,
-                    });
-                    b.locs.insert(ValueRef::of(id), Loc::Whole(i));
-                    continue;
-                };
-                let mut buffers = Vec::new();
-                let mut start = 0;
-                while start < shape[0] {
-                    let count = rows_per_shard.min(shape[0] - start);
-                    let mut shard_shape = shape.clone();
-                    shard_shape[0] = count;
-                    let ty = TensorType::fixed(resolved.dtype, &shard_shape);
-                    let i = b.push_buffer(
-                        round4(ty.size_bytes(0, 0)),
-                        BufferKind::Weight {
-                            section: SectionRef { offset: 0, len: 0 },
-                            name: format!("{}[{start}..{}]", node.label, start + count),
-                            dtype: resolved.dtype.to_string(),
-                            shape: shard_shape,
-                        },
-                    );
-                    weights.push(WeightBuffer {
-                        buffer: i,
-                        source: w.source.clone(),
-                        ty,
-                        rows: Some((start, count)),
-                    });
-                    buffers.push(i);
-                    start += count;
-                }
-                b.locs.insert(
-                    ValueRef::of(id),
-                    Loc::Shards {
-                        buffers,
-                        rows: rows_per_shard,
-                    },
-                );
-            }
-            Op::KvCache { .. } => {
+            Op::Weight(w) => b.weight(v, &node.label, &w.source, ty)?,
+            Op::KvCache { layer, kind, .. } => {
+                let bytes = b.value_bytes(ty);
                 b.check_binding(
-                    &format!("KV cache `{}`", node.label),
+                    format!("KV cache `{}`", node.label),
                     bytes,
                     "use a smaller --max-context",
                 )?;
-                let i = b.push_buffer(
+                let half = match kind {
+                    KvKind::K => KvHalf::K,
+                    KvKind::V => KvHalf::V,
+                };
+                let i = b.push(
                     bytes,
-                    BufferKind::State {
-                        name: node.label.clone(),
+                    BufferKind::KvCache {
+                        layer: *layer,
+                        half,
                     },
                 );
-                b.locs.insert(ValueRef::of(id), Loc::Whole(i));
+                b.own.insert(v, Own::Whole(i));
             }
             _ => {}
         }
     }
     let token_ids =
         token_ids.ok_or_else(|| CodegenError::Graph("the graph reads no token ids".into()))?;
+    let mut logits = None;
+    for (name, v) in &graph.outputs {
+        let output = output_kind(name)?;
+        let ty = graph.value_type(*v);
+        let bytes = b.value_bytes(ty);
+        b.check_binding(
+            format!("output `{name}`"),
+            bytes,
+            "use a smaller --max-tokens-per-step",
+        )?;
+        let i = b.push(bytes, BufferKind::Output { output });
+        b.own.insert(*v, Own::Whole(i));
+        let all_rows = match ty.shape.first() {
+            Some(Dim::Const(1)) => false,
+            Some(Dim::Sym(_)) => true,
+            _ => {
+                return Err(CodegenError::Graph(format!(
+                    "logits must be [1, vocab] or [T, vocab], got {ty}"
+                )))
+            }
+        };
+        logits = Some((i, all_rows));
+    }
+    let (logits, logits_all_rows) =
+        logits.ok_or_else(|| CodegenError::Graph("the graph has no `logits` output".into()))?;
+
     let steps: Vec<NodeId> = order
         .iter()
         .copied()
         .filter(|&id| !graph.node(id).op.is_source())
         .collect();
-    let step_of: HashMap<NodeId, usize> =
-        steps.iter().enumerate().map(|(s, &id)| (id, s)).collect();
-    // Activations: liveness intervals in schedule order.
-    let mut intervals = Vec::new();
-    let mut logits = None;
-    for (s, &id) in steps.iter().enumerate() {
-        let node = graph.node(id);
-        for port in 0..node.outputs.len() as u32 {
-            let v = ValueRef { node: id, port };
-            // An output written in place lives where its input does.
-            if let Some(i) = node.op.aliased_input(port) {
-                let input = graph.inputs(id)[i];
-                let loc = b.locs[&input].clone();
-                b.locs.insert(v, loc);
-                continue;
-            }
-            let bytes = b.value_bytes(&node.outputs[port as usize]);
-            b.check_binding(
-                &format!("activation `{}`", node.label),
-                bytes,
-                "use a smaller --max-tokens-per-step",
-            )?;
-            if let Some((name, _)) = graph.outputs.iter().find(|(_, o)| *o == v) {
-                let i = b.push_buffer(bytes, BufferKind::State { name: name.clone() });
-                b.locs.insert(v, Loc::Whole(i));
-                if name == "logits" {
-                    logits = Some(i);
-                }
-                continue;
-            }
-            let end = graph
-                .users(v)
-                .iter()
-                .filter_map(|(u, _)| step_of.get(u).copied())
-                .max()
-                .unwrap_or(s);
-            b.locs.insert(v, Loc::Arena(intervals.len()));
-            intervals.push(Interval {
-                start: s,
-                end,
-                size: bytes,
-            });
-        }
-    }
-    let logits =
-        logits.ok_or_else(|| CodegenError::Graph("the graph has no `logits` output".into()))?;
-    let logits_ty = graph
-        .outputs
+    let plan_steps: Vec<Step<ValueRef>> = steps
         .iter()
-        .find(|(n, _)| n == "logits")
-        .map(|(_, v)| graph.value_type(*v).clone())
-        .ok_or_else(|| CodegenError::Graph("no logits".into()))?;
-    let logits_all_rows = match logits_ty.shape.first() {
-        Some(Dim::Const(1)) => false,
-        Some(Dim::Sym(_)) => true,
-        _ => {
-            return Err(CodegenError::Graph(format!(
-                "logits must be [1, vocab] or [T, vocab], got {logits_ty}"
-            )))
-        }
-    };
-    let plan =
-        plan_arenas(&intervals, opts.binding_align, opts.max_storage_binding).map_err(|e| {
-            CodegenError::Limit {
-                what: format!("activation {}", e.index),
-                needed: e.size,
-                limit: e.max,
-                limit_name: "max_storage_buffer_binding_size",
-                hint: "use a smaller --max-tokens-per-step",
+        .map(|&id| {
+            let node = graph.node(id);
+            let ins = graph.inputs(id);
+            Step {
+                defines: (0..node.outputs.len() as u32)
+                    .map(|port| {
+                        let alias = node.op.aliased_input(port).map(|i| ins[i]);
+                        (ValueRef { node: id, port }, alias)
+                    })
+                    .collect(),
+                reads: ins,
             }
-        })?;
-    let arena_buffers: Vec<u32> = plan
-        .arena_sizes
-        .iter()
-        .map(|&size| b.push_buffer(size, BufferKind::Arena))
-        .collect();
-    b.arena_slices = intervals
-        .iter()
-        .zip(&plan.placements)
-        .map(|(iv, p)| BufferSlice {
-            buffer: arena_buffers[p.arena],
-            offset: p.offset,
-            size: iv.size,
         })
         .collect();
-    let prefill = b.dispatches(&steps, opts.prefill_rows_per_workgroup.max(1))?;
-    let decode = b.dispatches(&steps, 1)?;
-    let mut requirements = b.requirements.clone();
-    requirements.max_storage_buffer_binding_size = prefill
+    for (&id, step) in steps.iter().zip(&plan_steps) {
+        for (v, alias) in &step.defines {
+            if alias.is_none() && !b.own.contains_key(v) {
+                let bytes = b.value_bytes(graph.value_type(*v));
+                b.check_binding(
+                    format!("activation `{}`", graph.node(id).label),
+                    bytes,
+                    "use a smaller --max-tokens-per-step",
+                )?;
+            }
+        }
+    }
+    let limits = &opts.target.limits;
+    let plan = planner::plan(
+        &plan_steps,
+        |v| b.own.contains_key(&v),
+        |v| b.value_bytes(graph.value_type(v)),
+        limits.binding_align,
+        limits.max_storage_binding,
+    )
+    .map_err(|e| CodegenError::Limit {
+        what: format!("activation {}", e.index),
+        needed: e.size,
+        limit: e.max,
+        limit_name: "max_storage_buffer_binding_size",
+        hint: "use a smaller --max-tokens-per-step",
+    })?;
+    let arenas: Vec<u32> = plan
+        .arena_sizes
         .iter()
-        .chain(&decode)
-        .flat_map(|d| d.bindings.iter().skip(1).map(|s| s.size))
-        .max()
-        .unwrap_or(0);
-    requirements.max_buffer_size = b.buffers.iter().map(|x| x.size).max().unwrap_or(0);
-    let logits_size = b.buffers[logits as usize].size;
+        .map(|&size| b.push(size, BufferKind::Arena))
+        .collect();
+
+    let slices = |v: ValueRef| -> Vec<BufferSlice> {
+        let own = |r: ValueRef| match b.own.get(&r) {
+            Some(Own::Whole(i)) => vec![b.whole(*i)],
+            Some(Own::Shards(list)) => list.iter().map(|&i| b.whole(i)).collect(),
+            None => Vec::new(),
+        };
+        match plan.homes.get(&v) {
+            Some(&Home::Arena { arena, offset, .. }) => vec![BufferSlice {
+                buffer: arenas[arena],
+                offset,
+                size: b.value_bytes(graph.value_type(v)),
+            }],
+            Some(&Home::External(root)) => own(root),
+            None => own(v),
+        }
+    };
+    let lowering = Lowering {
+        graph,
+        shard_rows: &b.shard_rows,
+    };
+    let params = b.whole(step_params);
+    let max_t = opts.max_tokens_per_step as u32;
+    let mut asm = Assembler::default();
+    let mut schedule = |spec: &VariantSpec, tt: u32| -> Result<Vec<Dispatch>, CodegenError> {
+        steps
+            .iter()
+            .map(|&id| {
+                let node = graph.node(id);
+                let ins = graph.inputs(id);
+                let slice = |port: Port| match port {
+                    Port::Params => Some(params),
+                    Port::Input { index, shard } => ins
+                        .get(index as usize)
+                        .and_then(|v| slices(*v).get(shard as usize).copied()),
+                    Port::Output { index } => slices(ValueRef {
+                        node: id,
+                        port: index,
+                    })
+                    .first()
+                    .copied(),
+                };
+                let ops = Operands {
+                    label: &node.label,
+                    layer: node.layer(),
+                    slice: &slice,
+                };
+                asm.dispatch(
+                    lowering.kernel(id, tt)?,
+                    &ops,
+                    &spec.features,
+                    limits,
+                    max_t,
+                )
+            })
+            .collect()
+    };
+    let mut variants = Vec::new();
+    for spec in variants_for(&opts.target, opts.prefill_rows_per_workgroup) {
+        let prefill = schedule(&spec, spec.prefill_rows_per_workgroup.max(1))?;
+        let decode = schedule(&spec, 1)?;
+        variants.push((spec, prefill, decode));
+    }
+    let variants = variants
+        .into_iter()
+        .map(|(spec, prefill, decode)| Variant {
+            name: spec.name.to_string(),
+            requirements: asm.requirements(&b.decls, &[&prefill, &decode]),
+            features: spec.features,
+            prefill,
+            decode,
+        })
+        .collect();
+    let logits_size = b.decls[logits as usize].size;
     Ok(Program {
-        buffers: b.buffers,
-        kernels: b.kernels,
-        prefill,
-        decode,
+        buffers: b.decls,
+        kernels: asm.finish(),
+        variants,
         io: IoBindings {
-            step_params: 0,
+            step_params,
             token_ids,
             logits: BufferSlice {
                 buffer: logits,
@@ -628,8 +451,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
             },
             logits_all_rows,
         },
-        weights,
-        requirements,
-        activation_naive_bytes: intervals.iter().map(|i| i.size).sum(),
+        weights: b.weights,
+        activation_naive_bytes: plan.naive_bytes,
     })
 }

@@ -93,11 +93,9 @@ pub fn build_plan<'a>(
             eos_token_ids: text.eos_token_ids.clone(),
         },
         compile,
-        requirements: program.requirements,
         buffers,
         kernels: program.kernels,
-        prefill: program.prefill,
-        decode: program.decode,
+        variants: program.variants,
         io: program.io,
     };
     header

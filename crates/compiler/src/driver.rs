@@ -98,12 +98,14 @@ pub fn compile<'a>(
 
     let mut passes: Vec<String> = report.ran.iter().map(|r| r.name.clone()).collect();
     passes.push("plan-buffers".into());
+    let mut target = opts.target.clone();
+    if let Some(max) = opts.max_storage_binding {
+        target.limits.max_storage_binding = max;
+    }
     let codegen = CodegenOptions {
         max_context,
         max_tokens_per_step,
-        max_storage_binding: opts
-            .max_storage_binding
-            .unwrap_or_else(|| opts.target.max_storage_binding()),
+        target,
         ..CodegenOptions::default()
     };
     let model = ModelInfo {

@@ -79,7 +79,9 @@ pub fn opt(
 ) -> Result<Optimized, CompileError> {
     // A pass file test holds its expected output after `// expect:`; read
     // only the input, so `gerbilc opt CASE.gir --passes P` reproduces a test.
-    let text = text.split_once("\n// expect:\n").map_or(text, |(input, _)| input);
+    let text = text
+        .split_once("\n// expect:\n")
+        .map_or(text, |(input, _)| input);
     let mut graph = gerbil_ir::parse(text).map_err(|source| CompileError::Parse {
         input: input.to_string(),
         source,

@@ -7,53 +7,12 @@
 //! [`Observer`](crate::Observer). That keeps the compiler usable from tests,
 //! a server or a build script, not only from `gerbilc`.
 
-use std::str::FromStr;
+pub use gerbil_codegen_wgsl::Target;
 
 /// Largest context a plan gets unless `max_context` says otherwise.
 pub const DEFAULT_MAX_CONTEXT_CAP: u64 = 4096;
 /// Default prefill chunk (tokens per step).
 pub const DEFAULT_MAX_TOKENS_PER_STEP: u64 = 256;
-
-/// Device limits to compile for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
-pub enum Target {
-    /// WebGPU-portable limits (128 MiB storage bindings), as on lavapipe and browsers.
-    #[default]
-    Portable,
-    /// Desktop GPUs (2 GiB − 4 storage bindings).
-    Desktop,
-}
-
-impl Target {
-    /// Every target, for help texts.
-    pub const ALL: [Target; 2] = [Target::Portable, Target::Desktop];
-
-    /// Largest storage binding of the target.
-    pub fn max_storage_binding(self) -> u64 {
-        match self {
-            Target::Portable => 128 << 20,
-            Target::Desktop => (2u64 << 30) - 4,
-        }
-    }
-
-    /// The name `--target` takes.
-    pub fn name(self) -> &'static str {
-        match self {
-            Target::Portable => "portable",
-            Target::Desktop => "desktop",
-        }
-    }
-}
-
-impl FromStr for Target {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        Target::ALL
-            .into_iter()
-            .find(|t| t.name() == s)
-            .ok_or_else(|| format!("unknown target `{s}`; expected `portable` or `desktop`"))
-    }
-}
 
 /// Settings of one compilation.
 #[derive(Clone, Debug)]
@@ -67,7 +26,7 @@ pub struct CompileOptions {
     /// Run only the first `N` enabled passes (`--bisect N`); the pass report
     /// names the one it stopped before.
     pub bisect: Option<usize>,
-    /// Target limits.
+    /// Features and limits to compile for (`Target::named` reads `--target`).
     pub target: Target,
     /// Overrides the target's largest storage binding (bytes); weights larger
     /// than this are split into row shards.
@@ -81,7 +40,7 @@ impl Default for CompileOptions {
             max_tokens_per_step: DEFAULT_MAX_TOKENS_PER_STEP,
             disabled_passes: Vec::new(),
             bisect: None,
-            target: Target::Portable,
+            target: Target::portable(),
             max_storage_binding: None,
         }
     }

@@ -24,6 +24,23 @@ pub struct Node {
     pub label: String,
 }
 
+impl Node {
+    /// The transformer layer the node belongs to, by the label convention
+    /// every frontend follows: nodes of layer `N` are labelled `layers.N.…`.
+    /// This is the one place that reads the convention; codegen records the
+    /// result on every dispatch, so no later stage parses labels.
+    pub fn layer(&self) -> Option<u32> {
+        let rest = self.label.strip_prefix("layers.")?;
+        let (n, _) = rest.split_once('.').unwrap_or((rest, ""));
+        n.parse().ok()
+    }
+
+    /// The label of a node of layer `layer`: `layers.{layer}.{name}`.
+    pub fn layer_label(layer: u32, name: &str) -> String {
+        format!("layers.{layer}.{name}")
+    }
+}
+
 /// A value flowing from output `src_port` of the edge's source to input
 /// `dst_port` of its target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]

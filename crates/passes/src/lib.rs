@@ -5,11 +5,11 @@
 //! (`gerbilc compile --disable-pass NAME`) and hands the graph to a callback
 //! after each pass so the CLI can dump it (`--dump-ir after=NAME`).
 //!
-//! Passes that only make the plan faster or smaller are optional; the
-//! [`buffer_plan`] module is the liveness planner that codegen runs on the
-//! final schedule (reported as the `plan-buffers` stage).
+//! Passes that only make the plan faster or smaller are optional. Buffer
+//! placement is not a graph pass: it needs the schedule, so it lives in
+//! codegen (`gerbil_codegen_wgsl::planner`, reported as the `plan-buffers`
+//! stage).
 
-pub mod buffer_plan;
 pub mod dce;
 pub mod fuse_gate_up;
 pub mod fuse_glu;

@@ -6,7 +6,7 @@
 //! fetched (wasm32 has no memory mapping, so `open` reads the file there).
 //! Both run the same checks and report the same [`PlanError`]s.
 
-use crate::header::{BufferKind, PlanHeader, SectionRef};
+use crate::header::{PlanHeader, SectionRef};
 use std::borrow::Cow;
 use std::fs::File;
 use std::io::{BufWriter, Write};
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 /// The first 8 bytes of every plan file.
 pub const MAGIC: [u8; 8] = *b"GERBPLAN";
 /// The format version this build reads and writes.
-pub const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 2;
 /// Alignment of the data region and of every section in it.
 pub const SECTION_ALIGN: u64 = 256;
 const PREAMBLE_LEN: u64 = 48;
@@ -330,102 +330,5 @@ impl PlanFile {
     /// Total size of the file in bytes.
     pub fn file_len(&self) -> u64 {
         self.map.len() as u64
-    }
-}
-
-impl PlanHeader {
-    /// Checks internal consistency: sections inside the data region, buffer
-    /// and kernel indices in range, bindings matching kernels and inside their
-    /// buffers.
-    pub fn validate(&self, data_len: u64) -> Result<(), String> {
-        let section_ok = |r: &SectionRef, what: &str| {
-            if r.offset
-                .checked_add(r.len)
-                .is_some_and(|end| end <= data_len)
-            {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{what} section {}+{} lies outside the data region ({data_len} bytes)",
-                    r.offset, r.len
-                ))
-            }
-        };
-        if let Some(t) = &self.text.tokenizer {
-            section_ok(t, "tokenizer")?;
-        }
-        for (i, b) in self.buffers.iter().enumerate() {
-            if let BufferKind::Weight { section, name, .. } = &b.kind {
-                section_ok(section, name)?;
-                if section.len != b.size {
-                    return Err(format!(
-                        "buffer {i} ({name}) size {} differs from its section {}",
-                        b.size, section.len
-                    ));
-                }
-            }
-        }
-        let slice_ok = |s: &crate::BufferSlice, what: &str| {
-            let buf = self.buffers.get(s.buffer as usize).ok_or_else(|| {
-                format!("{what} names buffer {} of {}", s.buffer, self.buffers.len())
-            })?;
-            if s.offset
-                .checked_add(s.size)
-                .is_some_and(|end| end <= buf.size)
-            {
-                Ok(())
-            } else {
-                Err(format!(
-                    "{what} binds bytes {}+{} of buffer {} ({} bytes)",
-                    s.offset, s.size, s.buffer, buf.size
-                ))
-            }
-        };
-        for (phase, list) in [("prefill", &self.prefill), ("decode", &self.decode)] {
-            for (i, d) in list.iter().enumerate() {
-                let what = format!("{phase} dispatch {i} ({})", d.label);
-                let k = self.kernels.get(d.kernel as usize).ok_or_else(|| {
-                    format!("{what} names kernel {} of {}", d.kernel, self.kernels.len())
-                })?;
-                if k.bindings.len() != d.bindings.len() {
-                    return Err(format!(
-                        "{what} binds {} buffers, kernel {} declares {}",
-                        d.bindings.len(),
-                        k.name,
-                        k.bindings.len()
-                    ));
-                }
-                for s in &d.bindings {
-                    slice_ok(s, &what)?;
-                }
-            }
-        }
-        slice_ok(&self.io.logits, "logits output")?;
-        let rows = if self.io.logits_all_rows {
-            self.model.max_tokens_per_step
-        } else {
-            1
-        };
-        if self.io.logits.size < rows.saturating_mul(self.model.vocab_size).saturating_mul(4) {
-            return Err(format!(
-                "logits output holds {} bytes, less than {rows} row(s) of {} f32 logits",
-                self.io.logits.size, self.model.vocab_size
-            ));
-        }
-        for (idx, what) in [
-            (self.io.step_params, "step params"),
-            (self.io.token_ids, "token ids"),
-        ] {
-            if idx as usize >= self.buffers.len() {
-                return Err(format!(
-                    "{what} names buffer {idx} of {}",
-                    self.buffers.len()
-                ));
-            }
-        }
-        if self.model.max_tokens_per_step == 0 || self.model.max_context == 0 {
-            return Err("max_context and max_tokens_per_step must be positive".into());
-        }
-        Ok(())
     }
 }

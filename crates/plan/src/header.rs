@@ -20,18 +20,55 @@ pub struct PlanHeader {
     pub text: TextInfo,
     /// What the compiler did, for `gerbilc inspect`.
     pub compile: CompileInfo,
-    /// Device limits the plan needs.
-    pub requirements: Requirements,
-    /// GPU buffers, by index.
+    /// GPU buffers, by index. Weights are shared by every variant; each
+    /// variant's dispatches bind only the buffers it needs.
     pub buffers: Vec<BufferDecl>,
-    /// WGSL kernels, by index.
+    /// WGSL kernels, by index, of every variant.
     pub kernels: Vec<Kernel>,
+    /// Ways to run the model, best first; the runtime takes the first one the
+    /// adapter supports.
+    pub variants: Vec<Variant>,
+    /// Where the runtime finds inputs and outputs.
+    pub io: IoBindings,
+}
+
+/// One way to run the plan: a prefill and a decode schedule whose kernels
+/// need the listed device features.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Variant {
+    /// Name shown by `bench` and `inspect`, e.g. `portable`.
+    pub name: String,
+    /// Device features every kernel of this variant needs.
+    pub features: Vec<Feature>,
+    /// Device limits the variant needs.
+    pub requirements: Requirements,
     /// Dispatches for a prefill step (`1 ≤ T ≤ max_tokens_per_step`).
     pub prefill: Vec<Dispatch>,
     /// Dispatches for a decode step (`T = 1`).
     pub decode: Vec<Dispatch>,
-    /// Where the runtime finds inputs and outputs.
-    pub io: IoBindings,
+}
+
+/// An optional WebGPU capability a kernel may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Feature {
+    /// `shader-f16`: f16 arithmetic and storage in WGSL.
+    ShaderF16,
+    /// Subgroup operations (`subgroupAdd`, …).
+    Subgroups,
+    /// Cooperative-matrix (tensor-core) operations, wgpu's experimental extension.
+    CooperativeMatrix,
+}
+
+impl Feature {
+    /// The name used in `inspect` output and logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Feature::ShaderF16 => "shader_f16",
+            Feature::Subgroups => "subgroups",
+            Feature::CooperativeMatrix => "cooperative_matrix",
+        }
+    }
 }
 
 /// Facts about the model.
@@ -120,15 +157,74 @@ pub enum BufferKind {
     },
     /// Scratch memory for activations, placed by the buffer planner.
     Arena,
-    /// Persistent state (KV cache), zero-initialised, kept across steps.
-    State {
-        /// What it is, e.g. `layers.0.k_cache`.
-        name: String,
+    /// One half of a layer's KV cache, `f32[max_context, kv_heads·head_dim]`,
+    /// zero-initialised and kept across steps.
+    KvCache {
+        /// Layer index.
+        layer: u32,
+        /// Keys or values.
+        half: KvHalf,
+    },
+    /// A graph output the runtime reads back.
+    Output {
+        /// Which output.
+        output: OutputKind,
     },
     /// Per-step parameters (`T`, `P`) as a uniform buffer of [`STEP_PARAMS_BYTES`].
     StepParams,
     /// Token ids of the step, `u32[max_tokens_per_step]`, written by the runtime.
     TokenIds,
+}
+
+impl BufferKind {
+    /// A short description for errors and logs, e.g. `layers.3 v cache`.
+    pub fn describe(&self) -> String {
+        match self {
+            BufferKind::Weight { name, .. } => name.clone(),
+            BufferKind::Arena => "activation arena".into(),
+            BufferKind::KvCache { layer, half } => format!("layers.{layer} {} cache", half.name()),
+            BufferKind::Output { output } => output.name().into(),
+            BufferKind::StepParams => "step parameters".into(),
+            BufferKind::TokenIds => "token ids".into(),
+        }
+    }
+}
+
+/// Which half of a KV cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KvHalf {
+    /// Keys.
+    K,
+    /// Values.
+    V,
+}
+
+impl KvHalf {
+    /// `k` or `v`.
+    pub fn name(self) -> &'static str {
+        match self {
+            KvHalf::K => "k",
+            KvHalf::V => "v",
+        }
+    }
+}
+
+/// A graph output the runtime reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OutputKind {
+    /// Next-token logits, `f32[vocab]` per row.
+    Logits,
+}
+
+impl OutputKind {
+    /// The output's name, as the IR prints it.
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputKind::Logits => "logits",
+        }
+    }
 }
 
 /// Size of the step-parameter uniform: `T`, `P`, and two words of padding.
@@ -144,7 +240,7 @@ pub struct BufferDecl {
 }
 
 /// A compute kernel.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Kernel {
     /// Unique name, e.g. `matmul_bf16_k576_n1536`.
     pub name: String,
@@ -158,16 +254,71 @@ pub struct Kernel {
     pub bindings: Vec<BindingDecl>,
 }
 
-/// How a kernel binding is declared.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// One binding of a kernel (group 0, binding number = its index): what the
+/// WGSL declares and which operand of the IR op it binds. This is the
+/// contract between a kernel template, the schedule and the runtime: the
+/// schedule binds by `port`, the runtime builds layouts from `access`, and
+/// [`PlanHeader::validate`] checks every dispatch's slices against it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct BindingDecl {
+    /// The WGSL variable.
+    pub name: String,
+    /// The operand it binds.
+    pub port: Port,
+    /// How the WGSL declares it.
+    pub access: Access,
+    /// Element type as WGSL sees it.
+    pub elem: Elem,
+    /// Bytes the kernel may touch (for `T`-sized operands: at
+    /// `max_tokens_per_step`); every dispatch binds exactly this many.
+    pub bytes: u64,
+}
+
+/// The operand a kernel binding stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(tag = "port", rename_all = "snake_case")]
+pub enum Port {
+    /// The step-parameter uniform.
+    Params,
+    /// Input `index` of the IR op; `shard` is the row shard of a weight split
+    /// over several buffers (0 otherwise).
+    Input {
+        /// Input port.
+        index: u32,
+        /// Row shard.
+        shard: u32,
+    },
+    /// Output `index` of the IR op (outputs written in place bind their input instead).
+    Output {
+        /// Output port.
+        index: u32,
+    },
+}
+
+/// How a binding is declared in WGSL.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum BindingDecl {
+pub enum Access {
     /// `var<uniform>` (the step parameters).
     Uniform,
     /// `var<storage, read>`.
-    StorageRead,
+    Read,
     /// `var<storage, read_write>`.
-    StorageReadWrite,
+    ReadWrite,
+}
+
+/// Element type of a binding's array, as WGSL declares it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Elem {
+    /// `f32`.
+    F32,
+    /// `u32` (token ids, the step parameters).
+    U32,
+    /// Two bf16 values packed in a `u32`, low half first.
+    Bf16x2,
+    /// Two f16 values packed in a `u32`, low half first.
+    F16x2,
 }
 
 /// A slice of a buffer bound to one kernel binding.
@@ -221,6 +372,9 @@ pub struct Dispatch {
     pub workgroups: [WorkgroupCount; 3],
     /// The IR node it came from, for profiling and inspection.
     pub label: String,
+    /// The transformer layer the node belongs to, if any.
+    #[serde(default)]
+    pub layer: Option<u32>,
 }
 
 /// Where the runtime writes inputs and reads outputs.

@@ -13,8 +13,10 @@
 
 mod file;
 mod header;
+mod validate;
 
 pub use file::{
     write_plan, DataLayout, PlanError, PlanFile, SectionData, FORMAT_VERSION, MAGIC, SECTION_ALIGN,
 };
 pub use header::*;
+pub use validate::BINDING_OFFSET_ALIGN;

@@ -3,6 +3,43 @@
 use gerbil_plan::*;
 use std::borrow::Cow;
 
+fn decl(name: &str, port: Port, access: Access, bytes: u64) -> BindingDecl {
+    BindingDecl {
+        name: name.into(),
+        port,
+        access,
+        elem: Elem::F32,
+        bytes,
+    }
+}
+
+fn input(index: u32) -> Port {
+    Port::Input { index, shard: 0 }
+}
+
+fn slice(buffer: u32, size: u64) -> BufferSlice {
+    BufferSlice {
+        buffer,
+        offset: 0,
+        size,
+    }
+}
+
+/// A dispatch of the `copy` kernel: weight (buffer 2) to logits (buffer 3).
+fn copy(weight_len: u64) -> Dispatch {
+    Dispatch {
+        kernel: 0,
+        bindings: vec![
+            slice(0, STEP_PARAMS_BYTES),
+            slice(2, weight_len),
+            slice(3, 16),
+        ],
+        workgroups: [WorkgroupCount::fixed(1); 3],
+        label: "copy".into(),
+        layer: None,
+    }
+}
+
 fn header(weight: SectionRef) -> PlanHeader {
     PlanHeader {
         model: ModelInfo {
@@ -18,7 +55,6 @@ fn header(weight: SectionRef) -> PlanHeader {
         },
         text: TextInfo::default(),
         compile: CompileInfo::default(),
-        requirements: Requirements::default(),
         buffers: vec![
             BufferDecl {
                 size: STEP_PARAMS_BYTES,
@@ -39,14 +75,29 @@ fn header(weight: SectionRef) -> PlanHeader {
             },
             BufferDecl {
                 size: 16,
-                kind: BufferKind::State {
-                    name: "logits".into(),
+                kind: BufferKind::Output {
+                    output: OutputKind::Logits,
                 },
             },
         ],
-        kernels: vec![],
-        prefill: vec![],
-        decode: vec![],
+        kernels: vec![Kernel {
+            name: "copy".into(),
+            wgsl: String::new(),
+            entry: "main".into(),
+            workgroup_size: [1, 1, 1],
+            bindings: vec![
+                decl("params", Port::Params, Access::Uniform, STEP_PARAMS_BYTES),
+                decl("w", input(0), Access::Read, weight.len),
+                decl("y", Port::Output { index: 0 }, Access::ReadWrite, 16),
+            ],
+        }],
+        variants: vec![Variant {
+            name: "portable".into(),
+            features: vec![],
+            requirements: Requirements::default(),
+            prefill: vec![copy(weight.len)],
+            decode: vec![copy(weight.len)],
+        }],
         io: IoBindings {
             step_params: 0,
             token_ids: 1,
@@ -99,16 +150,58 @@ fn inconsistent_headers_are_rejected() {
         .unwrap_err()
         .contains("outside the data region"));
     let mut h = header(w);
-    h.prefill.push(Dispatch {
-        kernel: 0,
-        bindings: vec![],
-        workgroups: [WorkgroupCount::fixed(1); 3],
-        label: "x".into(),
-    });
+    h.variants[0].prefill[0].kernel = 1;
     assert!(h
         .validate(data.len())
         .unwrap_err()
-        .contains("names kernel 0"));
+        .contains("names kernel 1"));
+}
+
+/// Every dispatch is checked against its kernel's binding contract.
+#[test]
+fn bindings_must_match_the_kernel_contract() {
+    let mut data = DataLayout::default();
+    let w = data.push(Cow::Owned(vec![0u8; 12]));
+    let check = |edit: &dyn Fn(&mut PlanHeader)| {
+        let mut h = header(w);
+        edit(&mut h);
+        h.validate(data.len()).unwrap_err()
+    };
+    // A slice of another size than the kernel declares.
+    let e = check(&|h| h.variants[0].decode[0].bindings[2].size = 8);
+    assert!(e.contains("binds 8 bytes; the kernel declares 16"), "{e}");
+    // The uniform bound to something that is not the step parameters.
+    let e = check(&|h| h.variants[0].decode[0].bindings[0] = slice(1, STEP_PARAMS_BYTES));
+    assert!(
+        e.contains("declared Uniform but binds the token ids"),
+        "{e}"
+    );
+    // A writable binding of a weight.
+    let e = check(&|h| {
+        h.kernels[0].bindings[2].bytes = 12;
+        h.variants[0].prefill[0].bindings[2] = slice(2, 12);
+        h.variants[0].decode[0].bindings[2] = slice(2, 12);
+    });
+    assert!(e.contains("declared ReadWrite but binds the w"), "{e}");
+    // A count mismatch, an unaligned offset, no variant, an empty schedule.
+    let e = check(&|h| {
+        h.variants[0].prefill[0].bindings.pop();
+    });
+    assert!(e.contains("binds 2 buffers, kernel copy declares 3"), "{e}");
+    let e = check(&|h| {
+        h.buffers[3].size = 512;
+        h.variants[0].prefill[0].bindings[2].offset = 4;
+    });
+    assert!(e.contains("not a multiple of 256"), "{e}");
+    let e = check(&|h| h.variants.clear());
+    assert!(e.contains("no variant"), "{e}");
+    let e = check(&|h| h.variants[0].decode.clear());
+    assert!(e.contains("empty decode schedule"), "{e}");
+    // I/O buffers of the wrong kind.
+    let e = check(&|h| h.io.token_ids = 2);
+    assert!(e.contains("not a token-ids buffer"), "{e}");
+    let e = check(&|h| h.model.vocab_size = 0);
+    assert!(e.contains("f32 logits"), "{e}");
 }
 
 #[test]

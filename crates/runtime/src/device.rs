@@ -1,4 +1,14 @@
-//! Opening a wgpu device that meets a plan's requirements.
+//! Opening a wgpu device that meets a plan's requirements, and waiting on it.
+//!
+//! Everything that waits for the GPU is an `async fn`: requesting the adapter
+//! and device, popping error scopes, and the map and work-done callbacks
+//! (delivered through a oneshot channel that [`Gpu::settle`] awaits). The
+//! runtime never blocks a thread itself, so the same code runs in a browser
+//! (where blocking is impossible) and under an async server; a native caller
+//! that wants to block wraps the call in an executor such as
+//! `pollster::block_on`. The surprise: on native targets wgpu makes progress
+//! only when polled, so [`Gpu::settle`] first calls `device.poll(wait)` (on the
+//! web the browser drives the GPU and `poll` returns at once).
 
 use crate::error::RuntimeError;
 use gerbil_plan::Requirements;
@@ -84,57 +94,76 @@ pub fn check_limits(
 impl Gpu {
     /// Opens the first high-performance adapter and a device with its full
     /// limits, after checking them against `need`.
-    pub fn open(need: &Requirements) -> Result<Gpu, RuntimeError> {
-        Gpu::open_with(need, false)
+    pub async fn open(need: &Requirements) -> Result<Gpu, RuntimeError> {
+        Gpu::open_with(need, false).await
     }
 
     /// Like [`Gpu::open`]; with `timestamps`, also enables timestamp queries
     /// inside compute passes when the adapter has them (for profiling).
     ///
-    /// One device per process (per `timestamps` setting) is opened and then
-    /// shared by every later call: sessions of several plans live on one
-    /// device, as they would in a server, and drivers that limit how many
-    /// Vulkan instances or devices a process may create are never exhausted.
-    pub fn open_with(need: &Requirements, timestamps: bool) -> Result<Gpu, RuntimeError> {
-        static SHARED: std::sync::Mutex<Vec<(bool, Gpu)>> = std::sync::Mutex::new(Vec::new());
-        let mut shared = SHARED.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((_, gpu)) = shared.iter().find(|(t, _)| *t == timestamps) {
-            check_limits(&gpu.adapter.name, &gpu.limits, need)?;
-            return Ok(gpu.clone());
+    /// On native targets one device per process (per `timestamps` setting)
+    /// is opened and then shared by every later call: sessions of several
+    /// plans live on one device, as they would in a server, and drivers that
+    /// limit how many Vulkan instances or devices a process may create are
+    /// never exhausted. In a browser every call opens its own device (wgpu's
+    /// WebGPU handles cannot be shared between threads, and a page has no
+    /// driver limit to protect).
+    pub async fn open_with(need: &Requirements, timestamps: bool) -> Result<Gpu, RuntimeError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            // An async lock, held while the first device is created, so that
+            // callers racing to open one still share a single device.
+            static SHARED: futures::lock::Mutex<Vec<(bool, Gpu)>> =
+                futures::lock::Mutex::new(Vec::new());
+            let mut shared = SHARED.lock().await;
+            if let Some((_, gpu)) = shared.iter().find(|(t, _)| *t == timestamps) {
+                check_limits(&gpu.adapter.name, &gpu.limits, need)?;
+                return Ok(gpu.clone());
+            }
+            let gpu = Gpu::create(need, timestamps).await?;
+            shared.push((timestamps, gpu.clone()));
+            Ok(gpu)
         }
-        let gpu = Gpu::create(need, timestamps)?;
-        shared.push((timestamps, gpu.clone()));
-        Ok(gpu)
+        #[cfg(target_arch = "wasm32")]
+        Gpu::create(need, timestamps).await
     }
 
-    fn create(need: &Requirements, timestamps: bool) -> Result<Gpu, RuntimeError> {
+    async fn create(need: &Requirements, timestamps: bool) -> Result<Gpu, RuntimeError> {
         let instance =
             wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = pollster::block_on(instance.request_adapter(&wgpu::RequestAdapterOptions {
-            power_preference: wgpu::PowerPreference::HighPerformance,
-            force_fallback_adapter: false,
-            compatible_surface: None,
-            ..Default::default()
-        }))
-        .map_err(|_| RuntimeError::NoAdapter)?;
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                force_fallback_adapter: false,
+                compatible_surface: None,
+                ..Default::default()
+            })
+            .await
+            .map_err(|_| RuntimeError::NoAdapter)?;
         let info = adapter.get_info();
         let limits = adapter.limits();
         check_limits(&info.name, &limits, need)?;
         let ts = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
-        let features = if timestamps && adapter.features().contains(ts) {
+        let timestamp_features = if timestamps && adapter.features().contains(ts) {
             ts
         } else {
             wgpu::Features::empty()
         };
-        let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
-            label: Some("gerbil"),
-            required_features: features,
-            required_limits: limits.clone(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
-            memory_hints: wgpu::MemoryHints::Performance,
-            trace: wgpu::Trace::Off,
-        }))
-        .map_err(|e| RuntimeError::Device(e.to_string()))?;
+        // Every optional feature a plan variant may need, where the adapter
+        // has it; variants are chosen after the device is open (`variant::pick`).
+        let features = timestamp_features
+            | (adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP));
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("gerbil"),
+                required_features: features,
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| RuntimeError::Device(e.to_string()))?;
         device.on_uncaptured_error(std::sync::Arc::new(|e: wgpu::Error| {
             tracing::error!("uncaptured wgpu error: {e}");
         }));
@@ -148,14 +177,19 @@ impl Gpu {
 
     /// Runs `f` inside out-of-memory and validation error scopes and turns a
     /// captured error into a [`RuntimeError`] that names `context`.
-    pub fn scoped<T>(&self, context: &str, f: impl FnOnce() -> T) -> Result<T, RuntimeError> {
+    pub async fn scoped<T>(
+        &self,
+        context: &str,
+        f: impl FnOnce() -> T,
+    ) -> Result<T, RuntimeError> {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let value = f();
-        let v = pollster::block_on(validation.pop());
-        let o = pollster::block_on(oom.pop());
-        if let Some(e) = o {
-            let _ = e;
+        // Error scopes belong to the thread that pushed them: pop both before
+        // the first await, which may resume on another thread.
+        let (v, o) = (validation.pop(), oom.pop());
+        let (v, o) = (v.await, o.await);
+        if o.is_some() {
             return Err(RuntimeError::OutOfMemory(context.to_string()));
         }
         if let Some(e) = v {
@@ -165,6 +199,56 @@ impl Gpu {
             });
         }
         Ok(value)
+    }
+
+    /// Waits for the callback behind `done` (a buffer mapping, submitted work
+    /// finishing). On native targets this polls the device until the queue is
+    /// idle, which runs the callbacks; in a browser the callback arrives from
+    /// the event loop while this future is pending.
+    pub(crate) async fn settle<T>(
+        &self,
+        done: futures::channel::oneshot::Receiver<T>,
+    ) -> Result<T, RuntimeError> {
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+        done.await.map_err(|_| {
+            RuntimeError::DeviceLost("wgpu dropped a callback without calling it".into())
+        })
+    }
+
+    /// Maps a `MAP_READ` buffer once the GPU is done with it, lets `read`
+    /// copy what it needs out of the bytes, and unmaps the buffer again.
+    pub(crate) async fn read_mapped<T>(
+        &self,
+        buffer: &wgpu::Buffer,
+        read: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, RuntimeError> {
+        let slice = buffer.slice(..);
+        let (tx, rx) = futures::channel::oneshot::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.settle(rx)
+            .await?
+            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+        let value = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+            read(&view)
+        };
+        buffer.unmap();
+        Ok(value)
+    }
+
+    /// Waits until the GPU has finished all work submitted so far.
+    pub(crate) async fn idle(&self) -> Result<(), RuntimeError> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        self.queue.on_submitted_work_done(move || {
+            let _ = tx.send(());
+        });
+        self.settle(rx).await
     }
 }
 

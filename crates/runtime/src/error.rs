@@ -24,6 +24,14 @@ pub enum RuntimeError {
         available: u64,
     },
     /// Creating the device failed.
+    /// No variant of the plan runs on this device.
+    #[error("the GPU `{adapter}` can run none of the plan's variants: {reasons}; recompile with `--target portable`")]
+    NoVariant {
+        /// Adapter name.
+        adapter: String,
+        /// Each variant and what it lacks.
+        reasons: String,
+    },
     #[error("could not create the GPU device: {0}")]
     Device(String),
     /// The GPU ran out of memory.

@@ -24,9 +24,10 @@ pub struct GenerateOptions {
     pub eos_token_ids: Vec<u32>,
 }
 
-/// Runs the prompt and generates; `on_token` sees each token as it is chosen.
+/// Runs the prompt and generates; `on_token` sees each token as it is chosen
+/// (a server streams it from there; the future yields at every GPU readback).
 /// Returns the generated ids. The session's KV cache is reset first.
-pub fn generate(
+pub async fn generate(
     session: &mut Session,
     prompt: &[u32],
     opts: &GenerateOptions,
@@ -43,7 +44,7 @@ pub fn generate(
     if opts.max_new_tokens == 0 {
         return Ok(out);
     }
-    let mut logits = session.forward(prompt)?;
+    let mut logits = session.forward(prompt).await?;
     loop {
         let token = sampler.sample(&logits);
         on_token(TokenEvent {
@@ -54,7 +55,7 @@ pub fn generate(
         if out.len() >= opts.max_new_tokens || opts.eos_token_ids.contains(&token) {
             break;
         }
-        logits = session.forward(&[token])?;
+        logits = session.forward(&[token]).await?;
     }
     Ok(out)
 }

@@ -1,12 +1,17 @@
 //! gerbil's runtime: loads a plan, uploads it to a wgpu device and runs it.
 //!
 //! ```no_run
-//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let plan = gerbil_plan::PlanFile::open("model.plan".as_ref())?;
-//! let mut session = gerbil_runtime::Session::new(&plan)?;
-//! let logits = session.forward(&[1, 2, 3])?; // logits of the last position
+//! let mut session = gerbil_runtime::Session::new(&plan).await?;
+//! let logits = session.forward(&[1, 2, 3]).await?; // logits of the last position
 //! # Ok(()) }
 //! ```
+//!
+//! Everything that waits for the GPU is `async` and the library never blocks
+//! a thread, so it runs in a browser (wasm32 with WebGPU; load the plan with
+//! `PlanFile::from_bytes`) and inside an async server; a command-line tool
+//! blocks at the top with `pollster::block_on(...)`.
 //!
 //! Everything that can be created ahead of time — buffers, pipelines, bind
 //! groups — is created in [`Session::new`]; a step writes two small buffers
@@ -21,6 +26,7 @@ pub mod profile;
 pub mod sampling;
 pub mod session;
 pub mod text;
+pub mod variant;
 
 pub use device::Gpu;
 pub use error::RuntimeError;
@@ -28,3 +34,28 @@ pub use generate::{generate, GenerateOptions, TokenEvent};
 pub use profile::DispatchTime;
 pub use sampling::{argmax, top_logits, Sampler, SamplingParams};
 pub use session::{MemoryReport, Session};
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use gerbil_plan::PlanFile;
+
+    /// A server runs sessions on a multi-threaded executor, which moves futures between
+    /// threads: on native targets every future the runtime returns must be `Send`.
+    /// (This is checked when the test compiles; the futures are never polled.)
+    #[test]
+    fn runtime_futures_are_send() {
+        fn send<T: Send>(_: T) {}
+        fn futures(plan: &PlanFile, session: &mut Session, opts: &GenerateOptions) {
+            send(Gpu::open(&plan.header.variants[0].requirements));
+            send(Session::new(plan));
+            send(Session::new_profiling(plan));
+            send(session.forward(&[1]));
+            send(session.read_logits());
+            send(session.sync());
+            send(session.profile(&[1]));
+            send(generate(session, &[1], opts, |_| {}));
+        }
+        let _ = futures as fn(&PlanFile, &mut Session, &GenerateOptions);
+    }
+}

@@ -1,6 +1,6 @@
 //! Turning a plan kernel into a wgpu compute pipeline.
 
-use gerbil_plan::{BindingDecl, Kernel};
+use gerbil_plan::{Access, Kernel};
 
 /// A kernel's bind-group layout (group 0) and compute pipeline.
 pub struct KernelPipeline {
@@ -10,11 +10,11 @@ pub struct KernelPipeline {
     pub pipeline: wgpu::ComputePipeline,
 }
 
-fn binding_type(b: BindingDecl) -> wgpu::BufferBindingType {
-    match b {
-        BindingDecl::Uniform => wgpu::BufferBindingType::Uniform,
-        BindingDecl::StorageRead => wgpu::BufferBindingType::Storage { read_only: true },
-        BindingDecl::StorageReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
+fn binding_type(access: Access) -> wgpu::BufferBindingType {
+    match access {
+        Access::Uniform => wgpu::BufferBindingType::Uniform,
+        Access::Read => wgpu::BufferBindingType::Storage { read_only: true },
+        Access::ReadWrite => wgpu::BufferBindingType::Storage { read_only: false },
     }
 }
 
@@ -29,7 +29,7 @@ pub fn create_pipeline(device: &wgpu::Device, kernel: &Kernel) -> KernelPipeline
             binding: i as u32,
             visibility: wgpu::ShaderStages::COMPUTE,
             ty: wgpu::BindingType::Buffer {
-                ty: binding_type(*b),
+                ty: binding_type(b.access),
                 has_dynamic_offset: false,
                 min_binding_size: None,
             },

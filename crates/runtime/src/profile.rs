@@ -9,6 +9,8 @@ use crate::session::Session;
 pub struct DispatchTime {
     /// IR node label (e.g. `layers.3.mlp.down_proj`).
     pub label: String,
+    /// The node's transformer layer, if any.
+    pub layer: Option<u32>,
     /// Kernel name.
     pub kernel: String,
     /// Nanoseconds between the timestamps around the dispatch.
@@ -20,7 +22,7 @@ impl Session {
     /// after every dispatch and returns each dispatch's GPU time. Needs a
     /// session from [`Session::new_profiling`] on a device with timestamp
     /// queries inside passes.
-    pub fn profile(&mut self, tokens: &[u32]) -> Result<Vec<DispatchTime>, RuntimeError> {
+    pub async fn profile(&mut self, tokens: &[u32]) -> Result<Vec<DispatchTime>, RuntimeError> {
         if !self.gpu.has_timestamps() {
             return Err(RuntimeError::Device(
                 "this device has no timestamp queries inside compute passes; profiling needs them"
@@ -82,23 +84,10 @@ impl Session {
         enc.resolve_query_set(&queries, 0..count, &resolve, 0);
         enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, bytes);
         self.gpu.queue.submit([enc.finish()]);
-        let (tx, rx) = std::sync::mpsc::channel();
-        read.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
-        rx.recv()
-            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?
-            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
-        let stamps: Vec<u64> = {
-            let view = read
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
-            bytemuck::cast_slice(&view).to_vec()
-        };
+        let stamps: Vec<u64> = self
+            .gpu
+            .read_mapped(&read, |bytes| bytemuck::cast_slice(bytes).to_vec())
+            .await?;
         let period = f64::from(self.gpu.queue.get_timestamp_period());
         let times = recorded
             .into_iter()
@@ -106,6 +95,7 @@ impl Session {
                 let d = &steps[i].dispatch;
                 DispatchTime {
                     label: d.label.clone(),
+                    layer: d.layer,
                     kernel: self.header.kernels[d.kernel as usize].name.clone(),
                     nanos: stamps[i + 1].saturating_sub(stamps[i]) as f64 * period,
                 }

@@ -1,9 +1,15 @@
 //! A loaded plan on a device: buffers, pipelines and bind groups created
 //! once, then steps of prefill or decode, each one submit.
+//!
+//! Creating a session and running it are `async` (see [`crate::device`]):
+//! `Session::new(&plan).await` in a browser or a server,
+//! `pollster::block_on(Session::new(&plan))` in a command-line tool.
 
 use crate::device::Gpu;
 use crate::error::RuntimeError;
-use gerbil_plan::{BufferKind, Dispatch, PlanFile, PlanHeader, STEP_PARAMS_BYTES};
+use gerbil_plan::{
+    BufferKind, Dispatch, PlanFile, PlanHeader, Requirements, Variant, STEP_PARAMS_BYTES,
+};
 use std::num::NonZeroU64;
 
 /// Bytes of GPU memory by purpose.
@@ -31,6 +37,8 @@ pub struct Session {
     pub(crate) pipelines: Vec<wgpu::ComputePipeline>,
     pub(crate) prefill: Vec<Step>,
     pub(crate) decode: Vec<Step>,
+    /// The variant that runs (its schedules are `prefill` and `decode`).
+    variant: Variant,
     readback: wgpu::Buffer,
     pub(crate) position: u64,
     /// Tokens in the last step (the logits row to read when the plan keeps every row).
@@ -43,41 +51,82 @@ fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
     match kind {
         BufferKind::Weight { .. } => U::STORAGE,
         BufferKind::Arena => U::STORAGE,
-        BufferKind::State { .. } => U::STORAGE | U::COPY_SRC,
+        BufferKind::KvCache { .. } | BufferKind::Output { .. } => U::STORAGE | U::COPY_SRC,
         BufferKind::StepParams => U::UNIFORM | U::COPY_DST,
         BufferKind::TokenIds => U::STORAGE | U::COPY_DST,
     }
 }
 
+/// Creates the bind group of every dispatch of one schedule.
+async fn make_steps(
+    gpu: &Gpu,
+    buffers: &[wgpu::Buffer],
+    layouts: &[wgpu::BindGroupLayout],
+    list: &[Dispatch],
+    phase: &str,
+) -> Result<Vec<Step>, RuntimeError> {
+    let mut steps = Vec::with_capacity(list.len());
+    for d in list {
+        let entries: Vec<wgpu::BindGroupEntry> = d
+            .bindings
+            .iter()
+            .enumerate()
+            .map(|(i, s)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &buffers[s.buffer as usize],
+                    offset: s.offset,
+                    size: NonZeroU64::new(s.size),
+                }),
+            })
+            .collect();
+        let bind_group = gpu
+            .scoped(&format!("binding {phase} dispatch `{}`", d.label), || {
+                gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(&d.label),
+                    layout: &layouts[d.kernel as usize],
+                    entries: &entries,
+                })
+            })
+            .await?;
+        steps.push(Step {
+            pipeline: d.kernel as usize,
+            bind_group,
+            dispatch: d.clone(),
+        });
+    }
+    Ok(steps)
+}
+
 impl Session {
     /// Opens a device for the plan, uploads its weights and builds every
     /// pipeline and bind group.
-    pub fn new(plan: &PlanFile) -> Result<Session, RuntimeError> {
-        let gpu = Gpu::open(&plan.header.requirements)?;
-        Session::with_gpu(gpu, plan)
+    pub async fn new(plan: &PlanFile) -> Result<Session, RuntimeError> {
+        let gpu = Gpu::open(&Requirements::default()).await?;
+        Session::with_gpu(gpu, plan).await
     }
 
     /// Like [`Session::new`], with timestamp queries enabled when the device
     /// has them, for [`Session::profile`](crate::profile).
-    pub fn new_profiling(plan: &PlanFile) -> Result<Session, RuntimeError> {
-        let gpu = Gpu::open_with(&plan.header.requirements, true)?;
-        Session::with_gpu(gpu, plan)
+    pub async fn new_profiling(plan: &PlanFile) -> Result<Session, RuntimeError> {
+        let gpu = Gpu::open_with(&Requirements::default(), true).await?;
+        Session::with_gpu(gpu, plan).await
     }
 
-    /// Like [`Session::new`] on an already opened device.
-    pub fn with_gpu(gpu: Gpu, plan: &PlanFile) -> Result<Session, RuntimeError> {
+    /// Like [`Session::new`] on an already opened device. Runs the best
+    /// variant of the plan the device supports ([`crate::variant::pick`]).
+    pub async fn with_gpu(gpu: Gpu, plan: &PlanFile) -> Result<Session, RuntimeError> {
         let header = plan.header.clone();
+        let variant = crate::variant::pick(&header, &gpu)?.clone();
         let device = &gpu.device;
         let mut memory = MemoryReport::default();
         let mut buffers = Vec::with_capacity(header.buffers.len());
         for (i, decl) in header.buffers.iter().enumerate() {
-            let label = match &decl.kind {
-                BufferKind::Weight { name, .. } | BufferKind::State { name } => name.clone(),
-                other => format!("{other:?}"),
-            };
-            let buffer = gpu.scoped(
-                &format!("allocating buffer {i} ({label}, {} bytes)", decl.size),
-                || match &decl.kind {
+            let label = decl.kind.describe();
+            let buffer = gpu
+                .scoped(
+                    &format!("allocating buffer {i} ({label}, {} bytes)", decl.size),
+                    || match &decl.kind {
                     BufferKind::Weight { section, .. } => {
                         let b = device.create_buffer(&wgpu::BufferDescriptor {
                             label: Some(&label),
@@ -98,12 +147,11 @@ impl Session {
                         mapped_at_creation: false,
                     }),
                 },
-            )?;
+                )
+                .await?;
             match &decl.kind {
                 BufferKind::Weight { .. } => memory.weights += decl.size,
-                BufferKind::State { name } if name.contains("cache") => {
-                    memory.kv_cache += decl.size
-                }
+                BufferKind::KvCache { .. } => memory.kv_cache += decl.size,
                 _ => memory.activations += decl.size,
             }
             buffers.push(buffer);
@@ -114,44 +162,13 @@ impl Session {
             let crate::pipeline::KernelPipeline { layout, pipeline } = gpu
                 .scoped(&format!("creating pipeline `{}`", k.name), || {
                     crate::pipeline::create_pipeline(device, k)
-                })?;
+                })
+                .await?;
             layouts.push(layout);
             pipelines.push(pipeline);
         }
-        let make_steps = |list: &[Dispatch], phase: &str| -> Result<Vec<Step>, RuntimeError> {
-            list.iter()
-                .map(|d| {
-                    let entries: Vec<wgpu::BindGroupEntry> = d
-                        .bindings
-                        .iter()
-                        .enumerate()
-                        .map(|(i, s)| wgpu::BindGroupEntry {
-                            binding: i as u32,
-                            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                                buffer: &buffers[s.buffer as usize],
-                                offset: s.offset,
-                                size: NonZeroU64::new(s.size),
-                            }),
-                        })
-                        .collect();
-                    let bind_group =
-                        gpu.scoped(&format!("binding {phase} dispatch `{}`", d.label), || {
-                            device.create_bind_group(&wgpu::BindGroupDescriptor {
-                                label: Some(&d.label),
-                                layout: &layouts[d.kernel as usize],
-                                entries: &entries,
-                            })
-                        })?;
-                    Ok(Step {
-                        pipeline: d.kernel as usize,
-                        bind_group,
-                        dispatch: d.clone(),
-                    })
-                })
-                .collect()
-        };
-        let prefill = make_steps(&header.prefill, "prefill")?;
-        let decode = make_steps(&header.decode, "decode")?;
+        let prefill = make_steps(&gpu, &buffers, &layouts, &variant.prefill, "prefill").await?;
+        let decode = make_steps(&gpu, &buffers, &layouts, &variant.decode, "decode").await?;
         let readback = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits readback"),
             size: header.model.vocab_size * 4,
@@ -165,11 +182,17 @@ impl Session {
             pipelines,
             prefill,
             decode,
+            variant,
             readback,
             position: 0,
             last_step_tokens: 0,
             memory,
         })
+    }
+
+    /// The plan variant this session runs.
+    pub fn variant(&self) -> &Variant {
+        &self.variant
     }
 
     /// The plan's header.
@@ -205,13 +228,13 @@ impl Session {
     /// Runs the model on `tokens` (appended after the cached ones) and returns
     /// the logits of the last one. Long inputs run in chunks of
     /// `max_tokens_per_step`; a single token uses the decode schedule.
-    pub fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, RuntimeError> {
-        self.forward_no_readback(tokens)?;
-        self.read_logits()
+    pub async fn forward(&mut self, tokens: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+        self.forward_no_readback(tokens).await?;
+        self.read_logits().await
     }
 
     /// Like [`Session::forward`] but leaves the logits on the GPU.
-    pub fn forward_no_readback(&mut self, tokens: &[u32]) -> Result<(), RuntimeError> {
+    pub async fn forward_no_readback(&mut self, tokens: &[u32]) -> Result<(), RuntimeError> {
         if tokens.is_empty() {
             return Err(RuntimeError::EmptyInput);
         }
@@ -226,7 +249,9 @@ impl Session {
         }
         let chunk = self.header.model.max_tokens_per_step as usize;
         for part in tokens.chunks(chunk) {
-            self.gpu.scoped("running a step", || self.run_step(part))?;
+            self.gpu
+                .scoped("running a step", || self.run_step(part))
+                .await?;
             self.position += part.len() as u64;
             self.last_step_tokens = part.len() as u64;
         }
@@ -289,7 +314,7 @@ impl Session {
     }
 
     /// Copies the last step's logits to the CPU.
-    pub fn read_logits(&self) -> Result<Vec<f32>, RuntimeError> {
+    pub async fn read_logits(&self) -> Result<Vec<f32>, RuntimeError> {
         let io = self.header.io.logits;
         let row_bytes = self.vocab_size() * 4;
         let row = if self.header.io.logits_all_rows {
@@ -297,7 +322,9 @@ impl Session {
         } else {
             0
         };
-        let enc = self.gpu.scoped("copying the logits", || {
+        let enc = self
+            .gpu
+            .scoped("copying the logits", || {
             let mut enc = self
                 .gpu
                 .device
@@ -312,38 +339,20 @@ impl Session {
                 row_bytes,
             );
             enc.finish()
-        })?;
+            })
+            .await?;
         self.gpu.queue.submit([enc]);
-        let slice = self.readback.slice(..);
-        let (tx, rx) = std::sync::mpsc::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.gpu
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
-        rx.recv()
-            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?
-            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
         let vocab = self.vocab_size() as usize;
-        let logits = {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
-            let all: &[f32] = bytemuck::cast_slice(&view);
-            all[..vocab.min(all.len())].to_vec()
-        };
-        self.readback.unmap();
-        Ok(logits)
+        self.gpu
+            .read_mapped(&self.readback, |bytes| {
+                let all: &[f32] = bytemuck::cast_slice(bytes);
+                all[..vocab.min(all.len())].to_vec()
+            })
+            .await
     }
 
     /// Waits until the GPU has finished all submitted work.
-    pub fn sync(&self) -> Result<(), RuntimeError> {
-        self.gpu
-            .device
-            .poll(wgpu::PollType::wait_indefinitely())
-            .map(|_| ())
-            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))
+    pub async fn sync(&self) -> Result<(), RuntimeError> {
+        self.gpu.idle().await
     }
 }

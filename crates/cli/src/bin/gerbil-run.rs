@@ -19,6 +19,10 @@ struct Cli {
     cmd: Option<Cmd>,
     #[command(flatten)]
     gen: GenArgs,
+    /// Log what gerbil does (device, plan variant) to stderr; `GERBIL_LOG`
+    /// (a tracing filter) overrides it.
+    #[arg(short, long, global = true)]
+    verbose: bool,
 }
 
 #[derive(Args)]
@@ -81,18 +85,24 @@ enum Cmd {
 }
 
 fn main() {
+    let cli = Cli::parse();
+    let filter = match std::env::var("GERBIL_LOG") {
+        Ok(f) => tracing_subscriber::EnvFilter::new(f),
+        // gerbil's own crates at info, everything else (wgpu) at warn.
+        Err(_) if cli.verbose => tracing_subscriber::EnvFilter::new("warn,gerbil=info"),
+        Err(_) => tracing_subscriber::EnvFilter::new("error"),
+    };
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("GERBIL_LOG"))
+        .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .init();
-    if let Err(e) = real_main() {
+    if let Err(e) = real_main(cli) {
         eprintln!("error: {}", gerbil_cli::error_message(&e));
         std::process::exit(1);
     }
 }
 
-fn real_main() -> Result<()> {
-    let cli = Cli::parse();
+fn real_main(cli: Cli) -> Result<()> {
     match cli.cmd {
         Some(Cmd::Bench {
             prompt_tokens,
@@ -101,7 +111,7 @@ fn real_main() -> Result<()> {
             json,
             profile,
         }) => {
-            let r = bench(
+            let r = pollster::block_on(bench(
                 &cli.plan,
                 BenchOptions {
                     prompt_tokens,
@@ -109,12 +119,13 @@ fn real_main() -> Result<()> {
                     repeats,
                     profile,
                 },
-            )?;
+            ))?;
             if json {
                 println!("{}", serde_json::to_string(&r)?);
             } else {
                 let mib = |b: u64| b as f64 / (1 << 20) as f64;
                 println!("device      {}", r.device);
+                println!("variant     {}", r.variant);
                 println!(
                     "prefill     {:.1} tok/s ({prompt_tokens} tokens)",
                     r.prefill_tok_s
@@ -160,7 +171,7 @@ fn real_main() -> Result<()> {
                 (None, Some(ids)) => Prompt::Ids(ids),
                 _ => bail!("give --prompt TEXT or --input-ids 1,2,3"),
             };
-            run(
+            pollster::block_on(run(
                 &cli.plan,
                 &RunOptions {
                     prompt,
@@ -175,7 +186,7 @@ fn real_main() -> Result<()> {
                     json: g.json,
                     ignore_eos: g.ignore_eos,
                 },
-            )?;
+            ))?;
         }
     }
     Ok(())

@@ -4,6 +4,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use gerbil_cli::inspect::{inspect, render};
 use gerbil_cli::passes::{bisect_note, pass_stats};
+use gerbil_cli::schedule::render_schedule;
 use gerbil_compiler::{
     compile, opt, Checkpoint, CompileOptions, DumpIr, Dumps, OptOptions, PassReport, PassSelection,
     Target, DEFAULT_MAX_TOKENS_PER_STEP,
@@ -59,7 +60,7 @@ enum Cmd {
         emit_wgsl: Option<PathBuf>,
         /// Device limits to compile for.
         #[arg(long, default_value = "portable", value_parser = parse_target)]
-        target: Target,
+        target: Box<Target>,
         /// Override the target's largest storage binding in bytes (weights
         /// larger than this are split into row shards).
         #[arg(long, value_name = "BYTES")]
@@ -88,8 +89,11 @@ enum Cmd {
         /// The plan.
         plan: PathBuf,
         /// Print one JSON object.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "schedule")]
         json: bool,
+        /// List every dispatch of each schedule in order, with its IR label and kernel.
+        #[arg(long)]
+        schedule: bool,
     },
 }
 
@@ -107,8 +111,13 @@ fn report_passes(report: &PassReport, stats: bool, bisect: Option<usize>) {
     }
 }
 
-fn parse_target(s: &str) -> Result<Target, String> {
-    s.parse()
+fn parse_target(s: &str) -> Result<Box<Target>, String> {
+    Target::named(s).map(Box::new).ok_or_else(|| {
+        format!(
+            "unknown target `{s}`; expected one of: {}",
+            Target::NAMES.join(", ")
+        )
+    })
 }
 
 fn main() {
@@ -143,7 +152,7 @@ fn real_main() -> Result<()> {
                 max_context,
                 max_tokens_per_step,
                 disabled_passes: disable_pass,
-                target,
+                target: *target,
                 max_storage_binding,
                 bisect,
             };
@@ -161,8 +170,8 @@ fn real_main() -> Result<()> {
                     "wrote {} ({} kernels, {} prefill / {} decode dispatches, {:.1} MB of weights)",
                     out.display(),
                     h.kernels.len(),
-                    h.prefill.len(),
-                    h.decode.len(),
+                    h.variants[0].prefill.len(),
+                    h.variants[0].decode.len(),
                     plan.weight_bytes as f64 / 1e6
                 );
             }
@@ -192,8 +201,16 @@ fn real_main() -> Result<()> {
             let out = opt(&text, &input, &opts, &mut dumps)?;
             report_passes(&out.passes, pass_stats, bisect);
         }
-        Cmd::Inspect { plan, json } => {
+        Cmd::Inspect {
+            plan,
+            json,
+            schedule,
+        } => {
             let plan = gerbil_plan::PlanFile::open(&plan)?;
+            if schedule {
+                print!("{}", render_schedule(&plan.header));
+                return Ok(());
+            }
             let i = inspect(&plan.header);
             if json {
                 println!("{}", serde_json::to_string_pretty(&i)?);

@@ -12,7 +12,7 @@
 //! with up to 256 cached keys runs a single chunk. Masked keys use a finite
 //! sentinel instead of −∞ so no NaN can arise.
 
-use super::{bindings, f32_binding, f32_lit, prelude, tree_reduce, Access, KernelSource, Rows};
+use super::{f32_lit, input, output, prelude, tree_reduce, Bindings, KernelSource, Rows};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
@@ -54,10 +54,11 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
         f32_lit(s.scale),
         s.window
     );
-    f32_binding(&mut w, 1, "q", true);
-    f32_binding(&mut w, 2, "kc", false);
-    f32_binding(&mut w, 3, "vc", false);
-    f32_binding(&mut w, 4, "y", true);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "q");
+    b.read_f32(&mut w, input(1), "kc");
+    b.read_f32(&mut w, input(2), "vc");
+    b.activation(&mut w, output(0), "y");
     let _ = write!(
         w,
         "var<workgroup> qs: array<f32, HD>;\n\
@@ -108,12 +109,7 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
         ),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
-        bindings: bindings(&[
-            Access::Activation,
-            Access::Read,
-            Access::Read,
-            Access::Activation,
-        ]),
+        bindings: b.finish(),
         workgroups: [
             WorkgroupCount::fixed(s.heads),
             Rows::Tokens.count(1, 1),

@@ -1,7 +1,7 @@
 //! Elementwise kernels, one thread per element: unary activations, binary
 //! add/mul, the KV-cache write, and the row and column slices.
 
-use super::{bindings, f32_binding, f32_lit, prelude, Access, KernelSource, Rows};
+use super::{f32_lit, input, output, prelude, Bindings, KernelSource, Rows};
 use gerbil_ir::{BinaryOp, DType, UnaryOp};
 use gerbil_plan::{BindingDecl, WorkgroupCount};
 use std::fmt::Write;
@@ -70,8 +70,9 @@ fn unary_tag(op: UnaryOp) -> String {
 /// `y = f(x)`.
 pub fn unary(op: UnaryOp, rows: Rows, width: u32) -> KernelSource {
     let mut w = header(width);
-    f32_binding(&mut w, 1, "x", true);
-    f32_binding(&mut w, 2, "y", true);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "x");
+    b.activation(&mut w, output(0), "y");
     w.push_str(&entry(
         rows,
         &format!("  let v = x[i];\n  y[i] = {};\n", unary_expr(op, "v")),
@@ -81,16 +82,17 @@ pub fn unary(op: UnaryOp, rows: Rows, width: u32) -> KernelSource {
         w,
         rows,
         width,
-        bindings(&[Access::Activation, Access::Activation]),
+        b.finish(),
     )
 }
 
 /// `y = a ∘ b`.
 pub fn binary(op: BinaryOp, rows: Rows, width: u32) -> KernelSource {
     let mut w = header(width);
-    f32_binding(&mut w, 1, "a", true);
-    f32_binding(&mut w, 2, "b", true);
-    f32_binding(&mut w, 3, "y", true);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "a");
+    b.activation(&mut w, input(1), "b");
+    b.activation(&mut w, output(0), "y");
     let (sym, tag) = match op {
         BinaryOp::Add => ("+", "add"),
         BinaryOp::Mul => ("*", "mul"),
@@ -101,50 +103,49 @@ pub fn binary(op: BinaryOp, rows: Rows, width: u32) -> KernelSource {
         w,
         rows,
         width,
-        bindings(&[Access::Activation, Access::Activation, Access::Activation]),
+        b.finish(),
     )
 }
 
 /// `y[r, n] = x[r, n] + b[n]`, the bias of a linear layer.
 pub fn add_bias(rows: Rows, width: u32, bdtype: DType) -> KernelSource {
     let mut w = header(width);
-    f32_binding(&mut w, 1, "x", true);
-    super::weight_binding(&mut w, 2, "b", bdtype);
-    f32_binding(&mut w, 3, "y", true);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "x");
+    b.weight(&mut w, input(1), "b", bdtype);
+    b.activation(&mut w, output(0), "y");
     w.push_str(&entry(rows, "  y[i] = x[i] + load_b(i % W);\n"));
     flat(
         format!("add_bias_{bdtype}_r{}_w{width}", rows.tag()),
         w,
         rows,
         width,
-        bindings(&[Access::Activation, Access::Read, Access::Activation]),
+        b.finish(),
     )
 }
 
 /// `cache[P + t] = x[t]` for every row `t` of the step.
 pub fn cache_write(width: u32) -> KernelSource {
     let mut w = header(width);
-    f32_binding(&mut w, 1, "cache", true);
-    f32_binding(&mut w, 2, "x", true);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "cache");
+    b.activation(&mut w, input(1), "x");
     w.push_str(&entry(Rows::Tokens, "  cache[params.p * W + i] = x[i];\n"));
     flat(
         format!("cache_write_w{width}"),
         w,
         Rows::Tokens,
         width,
-        vec![
-            BindingDecl::Uniform,
-            BindingDecl::StorageReadWrite,
-            BindingDecl::StorageReadWrite,
-        ],
+        b.finish(),
     )
 }
 
 /// `y[0] = x[T - 1]`.
 pub fn slice_last_row(width: u32) -> KernelSource {
     let mut w = header(width);
-    f32_binding(&mut w, 1, "x", true);
-    f32_binding(&mut w, 2, "y", true);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "x");
+    b.activation(&mut w, output(0), "y");
     w.push_str(&entry(
         Rows::Fixed(1),
         "  y[i] = x[(params.t - 1u) * W + i];\n",
@@ -154,7 +155,7 @@ pub fn slice_last_row(width: u32) -> KernelSource {
         w,
         Rows::Fixed(1),
         width,
-        bindings(&[Access::Activation, Access::Activation]),
+        b.finish(),
     )
 }
 
@@ -162,8 +163,9 @@ pub fn slice_last_row(width: u32) -> KernelSource {
 pub fn slice_cols(rows: Rows, width: u32, start: u32, len: u32) -> KernelSource {
     let mut w = header(len);
     let _ = writeln!(w, "const XW: u32 = {width}u;\nconst START: u32 = {start}u;");
-    f32_binding(&mut w, 1, "x", true);
-    f32_binding(&mut w, 2, "y", true);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "x");
+    b.activation(&mut w, output(0), "y");
     w.push_str(&entry(
         rows,
         "  let r = i / W;\n  let c = i % W;\n  y[i] = x[r * XW + START + c];\n",
@@ -173,6 +175,6 @@ pub fn slice_cols(rows: Rows, width: u32, start: u32, len: u32) -> KernelSource 
         w,
         rows,
         len,
-        bindings(&[Access::Activation, Access::Activation]),
+        b.finish(),
     )
 }

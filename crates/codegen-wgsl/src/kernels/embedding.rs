@@ -4,9 +4,11 @@
 //! Ids outside the vocabulary read row 0 (the runtime rejects them first).
 //! A table larger than one binding arrives as row shards; the id picks one.
 
-use super::{f32_lit, prelude, tree_reduce, weight_binding, KernelSource, Rows};
+use super::{
+    f32_lit, input, input_shard, output, prelude, tree_reduce, Bindings, KernelSource, Rows,
+};
 use gerbil_ir::DType;
-use gerbil_plan::{BindingDecl, WorkgroupCount};
+use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
 const WG: u32 = 256;
@@ -39,8 +41,8 @@ pub struct NormSpec {
 
 /// Module header shared by both kernels: constants, table (shard) bindings,
 /// the ids binding and `fn lookup(id, h) -> f32` (scaled). Returns the
-/// source, the next free binding and the tag for kernel names.
-fn header(s: &EmbeddingSpec) -> (String, u32, String) {
+/// source, the bindings so far and the tag for kernel names.
+fn header(s: &EmbeddingSpec) -> (String, Bindings, String) {
     let starts: Vec<u32> = match s.shard_rows {
         Some(r) if r > 0 && r < s.vocab => (0..s.vocab.div_ceil(r)).map(|i| i * r).collect(),
         _ => vec![0],
@@ -56,14 +58,11 @@ fn header(s: &EmbeddingSpec) -> (String, u32, String) {
         "const V: u32 = {}u;\nconst H: u32 = {}u;",
         s.vocab, s.width
     );
+    let mut b = Bindings::new();
     for (i, name) in names.iter().enumerate() {
-        weight_binding(&mut w, 1 + i as u32, name, s.wdtype);
+        b.weight(&mut w, input_shard(0, i as u32), name, s.wdtype);
     }
-    let ids = 1 + names.len() as u32;
-    let _ = writeln!(
-        w,
-        "@group(0) @binding({ids}) var<storage, read> ids: array<u32>;"
-    );
+    b.ids(&mut w, input(1), "ids");
     let scale = s
         .scale
         .map(|v| format!(" * {}", f32_lit(v)))
@@ -89,26 +88,13 @@ fn header(s: &EmbeddingSpec) -> (String, u32, String) {
             String::new()
         }
     );
-    (w, ids + 1, tag)
-}
-
-fn decls(reads: u32, writes: usize) -> Vec<BindingDecl> {
-    let mut d = vec![BindingDecl::Uniform];
-    d.extend(std::iter::repeat_n(
-        BindingDecl::StorageRead,
-        reads as usize,
-    ));
-    d.extend(std::iter::repeat_n(BindingDecl::StorageReadWrite, writes));
-    d
+    (w, b, tag)
 }
 
 /// Builds the lookup kernel.
 pub fn kernel(s: EmbeddingSpec) -> KernelSource {
-    let (mut w, next, tag) = header(&s);
-    let _ = writeln!(
-        w,
-        "@group(0) @binding({next}) var<storage, read_write> y: array<f32>;"
-    );
+    let (mut w, mut b, tag) = header(&s);
+    b.activation(&mut w, output(0), "y");
     let _ = write!(
         w,
         "@compute @workgroup_size({WG}, 1, 1)\n\
@@ -121,7 +107,7 @@ pub fn kernel(s: EmbeddingSpec) -> KernelSource {
         name: format!("embedding_{tag}"),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
-        bindings: decls(next - 1, 1),
+        bindings: b.finish(),
         workgroups: [
             Rows::Tokens.count(s.width, WG),
             WorkgroupCount::fixed(1),
@@ -134,15 +120,13 @@ pub fn kernel(s: EmbeddingSpec) -> KernelSource {
 /// Builds the lookup fused with an RMSNorm: bindings are the table (shards),
 /// ids, norm weight, then `x` (the looked-up rows) and `y` (normalized).
 pub fn kernel_with_norm(s: EmbeddingSpec, n: NormSpec) -> KernelSource {
-    let (mut w, next, tag) = header(&s);
-    weight_binding(&mut w, next, "w", n.wdtype);
+    let (mut w, mut b, tag) = header(&s);
+    b.weight(&mut w, input(2), "w", n.wdtype);
+    b.activation(&mut w, output(0), "x");
+    b.activation(&mut w, output(1), "y");
     let _ = writeln!(
         w,
-        "@group(0) @binding({}) var<storage, read_write> x: array<f32>;\n\
-         @group(0) @binding({}) var<storage, read_write> y: array<f32>;\n\
-         const EPS: f32 = {};\nconst OFFSET: f32 = {};\nconst WG: u32 = {WG}u;",
-        next + 1,
-        next + 2,
+        "const EPS: f32 = {};\nconst OFFSET: f32 = {};\nconst WG: u32 = {WG}u;",
         f32_lit(n.eps),
         f32_lit(n.offset)
     );
@@ -164,7 +148,7 @@ pub fn kernel_with_norm(s: EmbeddingSpec, n: NormSpec) -> KernelSource {
         name: format!("embedding_rms_norm_{tag}_w{}", n.wdtype),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
-        bindings: decls(next, 2),
+        bindings: b.finish(),
         workgroups: [
             Rows::Tokens.count(1, 1),
             WorkgroupCount::fixed(1),

@@ -13,9 +13,7 @@
 //! two sums are reduced one after the other through the same workgroup
 //! memory, so the kernel needs no more of it than a plain matmul.
 
-use super::{
-    bindings, f32_binding, prelude, split_groups, weight_binding, Access, KernelSource, Rows,
-};
+use super::{input, input_shard, output, prelude, split_groups, Bindings, KernelSource, Rows};
 use gerbil_ir::{DType, UnaryOp};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
@@ -125,7 +123,8 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         n = s.n,
         tt = s.tt
     );
-    f32_binding(&mut w, 1, "x", true);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "x");
     let glu = s.glu.is_some();
     let starts = shards(if glu { 2 * s.n } else { s.n }, s.shard_rows);
     let names: Vec<String> = if starts.len() == 1 {
@@ -134,14 +133,12 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         (0..starts.len()).map(|i| format!("w{i}")).collect()
     };
     for (i, name) in names.iter().enumerate() {
-        weight_binding(&mut w, 2 + i as u32, name, s.wdtype);
+        b.weight(&mut w, input_shard(1, i as u32), name, s.wdtype);
     }
-    let mut next = 2 + names.len() as u32;
     if s.bias {
-        weight_binding(&mut w, next, "b", DType::F32);
-        next += 1;
+        b.weight(&mut w, input(2), "b", DType::F32);
     }
-    f32_binding(&mut w, next, "y", true);
+    b.activation(&mut w, output(0), "y");
     let mut inner = String::new();
     if glu && names.len() > 1 {
         // Gate row `n` and up row `N + n` may lie in different shards: load
@@ -272,15 +269,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         ),
         wgsl: w,
         workgroup_size: [lanes, cols, 1],
-        bindings: bindings(
-            &std::iter::once(Access::Activation)
-                .chain(std::iter::repeat_n(
-                    Access::Read,
-                    names.len() + usize::from(s.bias),
-                ))
-                .chain(std::iter::once(Access::Activation))
-                .collect::<Vec<_>>(),
-        ),
+        bindings: b.finish(),
         workgroups: [WorkgroupCount::fixed(gx), WorkgroupCount::fixed(gy), z],
         workgroup_bytes: THREADS * s.tt * 4,
     }

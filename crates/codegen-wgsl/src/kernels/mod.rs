@@ -1,9 +1,13 @@
 //! One WGSL template per op, specialized with constants.
 //!
 //! Every kernel binds the step parameters (`T`, `P`) as a uniform at binding 0
-//! and its tensors as storage buffers from binding 1, inputs first (in the IR
-//! op's port order) and the output last. Templates never assume power-of-two
-//! sizes: every loop and store is bounds-checked against the true dimension.
+//! and its tensors as storage buffers from binding 1. A template declares each
+//! binding through [`Bindings`], which writes the WGSL declaration and records
+//! the IR operand ([`Port`]) it stands for in the same call: the binding
+//! number, the declaration and the operand cannot drift apart, and the
+//! schedule binds buffers by port, not by position. Templates never assume
+//! power-of-two sizes: every loop and store is bounds-checked against the true
+//! dimension.
 
 pub mod attention;
 pub mod elementwise;
@@ -14,7 +18,7 @@ pub mod rms_norm;
 pub mod rope;
 
 use gerbil_ir::DType;
-use gerbil_plan::{BindingDecl, WorkgroupCount};
+use gerbil_plan::{Access, BindingDecl, Elem, Port, WorkgroupCount};
 use std::fmt::Write;
 
 /// Most workgroups a dispatch may have along one axis (WebGPU's default limit).
@@ -29,7 +33,8 @@ pub struct KernelSource {
     pub wgsl: String,
     /// `@workgroup_size`.
     pub workgroup_size: [u32; 3],
-    /// Binding declarations, binding 0 first.
+    /// Binding declarations, binding 0 first (`bytes` still 0: the schedule
+    /// fills them from the operands it binds).
     pub bindings: Vec<BindingDecl>,
     /// Workgroup counts along x, y, z.
     pub workgroups: [WorkgroupCount; 3],
@@ -89,12 +94,107 @@ pub fn prelude() -> String {
 }
 
 /// Declares a storage binding of f32 elements.
-pub fn f32_binding(out: &mut String, binding: u32, name: &str, writable: bool) {
+fn f32_binding(out: &mut String, binding: u32, name: &str, writable: bool) {
     let access = if writable { "read_write" } else { "read" };
     let _ = writeln!(
         out,
         "@group(0) @binding({binding}) var<storage, {access}> {name}: array<f32>;"
     );
+}
+
+/// Input port `index` of the op (a whole buffer, or shard 0).
+pub fn input(index: u32) -> Port {
+    Port::Input { index, shard: 0 }
+}
+
+/// Row shard `shard` of input port `index`.
+pub fn input_shard(index: u32, shard: u32) -> Port {
+    Port::Input { index, shard }
+}
+
+/// Output port `index` of the op.
+pub fn output(index: u32) -> Port {
+    Port::Output { index }
+}
+
+/// A kernel's bindings in binding order, each declared in WGSL and tied to
+/// the IR operand it binds. Binding 0 is the step-parameter uniform of
+/// [`prelude`].
+pub struct Bindings {
+    decls: Vec<BindingDecl>,
+}
+
+impl Default for Bindings {
+    fn default() -> Self {
+        Bindings::new()
+    }
+}
+
+impl Bindings {
+    /// Binding 0, the step parameters, already declared by [`prelude`].
+    pub fn new() -> Self {
+        Bindings {
+            decls: vec![BindingDecl {
+                name: "params".into(),
+                port: Port::Params,
+                access: Access::Uniform,
+                elem: Elem::U32,
+                bytes: 0,
+            }],
+        }
+    }
+
+    fn push(&mut self, name: &str, port: Port, access: Access, elem: Elem) -> u32 {
+        self.decls.push(BindingDecl {
+            name: name.to_string(),
+            port,
+            access,
+            elem,
+            bytes: 0,
+        });
+        (self.decls.len() - 1) as u32
+    }
+
+    /// An f32 activation, `read_write`: activations share arena buffers, and
+    /// WebGPU lets one buffer be bound several times in a dispatch only if
+    /// every binding is writable storage. Also a cache written in place.
+    pub fn activation(&mut self, out: &mut String, port: Port, name: &str) {
+        let n = self.push(name, port, Access::ReadWrite, Elem::F32);
+        f32_binding(out, n, name, true);
+    }
+
+    /// An f32 tensor only read, in a buffer of its own: a RoPE table, or a
+    /// KV cache as attention reads it.
+    pub fn read_f32(&mut self, out: &mut String, port: Port, name: &str) {
+        let n = self.push(name, port, Access::Read, Elem::F32);
+        f32_binding(out, n, name, false);
+    }
+
+    /// Token ids, `array<u32>`, read.
+    pub fn ids(&mut self, out: &mut String, port: Port, name: &str) {
+        let n = self.push(name, port, Access::Read, Elem::U32);
+        let _ = writeln!(
+            out,
+            "@group(0) @binding({n}) var<storage, read> {name}: array<u32>;"
+        );
+    }
+
+    /// A weight of `dtype`, with `load_NAME(i) -> f32` and (packed dtypes) `pair_NAME(word)` loaders.
+    pub fn weight(&mut self, out: &mut String, port: Port, name: &str, dtype: DType) {
+        let elem = match dtype {
+            DType::F32 => Elem::F32,
+            DType::U32 => Elem::U32,
+            DType::BF16 => Elem::Bf16x2,
+            DType::F16 => Elem::F16x2,
+        };
+        let n = self.push(name, port, Access::Read, elem);
+        weight_binding(out, n, name, dtype);
+    }
+
+    /// The declarations, binding 0 first.
+    pub fn finish(self) -> Vec<BindingDecl> {
+        self.decls
+    }
 }
 
 /// Exact IEEE binary16 → binary32 conversion with integer operations, so
@@ -116,7 +216,7 @@ const F16_DECODE: &str = "fn f16_bits_to_f32(h: u32) -> f32 {
 /// Declares a read-only weight binding of `dtype` and a loader
 /// `fn load_{name}(i: u32) -> f32` returning element `i` widened to f32
 /// (bf16 and f16 are packed two per `u32`, low half first).
-pub fn weight_binding(out: &mut String, binding: u32, name: &str, dtype: DType) {
+fn weight_binding(out: &mut String, binding: u32, name: &str, dtype: DType) {
     match dtype {
         DType::F32 | DType::U32 => {
             f32_binding(out, binding, name, false);
@@ -145,27 +245,6 @@ pub fn weight_binding(out: &mut String, binding: u32, name: &str, dtype: DType) 
             }
         }
     }
-}
-
-/// How a kernel binds one tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Access {
-    /// A weight, table or cache read by this kernel: `read`.
-    Read,
-    /// An activation: `read_write`. Activations share arena buffers, and
-    /// WebGPU lets one buffer be bound several times in a dispatch only if
-    /// every binding is writable storage.
-    Activation,
-}
-
-/// Binding declarations: the uniform at 0, then one per tensor.
-pub fn bindings(tensors: &[Access]) -> Vec<BindingDecl> {
-    std::iter::once(BindingDecl::Uniform)
-        .chain(tensors.iter().map(|a| match a {
-            Access::Read => BindingDecl::StorageRead,
-            Access::Activation => BindingDecl::StorageReadWrite,
-        }))
-        .collect()
 }
 
 /// Splits `groups` workgroups over x and y so neither exceeds the limit;

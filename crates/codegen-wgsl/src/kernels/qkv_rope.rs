@@ -11,10 +11,7 @@
 //! memory, then rotates pairs out of it, so a pair's two elements never
 //! race. Nothing assumes power-of-two head sizes.
 
-use super::{
-    bindings, f32_binding, f32_lit, prelude, tree_reduce, weight_binding, Access, KernelSource,
-    Rows,
-};
+use super::{f32_lit, input, output, prelude, tree_reduce, Bindings, KernelSource, Rows};
 use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
@@ -54,11 +51,11 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
         xw = (s.heads + 2 * s.kv_heads) * s.head_dim,
         slots = s.heads + 2 * s.kv_heads,
     );
-    f32_binding(&mut w, 1, "x", true);
-    f32_binding(&mut w, 2, "table", false);
-    f32_binding(&mut w, 3, "kc", true);
-    f32_binding(&mut w, 4, "vc", true);
-    let mut next = 5;
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "x");
+    b.read_f32(&mut w, input(1), "table");
+    b.activation(&mut w, input(2), "kc");
+    b.activation(&mut w, input(3), "vc");
     if let Some((eps, off, dt)) = s.norm {
         let _ = writeln!(
             w,
@@ -66,11 +63,10 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
             f32_lit(eps),
             f32_lit(off)
         );
-        weight_binding(&mut w, 5, "qn", dt);
-        weight_binding(&mut w, 6, "kn", dt);
-        next = 7;
+        b.weight(&mut w, input(4), "qn", dt);
+        b.weight(&mut w, input(5), "kn", dt);
     }
-    f32_binding(&mut w, next, "q", true);
+    b.activation(&mut w, output(0), "q");
     let load = match s.norm {
         Some(_) => format!(
             "  var ss = 0.0f;\n\
@@ -117,16 +113,6 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
          \x20     kc[(params.p + t) * KW + (h - NH) * HD + j] = o;\n\
          \x20   }}\n  }}\n}}\n"
     );
-    let mut access = vec![
-        Access::Activation,
-        Access::Read,
-        Access::Activation,
-        Access::Activation,
-    ];
-    if s.norm.is_some() {
-        access.extend([Access::Read, Access::Read]);
-    }
-    access.push(Access::Activation);
     KernelSource {
         name: format!(
             "qkv_rope_h{}_kv{}_d{}_r{}{}",
@@ -141,7 +127,7 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
         ),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
-        bindings: bindings(&access),
+        bindings: b.finish(),
         workgroups: [
             Rows::Tokens.count(s.heads + 2 * s.kv_heads, 1),
             WorkgroupCount::fixed(1),

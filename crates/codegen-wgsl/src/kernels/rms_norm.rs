@@ -9,10 +9,7 @@
 //! writes the sum (the new residual stream) and normalizes it in the same
 //! dispatch.
 
-use super::{
-    bindings, f32_binding, f32_lit, prelude, tree_reduce, weight_binding, Access, KernelSource,
-    Rows,
-};
+use super::{f32_lit, input, output, prelude, tree_reduce, Bindings, KernelSource, Rows};
 use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
@@ -52,9 +49,10 @@ fn header(s: &RmsNormSpec) -> String {
 /// Builds the kernel.
 pub fn kernel(s: RmsNormSpec) -> KernelSource {
     let mut w = header(&s);
-    f32_binding(&mut w, 1, "x", true);
-    weight_binding(&mut w, 2, "w", s.wdtype);
-    f32_binding(&mut w, 3, "y", true);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "x");
+    b.weight(&mut w, input(1), "w", s.wdtype);
+    b.activation(&mut w, output(0), "y");
     let _ = write!(
         w,
         "var<workgroup> red: array<f32, WG>;\n\
@@ -82,7 +80,7 @@ pub fn kernel(s: RmsNormSpec) -> KernelSource {
         },
         wgsl: w,
         workgroup_size: [WG, 1, 1],
-        bindings: bindings(&[Access::Activation, Access::Read, Access::Activation]),
+        bindings: b.finish(),
         workgroups: [
             s.rows.count(s.groups, 1),
             WorkgroupCount::fixed(1),
@@ -107,11 +105,12 @@ pub fn add_kernel_last_row(s: RmsNormSpec) -> KernelSource {
 fn add_kernel_rows(s: RmsNormSpec, last_row: bool) -> KernelSource {
     let src_row = if last_row { "(params.t - 1u)" } else { "row" };
     let mut w = header(&s);
-    f32_binding(&mut w, 1, "a", true);
-    f32_binding(&mut w, 2, "b", true);
-    weight_binding(&mut w, 3, "w", s.wdtype);
-    f32_binding(&mut w, 4, "sum", true);
-    f32_binding(&mut w, 5, "y", true);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "a");
+    b.activation(&mut w, input(1), "b");
+    b.weight(&mut w, input(2), "w", s.wdtype);
+    b.activation(&mut w, output(0), "sum");
+    b.activation(&mut w, output(1), "y");
     let _ = write!(
         w,
         "var<workgroup> red: array<f32, WG>;\n\
@@ -138,13 +137,7 @@ fn add_kernel_rows(s: RmsNormSpec, last_row: bool) -> KernelSource {
         ),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
-        bindings: bindings(&[
-            Access::Activation,
-            Access::Activation,
-            Access::Read,
-            Access::Activation,
-            Access::Activation,
-        ]),
+        bindings: b.finish(),
         workgroups: [
             s.rows.count(1, 1),
             WorkgroupCount::fixed(1),

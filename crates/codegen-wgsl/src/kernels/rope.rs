@@ -2,7 +2,7 @@
 //! precomputed `[Lmax, rotary_dim]` table (cos then sin of each frequency).
 //! One thread per (row, head, pair); dimensions past `rotary_dim` are copied.
 
-use super::{bindings, f32_binding, prelude, Access, KernelSource, Rows};
+use super::{input, output, prelude, Bindings, KernelSource, Rows};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
@@ -30,9 +30,10 @@ pub fn kernel(s: RopeSpec) -> KernelSource {
         "const NH: u32 = {}u;\nconst HD: u32 = {}u;\nconst ROT: u32 = {}u;\nconst HALF: u32 = {half}u;\nconst PER_HEAD: u32 = {per_head}u;",
         s.heads, s.head_dim, s.rotary_dim
     );
-    f32_binding(&mut w, 1, "x", true);
-    f32_binding(&mut w, 2, "table", false);
-    f32_binding(&mut w, 3, "y", true);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "x");
+    b.read_f32(&mut w, input(1), "table");
+    b.activation(&mut w, output(0), "y");
     let _ = write!(
         w,
         "@compute @workgroup_size({WG}, 1, 1)\n\
@@ -52,7 +53,7 @@ pub fn kernel(s: RopeSpec) -> KernelSource {
         name: format!("rope_h{}_d{}_r{}", s.heads, s.head_dim, s.rotary_dim),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
-        bindings: bindings(&[Access::Activation, Access::Read, Access::Activation]),
+        bindings: b.finish(),
         workgroups: [
             Rows::Tokens.count(s.heads * per_head, WG),
             WorkgroupCount::fixed(1),

@@ -2,12 +2,16 @@
 //!
 //! [`TextCodec`] wraps a HuggingFace `tokenizer.json` (via the `tokenizers` crate) and an
 //! optional Jinja chat template (rendered with `minijinja`), and reproduces what Python
-//! `transformers` does with the same files:
+//! `transformers` does with the same files. It is built from the plan alone
+//! ([`TextCodec::from_plan`]): the compiler's frontend is the one reader of a checkpoint's
+//! `tokenizer_config.json`, chat template files and generation config, and stores what it
+//! found in the plan's `text` header and tokenizer section.
 //!
 //! ```no_run
-//! # fn main() -> Result<(), gerbil_runtime::text::TextError> {
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use gerbil_runtime::text::{ChatMessage, TextCodec};
-//! let codec = TextCodec::from_hf_dir("fixtures/smollm2-135m".as_ref())?;
+//! let plan = gerbil_plan::PlanFile::open("smollm2.plan".as_ref())?;
+//! let codec = TextCodec::from_plan(&plan)?.expect("the checkpoint had a tokenizer.json");
 //! let prompt = codec.encode_chat(&[ChatMessage::new("user", "Hi!")], true)?; // apply_chat_template(tokenize=True)
 //! let raw = codec.encode("The capital of France is")?;                      // tokenizer(text)
 //! let mut stream = codec.stream_decoder(false).with_context(&prompt);
@@ -30,8 +34,8 @@ mod template;
 mod tests;
 
 use std::fmt;
-use std::path::{Path, PathBuf};
 
+use gerbil_plan::PlanFile;
 use serde::{Deserialize, Serialize};
 
 pub use stream::StreamDecoder;
@@ -40,22 +44,12 @@ use template::ChatTemplate;
 /// Everything that can go wrong turning text into ids and back.
 #[derive(Debug, thiserror::Error)]
 pub enum TextError {
-    /// A file next to the model could not be read.
-    #[error("cannot read {}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     /// `tokenizer.json` is not a file the `tokenizers` library understands.
     #[error(
         "invalid tokenizer.json: {detail}; expected the HuggingFace `tokenizers` JSON format \
          (the `tokenizer.json` a fast tokenizer saves), not a sentencepiece `tokenizer.model`"
     )]
     InvalidTokenizer { detail: String },
-    /// `tokenizer_config.json` exists but cannot be understood.
-    #[error("invalid tokenizer_config.json: {detail}")]
-    InvalidTokenizerConfig { detail: String },
     /// The tokenizer failed on this input.
     #[error("tokenizing failed: {detail}")]
     Encode { detail: String },
@@ -160,45 +154,19 @@ impl TextCodec {
         self
     }
 
-    /// Loads a HuggingFace model directory the way `AutoTokenizer.from_pretrained` does:
-    /// `tokenizer.json`, then `bos_token`, `eos_token` and `chat_template` from
-    /// `tokenizer_config.json` if present, and `chat_template.jinja` (which wins) if present.
-    pub fn from_hf_dir(dir: &Path) -> Result<Self, TextError> {
-        let read = |name: &str| -> Result<Option<Vec<u8>>, TextError> {
-            let path = dir.join(name);
-            match std::fs::read(&path) {
-                Ok(bytes) => Ok(Some(bytes)),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-                Err(source) => Err(TextError::Io { path, source }),
-            }
+    /// The plan's tokenizer with its chat template and special tokens, as the frontend read
+    /// them from the checkpoint; `None` when the checkpoint had no `tokenizer.json` (tiny test
+    /// models), in which case the caller feeds token ids.
+    pub fn from_plan(plan: &PlanFile) -> Result<Option<Self>, TextError> {
+        let text = &plan.header.text;
+        let Some(section) = text.tokenizer else {
+            return Ok(None);
         };
-        let tokenizer_path = dir.join("tokenizer.json");
-        let bytes = std::fs::read(&tokenizer_path).map_err(|source| TextError::Io {
-            path: tokenizer_path,
-            source,
-        })?;
-        let mut codec = Self::from_tokenizer_json(&bytes)?;
-
-        let mut template = None;
-        if let Some(config) = read("tokenizer_config.json")? {
-            let config: serde_json::Value =
-                serde_json::from_slice(&config).map_err(|e| TextError::InvalidTokenizerConfig {
-                    detail: e.to_string(),
-                })?;
-            codec.bos_token = special_token(&config, "bos_token")?;
-            codec.eos_token = special_token(&config, "eos_token")?;
-            template = config_template(&config)?;
-        }
-        if let Some(jinja) = read("chat_template.jinja")? {
-            let jinja = String::from_utf8(jinja).map_err(|e| TextError::Io {
-                path: dir.join("chat_template.jinja"),
-                source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
-            })?;
-            template = Some(jinja);
-        }
-        match template {
-            Some(t) => codec.with_chat_template(t),
-            None => Ok(codec),
+        let codec = Self::from_tokenizer_json(plan.section(section))?
+            .with_special_tokens(text.bos_token.clone(), text.eos_token.clone());
+        match &text.chat_template {
+            Some(t) => codec.with_chat_template(t.clone()).map(Some),
+            None => Ok(Some(codec)),
         }
     }
 
@@ -290,42 +258,5 @@ impl TextCodec {
     /// Number of ids the tokenizer knows, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.tokenizer.get_vocab_size(true)
-    }
-}
-
-/// A special token in tokenizer_config.json: a string, an `AddedToken` dict, or null.
-fn special_token(config: &serde_json::Value, key: &str) -> Result<Option<String>, TextError> {
-    match config.get(key) {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
-        Some(v) => match v.get("content").and_then(|c| c.as_str()) {
-            Some(s) => Ok(Some(s.to_owned())),
-            None => Err(TextError::InvalidTokenizerConfig {
-                detail: format!("`{key}` is neither a string nor an object with `content`: {v}"),
-            }),
-        },
-    }
-}
-
-/// `chat_template` in tokenizer_config.json: a string, or a list of `{name, template}` of which
-/// transformers uses the one named `default`.
-fn config_template(config: &serde_json::Value) -> Result<Option<String>, TextError> {
-    match config.get("chat_template") {
-        None | Some(serde_json::Value::Null) => Ok(None),
-        Some(serde_json::Value::String(s)) => Ok(Some(s.clone())),
-        Some(serde_json::Value::Array(list)) => {
-            let default = list
-                .iter()
-                .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"));
-            Ok(default
-                .and_then(|t| t.get("template"))
-                .and_then(|t| t.as_str())
-                .map(str::to_owned))
-        }
-        Some(v) => Err(TextError::InvalidTokenizerConfig {
-            detail: format!(
-                "`chat_template` is neither a string nor a list of named templates: {v}"
-            ),
-        }),
     }
 }

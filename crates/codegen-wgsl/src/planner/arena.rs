@@ -1,4 +1,4 @@
-//! `plan-buffers`: places activations in arena buffers by liveness.
+//! The arena allocator: places live intervals in arena buffers.
 //!
 //! Each value is an [`Interval`] of schedule steps `[start, end]` (produced at
 //! `start`, last read at `end`, both inclusive) with a size in bytes. Values

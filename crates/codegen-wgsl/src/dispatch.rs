@@ -1,0 +1,168 @@
+//! Dispatch assembly: a lowered kernel plus the buffers of its operands
+//! becomes a plan [`Dispatch`].
+//!
+//! The kernel's bindings name IR ports; [`Assembler::dispatch`] asks an
+//! operand resolver for the slice behind each port, records the slice's byte
+//! size in the kernel's binding declaration (the contract the plan reader
+//! checks), and stores each distinct kernel once — validated by naga with
+//! exactly the capabilities its variant's features allow. A kernel that
+//! exceeds the target's workgroup limits is an error here, at compile time.
+
+use crate::kernels::KernelSource;
+use crate::target::Limits;
+use crate::validate::validate_with;
+use crate::CodegenError;
+use gerbil_plan::{BufferDecl, BufferSlice, Dispatch, Feature, Kernel, Port, Requirements};
+use std::collections::HashMap;
+
+/// The distinct kernels of a plan, shared by every schedule and variant.
+#[derive(Default)]
+pub struct Assembler {
+    kernels: Vec<Kernel>,
+    /// Workgroup memory of each kernel, in bytes.
+    workgroup_bytes: Vec<u32>,
+    index: HashMap<Kernel, u32>,
+}
+
+/// Where one IR node's operands live.
+pub struct Operands<'a> {
+    /// The node's label, for errors and the dispatch.
+    pub label: &'a str,
+    /// Its transformer layer, if any.
+    pub layer: Option<u32>,
+    /// The slice bound to a port, if the node has that operand.
+    pub slice: &'a dyn Fn(Port) -> Option<BufferSlice>,
+}
+
+impl Assembler {
+    /// Turns a lowered kernel into a dispatch over `ops`, for a variant with
+    /// `features` on a target with `limits`; `max_t` is the largest step.
+    pub fn dispatch(
+        &mut self,
+        mut src: KernelSource,
+        ops: &Operands<'_>,
+        features: &[Feature],
+        limits: &Limits,
+        max_t: u32,
+    ) -> Result<Dispatch, CodegenError> {
+        check_limits(&src, limits, max_t)?;
+        let mut bindings = Vec::with_capacity(src.bindings.len());
+        for decl in &mut src.bindings {
+            let slice = (ops.slice)(decl.port).ok_or_else(|| CodegenError::Unsupported {
+                label: ops.label.to_string(),
+                reason: format!(
+                    "kernel {} binds `{}` to {:?}, which the node does not have",
+                    src.name, decl.name, decl.port
+                ),
+            })?;
+            decl.bytes = slice.size;
+            bindings.push(slice);
+        }
+        let kernel = self.kernel(src.clone(), features)?;
+        Ok(Dispatch {
+            kernel,
+            bindings,
+            workgroups: src.workgroups,
+            label: ops.label.to_string(),
+            layer: ops.layer,
+        })
+    }
+
+    fn kernel(&mut self, src: KernelSource, features: &[Feature]) -> Result<u32, CodegenError> {
+        let workgroup_bytes = src.workgroup_bytes;
+        let mut kernel = Kernel {
+            name: src.name,
+            wgsl: src.wgsl,
+            entry: "main".into(),
+            workgroup_size: src.workgroup_size,
+            bindings: src.bindings,
+        };
+        let mut key = kernel.clone();
+        key.name.clear();
+        if let Some(&i) = self.index.get(&key) {
+            return Ok(i);
+        }
+        validate_with(&kernel.name, &kernel.wgsl, features)?;
+        if self.kernels.iter().any(|k| k.name == kernel.name) {
+            kernel.name = format!("{}_{}", kernel.name, self.kernels.len());
+        }
+        let i = self.kernels.len() as u32;
+        self.kernels.push(kernel);
+        self.workgroup_bytes.push(workgroup_bytes);
+        self.index.insert(key, i);
+        Ok(i)
+    }
+
+    /// The kernels, by index.
+    pub fn finish(self) -> Vec<Kernel> {
+        self.kernels
+    }
+}
+
+fn check_limits(src: &KernelSource, limits: &Limits, max_t: u32) -> Result<(), CodegenError> {
+    for (axis, wg) in src.workgroups.iter().enumerate() {
+        let n = wg.eval(max_t);
+        if n > limits.max_workgroups_per_dim {
+            return Err(CodegenError::Limit {
+                what: format!("kernel {} (axis {axis}) at T={max_t}", src.name),
+                needed: u64::from(n),
+                limit: u64::from(limits.max_workgroups_per_dim),
+                limit_name: "max_compute_workgroups_per_dimension",
+                hint: "use a smaller --max-tokens-per-step",
+            });
+        }
+    }
+    let invocations: u32 = src.workgroup_size.iter().product();
+    for (needed, limit, name) in [
+        (
+            src.workgroup_bytes,
+            limits.max_workgroup_storage,
+            "max_compute_workgroup_storage_size",
+        ),
+        (
+            invocations,
+            limits.max_invocations,
+            "max_compute_invocations_per_workgroup",
+        ),
+    ] {
+        if needed > limit {
+            return Err(CodegenError::Limit {
+                what: format!("kernel {}", src.name),
+                needed: u64::from(needed),
+                limit: u64::from(limit),
+                limit_name: name,
+                hint: "this kernel variant does not fit the target; report it as a compiler bug",
+            });
+        }
+    }
+    Ok(())
+}
+
+impl Assembler {
+    /// The device limits a set of schedules needs.
+    pub fn requirements(&self, buffers: &[BufferDecl], schedules: &[&[Dispatch]]) -> Requirements {
+        let mut r = Requirements::default();
+        for d in schedules.iter().flat_map(|s| s.iter()) {
+            r = self.add(r, d, buffers);
+        }
+        r
+    }
+
+    fn add(&self, mut r: Requirements, d: &Dispatch, buffers: &[BufferDecl]) -> Requirements {
+        let k = &self.kernels[d.kernel as usize];
+        r.max_compute_workgroup_storage_size = r
+            .max_compute_workgroup_storage_size
+            .max(self.workgroup_bytes[d.kernel as usize]);
+        r.max_compute_invocations_per_workgroup = r
+            .max_compute_invocations_per_workgroup
+            .max(k.workgroup_size.iter().product());
+        r.max_storage_buffers_per_shader_stage = r
+            .max_storage_buffers_per_shader_stage
+            .max(k.bindings.len() as u32 - 1);
+        for s in d.bindings.iter().skip(1) {
+            r.max_storage_buffer_binding_size = r.max_storage_buffer_binding_size.max(s.size);
+            r.max_buffer_size = r.max_buffer_size.max(buffers[s.buffer as usize].size);
+        }
+        r
+    }
+}

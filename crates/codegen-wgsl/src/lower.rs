@@ -1,0 +1,175 @@
+//! Op → kernel lowering: which template, specialized how, runs one IR node
+//! in one schedule.
+//!
+//! [`Lowering::kernel`] is the one match over [`Op`] in codegen: a new op or
+//! a new fused op gets its arm here and its template in [`crate::kernels`].
+//! The result is a [`KernelSource`] whose bindings name IR ports; binding
+//! buffers to them is [`crate::dispatch`]'s job. `rows_per_workgroup` is
+//! the schedule's matmul row blocking: 1 in decode (a GEMV), more in prefill.
+
+use crate::kernels::{
+    attention::{self, AttentionSpec},
+    elementwise,
+    embedding::{self, EmbeddingSpec},
+    matmul::{self, MatMulSpec},
+    qkv_rope::{self, QkvRopeSpec},
+    rms_norm::{self, RmsNormSpec},
+    rope::{self, RopeSpec},
+    KernelSource, Rows,
+};
+use crate::CodegenError;
+use gerbil_ir::{Dim, Graph, NodeId, Op, TensorType, ValueRef};
+use std::collections::HashMap;
+
+fn rows_of(ty: &TensorType) -> Rows {
+    match ty.shape.first() {
+        Some(Dim::Const(n)) => Rows::Fixed(*n as u32),
+        _ => Rows::Tokens,
+    }
+}
+
+fn width_of(ty: &TensorType) -> u32 {
+    ty.last_const().unwrap_or(0) as u32
+}
+
+/// Lowers nodes of one graph; knows which weights are split into row shards.
+pub struct Lowering<'g> {
+    /// The graph.
+    pub graph: &'g Graph,
+    /// Rows per shard of every sharded weight.
+    pub shard_rows: &'g HashMap<ValueRef, u32>,
+}
+
+impl Lowering<'_> {
+    fn shard_rows(&self, v: ValueRef) -> Option<u32> {
+        self.shard_rows.get(&v).copied()
+    }
+
+    /// The lookup part of an embedding kernel for the table `table` of type `t`.
+    fn embedding_spec(
+        &self,
+        table: ValueRef,
+        t: &TensorType,
+        scale: Option<f32>,
+        label: &str,
+    ) -> Result<EmbeddingSpec, CodegenError> {
+        let vocab = t.shape[0]
+            .as_const()
+            .ok_or_else(|| CodegenError::Unsupported {
+                label: label.to_string(),
+                reason: "symbolic vocabulary".into(),
+            })?;
+        Ok(EmbeddingSpec {
+            shard_rows: self.shard_rows(table),
+            vocab: vocab as u32,
+            width: width_of(t),
+            wdtype: t.dtype,
+            scale,
+        })
+    }
+
+    /// The kernel for compute node `id` with `tt` matmul rows per workgroup.
+    pub fn kernel(&self, id: NodeId, tt: u32) -> Result<KernelSource, CodegenError> {
+        let g = self.graph;
+        let node = g.node(id);
+        let ins = g.inputs(id);
+        let in_ty = |i: usize| g.value_type(ins[i]);
+        let out_ty = &node.outputs[0];
+        let unsupported = |reason: &str| CodegenError::Unsupported {
+            label: node.label.clone(),
+            reason: reason.to_string(),
+        };
+        Ok(match &node.op {
+            Op::EmbeddingRmsNorm(e, n) => embedding::kernel_with_norm(
+                self.embedding_spec(ins[0], in_ty(0), e.scale, &node.label)?,
+                embedding::NormSpec {
+                    eps: n.eps,
+                    offset: n.weight_offset,
+                    wdtype: in_ty(2).dtype,
+                },
+            ),
+            Op::Embedding(e) => {
+                embedding::kernel(self.embedding_spec(ins[0], in_ty(0), e.scale, &node.label)?)
+            }
+            Op::RmsNorm(n) => rms_norm::kernel(RmsNormSpec {
+                rows: rows_of(out_ty),
+                width: width_of(out_ty) / n.groups.max(1),
+                groups: n.groups.max(1),
+                eps: n.eps,
+                offset: n.weight_offset,
+                wdtype: in_ty(1).dtype,
+            }),
+            Op::MatMul(_) | Op::MatMulGlu(_) => {
+                let (bias, glu) = match &node.op {
+                    Op::MatMulGlu(m) => (m.has_bias, Some(m.act)),
+                    Op::MatMul(m) => (m.has_bias, None),
+                    _ => (false, None),
+                };
+                let rows = rows_of(out_ty);
+                matmul::kernel(MatMulSpec {
+                    shard_rows: self.shard_rows(ins[1]),
+                    rows,
+                    k: width_of(in_ty(0)),
+                    n: width_of(out_ty),
+                    wdtype: in_ty(1).dtype,
+                    bias,
+                    tt: match rows {
+                        Rows::Tokens => tt,
+                        Rows::Fixed(r) => r.min(tt).max(1),
+                    },
+                    glu,
+                })
+            }
+            Op::AddRmsNormLastRow(n) => rms_norm::add_kernel_last_row(RmsNormSpec {
+                rows: Rows::Fixed(1),
+                width: width_of(out_ty),
+                groups: 1,
+                eps: n.eps,
+                offset: n.weight_offset,
+                wdtype: in_ty(2).dtype,
+            }),
+            Op::AddRmsNorm(n) => rms_norm::add_kernel(RmsNormSpec {
+                rows: rows_of(out_ty),
+                width: width_of(out_ty),
+                groups: 1,
+                eps: n.eps,
+                offset: n.weight_offset,
+                wdtype: in_ty(2).dtype,
+            }),
+            Op::QkvRope(r) => qkv_rope::kernel(QkvRopeSpec {
+                heads: r.n_heads,
+                kv_heads: r.n_kv_heads,
+                head_dim: r.head_dim,
+                rotary_dim: r.rotary_dim,
+                norm: r.qk_norm.map(|n| (n.eps, n.weight_offset, in_ty(4).dtype)),
+            }),
+            Op::SliceCols { start, len } => elementwise::slice_cols(
+                rows_of(out_ty),
+                width_of(in_ty(0)),
+                *start as u32,
+                *len as u32,
+            ),
+
+            Op::Rope(r) => rope::kernel(RopeSpec {
+                heads: r.n_heads,
+                head_dim: r.head_dim,
+                rotary_dim: r.rotary_dim,
+            }),
+            Op::CacheWrite => elementwise::cache_write(width_of(out_ty)),
+            Op::Attention(a) => attention::kernel(AttentionSpec {
+                heads: a.n_heads,
+                kv_heads: a.n_kv_heads,
+                head_dim: a.head_dim,
+                scale: a.scale,
+                window: a.window.unwrap_or(0),
+            }),
+            Op::Unary(u) => elementwise::unary(*u, rows_of(out_ty), width_of(out_ty)),
+            Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
+            Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),
+            Op::SliceLastRow => elementwise::slice_last_row(width_of(out_ty)),
+            Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
+                return Err(unsupported("source nodes have no kernel"))
+            }
+        })
+    }
+}

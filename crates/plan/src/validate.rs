@@ -1,0 +1,213 @@
+//! [`PlanHeader::validate`]: the header's cross-references and sizes, checked
+//! before the runtime touches a device.
+//!
+//! Beyond indices in range, every dispatch is checked against its kernel's
+//! binding contract ([`BindingDecl`]): the slice binds exactly the bytes the
+//! kernel declares, at an aligned offset, in a buffer of a kind the binding
+//! can hold (a uniform binds the step parameters; nothing writes a weight,
+//! the token ids or the step parameters). The writer runs the same check, so
+//! a plan `gerbilc` writes is one `gerbil-run` accepts.
+
+use crate::header::{
+    Access, BindingDecl, BufferKind, BufferSlice, Dispatch, OutputKind, PlanHeader, SectionRef,
+    STEP_PARAMS_BYTES,
+};
+
+/// Alignment of every storage-binding offset (WebGPU's default
+/// `minStorageBufferOffsetAlignment`).
+pub const BINDING_OFFSET_ALIGN: u64 = 256;
+
+impl PlanHeader {
+    /// Checks internal consistency against a data region of `data_len` bytes.
+    pub fn validate(&self, data_len: u64) -> Result<(), String> {
+        if self.model.max_tokens_per_step == 0 || self.model.max_context == 0 {
+            return Err("max_context and max_tokens_per_step must be positive".into());
+        }
+        if let Some(t) = &self.text.tokenizer {
+            section_ok(t, "tokenizer", data_len)?;
+        }
+        for (i, b) in self.buffers.iter().enumerate() {
+            if b.size == 0 || !b.size.is_multiple_of(4) {
+                return Err(format!(
+                    "buffer {i} ({}) has size {}, not a positive multiple of 4",
+                    b.kind.describe(),
+                    b.size
+                ));
+            }
+            if let BufferKind::Weight { section, name, .. } = &b.kind {
+                section_ok(section, name, data_len)?;
+                if section.len != b.size {
+                    return Err(format!(
+                        "buffer {i} ({name}) size {} differs from its section {}",
+                        b.size, section.len
+                    ));
+                }
+            }
+        }
+        self.check_io()?;
+        if self.variants.is_empty() {
+            return Err("the plan has no variant to run".into());
+        }
+        for v in &self.variants {
+            for (phase, list) in [("prefill", &v.prefill), ("decode", &v.decode)] {
+                if list.is_empty() {
+                    return Err(format!(
+                        "variant `{}` has an empty {phase} schedule",
+                        v.name
+                    ));
+                }
+                for (i, d) in list.iter().enumerate() {
+                    let what = format!("{} {phase} dispatch {i} ({})", v.name, d.label);
+                    self.check_dispatch(d, &what)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn buffer_kind(&self, index: u32, what: &str) -> Result<&BufferKind, String> {
+        self.buffers
+            .get(index as usize)
+            .map(|b| &b.kind)
+            .ok_or_else(|| format!("{what} names buffer {index} of {}", self.buffers.len()))
+    }
+
+    fn check_io(&self) -> Result<(), String> {
+        let io = &self.io;
+        if !matches!(
+            self.buffer_kind(io.step_params, "step params")?,
+            BufferKind::StepParams
+        ) {
+            return Err("the step-params binding is not a step-params buffer".into());
+        }
+        if !matches!(
+            self.buffer_kind(io.token_ids, "token ids")?,
+            BufferKind::TokenIds
+        ) {
+            return Err("the token-ids binding is not a token-ids buffer".into());
+        }
+        let ids_bytes = self.buffers[io.token_ids as usize].size;
+        if ids_bytes < self.model.max_tokens_per_step.saturating_mul(4) {
+            return Err(format!(
+                "the token-ids buffer holds {ids_bytes} bytes, less than {} u32 ids",
+                self.model.max_tokens_per_step
+            ));
+        }
+        self.slice_ok(&io.logits, "logits output")?;
+        if !matches!(
+            self.buffer_kind(io.logits.buffer, "logits")?,
+            BufferKind::Output {
+                output: OutputKind::Logits
+            }
+        ) {
+            return Err("the logits binding is not a logits output buffer".into());
+        }
+        let rows = if io.logits_all_rows {
+            self.model.max_tokens_per_step
+        } else {
+            1
+        };
+        if self.model.vocab_size == 0
+            || io.logits.size < rows.saturating_mul(self.model.vocab_size).saturating_mul(4)
+        {
+            return Err(format!(
+                "logits output holds {} bytes, less than {rows} row(s) of {} f32 logits",
+                io.logits.size, self.model.vocab_size
+            ));
+        }
+        Ok(())
+    }
+
+    fn slice_ok(&self, s: &BufferSlice, what: &str) -> Result<(), String> {
+        let buf = self
+            .buffers
+            .get(s.buffer as usize)
+            .ok_or_else(|| format!("{what} names buffer {} of {}", s.buffer, self.buffers.len()))?;
+        if s.offset
+            .checked_add(s.size)
+            .is_some_and(|end| end <= buf.size)
+        {
+            Ok(())
+        } else {
+            Err(format!(
+                "{what} binds bytes {}+{} of buffer {} ({} bytes)",
+                s.offset, s.size, s.buffer, buf.size
+            ))
+        }
+    }
+
+    fn check_dispatch(&self, d: &Dispatch, what: &str) -> Result<(), String> {
+        let k = self
+            .kernels
+            .get(d.kernel as usize)
+            .ok_or_else(|| format!("{what} names kernel {} of {}", d.kernel, self.kernels.len()))?;
+        if k.bindings.len() != d.bindings.len() {
+            return Err(format!(
+                "{what} binds {} buffers, kernel {} declares {}",
+                d.bindings.len(),
+                k.name,
+                k.bindings.len()
+            ));
+        }
+        for (n, (s, decl)) in d.bindings.iter().zip(&k.bindings).enumerate() {
+            let what = format!("{what}, binding {n} (`{}` of kernel {})", decl.name, k.name);
+            self.slice_ok(s, &what)?;
+            check_binding(&self.buffers[s.buffer as usize].kind, s, decl, &what)?;
+        }
+        Ok(())
+    }
+}
+
+fn section_ok(r: &SectionRef, what: &str, data_len: u64) -> Result<(), String> {
+    if r.offset
+        .checked_add(r.len)
+        .is_some_and(|end| end <= data_len)
+    {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} section {}+{} lies outside the data region ({data_len} bytes)",
+            r.offset, r.len
+        ))
+    }
+}
+
+/// Whether a binding declared `decl` may bind slice `s` of a buffer of `kind`.
+fn check_binding(
+    kind: &BufferKind,
+    s: &BufferSlice,
+    decl: &BindingDecl,
+    what: &str,
+) -> Result<(), String> {
+    if s.size != decl.bytes {
+        return Err(format!(
+            "{what} binds {} bytes; the kernel declares {}",
+            s.size, decl.bytes
+        ));
+    }
+    if !s.offset.is_multiple_of(BINDING_OFFSET_ALIGN) {
+        return Err(format!(
+            "{what} binds at offset {}, not a multiple of {BINDING_OFFSET_ALIGN}",
+            s.offset
+        ));
+    }
+    let fits = match decl.access {
+        Access::Uniform => {
+            matches!(kind, BufferKind::StepParams) && decl.bytes == STEP_PARAMS_BYTES
+        }
+        Access::Read => !matches!(kind, BufferKind::StepParams),
+        Access::ReadWrite => matches!(
+            kind,
+            BufferKind::Arena | BufferKind::KvCache { .. } | BufferKind::Output { .. }
+        ),
+    };
+    if fits {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} is declared {:?} but binds the {}",
+            decl.access,
+            kind.describe()
+        ))
+    }
+}

@@ -1,0 +1,68 @@
+//! Choosing which of a plan's variants runs on this device.
+//!
+//! A plan lists its variants best first, each with the device features and
+//! limits its kernels need. [`pick`] takes the first one the device meets, so
+//! the same plan runs its tensor-core kernels on a GPU that has them and its
+//! portable kernels in a browser. When none fits, the error says, variant by
+//! variant, what was missing.
+
+use crate::device::{check_limits, Gpu};
+use crate::error::RuntimeError;
+use gerbil_plan::{Feature, PlanHeader, Variant};
+
+/// The plan features this device has enabled.
+pub fn device_features(gpu: &Gpu) -> Vec<Feature> {
+    let have = gpu.device.features();
+    [
+        (Feature::ShaderF16, wgpu::Features::SHADER_F16),
+        (Feature::Subgroups, wgpu::Features::SUBGROUP),
+        (
+            Feature::CooperativeMatrix,
+            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+        ),
+    ]
+    .into_iter()
+    .filter(|(_, w)| have.contains(*w))
+    .map(|(f, _)| f)
+    .collect()
+}
+
+/// Why `variant` cannot run on a device with `features` and `gpu`'s limits.
+fn refusal(variant: &Variant, features: &[Feature], gpu: &Gpu) -> Option<String> {
+    let missing: Vec<&str> = variant
+        .features
+        .iter()
+        .filter(|f| !features.contains(f))
+        .map(|f| f.name())
+        .collect();
+    if !missing.is_empty() {
+        return Some(format!("needs {}", missing.join(", ")));
+    }
+    check_limits(&gpu.adapter.name, &gpu.limits, &variant.requirements)
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// The best variant of `header` that `gpu` can run.
+pub fn pick<'h>(header: &'h PlanHeader, gpu: &Gpu) -> Result<&'h Variant, RuntimeError> {
+    let features = device_features(gpu);
+    let mut reasons = Vec::new();
+    for v in &header.variants {
+        match refusal(v, &features, gpu) {
+            None => {
+                tracing::info!(
+                    "running variant `{}` on {} ({:?})",
+                    v.name,
+                    gpu.adapter.name,
+                    gpu.adapter.backend
+                );
+                return Ok(v);
+            }
+            Some(why) => reasons.push(format!("`{}` {why}", v.name)),
+        }
+    }
+    Err(RuntimeError::NoVariant {
+        adapter: gpu.adapter.name.clone(),
+        reasons: reasons.join("; "),
+    })
+}
