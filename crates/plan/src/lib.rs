@@ -7,9 +7,10 @@
 //! or reshaping. Both the header and the data carry CRC-32 checksums. See
 //! `docs/plan-format.md` for the byte layout.
 //!
-//! Write with [`write_plan`], read with [`PlanFile::open`]. Reading never
-//! panics on bad input: a truncated file, a wrong magic, an unsupported
-//! version or a checksum mismatch is a [`PlanError`].
+//! Write with [`write_plan`], read with [`PlanFile::open`] (or, for a plan
+//! already in memory such as a browser's fetch, [`PlanFile::from_bytes`]).
+//! Reading never panics on bad input: a truncated file, a wrong magic, an
+//! unsupported version or a checksum mismatch is a [`PlanError`].
 
 mod file;
 mod header;
