@@ -177,11 +177,7 @@ impl Gpu {
 
     /// Runs `f` inside out-of-memory and validation error scopes and turns a
     /// captured error into a [`RuntimeError`] that names `context`.
-    pub async fn scoped<T>(
-        &self,
-        context: &str,
-        f: impl FnOnce() -> T,
-    ) -> Result<T, RuntimeError> {
+    pub async fn scoped<T>(&self, context: &str, f: impl FnOnce() -> T) -> Result<T, RuntimeError> {
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let value = f();

@@ -127,26 +127,26 @@ impl Session {
                 .scoped(
                     &format!("allocating buffer {i} ({label}, {} bytes)", decl.size),
                     || match &decl.kind {
-                    BufferKind::Weight { section, .. } => {
-                        let b = device.create_buffer(&wgpu::BufferDescriptor {
+                        BufferKind::Weight { section, .. } => {
+                            let b = device.create_buffer(&wgpu::BufferDescriptor {
+                                label: Some(&label),
+                                size: decl.size,
+                                usage: usage_for(&decl.kind),
+                                mapped_at_creation: true,
+                            });
+                            if let Ok(mut view) = b.slice(..).get_mapped_range_mut() {
+                                view.copy_from_slice(plan.section(*section));
+                            }
+                            b.unmap();
+                            b
+                        }
+                        kind => device.create_buffer(&wgpu::BufferDescriptor {
                             label: Some(&label),
                             size: decl.size,
-                            usage: usage_for(&decl.kind),
-                            mapped_at_creation: true,
-                        });
-                        if let Ok(mut view) = b.slice(..).get_mapped_range_mut() {
-                            view.copy_from_slice(plan.section(*section));
-                        }
-                        b.unmap();
-                        b
-                    }
-                    kind => device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some(&label),
-                        size: decl.size,
-                        usage: usage_for(kind),
-                        mapped_at_creation: false,
-                    }),
-                },
+                            usage: usage_for(kind),
+                            mapped_at_creation: false,
+                        }),
+                    },
                 )
                 .await?;
             match &decl.kind {
@@ -325,20 +325,20 @@ impl Session {
         let enc = self
             .gpu
             .scoped("copying the logits", || {
-            let mut enc = self
-                .gpu
-                .device
-                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                    label: Some("readback"),
-                });
-            enc.copy_buffer_to_buffer(
-                &self.buffers[io.buffer as usize],
-                io.offset + row * row_bytes,
-                &self.readback,
-                0,
-                row_bytes,
-            );
-            enc.finish()
+                let mut enc =
+                    self.gpu
+                        .device
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                            label: Some("readback"),
+                        });
+                enc.copy_buffer_to_buffer(
+                    &self.buffers[io.buffer as usize],
+                    io.offset + row * row_bytes,
+                    &self.readback,
+                    0,
+                    row_bytes,
+                );
+                enc.finish()
             })
             .await?;
         self.gpu.queue.submit([enc]);
