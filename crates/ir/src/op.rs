@@ -568,7 +568,8 @@ impl Op {
                 let (_, w) = expect_matrix(ins[0], "qkv")?;
                 let hd = u64::from(r.head_dim);
                 let (qw, kw) = (u64::from(r.n_heads) * hd, u64::from(r.n_kv_heads) * hd);
-                if w != qw + 2 * kw {
+                // Checked: head counts and widths come from parsed text too.
+                if Some(w) != kw.checked_mul(2).and_then(|k2| k2.checked_add(qw)) {
                     return Err(format!(
                         "qkv width {w} is not ({} + 2·{}) heads × {hd}",
                         r.n_heads, r.n_kv_heads

@@ -335,6 +335,13 @@ const BAD: &[(&str, usize, usize, &str)] = &[
     ("graph g\n  %c = kv_cache{layer=-1, kind=K} : f32[Lmax,4]", 2, 17, "expected an unsigned integer, found `-1`"),
     ("graph g\n  %c = kv_cache{layer=0, kind=K} : f32[Lmax]", 2, 36, "expected a cache type f32[Lmax,WIDTH], found f32[Lmax]"),
     ("graph g\n  output logits = %nope", 2, 19, "`%nope` is not defined"),
+    (
+        // Widths near u64::MAX: an error, not an overflow.
+        "graph g\n  %w = weight \"w\" : f32[8,4]\n  %x = input.token_ids : u32[T]\n  %q = embedding(%w, %x) : f32[T,4]\n  %c = weight \"c\" : f32[Lmax,4]\n  %b = qkv_rope{heads=4294967295, kv_heads=4294967295, head_dim=4294967295, rotary_dim=2}(%q, %c, %c, %c) : f32[T,4]",
+        6,
+        8,
+        "qkv_rope: qkv width 4 is not (4294967295 + 2·4294967295) heads × 4294967295",
+    ),
     ("graph g\n  output = %x", 2, 10, "expected an output name, found `=`"),
 ];
 
