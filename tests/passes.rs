@@ -268,7 +268,7 @@ fn build(blocks: &[Block], hidden: u64, vocab: u64, seed: u64) -> (Graph, Tensor
     }
     let h = b.norm(x, hidden);
     let logits = b.linear(h, vocab, hidden, "lm_head");
-    b.g.outputs.push(("logits".into(), logits));
+    b.g.outputs.push((gerbil_ir::LOGITS.into(), logits));
     (b.g, b.tensors)
 }
 

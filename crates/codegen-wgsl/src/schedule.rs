@@ -226,11 +226,13 @@ fn weight_kind(name: String, ty: &TensorType, shape: Vec<u64>) -> BufferKind {
 
 /// The graph output a named output stands for.
 fn output_kind(name: &str) -> Result<OutputKind, CodegenError> {
-    match name {
-        "logits" => Ok(OutputKind::Logits),
-        other => Err(CodegenError::Graph(format!(
-            "graph output `{other}` has no runtime meaning; the runtime reads `logits`"
-        ))),
+    if name == gerbil_ir::LOGITS {
+        Ok(OutputKind::Logits)
+    } else {
+        Err(CodegenError::Graph(format!(
+            "graph output `{name}` has no runtime meaning; the runtime reads `{}`",
+            gerbil_ir::LOGITS
+        )))
     }
 }
 

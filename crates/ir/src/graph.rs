@@ -67,6 +67,12 @@ impl ValueRef {
     }
 }
 
+/// The name of the output every language-model graph has: next-token logits,
+/// `[1, vocab]` or `[T, vocab]`. Frontends name it, `slice-last-row` finds
+/// it, and codegen maps it to the plan's `Output(Logits)` buffer — all through
+/// this constant.
+pub const LOGITS: &str = "logits";
+
 /// A dataflow graph with named outputs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Graph {

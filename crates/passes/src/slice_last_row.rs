@@ -30,7 +30,7 @@ impl Pass for SliceLastRow {
     }
 
     fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
-        let Some(&(_, out)) = graph.outputs.iter().find(|(n, _)| n == "logits") else {
+        let Some(&(_, out)) = graph.outputs.iter().find(|(n, _)| n == gerbil_ir::LOGITS) else {
             return Ok(0);
         };
         // Walk back from the output along input 0 through row-wise ops.

@@ -724,6 +724,6 @@ pub(crate) fn build_decoder(ctx: &mut LowerCtx<'_>, spec: &DecoderSpec) -> Resul
     if let Some(cap) = spec.logit_softcap {
         logits = ctx.add(Op::Unary(UnaryOp::Softcap(cap)), &[logits], "logit_softcap")?;
     }
-    ctx.graph.outputs.push(("logits".to_string(), logits));
+    ctx.graph.outputs.push((gerbil_ir::LOGITS.to_string(), logits));
     Ok(())
 }
