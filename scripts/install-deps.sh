@@ -37,14 +37,14 @@ else
 fi
 
 # --- Rust target for the browser build check -------------------------------------------
+# Not fatal: without the target only the `wasm` check fails, and cargo's error names the target.
 if rustup target list --installed 2>/dev/null | grep -qx wasm32-unknown-unknown; then
     log "Rust: wasm32-unknown-unknown target installed"
-elif command -v rustup >/dev/null; then
-    log "Rust: rustup target add wasm32-unknown-unknown"
-    rustup target add wasm32-unknown-unknown
+elif command -v rustup >/dev/null && rustup target add wasm32-unknown-unknown; then
+    log "Rust: added the wasm32-unknown-unknown target"
 else
-    log "Rust: rustup not found; install the wasm32-unknown-unknown target for your toolchain"
-    exit 1
+    log "Rust: could not add the wasm32-unknown-unknown target (rustup target add wasm32-unknown-unknown);"
+    log "the wasm check will fail, the other checks still run"
 fi
 
 # --- Python packages for the fixture builder --------------------------------------------
