@@ -23,6 +23,8 @@ pub struct Inspection {
     pub max_tokens_per_step: u64,
     /// Passes run.
     pub passes: Vec<String>,
+    /// The target the plan was compiled for.
+    pub target: String,
     /// Op counts before the passes.
     pub ops_before: BTreeMap<String, u64>,
     /// Op counts after the passes.
@@ -112,6 +114,7 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
         max_context: h.model.max_context,
         max_tokens_per_step: h.model.max_tokens_per_step,
         passes: h.compile.passes.clone(),
+        target: h.compile.target.clone(),
         ops_before: h.compile.ops_before.iter().cloned().collect(),
         ops_after: h.compile.ops_after.iter().cloned().collect(),
         prefill_dispatches_total: best.prefill.len(),
@@ -158,6 +161,7 @@ pub fn render(i: &Inspection) -> String {
         i.max_tokens_per_step,
         i.passes.join(" → ")
     );
+    s += &format!("target     {}\n", i.target);
     s += "ops        before → after\n";
     let names: std::collections::BTreeSet<&String> =
         i.ops_before.keys().chain(i.ops_after.keys()).collect();

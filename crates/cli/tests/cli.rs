@@ -362,9 +362,9 @@ fn smollm2_inspection(extra: &[&str]) -> serde_json::Value {
 
 /// The fusion passes bring SmolLM2's decode from 18 dispatches per layer to
 /// 8 (residual+norm, qkv matmul, qkv-rope-cache, attention, o_proj,
-/// residual+norm, gate_up+swiglu, down_proj): layer 0 runs its own input
-/// norm (it reads the embedding, not an add), every later layer's input norm
-/// is fused with the previous layer's residual add, and the last residual add
+/// residual+norm, gate_up+swiglu, down_proj): layer 0's input norm is fused
+/// with the embedding lookup, every later layer's input norm is fused with
+/// the previous layer's residual add, and the last residual add
 /// is fused with the final norm on the last row — 8 · 30 = 240 over 30
 /// layers. The arena holds every activation in at most 10% of one buffer each.
 #[test]

@@ -32,6 +32,9 @@ pub struct Operands<'a> {
     pub layer: Option<u32>,
     /// The slice bound to a port, if the node has that operand.
     pub slice: &'a dyn Fn(Port) -> Option<BufferSlice>,
+    /// The bytes the port's IR value has (at the largest step), worked out
+    /// from the IR types independently of where the planner put it.
+    pub bytes: &'a dyn Fn(Port) -> Option<u64>,
 }
 
 impl Assembler {
@@ -48,14 +51,24 @@ impl Assembler {
         check_limits(&src, limits, max_t)?;
         let mut bindings = Vec::with_capacity(src.bindings.len());
         for decl in &mut src.bindings {
-            let slice = (ops.slice)(decl.port).ok_or_else(|| CodegenError::Unsupported {
+            let bug = |what: String| CodegenError::Unsupported {
                 label: ops.label.to_string(),
                 reason: format!(
-                    "kernel {} binds `{}` to {:?}, which the node does not have",
+                    "kernel {} binding `{}` ({:?}): {what} (a compiler bug)",
                     src.name, decl.name, decl.port
                 ),
-            })?;
-            decl.bytes = slice.size;
+            };
+            let slice =
+                (ops.slice)(decl.port).ok_or_else(|| bug("the node has no such operand".into()))?;
+            let bytes =
+                (ops.bytes)(decl.port).ok_or_else(|| bug("the operand has no size".into()))?;
+            if slice.size != bytes {
+                return Err(bug(format!(
+                    "the planner bound {} bytes to a {bytes}-byte operand",
+                    slice.size
+                )));
+            }
+            decl.bytes = bytes;
             bindings.push(slice);
         }
         let kernel = self.kernel(src.clone(), features)?;
@@ -77,8 +90,10 @@ impl Assembler {
             workgroup_size: src.workgroup_size,
             bindings: src.bindings,
         };
+        // A kernel is shared only by variants with the same features, so every
+        // kernel was validated with exactly the capabilities of its variant.
         let mut key = kernel.clone();
-        key.name.clear();
+        key.name = format!("{features:?}");
         if let Some(&i) = self.index.get(&key) {
             return Ok(i);
         }
@@ -139,16 +154,20 @@ fn check_limits(src: &KernelSource, limits: &Limits, max_t: u32) -> Result<(), C
 }
 
 impl Assembler {
-    /// The device limits a set of schedules needs.
+    /// The device limits a set of schedules needs (`max_buffer_size` over
+    /// every buffer of the plan: the runtime creates them all).
     pub fn requirements(&self, buffers: &[BufferDecl], schedules: &[&[Dispatch]]) -> Requirements {
-        let mut r = Requirements::default();
+        let mut r = Requirements {
+            max_buffer_size: buffers.iter().map(|b| b.size).max().unwrap_or(0),
+            ..Requirements::default()
+        };
         for d in schedules.iter().flat_map(|s| s.iter()) {
-            r = self.add(r, d, buffers);
+            r = self.add(r, d);
         }
         r
     }
 
-    fn add(&self, mut r: Requirements, d: &Dispatch, buffers: &[BufferDecl]) -> Requirements {
+    fn add(&self, mut r: Requirements, d: &Dispatch) -> Requirements {
         let k = &self.kernels[d.kernel as usize];
         r.max_compute_workgroup_storage_size = r
             .max_compute_workgroup_storage_size
@@ -161,7 +180,6 @@ impl Assembler {
             .max(k.bindings.len() as u32 - 1);
         for s in d.bindings.iter().skip(1) {
             r.max_storage_buffer_binding_size = r.max_storage_buffer_binding_size.max(s.size);
-            r.max_buffer_size = r.max_buffer_size.max(buffers[s.buffer as usize].size);
         }
         r
     }

@@ -1,12 +1,16 @@
-//! Codegen: IR in, specialized WGSL kernels and a dispatch schedule out.
+//! Codegen: IR in, specialized WGSL kernels and dispatch schedules out.
 //!
-//! [`generate`] walks the verified graph in topological order, emits one
-//! kernel per compute node from the templates in [`kernels`] (dimensions,
-//! epsilons and head counts baked in as `const`s; only `T` and `P` come from
-//! the step-parameter uniform), validates every distinct module with naga,
-//! places activations in arenas with the liveness planner, and returns the
-//! buffers, kernels and two schedules (prefill with several rows per matmul
-//! workgroup, decode with one) as a [`Program`].
+//! [`generate`] compiles a verified graph for a [`Target`] (the features
+//! kernels may use and the limits they respect). It places sources and
+//! outputs in buffers of their own and every other value in arenas
+//! ([`planner`]), then, for each variant the target allows ([`variants_for`];
+//! today `portable`), lowers every compute node to a kernel from the
+//! templates in [`kernels`] (dimensions, epsilons and head counts baked in as
+//! `const`s; only `T` and `P` come from the step-parameter uniform) and binds
+//! its operands by IR port — once for the prefill schedule (several rows per
+//! matmul workgroup) and once for decode (one). Every distinct kernel is
+//! stored once and validated by naga with its variant's capabilities. The
+//! result is a [`Program`].
 //!
 //! This crate opens no device: it is IR in, WGSL text and plan data out. The
 //! caller fills in weight bytes (see [`Program::weights`]).

@@ -18,7 +18,7 @@ use crate::kernels::{
     KernelSource, Rows,
 };
 use crate::CodegenError;
-use gerbil_ir::{Dim, Graph, NodeId, Op, TensorType, ValueRef};
+use gerbil_ir::{Dim, Graph, MatMul, MatMulGlu, NodeId, Op, TensorType, ValueRef};
 use std::collections::HashMap;
 
 fn rows_of(ty: &TensorType) -> Rows {
@@ -99,12 +99,13 @@ impl Lowering<'_> {
                 offset: n.weight_offset,
                 wdtype: in_ty(1).dtype,
             }),
-            Op::MatMul(_) | Op::MatMulGlu(_) => {
-                let (bias, glu) = match &node.op {
-                    Op::MatMulGlu(m) => (m.has_bias, Some(m.act)),
-                    Op::MatMul(m) => (m.has_bias, None),
-                    _ => (false, None),
+            Op::MatMul(MatMul { has_bias: bias })
+            | Op::MatMulGlu(MatMulGlu { has_bias: bias, .. }) => {
+                let glu = match &node.op {
+                    Op::MatMulGlu(m) => Some(m.act),
+                    _ => None,
                 };
+                let bias = *bias;
                 let rows = rows_of(out_ty);
                 matmul::kernel(MatMulSpec {
                     shard_rows: self.shard_rows(ins[1]),

@@ -19,7 +19,7 @@ use gerbil_ir::op::KvKind;
 use gerbil_ir::{Dim, Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
 use gerbil_plan::{
     BufferDecl, BufferKind, BufferSlice, Dispatch, IoBindings, KvHalf, OutputKind, Port,
-    SectionRef, Variant, STEP_PARAMS_BYTES,
+    SectionRef, Variant, BINDING_OFFSET_ALIGN, STEP_PARAMS_BYTES,
 };
 use std::collections::HashMap;
 
@@ -160,6 +160,19 @@ impl Buffers<'_> {
         round4(ty.size_bytes(self.opts.max_tokens_per_step, self.opts.max_context))
     }
 
+    /// Bytes of an operand of type `ty` as bound: the whole value, or row
+    /// shard `shard` of a weight split into shards of `shard_rows` rows.
+    fn operand_bytes(&self, ty: &TensorType, shard_rows: Option<&u32>, shard: u32) -> Option<u64> {
+        let Some(&per) = shard_rows else {
+            return (shard == 0).then(|| self.value_bytes(ty));
+        };
+        let resolved = self.resolved(ty);
+        let rows = resolved.shape.first()?.as_const()?;
+        let first = u64::from(shard) * u64::from(per);
+        let count = u64::from(per).min(rows.checked_sub(first).filter(|&n| n > 0)?);
+        Some(round4(resolved.size_bytes(0, 0) / rows * count))
+    }
+
     /// A weight: one buffer, or row shards when it exceeds a binding.
     fn weight(
         &mut self,
@@ -176,7 +189,7 @@ impl Buffers<'_> {
             self.check_binding(
                 format!("weight `{label}`"),
                 bytes,
-                "one row of it is larger than a binding, so it cannot be split into row shards; use a target with a larger binding limit",
+                "it cannot be split into shards of 4 rows each within one binding; use a target with a larger binding limit (--target desktop)",
             )?;
             let i = self.push(bytes, weight_kind(label.to_string(), &resolved, shape));
             self.weights.push(WeightBuffer {
@@ -248,6 +261,16 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         shard_rows: HashMap::new(),
         weights: Vec::new(),
     };
+    let align = opts.target.limits.binding_align;
+    if align == 0 || !align.is_multiple_of(BINDING_OFFSET_ALIGN) {
+        return Err(CodegenError::Limit {
+            what: format!("target `{}`'s binding alignment", opts.target.name),
+            needed: BINDING_OFFSET_ALIGN,
+            limit: align,
+            limit_name: "min_storage_buffer_offset_alignment",
+            hint: "plans align binding offsets to a multiple of 256, WebGPU's default",
+        });
+    }
     let step_params = b.push(STEP_PARAMS_BYTES, BufferKind::StepParams);
     let mut token_ids = None;
     for &id in &order {
@@ -354,7 +377,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         limits.max_storage_binding,
     )
     .map_err(|e| CodegenError::Limit {
-        what: format!("activation {}", e.index),
+        what: format!("activation `{}`", graph.node(e.value.node).label),
         needed: e.size,
         limit: e.max,
         limit_name: "max_storage_buffer_binding_size",
@@ -407,10 +430,20 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                     .first()
                     .copied(),
                 };
+                let bytes = |port: Port| match port {
+                    Port::Params => Some(STEP_PARAMS_BYTES),
+                    Port::Input { index, shard } => {
+                        let v = *ins.get(index as usize)?;
+                        b.operand_bytes(graph.value_type(v), b.shard_rows.get(&v), shard)
+                    }
+                    Port::Output { index } => (index < node.outputs.len() as u32)
+                        .then(|| b.value_bytes(&node.outputs[index as usize])),
+                };
                 let ops = Operands {
                     label: &node.label,
                     layer: node.layer(),
                     slice: &slice,
+                    bytes: &bytes,
                 };
                 asm.dispatch(
                     lowering.kernel(id, tt)?,

@@ -121,6 +121,7 @@ pub fn compile<'a>(
     };
     let compile_info = CompileInfo {
         gerbil_version: env!("CARGO_PKG_VERSION").to_string(),
+        target: codegen.target.name.clone(),
         passes,
         ops_before,
         ops_after: op_counts(&graph),

@@ -32,12 +32,6 @@ pub fn created_nodes(before: &Graph, after: &Graph) -> HashSet<NodeId> {
 }
 
 /// The layer of a label `layers.N.…`, if it has one.
-fn layer_of(label: &str) -> Option<u64> {
-    let rest = label.strip_prefix("layers.")?;
-    let (n, _) = rest.split_once('.')?;
-    n.parse().ok()
-}
-
 /// Escapes text for a double-quoted DOT string.
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\").replace('"', "\\\"")
@@ -52,7 +46,7 @@ pub fn to_dot(graph: &Graph, created: &HashSet<NodeId>) -> String {
     );
     let order = print_order(graph);
     let names = value_names(graph, &order);
-    let mut layers: BTreeMap<Option<u64>, Vec<String>> = BTreeMap::new();
+    let mut layers: BTreeMap<Option<u32>, Vec<String>> = BTreeMap::new();
     for &id in &order {
         let node = graph.node(id);
         let tys: Vec<String> = node.outputs.iter().map(|t| t.to_string()).collect();
@@ -68,7 +62,7 @@ pub fn to_dot(graph: &Graph, created: &HashSet<NodeId>) -> String {
             id.index(),
             escape_label(&label)
         );
-        layers.entry(layer_of(&node.label)).or_default().push(line);
+        layers.entry(node.layer()).or_default().push(line);
     }
     for (layer, lines) in &layers {
         let indent = match layer {
@@ -137,8 +131,5 @@ mod tests {
             dot.contains(&format!("  n{} [label=\"%input_ids", ids.node.index())),
             "{dot}"
         );
-        assert_eq!(layer_of("layers.12.mlp"), Some(12));
-        assert_eq!(layer_of("model.layers.1.w"), None);
-        assert_eq!(layer_of("layers.x.y"), None);
     }
 }

@@ -31,14 +31,15 @@ impl Node {
     /// result on every dispatch, so no later stage parses labels.
     pub fn layer(&self) -> Option<u32> {
         let rest = self.label.strip_prefix("layers.")?;
-        let (n, _) = rest.split_once('.').unwrap_or((rest, ""));
+        let (n, _) = rest.split_once('.')?;
         n.parse().ok()
     }
+}
 
-    /// The label of a node of layer `layer`: `layers.{layer}.{name}`.
-    pub fn layer_label(layer: u32, name: &str) -> String {
-        format!("layers.{layer}.{name}")
-    }
+/// The label prefix of layer `layer`'s nodes, `layers.{layer}`: frontends
+/// build labels with it and [`Node::layer`] reads it back.
+pub fn layer_prefix(layer: impl std::fmt::Display) -> String {
+    format!("layers.{layer}")
 }
 
 /// A value flowing from output `src_port` of the edge's source to input
@@ -242,5 +243,29 @@ impl Graph {
     /// Number of nodes whose op is not a source (weights, inputs, caches).
     pub fn compute_node_count(&self) -> usize {
         self.g.node_weights().filter(|n| !n.op.is_source()).count()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{DType, Input, Op, TensorType};
+
+    fn node(label: &str) -> Node {
+        Node {
+            op: Op::Input(Input::TokenIds),
+            outputs: vec![TensorType::fixed(DType::U32, &[1])],
+            label: label.into(),
+        }
+    }
+
+    #[test]
+    fn layers_come_from_the_label_prefix() {
+        assert_eq!(node(&format!("{}.mlp", layer_prefix(12))).layer(), Some(12));
+        assert_eq!(node("layers.3.attn.q_proj").layer(), Some(3));
+        assert_eq!(node("model.layers.1.w").layer(), None);
+        assert_eq!(node("layers.x.y").layer(), None);
+        assert_eq!(node("layers.4").layer(), None);
+        assert_eq!(node("lm_head").layer(), None);
     }
 }

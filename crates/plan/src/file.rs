@@ -73,7 +73,7 @@ pub enum PlanError {
         source: serde_json::Error,
     },
     /// The header is well-formed but inconsistent.
-    #[error("{path}: inconsistent plan: {reason}")]
+    #[error("{path}: inconsistent plan: {reason}; the file was edited or damaged: recompile it with `gerbilc compile`")]
     Invalid {
         /// The file.
         path: PathBuf,

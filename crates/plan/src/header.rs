@@ -114,6 +114,9 @@ pub struct TextInfo {
 pub struct CompileInfo {
     /// gerbil version that wrote the plan.
     pub gerbil_version: String,
+    /// The target it was compiled for (`portable`, `desktop`).
+    #[serde(default)]
+    pub target: String,
     /// Passes that ran, in order.
     pub passes: Vec<String>,
     /// Compute ops before the passes ran, by mnemonic.
@@ -305,6 +308,17 @@ pub enum Access {
     Read,
     /// `var<storage, read_write>`.
     ReadWrite,
+}
+
+impl Access {
+    /// The name the plan's JSON uses: `uniform`, `read` or `read_write`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Access::Uniform => "uniform",
+            Access::Read => "read",
+            Access::ReadWrite => "read_write",
+        }
+    }
 }
 
 /// Element type of a binding's array, as WGSL declares it.

@@ -154,6 +154,21 @@ impl PlanHeader {
             self.slice_ok(s, &what)?;
             check_binding(&self.buffers[s.buffer as usize].kind, s, decl, &what)?;
         }
+        // WebGPU refuses a buffer bound both read-only and writable in one
+        // dispatch (a usage conflict), so the plan must never do it.
+        for (s, decl) in d.bindings.iter().zip(&k.bindings) {
+            let writable = |(t, e): (&BufferSlice, &BindingDecl)| {
+                t.buffer == s.buffer && e.access == Access::ReadWrite
+            };
+            if decl.access == Access::Read && d.bindings.iter().zip(&k.bindings).any(writable) {
+                return Err(format!(
+                    "{what} binds buffer {} ({}) both read-only (`{}`) and writable",
+                    s.buffer,
+                    self.buffers[s.buffer as usize].kind.describe(),
+                    decl.name
+                ));
+            }
+        }
         Ok(())
     }
 }
@@ -205,8 +220,8 @@ fn check_binding(
         Ok(())
     } else {
         Err(format!(
-            "{what} is declared {:?} but binds the {}",
-            decl.access,
+            "{what} is declared {} but binds the {}",
+            decl.access.name(),
             kind.describe()
         ))
     }

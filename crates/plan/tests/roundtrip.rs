@@ -173,7 +173,7 @@ fn bindings_must_match_the_kernel_contract() {
     // The uniform bound to something that is not the step parameters.
     let e = check(&|h| h.variants[0].decode[0].bindings[0] = slice(1, STEP_PARAMS_BYTES));
     assert!(
-        e.contains("declared Uniform but binds the token ids"),
+        e.contains("declared uniform but binds the token ids"),
         "{e}"
     );
     // A writable binding of a weight.
@@ -182,7 +182,7 @@ fn bindings_must_match_the_kernel_contract() {
         h.variants[0].prefill[0].bindings[2] = slice(2, 12);
         h.variants[0].decode[0].bindings[2] = slice(2, 12);
     });
-    assert!(e.contains("declared ReadWrite but binds the w"), "{e}");
+    assert!(e.contains("declared read_write but binds the w"), "{e}");
     // A count mismatch, an unaligned offset, no variant, an empty schedule.
     let e = check(&|h| {
         h.variants[0].prefill[0].bindings.pop();
@@ -202,6 +202,14 @@ fn bindings_must_match_the_kernel_contract() {
     assert!(e.contains("not a token-ids buffer"), "{e}");
     let e = check(&|h| h.model.vocab_size = 0);
     assert!(e.contains("f32 logits"), "{e}");
+    // One buffer bound read-only and writable in one dispatch.
+    let e = check(&|h| {
+        h.kernels[0].bindings[1].bytes = 16;
+        let v = &mut h.variants[0];
+        v.prefill[0].bindings[1] = slice(3, 16);
+        v.decode[0].bindings[1] = slice(3, 16);
+    });
+    assert!(e.contains("both read-only (`w`) and writable"), "{e}");
 }
 
 #[test]

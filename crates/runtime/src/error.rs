@@ -23,15 +23,15 @@ pub enum RuntimeError {
         /// What the adapter offers.
         available: u64,
     },
-    /// Creating the device failed.
     /// No variant of the plan runs on this device.
-    #[error("the GPU `{adapter}` can run none of the plan's variants: {reasons}; recompile with `--target portable`")]
+    #[error("the GPU `{adapter}` can run none of the plan's variants: {reasons}; recompile with `--target portable` (for a missing feature) or a smaller --max-context / --max-tokens-per-step (for a limit)")]
     NoVariant {
         /// Adapter name.
         adapter: String,
         /// Each variant and what it lacks.
         reasons: String,
     },
+    /// Creating the device failed.
     #[error("could not create the GPU device: {0}")]
     Device(String),
     /// The GPU ran out of memory.

@@ -57,11 +57,55 @@ fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
     }
 }
 
+/// The pipelines of the kernels one variant dispatches, and where each
+/// plan kernel's pipeline sits among them. Kernels of other variants are
+/// never compiled: they may need features this device lacks.
+struct VariantKernels {
+    /// Plan kernel index → index into `layouts` and `pipelines`.
+    slots: std::collections::HashMap<u32, usize>,
+    layouts: Vec<wgpu::BindGroupLayout>,
+    pipelines: Vec<wgpu::ComputePipeline>,
+}
+
+impl VariantKernels {
+    async fn create(gpu: &Gpu, header: &PlanHeader, v: &Variant) -> Result<Self, RuntimeError> {
+        let mut used: Vec<u32> = v
+            .prefill
+            .iter()
+            .chain(&v.decode)
+            .map(|d| d.kernel)
+            .collect();
+        used.sort_unstable();
+        used.dedup();
+        let mut kernels = VariantKernels {
+            slots: std::collections::HashMap::new(),
+            layouts: Vec::with_capacity(used.len()),
+            pipelines: Vec::with_capacity(used.len()),
+        };
+        for i in used {
+            let k = &header.kernels[i as usize];
+            let crate::pipeline::KernelPipeline { layout, pipeline } = gpu
+                .scoped(&format!("creating pipeline `{}`", k.name), || {
+                    crate::pipeline::create_pipeline(&gpu.device, k)
+                })
+                .await?;
+            kernels.slots.insert(i, kernels.pipelines.len());
+            kernels.layouts.push(layout);
+            kernels.pipelines.push(pipeline);
+        }
+        Ok(kernels)
+    }
+
+    fn slot(&self, kernel: u32) -> usize {
+        self.slots[&kernel]
+    }
+}
+
 /// Creates the bind group of every dispatch of one schedule.
 async fn make_steps(
     gpu: &Gpu,
     buffers: &[wgpu::Buffer],
-    layouts: &[wgpu::BindGroupLayout],
+    kernels: &VariantKernels,
     list: &[Dispatch],
     phase: &str,
 ) -> Result<Vec<Step>, RuntimeError> {
@@ -84,13 +128,13 @@ async fn make_steps(
             .scoped(&format!("binding {phase} dispatch `{}`", d.label), || {
                 gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                     label: Some(&d.label),
-                    layout: &layouts[d.kernel as usize],
+                    layout: &kernels.layouts[kernels.slot(d.kernel)],
                     entries: &entries,
                 })
             })
             .await?;
         steps.push(Step {
-            pipeline: d.kernel as usize,
+            pipeline: kernels.slot(d.kernel),
             bind_group,
             dispatch: d.clone(),
         });
@@ -156,19 +200,10 @@ impl Session {
             }
             buffers.push(buffer);
         }
-        let mut layouts = Vec::with_capacity(header.kernels.len());
-        let mut pipelines = Vec::with_capacity(header.kernels.len());
-        for k in &header.kernels {
-            let crate::pipeline::KernelPipeline { layout, pipeline } = gpu
-                .scoped(&format!("creating pipeline `{}`", k.name), || {
-                    crate::pipeline::create_pipeline(device, k)
-                })
-                .await?;
-            layouts.push(layout);
-            pipelines.push(pipeline);
-        }
-        let prefill = make_steps(&gpu, &buffers, &layouts, &variant.prefill, "prefill").await?;
-        let decode = make_steps(&gpu, &buffers, &layouts, &variant.decode, "decode").await?;
+        let kernels = VariantKernels::create(&gpu, &header, &variant).await?;
+        let prefill = make_steps(&gpu, &buffers, &kernels, &variant.prefill, "prefill").await?;
+        let decode = make_steps(&gpu, &buffers, &kernels, &variant.decode, "decode").await?;
+        let pipelines = kernels.pipelines;
         let readback = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits readback"),
             size: header.model.vocab_size * 4,

@@ -8,8 +8,9 @@
 //! defines its first member to the last step that reads any member — so a
 //! reader of the in-place result keeps the original's bytes alive too.
 //!
-//! Classes rooted in a value the caller places itself (weights, caches, graph
-//! outputs: [`Step::external`]) get no arena space. The others become live
+//! Classes with a member the caller places itself (weights, caches, graph
+//! outputs: the `external` predicate of [`plan`]) live in that member's
+//! buffer and get no arena space. The others become live
 //! intervals for the allocator in [`arena`], which places the largest first at
 //! the lowest offset free for its whole lifetime. Invariant (proptest on
 //! random schedules with in-place steps): two classes live at a common step
@@ -59,6 +60,17 @@ pub struct BufferPlan<V> {
     pub naive_bytes: u64,
 }
 
+/// A storage class larger than one arena may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Oversized<V> {
+    /// The class's root value.
+    pub value: V,
+    /// Its size in bytes.
+    pub size: u64,
+    /// The largest arena allowed.
+    pub max: u64,
+}
+
 /// Plans the arenas of `steps`. `external(v)` says whether the caller places
 /// `v` itself; `size(v)` is a value's size in bytes; offsets are multiples of
 /// `align`, and no arena exceeds `max_arena` bytes.
@@ -68,7 +80,7 @@ pub fn plan<V: Copy + Eq + Hash + Ord>(
     size: impl Fn(V) -> u64,
     align: u64,
     max_arena: u64,
-) -> Result<BufferPlan<V>, TooLarge> {
+) -> Result<BufferPlan<V>, Oversized<V>> {
     // Storage classes: every value points at the root whose memory it uses.
     let mut root: HashMap<V, V> = HashMap::new();
     let find = |root: &HashMap<V, V>, v: V| -> V {
@@ -105,10 +117,23 @@ pub fn plan<V: Copy + Eq + Hash + Ord>(
             }
         }
     }
+    // A class lives outside the arenas if any member does: in its root's
+    // buffer when the root is external, else in its first external member's.
+    let mut outside: HashMap<V, V> = HashMap::new();
+    let mut members: Vec<V> = root.keys().copied().collect();
+    members.sort();
+    for &r in &roots_in_order {
+        if external(r) {
+            outside.insert(r, r);
+        }
+    }
+    for v in members.iter().copied().filter(|&v| external(v)) {
+        outside.entry(find(&root, v)).or_insert(v);
+    }
     let arena_roots: Vec<V> = roots_in_order
         .iter()
         .copied()
-        .filter(|&r| !external(r))
+        .filter(|r| !outside.contains_key(r))
         .collect();
     let intervals: Vec<Interval> = arena_roots
         .iter()
@@ -117,7 +142,11 @@ pub fn plan<V: Copy + Eq + Hash + Ord>(
             Interval { start, end, size }
         })
         .collect();
-    let placed = plan_arenas(&intervals, align, max_arena)?;
+    let placed = plan_arenas(&intervals, align, max_arena).map_err(|e: TooLarge| Oversized {
+        value: arena_roots[e.index],
+        size: e.size,
+        max: e.max,
+    })?;
     let mut class_home: HashMap<V, Home<V>> = HashMap::new();
     for ((r, iv), p) in arena_roots.iter().zip(&intervals).zip(&placed.placements) {
         class_home.insert(
@@ -129,11 +158,15 @@ pub fn plan<V: Copy + Eq + Hash + Ord>(
             },
         );
     }
-    let homes = root
-        .keys()
+    let homes = members
+        .iter()
         .map(|&v| {
             let r = find(&root, v);
-            (v, class_home.get(&r).copied().unwrap_or(Home::External(r)))
+            let home = match outside.get(&r) {
+                Some(&e) => Home::External(e),
+                None => class_home[&r],
+            };
+            (v, home)
         })
         .collect();
     Ok(BufferPlan {
@@ -148,61 +181,66 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// A random schedule over values `0..n`: value `i` is defined by step
-    /// `i`, reads up to 3 earlier values, and with some probability is
-    /// written in place over one of them. Values below `ext` are external
-    /// (defined by the first steps, like sources).
-    fn schedule() -> impl Strategy<Value = (Vec<Step<u32>>, u32, Vec<u64>)> {
-        (2u32..40, 0u32..4)
-            .prop_flat_map(|(n, ext)| {
-                let ext = ext.min(n - 1);
-                let steps = (1..n)
-                    .map(|i| {
-                        (
-                            proptest::collection::vec(0..i, 0..=3),
-                            proptest::option::weighted(0.3, 0..i),
-                        )
-                    })
-                    .collect::<Vec<_>>();
-                (
-                    steps,
-                    Just(ext),
-                    proptest::collection::vec(1u64..5000, n as usize),
-                )
-            })
-            .prop_map(|(raw, ext, sizes)| {
-                let mut steps = vec![Step {
-                    reads: vec![],
-                    defines: vec![(0, None)],
-                }];
-                for (i, (reads, alias)) in raw.into_iter().enumerate() {
-                    let v = i as u32 + 1;
-                    let mut reads = reads;
-                    if let Some(a) = alias {
-                        reads.push(a);
+    /// Sources: values no step defines, always external (like KV caches).
+    const SOURCE: u32 = 1000;
+
+    fn size_of(v: u32) -> u64 {
+        u64::from(v.wrapping_mul(2_654_435_761) % 5000) + 1
+    }
+
+    /// A random schedule: each step defines one or two new values (numbered
+    /// in order), reads up to three earlier values or sources, and may write
+    /// a value in place over an earlier value or a source. `ext` marks the
+    /// values the caller places itself.
+    fn schedule() -> impl Strategy<Value = (Vec<Step<u32>>, Vec<bool>)> {
+        let step = (
+            proptest::collection::vec(0u32..1000, 0..=3),
+            1usize..=2,
+            proptest::collection::vec(proptest::option::weighted(0.3, 0u32..1000), 2),
+        );
+        (
+            proptest::collection::vec(step, 1..40),
+            proptest::collection::vec(proptest::bool::weighted(0.15), 80),
+        )
+            .prop_map(|(raw, ext)| {
+                let mut steps = Vec::new();
+                let mut next = 0u32;
+                // Picks an earlier value (or, for r % 5 == 0, one of 3 sources).
+                let pick = |r: u32, next: u32| {
+                    if r.is_multiple_of(5) || next == 0 {
+                        SOURCE + r % 3
+                    } else {
+                        r % next
                     }
-                    steps.push(Step {
-                        reads,
-                        defines: vec![(v, alias)],
-                    });
+                };
+                for (reads, n, aliases) in raw {
+                    let reads = reads.into_iter().map(|r| pick(r, next)).collect();
+                    let mut defines = Vec::new();
+                    for alias in aliases.into_iter().take(n) {
+                        let alias = alias.map(|a| pick(a, next));
+                        defines.push((next, alias));
+                        next += 1;
+                    }
+                    steps.push(Step { reads, defines });
                 }
-                (steps, ext, sizes)
+                (steps, ext)
             })
     }
 
     /// Independent oracle: the root of each value and each root's live steps.
     fn oracle(steps: &[Step<u32>]) -> (HashMap<u32, u32>, HashMap<u32, (usize, usize)>) {
-        let mut root = HashMap::new();
+        let mut root: HashMap<u32, u32> = (SOURCE..SOURCE + 3).map(|s| (s, s)).collect();
         let mut live: HashMap<u32, (usize, usize)> = HashMap::new();
         for (s, st) in steps.iter().enumerate() {
+            for v in &st.reads {
+                if let Some(e) = live.get_mut(&root[v]) {
+                    e.1 = e.1.max(s);
+                }
+            }
             for &(v, a) in &st.defines {
                 let r = a.map_or(v, |a| root[&a]);
                 root.insert(v, r);
                 let e = live.entry(r).or_insert((s, s));
-                e.1 = e.1.max(s);
-            }
-            for v in &st.reads {
-                let e = live.get_mut(&root[v]).expect("read before defined");
                 e.1 = e.1.max(s);
             }
         }
@@ -211,24 +249,30 @@ mod tests {
 
     proptest! {
         #[test]
-        fn live_classes_never_share_bytes((steps, ext, sizes) in schedule(), align_pow in 0u32..9, max_k in 8u64..64) {
+        fn live_classes_never_share_bytes((steps, ext) in schedule(), align_pow in 0u32..9, max_k in 8u64..64) {
             let align = 1u64 << align_pow;
             let max = max_k * 1024;
-            let plan = plan(&steps, |v| v < ext, |v| sizes[v as usize], align, max).unwrap();
+            let external = |v: u32| v >= SOURCE || ext[v as usize % ext.len()];
+            let plan = plan(&steps, external, size_of, align, max).unwrap();
             let (root, live) = oracle(&steps);
+            let class_has_external = |r: u32| root.iter().any(|(&v, &rv)| rv == r && external(v));
             for (&v, home) in &plan.homes {
                 let r = root[&v];
                 match *home {
                     Home::External(e) => {
-                        prop_assert_eq!(e, r);
-                        prop_assert!(r < ext);
+                        // The class's root if it is external, else an external member.
+                        prop_assert!(external(e));
+                        prop_assert_eq!(root[&e], r);
+                        if external(r) {
+                            prop_assert_eq!(e, r);
+                        }
                     }
                     Home::Arena { arena, offset, size } => {
-                        prop_assert!(r >= ext);
+                        prop_assert!(!class_has_external(r));
                         prop_assert_eq!(offset % align, 0);
                         prop_assert!(offset + size <= plan.arena_sizes[arena]);
                         prop_assert!(plan.arena_sizes[arena] <= max);
-                        prop_assert!(size >= sizes[v as usize]);
+                        prop_assert!(size >= size_of(v));
                         // Aliases share their root's bytes.
                         prop_assert_eq!(plan.homes[&r], *home);
                     }
@@ -248,6 +292,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn an_in_place_result_that_is_external_takes_its_class_out_of_the_arenas() {
+        // y (1) overwrites x (0) in place and is a graph output: x must be
+        // written straight into y's buffer.
+        let steps = vec![
+            Step {
+                reads: vec![],
+                defines: vec![(0u32, None)],
+            },
+            Step {
+                reads: vec![0],
+                defines: vec![(1, Some(0))],
+            },
+        ];
+        let plan = plan(&steps, |v| v == 1, |_| 64, 256, 1 << 20).unwrap();
+        assert_eq!(plan.homes[&0], Home::External(1));
+        assert_eq!(plan.homes[&1], Home::External(1));
+        assert!(plan.arena_sizes.is_empty());
     }
 
     #[test]

@@ -450,7 +450,7 @@ pub(crate) fn attention_block(
     window: Option<u32>,
 ) -> Result<ValueRef> {
     let t = format!("model.layers.{layer}.self_attn");
-    let p = format!("layers.{layer}");
+    let p = gerbil_ir::layer_prefix(layer);
     let hd = u64::from(spec.head_dim);
     let q_width = u64::from(spec.n_heads) * hd;
     let kv_width = u64::from(spec.n_kv_heads) * hd;
@@ -567,7 +567,7 @@ pub(crate) fn gated_mlp(
     spec: &MlpSpec,
 ) -> Result<ValueRef> {
     let t = format!("model.layers.{layer}.mlp");
-    let p = format!("layers.{layer}.mlp");
+    let p = format!("{}.mlp", gerbil_ir::layer_prefix(layer));
     let i = spec.intermediate;
     let (g, u) = if spec.fused_gate_up {
         let parts = [(format!("{p}.gate_proj"), i), (format!("{p}.up_proj"), i)];
@@ -649,7 +649,7 @@ pub(crate) fn build_decoder(ctx: &mut LowerCtx<'_>, spec: &DecoderSpec) -> Resul
     for (i, layer) in spec.layers.iter().enumerate() {
         let i = i as u32;
         let t = format!("model.layers.{i}");
-        let p = format!("layers.{i}");
+        let p = gerbil_ir::layer_prefix(i);
         let rope = &spec.ropes[layer.rope];
         let norm = |ctx: &mut LowerCtx<'_>, x, name: &str, label: String| {
             rms_norm(
@@ -724,6 +724,8 @@ pub(crate) fn build_decoder(ctx: &mut LowerCtx<'_>, spec: &DecoderSpec) -> Resul
     if let Some(cap) = spec.logit_softcap {
         logits = ctx.add(Op::Unary(UnaryOp::Softcap(cap)), &[logits], "logit_softcap")?;
     }
-    ctx.graph.outputs.push((gerbil_ir::LOGITS.to_string(), logits));
+    ctx.graph
+        .outputs
+        .push((gerbil_ir::LOGITS.to_string(), logits));
     Ok(())
 }
