@@ -31,6 +31,29 @@ pub struct Compiled<'a> {
     pub plan: Plan<'a>,
 }
 
+/// Runs `pm` over `graph`, showing `observer` the graph before the first
+/// pass, after every pass and at the end. The first observer error stops
+/// the compilation (after the pass in flight).
+pub(crate) fn run_passes(
+    pm: &PassManager,
+    graph: &mut Graph,
+    observer: &mut dyn Observer,
+) -> Result<PassReport, CompileError> {
+    observer.check(pm)?;
+    observer.lowered(graph)?;
+    let mut observed = Ok(());
+    let mut index = 0;
+    let report = pm.run(graph, |run, g| {
+        index += 1;
+        if observed.is_ok() {
+            observed = observer.after_pass(index, run, g);
+        }
+    })?;
+    observed?;
+    observer.finished(graph)?;
+    Ok(report)
+}
+
 /// Compute ops of a graph by mnemonic, for the plan's compile record.
 pub fn op_counts(graph: &Graph) -> Vec<(String, u64)> {
     let mut m: BTreeMap<String, u64> = BTreeMap::new();
@@ -83,18 +106,7 @@ pub fn compile<'a>(
     if let Some(n) = opts.bisect {
         pm.bisect(n);
     }
-    observer.check(&pm)?;
-    observer.lowered(&graph)?;
-    let mut observed = Ok(());
-    let mut index = 0;
-    let report = pm.run(&mut graph, |run, g| {
-        index += 1;
-        if observed.is_ok() {
-            observed = observer.after_pass(index, run, g);
-        }
-    })?;
-    observed?;
-    observer.finished(&graph)?;
+    let report = run_passes(&pm, &mut graph, observer)?;
 
     let mut passes: Vec<String> = report.ran.iter().map(|r| r.name.clone()).collect();
     passes.push("plan-buffers".into());

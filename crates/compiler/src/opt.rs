@@ -17,6 +17,7 @@
 //! `gerbilc compile M --dump-ir lowered | gerbilc opt - --passes default`
 //! prints what `gerbilc compile M --dump-ir final` prints.
 
+use crate::driver::run_passes;
 use crate::dump::Observer;
 use crate::error::CompileError;
 use gerbil_ir::Graph;
@@ -94,18 +95,7 @@ pub fn opt(
     if let Some(n) = opts.bisect {
         pm.bisect(n);
     }
-    observer.check(&pm)?;
-    observer.lowered(&graph)?;
-    let mut observed = Ok(());
-    let mut index = 0;
-    let report = pm.run(&mut graph, |run, g| {
-        index += 1;
-        if observed.is_ok() {
-            observed = observer.after_pass(index, run, g);
-        }
-    })?;
-    observed?;
-    observer.finished(&graph)?;
+    let report = run_passes(&pm, &mut graph, observer)?;
     Ok(Optimized {
         graph,
         passes: report,
