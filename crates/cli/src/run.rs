@@ -189,8 +189,9 @@ pub struct BenchOptions {
 /// GPU time of one kind of dispatch in a step.
 #[derive(Clone, Debug, Serialize)]
 pub struct ProfileRow {
-    /// What ran: the IR label without its layer (`attn.qkv`, `attn.qkv_rope`,
-    /// `mlp.gate_up`, `lm_head`, …), so fused nodes keep their own names.
+    /// What ran: the IR label without its layer numbers (`attn.sdpa`,
+    /// `attn.q_proj+k_proj+v_proj`, `mlp.residual+input_norm`, `lm_head`, …),
+    /// so fused nodes keep their own names and group over layers.
     pub what: String,
     /// Dispatches of this kind in the step.
     pub count: usize,
@@ -198,17 +199,32 @@ pub struct ProfileRow {
     pub micros: f64,
 }
 
+/// A label with every `layers.N.` removed, so a fused node of every layer
+/// (`layers.6.mlp.residual+layers.7.input_norm`) falls in one group
+/// (`mlp.residual+input_norm`).
+fn without_layers(label: &str) -> String {
+    let mut out = String::with_capacity(label.len());
+    let mut rest = label;
+    while let Some(i) = rest.find("layers.") {
+        let after = &rest[i + "layers.".len()..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        let at_start = i == 0 || !rest.as_bytes()[i - 1].is_ascii_alphanumeric();
+        if digits > 0 && at_start && after[digits..].starts_with('.') {
+            out.push_str(&rest[..i]);
+            rest = &after[digits + 1..];
+        } else {
+            out.push_str(&rest[..i + "layers.".len()]);
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 fn summarize(times: &[gerbil_runtime::DispatchTime]) -> Vec<ProfileRow> {
     let mut by: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
     for t in times {
-        let what = match t.layer {
-            Some(n) => t
-                .label
-                .strip_prefix(&format!("layers.{n}."))
-                .unwrap_or(&t.label),
-            None => &t.label,
-        }
-        .to_string();
+        let what = without_layers(&t.label);
         let e = by.entry(what).or_default();
         e.0 += 1;
         e.1 += t.nanos / 1000.0;
@@ -326,4 +342,25 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         prefill_profile,
         decode_profile,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::without_layers;
+
+    #[test]
+    fn profile_groups_drop_every_layer_number() {
+        assert_eq!(without_layers("layers.3.attn.sdpa"), "attn.sdpa");
+        assert_eq!(
+            without_layers("layers.6.mlp.residual+layers.7.input_norm"),
+            "mlp.residual+input_norm"
+        );
+        assert_eq!(
+            without_layers("embed+layers.0.input_norm"),
+            "embed+input_norm"
+        );
+        assert_eq!(without_layers("lm_head"), "lm_head");
+        assert_eq!(without_layers("model.layers.x.w"), "model.layers.x.w");
+        assert_eq!(without_layers("sublayers.2.x"), "sublayers.2.x");
+    }
 }
