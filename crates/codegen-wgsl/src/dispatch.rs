@@ -71,11 +71,12 @@ impl Assembler {
             decl.bytes = bytes;
             bindings.push(slice);
         }
-        let kernel = self.kernel(src.clone(), features)?;
+        let workgroups = src.workgroups;
+        let kernel = self.kernel(src, features)?;
         Ok(Dispatch {
             kernel,
             bindings,
-            workgroups: src.workgroups,
+            workgroups,
             label: ops.label.to_string(),
             layer: ops.layer,
         })

@@ -121,22 +121,20 @@ impl Lowering<'_> {
                     glu,
                 })
             }
-            Op::AddRmsNormLastRow(n) => rms_norm::add_kernel_last_row(RmsNormSpec {
-                rows: Rows::Fixed(1),
-                width: width_of(out_ty),
-                groups: 1,
-                eps: n.eps,
-                offset: n.weight_offset,
-                wdtype: in_ty(2).dtype,
-            }),
-            Op::AddRmsNorm(n) => rms_norm::add_kernel(RmsNormSpec {
-                rows: rows_of(out_ty),
-                width: width_of(out_ty),
-                groups: 1,
-                eps: n.eps,
-                offset: n.weight_offset,
-                wdtype: in_ty(2).dtype,
-            }),
+            Op::AddRmsNorm(n) | Op::AddRmsNormLastRow(n) => {
+                let spec = RmsNormSpec {
+                    rows: rows_of(out_ty),
+                    width: width_of(out_ty),
+                    groups: 1,
+                    eps: n.eps,
+                    offset: n.weight_offset,
+                    wdtype: in_ty(2).dtype,
+                };
+                match node.op {
+                    Op::AddRmsNorm(_) => rms_norm::add_kernel(spec),
+                    _ => rms_norm::add_kernel_last_row(spec),
+                }
+            }
             Op::QkvRope(r) => qkv_rope::kernel(QkvRopeSpec {
                 heads: r.n_heads,
                 kv_heads: r.n_kv_heads,

@@ -356,18 +356,6 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
             }
         })
         .collect();
-    for (&id, step) in steps.iter().zip(&plan_steps) {
-        for (v, alias) in &step.defines {
-            if alias.is_none() && !b.own.contains_key(v) {
-                let bytes = b.value_bytes(graph.value_type(*v));
-                b.check_binding(
-                    format!("activation `{}`", graph.node(id).label),
-                    bytes,
-                    "use a smaller --max-tokens-per-step",
-                )?;
-            }
-        }
-    }
     let limits = &opts.target.limits;
     let plan = planner::plan(
         &plan_steps,

@@ -181,6 +181,13 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
+    fn step(reads: &[u32], defines: &[(u32, Option<u32>)]) -> Step<u32> {
+        Step {
+            reads: reads.to_vec(),
+            defines: defines.to_vec(),
+        }
+    }
+
     /// Sources: values no step defines, always external (like KV caches).
     const SOURCE: u32 = 1000;
 
@@ -298,16 +305,7 @@ mod tests {
     fn an_in_place_result_that_is_external_takes_its_class_out_of_the_arenas() {
         // y (1) overwrites x (0) in place and is a graph output: x must be
         // written straight into y's buffer.
-        let steps = vec![
-            Step {
-                reads: vec![],
-                defines: vec![(0u32, None)],
-            },
-            Step {
-                reads: vec![0],
-                defines: vec![(1, Some(0))],
-            },
-        ];
+        let steps = vec![step(&[], &[(0, None)]), step(&[0], &[(1, Some(0))])];
         let plan = plan(&steps, |v| v == 1, |_| 64, 256, 1 << 20).unwrap();
         assert_eq!(plan.homes[&0], Home::External(1));
         assert_eq!(plan.homes[&1], Home::External(1));
@@ -320,22 +318,10 @@ mod tests {
         // defined at step 2 must not take x's bytes, because y — which lives
         // in x's bytes — is still to be read.
         let steps = vec![
-            Step {
-                reads: vec![],
-                defines: vec![(0u32, None)],
-            },
-            Step {
-                reads: vec![0],
-                defines: vec![(1, Some(0))],
-            },
-            Step {
-                reads: vec![],
-                defines: vec![(2, None)],
-            },
-            Step {
-                reads: vec![1, 2],
-                defines: vec![(3, None)],
-            },
+            step(&[], &[(0, None)]),
+            step(&[0], &[(1, Some(0))]),
+            step(&[], &[(2, None)]),
+            step(&[1, 2], &[(3, None)]),
         ];
         let plan = plan(&steps, |_| false, |_| 256, 256, 1 << 20).unwrap();
         let off = |v: u32| match plan.homes[&v] {
