@@ -12,8 +12,10 @@
 //!
 //! The surprise: wgpu's default runtime checks and Vulkan's robust buffer
 //! access make an out-of-bounds read return 0 (or a clamped element) and
-//! drop an out-of-bounds write, so such a bug shows up only as a wrong or a
-//! missing (NaN) value, never as a crash.
+//! drop an out-of-bounds write, while the runtime runs kernels without those
+//! checks. So [`run`] runs every kernel both ways, each binding placed
+//! between poisoned guard bands, and requires bit-identical results and
+//! untouched guards: an index a template fails to guard fails the test.
 
 use gerbil_codegen_wgsl::kernels::KernelSource;
 use gerbil_ir::DType;
@@ -32,11 +34,39 @@ fn gpu() -> &'static gerbil_runtime::Gpu {
     })
 }
 
-/// Runs `src` once with step parameters `t`, `p` and one input per storage
-/// binding (`inputs[i]` is binding `i + 1`; lengths are padded to 4 bytes).
-/// Returns the contents of every `read_write` binding, in binding order, at
-/// the length it was given. Panics on any wgpu error, naming the kernel.
+/// Bytes of poison (all bits set: NaN as f32) before and after every
+/// storage binding, so an out-of-range read of an unchecked kernel shows up as
+/// NaN and an out-of-range write as a changed guard band.
+const GUARD: u64 = 256;
+
+/// Runs `src` with step parameters `t`, `p` and one input per storage
+/// binding (`inputs[i]` is binding `i + 1`; lengths are padded to 4 bytes),
+/// twice: with wgpu's shader runtime checks and without (as the runtime runs
+/// it), each binding between poisoned guard bands. Returns the contents of
+/// every `read_write` binding, in binding order, at the length it was given.
+/// Panics on any wgpu error, on a write into a guard band, or if the two
+/// runs differ in any bit, naming the kernel.
 pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    use gerbil_runtime::pipeline::ShaderChecks;
+    let checked = run_once(src, t, p, inputs, ShaderChecks::Checked);
+    let unchecked = run_once(src, t, p, inputs, ShaderChecks::Unchecked);
+    assert!(
+        checked == unchecked,
+        "{}: the unchecked module's output differs from the checked one's \
+         (an index its guards do not keep in range)",
+        src.name
+    );
+    unchecked
+}
+
+/// One run of [`run`] with the given shader checks.
+fn run_once(
+    src: &KernelSource,
+    t: u32,
+    p: u32,
+    inputs: &[Vec<u8>],
+    checks: gerbil_runtime::pipeline::ShaderChecks,
+) -> Vec<Vec<u8>> {
     assert_eq!(
         src.bindings.first().map(|b| b.access),
         Some(Access::Uniform),
@@ -61,19 +91,22 @@ pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8
         mapped_at_creation: false,
     });
     queue.write_buffer(&params, 0, bytemuck::cast_slice(&[t, p, 0u32, 0u32]));
-    let buffers: Vec<wgpu::Buffer> = inputs
+    // Each binding is `padded` bytes at offset GUARD of a poisoned buffer.
+    let buffers: Vec<(wgpu::Buffer, u64)> = inputs
         .iter()
         .map(|data| {
-            let mut padded = data.clone();
-            padded.resize(data.len().next_multiple_of(4).max(4), 0);
+            let padded = (data.len() as u64).next_multiple_of(4).max(4);
+            let mut bytes = vec![0xFF; (GUARD + padded.next_multiple_of(GUARD) + GUARD) as usize];
+            bytes[GUARD as usize..][..data.len()].copy_from_slice(data);
+            bytes[(GUARD as usize + data.len())..(GUARD + padded) as usize].fill(0);
             let buf = device.create_buffer(&wgpu::BufferDescriptor {
                 label: None,
-                size: padded.len() as u64,
+                size: bytes.len() as u64,
                 usage: storage | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             });
-            queue.write_buffer(&buf, 0, &padded);
-            buf
+            queue.write_buffer(&buf, 0, &bytes);
+            (buf, padded)
         })
         .collect();
 
@@ -87,13 +120,19 @@ pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8
     let gerbil_runtime::pipeline::KernelPipeline {
         layout: bgl,
         pipeline,
-    } = gerbil_runtime::pipeline::create_pipeline(device, &kernel);
-    let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(&params)
-        .chain(&buffers)
+    } = gerbil_runtime::pipeline::create_pipeline(device, &kernel, checks);
+    let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(params.as_entire_binding())
+        .chain(buffers.iter().map(|(buffer, size)| {
+            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer,
+                offset: GUARD,
+                size: std::num::NonZeroU64::new(*size),
+            })
+        }))
         .enumerate()
-        .map(|(i, buffer)| wgpu::BindGroupEntry {
+        .map(|(i, resource)| wgpu::BindGroupEntry {
             binding: i as u32,
-            resource: buffer.as_entire_binding(),
+            resource,
         })
         .collect();
     let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
@@ -113,27 +152,27 @@ pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8
         pass.set_bind_group(0, &bind_group, &[]);
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
     }
-    let mut readbacks = Vec::new();
-    for (i, b) in src.bindings.iter().enumerate().skip(1) {
-        if b.access != Access::ReadWrite {
-            continue;
-        }
-        let gpu_buf = &buffers[i - 1];
-        let staging = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("readback"),
-            size: gpu_buf.size(),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        enc.copy_buffer_to_buffer(gpu_buf, 0, &staging, 0, gpu_buf.size());
-        readbacks.push((i - 1, staging));
-    }
+    // Every buffer comes back whole: read_write bindings for their
+    // contents, all of them for their guard bands.
+    let readbacks: Vec<wgpu::Buffer> = buffers
+        .iter()
+        .map(|(gpu_buf, _)| {
+            let staging = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: gpu_buf.size(),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            enc.copy_buffer_to_buffer(gpu_buf, 0, &staging, 0, gpu_buf.size());
+            staging
+        })
+        .collect();
     queue.submit([enc.finish()]);
     if let Some(e) = pollster::block_on(validation.pop()) {
         panic!("kernel `{}` (groups {groups:?}): {e}", src.name);
     }
 
-    for (_, staging) in &readbacks {
+    for staging in &readbacks {
         staging.slice(..).map_async(wgpu::MapMode::Read, |r| {
             r.expect("map readback buffer");
         });
@@ -141,16 +180,25 @@ pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8
     device
         .poll(wgpu::PollType::wait_indefinitely())
         .expect("device lost");
-    readbacks
-        .iter()
-        .map(|(i, staging)| {
-            let view = staging
-                .slice(..)
-                .get_mapped_range()
-                .expect("mapped readback");
-            view[..inputs[*i].len()].to_vec()
-        })
-        .collect()
+    let mut out = Vec::new();
+    for (i, (staging, (_, padded))) in readbacks.iter().zip(&buffers).enumerate() {
+        let view = staging
+            .slice(..)
+            .get_mapped_range()
+            .expect("mapped readback");
+        let guards_intact = view[..GUARD as usize].iter().all(|&b| b == 0xFF)
+            && view[(GUARD + padded) as usize..].iter().all(|&b| b == 0xFF);
+        assert!(
+            guards_intact,
+            "{} ({checks:?}): binding {} wrote outside its range",
+            src.name,
+            i + 1
+        );
+        if src.bindings[i + 1].access == Access::ReadWrite {
+            out.push(view[GUARD as usize..][..inputs[i].len()].to_vec());
+        }
+    }
+    out
 }
 
 /// Runs `src` like [`run`] and returns `inputs[out]` (binding `out + 1`,

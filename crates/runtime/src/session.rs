@@ -69,6 +69,8 @@ struct VariantKernels {
 
 impl VariantKernels {
     async fn create(gpu: &Gpu, header: &PlanHeader, v: &Variant) -> Result<Self, RuntimeError> {
+        let checks = crate::pipeline::ShaderChecks::from_env();
+        tracing::debug!(?checks, "creating pipelines");
         let mut used: Vec<u32> = v
             .prefill
             .iter()
@@ -86,7 +88,7 @@ impl VariantKernels {
             let k = &header.kernels[i as usize];
             let crate::pipeline::KernelPipeline { layout, pipeline } = gpu
                 .scoped(&format!("creating pipeline `{}`", k.name), || {
-                    crate::pipeline::create_pipeline(&gpu.device, k)
+                    crate::pipeline::create_pipeline(&gpu.device, k, checks)
                 })
                 .await?;
             kernels.slots.insert(i, kernels.pipelines.len());
