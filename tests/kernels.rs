@@ -638,6 +638,137 @@ fn attention_matches_reference() {
     );
 }
 
+// ------------------------------------------------------ decode attention
+
+#[derive(Clone, Copy, Debug)]
+struct DecodeAttentionCase {
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    window: u32,
+    scale: f32,
+    max_context: u32,
+    /// Position of the step's one token: `p + 1` keys before the window.
+    p: u32,
+}
+
+/// Runs the split-K decode kernel twice on the same scratch, with two
+/// different queries, and checks both outputs: the second run starts from
+/// the counters the first one left (the harness also checks they are zero).
+fn check_decode_attention(c: &DecodeAttentionCase) -> Result<(), String> {
+    use gerbil_e2e::kernel_harness::{run_steps_outputs, Step};
+    let spec = kernels::attention::AttentionSpec {
+        heads: c.heads,
+        kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        scale: c.scale,
+        window: c.window,
+    };
+    let src = kernels::attention_decode::kernel(spec, c.max_context);
+    let (nh, nkv, hd, p) = (
+        c.heads as usize,
+        c.kv_heads as usize,
+        c.head_dim as usize,
+        c.p as usize,
+    );
+    let mut rng = rng(c);
+    // Rows [0, P] hold keys; two more rows of NaN catch a read past P.
+    let filled = (p + 1) * nkv * hd;
+    let spare = 2 * nkv * hd;
+    let mut kc = rng.vec(filled);
+    let mut vc = rng.vec(filled);
+    kc.extend(std::iter::repeat_n(f32::NAN, spare));
+    vc.extend(std::iter::repeat_n(f32::NAN, spare));
+    let queries = [rng.vec(nh * hd), rng.vec(nh * hd)];
+    let a = Attention {
+        n_heads: c.heads,
+        n_kv_heads: c.kv_heads,
+        head_dim: c.head_dim,
+        scale: c.scale,
+        window: (c.window > 0).then_some(c.window),
+    };
+    let steps: Vec<Step> = queries
+        .iter()
+        .map(|q| Step {
+            t: 1,
+            p: c.p,
+            inputs: vec![
+                f32_bytes(q),
+                f32_bytes(&kc),
+                f32_bytes(&vc),
+                poison(q.len()),
+            ],
+        })
+        .collect();
+    let got = run_steps_outputs(&src, &steps, &[3])?;
+    for (n, (q, got)) in queries.iter().zip(got).enumerate() {
+        let want = reference::attention(&widen(q), &widen(&kc), &widen(&vc), &a, p);
+        check_close(&format!("{} run {}", src.name, n + 1), &got[0], &want, TOL)?;
+    }
+    Ok(())
+}
+
+#[test]
+fn decode_attention_matches_reference() {
+    use kernels::attention_decode::MIN_KEYS;
+    let case = |heads, kv_heads, head_dim, window, max_context, p| DecodeAttentionCase {
+        heads,
+        kv_heads,
+        head_dim,
+        window,
+        scale: 1.0 / (head_dim as f32).sqrt(),
+        max_context,
+        p,
+    };
+    // SmolLM2's shape at a 4096-token context: 43 splits.
+    let splits = kernels::attention_decode::splits(
+        &kernels::attention::AttentionSpec {
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            scale: 0.125,
+            window: 0,
+        },
+        4096,
+    );
+    assert_eq!(splits, 43);
+    let full = MIN_KEYS * splits;
+    let mut cases = vec![
+        // One key, two keys, a few: one split.
+        case(9, 3, 64, 0, 4096, 0),
+        case(9, 3, 64, 0, 4096, 1),
+        case(9, 3, 64, 0, 4096, 5),
+        // One full split, then a second one.
+        case(9, 3, 64, 0, 4096, MIN_KEYS - 1),
+        case(9, 3, 64, 0, 4096, MIN_KEYS),
+        // Every split exactly full, then one key more (the last split empty).
+        case(9, 3, 64, 0, 4096, full - 1),
+        case(9, 3, 64, 0, 4096, full),
+        // Long context, and the longest.
+        case(9, 3, 64, 0, 4096, 2999),
+        case(9, 3, 64, 0, 4096, 4095),
+        // GQA groups of 1, 4 and 8; head_dim 128, 256 and one not a multiple of 64.
+        case(4, 4, 64, 0, 4096, 700),
+        case(8, 2, 128, 0, 4096, 2999),
+        case(8, 1, 256, 0, 4096, 2999),
+        case(8, 1, 100, 0, 4096, 333),
+        // 16 splits of 256 keys (the most one split holds) at the longest context.
+        case(32, 8, 64, 0, 4096, 4095),
+        // Sliding windows: smaller than the position, larger, larger than the context.
+        case(4, 1, 256, 100, 4096, 2999),
+        case(4, 1, 256, 512, 4096, 300),
+        case(9, 3, 64, 5000, 4096, 3000),
+        // A small context: few splits.
+        case(4, 2, 16, 0, 64, 63),
+    ];
+    // Large scores: the combine must rescale without overflow.
+    cases.push(DecodeAttentionCase {
+        scale: 5.0,
+        ..case(6, 3, 256, 0, 4096, 1500)
+    });
+    check_all(cases, check_decode_attention);
+}
+
 // ----------------------------------------------------------- elementwise
 
 #[derive(Clone, Copy, Debug)]

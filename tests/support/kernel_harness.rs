@@ -2,9 +2,11 @@
 //! it with a CPU reference.
 //!
 //! [`run`] takes a [`KernelSource`], the step parameters `T` and `P`, and one
-//! byte buffer per storage binding (binding 1 first); it dispatches the
-//! kernel once and returns the bytes of every `read_write` binding, in
-//! binding order. Outputs are whatever the caller passes for them: give
+//! byte buffer per storage binding (binding 1 first) but the kernel's
+//! scratch, which the harness provides; it dispatches the kernel once and
+//! returns the bytes of every `read_write` input, in binding order.
+//! [`run_steps`] dispatches a kernel several times on the same buffers, so a
+//! kernel that keeps counters in scratch shows it leaves them zero. Outputs are whatever the caller passes for them: give
 //! [`poison`] so an element the kernel forgets to write reads back as NaN and
 //! fails [`check_close`]. [`Rng`] makes deterministic inputs in `[-1, 1]`,
 //! [`encode`] packs them as f32, bf16 or f16 and returns the exactly decoded
@@ -19,7 +21,7 @@
 
 use gerbil_codegen_wgsl::kernels::KernelSource;
 use gerbil_ir::DType;
-use gerbil_plan::Access;
+use gerbil_plan::{Access, BindingDecl, Port};
 use std::sync::OnceLock;
 
 /// Largest accepted `|got − want| / max(1, |want|)`: f32 accumulation noise.
@@ -39,17 +41,50 @@ fn gpu() -> &'static gerbil_runtime::Gpu {
 /// NaN and an out-of-range write as a changed guard band.
 const GUARD: u64 = 256;
 
+/// One dispatch of a sequence run by [`run_steps`].
+#[derive(Clone, Debug)]
+pub struct Step {
+    /// Tokens of the step (`T`).
+    pub t: u32,
+    /// Position of its first token (`P`).
+    pub p: u32,
+    /// One input per storage binding that is not scratch, in binding order
+    /// (lengths are padded to 4 bytes).
+    pub inputs: Vec<Vec<u8>>,
+}
+
+/// Whether binding `b` is scratch, which the harness provides itself.
+fn is_scratch(b: &BindingDecl) -> bool {
+    matches!(b.port, Port::Scratch | Port::Counters)
+}
+
 /// Runs `src` with step parameters `t`, `p` and one input per storage
-/// binding (`inputs[i]` is binding `i + 1`; lengths are padded to 4 bytes),
-/// twice: with wgpu's shader runtime checks and without (as the runtime runs
-/// it), each binding between poisoned guard bands. Returns the contents of
-/// every `read_write` binding, in binding order, at the length it was given.
-/// Panics on any wgpu error, on a write into a guard band, or if the two
-/// runs differ in any bit, naming the kernel.
+/// binding that is not scratch (`inputs[0]` is the first, from binding 1;
+/// lengths are padded to 4 bytes), twice: with wgpu's shader runtime checks
+/// and without (as the runtime runs it), each binding between poisoned guard
+/// bands. Returns the contents of every `read_write` binding that is not
+/// scratch, in binding order, at the length it was given. Panics on any wgpu
+/// error, on a write into a guard band, on counters left non-zero, or if the
+/// two runs differ in any bit, naming the kernel.
 pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8>> {
+    let step = Step {
+        t,
+        p,
+        inputs: inputs.to_vec(),
+    };
+    run_steps(src, &[step]).remove(0)
+}
+
+/// [`run`] for a sequence of dispatches of `src` on the same buffers: each
+/// step uploads its inputs afresh (outputs included), while the kernel's
+/// scratch persists from one dispatch to the next like the plan's scratch
+/// buffer (working memory starts as NaN, counters at zero, and every
+/// dispatch must leave the counters zero). Returns, per step, what [`run`]
+/// returns.
+pub fn run_steps(src: &KernelSource, steps: &[Step]) -> Vec<Vec<Vec<u8>>> {
     use gerbil_runtime::pipeline::ShaderChecks;
-    let checked = run_once(src, t, p, inputs, ShaderChecks::Checked);
-    let unchecked = run_once(src, t, p, inputs, ShaderChecks::Unchecked);
+    let checked = run_once(src, steps, ShaderChecks::Checked);
+    let unchecked = run_once(src, steps, ShaderChecks::Unchecked);
     assert!(
         checked == unchecked,
         "{}: the unchecked module's output differs from the checked one's \
@@ -59,29 +94,37 @@ pub fn run(src: &KernelSource, t: u32, p: u32, inputs: &[Vec<u8>]) -> Vec<Vec<u8
     unchecked
 }
 
-/// One run of [`run`] with the given shader checks.
+/// One run of [`run_steps`] with the given shader checks.
 fn run_once(
     src: &KernelSource,
-    t: u32,
-    p: u32,
-    inputs: &[Vec<u8>],
+    steps: &[Step],
     checks: gerbil_runtime::pipeline::ShaderChecks,
-) -> Vec<Vec<u8>> {
+) -> Vec<Vec<Vec<u8>>> {
     assert_eq!(
         src.bindings.first().map(|b| b.access),
         Some(Access::Uniform),
         "{}: binding 0 must be the step parameters",
         src.name
     );
-    assert_eq!(
-        inputs.len(),
-        src.bindings.len() - 1,
-        "{}: one input per storage binding",
-        src.name
-    );
+    let storage_bindings = &src.bindings[1..];
+    // `operand[i]`: which input of a step binding `i + 1` takes, if not scratch.
+    let mut operand = Vec::new();
+    let mut inputs = 0;
+    for b in storage_bindings {
+        operand.push((!is_scratch(b)).then_some(inputs));
+        inputs += usize::from(!is_scratch(b));
+    }
+    for step in steps {
+        assert_eq!(
+            step.inputs.len(),
+            inputs,
+            "{}: one input per storage binding that is not scratch",
+            src.name
+        );
+    }
     let _lock = crate::gpu_lock();
     let gerbil_runtime::Gpu { device, queue, .. } = gpu();
-    let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let setup = device.push_error_scope(wgpu::ErrorFilter::Validation);
 
     let storage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;
     let params = device.create_buffer(&wgpu::BufferDescriptor {
@@ -90,12 +133,23 @@ fn run_once(
         usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     });
-    queue.write_buffer(&params, 0, bytemuck::cast_slice(&[t, p, 0u32, 0u32]));
+    let padded_len = |n: usize| (n as u64).next_multiple_of(4).max(4);
+    // The first step's contents of each binding: an input, zeroed counters,
+    // or NaN working memory.
+    let first: Vec<Vec<u8>> = storage_bindings
+        .iter()
+        .zip(&operand)
+        .map(|(b, i)| match (i, b.port) {
+            (Some(i), _) => steps[0].inputs[*i].clone(),
+            (None, Port::Counters) => vec![0; b.bytes as usize],
+            (None, _) => vec![0xFF; b.bytes as usize],
+        })
+        .collect();
     // Each binding is `padded` bytes at offset GUARD of a poisoned buffer.
-    let buffers: Vec<(wgpu::Buffer, u64)> = inputs
+    let buffers: Vec<(wgpu::Buffer, u64)> = first
         .iter()
         .map(|data| {
-            let padded = (data.len() as u64).next_multiple_of(4).max(4);
+            let padded = padded_len(data.len());
             let mut bytes = vec![0xFF; (GUARD + padded.next_multiple_of(GUARD) + GUARD) as usize];
             bytes[GUARD as usize..][..data.len()].copy_from_slice(data);
             bytes[(GUARD as usize + data.len())..(GUARD + padded) as usize].fill(0);
@@ -141,69 +195,108 @@ fn run_once(
         entries: &entries,
     });
 
-    let groups = src.workgroups.map(|w| w.eval(t));
-    let mut enc = device.create_command_encoder(&Default::default());
-    if groups.iter().all(|&g| g > 0) {
-        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-            label: Some(&src.name),
-            timestamp_writes: None,
-        });
-        pass.set_pipeline(&pipeline);
-        pass.set_bind_group(0, &bind_group, &[]);
-        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-    }
-    // Every buffer comes back whole: read_write bindings for their
-    // contents, all of them for their guard bands.
-    let readbacks: Vec<wgpu::Buffer> = buffers
-        .iter()
-        .map(|(gpu_buf, _)| {
-            let staging = device.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("readback"),
-                size: gpu_buf.size(),
-                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            });
-            enc.copy_buffer_to_buffer(gpu_buf, 0, &staging, 0, gpu_buf.size());
-            staging
-        })
-        .collect();
-    queue.submit([enc.finish()]);
-    if let Some(e) = pollster::block_on(validation.pop()) {
-        panic!("kernel `{}` (groups {groups:?}): {e}", src.name);
+    if let Some(e) = pollster::block_on(setup.pop()) {
+        panic!("kernel `{}`: {e}", src.name);
     }
 
-    for staging in &readbacks {
-        staging.slice(..).map_async(wgpu::MapMode::Read, |r| {
-            r.expect("map readback buffer");
-        });
-    }
-    device
-        .poll(wgpu::PollType::wait_indefinitely())
-        .expect("device lost");
-    let mut out = Vec::new();
-    for (i, (staging, (_, padded))) in readbacks.iter().zip(&buffers).enumerate() {
-        let view = staging
-            .slice(..)
-            .get_mapped_range()
-            .expect("mapped readback");
-        let guards_intact = view[..GUARD as usize].iter().all(|&b| b == 0xFF)
-            && view[(GUARD + padded) as usize..].iter().all(|&b| b == 0xFF);
-        assert!(
-            guards_intact,
-            "{} ({checks:?}): binding {} wrote outside its range",
-            src.name,
-            i + 1
+    let mut results = Vec::new();
+    for (n, step) in steps.iter().enumerate() {
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        queue.write_buffer(
+            &params,
+            0,
+            bytemuck::cast_slice(&[step.t, step.p, 0u32, 0u32]),
         );
-        if src.bindings[i + 1].access == Access::ReadWrite {
-            out.push(view[GUARD as usize..][..inputs[i].len()].to_vec());
+        if n > 0 {
+            for ((buf, padded), i) in buffers.iter().zip(&operand) {
+                if let Some(i) = i {
+                    let mut bytes = step.inputs[*i].clone();
+                    bytes.resize(*padded as usize, 0);
+                    queue.write_buffer(buf, GUARD, &bytes);
+                }
+            }
         }
+        let groups = src.workgroups.map(|w| w.eval(step.t));
+        let mut enc = device.create_command_encoder(&Default::default());
+        if groups.iter().all(|&g| g > 0) {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some(&src.name),
+                timestamp_writes: None,
+            });
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind_group, &[]);
+            pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        }
+        // Every buffer comes back whole: read_write bindings for their
+        // contents, all of them for their guard bands.
+        let readbacks: Vec<wgpu::Buffer> = buffers
+            .iter()
+            .map(|(gpu_buf, _)| {
+                let staging = device.create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("readback"),
+                    size: gpu_buf.size(),
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                enc.copy_buffer_to_buffer(gpu_buf, 0, &staging, 0, gpu_buf.size());
+                staging
+            })
+            .collect();
+        queue.submit([enc.finish()]);
+        if let Some(e) = pollster::block_on(validation.pop()) {
+            panic!("kernel `{}` (groups {groups:?}): {e}", src.name);
+        }
+
+        for staging in &readbacks {
+            staging.slice(..).map_async(wgpu::MapMode::Read, |r| {
+                r.expect("map readback buffer");
+            });
+        }
+        device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .expect("device lost");
+        let mut out = Vec::new();
+        for (i, (staging, (_, padded))) in readbacks.iter().zip(&buffers).enumerate() {
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .expect("mapped readback");
+            let guards_intact = view[..GUARD as usize].iter().all(|&b| b == 0xFF)
+                && view[(GUARD + padded) as usize..].iter().all(|&b| b == 0xFF);
+            assert!(
+                guards_intact,
+                "{} ({checks:?}): binding {} wrote outside its range",
+                src.name,
+                i + 1
+            );
+            let b = &storage_bindings[i];
+            match operand[i] {
+                Some(k) if b.access == Access::ReadWrite => {
+                    out.push(view[GUARD as usize..][..step.inputs[k].len()].to_vec())
+                }
+                None if b.port == Port::Counters => {
+                    let counters = &view[GUARD as usize..][..b.bytes as usize];
+                    assert!(
+                        counters.iter().all(|&x| x == 0),
+                        "{} ({checks:?}): dispatch {} left counters `{}` at {:?}; \
+                         a kernel must leave its counters zero",
+                        src.name,
+                        n + 1,
+                        b.name,
+                        bytemuck::cast_slice::<u8, u32>(counters)
+                    );
+                }
+                _ => {}
+            }
+        }
+        results.push(out);
     }
-    out
+    results
 }
 
-/// Runs `src` like [`run`] and returns `inputs[out]` (binding `out + 1`,
-/// which must be `read_write`) as f32s, after checking that every other
-/// `read_write` binding came back unchanged.
+/// Runs `src` like [`run`] and returns `inputs[out]` (which must be bound
+/// `read_write`) as f32s, after checking that every other `read_write` input
+/// came back unchanged.
 pub fn run_output(
     src: &KernelSource,
     t: u32,
@@ -224,26 +317,49 @@ pub fn run_outputs(
     inputs: &[Vec<u8>],
     outs: &[usize],
 ) -> Result<Vec<Vec<f32>>, String> {
-    let writable = src
+    let step = Step {
+        t,
+        p,
+        inputs: inputs.to_vec(),
+    };
+    Ok(run_steps_outputs(src, &[step], outs)?.remove(0))
+}
+
+/// [`run_outputs`] for a sequence of dispatches ([`run_steps`]): per step,
+/// that step's `inputs[o]` for each `o` of `outs`, after checking that its
+/// other `read_write` inputs came back unchanged.
+pub fn run_steps_outputs(
+    src: &KernelSource,
+    steps: &[Step],
+    outs: &[usize],
+) -> Result<Vec<Vec<Vec<f32>>>, String> {
+    let writable: Vec<usize> = src
         .bindings
         .iter()
         .skip(1)
+        .filter(|b| !is_scratch(b))
         .enumerate()
         .filter(|(_, b)| b.access == Access::ReadWrite)
-        .map(|(i, _)| i);
-    let mut results = vec![None; outs.len()];
-    for (i, bytes) in writable.zip(run(src, t, p, inputs)) {
-        if let Some(k) = outs.iter().position(|&o| o == i) {
-            results[k] = Some(to_f32(&bytes));
-        } else if bytes != inputs[i] {
-            return Err(format!("input binding {} was modified", i + 1));
+        .map(|(i, _)| i)
+        .collect();
+    let mut all = Vec::new();
+    for (n, (step, got)) in steps.iter().zip(run_steps(src, steps)).enumerate() {
+        let mut results = vec![None; outs.len()];
+        for (&i, bytes) in writable.iter().zip(got) {
+            if let Some(k) = outs.iter().position(|&o| o == i) {
+                results[k] = Some(to_f32(&bytes));
+            } else if bytes != step.inputs[i] {
+                return Err(format!("step {}: input {i} was modified", n + 1));
+            }
         }
+        let results = results
+            .into_iter()
+            .zip(outs)
+            .map(|(r, o)| r.ok_or_else(|| format!("input {o} is not read_write")))
+            .collect::<Result<Vec<_>, _>>()?;
+        all.push(results);
     }
-    results
-        .into_iter()
-        .zip(outs)
-        .map(|(r, o)| r.ok_or_else(|| format!("binding {} is not read_write", o + 1)))
-        .collect()
+    Ok(all)
 }
 
 /// `n` f32s of NaN (all bits set): the initial contents of an output.

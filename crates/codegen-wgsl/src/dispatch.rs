@@ -7,17 +7,26 @@
 //! checks), and stores each distinct kernel once — validated by naga with
 //! exactly the capabilities its variant's features allow. A kernel that
 //! exceeds the target's workgroup limits is an error here, at compile time.
+//!
+//! Scratch bindings name no operand: [`Assembler::place_scratch`] puts them
+//! all in one scratch buffer once every schedule is built, counters from
+//! offset 0 and working memory past the largest counter region, so one
+//! kernel's working memory never lands on another kernel's counters.
 
 use crate::kernels::KernelSource;
 use crate::target::Limits;
 use crate::validate::validate_with;
 use crate::CodegenError;
-use gerbil_plan::{BufferDecl, BufferSlice, Dispatch, Feature, Kernel, Port, Requirements};
+use gerbil_plan::{
+    BufferDecl, BufferKind, BufferSlice, Dispatch, Feature, Kernel, Port, Requirements,
+    BINDING_OFFSET_ALIGN,
+};
 use std::collections::HashMap;
 
 /// The distinct kernels of a plan, shared by every schedule and variant.
-#[derive(Default)]
 pub struct Assembler {
+    /// Index the scratch buffer will have.
+    scratch: u32,
     kernels: Vec<Kernel>,
     /// Workgroup memory of each kernel, in bytes.
     workgroup_bytes: Vec<u32>,
@@ -38,6 +47,17 @@ pub struct Operands<'a> {
 }
 
 impl Assembler {
+    /// An assembler whose dispatches bind scratch in buffer `scratch` (the
+    /// caller declares it with what [`Assembler::place_scratch`] returns).
+    pub fn new(scratch: u32) -> Self {
+        Assembler {
+            scratch,
+            kernels: Vec::new(),
+            workgroup_bytes: Vec::new(),
+            index: HashMap::new(),
+        }
+    }
+
     /// Turns a lowered kernel into a dispatch over `ops`, for a variant with
     /// `features` on a target with `limits`; `max_t` is the largest step.
     pub fn dispatch(
@@ -51,6 +71,15 @@ impl Assembler {
         check_limits(&src, limits, max_t)?;
         let mut bindings = Vec::with_capacity(src.bindings.len());
         for decl in &mut src.bindings {
+            if is_scratch(decl.port) {
+                // Offsets are set by `place_scratch`.
+                bindings.push(BufferSlice {
+                    buffer: self.scratch,
+                    offset: 0,
+                    size: decl.bytes,
+                });
+                continue;
+            }
             let bug = |what: String| CodegenError::Unsupported {
                 label: ops.label.to_string(),
                 reason: format!(
@@ -113,6 +142,50 @@ impl Assembler {
     pub fn finish(self) -> Vec<Kernel> {
         self.kernels
     }
+
+    /// Places every scratch binding of `schedules` in the scratch buffer: in
+    /// each dispatch, counters packed from offset 0 and working memory packed
+    /// from the end of the largest counter region, each at a 256-byte
+    /// boundary. Returns the buffer's declaration, or `None` if no dispatch
+    /// has scratch.
+    pub fn place_scratch(&self, schedules: &mut [&mut Vec<Dispatch>]) -> Option<BufferDecl> {
+        let aligned = |bytes: u64| bytes.div_ceil(BINDING_OFFSET_ALIGN) * BINDING_OFFSET_ALIGN;
+        let need = |d: &Dispatch, port: Port| -> u64 {
+            self.kernels[d.kernel as usize]
+                .bindings
+                .iter()
+                .filter(|b| b.port == port)
+                .map(|b| aligned(b.bytes))
+                .sum()
+        };
+        let all = || schedules.iter().flat_map(|s| s.iter());
+        let counter_bytes = all().map(|d| need(d, Port::Counters)).max()?;
+        let work_bytes = all().map(|d| need(d, Port::Scratch)).max()?;
+        if counter_bytes + work_bytes == 0 {
+            return None;
+        }
+        for d in schedules.iter_mut().flat_map(|s| s.iter_mut()) {
+            let decls = &self.kernels[d.kernel as usize].bindings;
+            let mut next = [0, counter_bytes];
+            for (slice, decl) in d.bindings.iter_mut().zip(decls) {
+                let region = match decl.port {
+                    Port::Counters => 0,
+                    Port::Scratch => 1,
+                    _ => continue,
+                };
+                slice.offset = next[region];
+                next[region] += aligned(decl.bytes);
+            }
+        }
+        Some(BufferDecl {
+            size: (counter_bytes + work_bytes).max(4),
+            kind: BufferKind::Scratch { counter_bytes },
+        })
+    }
+}
+
+fn is_scratch(port: Port) -> bool {
+    matches!(port, Port::Scratch | Port::Counters)
 }
 
 fn check_limits(src: &KernelSource, limits: &Limits, max_t: u32) -> Result<(), CodegenError> {
@@ -125,6 +198,17 @@ fn check_limits(src: &KernelSource, limits: &Limits, max_t: u32) -> Result<(), C
                 limit: u64::from(limits.max_workgroups_per_dim),
                 limit_name: "max_compute_workgroups_per_dimension",
                 hint: "use a smaller --max-tokens-per-step",
+            });
+        }
+    }
+    for decl in src.bindings.iter().filter(|b| is_scratch(b.port)) {
+        if decl.bytes > limits.max_storage_binding {
+            return Err(CodegenError::Limit {
+                what: format!("scratch `{}` of kernel {}", decl.name, src.name),
+                needed: decl.bytes,
+                limit: limits.max_storage_binding,
+                limit_name: "max_storage_buffer_binding_size",
+                hint: "use a smaller --max-context",
             });
         }
     }

@@ -4,12 +4,13 @@
 //! [`Lowering::kernel`] is the one match over [`Op`] in codegen: a new op or
 //! a new fused op gets its arm here and its template in [`crate::kernels`].
 //! The result is a [`KernelSource`] whose bindings name IR ports; binding
-//! buffers to them is [`crate::dispatch`]'s job. `rows_per_workgroup` is
-//! the schedule's matmul row blocking: 1 in decode (a GEMV), more in prefill.
+//! buffers to them is [`crate::dispatch`]'s job. The [`Phase`] says which
+//! schedule the kernel is for: prefill blocks matmul rows per workgroup;
+//! decode runs GEMVs (one row) and split-K attention.
 
 use crate::kernels::{
     attention::{self, AttentionSpec},
-    elementwise,
+    attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
@@ -32,12 +33,24 @@ fn width_of(ty: &TensorType) -> u32 {
     ty.last_const().unwrap_or(0) as u32
 }
 
+/// Which schedule a kernel is lowered for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// A prefill step of `1 ≤ T ≤ max_tokens_per_step` tokens, with this
+    /// many matmul rows per workgroup.
+    Prefill(u32),
+    /// A decode step: `T = 1`.
+    Decode,
+}
+
 /// Lowers nodes of one graph; knows which weights are split into row shards.
 pub struct Lowering<'g> {
     /// The graph.
     pub graph: &'g Graph,
     /// Rows per shard of every sharded weight.
     pub shard_rows: &'g HashMap<ValueRef, u32>,
+    /// KV-cache capacity (`Lmax`).
+    pub max_context: u32,
 }
 
 impl Lowering<'_> {
@@ -68,8 +81,12 @@ impl Lowering<'_> {
         })
     }
 
-    /// The kernel for compute node `id` with `tt` matmul rows per workgroup.
-    pub fn kernel(&self, id: NodeId, tt: u32) -> Result<KernelSource, CodegenError> {
+    /// The kernel for compute node `id` in a schedule of `phase`.
+    pub fn kernel(&self, id: NodeId, phase: Phase) -> Result<KernelSource, CodegenError> {
+        let tt = match phase {
+            Phase::Prefill(rows) => rows.max(1),
+            Phase::Decode => 1,
+        };
         let g = self.graph;
         let node = g.node(id);
         let ins = g.inputs(id);
@@ -155,13 +172,19 @@ impl Lowering<'_> {
                 rotary_dim: r.rotary_dim,
             }),
             Op::CacheWrite => elementwise::cache_write(width_of(out_ty)),
-            Op::Attention(a) => attention::kernel(AttentionSpec {
-                heads: a.n_heads,
-                kv_heads: a.n_kv_heads,
-                head_dim: a.head_dim,
-                scale: a.scale,
-                window: a.window.unwrap_or(0),
-            }),
+            Op::Attention(a) => {
+                let spec = AttentionSpec {
+                    heads: a.n_heads,
+                    kv_heads: a.n_kv_heads,
+                    head_dim: a.head_dim,
+                    scale: a.scale,
+                    window: a.window.unwrap_or(0),
+                };
+                match phase {
+                    Phase::Prefill(_) => attention::kernel(spec),
+                    Phase::Decode => attention_decode::kernel(spec, self.max_context),
+                }
+            }
             Op::Unary(u) => elementwise::unary(*u, rows_of(out_ty), width_of(out_ty)),
             Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
             Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),

@@ -10,7 +10,7 @@
 //! same weight buffers.
 
 use crate::dispatch::{Assembler, Operands};
-use crate::lower::Lowering;
+use crate::lower::{Lowering, Phase};
 use crate::planner::{self, Home, Step};
 use crate::target::Target;
 use crate::variant::{variants_for, VariantSpec};
@@ -396,11 +396,14 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
     let lowering = Lowering {
         graph,
         shard_rows: &b.shard_rows,
+        max_context: opts.max_context as u32,
     };
     let params = b.whole(step_params);
     let max_t = opts.max_tokens_per_step as u32;
-    let mut asm = Assembler::default();
-    let mut schedule = |spec: &VariantSpec, tt: u32| -> Result<Vec<Dispatch>, CodegenError> {
+    // The scratch buffer, if any kernel needs one, comes after the arenas.
+    let scratch = b.decls.len() as u32;
+    let mut asm = Assembler::new(scratch);
+    let mut schedule = |spec: &VariantSpec, phase: Phase| -> Result<Vec<Dispatch>, CodegenError> {
         steps
             .iter()
             .map(|&id| {
@@ -417,6 +420,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                     })
                     .first()
                     .copied(),
+                    Port::Scratch | Port::Counters => None,
                 };
                 let bytes = |port: Port| match port {
                     Port::Params => Some(STEP_PARAMS_BYTES),
@@ -426,6 +430,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                     }
                     Port::Output { index } => (index < node.outputs.len() as u32)
                         .then(|| b.value_bytes(&node.outputs[index as usize])),
+                    Port::Scratch | Port::Counters => None,
                 };
                 let ops = Operands {
                     label: &node.label,
@@ -434,7 +439,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                     bytes: &bytes,
                 };
                 asm.dispatch(
-                    lowering.kernel(id, tt)?,
+                    lowering.kernel(id, phase)?,
                     &ops,
                     &spec.features,
                     limits,
@@ -445,9 +450,17 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
     };
     let mut variants = Vec::new();
     for spec in variants_for(&opts.target, opts.prefill_rows_per_workgroup) {
-        let prefill = schedule(&spec, spec.prefill_rows_per_workgroup.max(1))?;
-        let decode = schedule(&spec, 1)?;
+        let prefill = schedule(&spec, Phase::Prefill(spec.prefill_rows_per_workgroup))?;
+        let decode = schedule(&spec, Phase::Decode)?;
         variants.push((spec, prefill, decode));
+    }
+    let mut schedules: Vec<_> = variants
+        .iter_mut()
+        .flat_map(|(_, prefill, decode)| [prefill, decode])
+        .collect();
+    if let Some(decl) = asm.place_scratch(&mut schedules) {
+        debug_assert_eq!(b.decls.len() as u32, scratch);
+        b.decls.push(decl);
     }
     let variants = variants
         .into_iter()

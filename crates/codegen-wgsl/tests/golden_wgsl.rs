@@ -3,7 +3,7 @@
 
 use gerbil_codegen_wgsl::kernels::{
     attention::{self, AttentionSpec},
-    elementwise,
+    attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
@@ -192,6 +192,27 @@ fn golden_kernels() {
         scale: 0.0625,
         window: 512,
     }));
+    // Decode: SmolLM2 at a 4096-token context, a Gemma 3 270M sliding layer.
+    golden(attention_decode::kernel(
+        AttentionSpec {
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            scale: 0.125,
+            window: 0,
+        },
+        4096,
+    ));
+    golden(attention_decode::kernel(
+        AttentionSpec {
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            scale: 0.0625,
+            window: 512,
+        },
+        32768,
+    ));
     golden(elementwise::unary(UnaryOp::GeluTanh, Rows::Tokens, 2048));
     golden(elementwise::unary(
         UnaryOp::Softcap(30.0),

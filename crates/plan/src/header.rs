@@ -177,6 +177,15 @@ pub enum BufferKind {
     StepParams,
     /// Token ids of the step, `u32[max_tokens_per_step]`, written by the runtime.
     TokenIds,
+    /// Memory a kernel uses only during its own dispatch, shared by every
+    /// dispatch that needs some (they run in order on one queue). The first
+    /// `counter_bytes` hold `u32` counters: zero-initialised, and every
+    /// kernel leaves the counters it uses at zero; the rest holds whatever the
+    /// last dispatch left there.
+    Scratch {
+        /// Bytes of counters at the start (a multiple of 256).
+        counter_bytes: u64,
+    },
 }
 
 impl BufferKind {
@@ -189,6 +198,7 @@ impl BufferKind {
             BufferKind::Output { output } => output.name().into(),
             BufferKind::StepParams => "step parameters".into(),
             BufferKind::TokenIds => "token ids".into(),
+            BufferKind::Scratch { .. } => "dispatch scratch".into(),
         }
     }
 }
@@ -296,6 +306,12 @@ pub enum Port {
         /// Output port.
         index: u32,
     },
+    /// No IR operand: working memory of the dispatch in the scratch buffer,
+    /// past its counters; its contents on entry are undefined.
+    Scratch,
+    /// No IR operand: `u32` counters in the scratch buffer's counter region,
+    /// zero on entry; the kernel must leave them zero.
+    Counters,
 }
 
 /// How a binding is declared in WGSL.

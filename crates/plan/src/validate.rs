@@ -5,12 +5,14 @@
 //! binding contract ([`BindingDecl`]): the slice binds exactly the bytes the
 //! kernel declares, at an aligned offset, in a buffer of a kind the binding
 //! can hold (a uniform binds the step parameters; nothing writes a weight,
-//! the token ids or the step parameters). The writer runs the same check, so
-//! a plan `gerbilc` writes is one `gerbil-run` accepts.
+//! the token ids or the step parameters; only scratch ports bind the scratch
+//! buffer, counters inside its counter region and working memory past it).
+//! The writer runs the same check, so a plan `gerbilc` writes is one
+//! `gerbil-run` accepts.
 
 use crate::header::{
-    Access, BindingDecl, BufferKind, BufferSlice, Dispatch, OutputKind, PlanHeader, SectionRef,
-    STEP_PARAMS_BYTES,
+    Access, BindingDecl, BufferKind, BufferSlice, Dispatch, OutputKind, PlanHeader, Port,
+    SectionRef, STEP_PARAMS_BYTES,
 };
 
 /// Alignment of every storage-binding offset (WebGPU's default
@@ -40,6 +42,15 @@ impl PlanHeader {
                     return Err(format!(
                         "buffer {i} ({name}) size {} differs from its section {}",
                         b.size, section.len
+                    ));
+                }
+            }
+            if let BufferKind::Scratch { counter_bytes } = b.kind {
+                if counter_bytes > b.size || !counter_bytes.is_multiple_of(BINDING_OFFSET_ALIGN) {
+                    return Err(format!(
+                        "buffer {i} (dispatch scratch) has {counter_bytes} bytes of counters, \
+                         not a multiple of {BINDING_OFFSET_ALIGN} within its {} bytes",
+                        b.size
                     ));
                 }
             }
@@ -213,9 +224,40 @@ fn check_binding(
         Access::Read => !matches!(kind, BufferKind::StepParams),
         Access::ReadWrite => matches!(
             kind,
-            BufferKind::Arena | BufferKind::KvCache { .. } | BufferKind::Output { .. }
+            BufferKind::Arena
+                | BufferKind::KvCache { .. }
+                | BufferKind::Output { .. }
+                | BufferKind::Scratch { .. }
         ),
     };
+    let scratch_port = matches!(decl.port, Port::Scratch | Port::Counters);
+    if scratch_port && decl.access != Access::ReadWrite {
+        return Err(format!(
+            "{what} is a scratch binding declared {}; scratch is read_write",
+            decl.access.name()
+        ));
+    }
+    if let BufferKind::Scratch { counter_bytes } = *kind {
+        let end = s.offset.saturating_add(s.size);
+        let (ok, region) = match decl.port {
+            Port::Counters => (end <= counter_bytes, "inside its counters"),
+            Port::Scratch => (s.offset >= counter_bytes, "past its counters"),
+            _ => (false, "only through a scratch port"),
+        };
+        if !ok {
+            return Err(format!(
+                "{what} ({:?}) binds bytes {}..{end} of the dispatch scratch, whose counters are \
+                 bytes 0..{counter_bytes}; it may bind it {region}",
+                decl.port, s.offset
+            ));
+        }
+    } else if scratch_port {
+        return Err(format!(
+            "{what} is a scratch binding ({:?}) but binds the {}",
+            decl.port,
+            kind.describe()
+        ));
+    }
     if fits {
         Ok(())
     } else {

@@ -263,3 +263,62 @@ fn a_plan_in_memory_reads_like_the_file() {
         .unwrap();
     assert!(matches!(err, PlanError::BadMagic(_)), "{err}");
 }
+
+/// Scratch ports bind only the scratch buffer: counters inside its counter
+/// region, working memory past it, always `read_write`.
+#[test]
+fn scratch_bindings_stay_in_their_region() {
+    let mut data = DataLayout::default();
+    let w = data.push(Cow::Owned(vec![0u8; 12]));
+    // The copy kernel gains a counters and a working-memory binding.
+    let with_scratch = |edit: &dyn Fn(&mut PlanHeader)| {
+        let mut h = header(w);
+        h.buffers.push(BufferDecl {
+            size: 1024,
+            kind: BufferKind::Scratch { counter_bytes: 256 },
+        });
+        let k = &mut h.kernels[0].bindings;
+        k.push(decl("count", Port::Counters, Access::ReadWrite, 8));
+        k.push(decl("part", Port::Scratch, Access::ReadWrite, 512));
+        let v = &mut h.variants[0];
+        for d in v.prefill.iter_mut().chain(v.decode.iter_mut()) {
+            d.bindings.push(slice(4, 8));
+            d.bindings.push(BufferSlice {
+                buffer: 4,
+                offset: 256,
+                size: 512,
+            });
+        }
+        edit(&mut h);
+        h.validate(data.len())
+    };
+    assert!(with_scratch(&|_| {}).is_ok());
+    // Working memory over the counters.
+    let e = with_scratch(&|h| h.variants[0].decode[0].bindings[4].offset = 0).unwrap_err();
+    assert!(e.contains("may bind it past its counters"), "{e}");
+    // Counters past the counter region.
+    let e = with_scratch(&|h| h.variants[0].decode[0].bindings[3].offset = 256).unwrap_err();
+    assert!(e.contains("may bind it inside its counters"), "{e}");
+    // An IR operand in the scratch buffer, a scratch port elsewhere.
+    let e = with_scratch(&|h| {
+        h.kernels[0].bindings[2].bytes = 16;
+        h.variants[0].decode[0].bindings[2] = BufferSlice {
+            buffer: 4,
+            offset: 256,
+            size: 16,
+        };
+    })
+    .unwrap_err();
+    assert!(e.contains("only through a scratch port"), "{e}");
+    let e = with_scratch(&|h| h.variants[0].decode[0].bindings[3].buffer = 3).unwrap_err();
+    assert!(
+        e.contains("is a scratch binding (Counters) but binds the logits"),
+        "{e}"
+    );
+    // Read-only scratch, and a counter region that is not aligned.
+    let e = with_scratch(&|h| h.kernels[0].bindings[4].access = Access::Read).unwrap_err();
+    assert!(e.contains("scratch is read_write"), "{e}");
+    let e = with_scratch(&|h| h.buffers[4].kind = BufferKind::Scratch { counter_bytes: 100 })
+        .unwrap_err();
+    assert!(e.contains("100 bytes of counters"), "{e}");
+}

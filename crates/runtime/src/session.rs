@@ -19,7 +19,7 @@ pub struct MemoryReport {
     pub weights: u64,
     /// KV cache.
     pub kv_cache: u64,
-    /// Activation arenas, token ids, step parameters, logits.
+    /// Activation arenas, dispatch scratch, token ids, step parameters, logits.
     pub activations: u64,
 }
 
@@ -50,7 +50,7 @@ fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
     use wgpu::BufferUsages as U;
     match kind {
         BufferKind::Weight { .. } => U::STORAGE,
-        BufferKind::Arena => U::STORAGE,
+        BufferKind::Arena | BufferKind::Scratch { .. } => U::STORAGE,
         BufferKind::KvCache { .. } | BufferKind::Output { .. } => U::STORAGE | U::COPY_SRC,
         BufferKind::StepParams => U::UNIFORM | U::COPY_DST,
         BufferKind::TokenIds => U::STORAGE | U::COPY_DST,

@@ -5,11 +5,14 @@
 //! binding through [`Bindings`], which writes the WGSL declaration and records
 //! the IR operand ([`Port`]) it stands for in the same call: the binding
 //! number, the declaration and the operand cannot drift apart, and the
-//! schedule binds buffers by port, not by position. Templates never assume
-//! power-of-two sizes: every loop and store is bounds-checked against the true
-//! dimension.
+//! schedule binds buffers by port, not by position. A kernel may also ask for
+//! scratch ([`Bindings::scratch`], [`Bindings::counters`]): memory of its
+//! own dispatch, not an IR operand, which the schedule places in the plan's
+//! one scratch buffer. Templates never assume power-of-two sizes: every loop
+//! and store is bounds-checked against the true dimension.
 
 pub mod attention;
+pub mod attention_decode;
 pub mod elementwise;
 pub mod embedding;
 pub mod matmul;
@@ -33,8 +36,9 @@ pub struct KernelSource {
     pub wgsl: String,
     /// `@workgroup_size`.
     pub workgroup_size: [u32; 3],
-    /// Binding declarations, binding 0 first (`bytes` still 0: the schedule
-    /// fills them from the operands it binds).
+    /// Binding declarations, binding 0 first (`bytes` still 0 where the
+    /// binding is an IR operand: the schedule fills them from the operands
+    /// it binds; a scratch binding carries its own).
     pub bindings: Vec<BindingDecl>,
     /// Workgroup counts along x, y, z.
     pub workgroups: [WorkgroupCount; 3],
@@ -176,6 +180,26 @@ impl Bindings {
         let _ = writeln!(
             out,
             "@group(0) @binding({n}) var<storage, read> {name}: array<u32>;"
+        );
+    }
+
+    /// Working memory of this dispatch alone, `array<f32>` of `bytes` bytes
+    /// in the plan's scratch buffer ([`Port::Scratch`]): undefined on entry,
+    /// so a kernel reads only what it wrote in the same dispatch.
+    pub fn scratch(&mut self, out: &mut String, name: &str, bytes: u64) {
+        let n = self.push(name, Port::Scratch, Access::ReadWrite, Elem::F32);
+        self.decls[n as usize].bytes = bytes;
+        f32_binding(out, n, name, true);
+    }
+
+    /// `count` counters, `array<atomic<u32>>`, in the plan's scratch buffer
+    /// ([`Port::Counters`]): zero on entry, and the kernel must leave them zero.
+    pub fn counters(&mut self, out: &mut String, name: &str, count: u32) {
+        let n = self.push(name, Port::Counters, Access::ReadWrite, Elem::U32);
+        self.decls[n as usize].bytes = 4 * u64::from(count);
+        let _ = writeln!(
+            out,
+            "@group(0) @binding({n}) var<storage, read_write> {name}: array<atomic<u32>>;"
         );
     }
 
