@@ -16,7 +16,9 @@ use gerbil_e2e::kernel_harness::{
 };
 use gerbil_e2e::reference;
 use gerbil_ir::rope_table::rope_table;
-use gerbil_ir::{Attention, BinaryOp, DType, Embedding, QkNorm, QkvRope, RmsNorm, Rope, UnaryOp};
+use gerbil_ir::{
+    Attention, BinaryOp, DType, Embedding, NormPrologue, QkNorm, QkvRope, RmsNorm, Rope, UnaryOp,
+};
 use proptest::prelude::*;
 use std::fmt::Debug;
 
@@ -112,7 +114,14 @@ struct MatMulCase {
     shard_rows: Option<u32>,
     /// Gated epilogue: the weight has `2n` rows.
     glu: Option<UnaryOp>,
+    /// RMSNorm prologue: its weight offset and the norm weight's dtype.
+    norm: Option<(f32, DType)>,
+    /// Residual epilogue.
+    residual: bool,
 }
+
+/// The epsilon of the matmul cases' norm prologues.
+const MATMUL_NORM_EPS: f32 = 1e-5;
 
 fn check_matmul(c: &MatMulCase) -> Result<(), String> {
     let src = kernels::matmul::kernel(kernels::matmul::MatMulSpec {
@@ -124,6 +133,10 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
         bias: c.bias,
         tt: c.tt,
         glu: c.glu,
+        norm: c
+            .norm
+            .map(|(offset, dtype)| (MATMUL_NORM_EPS, offset, dtype)),
+        residual: c.residual,
     });
     let (m, k, n) = (row_count(c.rows, c.t), c.k as usize, c.n as usize);
     let wn = if c.glu.is_some() { 2 * n } else { n };
@@ -136,12 +149,34 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
     if c.bias {
         inputs.push(f32_bytes(&b));
     }
+    let (g_bytes, g) = encode(&rng.vec(k), c.norm.map_or(DType::F32, |n| n.1));
+    if c.norm.is_some() {
+        inputs.push(g_bytes);
+    }
+    let res = rng.vec(m * n);
+    if c.residual {
+        inputs.push(f32_bytes(&res));
+    }
     inputs.push(poison(m * n));
-    let (x, b) = (widen(&x), widen(&b));
+    let (x, b, res) = (widen(&x), widen(&b), widen(&res));
     let bias = c.bias.then_some(b.as_slice());
+    let norm = c.norm.map(|(weight_offset, _)| {
+        let p = NormPrologue {
+            eps: MATMUL_NORM_EPS,
+            weight_offset,
+        };
+        (g.as_slice(), p)
+    });
+    let residual = c.residual.then_some(res.as_slice());
     let want = match c.glu {
-        None => reference::matmul(&x, k, &w, bias),
-        Some(act) => reference::matmul_glu(&x, k, &w, bias, act),
+        None => reference::fused_matmul(&x, k, &w, bias, norm, residual),
+        Some(act) => {
+            let y = reference::fused_matmul_glu(&x, k, &w, bias, norm, act);
+            match residual {
+                Some(r) => reference::binary(BinaryOp::Add, &y, r),
+                None => y,
+            }
+        }
     };
     debug_assert_eq!(want.len(), m * n);
     expect(&src, c.t, 0, &inputs, inputs.len() - 1, &want)
@@ -173,6 +208,8 @@ fn matmul_cases() -> Vec<MatMulCase> {
                     tt: [1, 8][(j / 4) % 2],
                     shard_rows: None,
                     glu: None,
+                    norm: None,
+                    residual: false,
                 });
             }
         }
@@ -187,6 +224,8 @@ fn matmul_cases() -> Vec<MatMulCase> {
         tt,
         shard_rows: None,
         glu: None,
+        norm: None,
+        residual: false,
     };
     cases.extend([
         // What codegen emits for a fixed row count below the prefill TT.
@@ -237,6 +276,114 @@ fn matmul_cases() -> Vec<MatMulCase> {
             ..case(Rows::Tokens, 3, k, n, wdtype, 8)
         });
     }
+    // Norm prologues (fuse-norm-matmul) and residual epilogues
+    // (fuse-matmul-residual): offsets 0 and 1 (Gemma), every norm weight
+    // dtype, packed and unpacked weights, decode and prefill row counts.
+    let dtypes = [DType::F32, DType::BF16, DType::F16];
+    for (i, (wdtype, k, n, t, tt)) in [
+        (DType::BF16, 576, 100, 1, 1),
+        (DType::F32, 64, 5, 13, 8),
+        (DType::F16, 130, 64, 3, 8),
+        (DType::BF16, 7, 37, 1, 1),
+        (DType::F32, 300, 13, 13, 16),
+        (DType::F16, 96, 100, 8, 8),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let norm = Some(([0.0, 1.0][i % 2], dtypes[i % 3]));
+        for (bias, norm, residual) in [
+            (i % 2 == 1, norm, false),
+            (i % 2 == 0, None, true),
+            (i % 3 == 0, norm, true),
+        ] {
+            cases.push(MatMulCase {
+                bias,
+                norm,
+                residual,
+                ..case(Rows::Tokens, t, k, n, wdtype, tt)
+            });
+        }
+    }
+    // The final norm on one fixed row (lm_head), and a sharded weight.
+    cases.push(MatMulCase {
+        norm: Some((1.0, DType::BF16)),
+        bias: false,
+        ..case(Rows::Fixed(1), 1, 64, 100, DType::BF16, 1)
+    });
+    for (wdtype, k, n, shard, residual) in [
+        (DType::BF16, 130, 100, 48, true),
+        (DType::F32, 7, 13, 4, false),
+    ] {
+        cases.push(MatMulCase {
+            norm: Some((0.0, DType::F32)),
+            shard_rows: Some(shard),
+            residual,
+            ..case(Rows::Tokens, 3, k, n, wdtype, 8)
+        });
+    }
+    // Gated matmuls with a norm prologue (the gate/up matmul), sharded too,
+    // and one with a residual (the template allows it; the IR never asks).
+    for (act, wdtype, k, n, t, tt, shard, offset, gdtype) in [
+        (
+            UnaryOp::Silu,
+            DType::BF16,
+            576,
+            100,
+            1,
+            1,
+            None,
+            0.0,
+            DType::BF16,
+        ),
+        (
+            UnaryOp::GeluTanh,
+            DType::BF16,
+            130,
+            37,
+            13,
+            8,
+            None,
+            1.0,
+            DType::F32,
+        ),
+        (UnaryOp::Silu, DType::F16, 7, 5, 3, 8, None, 1.0, DType::F16),
+        (
+            UnaryOp::Silu,
+            DType::F32,
+            64,
+            13,
+            3,
+            8,
+            Some(8),
+            0.0,
+            DType::BF16,
+        ),
+        (
+            UnaryOp::GeluTanh,
+            DType::BF16,
+            130,
+            100,
+            1,
+            1,
+            Some(48),
+            1.0,
+            DType::BF16,
+        ),
+    ] {
+        cases.push(MatMulCase {
+            glu: Some(act),
+            shard_rows: shard,
+            norm: Some((offset, gdtype)),
+            bias: k % 2 == 0,
+            ..case(Rows::Tokens, t, k, n, wdtype, tt)
+        });
+    }
+    cases.push(MatMulCase {
+        glu: Some(UnaryOp::Silu),
+        residual: true,
+        ..case(Rows::Tokens, 3, 64, 13, DType::BF16, 8)
+    });
     cases
 }
 
@@ -261,9 +408,14 @@ proptest! {
         bias: bool,
         fixed_rows: bool,
         tt in 1u32..=16,
+        norm in proptest::option::of((0u8..2, dtype_strategy())),
+        residual: bool,
     ) {
         let rows = if fixed_rows { Rows::Fixed(t) } else { Rows::Tokens };
-        let case = MatMulCase { rows, t, k, n, wdtype, bias, tt, shard_rows: None, glu: None };
+        let norm = norm.map(|(offset, dtype)| (f32::from(offset), dtype));
+        let case = MatMulCase {
+            rows, t, k, n, wdtype, bias, tt, shard_rows: None, glu: None, norm, residual,
+        };
         check_matmul(&case).map_err(|e| TestCaseError::fail(format!("{case:?}: {e}")))?;
     }
 }

@@ -1,6 +1,7 @@
 //! Every pass preserves results: random small graphs — chains and diamonds
 //! of the ops the passes rewrite (attention blocks, gated MLPs, parallel
-//! matmuls with and without bias adds, residual adds and norms), random and odd shapes — are compiled
+//! matmuls with and without bias adds, residual adds and norms, with and
+//! without Gemma's `(1 + w)` offset), random and odd shapes — are compiled
 //! with all passes, with each pass disabled in turn, and with every optional
 //! pass disabled.
 //!
@@ -101,12 +102,15 @@ impl Builder {
         self.g.add(op, ins, label).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// An RMSNorm with gains around 1: either the weight itself or, half
+    /// the time, Gemma's `(1 + w)` with the weight around 0.
     fn norm(&mut self, x: ValueRef, width: u64) -> ValueRef {
-        let w = self.weight(&[width], 0.3, 1.0);
+        let weight_offset = if self.rand() < 0.0 { 1.0 } else { 0.0 };
+        let w = self.weight(&[width], 0.3, 1.0 - weight_offset);
         self.add(
             Op::RmsNorm(RmsNorm {
                 eps: 1e-5,
-                weight_offset: 0.0,
+                weight_offset,
                 groups: 1,
             }),
             &[x, w],
@@ -116,7 +120,7 @@ impl Builder {
 
     fn linear(&mut self, x: ValueRef, n: u64, k: u64, label: &str) -> ValueRef {
         let w = self.weight(&[n, k], 1.0 / (k as f32).sqrt(), 0.0);
-        self.add(Op::MatMul(MatMul { has_bias: false }), &[x, w], label)
+        self.add(Op::MatMul(MatMul::linear(false)), &[x, w], label)
     }
 
     fn block(

@@ -279,16 +279,20 @@ fn ids(v: &[f64]) -> Vec<u32> {
 
 /// One compute op on its inputs (types in `tys`), at position offset `p`.
 fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize) -> Vec<Vec<f64>> {
-    let bias = |has: bool, i: usize| has.then(|| ins[i]);
     match op {
         Op::Embedding(e) => vec![r::embedding(ins[0], width(tys[0]), &ids(ins[1]), e)],
         Op::RmsNorm(n) => vec![r::rms_norm(ins[0], ins[1], n)],
-        Op::MatMul(m) => vec![r::matmul(
-            ins[0],
-            width(tys[0]),
-            ins[1],
-            bias(m.has_bias, 2),
-        )],
+        Op::MatMul(m) => {
+            let ports = m.ports();
+            vec![r::fused_matmul(
+                ins[0],
+                width(tys[0]),
+                ins[1],
+                ports.bias.map(|i| ins[i]),
+                m.norm.zip(ports.norm).map(|(n, i)| (ins[i], n)),
+                ports.residual.map(|i| ins[i]),
+            )]
+        }
         Op::Rope(spec) => vec![r::rope(ins[0], ins[1], spec, p)],
         Op::CacheWrite => vec![r::cache_write(ins[0], ins[1], width(tys[0]), p)],
         Op::Attention(a) => vec![r::attention(ins[0], ins[1], ins[2], a, p)],
@@ -314,13 +318,17 @@ fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize) -> Vec<Vec<f64>>
             let (x, normed) = r::embedding_rms_norm(ins[0], &ids(ins[1]), e, ins[2], n);
             vec![x, normed]
         }
-        Op::MatMulGlu(m) => vec![r::matmul_glu(
-            ins[0],
-            width(tys[0]),
-            ins[1],
-            bias(m.has_bias, 2),
-            m.act,
-        )],
+        Op::MatMulGlu(m) => {
+            let ports = m.ports();
+            vec![r::fused_matmul_glu(
+                ins[0],
+                width(tys[0]),
+                ins[1],
+                ports.bias.map(|i| ins[i]),
+                m.norm.zip(ports.norm).map(|(n, i)| (ins[i], n)),
+                m.act,
+            )]
+        }
         Op::QkvRope(q) => {
             let norms = q.qk_norm.map(|_| (ins[4], ins[5]));
             let out = r::qkv_rope(ins[0], ins[1], ins[2], ins[3], q, norms, p);

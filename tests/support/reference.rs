@@ -18,7 +18,7 @@
 //! what the kernel does (the runtime never passes one; the kernel test does).
 
 use gerbil_ir::rope_table::{cos_index, sin_index};
-use gerbil_ir::{Attention, BinaryOp, Embedding, QkvRope, RmsNorm, Rope, UnaryOp};
+use gerbil_ir::{Attention, BinaryOp, Embedding, NormPrologue, QkvRope, RmsNorm, Rope, UnaryOp};
 
 /// Rows of `x` at `width` columns (a zero width has no rows).
 fn rows(x: &[f64], width: usize) -> usize {
@@ -75,6 +75,47 @@ pub fn matmul(x: &[f64], k: usize, w: &[f64], bias: Option<&[f64]>) -> Vec<f64> 
             })
         })
         .collect()
+}
+
+/// The RMSNorm prologue of a fused matmul: its weight `g` and attributes.
+pub type NormOperand<'a> = (&'a [f64], NormPrologue);
+
+/// `x`, or `rms_norm(x, g)` with the prologue's attributes.
+fn prologue<'a>(x: &'a [f64], norm: Option<NormOperand>) -> std::borrow::Cow<'a, [f64]> {
+    match norm {
+        Some((g, n)) => rms_norm(x, g, &n.rms_norm()).into(),
+        None => x.into(),
+    }
+}
+
+/// `matmul` with its fused prologue and epilogue (`gerbil_ir::MatMul`):
+/// `rms_norm` of `x` (with `norm`), the matmul, then `+ residual`.
+pub fn fused_matmul(
+    x: &[f64],
+    k: usize,
+    w: &[f64],
+    bias: Option<&[f64]>,
+    norm: Option<NormOperand>,
+    residual: Option<&[f64]>,
+) -> Vec<f64> {
+    let y = matmul(&prologue(x, norm), k, w, bias);
+    match residual {
+        Some(r) => binary(BinaryOp::Add, &y, r),
+        None => y,
+    }
+}
+
+/// `matmul_glu` with its fused prologue (`gerbil_ir::MatMulGlu`): `rms_norm`
+/// of `x` (with `norm`), then the gated matmul.
+pub fn fused_matmul_glu(
+    x: &[f64],
+    k: usize,
+    w: &[f64],
+    bias: Option<&[f64]>,
+    norm: Option<NormOperand>,
+    act: UnaryOp,
+) -> Vec<f64> {
+    matmul_glu(&prologue(x, norm), k, w, bias, act)
 }
 
 /// A matmul over `[2·I, k]` with a gated epilogue: `act(gate) · up`, where

@@ -116,13 +116,13 @@ impl Lowering<'_> {
                 offset: n.weight_offset,
                 wdtype: in_ty(1).dtype,
             }),
-            Op::MatMul(MatMul { has_bias: bias })
-            | Op::MatMulGlu(MatMulGlu { has_bias: bias, .. }) => {
-                let glu = match &node.op {
-                    Op::MatMulGlu(m) => Some(m.act),
-                    _ => None,
+            Op::MatMul(MatMul { has_bias, norm, .. })
+            | Op::MatMulGlu(MatMulGlu { has_bias, norm, .. }) => {
+                let (glu, ports) = match &node.op {
+                    Op::MatMulGlu(m) => (Some(m.act), m.ports()),
+                    Op::MatMul(m) => (None, m.ports()),
+                    _ => return Err(unsupported("not a matmul")),
                 };
-                let bias = *bias;
                 let rows = rows_of(out_ty);
                 matmul::kernel(MatMulSpec {
                     shard_rows: self.shard_rows(ins[1]),
@@ -130,12 +130,16 @@ impl Lowering<'_> {
                     k: width_of(in_ty(0)),
                     n: width_of(out_ty),
                     wdtype: in_ty(1).dtype,
-                    bias,
+                    bias: *has_bias,
                     tt: match rows {
                         Rows::Tokens => tt,
                         Rows::Fixed(r) => r.min(tt).max(1),
                     },
                     glu,
+                    norm: norm
+                        .zip(ports.norm)
+                        .map(|(n, i)| (n.eps, n.weight_offset, in_ty(i).dtype)),
+                    residual: ports.residual.is_some(),
                 })
             }
             Op::AddRmsNorm(n) | Op::AddRmsNormLastRow(n) => {

@@ -36,6 +36,8 @@ fn golden_fused_kernels() {
         bias: false,
         tt: 1,
         glu: Some(UnaryOp::Silu),
+        norm: None,
+        residual: false,
     }));
     // GeGLU with a bias over an odd K, prefill rows, and a sharded weight.
     golden(matmul::kernel(MatMulSpec {
@@ -47,6 +49,60 @@ fn golden_fused_kernels() {
         bias: true,
         tt: 8,
         glu: Some(UnaryOp::GeluTanh),
+        norm: None,
+        residual: false,
+    }));
+    // SmolLM2 decode: the input norm in the q/k/v matmul's prologue.
+    golden(matmul::kernel(MatMulSpec {
+        shard_rows: None,
+        rows: Rows::Tokens,
+        k: 576,
+        n: 960,
+        wdtype: DType::BF16,
+        bias: false,
+        tt: 1,
+        glu: None,
+        norm: Some((1e-5, 0.0, DType::BF16)),
+        residual: false,
+    }));
+    // SmolLM2 prefill: the residual add in down_proj's epilogue.
+    golden(matmul::kernel(MatMulSpec {
+        shard_rows: None,
+        rows: Rows::Tokens,
+        k: 1536,
+        n: 576,
+        wdtype: DType::BF16,
+        bias: false,
+        tt: 8,
+        glu: None,
+        norm: None,
+        residual: true,
+    }));
+    // Gemma 3 270M decode: the pre-MLP norm `(1 + w)` in GeGLU's prologue.
+    golden(matmul::kernel(MatMulSpec {
+        shard_rows: None,
+        rows: Rows::Tokens,
+        k: 640,
+        n: 2048,
+        wdtype: DType::BF16,
+        bias: false,
+        tt: 1,
+        glu: Some(UnaryOp::GeluTanh),
+        norm: Some((1e-6, 1.0, DType::BF16)),
+        residual: false,
+    }));
+    // An odd K (unpacked loads), f32 norm weight, bias and residual, prefill.
+    golden(matmul::kernel(MatMulSpec {
+        shard_rows: None,
+        rows: Rows::Tokens,
+        k: 7,
+        n: 37,
+        wdtype: DType::F16,
+        bias: true,
+        tt: 8,
+        glu: None,
+        norm: Some((1e-6, 1.0, DType::F32)),
+        residual: true,
     }));
     golden(rms_norm::add_kernel(RmsNormSpec {
         rows: Rows::Tokens,
@@ -84,6 +140,8 @@ fn golden_kernels() {
         bias: false,
         tt: 1,
         glu: None,
+        norm: None,
+        residual: false,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: None,
@@ -94,6 +152,8 @@ fn golden_kernels() {
         bias: true,
         tt: 8,
         glu: None,
+        norm: None,
+        residual: false,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: None,
@@ -104,6 +164,8 @@ fn golden_kernels() {
         bias: false,
         tt: 1,
         glu: None,
+        norm: None,
+        residual: false,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: Some(104_856),
@@ -114,6 +176,8 @@ fn golden_kernels() {
         bias: false,
         tt: 1,
         glu: None,
+        norm: None,
+        residual: false,
     }));
     golden(embedding::kernel(EmbeddingSpec {
         shard_rows: Some(104_856),

@@ -135,10 +135,7 @@ fn qwen2_has_qkv_biases_and_an_untied_head() {
     // A biased projection is a plain matmul followed by `add_bias`
     // (`fuse-matmul-bias` folds the two later).
     let with_bias = |label: &str| {
-        assert_eq!(
-            by_label(&g, label).op,
-            Op::MatMul(MatMul { has_bias: false })
-        );
+        assert_eq!(by_label(&g, label).op, Op::MatMul(MatMul::linear(false)));
         g.g.node_weights()
             .any(|n| n.label == format!("{label}.bias") && n.op == Op::AddBias)
     };

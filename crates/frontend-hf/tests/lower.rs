@@ -64,7 +64,7 @@ fn check_llama(rel: &str, weight_dtype: DType) {
     assert_eq!(g.value_type(*logits).to_string(), "f32[T,512]");
     let head = g.node(logits.node);
     assert_eq!(head.label, "lm_head");
-    assert_eq!(head.op, Op::MatMul(MatMul { has_bias: false }));
+    assert_eq!(head.op, Op::MatMul(MatMul::linear(false)));
     // Tied: the LM head reads the embedding table node itself.
     let head_w = g.inputs(logits.node)[1];
     assert_eq!(g.node(head_w.node).label, "model.embed_tokens.weight");

@@ -24,8 +24,8 @@ pub mod verify;
 
 pub use graph::{layer_prefix, Edge, Graph, Node, NodeId, ValueRef, LOGITS};
 pub use op::{
-    Attention, BinaryOp, Embedding, Input, MatMul, MatMulGlu, Op, QkNorm, QkvRope, RmsNorm, Rope,
-    UnaryOp, Weight, WeightSource,
+    Attention, BinaryOp, Embedding, Input, MatMul, MatMulGlu, MatMulPorts, NormPrologue, Op,
+    QkNorm, QkvRope, RmsNorm, Rope, UnaryOp, Weight, WeightSource,
 };
 pub use parse::{parse, ParseError};
 pub use types::{DType, Dim, Sym, TensorType};

@@ -98,12 +98,96 @@ fn one() -> u32 {
     1
 }
 
-/// `out[r, n] = Σ_k x[r, k] · w[n, k] (+ bias[n])`: a linear layer with the
-/// weight in PyTorch's `[out, in]` layout.
+/// An RMSNorm over each whole row of a matmul's input, applied as the matmul
+/// reads it (`fuse-norm-matmul`): `normed(x)[r, k] = x[r, k] ·
+/// rsqrt(mean_k(x[r, :]²) + eps) · (g[k] + weight_offset)`, the meaning of
+/// [`RmsNorm`] with one group.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct NormPrologue {
+    /// Epsilon inside the square root.
+    pub eps: f32,
+    /// Added to the norm weight (1 for Gemma's `(1 + w)`, else 0).
+    pub weight_offset: f32,
+}
+
+impl NormPrologue {
+    /// The unfused norm this prologue stands for.
+    pub fn rms_norm(self) -> RmsNorm {
+        RmsNorm {
+            eps: self.eps,
+            weight_offset: self.weight_offset,
+            groups: 1,
+        }
+    }
+}
+
+/// `y[r, n] = Σ_k normed(x)[r, k] · w[n, k] (+ bias[n]) (+ res[r, n])`: a
+/// linear layer with the weight in PyTorch's `[out, in]` layout, with an
+/// optional RMSNorm prologue on its input ([`NormPrologue`]; without one,
+/// `normed(x) = x`) and an optional residual add in its epilogue.
+///
+/// Inputs, in order: `x, w, [bias], [norm weight], [residual]`, each
+/// bracketed one present only when its attribute says so ([`MatMul::ports`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MatMul {
-    /// Whether a bias `[N]` is bound to input port 2.
+    /// Whether a bias `[N]` follows the weight.
     pub has_bias: bool,
+    /// RMSNorm of each input row before the product; its weight `[K]`
+    /// follows the bias.
+    #[serde(default)]
+    pub norm: Option<NormPrologue>,
+    /// Whether a residual `[rows, N]` is added to the result; it is the last input.
+    #[serde(default)]
+    pub residual: bool,
+}
+
+/// Input ports of a matmul's optional operands, from its attributes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MatMulPorts {
+    /// The bias, if any.
+    pub bias: Option<usize>,
+    /// The norm weight, if any.
+    pub norm: Option<usize>,
+    /// The residual, if any.
+    pub residual: Option<usize>,
+    /// Number of inputs.
+    pub arity: usize,
+}
+
+impl MatMulPorts {
+    /// Ports of `x, w, [bias], [norm weight], [residual]`.
+    pub fn new(bias: bool, norm: bool, residual: bool) -> Self {
+        let mut next = 2;
+        let mut take = |present: bool| {
+            present.then(|| {
+                next += 1;
+                next - 1
+            })
+        };
+        let (bias, norm, residual) = (take(bias), take(norm), take(residual));
+        MatMulPorts {
+            bias,
+            norm,
+            residual,
+            arity: next,
+        }
+    }
+}
+
+impl MatMul {
+    /// A plain linear layer: no prologue, no epilogue but the optional bias.
+    pub fn linear(has_bias: bool) -> Self {
+        MatMul {
+            has_bias,
+            norm: None,
+            residual: false,
+        }
+    }
+
+    /// Where each optional operand is bound.
+    pub fn ports(&self) -> MatMulPorts {
+        MatMulPorts::new(self.has_bias, self.norm.is_some(), self.residual)
+    }
 }
 
 /// Rotary position embedding (rotate-half form) on `[T, n_heads·head_dim]`,
@@ -135,14 +219,28 @@ pub struct Attention {
 }
 
 /// A matmul over a weight `[2·I, K]` whose epilogue applies a gated linear
-/// unit: `out[r, n] = act(x·w[n] (+ b[n])) · (x·w[I + n] (+ b[I + n]))` for
-/// `n < I` (SwiGLU with `Silu`, GeGLU with `GeluTanh`).
+/// unit: `out[r, n] = act(x'·w[n] (+ b[n])) · (x'·w[I + n] (+ b[I + n]))` for
+/// `n < I` (SwiGLU with `Silu`, GeGLU with `GeluTanh`), where `x' =
+/// normed(x)` with a [`NormPrologue`], else `x`.
+///
+/// Inputs, in order: `x, w, [bias], [norm weight]` ([`MatMulGlu::ports`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct MatMulGlu {
     /// Activation applied to the gate half.
     pub act: UnaryOp,
-    /// Whether a bias `[2·I]` is bound to input port 2.
+    /// Whether a bias `[2·I]` follows the weight.
     pub has_bias: bool,
+    /// RMSNorm of each input row before the product; its weight `[K]`
+    /// follows the bias.
+    #[serde(default)]
+    pub norm: Option<NormPrologue>,
+}
+
+impl MatMulGlu {
+    /// Where each optional operand is bound (never a residual).
+    pub fn ports(&self) -> MatMulPorts {
+        MatMulPorts::new(self.has_bias, self.norm.is_some(), false)
+    }
 }
 
 /// Optional per-head RMSNorm of queries and keys inside [`QkvRope`].
@@ -213,7 +311,7 @@ pub enum Op {
     Embedding(Embedding),
     /// RMSNorm `(x, w)`.
     RmsNorm(RmsNorm),
-    /// Linear layer `(x, w[, bias])`.
+    /// Linear layer `(x, w[, bias][, norm_w][, residual])`, see [`MatMul`].
     MatMul(MatMul),
     /// Rotary embedding `(x, table)`.
     Rope(Rope),
@@ -248,7 +346,7 @@ pub enum Op {
     /// `(table, ids, w) -> (x, rms_norm(x, w))` with `x = embedding(table,
     /// ids)`: the lookup and the first norm, both results as outputs.
     EmbeddingRmsNorm(Embedding, RmsNorm),
-    /// Gated matmul `(x, w[, bias])`, see [`MatMulGlu`].
+    /// Gated matmul `(x, w[, bias][, norm_w])`, see [`MatMulGlu`].
     MatMulGlu(MatMulGlu),
     /// Fused q/k/v post-processing `(qkv, table, k_cache, v_cache[, q_norm_w,
     /// k_norm_w]) -> (q, k_cache, v_cache)`, see [`QkvRope`].
@@ -408,8 +506,26 @@ impl Op {
                 expect_vector(ins[1], w / groups, "norm weight")?;
                 ins[0].clone()
             }
+            // The prologue and epilogue are their unfused ops around a plain matmul.
+            Op::MatMul(m) if m.norm.is_some() || m.residual => {
+                let p = m.ports();
+                expect_arity(ins, p.arity)?;
+                let x = match (m.norm, p.norm) {
+                    (Some(n), Some(i)) => {
+                        piece(Op::RmsNorm(n.rms_norm()), &[ins[0], ins[i]], "norm")?
+                    }
+                    _ => ins[0].clone(),
+                };
+                let mut linear = vec![&x, ins[1]];
+                linear.extend(p.bias.map(|i| ins[i]));
+                let y = piece(Op::MatMul(MatMul::linear(m.has_bias)), &linear, "matmul")?;
+                match p.residual {
+                    Some(i) => piece(Op::Binary(BinaryOp::Add), &[&y, ins[i]], "residual")?,
+                    None => y,
+                }
+            }
             Op::MatMul(m) => {
-                expect_arity(ins, if m.has_bias { 3 } else { 2 })?;
+                expect_arity(ins, m.ports().arity)?;
                 expect_f32(ins[0], "matmul input")?;
                 let (rows, k) = expect_matrix(ins[0], "matmul input")?;
                 let (n, wk) = expect_matrix(ins[1], "matmul weight")?;
@@ -545,6 +661,8 @@ impl Op {
             Op::MatMulGlu(m) => {
                 let plain = MatMul {
                     has_bias: m.has_bias,
+                    norm: m.norm,
+                    residual: false,
                 };
                 let both = piece(Op::MatMul(plain), ins, "matmul")?;
                 let (_, n) = expect_matrix(&both, "gated matmul")?;
@@ -674,6 +792,30 @@ impl fmt::Display for WeightSource {
     }
 }
 
+/// The attributes shared by `matmul` and the gated matmuls, in printed order
+/// (after `first`, if any); defaults are omitted.
+fn matmul_attrs(
+    first: Option<String>,
+    bias: bool,
+    norm: Option<NormPrologue>,
+) -> impl Iterator<Item = String> {
+    let norm = norm.map(|n| format!("norm(eps={:e}, offset={})", n.eps, n.weight_offset));
+    first
+        .into_iter()
+        .chain(bias.then(|| "bias".to_string()))
+        .chain(norm)
+}
+
+/// `{a, b, …}`, or nothing when there are no attributes.
+fn write_attrs(f: &mut fmt::Formatter<'_>, attrs: impl Iterator<Item = String>) -> fmt::Result {
+    let attrs: Vec<String> = attrs.collect();
+    if attrs.is_empty() {
+        Ok(())
+    } else {
+        write!(f, "{{{}}}", attrs.join(", "))
+    }
+}
+
 impl fmt::Display for Op {
     /// The mnemonic followed by the attributes, e.g. `rms_norm{eps=1e-6}`.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -702,13 +844,17 @@ impl fmt::Display for Op {
                 }
                 f.write_str("}")
             }
-            Op::MatMul(m) if m.has_bias => f.write_str("{bias}"),
-            Op::MatMulGlu(m) => match (m.act, m.has_bias) {
-                (UnaryOp::Softcap(c), true) => write!(f, "{{cap={c}, bias}}"),
-                (UnaryOp::Softcap(c), false) => write!(f, "{{cap={c}}}"),
-                (_, true) => f.write_str("{bias}"),
-                (_, false) => Ok(()),
-            },
+            Op::MatMul(m) => {
+                let residual = m.residual.then(|| "residual".to_string());
+                write_attrs(f, matmul_attrs(None, m.has_bias, m.norm).chain(residual))
+            }
+            Op::MatMulGlu(m) => {
+                let cap = match m.act {
+                    UnaryOp::Softcap(c) => Some(format!("cap={c}")),
+                    _ => None,
+                };
+                write_attrs(f, matmul_attrs(cap, m.has_bias, m.norm))
+            }
             Op::SliceCols { start, len } => write!(f, "{{cols={start}..{}}}", start + len),
             Op::QkvRope(r) => {
                 write!(
@@ -935,6 +1081,7 @@ mod tests {
             Op::MatMulGlu(MatMulGlu {
                 act: UnaryOp::Silu,
                 has_bias,
+                norm: None,
             })
         };
         assert_eq!(
@@ -952,6 +1099,104 @@ mod tests {
         let odd = TensorType::fixed(DType::F32, &[81, 32]);
         let err = rejects(&glu(false), &[&x, &odd]);
         assert!(err.contains("positive even constant"), "{err}");
+    }
+
+    const PROLOGUE: NormPrologue = NormPrologue {
+        eps: 1e-6,
+        weight_offset: 1.0,
+    };
+
+    #[test]
+    fn matmul_ports_follow_the_attributes() {
+        let mm = |has_bias, norm: bool, residual| MatMul {
+            has_bias,
+            norm: norm.then_some(PROLOGUE),
+            residual,
+        };
+        let ports = |m: MatMul| {
+            let p = m.ports();
+            (p.bias, p.norm, p.residual, p.arity)
+        };
+        assert_eq!(ports(MatMul::linear(false)), (None, None, None, 2));
+        assert_eq!(ports(mm(true, true, true)), (Some(2), Some(3), Some(4), 5));
+        assert_eq!(ports(mm(false, true, true)), (None, Some(2), Some(3), 4));
+        assert_eq!(ports(mm(true, false, true)), (Some(2), None, Some(3), 4));
+        let glu = MatMulGlu {
+            act: UnaryOp::Silu,
+            has_bias: false,
+            norm: Some(PROLOGUE),
+        };
+        assert_eq!(glu.ports().norm, Some(2));
+        assert_eq!(glu.ports().arity, 3);
+    }
+
+    #[test]
+    fn fused_matmul_is_norm_matmul_then_residual_add() {
+        let (x, w) = (
+            TensorType::rows(32),
+            TensorType::fixed(DType::BF16, &[40, 32]),
+        );
+        let (g, b, r) = (vector(32), vector(40), TensorType::rows(40));
+        let op = |has_bias, norm: bool, residual| {
+            Op::MatMul(MatMul {
+                has_bias,
+                norm: norm.then_some(PROLOGUE),
+                residual,
+            })
+        };
+        let out = vec![TensorType::rows(40)];
+        assert_eq!(
+            op(true, true, true).infer(&[&x, &w, &b, &g, &r]),
+            Ok(out.clone())
+        );
+        assert_eq!(op(false, true, false).infer(&[&x, &w, &g]), Ok(out.clone()));
+        assert_eq!(op(false, false, true).infer(&[&x, &w, &r]), Ok(out));
+        let err = rejects(&op(false, true, true), &[&x, &w, &g]);
+        assert!(err.contains("expects 4 inputs"), "{err}");
+        let err = rejects(&op(false, true, false), &[&x, &w, &vector(40)]);
+        assert!(err.starts_with("norm: norm weight must be [32]"), "{err}");
+        let err = rejects(&op(false, false, true), &[&x, &w, &TensorType::rows(32)]);
+        assert!(err.starts_with("residual: operands differ"), "{err}");
+        let err = rejects(&op(true, true, false), &[&x, &w, &vector(32), &g]);
+        assert!(err.starts_with("matmul: matmul bias must be [40]"), "{err}");
+
+        let glu = Op::MatMulGlu(MatMulGlu {
+            act: UnaryOp::GeluTanh,
+            has_bias: false,
+            norm: Some(PROLOGUE),
+        });
+        let w2 = TensorType::fixed(DType::BF16, &[80, 32]);
+        assert_eq!(glu.infer(&[&x, &w2, &g]), Ok(vec![r.clone()]));
+        let err = rejects(&glu, &[&x, &w2, &vector(31)]);
+        assert!(err.starts_with("matmul: norm: norm weight"), "{err}");
+    }
+
+    #[test]
+    fn fused_matmuls_print_only_what_they_fuse() {
+        let m = |has_bias, norm: bool, residual| {
+            Op::MatMul(MatMul {
+                has_bias,
+                norm: norm.then_some(PROLOGUE),
+                residual,
+            })
+            .to_string()
+        };
+        assert_eq!(m(false, false, false), "matmul");
+        assert_eq!(m(true, false, false), "matmul{bias}");
+        assert_eq!(m(false, false, true), "matmul{residual}");
+        assert_eq!(
+            m(true, true, true),
+            "matmul{bias, norm(eps=1e-6, offset=1), residual}"
+        );
+        let glu = Op::MatMulGlu(MatMulGlu {
+            act: UnaryOp::Softcap(30.0),
+            has_bias: true,
+            norm: Some(PROLOGUE),
+        });
+        assert_eq!(
+            glu.to_string(),
+            "matmul_glu{cap=30, bias, norm(eps=1e-6, offset=1)}"
+        );
     }
 
     #[test]

@@ -4,8 +4,9 @@
 use gerbil_ir::op::KvKind;
 use gerbil_ir::print::print;
 use gerbil_ir::{
-    parse, Attention, BinaryOp, DType, Dim, Embedding, Graph, Input, MatMul, MatMulGlu, Op, QkNorm,
-    QkvRope, RmsNorm, Rope, Sym, TensorType, UnaryOp, ValueRef, Weight, WeightSource,
+    parse, Attention, BinaryOp, DType, Dim, Embedding, Graph, Input, MatMul, MatMulGlu,
+    NormPrologue, Op, QkNorm, QkvRope, RmsNorm, Rope, Sym, TensorType, UnaryOp, ValueRef, Weight,
+    WeightSource,
 };
 
 fn weight(g: &mut Graph, source: WeightSource, ty: TensorType, label: &str) -> ValueRef {
@@ -71,7 +72,7 @@ fn every_op() -> Graph {
         "x~1",
     );
     let qkv = g
-        .add(Op::MatMul(MatMul { has_bias: false }), &[n, wqkv], "qkv")
+        .add(Op::MatMul(MatMul::linear(false)), &[n, wqkv], "qkv")
         .unwrap();
     let slice = |g: &mut Graph, start, len, label: &str| {
         g.add(Op::SliceCols { start, len }, &[qkv], label).unwrap()
@@ -179,8 +180,34 @@ fn every_op() -> Graph {
         f(&[16, 16]),
         "o.weight[16..32]",
     );
-    let mm = |bias| Op::MatMul(MatMul { has_bias: bias });
+    let mm = |bias| Op::MatMul(MatMul::linear(bias));
     let o0 = g.add(mm(true), &[a0, wo, b16], "dup").unwrap();
+    // Matmuls with a norm prologue and a residual epilogue (read by nothing).
+    let prologue = |weight_offset| NormPrologue {
+        eps: 1e-5,
+        weight_offset,
+    };
+    let fused = |has_bias, norm, residual| {
+        Op::MatMul(MatMul {
+            has_bias,
+            norm,
+            residual,
+        })
+    };
+    g.add(
+        fused(true, Some(prologue(1.0)), true),
+        &[a0, wo, b16, w16, o0],
+        "fused",
+    )
+    .unwrap();
+    g.add(fused(false, None, true), &[a0, wo, o0], "fused")
+        .unwrap();
+    g.add(
+        fused(false, Some(prologue(0.0)), false),
+        &[a0, wo, w16],
+        "fused",
+    )
+    .unwrap();
     let o1 = g.add(mm(false), &[a1, wo], "dup").unwrap();
     let o1 = g.add(Op::AddBias, &[o1, b16], "dup").unwrap();
     let s = g.add(Op::Binary(BinaryOp::Add), &[x, o0], "s").unwrap();
@@ -191,7 +218,13 @@ fn every_op() -> Graph {
         .unwrap();
     let wgu = weight(&mut g, ckpt("gu"), f(&[64, 16]), "gu");
     let b64 = weight(&mut g, ckpt("b64"), f(&[64]), "b64");
-    let glu = |act, has_bias| Op::MatMulGlu(MatMulGlu { act, has_bias });
+    let glu = |act, has_bias| {
+        Op::MatMulGlu(MatMulGlu {
+            act,
+            has_bias,
+            norm: None,
+        })
+    };
     let h = port(arn, 1);
     let g1 = g
         .add(glu(UnaryOp::Silu, true), &[h, wgu, b64], "glu")
@@ -204,6 +237,21 @@ fn every_op() -> Graph {
         .unwrap();
     g.add(glu(UnaryOp::Softcap(0.1), false), &[h, wgu], "dead")
         .unwrap();
+    let normed_glu = |act, has_bias| {
+        Op::MatMulGlu(MatMulGlu {
+            act,
+            has_bias,
+            norm: Some(prologue(1.0)),
+        })
+    };
+    g.add(normed_glu(UnaryOp::Silu, true), &[s, wgu, b64, w16], "dead")
+        .unwrap();
+    g.add(
+        normed_glu(UnaryOp::Softcap(2.0), false),
+        &[s, wgu, w16],
+        "dead",
+    )
+    .unwrap();
     let sum = g.add(Op::Binary(BinaryOp::Add), &[g1, g2], "").unwrap();
     let sum = g.add(Op::Binary(BinaryOp::Add), &[sum, g3], "").unwrap();
     let wd = weight(&mut g, ckpt("down"), f(&[16, 32]), "down");
@@ -285,6 +333,11 @@ fn odd_labels_get_stable_unambiguous_names() {
         "qkv_rope{heads=2, kv_heads=1, head_dim=8, rotary_dim=6, qk_norm(eps=1e-6, offset=1)}",
         "matmul_glu{cap=30, bias}(%arn#1, %gu, %b64) : f32[T,32]",
         "  %dead = matmul_glu{cap=0.1}(%arn#1, %gu) : f32[T,32]\n",
+        "matmul{bias, norm(eps=1e-5, offset=1), residual}(%layers.0.sdpa, %o.weight[16..32], %\"a b\", %~0, %dup~1)",
+        "matmul{residual}(%layers.0.sdpa, %o.weight[16..32], %dup~1)",
+        "matmul{norm(eps=1e-5, offset=0)}(%layers.0.sdpa, %o.weight[16..32], %~0)",
+        "matmul_swiglu{bias, norm(eps=1e-5, offset=1)}(%s~2, %gu, %b64, %~0)",
+        "matmul_glu{cap=2, norm(eps=1e-5, offset=1)}(%s~2, %gu, %~0)",
         "embedding_rms_norm{eps=3e-7, offset=0}(%embed.weight, %input_ids, %~0)",
         "softcap{cap=340282350000000000000000000000000000000}",
         "  output \"the stream\" = %final\n",
@@ -335,6 +388,9 @@ const BAD: &[(&str, usize, usize, &str)] = &[
     ("graph g\n  %c = kv_cache{layer=-1, kind=K} : f32[Lmax,4]", 2, 17, "expected an unsigned integer, found `-1`"),
     ("graph g\n  %c = kv_cache{layer=0, kind=K} : f32[Lmax]", 2, 36, "expected a cache type f32[Lmax,WIDTH], found f32[Lmax]"),
     ("graph g\n  output logits = %nope", 2, 19, "`%nope` is not defined"),
+    ("graph g\n  %w = weight \"w\" : f32[4,4]\n  %y = matmul{norm(eps=1)}(%w, %w, %w) : f32[4,4]", 3, 20, "expected attribute `offset=NUMBER`"),
+    ("graph g\n  %w = weight \"w\" : f32[4,4]\n  %y = matmul{norm=1}(%w, %w) : f32[4,4]", 3, 15, "expected `norm(…)`"),
+    ("graph g\n  %w = weight \"w\" : f32[4,4]\n  %y = matmul{norm(eps=1, offset=0, scale=2)}(%w, %w, %w) : f32[4,4]", 3, 37, "`norm` has no attribute `scale`"),
     (
         // Widths near u64::MAX: an error, not an overflow.
         "graph g\n  %w = weight \"w\" : f32[8,4]\n  %x = input.token_ids : u32[T]\n  %q = embedding(%w, %x) : f32[T,4]\n  %c = weight \"c\" : f32[Lmax,4]\n  %b = qkv_rope{heads=4294967295, kv_heads=4294967295, head_dim=4294967295, rotary_dim=2}(%q, %c, %c, %c) : f32[T,4]",

@@ -54,9 +54,13 @@ impl Pass for FuseGlu {
                 continue;
             };
             let m = graph.inputs(g.node)[0];
+            // A norm prologue carries over (same inputs); a residual cannot.
             let Op::MatMul(mm) = op_of(graph, m).clone() else {
                 continue;
             };
+            if mm.residual {
+                continue;
+            }
             let only = |v: ValueRef, users: &[gerbil_ir::NodeId]| {
                 !graph.is_output(v) && graph.users(v).iter().all(|(n, _)| users.contains(n))
             };
@@ -77,6 +81,7 @@ impl Pass for FuseGlu {
                     Op::MatMulGlu(MatMulGlu {
                         act: self.act,
                         has_bias: mm.has_bias,
+                        norm: mm.norm,
                     }),
                     &graph.inputs(m.node),
                     label,

@@ -31,18 +31,14 @@ impl Pass for FuseMatMulBias {
             let [m, b] = graph.inputs(id)[..] else {
                 continue;
             };
-            let plain = graph.node(m.node).op == Op::MatMul(MatMul { has_bias: false });
+            let plain = graph.node(m.node).op == Op::MatMul(MatMul::linear(false));
             if !plain || graph.users(m).len() != 1 || graph.is_output(m) {
                 continue;
             }
             let xw = graph.inputs(m.node);
             let label = graph.node(m.node).label.clone();
             let fused = graph
-                .add(
-                    Op::MatMul(MatMul { has_bias: true }),
-                    &[xw[0], xw[1], b],
-                    label,
-                )
+                .add(Op::MatMul(MatMul::linear(true)), &[xw[0], xw[1], b], label)
                 .map_err(add_err(self.name()))?;
             graph.replace_all_uses(ValueRef::of(id), fused);
             remove_if_dead(graph, id);

@@ -14,6 +14,8 @@ pub mod dce;
 pub mod fuse_gate_up;
 pub mod fuse_glu;
 pub mod fuse_matmul_bias;
+pub mod fuse_matmul_residual;
+pub mod fuse_norm_matmul;
 pub mod fuse_qkv;
 pub mod fuse_qkv_rope;
 pub mod fuse_residual_norm;

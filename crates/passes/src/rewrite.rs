@@ -1,5 +1,6 @@
 //! Helpers shared by the fusion passes: error mapping, dead-node cleanup,
-//! weight concatenation and matmul merging.
+//! weight concatenation, matmul merging, and the final-norm pattern that
+//! the norm and residual fusions leave to `fuse-residual-norm`.
 
 use crate::manager::PassError;
 use gerbil_ir::graph::AddError;
@@ -28,6 +29,23 @@ pub(crate) fn remove_if_dead(graph: &mut Graph, id: NodeId) {
         stack.extend(graph.inputs(n).iter().map(|v| v.node));
         graph.remove(n);
     }
+}
+
+/// Whether `s` is read only by a `slice_last_row` that feeds an `rms_norm`
+/// and is no graph output: what `fuse-residual-norm` fuses into
+/// `add_rms_norm_last_row` when `s` is an add, which `fuse-matmul-residual`
+/// and `fuse-norm-matmul` leave to it.
+pub(crate) fn feeds_final_norm(graph: &Graph, s: ValueRef) -> bool {
+    let users = graph.users(s);
+    let [(slice, _)] = users[..] else {
+        return false;
+    };
+    !graph.is_output(s)
+        && graph.node(slice).op == Op::SliceLastRow
+        && graph
+            .users(ValueRef::of(slice))
+            .iter()
+            .any(|(n, _)| matches!(graph.node(*n).op, Op::RmsNorm(_)))
 }
 
 /// The op of the node producing `v`.
@@ -121,7 +139,8 @@ pub(crate) fn concat_weights(graph: &Graph, parts: &[ValueRef]) -> Option<Weight
     })
 }
 
-/// Replaces matmuls that read the same `x` (all with a bias or none) by one
+/// Replaces plain matmuls (no norm prologue, no residual) that read the same
+/// `x` (all with a bias or none) by one
 /// matmul over their stacked weights (and biases), followed by one
 /// `slice_cols` per original matmul whose uses move to it. Returns the new
 /// matmul, or `None` (graph untouched) if the weights cannot be stacked.
@@ -135,9 +154,10 @@ pub(crate) fn merge_matmuls(
         Op::MatMul(m) => m.has_bias,
         _ => return Ok(None),
     };
+    let plain = Op::MatMul(MatMul::linear(bias));
     let x = ins[0][0];
     for (i, &m) in mms.iter().enumerate() {
-        let same = matches!(op_of(graph, ValueRef::of(m)), Op::MatMul(mm) if mm.has_bias == bias);
+        let same = *op_of(graph, ValueRef::of(m)) == plain;
         if !same || ins[i][0] != x || graph.node(m).outputs.len() != 1 {
             return Ok(None);
         }
@@ -170,9 +190,7 @@ pub(crate) fn merge_matmuls(
                 .map_err(&err)?,
         );
     }
-    let fused = graph
-        .add(Op::MatMul(MatMul { has_bias: bias }), &inputs, label)
-        .map_err(&err)?;
+    let fused = graph.add(plain, &inputs, label).map_err(&err)?;
     let mut start = 0;
     for &m in mms {
         let len = graph.node(m).outputs[0].last_const().unwrap_or(0);

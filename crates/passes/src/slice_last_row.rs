@@ -12,12 +12,14 @@ use gerbil_ir::{Dim, Graph, Op, Sym, ValueRef};
 /// Computes the LM head on the last row only.
 pub struct SliceLastRow;
 
-/// Whether `op` works row by row (so slicing before it equals slicing after).
+/// Whether `op` works row by row on its input 0 alone (so slicing that
+/// input before it equals slicing after); a matmul's residual would need a
+/// slice of its own.
 fn is_rowwise(op: &Op) -> bool {
-    matches!(
-        op,
-        Op::RmsNorm(_) | Op::MatMul(_) | Op::Unary(_) | Op::AddBias
-    )
+    match op {
+        Op::MatMul(m) => !m.residual,
+        _ => matches!(op, Op::RmsNorm(_) | Op::Unary(_) | Op::AddBias),
+    }
 }
 
 impl Pass for SliceLastRow {

@@ -12,9 +12,21 @@
 //! `N + n` (up) in the same pass over `x`, and stores `act(gate) · up`. The
 //! two sums are reduced one after the other through the same workgroup
 //! memory, so the kernel needs no more of it than a plain matmul.
+//!
+//! With [`MatMulSpec::norm`] set, `x` is RMS-normalized on the fly (the
+//! `fuse-norm-matmul` prologue): the K loop multiplies each `x[r, k]` by
+//! `g[k] + offset` and, from the same loads, sums `x[r, k]²`; that sum is
+//! reduced before the others, and the stores scale each row's sums by its
+//! `1 / sqrt(Σx² / K + eps)`. Every workgroup thus recomputes the inverse RMS
+//! of its rows, with no pass over `x` of its own: the lanes of any one column
+//! read the whole row anyway. With [`MatMulSpec::residual`] set, the store
+//! adds `res[r, n]` (the `fuse-matmul-residual` epilogue); `res` is a
+//! separate `read_write` activation, never the output's own buffer.
 
-use super::{input, input_shard, output, prelude, split_groups, Bindings, KernelSource, Rows};
-use gerbil_ir::{DType, UnaryOp};
+use super::{
+    f32_lit, input, input_shard, output, prelude, split_groups, Bindings, KernelSource, Rows,
+};
+use gerbil_ir::{DType, MatMulPorts, UnaryOp};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
@@ -50,6 +62,12 @@ pub struct MatMulSpec {
     /// Gated epilogue: the weight is `[2·N, K]` and the output
     /// `act(x·w[n] + b[n]) · (x·w[N + n] + b[N + n])`.
     pub glu: Option<UnaryOp>,
+    /// RMSNorm prologue `(eps, weight offset, norm weight dtype)`: the norm
+    /// weight `[K]` is the input after the bias.
+    pub norm: Option<(f32, f32, DType)>,
+    /// Residual epilogue: `res[rows, N]`, the last input, is added to the
+    /// output.
+    pub residual: bool,
 }
 
 /// The weight's shards as `(first row, binding name suffix)`.
@@ -60,52 +78,83 @@ fn shards(n: u32, shard_rows: Option<u32>) -> Vec<u32> {
     }
 }
 
-/// The K loop of one output column `n` reading weight shard `w` at local row `row`.
-fn k_loop(packed: bool, w: &str, row: &str, glu: bool) -> String {
-    if glu {
-        return if packed {
-            format!(
-                "    for (var wi = lane; wi < K / 2u; wi = wi + LANES) {{\n\
-                 \x20     let wv = pair_{w}(({row}) * (K / 2u) + wi);\n\
-                 \x20     let wu = pair_{w}(({row} + N) * (K / 2u) + wi);\n\
-                 \x20     for (var tt = 0u; tt < count; tt = tt + 1u) {{\n\
-                 \x20       let xi = (t0 + tt) * K + 2u * wi;\n\
-                 \x20       let x0 = x[xi];\n        let x1 = x[xi + 1u];\n\
-                 \x20       acc[tt] = acc[tt] + wv.x * x0 + wv.y * x1;\n\
-                 \x20       acc2[tt] = acc2[tt] + wu.x * x0 + wu.y * x1;\n\
-                 \x20     }}\n    }}\n"
-            )
-        } else {
-            format!(
-                "    for (var k = lane; k < K; k = k + LANES) {{\n\
-                 \x20     let wv = load_{w}(({row}) * K + k);\n\
-                 \x20     let wu = load_{w}(({row} + N) * K + k);\n\
-                 \x20     for (var tt = 0u; tt < count; tt = tt + 1u) {{\n\
-                 \x20       let xv = x[(t0 + tt) * K + k];\n\
-                 \x20       acc[tt] = acc[tt] + wv * xv;\n\
-                 \x20       acc2[tt] = acc2[tt] + wu * xv;\n\
-                 \x20     }}\n    }}\n"
-            )
-        };
-    }
+/// The K loop of one output column: `loads` are the expressions of its
+/// weight (the gate, then the up row with a gated epilogue), indexed by `wi`
+/// (packed pairs) or `k`. With `norm`, each `x` is scaled by its gain and
+/// its square summed into `ssq`.
+fn k_loop(packed: bool, loads: &[String], norm: bool) -> String {
+    let glu = loads.len() == 2;
+    let mut s = String::new();
     if packed {
-        format!(
-            "    for (var wi = lane; wi < K / 2u; wi = wi + LANES) {{\n\
-             \x20     let wv = pair_{w}(({row}) * (K / 2u) + wi);\n\
-             \x20     for (var tt = 0u; tt < count; tt = tt + 1u) {{\n\
-             \x20       let xi = (t0 + tt) * K + 2u * wi;\n\
-             \x20       acc[tt] = acc[tt] + wv.x * x[xi] + wv.y * x[xi + 1u];\n\
-             \x20     }}\n    }}\n"
-        )
+        s += "    for (var wi = lane; wi < K / 2u; wi = wi + LANES) {\n";
+        s += &format!("      let wv = {};\n", loads[0]);
+        if glu {
+            s += &format!("      let wu = {};\n", loads[1]);
+        }
+        if norm {
+            s += "      let gp = gain2(wi);\n";
+        }
+        s += "      for (var tt = 0u; tt < count; tt = tt + 1u) {\n\
+              \x20       let xi = (t0 + tt) * K + 2u * wi;\n";
+        if norm {
+            s += "        let r0 = x[xi];\n        let r1 = x[xi + 1u];\n\
+                  \x20       ssq[tt] = ssq[tt] + r0 * r0 + r1 * r1;\n\
+                  \x20       let x0 = r0 * gp.x;\n        let x1 = r1 * gp.y;\n";
+        } else if glu {
+            s += "        let x0 = x[xi];\n        let x1 = x[xi + 1u];\n";
+        }
+        if norm || glu {
+            s += "        acc[tt] = acc[tt] + wv.x * x0 + wv.y * x1;\n";
+        } else {
+            s += "        acc[tt] = acc[tt] + wv.x * x[xi] + wv.y * x[xi + 1u];\n";
+        }
+        if glu {
+            s += "        acc2[tt] = acc2[tt] + wu.x * x0 + wu.y * x1;\n";
+        }
     } else {
-        format!(
-            "    for (var k = lane; k < K; k = k + LANES) {{\n\
-             \x20     let wv = load_{w}(({row}) * K + k);\n\
-             \x20     for (var tt = 0u; tt < count; tt = tt + 1u) {{\n\
-             \x20       acc[tt] = acc[tt] + wv * x[(t0 + tt) * K + k];\n\
-             \x20     }}\n    }}\n"
-        )
+        s += "    for (var k = lane; k < K; k = k + LANES) {\n";
+        s += &format!("      let wv = {};\n", loads[0]);
+        if glu {
+            s += &format!("      let wu = {};\n", loads[1]);
+        }
+        if norm {
+            s += "      let gk = gain(k);\n";
+        }
+        s += "      for (var tt = 0u; tt < count; tt = tt + 1u) {\n";
+        if norm {
+            s += "        let xr = x[(t0 + tt) * K + k];\n\
+                  \x20       ssq[tt] = ssq[tt] + xr * xr;\n\
+                  \x20       let xv = xr * gk;\n";
+        } else if glu {
+            s += "        let xv = x[(t0 + tt) * K + k];\n";
+        }
+        if norm || glu {
+            s += "        acc[tt] = acc[tt] + wv * xv;\n";
+        } else {
+            s += "        acc[tt] = acc[tt] + wv * x[(t0 + tt) * K + k];\n";
+        }
+        if glu {
+            s += "        acc2[tt] = acc2[tt] + wu * xv;\n";
+        }
     }
+    s += "      }\n    }\n";
+    s
+}
+
+/// The weight loads of column `n` from shard `w` at local row `row`.
+fn loads(packed: bool, w: &str, row: &str, glu: bool) -> Vec<String> {
+    let load = |r: &str| {
+        if packed {
+            format!("pair_{w}(({r}) * (K / 2u) + wi)")
+        } else {
+            format!("load_{w}(({r}) * K + k)")
+        }
+    };
+    let mut out = vec![load(row)];
+    if glu {
+        out.push(load(&format!("{row} + N")));
+    }
+    out
 }
 
 /// Builds the kernel.
@@ -135,10 +184,32 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     for (i, name) in names.iter().enumerate() {
         b.weight(&mut w, input_shard(1, i as u32), name, s.wdtype);
     }
-    if s.bias {
-        b.weight(&mut w, input(2), "b", DType::F32);
+    let ports = MatMulPorts::new(s.bias, s.norm.is_some(), s.residual);
+    if let Some(port) = ports.bias {
+        b.weight(&mut w, input(port as u32), "b", DType::F32);
+    }
+    if let (Some((eps, offset, gdtype)), Some(port)) = (s.norm, ports.norm) {
+        // `g` is the gate sums' name: the norm weight is `gamma`.
+        b.weight(&mut w, input(port as u32), "gamma", gdtype);
+        let pair = if gdtype == DType::F32 {
+            "vec2<f32>(load_gamma(2u * wi), load_gamma(2u * wi + 1u))"
+        } else {
+            "pair_gamma(wi)"
+        };
+        let _ = writeln!(
+            w,
+            "const EPS: f32 = {eps};\nconst OFFSET: f32 = {offset};\n\
+             fn gain(k: u32) -> f32 {{ return load_gamma(k) + OFFSET; }}\n\
+             fn gain2(wi: u32) -> vec2<f32> {{ return {pair} + vec2<f32>(OFFSET); }}",
+            eps = f32_lit(eps),
+            offset = f32_lit(offset),
+        );
+    }
+    if let Some(port) = ports.residual {
+        b.activation(&mut w, input(port as u32), "res");
     }
     b.activation(&mut w, output(0), "y");
+    let norm = s.norm.is_some();
     let mut inner = String::new();
     if glu && names.len() > 1 {
         // Gate row `n` and up row `N + n` may lie in different shards: load
@@ -153,15 +224,11 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         }
         f += "}\n";
         w.push_str(&f);
-        inner = "    for (var k = lane; k < K; k = k + LANES) {\n\
-                 \x20     let wv = load_row(n, k);\n\
-                 \x20     let wu = load_row(n + N, k);\n\
-                 \x20     for (var tt = 0u; tt < count; tt = tt + 1u) {\n\
-                 \x20       let xv = x[(t0 + tt) * K + k];\n\
-                 \x20       acc[tt] = acc[tt] + wv * xv;\n\
-                 \x20       acc2[tt] = acc2[tt] + wu * xv;\n\
-                 \x20     }\n    }\n"
-            .to_string();
+        let rows = [
+            "load_row(n, k)".to_string(),
+            "load_row(n + N, k)".to_string(),
+        ];
+        inner = k_loop(false, &rows, norm);
     }
     for (i, (name, start)) in names
         .iter()
@@ -174,7 +241,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         } else {
             format!("n - {start}u")
         };
-        let body = k_loop(packed, name, &row, glu);
+        let body = k_loop(packed, &loads(packed, name, &row, glu), norm);
         match (i, starts.get(i + 1)) {
             (_, None) if names.len() == 1 => inner = body,
             (0, Some(end)) => inner += &format!("  if (n < {end}u) {{\n{body}  }}"),
@@ -183,6 +250,12 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         }
     }
     let bias = if s.bias { " + load_b(n)" } else { "" };
+    let scale = if norm { " * inv[r]" } else { "" };
+    let res = if s.residual {
+        " + res[(t0 + r) * N + n]"
+    } else {
+        ""
+    };
     let reduce = "  workgroupBarrier();\n\
          \x20 for (var s = LANES / 2u; s > 0u; s = s >> 1u) {\n\
          \x20   if (lane < s) {\n\
@@ -193,18 +266,34 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     let (acc2, store) = match s.glu {
         None => (
             String::new(),
-            format!("      y[(t0 + r) * N + n] = red[(col * TT + r) * LANES]{bias};\n"),
+            format!("      y[(t0 + r) * N + n] = red[(col * TT + r) * LANES]{scale}{bias}{res};\n"),
         ),
         Some(act) => (
             "  var acc2: array<f32, TT>;\n".to_string(),
             format!(
-                "      let gv = g[r]{gb};\n      let uv = red[(col * TT + r) * LANES]{ub};\n\
-                 \x20     y[(t0 + r) * N + n] = ({e}) * uv;\n",
+                "      let gv = g[r]{scale}{gb};\n      let uv = red[(col * TT + r) * LANES]{scale}{ub};\n\
+                 \x20     y[(t0 + r) * N + n] = ({e}) * uv{res};\n",
                 gb = bias,
                 ub = if s.bias { " + load_b(N + n)" } else { "" },
                 e = super::elementwise::unary_expr(act, "gv"),
             ),
         ),
+    };
+    // With a norm prologue, the sums of squares are reduced first and
+    // turned into each row's inverse RMS, `inv`.
+    let (ssq, norm_phase) = if norm {
+        (
+            "  var ssq: array<f32, TT>;\n",
+            format!(
+                "  for (var tt = 0u; tt < TT; tt = tt + 1u) {{ red[(col * TT + tt) * LANES + lane] = ssq[tt]; }}\n\
+                 {reduce}\
+                 \x20 var inv: array<f32, TT>;\n\
+                 \x20 for (var tt = 0u; tt < TT; tt = tt + 1u) {{ inv[tt] = 1.0f / sqrt(red[(col * TT + tt) * LANES] / f32(K) + EPS); }}\n\
+                 \x20 workgroupBarrier();\n"
+            ),
+        )
+    } else {
+        ("", String::new())
     };
     // With a gated epilogue, the gate sums are reduced first and kept in `g`.
     let gate_phase = if glu {
@@ -229,9 +318,9 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
          \x20 let n = (wid.x + wid.y * GX) * COLS + col;\n\
          \x20 let rows = {rows};\n  let t0 = wid.z * TT;\n\
          \x20 var count = 0u;\n  if (t0 < rows) {{ count = min(TT, rows - t0); }}\n\
-         \x20 var acc: array<f32, TT>;\n{acc2}\
+         \x20 var acc: array<f32, TT>;\n{acc2}{ssq}\
          \x20 if (n < N) {{\n{inner}  }}\n\
-         {gate_phase}{reduce}\
+         {norm_phase}{gate_phase}{reduce}\
          \x20 if (n < N) {{\n\
          \x20   for (var r = lane; r < count; r = r + LANES) {{\n{store}\
          \x20   }}\n  }}\n}}\n",
@@ -248,7 +337,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     };
     KernelSource {
         name: format!(
-            "matmul{}_{}_r{}_k{}_n{}_tt{}{}{}",
+            "matmul{}_{}_r{}_k{}_n{}_tt{}{}{}{}{}",
             match s.glu {
                 None => String::new(),
                 Some(UnaryOp::Silu) => "_swiglu".to_string(),
@@ -261,6 +350,11 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
             s.n,
             s.tt,
             if s.bias { "_bias" } else { "" },
+            match s.norm {
+                Some((_, _, gdtype)) => format!("_norm_{gdtype}"),
+                None => String::new(),
+            },
+            if s.residual { "_residual" } else { "" },
             if names.len() > 1 {
                 format!("_shards{}", names.len())
             } else {

@@ -375,11 +375,7 @@ pub(crate) fn linear(
     label: String,
 ) -> Result<ValueRef> {
     let w = ctx.weight(&format!("{prefix}.weight"), &[out, inp])?;
-    let y = ctx.add(
-        Op::MatMul(MatMul { has_bias: false }),
-        &[x, w],
-        label.clone(),
-    )?;
+    let y = ctx.add(Op::MatMul(MatMul::linear(false)), &[x, w], label.clone())?;
     if !bias {
         return Ok(y);
     }
@@ -403,11 +399,7 @@ pub(crate) fn fused_linear(
     let mut outs = Vec::with_capacity(parts.len());
     for (label, rows) in parts {
         let w = ctx.weight_rows(&format!("{prefix}.weight"), &[total, inp], start, *rows)?;
-        let mut y = ctx.add(
-            Op::MatMul(MatMul { has_bias: false }),
-            &[x, w],
-            label.clone(),
-        )?;
+        let mut y = ctx.add(Op::MatMul(MatMul::linear(false)), &[x, w], label.clone())?;
         if bias {
             let b = ctx.weight_rows(&format!("{prefix}.bias"), &[total], start, *rows)?;
             y = ctx.add(Op::AddBias, &[y, b], format!("{label}.bias"))?;
@@ -632,7 +624,7 @@ pub(crate) fn lm_head(
     } else {
         ctx.weight("lm_head.weight", &[vocab, hidden])?
     };
-    ctx.add(Op::MatMul(MatMul { has_bias: false }), &[h, w], "lm_head")
+    ctx.add(Op::MatMul(MatMul::linear(false)), &[h, w], "lm_head")
 }
 
 /// The whole model: embedding, one block per entry of `spec.layers`

@@ -9,8 +9,8 @@
 use super::cursor::{parse_f32, parse_int, parse_range, Cursor};
 use super::ParseError;
 use crate::op::{
-    Attention, BinaryOp, Embedding, Input, KvKind, MatMul, MatMulGlu, Op, QkNorm, QkvRope, RmsNorm,
-    Rope, UnaryOp, Weight, WeightSource,
+    Attention, BinaryOp, Embedding, Input, KvKind, MatMul, MatMulGlu, NormPrologue, Op, QkNorm,
+    QkvRope, RmsNorm, Rope, UnaryOp, Weight, WeightSource,
 };
 use crate::types::TensorType;
 
@@ -91,6 +91,18 @@ impl OpSyntax {
                 groups: a.opt_u32(cur, "groups")?.unwrap_or(1),
             })
         };
+        // `norm(eps=…, offset=…)` of the matmuls.
+        let norm_prologue = |a: &mut Attrs| -> Result<Option<NormPrologue>, ParseError> {
+            let Some(mut g) = a.group(cur, "norm")? else {
+                return Ok(None);
+            };
+            let n = NormPrologue {
+                eps: g.f32(cur, "eps")?,
+                weight_offset: g.f32(cur, "offset")?,
+            };
+            g.finish(cur, "norm")?;
+            Ok(Some(n))
+        };
         let op = match mnemonic.as_str() {
             "input.token_ids" => Op::Input(Input::TokenIds),
             "kv_cache" => {
@@ -127,6 +139,8 @@ impl OpSyntax {
             "add_rms_norm_last_row" => Op::AddRmsNormLastRow(norm(&mut a)?),
             "matmul" => Op::MatMul(MatMul {
                 has_bias: a.flag("bias"),
+                norm: norm_prologue(&mut a)?,
+                residual: a.flag("residual"),
             }),
             "matmul_swiglu" | "matmul_geglu" | "matmul_glu" => {
                 let act = match mnemonic.as_str() {
@@ -137,6 +151,7 @@ impl OpSyntax {
                 Op::MatMulGlu(MatMulGlu {
                     act,
                     has_bias: a.flag("bias"),
+                    norm: norm_prologue(&mut a)?,
                 })
             }
             "rope" => Op::Rope(Rope {

@@ -1,0 +1,82 @@
+//! `fuse-matmul-residual`: the residual add in the matmul's epilogue.
+//!
+//! Pattern: `y = add(m, r)` or `add(r, m)` where `m = matmul(x, w (, b))`
+//! (any norm prologue, no residual yet) is read by nothing but that add and
+//! is no graph output. Rewrite: `y = matmul{residual}(x, w (, b) (, g), r)`:
+//! the kernel adds `r[row, n]` to each output as it stores it, one dispatch
+//! instead of two. In a pre-norm decoder these are the adds after `o_proj`
+//! and `down_proj`.
+//!
+//! The surprise: the last layer's add is left alone when its only reader is
+//! `slice_last_row` feeding an `rms_norm` (the final norm).
+//! `fuse-residual-norm` turns that chain into one `add_rms_norm_last_row`,
+//! which adds one row only; a fused residual would leave the slice as a
+//! dispatch of its own and save nothing.
+
+use crate::manager::{Pass, PassError};
+use crate::rewrite::{add_err, feeds_final_norm, join_labels, op_of, remove_if_dead};
+use gerbil_ir::{BinaryOp, Graph, MatMul, Op, ValueRef};
+
+/// Folds residual adds into the matmuls they add.
+pub struct FuseMatMulResidual;
+
+/// The matmul operand of `add(a, b)` that can take the other as its
+/// residual, with that other operand.
+fn match_add(graph: &Graph, a: ValueRef, b: ValueRef) -> Option<(ValueRef, MatMul, ValueRef)> {
+    [(a, b), (b, a)]
+        .into_iter()
+        .find_map(|(m, r)| match op_of(graph, m) {
+            Op::MatMul(mm)
+                if !mm.residual && m != r && graph.users(m).len() == 1 && !graph.is_output(m) =>
+            {
+                Some((m, mm.clone(), r))
+            }
+            _ => None,
+        })
+}
+
+impl Pass for FuseMatMulResidual {
+    fn name(&self) -> &'static str {
+        "fuse-matmul-residual"
+    }
+
+    fn description(&self) -> &'static str {
+        "fold add(matmul(x, w), r) into matmul{residual}(x, w, r)"
+    }
+
+    fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
+        let order = graph.topo_order().unwrap_or_default();
+        let mut rewrites = 0;
+        for id in order {
+            if graph.g.node_weight(id).is_none()
+                || graph.node(id).op != Op::Binary(BinaryOp::Add)
+                || feeds_final_norm(graph, ValueRef::of(id))
+            {
+                continue;
+            }
+            let [a, b] = graph.inputs(id)[..] else {
+                continue;
+            };
+            let Some((m, mm, r)) = match_add(graph, a, b) else {
+                continue;
+            };
+            let mut inputs = graph.inputs(m.node);
+            inputs.push(r);
+            let label = join_labels(&[&graph.node(m.node).label, &graph.node(id).label]);
+            let fused = graph
+                .add(
+                    Op::MatMul(MatMul {
+                        residual: true,
+                        ..mm
+                    }),
+                    &inputs,
+                    label,
+                )
+                .map_err(add_err(self.name()))?;
+            graph.replace_all_uses(ValueRef::of(id), fused);
+            remove_if_dead(graph, id);
+            rewrites += 1;
+        }
+        Ok(rewrites)
+    }
+}
