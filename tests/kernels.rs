@@ -1319,3 +1319,62 @@ fn slice_cols_matches_reference() {
         check,
     );
 }
+
+// ---------------------------------------------------------------- argmax
+
+/// Logits of an argmax case: random, or with the maximum tied at several
+/// columns, or with NaNs sprinkled in (which must never win).
+#[derive(Clone, Copy, Debug)]
+enum Logits {
+    Random,
+    Ties,
+    Nans,
+}
+
+#[test]
+fn argmax_matches_reference() {
+    let check = |&(rows, t, vocab, kind): &(Rows, u32, u32, Logits)| {
+        let src = kernels::argmax::kernel(rows, vocab);
+        let m = row_count(rows, t);
+        let mut r = rng(&(rows, t, vocab, kind));
+        let mut x = r.vec(m * vocab as usize);
+        let last = &mut x[(m - 1) * vocab as usize..];
+        match kind {
+            Logits::Random => {}
+            Logits::Ties => {
+                for _ in 0..3 {
+                    last[r.below(vocab) as usize] = 2.0;
+                }
+            }
+            Logits::Nans => {
+                for _ in 0..vocab / 3 + 1 {
+                    last[r.below(vocab) as usize] = f32::NAN;
+                }
+            }
+        }
+        let want = reference::argmax(&widen(&x[(m - 1) * vocab as usize..]));
+        assert_eq!(
+            want,
+            gerbil_runtime::argmax(&x[(m - 1) * vocab as usize..]),
+            "the CPU sampler and the reference agree"
+        );
+        let out =
+            gerbil_e2e::kernel_harness::run(&src, t, 0, &[f32_bytes(&x), u32_bytes(&[u32::MAX])]);
+        let got = u32::from_le_bytes([out[1][0], out[1][1], out[1][2], out[1][3]]);
+        (got == want)
+            .then_some(())
+            .ok_or_else(|| format!("argmax {got}, expected {want}"))
+    };
+    check_all(
+        [
+            (Rows::Fixed(1), 1, 1, Logits::Random),
+            (Rows::Fixed(1), 1, 100, Logits::Random),
+            (Rows::Fixed(1), 1, 49_152, Logits::Random),
+            (Rows::Fixed(1), 1, 49_152, Logits::Ties),
+            (Rows::Fixed(1), 1, 1000, Logits::Nans),
+            (Rows::Tokens, 7, 300, Logits::Random),
+            (Rows::Tokens, 3, 300, Logits::Ties),
+        ],
+        check,
+    );
+}

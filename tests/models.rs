@@ -71,6 +71,57 @@ fn check_case(session: &mut Session, case: &TinyCase) -> Result<(), String> {
             case.greedy_ids
         ));
     }
+    check_gpu_greedy(session, case)
+}
+
+/// GPU greedy decoding (argmax on the GPU, steps encoded ahead in batches)
+/// gives the reference tokens at every batch size; with a reference token
+/// as end-of-sequence it stops there even in the middle of a batch, and
+/// leaves the KV cache where step-by-step decoding would: feeding the stop
+/// token then predicts the reference's next token.
+fn check_gpu_greedy(session: &mut Session, case: &TinyCase) -> Result<(), String> {
+    let want = &case.greedy_ids;
+    let err = |e: gerbil_runtime::RuntimeError| e.to_string();
+    for batch in [1, 3, 8] {
+        session.reset();
+        block_on(session.forward_no_readback(&case.input_ids)).map_err(err)?;
+        let got = block_on(session.decode_greedy(want.len(), &[], batch, |_| true)).map_err(err)?;
+        if &got != want {
+            return Err(format!(
+                "GPU greedy (batch {batch}): {got:?}, reference {want:?}"
+            ));
+        }
+    }
+    if want.len() < 3 {
+        return Ok(());
+    }
+    let eos = want[2];
+    let stop = want.iter().position(|&t| t == eos).unwrap_or(2);
+    session.reset();
+    block_on(session.forward_no_readback(&case.input_ids)).map_err(err)?;
+    let got = block_on(session.decode_greedy(want.len(), &[eos], 8, |_| true)).map_err(err)?;
+    if got != want[..=stop] {
+        return Err(format!(
+            "GPU greedy with stop token {eos}: {got:?}, reference {:?}",
+            &want[..=stop]
+        ));
+    }
+    let position = (case.input_ids.len() + stop) as u64;
+    if session.position() != position {
+        return Err(format!(
+            "after a stop token mid-batch the position is {}, expected {position}",
+            session.position()
+        ));
+    }
+    if let Some(&next) = want.get(stop + 1) {
+        let logits = block_on(session.forward(&[eos])).map_err(err)?;
+        if argmax(&logits) != next {
+            return Err(format!(
+                "after a stop token mid-batch the next step predicts {}, reference {next}",
+                argmax(&logits)
+            ));
+        }
+    }
     Ok(())
 }
 

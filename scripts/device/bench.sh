@@ -4,11 +4,14 @@
 # Expects what scripts/device/check-gpu.sh expects (.device/bin/{gerbilc,gerbil-run},
 # .device/random_ref.py, .gl/), see docs/gpu-checks.md. For each model shape (default: SmolLM2-135M,
 # Gemma 3 270M, Llama-3.2-1B), makes a random-weight bf16 model of that shape with transformers,
-# compiles it for the desktop target, checks its last-position logits against transformers
-# (scripts/check-ref.py, one 13-token prompt), and runs
-#   gerbil-run bench --prompt-tokens 512 --new-tokens 128 --repeats 5 [--json]
-# (prefill and decode tok/s are medians of the repeats). Writes bench-NAME.json and bench-NAME.log to
-# $OUT (or /tmp/gerbil-bench) and prints one summary line per shape.
+# compiles it for the desktop target (context 4608), checks its last-position logits against
+# transformers (scripts/check-ref.py, one 13-token prompt), and runs, in the llama-bench convention,
+#   gerbil-run bench --prompt-tokens 512 --new-tokens 128 --depth 0    --repeats 5 --json   (pp512, tg128)
+#   gerbil-run bench --prompt-tokens 512 --new-tokens 128 --depth 4096 --repeats 3 --json   (tg128 @ d4096)
+# (medians of the repeats after a warm-up), then HF transformers on the same weights
+# (scripts/device/hf-bench.py: f16, static cache; HF_COMPILE=1 adds torch.compile). Writes the JSON
+# and logs to $OUT (or /tmp/gerbil-bench) and prints one markdown table with llama.cpp's H100
+# figures (from issue 8/9, same shapes, F16) beside ours.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
@@ -26,21 +29,50 @@ for cfg in "${shapes[@]}"; do
     work=/tmp/bench-$name
     python3 .device/random_ref.py --config "$cfg" --out "$work" --lens 13 --dtype bfloat16 >/dev/null 2>&1 \
         || { echo "$name: making the random model failed"; status=1; continue; }
-    $bin/gerbilc compile "$work/model" -o "$work/model.plan" --target desktop 2>/dev/null \
+    $bin/gerbilc compile "$work/model" -o "$work/model.plan" --target desktop --max-context 4608 2>/dev/null \
         || { echo "$name: compile failed"; status=1; continue; }
     python3 scripts/check-ref.py --run $bin/gerbil-run --plan "$work/model.plan" --ref "$work/ref.json" \
         > "$out/check-$name.log" 2>&1 || status=1
-    $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --repeats 5 \
+    $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --depth 0 --repeats 5 \
         > "$out/bench-$name.log" 2>&1
-    $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --repeats 5 --json \
-        > "$out/bench-$name.json" 2>/dev/null || status=1
-    python3 - "$name" "$out/bench-$name.json" "$out/check-$name.log" <<'PY'
-import json, sys
-name, path, check = sys.argv[1:]
-r = json.load(open(path))
-ok = open(check).read().strip().splitlines()[-1]
-print(f"{name:14} variant {r['variant']:9} pp512 {r['prefill_tok_s']:8.0f} tok/s   tg128 {r['decode_tok_s']:6.1f} tok/s"
-      f"   dispatches {r['dispatches'][0]}/{r['dispatches'][1]}   check: {ok}")
-PY
+    $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --depth 0 --repeats 5 --json \
+        > "$out/bench-$name-d0.json" 2>>"$out/bench-$name.log" || status=1
+    $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --depth 4096 --repeats 3 --json \
+        > "$out/bench-$name-d4096.json" 2>>"$out/bench-$name.log" || status=1
+    hf_flags=""
+    [ "${HF_COMPILE:-0}" = 1 ] && hf_flags=--compile
+    python3 scripts/device/hf-bench.py "$work/model" $hf_flags > "$out/hf-$name.json" 2>"$out/hf-$name.log" \
+        || echo "{}" > "$out/hf-$name.json"
 done
+python3 - "$out" "${shapes[@]}" <<'PY'
+import json, os, sys
+out, shapes = sys.argv[1], sys.argv[2:]
+# llama.cpp on the same H100, F16 (issue 8 and 9): pp512, tg128.
+llama = {"smollm2-135m": {"vk": (15541, 528), "cuda": (92706, 947)},
+         "llama-3.2-1b": {"vk": (15467, 567), "cuda": (77534, 688)}}
+def load(p):
+    try:
+        return json.load(open(p))
+    except Exception:
+        return {}
+print("| shape | variant | pp512 | tg128 | tg128 @ d4096 (ratio) | HF f16 pp512 / tg128 / d4096 | llama.cpp Vulkan pp512 / tg128 | llama.cpp CUDA pp512 / tg128 | check |")
+print("|---|---|---|---|---|---|---|---|---|")
+for cfg in shapes:
+    name = os.path.basename(os.path.dirname(cfg))
+    d0, d4, hf = (load(f"{out}/{f}") for f in (f"bench-{name}-d0.json", f"bench-{name}-d4096.json", f"hf-{name}.json"))
+    try:
+        check = open(f"{out}/check-{name}.log").read().strip().splitlines()[-1]
+    except Exception:
+        check = "?"
+    if not d0:
+        print(f"| {name} | failed | | | | | | | {check} |")
+        continue
+    tg0, tg4 = d0["decode_tok_s"], d4.get("decode_tok_s", float("nan"))
+    h = " / ".join(f"{hf[k]:.0f}" if k in hf else "–" for k in ("pp512", "tg128_d0", "tg128_d4096"))
+    l = llama.get(name, {})
+    vk = " / ".join(map(str, l["vk"])) if "vk" in l else "–"
+    cu = " / ".join(map(str, l["cuda"])) if "cuda" in l else "–"
+    print(f"| {name} | {d0['variant']} ({d0.get('decode_loop', '?')}) | {d0['prefill_tok_s']:.0f} | {tg0:.1f} | "
+          f"{tg4:.1f} ({tg4 / tg0:.0%}) | {h} | {vk} | {cu} | {check} |")
+PY
 exit $status

@@ -247,6 +247,17 @@ pub fn slice_last_row(x: &[f64], width: usize) -> Vec<f64> {
     x[x.len() - width..].to_vec()
 }
 
+/// Index of the largest value (lowest index on ties, NaN never wins).
+pub fn argmax(x: &[f64]) -> u32 {
+    let mut best = 0;
+    for (i, &v) in x.iter().enumerate() {
+        if v > x[best] || x[best].is_nan() && !v.is_nan() {
+            best = i;
+        }
+    }
+    best as u32
+}
+
 /// Columns `start..start + len` of every row of `x`.
 pub fn slice_cols(x: &[f64], width: usize, start: usize, len: usize) -> Vec<f64> {
     x.chunks(width)

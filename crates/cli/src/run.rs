@@ -119,6 +119,7 @@ pub async fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
         } else {
             plan.header.text.eos_token_ids.clone()
         },
+        keep_logits: opts.top_logits.is_some(),
     };
     let mut steps = Vec::new();
     let mut stream = match (&codec, opts.json) {
@@ -128,10 +129,10 @@ pub async fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
     let mut out = stdout.lock();
     let mut stream_err = None;
     let output_ids = generate(&mut session, &input_ids, &gen_opts, |ev| {
-        if let Some(k) = opts.top_logits {
+        if let (Some(k), Some(logits)) = (opts.top_logits, ev.logits) {
             steps.push(StepJson {
                 token: ev.token,
-                top: top_logits(ev.logits, k),
+                top: top_logits(logits, k),
             });
         }
         if let Some(s) = stream.as_mut() {
@@ -180,6 +181,8 @@ pub struct BenchOptions {
     pub prompt_tokens: usize,
     /// Tokens to decode.
     pub new_tokens: usize,
+    /// Tokens of context before the timed decode (`None`: the prompt's).
+    pub depth: Option<usize>,
     /// Timed repetitions (the median is reported).
     pub repeats: usize,
     /// Also time every dispatch of one prefill and one decode step.
@@ -250,10 +253,16 @@ pub struct BenchReport {
     pub variant: String,
     /// Prompt tokens per second (median).
     pub prefill_tok_s: f64,
-    /// Generated tokens per second (median), including each step's logits readback.
+    /// Generated tokens per second (median), greedy, as `generate` runs it.
     pub decode_tok_s: f64,
+    /// How decode chose tokens: `gpu-argmax` (no CPU in the loop, steps
+    /// encoded ahead) or `cpu` (each step's logits read back: plans compiled
+    /// without the argmax output).
+    pub decode_loop: String,
     /// Milliseconds per decode step (median).
     pub decode_ms_per_token: f64,
+    /// Tokens in the KV cache when the timed decode started.
+    pub decode_depth: usize,
     /// GPU bytes of weights.
     pub weights_bytes: u64,
     /// GPU bytes of KV cache.
@@ -266,6 +275,43 @@ pub struct BenchReport {
     pub prefill_profile: Option<Vec<ProfileRow>>,
     /// GPU time by dispatch kind of one decode step (with `profile`).
     pub decode_profile: Option<Vec<ProfileRow>>,
+}
+
+/// Seconds for `new` greedy decode steps from `depth` tokens of context
+/// (`context` holds at least one token: the first decode step's input at
+/// depth 0), as `generate` decodes: on the GPU when the plan allows.
+async fn time_decode(
+    session: &mut Session,
+    context: &[u32],
+    depth: usize,
+    new: usize,
+) -> Result<f64> {
+    session.reset();
+    let mut t = Instant::now();
+    // At depth 0 the first timed step is the one that reads `context[0]`.
+    let mut logits = if depth == 0 {
+        session.forward(&context[..1]).await?
+    } else {
+        let l = session.forward(&context[..depth]).await?;
+        t = Instant::now();
+        l
+    };
+    let steps = if depth == 0 {
+        new.saturating_sub(1)
+    } else {
+        new
+    };
+    if session.has_gpu_argmax() {
+        session
+            .decode_greedy(steps + 1, &[], gerbil_runtime::DECODE_BATCH, |_| true)
+            .await?;
+    } else {
+        for _ in 0..steps {
+            let next = gerbil_runtime::argmax(&logits);
+            logits = session.forward(&[next]).await?;
+        }
+    }
+    Ok(t.elapsed().as_secs_f64())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -283,16 +329,18 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     };
     let vocab = session.vocab_size() as u32;
     let max = plan.header.model.max_context as usize;
-    if opts.prompt_tokens == 0 || opts.prompt_tokens + opts.new_tokens > max {
+    let depth = opts.depth.unwrap_or(opts.prompt_tokens);
+    if opts.prompt_tokens == 0 || opts.prompt_tokens > max || depth + opts.new_tokens > max {
         bail!(
-            "--prompt-tokens {} + --new-tokens {} must be between 1 and the plan's context {max}",
+            "--prompt-tokens {} must be between 1 and the plan's context {max}, and the decode \
+             depth {depth} + --new-tokens {} at most {max}",
             opts.prompt_tokens,
             opts.new_tokens
         );
     }
-    let prompt: Vec<u32> = (0..opts.prompt_tokens as u32)
-        .map(|i| (i * 7919 + 13) % vocab)
-        .collect();
+    let synthetic =
+        |n: usize| -> Vec<u32> { (0..n as u32).map(|i| (i * 7919 + 13) % vocab).collect() };
+    let prompt = synthetic(opts.prompt_tokens);
     // Warm-up: pipelines, first-use costs.
     session.reset();
     session.forward(&prompt).await?;
@@ -301,14 +349,17 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     for _ in 0..opts.repeats.max(1) {
         session.reset();
         let t0 = Instant::now();
-        let mut logits = session.forward(&prompt).await?;
+        session.forward(&prompt).await?;
         prefill.push(t0.elapsed().as_secs_f64());
-        let t1 = Instant::now();
-        for _ in 0..opts.new_tokens {
-            let next = gerbil_runtime::argmax(&logits);
-            logits = session.forward(&[next]).await?;
-        }
-        decode.push(t1.elapsed().as_secs_f64());
+        decode.push(
+            time_decode(
+                &mut session,
+                &synthetic(depth.max(1)),
+                depth,
+                opts.new_tokens,
+            )
+            .await?,
+        );
     }
     let (mut prefill_profile, mut decode_profile) = (None, None);
     if opts.profile {
@@ -331,10 +382,16 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         prefill_tok_s: opts.prompt_tokens as f64 / prefill_s,
         decode_tok_s: opts.new_tokens as f64 / decode_s,
         decode_ms_per_token: decode_s * 1000.0 / opts.new_tokens.max(1) as f64,
+        decode_depth: depth,
         weights_bytes: mem.weights,
         kv_cache_bytes: mem.kv_cache,
         activation_bytes: mem.activations,
         variant: session.variant().name.clone(),
+        decode_loop: if session.has_gpu_argmax() {
+            "gpu-argmax".into()
+        } else {
+            "cpu".into()
+        },
         dispatches: (
             session.variant().prefill.len(),
             session.variant().decode.len(),

@@ -562,7 +562,13 @@ fn inspect_schedule_lists_dispatches_with_labels_and_kernels() {
     let o = gerbilc(&["inspect", plan.to_str().unwrap(), "--schedule"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
-    assert!(text.contains("portable decode (15 dispatches)"), "{text}");
+    assert!(text.contains("portable decode (16 dispatches)"), "{text}");
+    // Every step ends choosing the greedy token on the GPU.
+    let last = text.lines().last().unwrap_or_default();
+    assert!(
+        last.contains("next_token") && last.trim_end().ends_with("argmax_r1_v512"),
+        "{last}"
+    );
     let sdpa = text
         .lines()
         .find(|l| l.contains("layers.1.attn.sdpa"))

@@ -9,6 +9,7 @@
 //! decode runs GEMVs (one row) and split-K attention.
 
 use crate::kernels::{
+    argmax,
     attention::{self, AttentionSpec},
     attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
@@ -193,6 +194,7 @@ impl Lowering<'_> {
             Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
             Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),
             Op::SliceLastRow => elementwise::slice_last_row(width_of(out_ty)),
+            Op::Argmax => argmax::kernel(rows_of(in_ty(0)), width_of(in_ty(0))),
             Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
                 return Err(unsupported("source nodes have no kernel"))
             }

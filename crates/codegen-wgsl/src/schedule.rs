@@ -239,13 +239,14 @@ fn weight_kind(name: String, ty: &TensorType, shape: Vec<u64>) -> BufferKind {
 
 /// The graph output a named output stands for.
 fn output_kind(name: &str) -> Result<OutputKind, CodegenError> {
-    if name == gerbil_ir::LOGITS {
-        Ok(OutputKind::Logits)
-    } else {
-        Err(CodegenError::Graph(format!(
-            "graph output `{name}` has no runtime meaning; the runtime reads `{}`",
-            gerbil_ir::LOGITS
-        )))
+    match name {
+        gerbil_ir::LOGITS => Ok(OutputKind::Logits),
+        gerbil_ir::NEXT_TOKEN => Ok(OutputKind::NextToken),
+        _ => Err(CodegenError::Graph(format!(
+            "graph output `{name}` has no runtime meaning; the runtime reads `{}` and `{}`",
+            gerbil_ir::LOGITS,
+            gerbil_ir::NEXT_TOKEN
+        ))),
     }
 }
 
@@ -310,6 +311,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
     let token_ids =
         token_ids.ok_or_else(|| CodegenError::Graph("the graph reads no token ids".into()))?;
     let mut logits = None;
+    let mut next_token = None;
     for (name, v) in &graph.outputs {
         let output = output_kind(name)?;
         let ty = graph.value_type(*v);
@@ -321,6 +323,14 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         )?;
         let i = b.push(bytes, BufferKind::Output { output });
         b.own.insert(*v, Own::Whole(i));
+        if output == OutputKind::NextToken {
+            next_token = Some(BufferSlice {
+                buffer: i,
+                offset: 0,
+                size: bytes,
+            });
+            continue;
+        }
         let all_rows = match ty.shape.first() {
             Some(Dim::Const(1)) => false,
             Some(Dim::Sym(_)) => true,
@@ -486,6 +496,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                 size: logits_size,
             },
             logits_all_rows,
+            next_token,
         },
         weights: b.weights,
         activation_naive_bytes: plan.naive_bytes,

@@ -74,6 +74,11 @@ impl ValueRef {
 /// this constant.
 pub const LOGITS: &str = "logits";
 
+/// Name of the graph output holding greedy decoding's next token, the
+/// [`Op::Argmax`](crate::Op::Argmax) of the logits; codegen maps it to the
+/// plan's `Output(NextToken)` buffer.
+pub const NEXT_TOKEN: &str = "next_token";
+
 /// A dataflow graph with named outputs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Graph {

@@ -22,7 +22,7 @@ pub mod rope_table;
 pub mod types;
 pub mod verify;
 
-pub use graph::{layer_prefix, Edge, Graph, Node, NodeId, ValueRef, LOGITS};
+pub use graph::{layer_prefix, Edge, Graph, Node, NodeId, ValueRef, LOGITS, NEXT_TOKEN};
 pub use op::{
     Attention, BinaryOp, Embedding, Input, MatMul, MatMulGlu, MatMulPorts, NormPrologue, Op,
     QkNorm, QkvRope, RmsNorm, Rope, UnaryOp, Weight, WeightSource,

@@ -325,6 +325,10 @@ pub enum Op {
     Binary(BinaryOp),
     /// The last row of `[T, W]`, as `[1, W]`.
     SliceLastRow,
+    /// The column of the largest value in the last row of `f32[R, V]`, as
+    /// `u32[1]` (lowest column on ties; NaN never wins): greedy decoding's
+    /// next token, chosen where the logits are.
+    Argmax,
     /// `x[r, n] + b[n]`: a bias `[N]` added to every row of `[rows, N]` (the
     /// frontend's linear layers; `fuse-matmul-bias` folds it into the matmul).
     AddBias,
@@ -626,6 +630,12 @@ impl Op {
                 expect_vector(ins[1], n, "bias")?;
                 ins[0].clone()
             }
+            Op::Argmax => {
+                expect_arity(ins, 1)?;
+                expect_f32(ins[0], "input")?;
+                expect_matrix(ins[0], "input")?;
+                TensorType::new(DType::U32, [Dim::Const(1)])
+            }
             Op::SliceLastRow => {
                 expect_arity(ins, 1)?;
                 let (_, w) = expect_matrix(ins[0], "input")?;
@@ -752,6 +762,7 @@ impl Op {
             Op::AddBias => "add_bias",
             Op::Binary(BinaryOp::Mul) => "mul",
             Op::SliceLastRow => "slice_last_row",
+            Op::Argmax => "argmax",
             Op::SliceCols { .. } => "slice_cols",
             Op::AddRmsNorm(_) => "add_rms_norm",
             Op::AddRmsNormLastRow(_) => "add_rms_norm_last_row",

@@ -229,6 +229,8 @@ impl KvHalf {
 pub enum OutputKind {
     /// Next-token logits, `f32[vocab]` per row.
     Logits,
+    /// Greedy decoding's next token, `u32[1]`: the argmax of the logits.
+    NextToken,
 }
 
 impl OutputKind {
@@ -236,6 +238,7 @@ impl OutputKind {
     pub fn name(self) -> &'static str {
         match self {
             OutputKind::Logits => "logits",
+            OutputKind::NextToken => "next_token",
         }
     }
 }
@@ -421,4 +424,9 @@ pub struct IoBindings {
     /// without `slice-last-row`); the runtime then reads row `T - 1`.
     #[serde(default)]
     pub logits_all_rows: bool,
+    /// The argmax of the last logits row, `u32[1]`, written by every step;
+    /// the runtime copies it into `token_ids` to decode greedily without
+    /// reading logits back. Plans without it decode through the CPU.
+    #[serde(default)]
+    pub next_token: Option<BufferSlice>,
 }

@@ -126,6 +126,18 @@ impl PlanHeader {
                 io.logits.size, self.model.vocab_size
             ));
         }
+        if let Some(next) = &io.next_token {
+            self.slice_ok(next, "next-token output")?;
+            if !matches!(
+                self.buffer_kind(next.buffer, "next token")?,
+                BufferKind::Output {
+                    output: OutputKind::NextToken
+                }
+            ) || next.size < 4
+            {
+                return Err("the next-token binding is not a u32 next-token output buffer".into());
+            }
+        }
         Ok(())
     }
 

@@ -107,6 +107,7 @@ fn header(weight: SectionRef) -> PlanHeader {
                 size: 16,
             },
             logits_all_rows: false,
+            next_token: None,
         },
     }
 }

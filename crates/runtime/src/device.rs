@@ -238,6 +238,41 @@ impl Gpu {
         Ok(value)
     }
 
+    /// Like [`Gpu::read_mapped`], but on native targets waits only for
+    /// `submission` (and the work before it), not for later submissions: the
+    /// GPU keeps running them while the CPU reads.
+    pub(crate) async fn read_mapped_after<T>(
+        &self,
+        buffer: &wgpu::Buffer,
+        submission: wgpu::SubmissionIndex,
+        read: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, RuntimeError> {
+        let slice = buffer.slice(..);
+        let (tx, rx) = futures::channel::oneshot::channel();
+        slice.map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.device
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(submission),
+                timeout: None,
+            })
+            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+        rx.await
+            .map_err(|_| {
+                RuntimeError::DeviceLost("wgpu dropped a callback without calling it".into())
+            })?
+            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+        let value = {
+            let view = slice
+                .get_mapped_range()
+                .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+            read(&view)
+        };
+        buffer.unmap();
+        Ok(value)
+    }
+
     /// Waits until the GPU has finished all work submitted so far.
     pub(crate) async fn idle(&self) -> Result<(), RuntimeError> {
         let (tx, rx) = futures::channel::oneshot::channel();

@@ -1,16 +1,28 @@
 //! The generation loop: prefill the prompt, then decode one token per step
 //! until `max_new_tokens` or an end-of-sequence token.
+//!
+//! Greedy generation whose caller does not need the logits runs on the GPU
+//! ([`Session::decode_greedy`]: argmax on the GPU, steps encoded
+//! [`DECODE_BATCH`] at a time, no logits readback); everything else reads
+//! each step's logits and chooses on the CPU. Both give the same tokens.
 
 use crate::error::RuntimeError;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::session::Session;
 
+/// Decode steps per submission when decoding greedily on the GPU: enough
+/// that the round trip of a readback hides behind the next batch, few enough
+/// that tokens stream smoothly (a batch is ~10–30 ms on a fast GPU).
+pub const DECODE_BATCH: usize = 8;
+
 /// One generated token and the logits that chose it.
 pub struct TokenEvent<'a> {
     /// The chosen token.
     pub token: u32,
-    /// Logits of the distribution it was chosen from.
-    pub logits: &'a [f32],
+    /// Logits of the distribution it was chosen from; `None` when greedy
+    /// decoding ran on the GPU (ask for them with
+    /// [`GenerateOptions::keep_logits`]).
+    pub logits: Option<&'a [f32]>,
 }
 
 /// Settings of one generation.
@@ -22,6 +34,9 @@ pub struct GenerateOptions {
     pub sampling: SamplingParams,
     /// Ids that stop generation (the stop token itself is emitted).
     pub eos_token_ids: Vec<u32>,
+    /// Read every step's logits back (for [`TokenEvent::logits`]), which
+    /// keeps the CPU in the loop.
+    pub keep_logits: bool,
 }
 
 /// Runs the prompt and generates; `on_token` sees each token as it is chosen
@@ -44,12 +59,29 @@ pub async fn generate(
     if opts.max_new_tokens == 0 {
         return Ok(out);
     }
+    if sampler.is_greedy() && !opts.keep_logits && session.has_gpu_argmax() {
+        session.forward_no_readback(prompt).await?;
+        return session
+            .decode_greedy(
+                opts.max_new_tokens,
+                &opts.eos_token_ids,
+                DECODE_BATCH,
+                |token| {
+                    on_token(TokenEvent {
+                        token,
+                        logits: None,
+                    });
+                    true
+                },
+            )
+            .await;
+    }
     let mut logits = session.forward(prompt).await?;
     loop {
         let token = sampler.sample(&logits);
         on_token(TokenEvent {
             token,
-            logits: &logits,
+            logits: Some(&logits),
         });
         out.push(token);
         if out.len() >= opts.max_new_tokens || opts.eos_token_ids.contains(&token) {

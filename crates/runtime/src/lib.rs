@@ -18,6 +18,7 @@
 //! (token ids, `T`/`P`), records one compute pass and submits once. The
 //! runtime never runs a compiler pass and knows nothing of HF configs.
 
+mod ahead;
 pub mod device;
 pub mod error;
 pub mod generate;
@@ -30,7 +31,7 @@ pub mod variant;
 
 pub use device::Gpu;
 pub use error::RuntimeError;
-pub use generate::{generate, GenerateOptions, TokenEvent};
+pub use generate::{generate, GenerateOptions, TokenEvent, DECODE_BATCH};
 pub use profile::DispatchTime;
 pub use sampling::{argmax, top_logits, Sampler, SamplingParams};
 pub use session::{MemoryReport, Session};

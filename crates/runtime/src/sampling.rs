@@ -89,10 +89,15 @@ impl Sampler {
         })
     }
 
+    /// Whether every choice is the argmax (temperature 0 or top-k 1).
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature == 0.0 || self.params.top_k == 1
+    }
+
     /// Picks the next token.
     pub fn sample(&mut self, logits: &[f32]) -> u32 {
         let p = self.params;
-        if p.temperature == 0.0 || p.top_k == 1 {
+        if self.is_greedy() {
             return argmax(logits);
         }
         let k = if p.top_k == 0 { logits.len() } else { p.top_k };

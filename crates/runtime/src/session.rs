@@ -42,7 +42,7 @@ pub struct Session {
     readback: wgpu::Buffer,
     pub(crate) position: u64,
     /// Tokens in the last step (the logits row to read when the plan keeps every row).
-    last_step_tokens: u64,
+    pub(crate) last_step_tokens: u64,
     memory: MemoryReport,
 }
 

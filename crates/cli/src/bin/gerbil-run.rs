@@ -72,6 +72,10 @@ enum Cmd {
         /// Tokens to decode.
         #[arg(long, default_value_t = 128)]
         new_tokens: usize,
+        /// Time decode from D tokens of context (llama-bench's `-d`; 0 starts
+        /// from an empty cache) instead of right after the prompt.
+        #[arg(long, value_name = "D")]
+        depth: Option<usize>,
         /// Timed repetitions (median reported).
         #[arg(long, default_value_t = 3)]
         repeats: usize,
@@ -107,6 +111,7 @@ fn real_main(cli: Cli) -> Result<()> {
         Some(Cmd::Bench {
             prompt_tokens,
             new_tokens,
+            depth,
             repeats,
             json,
             profile,
@@ -116,6 +121,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 BenchOptions {
                     prompt_tokens,
                     new_tokens,
+                    depth,
                     repeats,
                     profile,
                 },
@@ -131,8 +137,8 @@ fn real_main(cli: Cli) -> Result<()> {
                     r.prefill_tok_s
                 );
                 println!(
-                    "decode      {:.1} tok/s ({:.2} ms/token, {new_tokens} tokens)",
-                    r.decode_tok_s, r.decode_ms_per_token
+                    "decode      {:.1} tok/s ({:.2} ms/token, {new_tokens} tokens from depth {}, {})",
+                    r.decode_tok_s, r.decode_ms_per_token, r.decode_depth, r.decode_loop
                 );
                 println!(
                     "dispatches  {} per prefill step, {} per decode step",

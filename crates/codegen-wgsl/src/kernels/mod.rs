@@ -11,6 +11,7 @@
 //! one scratch buffer. Templates never assume power-of-two sizes: every loop
 //! and store is bounds-checked against the true dimension.
 
+pub mod argmax;
 pub mod attention;
 pub mod attention_decode;
 pub mod elementwise;
@@ -183,6 +184,14 @@ impl Bindings {
         );
     }
 
+    /// Token ids, `array<u32>`, written (a chosen next token).
+    pub fn ids_out(&mut self, out: &mut String, port: Port, name: &str) {
+        let n = self.push(name, port, Access::ReadWrite, Elem::U32);
+        let _ = writeln!(
+            out,
+            "@group(0) @binding({n}) var<storage, read_write> {name}: array<u32>;"
+        );
+    }
     /// Working memory of this dispatch alone, `array<f32>` of `bytes` bytes
     /// in the plan's scratch buffer ([`Port::Scratch`]): undefined on entry,
     /// so a kernel reads only what it wrote in the same dispatch.

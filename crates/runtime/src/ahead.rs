@@ -1,0 +1,187 @@
+//! Greedy decoding with no CPU in the loop: each step's argmax kernel writes
+//! the next token where the next step reads it, and the runtime encodes many
+//! steps into one submission.
+//!
+//! [`Session::decode_greedy`] continues from the last step (a prefill):
+//! the plan's `next_token` output already holds the first new token. A
+//! *batch* of up to `batch` steps is one command buffer; per step it copies
+//! the step's parameters (`T = 1`, its own position) from a ring written
+//! once per batch into the step-parameter uniform, copies `next_token` into
+//! `token_ids[0]`, records the decode schedule, and appends `next_token` to
+//! the batch's token history. The history comes back in one small readback.
+//! Two batches are in flight: while the CPU waits for one, the GPU runs the
+//! next, so the GPU never idles on a round trip.
+//!
+//! The surprise: the GPU may run past an end-of-sequence token, since it only
+//! shows up in a readback. Those extra steps only wrote KV-cache rows past
+//! the end, so the session's position is set back to just after the last
+//! token kept, and the output is exactly what step-by-step decoding gives.
+
+use crate::error::RuntimeError;
+use crate::session::Session;
+use gerbil_plan::STEP_PARAMS_BYTES;
+
+/// Buffers of one in-flight batch.
+struct Slot {
+    /// Step parameters of each step, `STEP_PARAMS_BYTES` apart.
+    params: wgpu::Buffer,
+    /// The tokens the batch produced, `u32` each.
+    history: wgpu::Buffer,
+    /// `MAP_READ` copy of `history`.
+    readback: wgpu::Buffer,
+}
+
+/// A submitted batch.
+struct InFlight {
+    slot: usize,
+    tokens: usize,
+    submission: wgpu::SubmissionIndex,
+}
+
+impl Session {
+    /// Whether the plan has a GPU argmax ([`Session::decode_greedy`] works).
+    pub fn has_gpu_argmax(&self) -> bool {
+        self.header.io.next_token.is_some()
+    }
+
+    /// Greedy decoding after [`Session::forward_no_readback`] (or
+    /// [`Session::forward`]): returns up to `max_new` tokens, the first one
+    /// chosen by that step, stopping after the first token in `eos`.
+    /// `on_token` sees each token as its batch comes back; returning `false`
+    /// stops generation after that token. Steps are encoded `batch` at a
+    /// time. Afterwards the session's position follows the last token
+    /// returned (that token itself is not yet in the KV cache), like
+    /// step-by-step decoding.
+    pub async fn decode_greedy(
+        &mut self,
+        max_new: usize,
+        eos: &[u32],
+        batch: usize,
+        mut on_token: impl FnMut(u32) -> bool,
+    ) -> Result<Vec<u32>, RuntimeError> {
+        let next = self.header.io.next_token.ok_or(RuntimeError::NoGpuArgmax)?;
+        if self.last_step_tokens == 0 {
+            return Err(RuntimeError::EmptyInput);
+        }
+        let batch = batch.max(1);
+        let start = self.position;
+        let needed = start + max_new.saturating_sub(1) as u64;
+        if needed > self.header.model.max_context {
+            return Err(RuntimeError::ContextOverflow {
+                needed,
+                max: self.header.model.max_context,
+            });
+        }
+        let slots = [self.ahead_slot(batch), self.ahead_slot(batch)];
+        let mut out: Vec<u32> = Vec::with_capacity(max_new);
+        let mut encoded = 0usize;
+        let mut queue: std::collections::VecDeque<InFlight> = Default::default();
+        let mut next_slot = 0;
+        let mut done = max_new == 0;
+        while !done {
+            while queue.len() < slots.len() && encoded < max_new {
+                let slot = next_slot;
+                next_slot = (next_slot + 1) % slots.len();
+                let tokens = batch.min(max_new - encoded);
+                let submission = self.encode_batch(&slots[slot], next, start, encoded, tokens);
+                encoded += tokens;
+                queue.push_back(InFlight {
+                    slot,
+                    tokens,
+                    submission,
+                });
+            }
+            let Some(b) = queue.pop_front() else { break };
+            let tokens = self
+                .gpu
+                .read_mapped_after(&slots[b.slot].readback, b.submission, |bytes| {
+                    bytemuck::cast_slice::<u8, u32>(&bytes[..b.tokens * 4]).to_vec()
+                })
+                .await?;
+            for t in tokens {
+                out.push(t);
+                if !on_token(t) || eos.contains(&t) || out.len() >= max_new {
+                    done = true;
+                    break;
+                }
+            }
+        }
+        // Tokens fed to decode steps: every one returned but the last.
+        self.position = start + out.len().saturating_sub(1) as u64;
+        self.last_step_tokens = 1;
+        Ok(out)
+    }
+
+    /// Buffers for one batch of up to `batch` tokens.
+    fn ahead_slot(&self, batch: usize) -> Slot {
+        use wgpu::BufferUsages as U;
+        let device = &self.gpu.device;
+        let make = |label, size, usage| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        let tokens = batch as u64 * 4;
+        Slot {
+            params: make(
+                "decode-ahead step parameters",
+                batch as u64 * STEP_PARAMS_BYTES,
+                U::COPY_SRC | U::COPY_DST,
+            ),
+            history: make("decode-ahead tokens", tokens, U::COPY_SRC | U::COPY_DST),
+            readback: make("decode-ahead readback", tokens, U::MAP_READ | U::COPY_DST),
+        }
+    }
+
+    /// Encodes and submits tokens `first..first + tokens` of a greedy run
+    /// that started at position `start`: token 0 is the prefill's, token `i`
+    /// comes from the decode step at position `start + i - 1`.
+    fn encode_batch(
+        &self,
+        slot: &Slot,
+        next: gerbil_plan::BufferSlice,
+        start: u64,
+        first: usize,
+        tokens: usize,
+    ) -> wgpu::SubmissionIndex {
+        let io = &self.header.io;
+        let next_buf = &self.buffers[next.buffer as usize];
+        let ids = &self.buffers[io.token_ids as usize];
+        let params_buf = &self.buffers[io.step_params as usize];
+        let words = (STEP_PARAMS_BYTES / 4) as usize;
+        let mut params = vec![0u32; tokens * words];
+        for (i, p) in params.chunks_mut(words).enumerate() {
+            p[0] = 1;
+            p[1] = (start + (first + i) as u64).saturating_sub(1) as u32;
+        }
+        self.gpu
+            .queue
+            .write_buffer(&slot.params, 0, bytemuck::cast_slice(&params));
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("decode ahead"),
+            });
+        for i in 0..tokens {
+            if first + i > 0 {
+                let p = i as u64 * STEP_PARAMS_BYTES;
+                enc.copy_buffer_to_buffer(&slot.params, p, params_buf, 0, STEP_PARAMS_BYTES);
+                enc.copy_buffer_to_buffer(next_buf, next.offset, ids, 0, 4);
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("decode"),
+                    timestamp_writes: None,
+                });
+                for s in &self.decode {
+                    self.record(&mut pass, s, 1);
+                }
+            }
+            enc.copy_buffer_to_buffer(next_buf, next.offset, &slot.history, i as u64 * 4, 4);
+        }
+        enc.copy_buffer_to_buffer(&slot.history, 0, &slot.readback, 0, tokens as u64 * 4);
+        self.gpu.queue.submit([enc.finish()])
+    }
+}
