@@ -200,6 +200,11 @@ pub struct ProfileRow {
     pub count: usize,
     /// Their summed GPU time in microseconds.
     pub micros: f64,
+    /// Bytes they move per second, in GB/s (estimated bytes, see
+    /// `gerbil_runtime::profile`).
+    pub gb_s: f64,
+    /// `gb_s` as a fraction of the device's measured copy bandwidth.
+    pub of_copy: f64,
 }
 
 /// A label with every `layers.N.` removed, so a fused node of every layer
@@ -224,20 +229,26 @@ fn without_layers(label: &str) -> String {
     out
 }
 
-fn summarize(times: &[gerbil_runtime::DispatchTime]) -> Vec<ProfileRow> {
-    let mut by: std::collections::BTreeMap<String, (usize, f64)> = Default::default();
+fn summarize(times: &[gerbil_runtime::DispatchTime], copy_gb_s: f64) -> Vec<ProfileRow> {
+    let mut by: std::collections::BTreeMap<String, (usize, f64, u64)> = Default::default();
     for t in times {
         let what = without_layers(&t.label);
         let e = by.entry(what).or_default();
         e.0 += 1;
         e.1 += t.nanos / 1000.0;
+        e.2 += t.bytes;
     }
     let mut rows: Vec<ProfileRow> = by
         .into_iter()
-        .map(|(what, (count, micros))| ProfileRow {
-            what,
-            count,
-            micros,
+        .map(|(what, (count, micros, bytes))| {
+            let gb_s = bytes as f64 / (micros * 1e3).max(1e-9);
+            ProfileRow {
+                what,
+                count,
+                micros,
+                gb_s,
+                of_copy: gb_s / copy_gb_s.max(1e-9),
+            }
         })
         .collect();
     rows.sort_by(|a, b| b.micros.total_cmp(&a.micros));
@@ -273,6 +284,9 @@ pub struct BenchReport {
     pub dispatches: (usize, usize),
     /// GPU time by dispatch kind of one prefill step (with `profile`).
     pub prefill_profile: Option<Vec<ProfileRow>>,
+    /// The device's copy bandwidth in GB/s (read + write), the roofline of
+    /// the profiles' `of_copy` (with `profile`).
+    pub copy_gb_s: Option<f64>,
     /// GPU time by dispatch kind of one decode step (with `profile`).
     pub decode_profile: Option<Vec<ProfileRow>>,
 }
@@ -361,14 +375,16 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
             .await?,
         );
     }
-    let (mut prefill_profile, mut decode_profile) = (None, None);
+    let (mut prefill_profile, mut decode_profile, mut copy_gb_s) = (None, None, None);
     if opts.profile {
         session.reset();
         let chunk = prompt
             .len()
             .min(plan.header.model.max_tokens_per_step as usize);
-        prefill_profile = Some(summarize(&session.profile(&prompt[..chunk]).await?));
-        decode_profile = Some(summarize(&session.profile(&prompt[..1]).await?));
+        let copy = session.copy_bandwidth().await? / 1e9;
+        copy_gb_s = Some(copy);
+        prefill_profile = Some(summarize(&session.profile(&prompt[..chunk]).await?, copy));
+        decode_profile = Some(summarize(&session.profile(&prompt[..1]).await?, copy));
     }
     let prefill_s = median(prefill);
     let decode_s = median(decode);
@@ -397,6 +413,7 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
             session.variant().decode.len(),
         ),
         prefill_profile,
+        copy_gb_s,
         decode_profile,
     })
 }

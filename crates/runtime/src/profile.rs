@@ -1,5 +1,15 @@
 //! Per-dispatch GPU timing with timestamp queries, for `gerbil-run bench
-//! --profile`: where a prefill or decode step spends its time.
+//! --profile`: where a prefill or decode step spends its time, and how close
+//! each dispatch comes to the memory bandwidth of a plain copy.
+//!
+//! [`Session::profile`] times every dispatch of one step and estimates the
+//! bytes it moves; [`Session::copy_bandwidth`] measures the roofline those
+//! are compared with: a `vec4<f32>` copy kernel over the largest buffer pair
+//! the device binds (up to 256 MiB), timed the same way. The surprise: the
+//! byte counts come from the plan, not the kernel — weights and the KV-cache
+//! rows in use exactly, activations as the step's share (`T / max T`) of
+//! their slices — so a kernel that reads its input twice shows as faster than
+//! it is.
 
 use crate::error::RuntimeError;
 use crate::session::Session;
@@ -15,6 +25,8 @@ pub struct DispatchTime {
     pub kernel: String,
     /// Nanoseconds between the timestamps around the dispatch.
     pub nanos: f64,
+    /// Bytes the dispatch reads and writes (estimated from its bindings).
+    pub bytes: u64,
 }
 
 impl Session {
@@ -98,10 +110,144 @@ impl Session {
                     layer: d.layer,
                     kernel: self.header.kernels[d.kernel as usize].name.clone(),
                     nanos: stamps[i + 1].saturating_sub(stamps[i]) as f64 * period,
+                    bytes: self.dispatch_bytes(d, t, needed),
                 }
             })
             .collect();
         self.position = needed;
         Ok(times)
+    }
+
+    /// Bytes dispatch `d` moves in a step of `t` tokens that ends at
+    /// `context` cached tokens: weights whole, KV caches up to `context`
+    /// rows, scratch and parameters not at all, other slices (activations,
+    /// outputs, token ids) scaled by `t / max_tokens_per_step`.
+    fn dispatch_bytes(&self, d: &gerbil_plan::Dispatch, t: u32, context: u64) -> u64 {
+        use gerbil_plan::BufferKind;
+        let m = &self.header.model;
+        let share = |bytes: u64, num: u64, den: u64| {
+            (bytes as u128 * num as u128 / den.max(1) as u128) as u64
+        };
+        d.bindings
+            .iter()
+            .map(|b| match &self.header.buffers[b.buffer as usize].kind {
+                BufferKind::Weight { .. } => b.size,
+                BufferKind::KvCache { .. } => share(b.size, context, m.max_context),
+                BufferKind::StepParams | BufferKind::Scratch { .. } => 0,
+                _ => share(b.size, u64::from(t), m.max_tokens_per_step),
+            })
+            .sum()
+    }
+
+    /// The device's copy bandwidth in bytes per second (bytes read plus
+    /// bytes written), the roofline of `bench --profile`: the median of five
+    /// timed `vec4<f32>` copies of up to 256 MiB. Needs a session from
+    /// [`Session::new_profiling`].
+    pub async fn copy_bandwidth(&self) -> Result<f64, RuntimeError> {
+        if !self.gpu.has_timestamps() {
+            return Err(RuntimeError::Device(
+                "this device has no timestamp queries inside compute passes; profiling needs them"
+                    .into(),
+            ));
+        }
+        let device = &self.gpu.device;
+        let limits = device.limits();
+        // Whole multiples of the 64-thread workgroup's 1 KiB, within the
+        // binding and dispatch limits.
+        let per_group = 64 * 16u64;
+        let bytes = (256u64 << 20)
+            .min(limits.max_storage_buffer_binding_size)
+            .min(limits.max_buffer_size)
+            .min(u64::from(limits.max_compute_workgroups_per_dimension) * per_group)
+            / per_group
+            * per_group;
+        let groups = (bytes / per_group) as u32;
+        let make = |label| {
+            device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: bytes,
+                usage: wgpu::BufferUsages::STORAGE,
+                mapped_at_creation: false,
+            })
+        };
+        let (src, dst) = (make("copy probe source"), make("copy probe destination"));
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some("copy probe"),
+            source: wgpu::ShaderSource::Wgsl(
+                "@group(0) @binding(0) var<storage, read> src: array<vec4<f32>>;\n\
+                 @group(0) @binding(1) var<storage, read_write> dst: array<vec4<f32>>;\n\
+                 @compute @workgroup_size(64)\n\
+                 fn main(@builtin(global_invocation_id) g: vec3<u32>) { dst[g.x] = src[g.x]; }\n"
+                    .into(),
+            ),
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some("copy probe"),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        });
+        let bind = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some("copy probe"),
+            layout: &pipeline.get_bind_group_layout(0),
+            entries: &[
+                wgpu::BindGroupEntry {
+                    binding: 0,
+                    resource: src.as_entire_binding(),
+                },
+                wgpu::BindGroupEntry {
+                    binding: 1,
+                    resource: dst.as_entire_binding(),
+                },
+            ],
+        });
+        const RUNS: u32 = 6;
+        let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("copy probe"),
+            ty: wgpu::QueryType::Timestamp,
+            count: 2 * RUNS,
+        });
+        let stamp_bytes = u64::from(2 * RUNS) * 8;
+        let resolve = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("copy probe resolve"),
+            size: stamp_bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let read = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("copy probe read"),
+            size: stamp_bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            pass.set_pipeline(&pipeline);
+            pass.set_bind_group(0, &bind, &[]);
+            for r in 0..RUNS {
+                pass.write_timestamp(&queries, 2 * r);
+                pass.dispatch_workgroups(groups, 1, 1);
+                pass.write_timestamp(&queries, 2 * r + 1);
+            }
+        }
+        enc.resolve_query_set(&queries, 0..2 * RUNS, &resolve, 0);
+        enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, stamp_bytes);
+        self.gpu.queue.submit([enc.finish()]);
+        let stamps: Vec<u64> = self
+            .gpu
+            .read_mapped(&read, |b| bytemuck::cast_slice(b).to_vec())
+            .await?;
+        let period = f64::from(self.gpu.queue.get_timestamp_period());
+        // The first run warms caches and clocks; the median of the rest.
+        let mut secs: Vec<f64> = stamps
+            .chunks_exact(2)
+            .skip(1)
+            .map(|p| p[1].saturating_sub(p[0]) as f64 * period * 1e-9)
+            .collect();
+        secs.sort_by(f64::total_cmp);
+        Ok(2.0 * bytes as f64 / secs[secs.len() / 2].max(1e-12))
     }
 }

@@ -150,6 +150,9 @@ fn real_main(cli: Cli) -> Result<()> {
                     mib(r.kv_cache_bytes),
                     mib(r.activation_bytes)
                 );
+                if let Some(c) = r.copy_gb_s {
+                    println!("copy        {c:.0} GB/s (read + write; the profile's roofline)");
+                }
                 for (name, rows) in [
                     ("prefill", &r.prefill_profile),
                     ("decode", &r.decode_profile),
@@ -159,11 +162,13 @@ fn real_main(cli: Cli) -> Result<()> {
                         println!("{name} step GPU time {:.1} µs:", total);
                         for x in rows {
                             println!(
-                                "  {:<22} {:>4}×  {:>10.1} µs  {:>5.1}%",
+                                "  {:<22} {:>4}×  {:>10.1} µs  {:>5.1}%  {:>8.1} GB/s  {:>4.0}% of copy",
                                 x.what,
                                 x.count,
                                 x.micros,
-                                100.0 * x.micros / total.max(1e-9)
+                                100.0 * x.micros / total.max(1e-9),
+                                x.gb_s,
+                                100.0 * x.of_copy
                             );
                         }
                     }
