@@ -19,6 +19,7 @@ use gerbil_ir::rope_table::rope_table;
 use gerbil_ir::{
     Attention, BinaryOp, DType, Embedding, NormPrologue, QkNorm, QkvRope, RmsNorm, Rope, UnaryOp,
 };
+use gerbil_runtime::{Sampler, SamplingParams};
 use proptest::prelude::*;
 use std::fmt::Debug;
 
@@ -1320,10 +1321,10 @@ fn slice_cols_matches_reference() {
     );
 }
 
-// ---------------------------------------------------------------- argmax
+// ---------------------------------------------------------- sample_token
 
-/// Logits of an argmax case: random, or with the maximum tied at several
-/// columns, or with NaNs sprinkled in (which must never win).
+/// Logits of a `sample_token` case: random, or with the maximum tied at
+/// several columns, or with NaNs sprinkled in (which must never win).
 #[derive(Clone, Copy, Debug)]
 enum Logits {
     Random,
@@ -1331,19 +1332,24 @@ enum Logits {
     Nans,
 }
 
+/// `sample_token` chooses exactly what `gerbil_runtime::Sampler` chooses
+/// from the same logits at the same position: greedy (ties, NaN) and seeded
+/// sampling with every filter.
 #[test]
-fn argmax_matches_reference() {
-    let check = |&(rows, t, vocab, kind): &(Rows, u32, u32, Logits)| {
-        let src = kernels::argmax::kernel(rows, vocab);
+fn sample_token_matches_the_cpu_sampler() {
+    type Case = (Rows, u32, u32, Logits, SamplingParams);
+    let check = |&(rows, t, vocab, kind, params): &Case| {
+        let src = kernels::sample_token::kernel(rows, vocab);
         let m = row_count(rows, t);
-        let mut r = rng(&(rows, t, vocab, kind));
-        let mut x = r.vec(m * vocab as usize);
+        let mut r = rng(&(rows, t, vocab, kind, params));
+        // Logits spread over several units, like a model's.
+        let mut x: Vec<f32> = r.vec(m * vocab as usize).iter().map(|v| v * 6.0).collect();
         let last = &mut x[(m - 1) * vocab as usize..];
         match kind {
             Logits::Random => {}
             Logits::Ties => {
                 for _ in 0..3 {
-                    last[r.below(vocab) as usize] = 2.0;
+                    last[r.below(vocab) as usize] = 7.0;
                 }
             }
             Logits::Nans => {
@@ -1352,29 +1358,99 @@ fn argmax_matches_reference() {
                 }
             }
         }
-        let want = reference::argmax(&widen(&x[(m - 1) * vocab as usize..]));
-        assert_eq!(
-            want,
-            gerbil_runtime::argmax(&x[(m - 1) * vocab as usize..]),
-            "the CPU sampler and the reference agree"
+        let last = &x[(m - 1) * vocab as usize..];
+        if params.is_greedy() {
+            assert_eq!(
+                reference::argmax(&widen(last)),
+                gerbil_runtime::argmax(last),
+                "the CPU sampler and the reference agree"
+            );
+        }
+        let p = 5;
+        let want = Sampler::new(params)
+            .map_err(|e| e.to_string())?
+            .sample(last, p + t - 1);
+        let words = u32_bytes(&params.to_words());
+        let out = gerbil_e2e::kernel_harness::run(
+            &src,
+            t,
+            p,
+            &[f32_bytes(&x), words, u32_bytes(&[u32::MAX])],
         );
-        let out =
-            gerbil_e2e::kernel_harness::run(&src, t, 0, &[f32_bytes(&x), u32_bytes(&[u32::MAX])]);
         let got = u32::from_le_bytes([out[1][0], out[1][1], out[1][2], out[1][3]]);
         (got == want)
             .then_some(())
-            .ok_or_else(|| format!("argmax {got}, expected {want}"))
+            .ok_or_else(|| format!("chose {got}, the CPU sampler {want}"))
     };
-    check_all(
-        [
-            (Rows::Fixed(1), 1, 1, Logits::Random),
-            (Rows::Fixed(1), 1, 100, Logits::Random),
-            (Rows::Fixed(1), 1, 49_152, Logits::Random),
-            (Rows::Fixed(1), 1, 49_152, Logits::Ties),
-            (Rows::Fixed(1), 1, 1000, Logits::Nans),
-            (Rows::Tokens, 7, 300, Logits::Random),
-            (Rows::Tokens, 3, 300, Logits::Ties),
-        ],
-        check,
-    );
+    let greedy = SamplingParams::default();
+    let sample = |temperature, top_k, top_p, min_p, seed| SamplingParams {
+        temperature,
+        top_k,
+        top_p,
+        min_p,
+        seed,
+    };
+    let mut cases: Vec<Case> = vec![
+        (Rows::Fixed(1), 1, 1, Logits::Random, greedy),
+        (Rows::Fixed(1), 1, 100, Logits::Random, greedy),
+        (Rows::Fixed(1), 1, 49_152, Logits::Random, greedy),
+        (Rows::Fixed(1), 1, 49_152, Logits::Ties, greedy),
+        (Rows::Fixed(1), 1, 1000, Logits::Nans, greedy),
+        (Rows::Tokens, 7, 300, Logits::Random, greedy),
+        (Rows::Tokens, 3, 300, Logits::Ties, greedy),
+        (
+            Rows::Fixed(1),
+            1,
+            1,
+            Logits::Random,
+            sample(1.0, 0, 1.0, 0.0, 3),
+        ),
+        (
+            Rows::Fixed(1),
+            1,
+            1000,
+            Logits::Nans,
+            sample(0.7, 0, 0.9, 0.0, 4),
+        ),
+        (
+            Rows::Fixed(1),
+            1,
+            49_152,
+            Logits::Random,
+            sample(0.8, 40, 0.95, 0.05, 11),
+        ),
+        (
+            Rows::Tokens,
+            4,
+            300,
+            Logits::Ties,
+            sample(1.0, 5, 1.0, 0.0, 1),
+        ),
+        (
+            Rows::Tokens,
+            2,
+            777,
+            Logits::Random,
+            sample(1.3, 0, 1.0, 0.1, u64::MAX),
+        ),
+    ];
+    // Each filter alone and together, over several seeds.
+    for seed in 0..6u64 {
+        for (k, top_p, min_p) in [
+            (0, 1.0, 0.0),
+            (20, 1.0, 0.0),
+            (0, 0.6, 0.0),
+            (0, 1.0, 0.2),
+            (50, 0.9, 0.02),
+        ] {
+            cases.push((
+                Rows::Fixed(1),
+                1,
+                2000,
+                Logits::Random,
+                sample(0.9, k, top_p, min_p, seed),
+            ));
+        }
+    }
+    check_all(cases, check);
 }

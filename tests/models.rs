@@ -5,7 +5,7 @@
 
 use gerbil_e2e::*;
 use gerbil_plan::PlanFile;
-use gerbil_runtime::{argmax, Session};
+use gerbil_runtime::{argmax, generate, GenerateOptions, SamplingParams, Session};
 use pollster::block_on;
 
 /// Random-weight variants of the tiny models (shared with the frontend's tests).
@@ -75,7 +75,8 @@ fn check_case(session: &mut Session, case: &TinyCase) -> Result<(), String> {
 }
 
 /// GPU greedy decoding (argmax on the GPU, steps encoded ahead in batches)
-/// gives the reference tokens at every batch size; with a reference token
+/// gives the reference tokens at every batch size; sampling on the GPU
+/// draws the CPU sampler's tokens; with a reference token
 /// as end-of-sequence it stops there even in the middle of a batch, and
 /// leaves the KV cache where step-by-step decoding would: feeding the stop
 /// token then predicts the reference's next token.
@@ -85,12 +86,33 @@ fn check_gpu_greedy(session: &mut Session, case: &TinyCase) -> Result<(), String
     for batch in [1, 3, 8] {
         session.reset();
         block_on(session.forward_no_readback(&case.input_ids)).map_err(err)?;
-        let got = block_on(session.decode_greedy(want.len(), &[], batch, |_| true)).map_err(err)?;
+        let got = block_on(session.decode_on_gpu(want.len(), &[], batch, |_| true)).map_err(err)?;
         if &got != want {
             return Err(format!(
                 "GPU greedy (batch {batch}): {got:?}, reference {want:?}"
             ));
         }
+    }
+    // Sampling on the GPU draws what the CPU sampler draws from read-back logits.
+    let sampling = SamplingParams {
+        temperature: 0.9,
+        top_k: 20,
+        top_p: 0.95,
+        min_p: 0.02,
+        seed: 42,
+    };
+    let mut sampled = |keep_logits| {
+        let opts = GenerateOptions {
+            max_new_tokens: want.len(),
+            sampling,
+            eos_token_ids: vec![],
+            keep_logits,
+        };
+        block_on(generate(session, &case.input_ids, &opts, |_| {})).map_err(err)
+    };
+    let (gpu, cpu) = (sampled(false)?, sampled(true)?);
+    if gpu != cpu {
+        return Err(format!("sampled on the GPU: {gpu:?}, on the CPU: {cpu:?}"));
     }
     if want.len() < 3 {
         return Ok(());
@@ -99,7 +121,7 @@ fn check_gpu_greedy(session: &mut Session, case: &TinyCase) -> Result<(), String
     let stop = want.iter().position(|&t| t == eos).unwrap_or(2);
     session.reset();
     block_on(session.forward_no_readback(&case.input_ids)).map_err(err)?;
-    let got = block_on(session.decode_greedy(want.len(), &[eos], 8, |_| true)).map_err(err)?;
+    let got = block_on(session.decode_on_gpu(want.len(), &[eos], 8, |_| true)).map_err(err)?;
     if got != want[..=stop] {
         return Err(format!(
             "GPU greedy with stop token {eos}: {got:?}, reference {:?}",
@@ -204,6 +226,22 @@ fn chunked_prefill_matches_transformers() {
         total += tiny_ref(name).cases.len();
         failures.extend(tiny_failures(name, "chunk 4", |o| {
             o.max_tokens_per_step = 4
+        }));
+    }
+    assert_none_failed(failures, total);
+}
+
+/// The `desktop` target's plan, on an adapter with subgroups (lavapipe has
+/// them), runs its `subgroups` variant: decode GEMVs that reduce with
+/// `subgroupAdd`. Every family matches transformers through it too.
+#[test]
+fn desktop_target_matches_transformers() {
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for &(name, _) in TINY_MODELS {
+        total += tiny_ref(name).cases.len();
+        failures.extend(tiny_failures(name, "desktop", |o| {
+            o.target = gerbil_codegen_wgsl::Target::desktop()
         }));
     }
     assert_none_failed(failures, total);

@@ -299,7 +299,7 @@ fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize) -> Vec<Vec<f64>>
         Op::Unary(u) => vec![r::unary(*u, ins[0])],
         Op::Binary(b) => vec![r::binary(*b, ins[0], ins[1])],
         Op::SliceLastRow => vec![r::slice_last_row(ins[0], width(tys[0]))],
-        Op::Argmax => vec![vec![f64::from(r::argmax(&r::slice_last_row(
+        Op::SampleToken => vec![vec![f64::from(r::argmax(&r::slice_last_row(
             ins[0],
             width(tys[0]),
         )))]],

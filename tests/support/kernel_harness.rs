@@ -148,7 +148,13 @@ fn run_once(
     // Each binding is `padded` bytes at offset GUARD of a poisoned buffer.
     let buffers: Vec<(wgpu::Buffer, u64)> = first
         .iter()
-        .map(|data| {
+        .zip(storage_bindings)
+        .map(|(data, decl)| {
+            // A uniform (the sampling parameters) is bound as one.
+            let usage = match decl.access {
+                Access::Uniform => wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+                _ => storage,
+            };
             let padded = padded_len(data.len());
             let mut bytes = vec![0xFF; (GUARD + padded.next_multiple_of(GUARD) + GUARD) as usize];
             bytes[GUARD as usize..][..data.len()].copy_from_slice(data);
@@ -156,7 +162,7 @@ fn run_once(
             let buf = device.create_buffer(&wgpu::BufferDescriptor {
                 label: None,
                 size: bytes.len() as u64,
-                usage: storage | wgpu::BufferUsages::COPY_SRC,
+                usage: usage | wgpu::BufferUsages::COPY_SRC,
                 mapped_at_creation: false,
             });
             queue.write_buffer(&buf, 0, &bytes);

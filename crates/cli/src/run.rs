@@ -183,6 +183,8 @@ pub struct BenchOptions {
     pub new_tokens: usize,
     /// Tokens of context before the timed decode (`None`: the prompt's).
     pub depth: Option<usize>,
+    /// How decode chooses tokens (greedy by default).
+    pub sampling: SamplingParams,
     /// Timed repetitions (the median is reported).
     pub repeats: usize,
     /// Also time every dispatch of one prefill and one decode step.
@@ -266,9 +268,9 @@ pub struct BenchReport {
     pub prefill_tok_s: f64,
     /// Generated tokens per second (median), greedy, as `generate` runs it.
     pub decode_tok_s: f64,
-    /// How decode chose tokens: `gpu-argmax` (no CPU in the loop, steps
-    /// encoded ahead) or `cpu` (each step's logits read back: plans compiled
-    /// without the argmax output).
+    /// How decode chose tokens: `gpu-argmax` or `gpu-sample` (no CPU in the
+    /// loop, steps encoded ahead) or `cpu` (each step's logits read back:
+    /// plans compiled without the `next_token` output).
     pub decode_loop: String,
     /// Milliseconds per decode step (median).
     pub decode_ms_per_token: f64,
@@ -291,14 +293,16 @@ pub struct BenchReport {
     pub decode_profile: Option<Vec<ProfileRow>>,
 }
 
-/// Seconds for `new` greedy decode steps from `depth` tokens of context
-/// (`context` holds at least one token: the first decode step's input at
-/// depth 0), as `generate` decodes: on the GPU when the plan allows.
+/// Seconds for `new` decode steps from `depth` tokens of context (`context`
+/// holds at least one token: the first decode step's input at depth 0),
+/// choosing with `sampling` as `generate` does: on the GPU when the plan
+/// allows (the caller has set the session's sampling).
 async fn time_decode(
     session: &mut Session,
     context: &[u32],
     depth: usize,
     new: usize,
+    sampling: &SamplingParams,
 ) -> Result<f64> {
     session.reset();
     let mut t = Instant::now();
@@ -315,13 +319,15 @@ async fn time_decode(
     } else {
         new
     };
-    if session.has_gpu_argmax() {
+    if session.can_sample_on_gpu(sampling) {
         session
-            .decode_greedy(steps + 1, &[], gerbil_runtime::DECODE_BATCH, |_| true)
+            .decode_on_gpu(steps + 1, &[], gerbil_runtime::DECODE_BATCH, |_| true)
             .await?;
     } else {
+        let sampler = gerbil_runtime::Sampler::new(*sampling)?;
         for _ in 0..steps {
-            let next = gerbil_runtime::argmax(&logits);
+            let position = session.position().saturating_sub(1) as u32;
+            let next = sampler.sample(&logits, position);
             logits = session.forward(&[next]).await?;
         }
     }
@@ -333,7 +339,8 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-/// Times prefill and greedy decode on synthetic token ids.
+/// Times prefill and decode (greedy unless `opts.sampling` samples) on
+/// synthetic token ids.
 pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchReport> {
     let plan = PlanFile::open(plan_path)?;
     let mut session = if opts.profile {
@@ -352,6 +359,8 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
             opts.new_tokens
         );
     }
+    gerbil_runtime::Sampler::new(opts.sampling)?;
+    session.set_sampling(&opts.sampling);
     let synthetic =
         |n: usize| -> Vec<u32> { (0..n as u32).map(|i| (i * 7919 + 13) % vocab).collect() };
     let prompt = synthetic(opts.prompt_tokens);
@@ -371,6 +380,7 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
                 &synthetic(depth.max(1)),
                 depth,
                 opts.new_tokens,
+                &opts.sampling,
             )
             .await?,
         );
@@ -403,10 +413,13 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         kv_cache_bytes: mem.kv_cache,
         activation_bytes: mem.activations,
         variant: session.variant().name.clone(),
-        decode_loop: if session.has_gpu_argmax() {
-            "gpu-argmax".into()
-        } else {
-            "cpu".into()
+        decode_loop: match (
+            session.can_sample_on_gpu(&opts.sampling),
+            opts.sampling.is_greedy(),
+        ) {
+            (true, true) => "gpu-argmax".into(),
+            (true, false) => "gpu-sample".into(),
+            (false, _) => "cpu".into(),
         },
         dispatches: (
             session.variant().prefill.len(),

@@ -566,7 +566,7 @@ fn inspect_schedule_lists_dispatches_with_labels_and_kernels() {
     // Every step ends choosing the greedy token on the GPU.
     let last = text.lines().last().unwrap_or_default();
     assert!(
-        last.contains("next_token") && last.trim_end().ends_with("argmax_r1_v512"),
+        last.contains("next_token") && last.trim_end().ends_with("sample_token_r1_v512"),
         "{last}"
     );
     let sdpa = text

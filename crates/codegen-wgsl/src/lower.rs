@@ -9,7 +9,6 @@
 //! decode runs GEMVs (one row) and split-K attention.
 
 use crate::kernels::{
-    argmax,
     attention::{self, AttentionSpec},
     attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
@@ -17,6 +16,7 @@ use crate::kernels::{
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
     rope::{self, RopeSpec},
+    sample_token,
     KernelSource, Rows,
 };
 use crate::CodegenError;
@@ -194,7 +194,7 @@ impl Lowering<'_> {
             Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
             Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),
             Op::SliceLastRow => elementwise::slice_last_row(width_of(out_ty)),
-            Op::Argmax => argmax::kernel(rows_of(in_ty(0)), width_of(in_ty(0))),
+            Op::SampleToken => sample_token::kernel(rows_of(in_ty(0)), width_of(in_ty(0))),
             Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
                 return Err(unsupported("source nodes have no kernel"))
             }

@@ -19,7 +19,7 @@ use gerbil_ir::op::KvKind;
 use gerbil_ir::{Dim, Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
 use gerbil_plan::{
     BufferDecl, BufferKind, BufferSlice, Dispatch, IoBindings, KvHalf, OutputKind, Port,
-    SectionRef, Variant, BINDING_OFFSET_ALIGN, STEP_PARAMS_BYTES,
+    SectionRef, Variant, BINDING_OFFSET_ALIGN, SAMPLING_PARAMS_BYTES, STEP_PARAMS_BYTES,
 };
 use std::collections::HashMap;
 
@@ -312,6 +312,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         token_ids.ok_or_else(|| CodegenError::Graph("the graph reads no token ids".into()))?;
     let mut logits = None;
     let mut next_token = None;
+    let mut sampling_params = None;
     for (name, v) in &graph.outputs {
         let output = output_kind(name)?;
         let ty = graph.value_type(*v);
@@ -329,6 +330,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                 offset: 0,
                 size: bytes,
             });
+            sampling_params = Some(b.push(SAMPLING_PARAMS_BYTES, BufferKind::SamplingParams));
             continue;
         }
         let all_rows = match ty.shape.first() {
@@ -409,6 +411,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         max_context: opts.max_context as u32,
     };
     let params = b.whole(step_params);
+    let sampling = sampling_params.map(|i| b.whole(i));
     let max_t = opts.max_tokens_per_step as u32;
     // The scratch buffer, if any kernel needs one, comes after the arenas.
     let scratch = b.decls.len() as u32;
@@ -421,6 +424,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                 let ins = graph.inputs(id);
                 let slice = |port: Port| match port {
                     Port::Params => Some(params),
+                    Port::Sampling => sampling,
                     Port::Input { index, shard } => ins
                         .get(index as usize)
                         .and_then(|v| slices(*v).get(shard as usize).copied()),
@@ -434,6 +438,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                 };
                 let bytes = |port: Port| match port {
                     Port::Params => Some(STEP_PARAMS_BYTES),
+                    Port::Sampling => Some(SAMPLING_PARAMS_BYTES),
                     Port::Input { index, shard } => {
                         let v = *ins.get(index as usize)?;
                         b.operand_bytes(graph.value_type(v), b.shard_rows.get(&v), shard)
@@ -497,6 +502,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
             },
             logits_all_rows,
             next_token,
+            sampling_params,
         },
         weights: b.weights,
         activation_naive_bytes: plan.naive_bytes,

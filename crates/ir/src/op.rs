@@ -325,10 +325,13 @@ pub enum Op {
     Binary(BinaryOp),
     /// The last row of `[T, W]`, as `[1, W]`.
     SliceLastRow,
-    /// The column of the largest value in the last row of `f32[R, V]`, as
-    /// `u32[1]` (lowest column on ties; NaN never wins): greedy decoding's
-    /// next token, chosen where the logits are.
-    Argmax,
+    /// The next token, `u32[1]`, chosen from the last row of logits
+    /// `f32[R, V]` by the step's sampling parameters (a uniform the runtime
+    /// writes, like the step parameters): the argmax when greedy (lowest
+    /// column on ties; NaN never wins), else a seeded draw with temperature,
+    /// top-k, top-p and min-p (`gerbil_runtime::sampling` defines it).
+    /// Chosen where the logits are, so decoding needs no logits readback.
+    SampleToken,
     /// `x[r, n] + b[n]`: a bias `[N]` added to every row of `[rows, N]` (the
     /// frontend's linear layers; `fuse-matmul-bias` folds it into the matmul).
     AddBias,
@@ -630,7 +633,7 @@ impl Op {
                 expect_vector(ins[1], n, "bias")?;
                 ins[0].clone()
             }
-            Op::Argmax => {
+            Op::SampleToken => {
                 expect_arity(ins, 1)?;
                 expect_f32(ins[0], "input")?;
                 expect_matrix(ins[0], "input")?;
@@ -762,7 +765,7 @@ impl Op {
             Op::AddBias => "add_bias",
             Op::Binary(BinaryOp::Mul) => "mul",
             Op::SliceLastRow => "slice_last_row",
-            Op::Argmax => "argmax",
+            Op::SampleToken => "sample_token",
             Op::SliceCols { .. } => "slice_cols",
             Op::AddRmsNorm(_) => "add_rms_norm",
             Op::AddRmsNormLastRow(_) => "add_rms_norm_last_row",

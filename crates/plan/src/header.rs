@@ -175,6 +175,10 @@ pub enum BufferKind {
     },
     /// Per-step parameters (`T`, `P`) as a uniform buffer of [`STEP_PARAMS_BYTES`].
     StepParams,
+    /// How `sample_token` chooses: a uniform of [`SAMPLING_PARAMS_BYTES`]
+    /// the runtime writes before generating (seed, temperature, top-k, top-p,
+    /// min-p; all zero is greedy).
+    SamplingParams,
     /// Token ids of the step, `u32[max_tokens_per_step]`, written by the runtime.
     TokenIds,
     /// Memory a kernel uses only during its own dispatch, shared by every
@@ -197,6 +201,7 @@ impl BufferKind {
             BufferKind::KvCache { layer, half } => format!("layers.{layer} {} cache", half.name()),
             BufferKind::Output { output } => output.name().into(),
             BufferKind::StepParams => "step parameters".into(),
+            BufferKind::SamplingParams => "sampling parameters".into(),
             BufferKind::TokenIds => "token ids".into(),
             BufferKind::Scratch { .. } => "dispatch scratch".into(),
         }
@@ -245,6 +250,10 @@ impl OutputKind {
 
 /// Size of the step-parameter uniform: `T`, `P`, and two words of padding.
 pub const STEP_PARAMS_BYTES: u64 = 16;
+
+/// Size of the sampling-parameter uniform: seed (two words), temperature,
+/// top-k, top-p, min-p, two zero words (`gerbil_runtime::SamplingParams::to_words`).
+pub const SAMPLING_PARAMS_BYTES: u64 = 32;
 
 /// A GPU buffer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -296,6 +305,8 @@ pub struct BindingDecl {
 pub enum Port {
     /// The step-parameter uniform.
     Params,
+    /// The sampling-parameter uniform (no IR operand).
+    Sampling,
     /// Input `index` of the IR op; `shard` is the row shard of a weight split
     /// over several buffers (0 otherwise).
     Input {
@@ -429,4 +440,8 @@ pub struct IoBindings {
     /// reading logits back. Plans without it decode through the CPU.
     #[serde(default)]
     pub next_token: Option<BufferSlice>,
+    /// The `sampling_params` buffer `next_token`'s kernel reads (plans
+    /// without it always choose greedily).
+    #[serde(default)]
+    pub sampling_params: Option<u32>,
 }

@@ -12,7 +12,7 @@
 
 use crate::header::{
     Access, BindingDecl, BufferKind, BufferSlice, Dispatch, OutputKind, PlanHeader, Port,
-    SectionRef, STEP_PARAMS_BYTES,
+    SectionRef, SAMPLING_PARAMS_BYTES, STEP_PARAMS_BYTES,
 };
 
 /// Alignment of every storage-binding offset (WebGPU's default
@@ -138,6 +138,17 @@ impl PlanHeader {
                 return Err("the next-token binding is not a u32 next-token output buffer".into());
             }
         }
+        if let Some(i) = io.sampling_params {
+            let kind = self.buffer_kind(i, "sampling parameters")?;
+            if !matches!(kind, BufferKind::SamplingParams)
+                || self.buffers[i as usize].size < SAMPLING_PARAMS_BYTES
+            {
+                return Err(format!(
+                    "io.sampling_params names buffer {i}, which is not a {SAMPLING_PARAMS_BYTES}-byte \
+                     sampling-parameter uniform"
+                ));
+            }
+        }
         Ok(())
     }
 
@@ -230,10 +241,13 @@ fn check_binding(
         ));
     }
     let fits = match decl.access {
-        Access::Uniform => {
-            matches!(kind, BufferKind::StepParams) && decl.bytes == STEP_PARAMS_BYTES
-        }
-        Access::Read => !matches!(kind, BufferKind::StepParams),
+        Access::Uniform => match decl.port {
+            Port::Sampling => {
+                matches!(kind, BufferKind::SamplingParams) && decl.bytes == SAMPLING_PARAMS_BYTES
+            }
+            _ => matches!(kind, BufferKind::StepParams) && decl.bytes == STEP_PARAMS_BYTES,
+        },
+        Access::Read => !matches!(kind, BufferKind::StepParams | BufferKind::SamplingParams),
         Access::ReadWrite => matches!(
             kind,
             BufferKind::Arena

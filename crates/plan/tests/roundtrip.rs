@@ -108,6 +108,7 @@ fn header(weight: SectionRef) -> PlanHeader {
             },
             logits_all_rows: false,
             next_token: None,
+            sampling_params: None,
         },
     }
 }

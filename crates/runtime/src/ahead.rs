@@ -1,9 +1,12 @@
-//! Greedy decoding with no CPU in the loop: each step's argmax kernel writes
+//! Decoding with no CPU in the loop: each step's `sample_token` kernel writes
 //! the next token where the next step reads it, and the runtime encodes many
 //! steps into one submission.
 //!
-//! [`Session::decode_greedy`] continues from the last step (a prefill):
-//! the plan's `next_token` output already holds the first new token. A
+//! [`Session::set_sampling`] writes how tokens are chosen (greedy unless set;
+//! sampling hashes the token's position, so a batch size never changes the
+//! draw); [`Session::decode_on_gpu`] continues from the last step (a
+//! prefill): the plan's `next_token` output already holds the first new
+//! token. A
 //! *batch* of up to `batch` steps is one command buffer; per step it copies
 //! the step's parameters (`T = 1`, its own position) from a ring written
 //! once per batch into the step-parameter uniform, copies `next_token` into
@@ -18,6 +21,7 @@
 //! token kept, and the output is exactly what step-by-step decoding gives.
 
 use crate::error::RuntimeError;
+use crate::sampling::SamplingParams;
 use crate::session::Session;
 use gerbil_plan::STEP_PARAMS_BYTES;
 
@@ -39,27 +43,49 @@ struct InFlight {
 }
 
 impl Session {
-    /// Whether the plan has a GPU argmax ([`Session::decode_greedy`] works).
-    pub fn has_gpu_argmax(&self) -> bool {
-        self.header.io.next_token.is_some()
+    /// Whether the plan chooses tokens on the GPU with `params`
+    /// ([`Session::decode_on_gpu`] works): greedy needs the `next_token`
+    /// output, sampling also its parameter uniform (plans compiled before
+    /// either decode through the CPU).
+    pub fn can_sample_on_gpu(&self, params: &SamplingParams) -> bool {
+        let io = &self.header.io;
+        io.next_token.is_some() && (params.is_greedy() || io.sampling_params.is_some())
     }
 
-    /// Greedy decoding after [`Session::forward_no_readback`] (or
-    /// [`Session::forward`]): returns up to `max_new` tokens, the first one
+    /// Sets how every following step chooses its `next_token` (greedy until
+    /// set). Validate `params` with [`crate::Sampler::new`] first. Ignored by
+    /// plans without the sampling uniform.
+    pub fn set_sampling(&self, params: &SamplingParams) {
+        if let Some(i) = self.header.io.sampling_params {
+            self.gpu.queue.write_buffer(
+                &self.buffers[i as usize],
+                0,
+                bytemuck::cast_slice(&params.to_words()),
+            );
+        }
+    }
+
+    /// Decoding after [`Session::forward_no_readback`] (or
+    /// [`Session::forward`]), choosing as [`Session::set_sampling`] said
+    /// before that step: returns up to `max_new` tokens, the first one
     /// chosen by that step, stopping after the first token in `eos`.
     /// `on_token` sees each token as its batch comes back; returning `false`
     /// stops generation after that token. Steps are encoded `batch` at a
     /// time. Afterwards the session's position follows the last token
     /// returned (that token itself is not yet in the KV cache), like
     /// step-by-step decoding.
-    pub async fn decode_greedy(
+    pub async fn decode_on_gpu(
         &mut self,
         max_new: usize,
         eos: &[u32],
         batch: usize,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Vec<u32>, RuntimeError> {
-        let next = self.header.io.next_token.ok_or(RuntimeError::NoGpuArgmax)?;
+        let next = self
+            .header
+            .io
+            .next_token
+            .ok_or(RuntimeError::NoGpuSampler)?;
         if self.last_step_tokens == 0 {
             return Err(RuntimeError::EmptyInput);
         }

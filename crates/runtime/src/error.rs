@@ -67,9 +67,9 @@ pub enum RuntimeError {
     /// Nothing to run.
     #[error("the input has no tokens")]
     EmptyInput,
-    /// GPU greedy decoding on a plan compiled without the argmax output.
+    /// GPU decoding on a plan compiled without the `next_token` output.
     #[error("the plan has no `next_token` output (compiled by an older gerbilc): recompile it to decode on the GPU")]
-    NoGpuArgmax,
+    NoGpuSampler,
     /// Tokenization or chat-template failure.
     #[error(transparent)]
     Text(#[from] crate::text::TextError),

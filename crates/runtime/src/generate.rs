@@ -1,10 +1,12 @@
 //! The generation loop: prefill the prompt, then decode one token per step
 //! until `max_new_tokens` or an end-of-sequence token.
 //!
-//! Greedy generation whose caller does not need the logits runs on the GPU
-//! ([`Session::decode_greedy`]: argmax on the GPU, steps encoded
-//! [`DECODE_BATCH`] at a time, no logits readback); everything else reads
-//! each step's logits and chooses on the CPU. Both give the same tokens.
+//! Generation whose caller does not need the logits runs on the GPU
+//! ([`Session::decode_on_gpu`]: the plan's `sample_token` kernel chooses,
+//! steps are encoded [`DECODE_BATCH`] at a time, no logits readback); with
+//! [`GenerateOptions::keep_logits`] each step's logits are read and the
+//! [`Sampler`] chooses on the CPU. Both make the same choice (the sampler's
+//! noise is a hash of the seed and the position).
 
 use crate::error::RuntimeError;
 use crate::sampling::{Sampler, SamplingParams};
@@ -54,15 +56,16 @@ pub async fn generate(
     if prompt.len() as u64 > max || (opts.max_new_tokens > 0 && needed > max) {
         return Err(RuntimeError::ContextOverflow { needed, max });
     }
-    let mut sampler = Sampler::new(opts.sampling)?;
+    let sampler = Sampler::new(opts.sampling)?;
     let mut out = Vec::with_capacity(opts.max_new_tokens);
     if opts.max_new_tokens == 0 {
         return Ok(out);
     }
-    if sampler.is_greedy() && !opts.keep_logits && session.has_gpu_argmax() {
+    if !opts.keep_logits && session.can_sample_on_gpu(&opts.sampling) {
+        session.set_sampling(&opts.sampling);
         session.forward_no_readback(prompt).await?;
-        return session
-            .decode_greedy(
+        let out = session
+            .decode_on_gpu(
                 opts.max_new_tokens,
                 &opts.eos_token_ids,
                 DECODE_BATCH,
@@ -75,10 +78,13 @@ pub async fn generate(
                 },
             )
             .await;
+        session.set_sampling(&SamplingParams::default());
+        return out;
     }
     let mut logits = session.forward(prompt).await?;
     loop {
-        let token = sampler.sample(&logits);
+        let position = u32::try_from(session.position().saturating_sub(1)).unwrap_or(u32::MAX);
+        let token = sampler.sample(&logits, position);
         on_token(TokenEvent {
             token,
             logits: Some(&logits),

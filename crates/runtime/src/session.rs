@@ -52,7 +52,7 @@ fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
         BufferKind::Weight { .. } => U::STORAGE,
         BufferKind::Arena | BufferKind::Scratch { .. } => U::STORAGE,
         BufferKind::KvCache { .. } | BufferKind::Output { .. } => U::STORAGE | U::COPY_SRC,
-        BufferKind::StepParams => U::UNIFORM | U::COPY_DST,
+        BufferKind::StepParams | BufferKind::SamplingParams => U::UNIFORM | U::COPY_DST,
         BufferKind::TokenIds => U::STORAGE | U::COPY_DST,
     }
 }

@@ -48,6 +48,9 @@ struct GenArgs {
     /// Nucleus sampling threshold.
     #[arg(long, default_value_t = 1.0)]
     top_p: f32,
+    /// Keep tokens at least this fraction as likely as the most likely (0: all).
+    #[arg(long, default_value_t = 0.0)]
+    min_p: f32,
     /// Random seed for sampling.
     #[arg(long, default_value_t = 0)]
     seed: u64,
@@ -76,6 +79,18 @@ enum Cmd {
         /// from an empty cache) instead of right after the prompt.
         #[arg(long, value_name = "D")]
         depth: Option<usize>,
+        /// Time sampled decoding at this temperature (0: greedy).
+        #[arg(long, default_value_t = 0.0)]
+        temperature: f32,
+        /// With --temperature: sample among the K most likely tokens (0: all).
+        #[arg(long, default_value_t = 0)]
+        top_k: usize,
+        /// With --temperature: nucleus sampling threshold.
+        #[arg(long, default_value_t = 1.0)]
+        top_p: f32,
+        /// With --temperature: keep tokens at least this fraction as likely as the best.
+        #[arg(long, default_value_t = 0.0)]
+        min_p: f32,
         /// Timed repetitions (median reported).
         #[arg(long, default_value_t = 3)]
         repeats: usize,
@@ -112,6 +127,10 @@ fn real_main(cli: Cli) -> Result<()> {
             prompt_tokens,
             new_tokens,
             depth,
+            temperature,
+            top_k,
+            top_p,
+            min_p,
             repeats,
             json,
             profile,
@@ -122,6 +141,13 @@ fn real_main(cli: Cli) -> Result<()> {
                     prompt_tokens,
                     new_tokens,
                     depth,
+                    sampling: SamplingParams {
+                        temperature,
+                        top_k,
+                        top_p,
+                        min_p,
+                        seed: 0,
+                    },
                     repeats,
                     profile,
                 },
@@ -191,6 +217,7 @@ fn real_main(cli: Cli) -> Result<()> {
                         temperature: g.temperature,
                         top_k: g.top_k,
                         top_p: g.top_p,
+                        min_p: g.min_p,
                         seed: g.seed,
                     },
                     top_logits: g.top_logits,

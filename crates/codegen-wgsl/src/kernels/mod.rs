@@ -11,7 +11,6 @@
 //! one scratch buffer. Templates never assume power-of-two sizes: every loop
 //! and store is bounds-checked against the true dimension.
 
-pub mod argmax;
 pub mod attention;
 pub mod attention_decode;
 pub mod elementwise;
@@ -20,6 +19,7 @@ pub mod matmul;
 pub mod qkv_rope;
 pub mod rms_norm;
 pub mod rope;
+pub mod sample_token;
 
 use gerbil_ir::DType;
 use gerbil_plan::{Access, BindingDecl, Elem, Port, WorkgroupCount};
@@ -184,6 +184,17 @@ impl Bindings {
         );
     }
 
+    /// The sampling-parameter uniform ([`Port::Sampling`]) as `NAME` of
+    /// struct `Sampling` (seed words, temperature, top-k, top-p, min-p).
+    pub fn sampling(&mut self, out: &mut String, name: &str) {
+        let n = self.push(name, Port::Sampling, Access::Uniform, Elem::U32);
+        let _ = writeln!(
+            out,
+            "struct Sampling {{ seed_lo: u32, seed_hi: u32, temperature: f32, top_k: u32, \
+             top_p: f32, min_p: f32, pad0: u32, pad1: u32 }}\n\
+             @group(0) @binding({n}) var<uniform> {name}: Sampling;"
+        );
+    }
     /// Token ids, `array<u32>`, written (a chosen next token).
     pub fn ids_out(&mut self, out: &mut String, port: Port, name: &str) {
         let n = self.push(name, port, Access::ReadWrite, Elem::U32);

@@ -716,7 +716,7 @@ pub(crate) fn build_decoder(ctx: &mut LowerCtx<'_>, spec: &DecoderSpec) -> Resul
     if let Some(cap) = spec.logit_softcap {
         logits = ctx.add(Op::Unary(UnaryOp::Softcap(cap)), &[logits], "logit_softcap")?;
     }
-    let next = ctx.add(Op::Argmax, &[logits], "next_token")?;
+    let next = ctx.add(Op::SampleToken, &[logits], "next_token")?;
     ctx.graph
         .outputs
         .push((gerbil_ir::LOGITS.to_string(), logits));

@@ -174,7 +174,7 @@ impl OpSyntax {
             "mul" => Op::Binary(BinaryOp::Mul),
             "add_bias" => Op::AddBias,
             "slice_last_row" => Op::SliceLastRow,
-            "argmax" => Op::Argmax,
+            "sample_token" => Op::SampleToken,
             "slice_cols" => {
                 let (start, end) = a.range(cur, "cols")?;
                 Op::SliceCols {
