@@ -8,7 +8,8 @@
 # transformers (scripts/check-ref.py, one 13-token prompt), and runs, in the llama-bench convention,
 #   gerbil-run bench --prompt-tokens 512 --new-tokens 128 --depth 0    --repeats 5 --json   (pp512, tg128)
 #   gerbil-run bench --prompt-tokens 512 --new-tokens 128 --depth 4096 --repeats 3 --json   (tg128 @ d4096)
-# (medians of the repeats after a warm-up), then HF transformers on the same weights
+# (medians of the repeats after a warm-up; the depth-4096 run also samples the driver's GPU memory
+# for the process with nvidia-smi, and a third run times sampled decode), then HF transformers on the same weights
 # (scripts/device/hf-bench.py: f16, static cache; HF_COMPILE=1 adds torch.compile). Writes the JSON
 # and logs to $OUT (or /tmp/gerbil-bench) and prints one markdown table with llama.cpp's H100
 # figures (from issue 8/9, same shapes, F16) beside ours.
@@ -37,8 +38,22 @@ for cfg in "${shapes[@]}"; do
         > "$out/bench-$name.log" 2>&1
     $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --depth 0 --repeats 5 --json \
         > "$out/bench-$name-d0.json" 2>>"$out/bench-$name.log" || status=1
+    # tg128 at depth 4096, while sampling the driver's view of the process's GPU memory.
     $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --depth 4096 --repeats 3 --json \
-        > "$out/bench-$name-d4096.json" 2>>"$out/bench-$name.log" || status=1
+        > "$out/bench-$name-d4096.json" 2>>"$out/bench-$name.log" &
+    pid=$!
+    peak=0
+    while kill -0 $pid 2>/dev/null; do
+        m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
+            | awk -F', ' -v p=$pid '$1 == p { print $2 }')
+        [ -n "$m" ] && [ "$m" -gt "$peak" ] && peak=$m
+        sleep 0.2
+    done
+    wait $pid || status=1
+    echo "{\"driver_mib\": $peak}" > "$out/mem-$name.json"
+    # Sampled decode (temperature 0.8, top-k 40, top-p 0.95) at depth 0.
+    $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --depth 0 --repeats 5 --json \
+        --temperature 0.8 --top-k 40 --top-p 0.95 > "$out/bench-$name-sampled.json" 2>>"$out/bench-$name.log" || status=1
     hf_flags=""
     [ "${HF_COMPILE:-0}" = 1 ] && hf_flags=--compile
     python3 scripts/device/hf-bench.py "$work/model" $hf_flags > "$out/hf-$name.json" 2>"$out/hf-$name.log" \
@@ -55,24 +70,29 @@ def load(p):
         return json.load(open(p))
     except Exception:
         return {}
-print("| shape | variant | pp512 | tg128 | tg128 @ d4096 (ratio) | HF f16 pp512 / tg128 / d4096 | llama.cpp Vulkan pp512 / tg128 | llama.cpp CUDA pp512 / tg128 | check |")
-print("|---|---|---|---|---|---|---|---|---|")
+print("| shape | variant | pp512 | tg128 | tg128 @ d4096 (ratio) | tg128 sampled (ratio) | GPU memory: driver / plan | HF f16 pp512 / tg128 / d4096 | llama.cpp Vulkan pp512 / tg128 | llama.cpp CUDA pp512 / tg128 | check |")
+print("|---|---|---|---|---|---|---|---|---|---|---|")
 for cfg in shapes:
     name = os.path.basename(os.path.dirname(cfg))
-    d0, d4, hf = (load(f"{out}/{f}") for f in (f"bench-{name}-d0.json", f"bench-{name}-d4096.json", f"hf-{name}.json"))
+    d0, d4, hf, sm, mem = (load(f"{out}/{f}") for f in (f"bench-{name}-d0.json", f"bench-{name}-d4096.json",
+                                                      f"hf-{name}.json", f"bench-{name}-sampled.json", f"mem-{name}.json"))
     try:
         check = open(f"{out}/check-{name}.log").read().strip().splitlines()[-1]
     except Exception:
         check = "?"
     if not d0:
-        print(f"| {name} | failed | | | | | | | {check} |")
+        print(f"| {name} | failed | | | | | | | | | {check} |")
         continue
     tg0, tg4 = d0["decode_tok_s"], d4.get("decode_tok_s", float("nan"))
     h = " / ".join(f"{hf[k]:.0f}" if k in hf else "–" for k in ("pp512", "tg128_d0", "tg128_d4096"))
     l = llama.get(name, {})
     vk = " / ".join(map(str, l["vk"])) if "vk" in l else "–"
     cu = " / ".join(map(str, l["cuda"])) if "cuda" in l else "–"
+    ts = sm.get("decode_tok_s", float("nan"))
+    plan_mib = sum(d4.get(k, 0) for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes")) / 2**20
+    drv = mem.get("driver_mib", 0)
+    m = f"{drv:.0f} / {plan_mib:.0f} MiB ({drv / plan_mib - 1:+.0%})" if drv and plan_mib else "–"
     print(f"| {name} | {d0['variant']} ({d0.get('decode_loop', '?')}) | {d0['prefill_tok_s']:.0f} | {tg0:.1f} | "
-          f"{tg4:.1f} ({tg4 / tg0:.0%}) | {h} | {vk} | {cu} | {check} |")
+          f"{tg4:.1f} ({tg4 / tg0:.0%}) | {ts:.1f} ({ts / tg0:.0%}) | {m} | {h} | {vk} | {cu} | {check} |")
 PY
 exit $status
