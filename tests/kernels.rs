@@ -913,6 +913,20 @@ fn decode_attention_matches_reference() {
         case(9, 3, 64, 5000, 4096, 3000),
         // A small context: few splits.
         case(4, 2, 16, 0, 64, 63),
+        // Llama-3.2-1B at bench.sh's context: one split, a few, all of them.
+        case(32, 8, 64, 0, 4608, 16),
+        case(32, 8, 64, 0, 4608, 511),
+        case(32, 8, 64, 0, 4608, 4107),
+        // Gemma 3 270M: sliding layers (window 512) and the global one.
+        case(4, 1, 256, 512, 4608, 16),
+        case(4, 1, 256, 512, 4608, 4107),
+        case(4, 1, 256, 0, 4608, 4107),
+        // Very large groups: 128- and 64-thread workgroups.
+        case(16, 1, 64, 0, 4096, 1234),
+        case(32, 1, 64, 0, 2048, 2047),
+        // A group of 12 with head_dim 96: 128 threads, 3 dimensions per score
+        // lane, 96 live value lanes of 128.
+        case(12, 1, 96, 0, 1024, 900),
     ];
     // Large scores: the combine must rescale without overflow.
     cases.push(DecodeAttentionCase {

@@ -1,22 +1,36 @@
 //! `attention` for a decode step (`T = 1`): split-K over the keys
 //! (flash-decoding) in one dispatch, the heads of a GQA group sharing their
-//! K/V loads.
+//! K/V loads, built for latency.
 //!
 //! The keys `lo..=pos` are cut into at most [`splits`] equal splits of at
-//! least [`MIN_KEYS`] keys; one workgroup of `WG` = 256 threads runs per (KV
-//! head, split) and scores its keys against every query head of the group
-//! (one key per thread, each K row read once for the group), takes each
-//! head's maximum and sum with tree reductions in workgroup memory, and
-//! accumulates the values like the prefill kernel (`DL` = 64 dimension
-//! lanes × `KG` = 4 key groups, each V row read once for the group). It
-//! writes one partial `(m, l, acc[HD])` per (head, split) to the dispatch
-//! scratch and bumps its KV head's counter; the workgroup that finds itself
-//! last combines the partials (rescaled by `exp(m_i − M)`), writes `y` and
-//! puts the counter back to zero for the next dispatch. The split count is a
-//! compile-time constant: enough workgroups to fill a large GPU
+//! least [`MIN_KEYS`] keys; one workgroup runs per (KV head, split). It
+//! scores its keys in passes of `KP` keys: `TPK` lanes share a key, each
+//! multiplying `DPT` dimensions of the K row (coalesced across the lanes)
+//! by every query head of the group, with the query kept in registers; the
+//! lanes' partial dots meet in workgroup memory. Each head's maximum is
+//! taken once per split, the probabilities once per (head, key); the values
+//! are accumulated by `DL` dimension lanes × `KG` key groups, each V row
+//! read once for the group, `U` rows loaded back to back before they are
+//! used. Those loads are emitted as straight-line WGSL (vec4 accumulators,
+//! clamped indices and masked weights instead of branches), because the
+//! driver did not unroll the same code written as constant-bound loops over
+//! local arrays: the loads issue together, and the kernel's latency is a few
+//! memory round trips, not one per key or per dimension.
+//!
+//! A step whose keys fit one split (at most `MIN_KEYS` of them, or a
+//! kernel of one split) writes `y` directly. Otherwise each workgroup writes
+//! one partial `(m, l, acc[HD])` per (head, split) to the dispatch scratch
+//! and bumps its KV head's counter; the workgroup that finds itself last
+//! combines the partials, each thread owning one output (the splits'
+//! maximum first, then their rescaled sums, 8 splits per iteration), writes
+//! `y` and puts the counter back to zero for the next dispatch. Every sum
+//! adds one product at a time, so the driver has one way to fuse it and
+//! the checked and unchecked modules agree to the bit. The split
+//! count is a compile-time constant: enough workgroups to fill a large GPU
 //! ([`TARGET_WORKGROUPS`]) yet no split longer than `CAP` keys at the
-//! largest context, so one split's scores fit workgroup memory and need no
-//! online rescaling. The surprise: the hand-off between workgroups relies on
+//! largest context (so one split's scores fit workgroup memory), and, where
+//! head_dim × group is large, few enough that the combine stays short.
+//! The surprise: the hand-off between workgroups relies on
 //! `storageBarrier()`, which naga emits as a device-scope acquire-release
 //! barrier, around the counter's `atomicAdd`; and a split past the keys in
 //! use returns at once without touching the counter, so "last" means last of
@@ -27,57 +41,144 @@ use super::{f32_lit, input, output, prelude, Bindings, KernelSource};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
-/// Threads per workgroup.
-const WG: u32 = 256;
-/// Dimension lanes of the value accumulation.
-const DL: u32 = 64;
-/// Key groups of the value accumulation (`WG / DL`).
-const KG: u32 = WG / DL;
+/// Most threads per workgroup.
+const MAX_WG: u32 = 256;
+/// Fewest threads per workgroup (very large GQA groups).
+const MIN_WG: u32 = 64;
+/// f32 slots of the reduction region: the lanes' partial dots (`G × WG`),
+/// later the key groups' value sums (`KG × G × HD`): 8 KiB.
+const REDUCE_SLOTS: u32 = 2048;
+/// Scores one workgroup keeps (`G × CAP`): 4 KiB.
+const SCORE_SLOTS: u32 = 1024;
+/// Query values a score lane keeps in registers (`G × DPT`).
+const Q_REGS: u32 = 64;
+/// Value loads a thread issues back to back (`U × PT`).
+const V_LOADS: u32 = 16;
+/// Partial values (`G × HD × S`) the combining workgroup reads at most,
+/// unless the context needs more splits.
+const COMBINE_VALUES: u32 = 32768;
 /// Workgroups the dispatch aims for at long context (an H100 has 132 SMs).
 pub const TARGET_WORKGROUPS: u32 = 128;
 /// Fewest keys a split takes before another split is used.
 pub const MIN_KEYS: u32 = 32;
-/// Scores one workgroup keeps (`GROUP × CAP`), so scores and their reduction
-/// copy take 8 KiB of workgroup memory.
-const SCORE_SLOTS: u32 = 1024;
 
-/// Most keys one split holds: a power of two, at most one per thread.
-fn cap(group: u32) -> u32 {
-    let slots = (SCORE_SLOTS / group.max(1)).max(1);
-    (1 << slots.ilog2()).min(WG)
+/// The kernel's compile-time geometry for one attention shape.
+struct Geometry {
+    group: u32,
+    /// Threads per workgroup.
+    wg: u32,
+    /// Most keys one split holds (a power of two).
+    cap: u32,
+    /// Score lanes per key, dimensions per score lane, keys per pass.
+    tpk: u32,
+    dpt: u32,
+    kp: u32,
+    /// Value phase: dimension lanes, key groups, dimensions per lane, rows
+    /// per batch.
+    dl: u32,
+    kg: u32,
+    pt: u32,
+    u: u32,
+}
+
+fn pow2_floor(x: u32) -> u32 {
+    1 << x.max(1).ilog2()
+}
+
+impl Geometry {
+    fn new(s: &AttentionSpec) -> Self {
+        let group = (s.heads / s.kv_heads.max(1)).max(1);
+        let hd = s.head_dim.max(1);
+        let wg = pow2_floor(REDUCE_SLOTS / group).clamp(MIN_WG, MAX_WG);
+        // Enough lanes per key that each keeps at most Q_REGS query values,
+        // yet at least four keys per pass.
+        let tpk = (hd * group)
+            .div_ceil(Q_REGS)
+            .next_power_of_two()
+            .min(wg / 4);
+        let kp = wg / tpk;
+        let cap = pow2_floor(SCORE_SLOTS / group).clamp(kp, MAX_WG);
+        // Key groups: as many as the reduction region holds, up to one
+        // dimension lane per dimension (but two for head_dim >= WG), and
+        // at least a warp-wide row of dimension lanes.
+        let kg = pow2_floor(REDUCE_SLOTS / (group * hd))
+            .min(pow2_floor(wg / hd.min(wg)).max(2))
+            .min(wg / 32);
+        let dl = wg / kg;
+        let pt = hd.div_ceil(dl);
+        Geometry {
+            group,
+            wg,
+            cap,
+            tpk,
+            dpt: hd.div_ceil(tpk),
+            kp,
+            dl,
+            kg,
+            pt,
+            u: pow2_floor(V_LOADS / pt).max(4),
+        }
+    }
+
+    /// f32 slots of the reduction region.
+    fn red(&self, hd: u32) -> u32 {
+        let values = if self.kg > 1 {
+            self.kg * self.group * hd
+        } else {
+            0
+        };
+        (self.group * self.wg).max(values)
+    }
 }
 
 /// The kernel's split count for `s` with a KV cache of `max_context` rows:
 /// about [`TARGET_WORKGROUPS`] workgroups, at least enough splits that none
-/// holds more than `CAP` keys, and no more than [`MIN_KEYS`]-key splits need.
+/// holds more than `CAP` keys, no more than [`MIN_KEYS`]-key splits need,
+/// and no more than keeps the combine's reads within `COMBINE_VALUES`.
 pub fn splits(s: &AttentionSpec, max_context: u32) -> u32 {
     let keys = match s.window {
         0 => max_context,
         w => w.min(max_context),
     }
     .max(1);
-    let cap = cap(s.heads / s.kv_heads);
+    let geo = Geometry::new(s);
+    let least = keys.div_ceil(geo.cap);
+    let combine = COMBINE_VALUES / (geo.group * s.head_dim.max(1));
     TARGET_WORKGROUPS
-        .div_ceil(s.kv_heads)
-        .clamp(keys.div_ceil(cap), keys.div_ceil(MIN_KEYS.min(cap)))
+        .div_ceil(s.kv_heads.max(1))
+        .min(keys.div_ceil(MIN_KEYS.min(geo.cap)))
+        .min(combine)
+        .max(least)
 }
 
 /// Builds the kernel for a KV cache of `max_context` rows.
 pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
-    let group = s.heads / s.kv_heads;
-    let cap = cap(group);
+    let geo = Geometry::new(&s);
+    let Geometry {
+        group,
+        wg,
+        cap,
+        tpk,
+        dpt,
+        kp,
+        dl,
+        kg,
+        pt,
+        u,
+    } = geo;
+    let hd = s.head_dim;
     let splits = splits(&s, max_context);
-    let per_thread = s.head_dim.div_ceil(DL);
+    let red = geo.red(hd);
     let mut w = prelude();
     let _ = writeln!(
         w,
-        "const NKV: u32 = {}u;\nconst HD: u32 = {}u;\nconst G: u32 = {group}u;\n\
-         const SCALE: f32 = {};\nconst WINDOW: u32 = {}u;\nconst WG: u32 = {WG}u;\nconst DL: u32 = {DL}u;\n\
-         const KG: u32 = {KG}u;\nconst PT: u32 = {per_thread}u;\nconst CAP: u32 = {cap}u;\n\
-         const S: u32 = {splits}u;\nconst MINK: u32 = {}u;\nconst STRIDE: u32 = HD + 2u;\n\
-         const NEG: f32 = -3.0e38f;",
+        "const NKV: u32 = {}u;\nconst HD: u32 = {hd}u;\nconst G: u32 = {group}u;\n\
+         const SCALE: f32 = {};\nconst WINDOW: u32 = {}u;\nconst WG: u32 = {wg}u;\n\
+         const S: u32 = {splits}u;\nconst MINK: u32 = {}u;\nconst CAP: u32 = {cap}u;\n\
+         const TPK: u32 = {tpk}u;\nconst KP: u32 = {kp}u;\n\
+         const DL: u32 = {dl}u;\nconst KG: u32 = {kg}u;\nconst U: u32 = {u}u;\n\
+         const STRIDE: u32 = HD + 2u;\nconst NEG: f32 = -3.0e38f;",
         s.kv_heads,
-        s.head_dim,
         f32_lit(s.scale),
         s.window,
         MIN_KEYS.min(cap),
@@ -87,22 +188,26 @@ pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
     b.read_f32(&mut w, input(1), "kc");
     b.read_f32(&mut w, input(2), "vc");
     b.activation(&mut w, output(0), "y");
-    b.scratch(
-        &mut w,
-        "part",
-        u64::from(s.heads * splits * (s.head_dim + 2)) * 4,
-    );
+    b.scratch(&mut w, "part", u64::from(s.heads * splits * (hd + 2)) * 4);
     b.counters(&mut w, "count", s.kv_heads);
     let _ = write!(
         w,
-        "var<workgroup> ws: array<f32, {slots}>;\n\
-         var<workgroup> red: array<f32, {slots}>;\n\
-         var<workgroup> accs: array<f32, {accs}>;\n\
+        "var<workgroup> red: array<f32, {red}>;\n\
+         var<workgroup> sc: array<f32, {scores}>;\n\
+         var<workgroup> ms: array<f32, {group}>;\n\
+         {lk}\
          var<workgroup> last: u32;\n\
+         // Probability of key j for head g (0 past the split's nk keys).\n\
+         fn prob(g: u32, j: u32, nk: u32) -> f32 {{ return select(0.0f, sc[g * CAP + min(j, CAP - 1u)], j < nk); }}\n\
+         // Offset of row j's dimension lane in a cache (rows past nk read the last one).\n\
+         fn row(k0: u32, j: u32, nk: u32, kvh: u32) -> u32 {{ return ((k0 + min(j, nk - 1u)) * NKV + kvh) * HD; }}\n\
+         // Split j's partial maximum (NEG past the splits in use) and offset.\n\
+         fn pmax(hb: u32, j: u32, used: u32) -> f32 {{ return select(NEG, part[hb + min(j, used - 1u) * STRIDE], j < used); }}\n\
+         fn poff(hb: u32, j: u32, used: u32) -> u32 {{ return hb + min(j, used - 1u) * STRIDE; }}\n\
+         fn hsum(v: vec4<f32>) -> f32 {{ return (v.x + v.y) + (v.z + v.w); }}\n\
          @compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
          \x20 let kvh = wid.x;\n  let split = wid.y;\n  let lane = lid.x;\n\
-         \x20 let dl = lane % DL;\n  let kg = lane / DL;\n\
          \x20 let pos = params.p;\n\
          \x20 var lo = 0u;\n  if (WINDOW > 0u && pos + 1u > WINDOW) {{ lo = pos + 1u - WINDOW; }}\n\
          \x20 let n = pos + 1u - lo;\n\
@@ -112,108 +217,303 @@ pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
          \x20 let start = split * chunk;\n\
          \x20 var nk = 0u;\n  if (start < n) {{ nk = min(min(chunk, n - start), CAP); }}\n\
          \x20 let k0 = lo + start;\n  let h0 = kvh * G;\n\
-         \x20 for (var jj = lane; jj < CAP; jj = jj + WG) {{\n\
-         \x20   var sc: array<f32, G>;\n\
-         \x20   for (var g = 0u; g < G; g = g + 1u) {{ sc[g] = NEG; }}\n\
-         \x20   if (jj < nk) {{\n\
-         \x20     let kb = ((k0 + jj) * NKV + kvh) * HD;\n\
-         \x20     var dot = array<f32, G>();\n\
-         \x20     for (var d = 0u; d < HD; d = d + 1u) {{\n\
-         \x20       let k = kc[kb + d];\n\
-         \x20       for (var g = 0u; g < G; g = g + 1u) {{ dot[g] = dot[g] + q[(h0 + g) * HD + d] * k; }}\n\
-         \x20     }}\n\
-         \x20     for (var g = 0u; g < G; g = g + 1u) {{ sc[g] = dot[g] * SCALE; }}\n\
+         {scores_wgsl}\
+         \x20 // Each head's maximum once, then its probabilities in place.\n\
+         \x20 if (lane < G) {{\n\
+         \x20   var m = vec4<f32>(NEG);\n\
+         \x20   for (var j = 0u; j < nk; j = j + 4u) {{\n\
+         \x20     let b = lane * CAP + j;\n\
+         \x20     m = max(m, vec4<f32>(sc[b], sc[b + 1u], sc[b + 2u], sc[b + 3u]));\n\
          \x20   }}\n\
-         \x20   for (var g = 0u; g < G; g = g + 1u) {{ ws[g * CAP + jj] = sc[g]; red[g * CAP + jj] = sc[g]; }}\n\
+         \x20   ms[lane] = max(max(m.x, m.y), max(m.z, m.w));\n\
          \x20 }}\n\
-         \x20 workgroupBarrier();\n{max_reduce}\
-         \x20 var m: array<f32, G>;\n\
-         \x20 for (var g = 0u; g < G; g = g + 1u) {{ m[g] = red[g * CAP]; }}\n\
          \x20 workgroupBarrier();\n\
-         \x20 for (var jj = lane; jj < CAP; jj = jj + WG) {{\n\
-         \x20   for (var g = 0u; g < G; g = g + 1u) {{\n\
-         \x20     var p = 0.0f;\n      if (jj < nk) {{ p = exp(ws[g * CAP + jj] - m[g]); }}\n\
-         \x20     ws[g * CAP + jj] = p;\n      red[g * CAP + jj] = p;\n    }}\n\
+         \x20 for (var t = lane; t < G * CAP; t = t + WG) {{\n\
+         \x20   if (t % CAP < nk) {{ sc[t] = exp(sc[t] - ms[t / CAP]); }}\n\
          \x20 }}\n\
-         \x20 workgroupBarrier();\n{sum_reduce}\
-         \x20 var l: array<f32, G>;\n\
-         \x20 for (var g = 0u; g < G; g = g + 1u) {{ l[g] = red[g * CAP]; }}\n\
-         \x20 var acc = array<f32, {regs}>();\n\
-         \x20 for (var e = 0u; e < PT; e = e + 1u) {{\n\
-         \x20   let d = dl + e * DL;\n\
-         \x20   if (d < HD) {{\n\
-         \x20     for (var jj = kg; jj < nk; jj = jj + KG) {{\n\
-         \x20       let v = vc[((k0 + jj) * NKV + kvh) * HD + d];\n\
-         \x20       for (var g = 0u; g < G; g = g + 1u) {{ acc[g * PT + e] = acc[g * PT + e] + ws[g * CAP + jj] * v; }}\n\
-         \x20     }}\n\
-         \x20   }}\n\
-         \x20 }}\n\
-         \x20 for (var g = 0u; g < G; g = g + 1u) {{\n\
-         \x20   workgroupBarrier();\n\
-         \x20   for (var e = 0u; e < PT; e = e + 1u) {{\n\
-         \x20     let d = dl + e * DL;\n      if (d < HD) {{ accs[kg * HD + d] = acc[g * PT + e]; }}\n\
-         \x20   }}\n\
-         \x20   workgroupBarrier();\n\
-         \x20   let base = ((h0 + g) * S + split) * STRIDE;\n\
-         \x20   for (var d = lane; d < HD; d = d + WG) {{\n\
-         \x20     var o = 0.0f;\n\
-         \x20     for (var k = 0u; k < KG; k = k + 1u) {{ o = o + accs[k * HD + d]; }}\n\
-         \x20     part[base + 2u + d] = o;\n\
-         \x20   }}\n\
-         \x20   if (lane == 0u) {{ part[base] = m[g]; part[base + 1u] = l[g]; }}\n\
-         \x20 }}\n\
+         \x20 workgroupBarrier();\n\
+         {values_wgsl}\
+         \x20 if (used == 1u) {{ return; }}\n\
          \x20 storageBarrier();\n\
          \x20 if (lane == 0u) {{ last = select(0u, 1u, atomicAdd(&count[kvh], 1u) == used - 1u); }}\n\
          \x20 if (workgroupUniformLoad(&last) == 0u) {{ return; }}\n\
          \x20 storageBarrier();\n\
+         \x20 // Combine: one thread per output; the splits' maximum, then their\n\
+         \x20 // rescaled sums, 8 splits per iteration.\n\
          \x20 for (var i = lane; i < G * HD; i = i + WG) {{\n\
          \x20   let hb = (h0 + i / HD) * S * STRIDE;\n    let d = i % HD;\n\
          \x20   var mx = NEG;\n\
-         \x20   for (var j = 0u; j < used; j = j + 1u) {{ mx = max(mx, part[hb + j * STRIDE]); }}\n\
-         \x20   var sum = 0.0f;\n    var o = 0.0f;\n\
-         \x20   for (var j = 0u; j < used; j = j + 1u) {{\n\
-         \x20     let pb = hb + j * STRIDE;\n      let f = exp(part[pb] - mx);\n\
-         \x20     sum = sum + part[pb + 1u] * f;\n      o = o + part[pb + 2u + d] * f;\n\
+         \x20   for (var j = 0u; j < used; j = j + 8u) {{\n\
+         \x20     let a = vec4<f32>(pmax(hb, j, used), pmax(hb, j + 1u, used), pmax(hb, j + 2u, used), pmax(hb, j + 3u, used));\n\
+         \x20     let b = vec4<f32>(pmax(hb, j + 4u, used), pmax(hb, j + 5u, used), pmax(hb, j + 6u, used), pmax(hb, j + 7u, used));\n\
+         \x20     let m = max(a, b);\n      mx = max(mx, max(max(m.x, m.y), max(m.z, m.w)));\n\
          \x20   }}\n\
-         \x20   y[h0 * HD + i] = o / sum;\n\
+         \x20   var l = vec4<f32>(0.0f);\n    var o = vec4<f32>(0.0f);\n\
+         \x20   for (var j = 0u; j < used; j = j + 8u) {{\n\
+         {combine_body}\
+         \x20   }}\n\
+         \x20   y[h0 * HD + i] = hsum(o) / hsum(l);\n\
          \x20 }}\n\
          \x20 if (lane == 0u) {{ atomicStore(&count[kvh], 0u); }}\n}}\n",
-        slots = group * cap,
-        accs = KG * s.head_dim,
-        regs = group * per_thread,
-        max_reduce = group_reduce("max"),
-        sum_reduce = group_reduce("+"),
+        scores = group * cap,
+        lk = if kg > 1 {
+            format!("var<workgroup> lk: array<f32, {}>;\n", kg * group)
+        } else {
+            String::new()
+        },
+        scores_wgsl = score_passes(group, hd, tpk, dpt),
+        values_wgsl = values(group, hd, dl, kg, pt, u),
+        combine_body = combine_body(),
     );
     KernelSource {
         name: format!(
             "attention_decode_h{}_kv{}_d{}_w{}_s{splits}",
-            s.heads, s.kv_heads, s.head_dim, s.window
+            s.heads, s.kv_heads, hd, s.window
         ),
         wgsl: w,
-        workgroup_size: [WG, 1, 1],
+        workgroup_size: [wg, 1, 1],
         bindings: b.finish(),
         workgroups: [
             WorkgroupCount::fixed(s.kv_heads),
             WorkgroupCount::fixed(splits),
             WorkgroupCount::fixed(1),
         ],
-        workgroup_bytes: (2 * group * cap + KG * s.head_dim + 1) * 4,
+        workgroup_bytes: (red + group * cap + group + if kg > 1 { kg * group } else { 0 } + 1) * 4,
     }
 }
 
-/// WGSL reducing each head's row `red[g·CAP .. g·CAP + nk]` into
-/// `red[g·CAP]` (entries past `nk` hold the operation's identity); halvings
-/// wider than `nk` are skipped.
-fn group_reduce(op: &str) -> String {
-    let combine = if op == "max" {
-        "red[a] = max(red[a], red[a + s]);"
-    } else {
-        "red[a] = red[a] + red[a + s];"
+/// WGSL of the score passes, straight-line so that every load of a pass
+/// issues before the first multiply: lane `c` of key `kq` keeps the query's
+/// dimensions `c + i·TPK` (`i < DPT`, in vec4 quads, zero past `HD`) in
+/// registers, loads the same dimensions of its K row, and leaves one partial
+/// dot per head in `red`; then one thread per (head, key) sums the `TPK`
+/// partials into `sc`.
+fn score_passes(group: u32, hd: u32, tpk: u32, dpt: u32) -> String {
+    let quads = dpt.div_ceil(4);
+    // Dimension i of this lane: its index expression, and whether it can
+    // fall past HD (then clamped and masked).
+    let dim = |i: u32| -> (String, bool) {
+        let exact = hd.is_multiple_of(tpk) && i < dpt;
+        let e = if i * tpk == 0 {
+            "c".to_string()
+        } else {
+            format!("c + {}u", i * tpk)
+        };
+        if exact {
+            (e, false)
+        } else {
+            (format!("min({e}, HD - 1u)"), true)
+        }
     };
-    format!(
-        "  for (var s = CAP / 2u; s > 0u; s = s >> 1u) {{\n\
-         \x20   if (s >= nk) {{ continue; }}\n\
-         \x20   for (var i = lane; i < G * s; i = i + WG) {{ let a = (i / s) * CAP + i % s; {combine} }}\n\
-         \x20   workgroupBarrier();\n  }}\n"
-    )
+    let mut w = String::from(
+        "  // Scores: TPK lanes per key, DPT dimensions each (the query's in\n  \
+         // registers), KP keys per pass.\n  let c = lane % TPK;\n  let kq = lane / TPK;\n",
+    );
+    for g in 0..group {
+        for v in 0..quads {
+            let parts: Vec<String> = (0..4)
+                .map(|r| {
+                    let i = 4 * v + r;
+                    if i >= dpt {
+                        return "0.0f".to_string();
+                    }
+                    let (e, masked) = dim(i);
+                    let load = format!("q[(h0 + {g}u) * HD + {e}]");
+                    if masked {
+                        format!("select(0.0f, {load}, c + {}u < HD)", i * tpk)
+                    } else {
+                        load
+                    }
+                })
+                .collect();
+            let _ = writeln!(w, "  let q{g}_{v} = vec4<f32>({});", parts.join(", "));
+        }
+    }
+    w.push_str(
+        "  for (var p0 = 0u; p0 < nk; p0 = p0 + KP) {\n    let kb = row(k0, p0 + kq, nk, kvh);\n",
+    );
+    for v in 0..quads {
+        let parts: Vec<String> = (0..4)
+            .map(|r| format!("kc[kb + {}]", dim(4 * v + r).0))
+            .collect();
+        let _ = writeln!(w, "    let kk{v} = vec4<f32>({});", parts.join(", "));
+    }
+    for g in 0..group {
+        let _ = writeln!(w, "    var s{g} = q{g}_0 * kk0;");
+        for v in 1..quads {
+            let _ = writeln!(w, "    s{g} = s{g} + q{g}_{v} * kk{v};");
+        }
+        let _ = writeln!(w, "    red[{g}u * WG + c * KP + kq] = hsum(s{g});");
+    }
+    w.push_str(
+        "    workgroupBarrier();\n\
+         \x20   for (var t = lane; t < G * KP; t = t + WG) {\n\
+         \x20     let g = t / KP;\n      let j = t % KP;\n\
+         \x20     var dot = 0.0f;\n\
+         \x20     for (var r = 0u; r < TPK; r = r + 1u) { dot = dot + red[g * WG + r * KP + j]; }\n\
+         \x20     sc[g * CAP + p0 + j] = select(NEG, dot * SCALE, p0 + j < nk);\n\
+         \x20   }\n\
+         \x20   workgroupBarrier();\n  }\n",
+    );
+    w
+}
+
+/// WGSL of the value accumulation and the split's output. Lane `dl` of key
+/// group `kg` takes keys `kg, kg + KG, …` `U` at a time (all their V loads
+/// first, four rows to a vec4 accumulator per head and dimension) and
+/// dimensions `dl + e·DL` (`e < PT`). With one key group each thread owns
+/// its dimensions; with several, their sums meet in `red` and `lk` first.
+/// A single split writes `y = acc / l`; otherwise the partial `(m, l, acc)`
+/// goes to the scratch.
+fn values(group: u32, hd: u32, dl: u32, kg: u32, pt: u32, u: u32) -> String {
+    let live = |e: u32| hd.is_multiple_of(dl) || (e + 1) * dl <= hd;
+    let vdim = |e: u32| {
+        let base = if e == 0 {
+            "dl".to_string()
+        } else {
+            format!("dl + {}u", e * dl)
+        };
+        if live(e) {
+            base
+        } else {
+            format!("min({base}, HD - 1u)")
+        }
+    };
+    let mut w = String::from(
+        "  // Values: DL dimension lanes x KG key groups, U rows per batch.\n  \
+         let dl = lane % DL;\n  let kg = lane / DL;\n",
+    );
+    for g in 0..group {
+        let _ = writeln!(w, "  var l{g} = vec4<f32>(0.0f);");
+        for e in 0..pt {
+            let _ = writeln!(w, "  var a{g}_{e} = vec4<f32>(0.0f);");
+        }
+    }
+    w.push_str("  for (var j0 = kg; j0 < nk; j0 = j0 + U * KG) {\n");
+    let key = |r: u32| {
+        if r == 0 {
+            "j0".to_string()
+        } else {
+            format!("j0 + {}u * KG", r)
+        }
+    };
+    for r in 0..u {
+        let _ = writeln!(w, "    let r{r} = row(k0, {}, nk, kvh);", key(r));
+    }
+    for quad in 0..u / 4 {
+        for e in 0..pt {
+            let parts: Vec<String> = (0..4)
+                .map(|x| format!("vc[r{} + {}]", 4 * quad + x, vdim(e)))
+                .collect();
+            let _ = writeln!(w, "    let v{quad}_{e} = vec4<f32>({});", parts.join(", "));
+        }
+    }
+    for quad in 0..u / 4 {
+        for g in 0..group {
+            let parts: Vec<String> = (0..4)
+                .map(|x| format!("prob({g}u, {}, nk)", key(4 * quad + x)))
+                .collect();
+            let _ = writeln!(w, "    let p{quad}_{g} = vec4<f32>({});", parts.join(", "));
+            let _ = writeln!(w, "    l{g} = l{g} + p{quad}_{g};");
+            for e in 0..pt {
+                let _ = writeln!(w, "    a{g}_{e} = a{g}_{e} + p{quad}_{g} * v{quad}_{e};");
+            }
+        }
+    }
+    w.push_str("  }\n");
+    let store = |pad: &str, g: u32, d: &str, o: &str, l: &str| {
+        format!(
+            "{pad}if (used == 1u) {{ y[(h0 + {g}u) * HD + {d}] = {o} / {l}; }} else {{\n\
+             {pad}  let base = ((h0 + {g}u) * S + split) * STRIDE;\n\
+             {pad}  part[base + 2u + {d}] = {o};\n\
+             {pad}  if ({d} == 0u) {{ part[base] = ms[{g}u]; part[base + 1u] = {l}; }}\n\
+             {pad}}}\n"
+        )
+    };
+    if kg == 1 {
+        for g in 0..group {
+            for e in 0..pt {
+                let d = vdim(e).replace("min(", "(").replace(", HD - 1u)", ")");
+                let body = store(
+                    "  ",
+                    g,
+                    &format!("({d})"),
+                    &format!("hsum(a{g}_{e})"),
+                    &format!("hsum(l{g})"),
+                );
+                if live(e) {
+                    w.push_str(&body);
+                } else {
+                    let _ = write!(
+                        w,
+                        "  if ({d} < HD) {{\n{}  }}\n",
+                        body.replace("\n  ", "\n    ").replacen("  if", "    if", 1)
+                    );
+                }
+            }
+        }
+        return w;
+    }
+    for g in 0..group {
+        for e in 0..pt {
+            let d = if e == 0 {
+                "dl".to_string()
+            } else {
+                format!("dl + {}u", e * dl)
+            };
+            let keep = format!("red[(kg * G + {g}u) * HD + {d}] = hsum(a{g}_{e});");
+            if live(e) {
+                let _ = writeln!(w, "  {keep}");
+            } else {
+                let _ = writeln!(w, "  if ({d} < HD) {{ {keep} }}");
+            }
+        }
+    }
+    w.push_str("  if (dl == 0u) {\n");
+    for g in 0..group {
+        let _ = writeln!(w, "    lk[kg * G + {g}u] = hsum(l{g});");
+    }
+    w.push_str(
+        "  }\n  workgroupBarrier();\n\
+         \x20 for (var i = lane; i < G * HD; i = i + WG) {\n\
+         \x20   let g = i / HD;\n    let d = i % HD;\n\
+         \x20   var o = 0.0f;\n    var l = 0.0f;\n\
+         \x20   for (var k = 0u; k < KG; k = k + 1u) { o = o + red[k * G * HD + i]; l = l + lk[k * G + g]; }\n",
+    );
+    w.push_str(
+        &store("    ", 0, "d", "o", "l")
+            .replace("(h0 + 0u)", "(h0 + g)")
+            .replace("ms[0u]", "ms[g]"),
+    );
+    w.push_str("  }\n");
+    w
+}
+
+/// WGSL folding splits `j .. j + 8` into the combine's vec4 sums (weights
+/// `exp(m − mx)`, zero past the splits in use).
+fn combine_body() -> String {
+    let mut w = String::new();
+    for h in 0..2 {
+        let at = |x: u32| {
+            let k = 4 * h + x;
+            if k == 0 {
+                "j".to_string()
+            } else {
+                format!("j + {k}u")
+            }
+        };
+        let f: Vec<String> = (0..4)
+            .map(|x| format!("exp(pmax(hb, {}, used) - mx)", at(x)))
+            .collect();
+        let ls: Vec<String> = (0..4)
+            .map(|x| format!("part[poff(hb, {}, used) + 1u]", at(x)))
+            .collect();
+        let os: Vec<String> = (0..4)
+            .map(|x| format!("part[poff(hb, {}, used) + 2u + d]", at(x)))
+            .collect();
+        let _ = writeln!(w, "      let f{h} = vec4<f32>({});", f.join(", "));
+        let _ = writeln!(w, "      l = l + vec4<f32>({}) * f{h};", ls.join(", "));
+        let _ = writeln!(w, "      o = o + vec4<f32>({}) * f{h};", os.join(", "));
+    }
+    w
 }
