@@ -7,7 +7,8 @@
 //! every case, then fails listing all the cases that failed. Outputs start as
 //! NaN, and activation inputs (bound `read_write`) must come back unchanged.
 //! The case's `Debug` form seeds its inputs, so a failure replays exactly.
-//! `matmul_random_shapes` adds a proptest over matmul shapes.
+//! `matmul_random_shapes` and `gemv_random_shapes` add proptests over
+//! matmul shapes.
 
 use gerbil_codegen_wgsl::kernels::{self, KernelSource, Rows};
 use gerbil_e2e::kernel_harness::{
@@ -124,8 +125,9 @@ struct MatMulCase {
 /// The epsilon of the matmul cases' norm prologues.
 const MATMUL_NORM_EPS: f32 = 1e-5;
 
-fn check_matmul(c: &MatMulCase) -> Result<(), String> {
-    let src = kernels::matmul::kernel(kernels::matmul::MatMulSpec {
+/// The kernel specialization of `c`.
+fn matmul_spec(c: &MatMulCase) -> kernels::matmul::MatMulSpec {
+    kernels::matmul::MatMulSpec {
         shard_rows: c.shard_rows,
         rows: c.rows,
         k: c.k,
@@ -138,7 +140,16 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
             .norm
             .map(|(offset, dtype)| (MATMUL_NORM_EPS, offset, dtype)),
         residual: c.residual,
-    });
+    }
+}
+
+fn check_matmul(c: &MatMulCase) -> Result<(), String> {
+    check_matmul_kernel(c, &kernels::matmul::kernel(matmul_spec(c)))
+}
+
+/// Runs `src`, a kernel for case `c` (the matmul or the gemv template), on
+/// `c`'s inputs and checks it against the reference.
+fn check_matmul_kernel(c: &MatMulCase, src: &KernelSource) -> Result<(), String> {
     let (m, k, n) = (row_count(c.rows, c.t), c.k as usize, c.n as usize);
     let wn = if c.glu.is_some() { 2 * n } else { n };
     let mut rng = rng(c);
@@ -180,7 +191,7 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
         }
     };
     debug_assert_eq!(want.len(), m * n);
-    expect(&src, c.t, 0, &inputs, inputs.len() - 1, &want)
+    expect(src, c.t, 0, &inputs, inputs.len() - 1, &want)
 }
 
 /// Every weight dtype × K × N (K odd takes the unpacked path of 16-bit
@@ -418,6 +429,145 @@ proptest! {
             rows, t, k, n, wdtype, bias, tt, shard_rows: None, glu: None, norm, residual,
         };
         check_matmul(&case).map_err(|e| TestCaseError::fail(format!("{case:?}: {e}")))?;
+    }
+}
+
+// ------------------------------------------------------------------ gemv
+
+/// Every matmul case (`tt` unused: one row of `x` per workgroup row), and
+/// the decode shapes the gemv template handles differently: every load width
+/// (`K` a multiple of 8, of 4, even, odd), several chunks per thread
+/// (`K / E` above 256, with and without a partial last chunk row), and `N` large enough for 2 to 16 outputs per
+/// workgroup with a partial last workgroup, plain, gated, normed, sharded.
+fn gemv_cases() -> Vec<MatMulCase> {
+    let case = |k, n, wdtype| MatMulCase {
+        rows: Rows::Tokens,
+        t: 1,
+        k,
+        n,
+        wdtype,
+        bias: false,
+        tt: 1,
+        shard_rows: None,
+        glu: None,
+        norm: None,
+        residual: false,
+    };
+    let mut cases = matmul_cases();
+    for wdtype in [DType::F32, DType::BF16, DType::F16] {
+        for k in [96, 100, 130, 7, 2056] {
+            cases.push(MatMulCase {
+                bias: k % 3 == 0,
+                residual: k % 2 == 0,
+                ..case(k, 600, wdtype)
+            });
+        }
+        cases.push(MatMulCase {
+            norm: Some((1.0, wdtype)),
+            ..case(1028, 37, wdtype)
+        });
+    }
+    let norm = Some((0.0, DType::BF16));
+    // Outputs per workgroup double while `TARGET_GROUPS` workgroups remain:
+    // `16g + 12` outputs get 16 per workgroup and a partial last one, `8g + 4`
+    // get 8; shards of `8(g/2) + 4` rows end inside a workgroup's outputs.
+    let g = kernels::gemv::TARGET_GROUPS;
+    let shard = Some(8 * (g / 2) + 4);
+    cases.extend([
+        // 16 outputs per workgroup and the final norm on one fixed row (lm_head).
+        MatMulCase {
+            rows: Rows::Fixed(1),
+            norm,
+            ..case(64, 16 * g + 12, DType::BF16)
+        },
+        // 8 gated outputs per workgroup, sharded, normed, with bias.
+        MatMulCase {
+            glu: Some(UnaryOp::Silu),
+            norm: Some((1.0, DType::F16)),
+            bias: true,
+            shard_rows: shard,
+            ..case(96, 8 * g + 4, DType::BF16)
+        },
+        // A sharded weight whose shards split a workgroup's outputs, and a
+        // residual; three rows of `x`.
+        MatMulCase {
+            shard_rows: shard,
+            residual: true,
+            t: 3,
+            ..case(576, 8 * g + 4, DType::F16)
+        },
+        // Several chunks per thread with no partial one (K / E = 2 · 256).
+        MatMulCase {
+            norm: Some((0.0, DType::F32)),
+            residual: true,
+            ..case(4096, 300, DType::BF16)
+        },
+        MatMulCase {
+            bias: true,
+            ..case(2048, 70, DType::F32)
+        },
+        // SmolLM2's q/k/v with its input norm and gate/up + SwiGLU.
+        MatMulCase {
+            norm,
+            ..case(576, 960, DType::BF16)
+        },
+        MatMulCase {
+            glu: Some(UnaryOp::Silu),
+            norm,
+            ..case(576, 1536, DType::BF16)
+        },
+    ]);
+    cases
+}
+
+/// `c` run through the gemv template with `reduce`.
+fn check_gemv(c: &MatMulCase, reduce: kernels::gemv::Reduce) -> Result<(), String> {
+    check_matmul_kernel(c, &kernels::gemv::kernel(&matmul_spec(c), reduce))
+}
+
+#[test]
+fn gemv_subgroup_matches_reference() {
+    check_all(gemv_cases(), |c| {
+        check_gemv(c, kernels::gemv::Reduce::Subgroup)
+    });
+}
+
+#[test]
+fn gemv_workgroup_matches_reference() {
+    check_all(gemv_cases(), |c| {
+        check_gemv(c, kernels::gemv::Reduce::Workgroup)
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn gemv_random_shapes(
+        k in 1u32..600,
+        n in 1u32..5000,
+        t in 1u32..3,
+        wdtype in dtype_strategy(),
+        bias: bool,
+        glu: bool,
+        shards in proptest::option::of(2u32..4),
+        norm in proptest::option::of((0u8..2, dtype_strategy())),
+        residual: bool,
+        subgroup: bool,
+    ) {
+        let norm = norm.map(|(offset, dtype)| (f32::from(offset), dtype));
+        let case = MatMulCase {
+            rows: Rows::Tokens, t, k, n, wdtype, bias, tt: 1,
+            shard_rows: shards.map(|s| (n * (1 + u32::from(glu))).div_ceil(s).next_multiple_of(4)),
+            glu: glu.then_some(UnaryOp::Silu),
+            norm, residual,
+        };
+        let reduce = if subgroup {
+            kernels::gemv::Reduce::Subgroup
+        } else {
+            kernels::gemv::Reduce::Workgroup
+        };
+        check_gemv(&case, reduce).map_err(|e| TestCaseError::fail(format!("{case:?} {reduce:?}: {e}")))?;
     }
 }
 

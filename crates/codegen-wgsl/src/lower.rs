@@ -6,12 +6,14 @@
 //! The result is a [`KernelSource`] whose bindings name IR ports; binding
 //! buffers to them is [`crate::dispatch`]'s job. The [`Phase`] says which
 //! schedule the kernel is for: prefill blocks matmul rows per workgroup;
-//! decode runs GEMVs (one row) and split-K attention.
+//! decode runs GEMVs (one row; subgroup reductions in a variant with the
+//! `subgroups` feature) and split-K attention.
 
 use crate::kernels::{
     attention::{self, AttentionSpec},
     attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
+    gemv::{self, Reduce},
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
@@ -19,8 +21,10 @@ use crate::kernels::{
     sample_token,
     KernelSource, Rows,
 };
+use crate::variant::VariantSpec;
 use crate::CodegenError;
 use gerbil_ir::{Dim, Graph, MatMul, MatMulGlu, NodeId, Op, TensorType, ValueRef};
+use gerbil_plan::Feature;
 use std::collections::HashMap;
 
 fn rows_of(ty: &TensorType) -> Rows {
@@ -82,8 +86,13 @@ impl Lowering<'_> {
         })
     }
 
-    /// The kernel for compute node `id` in a schedule of `phase`.
-    pub fn kernel(&self, id: NodeId, phase: Phase) -> Result<KernelSource, CodegenError> {
+    /// The kernel for compute node `id` in a schedule of `phase` of `variant`.
+    pub fn kernel(
+        &self,
+        id: NodeId,
+        phase: Phase,
+        variant: &VariantSpec,
+    ) -> Result<KernelSource, CodegenError> {
         let tt = match phase {
             Phase::Prefill(rows) => rows.max(1),
             Phase::Decode => 1,
@@ -125,7 +134,7 @@ impl Lowering<'_> {
                     _ => return Err(unsupported("not a matmul")),
                 };
                 let rows = rows_of(out_ty);
-                matmul::kernel(MatMulSpec {
+                let spec = MatMulSpec {
                     shard_rows: self.shard_rows(ins[1]),
                     rows,
                     k: width_of(in_ty(0)),
@@ -141,7 +150,14 @@ impl Lowering<'_> {
                         .zip(ports.norm)
                         .map(|(n, i)| (n.eps, n.weight_offset, in_ty(i).dtype)),
                     residual: ports.residual.is_some(),
-                })
+                };
+                match phase {
+                    Phase::Prefill(_) => matmul::kernel(spec),
+                    Phase::Decode if variant.features.contains(&Feature::Subgroups) => {
+                        gemv::kernel(&spec, Reduce::Subgroup)
+                    }
+                    Phase::Decode => gemv::kernel(&spec, Reduce::Workgroup),
+                }
             }
             Op::AddRmsNorm(n) | Op::AddRmsNormLastRow(n) => {
                 let spec = RmsNormSpec {

@@ -454,7 +454,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                     bytes: &bytes,
                 };
                 asm.dispatch(
-                    lowering.kernel(id, phase)?,
+                    lowering.kernel(id, phase, spec)?,
                     &ops,
                     &spec.features,
                     limits,

@@ -6,10 +6,13 @@
 //! adapter supports. All variants bind the same weight buffers, so a plan
 //! stores its weights once however many variants it carries.
 //!
-//! Today there is one variant, `portable`: f32 arithmetic, no optional
-//! feature, the kernels every WebGPU adapter runs. Variants that use
-//! `shader-f16`, subgroups or cooperative matrices are added here, first in
-//! the list, each gated on [`Target::has`](crate::Target::has).
+//! Two variants today, both f32 arithmetic: `subgroups` (decode GEMVs reduce
+//! with `subgroupAdd`, any subgroup size) for targets with the `subgroups`
+//! feature, then `portable` (no optional feature, the kernels every WebGPU
+//! adapter runs), which the runtime falls back to on an adapter without
+//! subgroups. Variants that use `shader-f16` or cooperative matrices are
+//! added here, before `portable`, each gated on
+//! [`Target::has`](crate::Target::has).
 
 use crate::target::Target;
 use gerbil_plan::Feature;
@@ -26,7 +29,16 @@ pub struct VariantSpec {
 }
 
 impl VariantSpec {
-    /// Today's kernels: f32 compute, no optional feature.
+    /// f32 compute; decode GEMVs reduce with subgroup operations.
+    pub fn subgroups(prefill_rows_per_workgroup: u32) -> Self {
+        VariantSpec {
+            name: "subgroups",
+            features: vec![Feature::Subgroups],
+            prefill_rows_per_workgroup,
+        }
+    }
+
+    /// f32 compute, no optional feature.
     pub fn portable(prefill_rows_per_workgroup: u32) -> Self {
         VariantSpec {
             name: "portable",
@@ -39,8 +51,11 @@ impl VariantSpec {
 /// The variants to emit for `target`, best first. The portable variant is
 /// always last, so every plan runs on every adapter that meets its limits.
 pub fn variants_for(target: &Target, prefill_rows_per_workgroup: u32) -> Vec<VariantSpec> {
-    [VariantSpec::portable(prefill_rows_per_workgroup)]
-        .into_iter()
-        .filter(|v| v.features.iter().all(|f| target.has(*f)))
-        .collect()
+    [
+        VariantSpec::subgroups(prefill_rows_per_workgroup),
+        VariantSpec::portable(prefill_rows_per_workgroup),
+    ]
+    .into_iter()
+    .filter(|v| v.features.iter().all(|f| target.has(*f)))
+    .collect()
 }

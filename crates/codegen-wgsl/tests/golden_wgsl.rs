@@ -5,14 +5,16 @@ use gerbil_codegen_wgsl::kernels::{
     attention::{self, AttentionSpec},
     attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
+    gemv::{self, Reduce},
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
     rope::{self, RopeSpec},
     KernelSource, Rows,
 };
-use gerbil_codegen_wgsl::validate;
+use gerbil_codegen_wgsl::{validate, validate_with};
 use gerbil_ir::{BinaryOp, DType, UnaryOp};
+use gerbil_plan::Feature;
 
 fn golden(src: KernelSource) {
     validate(&src.name, &src.wgsl).unwrap_or_else(|e| panic!("{e}"));
@@ -287,4 +289,86 @@ fn golden_kernels() {
     golden(elementwise::cache_write(192));
     golden(elementwise::add_bias(Rows::Tokens, 896, DType::BF16));
     golden(elementwise::slice_last_row(576));
+}
+
+/// The decode GEMVs at SmolLM2 shapes, in both reductions (the subgroup form
+/// validated with the `subgroups` capability), and the fallbacks of a `K`
+/// that is no multiple of 8.
+#[test]
+fn golden_gemv_kernels() {
+    let spec = |k, n, wdtype, glu, norm, residual, shard_rows| MatMulSpec {
+        shard_rows,
+        rows: Rows::Tokens,
+        k,
+        n,
+        wdtype,
+        bias: false,
+        tt: 1,
+        glu,
+        norm,
+        residual,
+    };
+    let bf16_norm = Some((1e-5, 0.0, DType::BF16));
+    for reduce in [Reduce::Subgroup, Reduce::Workgroup] {
+        let golden = |src: KernelSource| {
+            let features: &[Feature] = match reduce {
+                Reduce::Subgroup => &[Feature::Subgroups],
+                Reduce::Workgroup => &[],
+            };
+            validate_with(&src.name, &src.wgsl, features).unwrap_or_else(|e| panic!("{e}"));
+            let header = format!(
+                "// {} @workgroup_size({:?}) workgroups {:?}\n",
+                src.name, src.workgroup_size, src.workgroups
+            );
+            insta::assert_snapshot!(src.name.clone(), header + &src.wgsl);
+        };
+        // q/k/v with the input norm; gate/up + SwiGLU with the post-attention
+        // norm; down_proj + residual.
+        golden(gemv::kernel(
+            &spec(576, 960, DType::BF16, None, bf16_norm, false, None),
+            reduce,
+        ));
+        golden(gemv::kernel(
+            &spec(
+                576,
+                1536,
+                DType::BF16,
+                Some(UnaryOp::Silu),
+                bf16_norm,
+                false,
+                None,
+            ),
+            reduce,
+        ));
+        golden(gemv::kernel(
+            &spec(1536, 576, DType::BF16, None, None, true, None),
+            reduce,
+        ));
+        // f16 pairs (K even, not a multiple of 4), odd f32 with a sharded
+        // GeGLU weight.
+        golden(gemv::kernel(
+            &spec(
+                130,
+                64,
+                DType::F16,
+                None,
+                Some((1e-6, 1.0, DType::F32)),
+                true,
+                None,
+            ),
+            reduce,
+        ));
+        golden(gemv::kernel(
+            &spec(
+                7,
+                37,
+                DType::F32,
+                Some(UnaryOp::GeluTanh),
+                None,
+                false,
+                Some(48),
+            ),
+            reduce,
+        ));
+    }
 }

@@ -15,6 +15,7 @@ pub mod attention;
 pub mod attention_decode;
 pub mod elementwise;
 pub mod embedding;
+pub mod gemv;
 pub mod matmul;
 pub mod qkv_rope;
 pub mod rms_norm;
@@ -235,6 +236,37 @@ impl Bindings {
         weight_binding(out, n, name, dtype);
     }
 
+    /// A tensor of `dtype` declared as `array<{array_of}>` (e.g. `vec4<u32>`,
+    /// eight packed 16-bit values per load) with no loader: the template
+    /// decodes it. `writable` makes it a `read_write` activation (see
+    /// [`Bindings::activation`]), else a read-only weight.
+    pub fn vectors(
+        &mut self,
+        out: &mut String,
+        port: Port,
+        name: &str,
+        dtype: DType,
+        writable: bool,
+        array_of: &str,
+    ) {
+        let elem = match dtype {
+            DType::F32 => Elem::F32,
+            DType::U32 => Elem::U32,
+            DType::BF16 => Elem::Bf16x2,
+            DType::F16 => Elem::F16x2,
+        };
+        let (access, wgsl_access) = if writable {
+            (Access::ReadWrite, "read_write")
+        } else {
+            (Access::Read, "read")
+        };
+        let n = self.push(name, port, access, elem);
+        let _ = writeln!(
+            out,
+            "@group(0) @binding({n}) var<storage, {wgsl_access}> {name}: array<{array_of}>;"
+        );
+    }
+
     /// The declarations, binding 0 first.
     pub fn finish(self) -> Vec<BindingDecl> {
         self.decls
@@ -244,7 +276,7 @@ impl Bindings {
 /// Exact IEEE binary16 → binary32 conversion with integer operations, so
 /// kernels need neither `shader-f16` nor naga's `SHADER_FLOAT16_IN_FLOAT32`
 /// (`unpack2x16float`), which some backends lack.
-const F16_DECODE: &str = "fn f16_bits_to_f32(h: u32) -> f32 {
+pub(crate) const F16_DECODE: &str = "fn f16_bits_to_f32(h: u32) -> f32 {
   let sign = (h & 0x8000u) << 16u;
   let e = (h >> 10u) & 0x1fu;
   let m = h & 0x3ffu;

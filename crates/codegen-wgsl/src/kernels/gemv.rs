@@ -1,0 +1,502 @@
+//! `gemv`: the decode form of [`matmul`](super::matmul), `y[t, n] = Σ_k
+//! x[t, k] · w[n, k] (+ b[n])` with one workgroup row per row of `x` (one in
+//! decode), and every option of [`MatMulSpec`]: bias, gated epilogue, weight
+//! row shards, RMSNorm prologue, residual epilogue. [`kernel`] builds it with
+//! a [`Reduce`] strategy; the lowering picks it for decode steps.
+//!
+//! Each row of `x` and `w` is cut into chunks of `E` elements, one wide load
+//! each: 8 packed bf16/f16 (`vec4<u32>`) or 4 f32 (`vec4<f32>`) where `K`
+//! allows, else 4 or 2 packed values, else 1. A workgroup computes `R`
+//! consecutive outputs: its threads stride over the chunks, and each thread
+//! loads its chunk of `x` once and the same chunk of all `R` weight rows, so
+//! `R` independent loads are in flight per thread and `x` is reused `R`
+//! times. `R` is the largest power of two that still leaves enough
+//! workgroups to fill a large GPU ([`TARGET_GROUPS`]), so even a 576-wide
+//! output spreads over every SM without split-K or a second dispatch. The
+//! partial sums are then reduced across the workgroup: by `subgroupAdd` and
+//! one workgroup-memory slot per subgroup ([`Reduce::Subgroup`], any subgroup
+//! size), or by a workgroup-memory tree ([`Reduce::Workgroup`]).
+//!
+//! The surprise: a chunk of 8 packed 16-bit values decodes into a
+//! `mat2x4<f32>` of its even and its odd elements (one shift or mask per
+//! word), so `x` and the norm weight are loaded in that same permuted order;
+//! the dot product does not mind.
+
+use super::matmul::MatMulSpec;
+use super::{
+    f32_lit, input, input_shard, output, prelude, split_groups, Bindings, KernelSource, F16_DECODE,
+};
+use gerbil_ir::{DType, MatMulPorts, UnaryOp};
+use gerbil_plan::Port;
+use std::fmt::Write;
+
+/// How a workgroup reduces its threads' partial sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Reduce {
+    /// `subgroupAdd`, then one slot per subgroup in workgroup memory: needs
+    /// the `subgroups` feature; works with any subgroup size.
+    Subgroup,
+    /// A tree in workgroup memory: runs everywhere.
+    Workgroup,
+}
+
+/// Workgroups a dispatch aims for: four per SM of a 132-SM GPU (on the
+/// H100, 4 beat 2 by 2–5% on the Llama-3.2-1B shapes). Outputs per workgroup
+/// double only while at least this many workgroups remain.
+pub const TARGET_GROUPS: u32 = 528;
+/// Most weight rows a thread loads per chunk (gate and up rows count twice).
+const MAX_ROW_LOADS: u32 = 16;
+/// Workgroup memory every adapter offers (WebGPU's default), in f32s.
+const WORKGROUP_FLOATS: u32 = 4096;
+/// WebGPU's smallest subgroup size: bounds the subgroups of a workgroup.
+const MIN_SUBGROUP_SIZE: u32 = 4;
+
+/// Elements per load: 8 packed 16-bit values or 4 f32 where `K` is a
+/// multiple, else the widest that divides `K`.
+fn elems_per_load(wdtype: DType, k: u32) -> u32 {
+    let widest = if is_packed(wdtype) { 8 } else { 4 };
+    [8, 4, 2]
+        .into_iter()
+        .find(|&e| e <= widest && k.is_multiple_of(e))
+        .unwrap_or(1)
+}
+
+fn is_packed(dtype: DType) -> bool {
+    matches!(dtype, DType::BF16 | DType::F16)
+}
+
+/// The WGSL type of one chunk of `e` elements, widened to f32.
+fn chunk_type(e: u32) -> &'static str {
+    match e {
+        1 => "f32",
+        2 => "vec2<f32>",
+        4 => "vec4<f32>",
+        _ => "mat2x4<f32>",
+    }
+}
+
+/// The low and high value of a packed word `w`, widened to f32.
+fn halves(dtype: DType, w: &str) -> (String, String) {
+    if dtype == DType::BF16 {
+        (
+            format!("bitcast<f32>({w} << 16u)"),
+            format!("bitcast<f32>({w} & 0xffff0000u)"),
+        )
+    } else {
+        (
+            format!("f16_bits_to_f32({w} & 0xffffu)"),
+            format!("f16_bits_to_f32({w} >> 16u)"),
+        )
+    }
+}
+
+/// Declares binding `name`, a `dtype` tensor whose rows are whole chunks of
+/// `e` elements, as an array of its loads, with `fn {name}_chunk(i: u32)`
+/// returning chunk `i` widened to f32 (8-element chunks: even elements in
+/// column 0, odd ones in column 1).
+fn chunk_binding(
+    b: &mut Bindings,
+    w: &mut String,
+    port: Port,
+    name: &str,
+    dtype: DType,
+    e: u32,
+    writable: bool,
+) {
+    let (array_of, body) = match (is_packed(dtype), e) {
+        (false, 8) => (
+            "vec4<f32>",
+            format!(
+                "let a = {name}[2u * i];\n  let b = {name}[2u * i + 1u];\n  \
+                 return mat2x4<f32>(vec4<f32>(a.x, a.z, b.x, b.z), vec4<f32>(a.y, a.w, b.y, b.w));"
+            ),
+        ),
+        (false, _) => (chunk_type(e), format!("return {name}[i];")),
+        (true, 1) => (
+            "u32",
+            if dtype == DType::BF16 {
+                format!(
+                    "let v = {name}[i >> 1u];\n  \
+                     return bitcast<f32>(select(v << 16u, v & 0xffff0000u, (i & 1u) == 1u));"
+                )
+            } else {
+                format!("return f16_bits_to_f32(({name}[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu);")
+            },
+        ),
+        (true, 2) => {
+            let (lo, hi) = halves(dtype, "v");
+            (
+                "u32",
+                format!("let v = {name}[i];\n  return vec2<f32>({lo}, {hi});"),
+            )
+        }
+        (true, 4) => {
+            let ((l0, h0), (l1, h1)) = (halves(dtype, "v.x"), halves(dtype, "v.y"));
+            (
+                "vec2<u32>",
+                format!("let v = {name}[i];\n  return vec4<f32>({l0}, {h0}, {l1}, {h1});"),
+            )
+        }
+        (true, _) => (
+            "vec4<u32>",
+            if dtype == DType::BF16 {
+                format!(
+                    "let v = {name}[i];\n  return mat2x4<f32>(bitcast<vec4<f32>>(v << vec4<u32>(16u)), \
+                     bitcast<vec4<f32>>(v & vec4<u32>(0xffff0000u)));"
+                )
+            } else {
+                format!(
+                    "let v = {name}[i];\n  return mat2x4<f32>(f16x4(v & vec4<u32>(0xffffu)), \
+                     f16x4(v >> vec4<u32>(16u)));"
+                )
+            },
+        ),
+    };
+    b.vectors(w, port, name, dtype, writable, array_of);
+    let _ = writeln!(
+        w,
+        "fn {name}_chunk(i: u32) -> {c} {{\n  {body}\n}}",
+        c = chunk_type(e)
+    );
+    if dtype == DType::F16 {
+        if !w.contains(F16_DECODE) {
+            w.push_str(F16_DECODE);
+        }
+        if e == 8 && !w.contains("fn f16x4(") {
+            w.push_str(
+                "fn f16x4(h: vec4<u32>) -> vec4<f32> {\n  return vec4<f32>(f16_bits_to_f32(h.x), \
+                 f16_bits_to_f32(h.y), f16_bits_to_f32(h.z), f16_bits_to_f32(h.w));\n}\n",
+            );
+        }
+    }
+}
+
+/// `cdot` (dot product of two chunks) and, with a norm, `cmul`
+/// (elementwise product) and `cplus` (plus a scalar).
+fn chunk_ops(e: u32, norm: bool) -> String {
+    let c = chunk_type(e);
+    let (dot, mul, plus) = match e {
+        1 => ("a * b", "a * b", "a + s"),
+        8 => (
+            "dot(a[0], b[0]) + dot(a[1], b[1])",
+            "mat2x4<f32>(a[0] * b[0], a[1] * b[1])",
+            "mat2x4<f32>(a[0] + vec4<f32>(s), a[1] + vec4<f32>(s))",
+        ),
+        _ => ("dot(a, b)", "a * b", "a + s"),
+    };
+    let mut s = format!("fn cdot(a: {c}, b: {c}) -> f32 {{ return {dot}; }}\n");
+    if norm {
+        let _ = write!(
+            s,
+            "fn cmul(a: {c}, b: {c}) -> {c} {{ return {mul}; }}\n\
+             fn cplus(a: {c}, s: f32) -> {c} {{ return {plus}; }}\n"
+        );
+    }
+    s
+}
+
+/// Outputs per workgroup: the largest power of two that leaves at least
+/// [`TARGET_GROUPS`] workgroups, keeps a thread's loads per chunk within
+/// [`MAX_ROW_LOADS`] and (workgroup-memory tree) the reduction slots within
+/// [`WORKGROUP_FLOATS`].
+fn outputs_per_group(s: &MatMulSpec, threads: u32, reduce: Reduce) -> u32 {
+    let rows_per_output = if s.glu.is_some() { 2 } else { 1 };
+    let fits = |r: u32| {
+        let slots = r * rows_per_output + u32::from(s.norm.is_some());
+        r * rows_per_output <= MAX_ROW_LOADS
+            && (reduce == Reduce::Subgroup || slots * threads <= WORKGROUP_FLOATS)
+    };
+    let mut r = 1;
+    while fits(2 * r) && s.n.div_ceil(2 * r) >= TARGET_GROUPS {
+        r *= 2;
+    }
+    r
+}
+
+/// Builds the kernel (`s.tt` is ignored: one row of `x` per workgroup row).
+pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
+    let e = elems_per_load(s.wdtype, s.k);
+    let kc = s.k / e;
+    let threads = match reduce {
+        Reduce::Subgroup => (kc.div_ceil(32) * 32).clamp(32, 256),
+        Reduce::Workgroup => kc.next_power_of_two().clamp(32, 256),
+    };
+    let iters = kc.div_ceil(threads);
+    let r = outputs_per_group(s, threads, reduce);
+    let (gx, gy) = split_groups(s.n.div_ceil(r));
+    let glu = s.glu.is_some();
+    let norm = s.norm.is_some();
+    // Reduction slots: the R sums, the R up sums, Σx².
+    let sq_slot = r * if glu { 2 } else { 1 };
+    let slots = sq_slot + u32::from(norm);
+    let max_subgroups = threads / MIN_SUBGROUP_SIZE;
+
+    let mut w = prelude();
+    let _ = writeln!(
+        w,
+        "const K: u32 = {k}u;\nconst N: u32 = {n}u;\nconst KC: u32 = {kc}u;\n\
+         const THREADS: u32 = {threads}u;\nconst ITERS: u32 = {iters}u;\nconst R: u32 = {r}u;\nconst SLOTS: u32 = {slots}u;\n\
+         const GX: u32 = {gx}u;",
+        k = s.k,
+        n = s.n,
+    );
+    let mut b = Bindings::new();
+    chunk_binding(&mut b, &mut w, input(0), "x", DType::F32, e, true);
+    // First rows of the weight's shards (with `glu`, they split the 2·N rows).
+    let weight_rows = s.n * if glu { 2 } else { 1 };
+    let starts: Vec<u32> = match s.shard_rows {
+        Some(per) if per > 0 && per < weight_rows => {
+            (0..weight_rows.div_ceil(per)).map(|i| i * per).collect()
+        }
+        _ => vec![0],
+    };
+    let names: Vec<String> = if starts.len() == 1 {
+        vec!["w".to_string()]
+    } else {
+        (0..starts.len()).map(|i| format!("w{i}")).collect()
+    };
+    for (i, name) in names.iter().enumerate() {
+        chunk_binding(
+            &mut b,
+            &mut w,
+            input_shard(1, i as u32),
+            name,
+            s.wdtype,
+            e,
+            false,
+        );
+    }
+    let ports = MatMulPorts::new(s.bias, norm, s.residual);
+    if let Some(port) = ports.bias {
+        b.weight(&mut w, input(port as u32), "b", DType::F32);
+    }
+    if let (Some((eps, offset, gdtype)), Some(port)) = (s.norm, ports.norm) {
+        chunk_binding(
+            &mut b,
+            &mut w,
+            input(port as u32),
+            "gamma",
+            gdtype,
+            e,
+            false,
+        );
+        let _ = writeln!(
+            w,
+            "const EPS: f32 = {};\nconst OFFSET: f32 = {};",
+            f32_lit(eps),
+            f32_lit(offset)
+        );
+    }
+    if let Some(port) = ports.residual {
+        b.activation(&mut w, input(port as u32), "res");
+    }
+    b.activation(&mut w, output(0), "y");
+    w += &chunk_ops(e, norm);
+
+    // Chunk `c` of weight row `row`, from the shard that holds the row.
+    let c = chunk_type(e);
+    let _ = writeln!(w, "fn wrow(row: u32, c: u32) -> {c} {{");
+    for (i, (name, start)) in names.iter().zip(&starts).enumerate() {
+        let local = if *start == 0 {
+            "row".to_string()
+        } else {
+            format!("(row - {start}u)")
+        };
+        let load = format!("return {name}_chunk({local} * KC + c);");
+        match starts.get(i + 1) {
+            Some(end) => {
+                let _ = writeln!(w, "  if (row < {end}u) {{ {load} }}");
+            }
+            None => {
+                let _ = writeln!(w, "  {load}\n}}");
+            }
+        }
+    }
+
+    // The K loop, unrolled over the R outputs (a last workgroup past N
+    // reloads row N - 1 and stores nothing for it).
+    let mut body = String::new();
+    if norm {
+        body += "    var xv = x_chunk(t * KC + c);\n\
+                 \x20   ssq = ssq + cdot(xv, xv);\n\
+                 \x20   xv = cmul(xv, cplus(gamma_chunk(c), OFFSET));\n";
+    } else {
+        body += "    let xv = x_chunk(t * KC + c);\n";
+    }
+    for i in 0..r {
+        let _ = writeln!(
+            body,
+            "    let row{i} = min(n0 + {i}u, N - 1u);\n    acc[{i}] = acc[{i}] + cdot(wrow(row{i}, c), xv);"
+        );
+        if glu {
+            let _ = writeln!(
+                body,
+                "    up[{i}] = up[{i}] + cdot(wrow(row{i} + N, c), xv);"
+            );
+        }
+    }
+    // Every partial sum as (slot, expression).
+    let mut parts: Vec<(u32, String)> = (0..r).map(|i| (i, format!("acc[{i}]"))).collect();
+    if glu {
+        parts.extend((0..r).map(|i| (r + i, format!("up[{i}]"))));
+    }
+    if norm {
+        parts.push((sq_slot, "ssq".to_string()));
+    }
+
+    let (red_len, builtins, reduce_code, total) = match reduce {
+        Reduce::Subgroup => {
+            let mut code = String::new();
+            for (slot, v) in &parts {
+                let _ = writeln!(code, "  let s{slot} = subgroupAdd({v});");
+            }
+            code += "  if (sg_lane == 0u && sg_id < MAX_SUBGROUPS) {\n";
+            for (slot, _) in &parts {
+                let _ = writeln!(code, "    red[sg_id * SLOTS + {slot}u] = s{slot};");
+            }
+            code += "  }\n  workgroupBarrier();\n";
+            // Thread `tid < R` sums its slots over the subgroups.
+            let mut total = "    var sum = 0.0f;\n".to_string();
+            let mut adds = "      sum = sum + red[j * SLOTS + tid];\n".to_string();
+            if glu {
+                total += "    var upsum = 0.0f;\n";
+                adds += "      upsum = upsum + red[j * SLOTS + R + tid];\n";
+            }
+            if norm {
+                total += "    var sq = 0.0f;\n";
+                let _ = writeln!(adds, "      sq = sq + red[j * SLOTS + {sq_slot}u];");
+            }
+            let _ = write!(
+                total,
+                "    for (var j = 0u; j < min(sg_count, MAX_SUBGROUPS); j = j + 1u) {{\n{adds}    }}\n"
+            );
+            (
+                slots * max_subgroups,
+                ",\n        @builtin(subgroup_invocation_id) sg_lane: u32,\n        \
+                 @builtin(subgroup_id) sg_id: u32,\n        @builtin(num_subgroups) sg_count: u32",
+                code,
+                total,
+            )
+        }
+        Reduce::Workgroup => {
+            let mut code = String::new();
+            for (slot, v) in &parts {
+                let _ = writeln!(code, "  red[{slot}u * THREADS + tid] = {v};");
+            }
+            code += "  workgroupBarrier();\n\
+                     \x20 for (var s = THREADS / 2u; s > 0u; s = s >> 1u) {\n\
+                     \x20   if (tid < s) {\n\
+                     \x20     for (var j = 0u; j < SLOTS; j = j + 1u) {\n\
+                     \x20       red[j * THREADS + tid] = red[j * THREADS + tid] + red[j * THREADS + tid + s];\n\
+                     \x20     }\n    }\n    workgroupBarrier();\n  }\n";
+            let mut total = "    let sum = red[tid * THREADS];\n".to_string();
+            if glu {
+                total += "    let upsum = red[(R + tid) * THREADS];\n";
+            }
+            if norm {
+                let _ = writeln!(total, "    let sq = red[{sq_slot}u * THREADS];");
+            }
+            (slots * threads, "", code, total)
+        }
+    };
+    if reduce == Reduce::Subgroup {
+        let _ = writeln!(w, "const MAX_SUBGROUPS: u32 = {max_subgroups}u;");
+    }
+
+    let scale = if norm { " * inv" } else { "" };
+    let res = if s.residual { " + res[t * N + n]" } else { "" };
+    let mut store = String::new();
+    if norm {
+        store += "    let inv = 1.0f / sqrt(sq / f32(K) + EPS);\n";
+    }
+    match s.glu {
+        None => {
+            let bias = if s.bias { " + load_b(n)" } else { "" };
+            let _ = writeln!(store, "    y[t * N + n] = sum{scale}{bias}{res};");
+        }
+        Some(act) => {
+            let (gb, ub) = if s.bias {
+                (" + load_b(n)", " + load_b(N + n)")
+            } else {
+                ("", "")
+            };
+            let _ = write!(
+                store,
+                "    let gv = sum{scale}{gb};\n    let uv = upsum{scale}{ub};\n\
+                 \x20   y[t * N + n] = ({e}) * uv{res};\n",
+                e = super::elementwise::unary_expr(act, "gv"),
+            );
+        }
+    }
+    // A constant trip count, so the compiler can unroll the loop and issue
+    // every load of a thread at once; chunks past KC only where THREADS does
+    // not divide KC.
+    let k_loop = if kc.is_multiple_of(threads) {
+        format!(
+            "  for (var i = 0u; i < ITERS; i = i + 1u) {{\n    let c = tid + i * THREADS;\n{body}  }}\n"
+        )
+    } else {
+        let body = body.replace("\n    ", "\n      ");
+        format!(
+            "  for (var i = 0u; i < ITERS; i = i + 1u) {{\n    let c = tid + i * THREADS;\n    if (c < KC) {{\n  {body}    }}\n  }}\n"
+        )
+    };
+    let accs = if glu {
+        "  var acc: array<f32, R>;\n  var up: array<f32, R>;\n"
+    } else {
+        "  var acc: array<f32, R>;\n"
+    };
+    let ssq = if norm { "  var ssq = 0.0f;\n" } else { "" };
+    let _ = write!(
+        w,
+        "var<workgroup> red: array<f32, {red_len}>;\n\
+         @compute @workgroup_size({threads}, 1, 1)\n\
+         fn main(@builtin(local_invocation_index) tid: u32,\n        \
+         @builtin(workgroup_id) wid: vec3<u32>{builtins}) {{\n\
+         \x20 let n0 = (wid.x + wid.y * GX) * R;\n\
+         \x20 let t = wid.z;\n{accs}{ssq}\
+         {k_loop}\
+         {reduce_code}\
+         \x20 let n = n0 + tid;\n\
+         \x20 if (tid < R && n < N) {{\n{total}{store}  }}\n}}\n"
+    );
+    KernelSource {
+        name: format!(
+            "gemv{}_{}_r{}_k{}_n{}{}{}{}{}_{}",
+            match s.glu {
+                None => String::new(),
+                Some(UnaryOp::Silu) => "_swiglu".to_string(),
+                Some(UnaryOp::GeluTanh) => "_geglu".to_string(),
+                Some(UnaryOp::Softcap(c)) => format!("_glu_softcap{}", c.to_bits()),
+            },
+            s.wdtype,
+            s.rows.tag(),
+            s.k,
+            s.n,
+            if s.bias { "_bias" } else { "" },
+            match s.norm {
+                Some((_, _, gdtype)) => format!("_norm_{gdtype}"),
+                None => String::new(),
+            },
+            if s.residual { "_residual" } else { "" },
+            if names.len() > 1 {
+                format!("_shards{}", names.len())
+            } else {
+                String::new()
+            },
+            match reduce {
+                Reduce::Subgroup => "sg",
+                Reduce::Workgroup => "wg",
+            }
+        ),
+        wgsl: w,
+        workgroup_size: [threads, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            gerbil_plan::WorkgroupCount::fixed(gx),
+            gerbil_plan::WorkgroupCount::fixed(gy),
+            s.rows.count(1, 1),
+        ],
+        workgroup_bytes: red_len * 4,
+    }
+}
