@@ -18,8 +18,7 @@ use crate::kernels::{
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
     rope::{self, RopeSpec},
-    sample_token,
-    KernelSource, Rows,
+    sample_token, KernelSource, Rows,
 };
 use crate::variant::VariantSpec;
 use crate::CodegenError;
