@@ -43,14 +43,16 @@ for cfg in "${shapes[@]}"; do
         > "$out/bench-$name-d4096.json" 2>>"$out/bench-$name.log" &
     pid=$!
     peak=0
+    last=0
     while kill -0 $pid 2>/dev/null; do
         m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
             | awk -F', ' -v p=$pid '$1 == p { print $2 }')
-        [ -n "$m" ] && [ "$m" -gt "$peak" ] && peak=$m
+        [ -n "$m" ] && last=$m && [ "$m" -gt "$peak" ] && peak=$m
         sleep 0.2
     done
     wait $pid || status=1
-    echo "{\"driver_mib\": $peak}" > "$out/mem-$name.json"
+    # peak: during the weight upload too; last: while decoding, the steady state.
+    echo "{\"driver_mib\": $peak, \"driver_last_mib\": $last}" > "$out/mem-$name.json"
     # Sampled decode (temperature 0.8, top-k 40, top-p 0.95) at depth 0.
     $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --depth 0 --repeats 5 --json \
         --temperature 0.8 --top-k 40 --top-p 0.95 > "$out/bench-$name-sampled.json" 2>>"$out/bench-$name.log" || status=1
@@ -70,7 +72,7 @@ def load(p):
         return json.load(open(p))
     except Exception:
         return {}
-print("| shape | variant | pp512 | tg128 | tg128 @ d4096 (ratio) | tg128 sampled (ratio) | GPU memory: driver / plan | HF f16 pp512 / tg128 / d4096 | llama.cpp Vulkan pp512 / tg128 | llama.cpp CUDA pp512 / tg128 | check |")
+print("| shape | variant | pp512 | tg128 | tg128 @ d4096 (ratio) | tg128 sampled (ratio) | GPU memory: driver / plan (steady) | HF f16 pp512 / tg128 / d4096 | llama.cpp Vulkan pp512 / tg128 | llama.cpp CUDA pp512 / tg128 | check |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for cfg in shapes:
     name = os.path.basename(os.path.dirname(cfg))
@@ -91,7 +93,9 @@ for cfg in shapes:
     ts = sm.get("decode_tok_s", float("nan"))
     plan_mib = sum(d4.get(k, 0) for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes")) / 2**20
     drv = mem.get("driver_mib", 0)
-    m = f"{drv:.0f} / {plan_mib:.0f} MiB ({drv / plan_mib - 1:+.0%})" if drv and plan_mib else "–"
+    last = mem.get("driver_last_mib", 0)
+    m = (f"{drv:.0f} peak, {last:.0f} decoding / {plan_mib:.0f} MiB ({last / plan_mib - 1:+.0%})"
+         if last and plan_mib else "–")
     print(f"| {name} | {d0['variant']} ({d0.get('decode_loop', '?')}) | {d0['prefill_tok_s']:.0f} | {tg0:.1f} | "
           f"{tg4:.1f} ({tg4 / tg0:.0%}) | {ts:.1f} ({ts / tg0:.0%}) | {m} | {h} | {vk} | {cu} | {check} |")
 PY
