@@ -60,7 +60,12 @@ fn check_llama(rel: &str, weight_dtype: DType) {
     assert!(ckpt_weights.iter().all(|w| w.ty.dtype == weight_dtype));
 
     let (name, logits) = &g.outputs[0];
-    assert_eq!((g.outputs.len(), name.as_str()), (1, "logits"));
+    assert_eq!((g.outputs.len(), name.as_str()), (2, "logits"));
+    // The second output is the next token, chosen from the logits on the GPU.
+    let (name, next) = &g.outputs[1];
+    assert_eq!(name, gerbil_ir::NEXT_TOKEN);
+    assert_eq!(g.node(next.node).op, Op::SampleToken);
+    assert_eq!(g.inputs(next.node), vec![*logits]);
     assert_eq!(g.value_type(*logits).to_string(), "f32[T,512]");
     let head = g.node(logits.node);
     assert_eq!(head.label, "lm_head");
