@@ -198,15 +198,20 @@ impl Gpu {
     }
 
     /// Waits for the callback behind `done` (a buffer mapping, submitted work
-    /// finishing). On native targets this polls the device until the queue is
-    /// idle, which runs the callbacks; in a browser the callback arrives from
-    /// the event loop while this future is pending.
+    /// finishing). On native targets this polls the device until
+    /// `submission` (or, with `None`, everything submitted) is done, which
+    /// runs the callbacks; in a browser the callback arrives from the event
+    /// loop while this future is pending.
     pub(crate) async fn settle<T>(
         &self,
         done: futures::channel::oneshot::Receiver<T>,
+        submission: Option<wgpu::SubmissionIndex>,
     ) -> Result<T, RuntimeError> {
         self.device
-            .poll(wgpu::PollType::wait_indefinitely())
+            .poll(wgpu::PollType::Wait {
+                submission_index: submission,
+                timeout: None,
+            })
             .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
         done.await.map_err(|_| {
             RuntimeError::DeviceLost("wgpu dropped a callback without calling it".into())
@@ -220,22 +225,7 @@ impl Gpu {
         buffer: &wgpu::Buffer,
         read: impl FnOnce(&[u8]) -> T,
     ) -> Result<T, RuntimeError> {
-        let slice = buffer.slice(..);
-        let (tx, rx) = futures::channel::oneshot::channel();
-        slice.map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.settle(rx)
-            .await?
-            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
-        let value = {
-            let view = slice
-                .get_mapped_range()
-                .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
-            read(&view)
-        };
-        buffer.unmap();
-        Ok(value)
+        self.map_and_read(buffer, None, read).await
     }
 
     /// Like [`Gpu::read_mapped`], but on native targets waits only for
@@ -247,21 +237,23 @@ impl Gpu {
         submission: wgpu::SubmissionIndex,
         read: impl FnOnce(&[u8]) -> T,
     ) -> Result<T, RuntimeError> {
+        self.map_and_read(buffer, Some(submission), read).await
+    }
+
+    /// Maps `buffer`, waits as [`Gpu::settle`] does, reads, unmaps.
+    async fn map_and_read<T>(
+        &self,
+        buffer: &wgpu::Buffer,
+        submission: Option<wgpu::SubmissionIndex>,
+        read: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, RuntimeError> {
         let slice = buffer.slice(..);
         let (tx, rx) = futures::channel::oneshot::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(submission),
-                timeout: None,
-            })
-            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
-        rx.await
-            .map_err(|_| {
-                RuntimeError::DeviceLost("wgpu dropped a callback without calling it".into())
-            })?
+        self.settle(rx, submission)
+            .await?
             .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
         let value = {
             let view = slice
@@ -279,7 +271,7 @@ impl Gpu {
         self.queue.on_submitted_work_done(move || {
             let _ = tx.send(());
         });
-        self.settle(rx).await
+        self.settle(rx, None).await
     }
 }
 
