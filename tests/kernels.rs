@@ -1488,12 +1488,15 @@ fn slice_cols_matches_reference() {
 // ---------------------------------------------------------- sample_token
 
 /// Logits of a `sample_token` case: random, or with the maximum tied at
-/// several columns, or with NaNs sprinkled in (which must never win).
+/// several columns, or with NaNs sprinkled in (which must never win), or
+/// peaked like a trained model's (a few dozen columns far above the rest, so
+/// a nucleus or a min-p cut holds few tokens).
 #[derive(Clone, Copy, Debug)]
 enum Logits {
     Random,
     Ties,
     Nans,
+    Peaked,
 }
 
 /// `sample_token` chooses exactly what `gerbil_runtime::Sampler` chooses
@@ -1519,6 +1522,11 @@ fn sample_token_matches_the_cpu_sampler() {
             Logits::Nans => {
                 for _ in 0..vocab / 3 + 1 {
                     last[r.below(vocab) as usize] = f32::NAN;
+                }
+            }
+            Logits::Peaked => {
+                for _ in 0..r.below(40) + 2 {
+                    last[r.below(vocab) as usize] = 14.0 + 4.0 * r.unit();
                 }
             }
         }
@@ -1598,6 +1606,51 @@ fn sample_token_matches_the_cpu_sampler() {
             sample(1.3, 0, 1.0, 0.1, u64::MAX),
         ),
     ];
+    // The kernel's slices: vocabularies of one to 128 workgroups (the
+    // Llama 3 and Gemma 3 sizes too), multiples of a slice or not; the
+    // common filters, which resolve from the slices' candidates, and ones
+    // that need the whole row (a large top-k, a wide nucleus or min-p cut,
+    // no filter); ties at the top-k threshold across slices.
+    for (vocab, seed) in [
+        (1023, 1),
+        (1025, 2),
+        (4097, 3),
+        (50_000, 4),
+        (128_256, 5),
+        (262_144, 6),
+    ] {
+        cases.push((
+            Rows::Fixed(1),
+            1,
+            vocab,
+            Logits::Random,
+            sample(0.8, 40, 0.95, 0.0, seed),
+        ));
+        cases.push((
+            Rows::Fixed(1),
+            1,
+            vocab,
+            Logits::Peaked,
+            sample(0.7, 0, 0.9, 0.0, seed),
+        ));
+        cases.push((Rows::Fixed(1), 1, vocab, Logits::Random, greedy));
+    }
+    for (kind, params) in [
+        (Logits::Random, sample(1.0, 3000, 1.0, 0.0, 8)),
+        (Logits::Random, sample(1.0, 3000, 0.5, 0.0, 9)),
+        (Logits::Random, sample(0.8, 0, 0.95, 0.0, 10)),
+        (Logits::Random, sample(0.8, 0, 1.0, 0.1, 11)),
+        (Logits::Random, sample(0.8, 0, 1.0, 0.0, 12)),
+        (Logits::Peaked, sample(1.0, 0, 1.0, 0.05, 13)),
+        (Logits::Peaked, sample(1.0, 0, 0.5, 0.0, 14)),
+        (Logits::Peaked, sample(0.6, 100, 0.9, 0.01, 15)),
+        (Logits::Ties, sample(1.0, 2, 1.0, 0.0, 16)),
+        (Logits::Ties, sample(1.0, 1000, 0.3, 0.0, 17)),
+        (Logits::Nans, sample(1.0, 30, 0.9, 0.0, 18)),
+        (Logits::Nans, sample(0.5, 0, 1.0, 0.3, 19)),
+    ] {
+        cases.push((Rows::Fixed(1), 1, 20_000, kind, params));
+    }
     // Each filter alone and together, over several seeds.
     for seed in 0..6u64 {
         for (k, top_p, min_p) in [

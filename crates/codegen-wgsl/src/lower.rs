@@ -209,6 +209,9 @@ impl Lowering<'_> {
             Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
             Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),
             Op::SliceLastRow => elementwise::slice_last_row(width_of(out_ty)),
+            Op::SampleToken if width_of(in_ty(0)) > sample_token::MAX_VOCAB => {
+                return Err(unsupported("sample_token takes at most 2^24 columns"))
+            }
             Op::SampleToken => sample_token::kernel(rows_of(in_ty(0)), width_of(in_ty(0))),
             Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
                 return Err(unsupported("source nodes have no kernel"))

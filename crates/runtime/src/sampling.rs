@@ -179,8 +179,7 @@ impl Sampler {
         }
         let mut floor = f32::NEG_INFINITY;
         if p.top_k > 0 && p.top_k < logits.len() {
-            let top = top_logits(logits, p.top_k);
-            floor = floor.max(top[top.len() - 1].1);
+            floor = floor.max(kth_largest(logits, p.top_k));
         }
         if p.top_p < 1.0 {
             floor = floor.max(top_p_floor(logits, floor, max, inv_t, p.top_p));
@@ -200,6 +199,17 @@ impl Sampler {
         }
         best.map_or_else(|| argmax(logits), |(_, i)| i)
     }
+}
+
+/// The `k`-th largest logit that is not NaN (`k ≥ 1`), or −∞ if fewer
+/// than `k` are not NaN.
+fn kth_largest(logits: &[f32], k: usize) -> f32 {
+    let mut kept: Vec<f32> = logits.iter().copied().filter(|l| !l.is_nan()).collect();
+    if kept.len() < k {
+        return f32::NEG_INFINITY;
+    }
+    kept.select_nth_unstable_by(k - 1, |a, b| b.total_cmp(a));
+    kept[k - 1]
 }
 
 /// The smallest logit `θ ≥ floor` such that the tokens at or above `θ` hold
@@ -307,6 +317,22 @@ mod tests {
         let s = Sampler::new(params(2.0, 0, 0.9, 0.0)).unwrap();
         assert!((0..500).all(|p| matches!(s.sample(&logits, p), 1 | 3)));
         assert_eq!(argmax(&logits), 1);
+    }
+
+    #[test]
+    fn top_k_counts_only_tokens_that_are_not_nan() {
+        let logits = [f32::NAN, 1.0, f32::NAN, 3.0, 2.0, f32::NAN];
+        let s = Sampler::new(params(5.0, 2, 1.0, 0.0)).unwrap();
+        let mut seen: Vec<u32> = (0..500).map(|p| s.sample(&logits, p)).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, vec![3, 4]);
+        // Fewer than k tokens that are not NaN: all of them stay.
+        let s = Sampler::new(params(5.0, 5, 1.0, 0.0)).unwrap();
+        let mut seen: Vec<u32> = (0..500).map(|p| s.sample(&logits, p)).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen, vec![1, 3, 4]);
     }
 
     #[test]
