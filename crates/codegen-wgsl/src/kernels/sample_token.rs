@@ -229,8 +229,8 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
   var bi = 0u;
   for (var j = 0u; j < E; j = j + 1u) {
     let c = w * SL + j * WG + lane;
-    var v = nan();
-    if (c < V) { v = x[base + c]; }
+    // Clamped, so that the loads need no branch and issue back to back.
+    let v = select(nan(), x[base + min(c, V - 1u)], c < V);
     xs[j] = v;
     if (beats(v, c, bv, bi)) { bv = v; bi = c; }
   }
@@ -363,25 +363,39 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
 }
 "#;
 
-/// The searches over one source of tokens, suffixed `_{suffix}`: `n` tokens,
-/// token `c`'s value `value` and column `column` (WGSL expressions of `c`
-/// and `base`).
+/// The searches over one source of tokens (see [`search`]).
 const SEARCH: &str = r#"
+// Token `c`'s value, NaN past the end (the index clamped: the load is
+// always in range, and four of them issue back to back).
+fn load_{S}(base: u32, c: u32) -> f32 {
+  let i = min(c, {n} - 1u);
+  return select(nan(), {value}, c < {n});
+}
+// Tokens c, c + WG, c + 2 WG, c + 3 WG.
+fn load4_{S}(base: u32, c: u32) -> vec4<f32> {
+  return vec4<f32>(load_{S}(base, c), load_{S}(base, c + WG), load_{S}(base, c + 2u * WG),
+                   load_{S}(base, c + 3u * WG));
+}
 // Tokens whose key is at least `th` (NaN never counts).
 fn count_{S}(lane: u32, base: u32, th: u32) -> u32 {
   var n = 0u;
-  for (var c = lane; c < {n}; c = c + WG) {
-    let v = {value};
-    if (!is_nan(v) && key(v) >= th) { n = n + 1u; }
+  for (var c = lane; c < {n}; c = c + 4u * WG) {
+    let v4 = load4_{S}(base, c);
+    for (var u = 0u; u < 4u; u = u + 1u) {
+      if (!is_nan(v4[u]) && key(v4[u]) >= th) { n = n + 1u; }
+    }
   }
   return sum_u(lane, n);
 }
 // Softmax weight (unnormalized) of the tokens whose key is at least `th`.
 fn mass_{S}(lane: u32, base: u32, th: u32, mx: f32, inv_t: f32) -> f32 {
   var m = 0.0f;
-  for (var c = lane; c < {n}; c = c + WG) {
-    let v = {value};
-    if (!is_nan(v) && key(v) >= th) { m = m + exp((v - mx) * inv_t); }
+  for (var c = lane; c < {n}; c = c + 4u * WG) {
+    let v4 = load4_{S}(base, c);
+    for (var u = 0u; u < 4u; u = u + 1u) {
+      let v = v4[u];
+      if (!is_nan(v) && key(v) >= th) { m = m + exp((v - mx) * inv_t); }
+    }
   }
   return sum_f(lane, m);
 }
@@ -408,18 +422,25 @@ fn draw_{S}(lane: u32, base: u32, lo: u32, mx: f32, inv_t: f32, pos: u32) -> u32
   // NaN: no kept token yet; it never wins.
   var sv = nan();
   var si = 0u;
-  for (var c = lane; c < {n}; c = c + WG) {
-    let v = {value};
-    if (!is_nan(v) && key(v) >= lo) {
-      let id = {column};
-      let s = (v - mx) * inv_t + gumbel(pos, id);
-      if (beats(s, id, sv, si)) { sv = s; si = id; }
+  for (var c = lane; c < {n}; c = c + 4u * WG) {
+    let v4 = load4_{S}(base, c);
+    for (var u = 0u; u < 4u; u = u + 1u) {
+      let v = v4[u];
+      if (!is_nan(v) && key(v) >= lo) {
+        let i = c + u * WG;
+        let id = {column};
+        let s = (v - mx) * inv_t + gumbel(pos, id);
+        if (beats(s, id, sv, si)) { sv = s; si = id; }
+      }
     }
   }
   return best_of(lane, sv, si);
 }
 "#;
 
+/// The searches over one source of tokens, suffixed `_{suffix}`: `n`
+/// tokens, token `i`'s value `value` and column `column` (WGSL expressions
+/// of `i` and `base`).
 fn search(suffix: &str, n: &str, value: &str, column: &str) -> String {
     SEARCH
         .replace("{S}", suffix)
@@ -450,10 +471,10 @@ pub fn kernel(rows: Rows, vocab: u32) -> KernelSource {
     w.push_str(
         &BODY
             .replace("{rows}", &rows.wgsl())
-            .replace("{search_x}", &search("x", "V", "x[base + c]", "c"))
+            .replace("{search_x}", &search("x", "V", "x[base + i]", "i"))
             .replace(
                 "{search_c}",
-                &search("c", "NC", "cand[c]", "u32(part[P_VCOL + c])"),
+                &search("c", "NC", "cand[i]", "u32(part[P_VCOL + i])"),
             ),
     );
     KernelSource {
