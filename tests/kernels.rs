@@ -868,6 +868,8 @@ struct AttentionCase {
     scale: f32,
     t: u32,
     p: u32,
+    /// How the KV cache is stored (F16 in an f16 variant).
+    kv: DType,
 }
 
 fn check_attention(c: &AttentionCase) -> Result<(), String> {
@@ -877,6 +879,7 @@ fn check_attention(c: &AttentionCase) -> Result<(), String> {
         head_dim: c.head_dim,
         scale: c.scale,
         window: c.window,
+        kv: c.kv,
     });
     let (nh, nkv, hd) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
     let (t, p) = (c.t as usize, c.p as usize);
@@ -897,13 +900,10 @@ fn check_attention(c: &AttentionCase) -> Result<(), String> {
         scale: c.scale,
         window: (c.window > 0).then_some(c.window),
     };
-    let want = reference::attention(&widen(&q), &widen(&kc), &widen(&vc), &spec, p);
-    let inputs = [
-        f32_bytes(&q),
-        f32_bytes(&kc),
-        f32_bytes(&vc),
-        poison(q.len()),
-    ];
+    let (kc_bytes, kc) = encode(&kc, c.kv);
+    let (vc_bytes, vc) = encode(&vc, c.kv);
+    let want = reference::attention(&widen(&q), &kc, &vc, &spec, p);
+    let inputs = [f32_bytes(&q), kc_bytes, vc_bytes, poison(q.len())];
     expect(&src, c.t, c.p, &inputs, 3, &want)
 }
 
@@ -917,9 +917,18 @@ fn attention_matches_reference() {
         scale,
         t,
         p,
+        kv: DType::F32,
+    };
+    let f16 = |c: AttentionCase| AttentionCase {
+        kv: DType::F16,
+        ..c
     };
     check_all(
         [
+            // An f16 KV cache (the f16 variants): decode, prefill, windowed.
+            f16(case(4, 2, 16, 0, 0.3, 1, 70)),
+            f16(case(6, 3, 256, 0, 0.05, 13, 130)),
+            f16(case(4, 2, 16, 100, 0.3, 13, 120)),
             // Decode against 71 cached keys: two key chunks.
             case(4, 2, 16, 0, 0.3, 1, 70),
             case(4, 2, 16, 4, 0.3, 13, 70),
@@ -953,6 +962,8 @@ struct DecodeAttentionCase {
     max_context: u32,
     /// Position of the step's one token: `p + 1` keys before the window.
     p: u32,
+    /// How the KV cache is stored (F16 in an f16 variant).
+    kv: DType,
 }
 
 /// Runs the split-K decode kernel twice on the same scratch, with two
@@ -966,6 +977,7 @@ fn check_decode_attention(c: &DecodeAttentionCase) -> Result<(), String> {
         head_dim: c.head_dim,
         scale: c.scale,
         window: c.window,
+        kv: c.kv,
     };
     let src = kernels::attention_decode::kernel(spec, c.max_context);
     let (nh, nkv, hd, p) = (
@@ -983,6 +995,8 @@ fn check_decode_attention(c: &DecodeAttentionCase) -> Result<(), String> {
     kc.extend(std::iter::repeat_n(f32::NAN, spare));
     vc.extend(std::iter::repeat_n(f32::NAN, spare));
     let queries = [rng.vec(nh * hd), rng.vec(nh * hd)];
+    let (kc_bytes, kc) = encode(&kc, c.kv);
+    let (vc_bytes, vc) = encode(&vc, c.kv);
     let a = Attention {
         n_heads: c.heads,
         n_kv_heads: c.kv_heads,
@@ -997,15 +1011,15 @@ fn check_decode_attention(c: &DecodeAttentionCase) -> Result<(), String> {
             p: c.p,
             inputs: vec![
                 f32_bytes(q),
-                f32_bytes(&kc),
-                f32_bytes(&vc),
+                kc_bytes.clone(),
+                vc_bytes.clone(),
                 poison(q.len()),
             ],
         })
         .collect();
     let got = run_steps_outputs(&src, &steps, &[3])?;
     for (n, (q, got)) in queries.iter().zip(got).enumerate() {
-        let want = reference::attention(&widen(q), &widen(&kc), &widen(&vc), &a, p);
+        let want = reference::attention(&widen(q), &kc, &vc, &a, p);
         check_close(&format!("{} run {}", src.name, n + 1), &got[0], &want, TOL)?;
     }
     Ok(())
@@ -1022,6 +1036,7 @@ fn decode_attention_matches_reference() {
         scale: 1.0 / (head_dim as f32).sqrt(),
         max_context,
         p,
+        kv: DType::F32,
     };
     // SmolLM2's shape at a 4096-token context: 43 splits.
     let splits = kernels::attention_decode::splits(
@@ -1031,6 +1046,7 @@ fn decode_attention_matches_reference() {
             head_dim: 64,
             scale: 0.125,
             window: 0,
+            kv: DType::F32,
         },
         4096,
     );
@@ -1083,6 +1099,18 @@ fn decode_attention_matches_reference() {
         scale: 5.0,
         ..case(6, 3, 256, 0, 4096, 1500)
     });
+    // An f16 KV cache (the f16 variants): one split, many, a window.
+    for c in [
+        case(9, 3, 64, 0, 4096, 5),
+        case(9, 3, 64, 0, 4096, 2999),
+        case(8, 1, 100, 0, 4096, 333),
+        case(4, 1, 256, 512, 4608, 4107),
+    ] {
+        cases.push(DecodeAttentionCase {
+            kv: DType::F16,
+            ..c
+        });
+    }
     check_all(cases, check_decode_attention);
 }
 
@@ -1213,10 +1241,12 @@ struct CacheWriteCase {
     width: u32,
     t: u32,
     p: u32,
+    /// How the cache is stored (F16 in an f16 variant).
+    kv: DType,
 }
 
 fn check_cache_write(c: &CacheWriteCase) -> Result<(), String> {
-    let src = kernels::elementwise::cache_write(c.width);
+    let src = kernels::elementwise::cache_write(c.width, c.kv);
     let (w, t, p) = (c.width as usize, c.t as usize, c.p as usize);
     let mut rng = rng(c);
     // Rows before P and two rows after P + T hold values that must survive;
@@ -1224,26 +1254,43 @@ fn check_cache_write(c: &CacheWriteCase) -> Result<(), String> {
     let mut cache = rng.vec((p + t + 2) * w);
     cache[p * w..(p + t) * w].fill(f32::NAN);
     let x = rng.vec(t * w);
-    let want = reference::cache_write(&widen(&cache), &widen(&x), w, p);
-    expect(
-        &src,
-        c.t,
-        c.p,
-        &[f32_bytes(&cache), f32_bytes(&x)],
-        0,
-        &want,
-    )
+    let (cache_bytes, cache) = encode(&cache, c.kv);
+    let want = reference::cache_write(&cache, &widen(&x), w, p);
+    let got = run_output(&src, c.t, c.p, &[cache_bytes, f32_bytes(&x)], 0)?;
+    check_close(&src.name, &got, &want, kv_tol(c.kv))
+}
+
+/// Tolerance for values stored in a KV cache of `kv`: f16 keeps 11
+/// significant bits, so a stored value is within 2⁻¹¹ of the f32 one.
+fn kv_tol(kv: DType) -> f64 {
+    match kv {
+        DType::F16 => 1e-3,
+        _ => TOL,
+    }
 }
 
 #[test]
 fn cache_write_matches_reference() {
-    let case = |width, t, p| CacheWriteCase { width, t, p };
+    let case = |width, t, p| CacheWriteCase {
+        width,
+        t,
+        p,
+        kv: DType::F32,
+    };
+    let f16 = |width, t, p| CacheWriteCase {
+        kv: DType::F16,
+        ..case(width, t, p)
+    };
     check_all(
         [
             case(32, 1, 0),
             case(7, 13, 5),
             case(300, 3, 60),
             case(64, 1, 17),
+            // An f16 cache: odd widths leave a row's last half-word shared.
+            f16(32, 1, 0),
+            f16(7, 13, 5),
+            f16(63, 1, 17),
         ],
         check_cache_write,
     );
@@ -1366,6 +1413,8 @@ struct QkvRopeCase {
     norm: Option<(f32, DType)>,
     t: u32,
     p: u32,
+    /// How the KV caches are stored (F16 in an f16 variant).
+    kv: DType,
 }
 
 fn check_qkv_rope(c: &QkvRopeCase) -> Result<(), String> {
@@ -1375,6 +1424,7 @@ fn check_qkv_rope(c: &QkvRopeCase) -> Result<(), String> {
         head_dim: c.head_dim,
         rotary_dim: c.rotary_dim,
         norm: c.norm.map(|(off, dt)| (1e-6, off, dt)),
+        kv: c.kv,
     });
     let (nh, nkv, hd) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
     let (t, p) = (c.t as usize, c.p as usize);
@@ -1386,8 +1436,8 @@ fn check_qkv_rope(c: &QkvRopeCase) -> Result<(), String> {
     let (qn_bytes, qn) = encode(&rng.vec(hd), c.norm.map_or(DType::F32, |n| n.1));
     let (kn_bytes, kn) = encode(&rng.vec(hd), c.norm.map_or(DType::F32, |n| n.1));
     // Caches start with recognizable contents; rows outside P..P+T must keep them.
-    let kc0 = rng.vec(lmax * kw);
-    let vc0 = rng.vec(lmax * kw);
+    let (kc0_bytes, kc0) = encode(&rng.vec(lmax * kw), c.kv);
+    let (vc0_bytes, vc0) = encode(&rng.vec(lmax * kw), c.kv);
     let spec = QkvRope {
         n_heads: c.heads,
         n_kv_heads: c.kv_heads,
@@ -1401,29 +1451,31 @@ fn check_qkv_rope(c: &QkvRopeCase) -> Result<(), String> {
     let want = reference::qkv_rope(
         &widen(&x),
         &widen(&table),
-        &widen(&kc0),
-        &widen(&vc0),
+        &kc0,
+        &vc0,
         &spec,
         c.norm.map(|_| (qn.as_slice(), kn.as_slice())),
         p,
     );
-    let mut inputs = vec![
-        f32_bytes(&x),
-        f32_bytes(&table),
-        f32_bytes(&kc0),
-        f32_bytes(&vc0),
-    ];
+    let mut inputs = vec![f32_bytes(&x), f32_bytes(&table), kc0_bytes, vc0_bytes];
     if c.norm.is_some() {
         inputs.extend([qn_bytes, kn_bytes]);
     }
     inputs.push(poison(t * qw));
     let q_out = inputs.len() - 1;
-    expect_all(
-        &src,
-        c.t,
-        c.p,
-        &inputs,
-        &[(q_out, &want.q), (2, &want.k_cache), (3, &want.v_cache)],
+    let got = run_outputs(&src, c.t, c.p, &inputs, &[q_out, 2, 3])?;
+    check_close(&format!("{} q", src.name), &got[0], &want.q, TOL)?;
+    check_close(
+        &format!("{} k cache", src.name),
+        &got[1],
+        &want.k_cache,
+        kv_tol(c.kv),
+    )?;
+    check_close(
+        &format!("{} v cache", src.name),
+        &got[2],
+        &want.v_cache,
+        kv_tol(c.kv),
     )
 }
 
@@ -1437,6 +1489,11 @@ fn qkv_rope_matches_reference() {
         norm,
         t,
         p,
+        kv: DType::F32,
+    };
+    let f16 = |c: QkvRopeCase| QkvRopeCase {
+        kv: DType::F16,
+        ..c
     };
     check_all(
         [
@@ -1449,6 +1506,10 @@ fn qkv_rope_matches_reference() {
             case(6, 2, 7, 4, Some((0.0, DType::F16)), 4, 9),
             // Heads wider than the workgroup and not a multiple of it.
             case(2, 1, 96, 32, None, 2, 1),
+            // f16 caches (the f16 variants); an odd head width.
+            f16(case(9, 3, 64, 64, None, 1, 5)),
+            f16(case(4, 1, 256, 256, Some((1.0, DType::BF16)), 3, 2)),
+            f16(case(6, 2, 7, 4, Some((0.0, DType::F16)), 4, 9)),
         ],
         check_qkv_rope,
     );

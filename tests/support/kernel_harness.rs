@@ -21,7 +21,7 @@
 
 use gerbil_codegen_wgsl::kernels::KernelSource;
 use gerbil_ir::DType;
-use gerbil_plan::{Access, BindingDecl, Port};
+use gerbil_plan::{Access, BindingDecl, Elem, Port};
 use std::sync::OnceLock;
 
 /// Largest accepted `|got − want| / max(1, |want|)`: f32 accumulation noise.
@@ -339,21 +339,24 @@ pub fn run_steps_outputs(
     steps: &[Step],
     outs: &[usize],
 ) -> Result<Vec<Vec<Vec<f32>>>, String> {
-    let writable: Vec<usize> = src
+    let writable: Vec<(usize, Elem)> = src
         .bindings
         .iter()
         .skip(1)
         .filter(|b| !is_scratch(b))
         .enumerate()
         .filter(|(_, b)| b.access == Access::ReadWrite)
-        .map(|(i, _)| i)
+        .map(|(i, b)| (i, b.elem))
         .collect();
     let mut all = Vec::new();
     for (n, (step, got)) in steps.iter().zip(run_steps(src, steps)).enumerate() {
         let mut results = vec![None; outs.len()];
-        for (&i, bytes) in writable.iter().zip(got) {
+        for (&(i, elem), bytes) in writable.iter().zip(got) {
             if let Some(k) = outs.iter().position(|&o| o == i) {
-                results[k] = Some(to_f32(&bytes));
+                results[k] = Some(match elem {
+                    Elem::F16x2 => f16_to_f32(&bytes),
+                    _ => to_f32(&bytes),
+                });
             } else if bytes != step.inputs[i] {
                 return Err(format!("step {}: input {i} was modified", n + 1));
             }
@@ -388,6 +391,14 @@ pub fn to_f32(bytes: &[u8]) -> Vec<f32> {
     bytes
         .chunks_exact(4)
         .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+        .collect()
+}
+
+/// f32s from little-endian f16 halves (an f16 KV cache).
+pub fn f16_to_f32(bytes: &[u8]) -> Vec<f32> {
+    bytes
+        .chunks_exact(2)
+        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
         .collect()
 }
 

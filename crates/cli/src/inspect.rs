@@ -2,7 +2,7 @@
 
 use gerbil_plan::{BufferKind, Dispatch, PlanHeader, Variant};
 use serde::Serialize;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// A plan summary; `--json` prints it as is.
 #[derive(Clone, Debug, Serialize)]
@@ -43,14 +43,14 @@ pub struct Inspection {
     pub arena_sizes: Vec<u64>,
     /// Bytes if every activation had its own buffer.
     pub activation_naive_bytes: u64,
-    /// KV-cache bytes.
+    /// KV-cache bytes of the first variant.
     pub kv_cache_bytes: u64,
     /// Weight bytes by dtype.
     pub weight_bytes_by_dtype: BTreeMap<String, u64>,
     /// Kernels: name and workgroup size.
     pub kernels: Vec<(String, [u32; 3])>,
-    /// The plan's variants, best first; the `*_dispatches*` fields above are
-    /// those of the first.
+    /// The plan's variants, best first; the `*_dispatches*` and
+    /// `kv_cache_bytes` fields above are those of the first.
     pub variants: Vec<VariantSummary>,
 }
 
@@ -61,6 +61,10 @@ pub struct VariantSummary {
     pub name: String,
     /// Device features it needs.
     pub features: Vec<&'static str>,
+    /// `f32` or `f16`: what it stores in f16 (`--precision` picks by it).
+    pub precision: &'static str,
+    /// Bytes of the KV caches it binds.
+    pub kv_cache_bytes: u64,
     /// Dispatches per prefill step.
     pub prefill_dispatches: usize,
     /// Dispatches per decode step.
@@ -74,13 +78,27 @@ fn per_layer(list: &[Dispatch], layers: u64) -> f64 {
     list.iter().filter(|d| d.layer.is_some()).count() as f64 / layers.max(1) as f64
 }
 
-fn summarize(v: &Variant, layers: u64) -> VariantSummary {
+/// Bytes of the KV-cache buffers `v` binds.
+fn kv_bytes(h: &PlanHeader, v: &Variant) -> u64 {
+    let caches: BTreeSet<u32> = v
+        .prefill
+        .iter()
+        .chain(&v.decode)
+        .flat_map(|d| d.bindings.iter().map(|b| b.buffer))
+        .filter(|&b| matches!(h.buffers[b as usize].kind, BufferKind::KvCache { .. }))
+        .collect();
+    caches.iter().map(|&b| h.buffers[b as usize].size).sum()
+}
+
+fn summarize(h: &PlanHeader, v: &Variant) -> VariantSummary {
     VariantSummary {
         name: v.name.clone(),
         features: v.features.iter().map(|f| f.name()).collect(),
+        precision: v.precision.name(),
+        kv_cache_bytes: kv_bytes(h, v),
         prefill_dispatches: v.prefill.len(),
         decode_dispatches: v.decode.len(),
-        decode_dispatches_per_layer: per_layer(&v.decode, layers),
+        decode_dispatches_per_layer: per_layer(&v.decode, h.model.num_layers),
     }
 }
 
@@ -89,7 +107,6 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
     let mut weight_bytes_by_dtype = BTreeMap::new();
     let mut arena = 0;
     let mut arena_sizes = Vec::new();
-    let mut kv = 0;
     for b in &h.buffers {
         match &b.kind {
             BufferKind::Weight { dtype, .. } => {
@@ -99,7 +116,6 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
                 arena += b.size;
                 arena_sizes.push(b.size);
             }
-            BufferKind::KvCache { .. } => kv += b.size,
             _ => {}
         }
     }
@@ -124,14 +140,14 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
         activation_arena_bytes: arena,
         arena_sizes,
         activation_naive_bytes: h.compile.activation_naive_bytes,
-        kv_cache_bytes: kv,
+        kv_cache_bytes: kv_bytes(h, best),
         weight_bytes_by_dtype,
         kernels: h
             .kernels
             .iter()
             .map(|k| (k.name.clone(), k.workgroup_size))
             .collect(),
-        variants: h.variants.iter().map(|v| summarize(v, layers)).collect(),
+        variants: h.variants.iter().map(|v| summarize(h, v)).collect(),
     }
 }
 
@@ -179,8 +195,8 @@ pub fn render(i: &Inspection) -> String {
             v.features.join(", ")
         };
         s += &format!(
-            "variant    {} ({features}): prefill {} / decode {} dispatches\n",
-            v.name, v.prefill_dispatches, v.decode_dispatches
+            "variant    {} ({}; {features}): prefill {} / decode {} dispatches, kv cache {} bytes\n",
+            v.name, v.precision, v.prefill_dispatches, v.decode_dispatches, v.kv_cache_bytes
         );
     }
     s += &format!(
@@ -191,7 +207,7 @@ pub fn render(i: &Inspection) -> String {
         i.decode_dispatches_per_layer
     );
     s += &format!(
-        "activations arena {} bytes in {} buffer(s) vs {} naive ({:.1}%)\nkv cache   {} bytes\n",
+        "activations arena {} bytes in {} buffer(s) vs {} naive ({:.1}%)\nkv cache   {} bytes (first variant)\n",
         i.activation_arena_bytes,
         i.arena_sizes.len(),
         i.activation_naive_bytes,

@@ -6,7 +6,9 @@
 use anyhow::{bail, Context, Result};
 use gerbil_plan::PlanFile;
 use gerbil_runtime::text::{ChatMessage, TextCodec};
-use gerbil_runtime::{generate, top_logits, GenerateOptions, SamplingParams, Session};
+use gerbil_runtime::{
+    generate, top_logits, GenerateOptions, PrecisionChoice, SamplingParams, Session, SessionOptions,
+};
 use serde::Serialize;
 use std::io::Write;
 use std::time::Instant;
@@ -40,6 +42,8 @@ pub struct RunOptions {
     pub json: bool,
     /// Keep going past end-of-sequence tokens.
     pub ignore_eos: bool,
+    /// Which precision variant runs.
+    pub precision: PrecisionChoice,
 }
 
 /// One step in the JSON output.
@@ -110,7 +114,11 @@ pub async fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
         }
         return Ok(());
     }
-    let mut session = Session::new(&plan).await?;
+    let session_opts = SessionOptions {
+        precision: opts.precision,
+        profiling: false,
+    };
+    let mut session = Session::open(&plan, &session_opts).await?;
     let gen_opts = GenerateOptions {
         max_new_tokens: opts.max_new_tokens,
         sampling: opts.sampling,
@@ -189,6 +197,8 @@ pub struct BenchOptions {
     pub repeats: usize,
     /// Also time every dispatch of one prefill and one decode step.
     pub profile: bool,
+    /// Which precision variant runs.
+    pub precision: PrecisionChoice,
 }
 
 /// GPU time of one kind of dispatch in a step.
@@ -262,8 +272,11 @@ fn summarize(times: &[gerbil_runtime::DispatchTime], copy_gb_s: f64) -> Vec<Prof
 pub struct BenchReport {
     /// Adapter name.
     pub device: String,
-    /// The plan variant that ran (the best one the device supports).
+    /// The plan variant that ran (the best one the device supports at the
+    /// precision asked for).
     pub variant: String,
+    /// Its precision: `f32` or `f16` (what `--precision auto` chose).
+    pub precision: String,
     /// Prompt tokens per second (median).
     pub prefill_tok_s: f64,
     /// Generated tokens per second (median), greedy, as `generate` runs it.
@@ -343,11 +356,11 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// synthetic token ids.
 pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchReport> {
     let plan = PlanFile::open(plan_path)?;
-    let mut session = if opts.profile {
-        Session::new_profiling(&plan).await?
-    } else {
-        Session::new(&plan).await?
+    let session_opts = SessionOptions {
+        precision: opts.precision,
+        profiling: opts.profile,
     };
+    let mut session = Session::open(&plan, &session_opts).await?;
     let vocab = session.vocab_size() as u32;
     let max = plan.header.model.max_context as usize;
     let depth = opts.depth.unwrap_or(opts.prompt_tokens);
@@ -413,6 +426,7 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         kv_cache_bytes: mem.kv_cache,
         activation_bytes: mem.activations,
         variant: session.variant().name.clone(),
+        precision: session.variant().precision.name().to_string(),
         decode_loop: match (
             session.can_sample_on_gpu(&opts.sampling),
             opts.sampling.is_greedy(),

@@ -22,8 +22,8 @@ use crate::kernels::{
 };
 use crate::variant::VariantSpec;
 use crate::CodegenError;
-use gerbil_ir::{Dim, Graph, MatMul, MatMulGlu, NodeId, Op, TensorType, ValueRef};
-use gerbil_plan::Feature;
+use gerbil_ir::{DType, Dim, Graph, MatMul, MatMulGlu, NodeId, Op, TensorType, ValueRef};
+use gerbil_plan::{Feature, Precision};
 use std::collections::HashMap;
 
 fn rows_of(ty: &TensorType) -> Rows {
@@ -101,6 +101,11 @@ impl Lowering<'_> {
         let ins = g.inputs(id);
         let in_ty = |i: usize| g.value_type(ins[i]);
         let out_ty = &node.outputs[0];
+        // A KV cache of type `t` as this variant stores it.
+        let kv = |t: &TensorType| match variant.precision {
+            Precision::F16 => DType::F16,
+            Precision::F32 => t.dtype,
+        };
         let unsupported = |reason: &str| CodegenError::Unsupported {
             label: node.label.clone(),
             reason: reason.to_string(),
@@ -178,6 +183,7 @@ impl Lowering<'_> {
                 head_dim: r.head_dim,
                 rotary_dim: r.rotary_dim,
                 norm: r.qk_norm.map(|n| (n.eps, n.weight_offset, in_ty(4).dtype)),
+                kv: kv(in_ty(2)),
             }),
             Op::SliceCols { start, len } => elementwise::slice_cols(
                 rows_of(out_ty),
@@ -191,7 +197,7 @@ impl Lowering<'_> {
                 head_dim: r.head_dim,
                 rotary_dim: r.rotary_dim,
             }),
-            Op::CacheWrite => elementwise::cache_write(width_of(out_ty)),
+            Op::CacheWrite => elementwise::cache_write(width_of(out_ty), kv(in_ty(0))),
             Op::Attention(a) => {
                 let spec = AttentionSpec {
                     heads: a.n_heads,
@@ -199,6 +205,7 @@ impl Lowering<'_> {
                     head_dim: a.head_dim,
                     scale: a.scale,
                     window: a.window.unwrap_or(0),
+                    kv: kv(in_ty(1)),
                 };
                 match phase {
                     Phase::Prefill(_) => attention::kernel(spec),

@@ -16,9 +16,10 @@ use crate::target::Target;
 use crate::variant::{variants_for, VariantSpec};
 use crate::CodegenError;
 use gerbil_ir::op::KvKind;
+use gerbil_ir::DType;
 use gerbil_ir::{Dim, Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
 use gerbil_plan::{
-    BufferDecl, BufferKind, BufferSlice, Dispatch, IoBindings, KvHalf, OutputKind, Port,
+    BufferDecl, BufferKind, BufferSlice, Dispatch, IoBindings, KvHalf, OutputKind, Port, Precision,
     SectionRef, Variant, BINDING_OFFSET_ALIGN, SAMPLING_PARAMS_BYTES, STEP_PARAMS_BYTES,
 };
 use std::collections::HashMap;
@@ -273,7 +274,9 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         });
     }
     let step_params = b.push(STEP_PARAMS_BYTES, BufferKind::StepParams);
+    let specs = variants_for(&opts.target, opts.prefill_rows_per_workgroup);
     let mut token_ids = None;
+    let mut caches = Vec::new();
     for &id in &order {
         let node = graph.node(id);
         let v = ValueRef::of(id);
@@ -296,20 +299,27 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                     KvKind::K => KvHalf::K,
                     KvKind::V => KvHalf::V,
                 };
-                let i = b.push(
-                    bytes,
-                    BufferKind::KvCache {
-                        layer: *layer,
-                        half,
-                    },
-                );
+                let kind = BufferKind::KvCache {
+                    layer: *layer,
+                    half,
+                };
+                let i = b.push(bytes, kind.clone());
                 b.own.insert(v, Own::Whole(i));
+                caches.push((v, ty, kind));
             }
             _ => {}
         }
     }
     let token_ids =
         token_ids.ok_or_else(|| CodegenError::Graph("the graph reads no token ids".into()))?;
+    // f16 variants bind KV caches of their own, half the size.
+    let mut f16_caches = HashMap::new();
+    if specs.iter().any(|s| s.precision == Precision::F16) {
+        for (v, ty, kind) in caches {
+            let ty = TensorType::new(DType::F16, ty.shape.iter().cloned());
+            f16_caches.insert(v, b.push(b.value_bytes(&ty), kind));
+        }
+    }
     let mut logits = None;
     let mut next_token = None;
     let mut sampling_params = None;
@@ -389,7 +399,21 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         .map(|&size| b.push(size, BufferKind::Arena))
         .collect();
 
-    let slices = |v: ValueRef| -> Vec<BufferSlice> {
+    // The KV cache a value is (or aliases), in `precision`'s buffer.
+    let cache = |v: ValueRef, precision: Precision| -> Option<BufferSlice> {
+        let root = match plan.homes.get(&v) {
+            Some(&Home::External(root)) => root,
+            _ => v,
+        };
+        match precision {
+            Precision::F16 => f16_caches.get(&root).map(|&i| b.whole(i)),
+            Precision::F32 => None,
+        }
+    };
+    let slices = |v: ValueRef, precision: Precision| -> Vec<BufferSlice> {
+        if let Some(c) = cache(v, precision) {
+            return vec![c];
+        }
         let own = |r: ValueRef| match b.own.get(&r) {
             Some(Own::Whole(i)) => vec![b.whole(*i)],
             Some(Own::Shards(list)) => list.iter().map(|&i| b.whole(i)).collect(),
@@ -427,11 +451,14 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                     Port::Sampling => sampling,
                     Port::Input { index, shard } => ins
                         .get(index as usize)
-                        .and_then(|v| slices(*v).get(shard as usize).copied()),
-                    Port::Output { index } => slices(ValueRef {
-                        node: id,
-                        port: index,
-                    })
+                        .and_then(|v| slices(*v, spec.precision).get(shard as usize).copied()),
+                    Port::Output { index } => slices(
+                        ValueRef {
+                            node: id,
+                            port: index,
+                        },
+                        spec.precision,
+                    )
                     .first()
                     .copied(),
                     Port::Scratch | Port::Counters => None,
@@ -441,10 +468,24 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                     Port::Sampling => Some(SAMPLING_PARAMS_BYTES),
                     Port::Input { index, shard } => {
                         let v = *ins.get(index as usize)?;
-                        b.operand_bytes(graph.value_type(v), b.shard_rows.get(&v), shard)
+                        match cache(v, spec.precision) {
+                            Some(c) => Some(c.size),
+                            None => {
+                                b.operand_bytes(graph.value_type(v), b.shard_rows.get(&v), shard)
+                            }
+                        }
                     }
-                    Port::Output { index } => (index < node.outputs.len() as u32)
-                        .then(|| b.value_bytes(&node.outputs[index as usize])),
+                    Port::Output { index } => {
+                        let v = ValueRef {
+                            node: id,
+                            port: index,
+                        };
+                        match cache(v, spec.precision) {
+                            Some(c) => Some(c.size),
+                            None => (index < node.outputs.len() as u32)
+                                .then(|| b.value_bytes(&node.outputs[index as usize])),
+                        }
+                    }
                     Port::Scratch | Port::Counters => None,
                 };
                 let ops = Operands {
@@ -464,7 +505,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
             .collect()
     };
     let mut variants = Vec::new();
-    for spec in variants_for(&opts.target, opts.prefill_rows_per_workgroup) {
+    for spec in specs {
         let prefill = schedule(&spec, Phase::Prefill(spec.prefill_rows_per_workgroup))?;
         let decode = schedule(&spec, Phase::Decode)?;
         variants.push((spec, prefill, decode));
@@ -483,6 +524,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
             name: spec.name.to_string(),
             requirements: asm.requirements(&b.decls, &[&prefill, &decode]),
             features: spec.features,
+            precision: spec.precision,
             prefill,
             decode,
         })

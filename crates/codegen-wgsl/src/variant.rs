@@ -1,21 +1,23 @@
 //! Kernel variants: which sets of schedules codegen emits for a target.
 //!
-//! A variant is a name, the device features its kernels need, and the knobs
-//! that select kernels in [`crate::lower`]. Codegen emits every variant the
-//! target's features allow, best first; the runtime runs the first one the
-//! adapter supports. All variants bind the same weight buffers, so a plan
-//! stores its weights once however many variants it carries.
+//! A variant is a name, the device features its kernels need, its
+//! [`Precision`] and the knobs that select kernels in [`crate::lower`].
+//! Codegen emits every variant the target's features allow, best first; the
+//! runtime runs the first one the adapter supports and the user's
+//! `--precision` accepts. All variants bind the same weight buffers, so a plan
+//! stores its weights once however many variants it carries; an f16 variant
+//! binds KV caches of its own (half the size), which the runtime allocates
+//! only when it runs that variant.
 //!
-//! Two variants today, both f32 arithmetic: `subgroups` (decode GEMVs reduce
-//! with `subgroupAdd`, any subgroup size) for targets with the `subgroups`
-//! feature, then `portable` (no optional feature, the kernels every WebGPU
-//! adapter runs), which the runtime falls back to on an adapter without
-//! subgroups. Variants that use `shader-f16` or cooperative matrices are
-//! added here, before `portable`, each gated on
-//! [`Target::has`](crate::Target::has).
+//! Four variants today, f16 ones first: `subgroups-f16` and `portable-f16`
+//! (KV cache in f16; they need `shader-f16`), then `subgroups` and
+//! `portable` (f32 throughout). The `subgroups` ones reduce decode GEMVs with
+//! `subgroupAdd` (any subgroup size); the `portable` ones need no optional
+//! feature beyond their precision's, and `portable` none at all, so every
+//! plan runs on every WebGPU adapter that meets its limits.
 
 use crate::target::Target;
-use gerbil_plan::Feature;
+use gerbil_plan::{Feature, Precision};
 
 /// One variant to emit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -24,38 +26,56 @@ pub struct VariantSpec {
     pub name: &'static str,
     /// Features its kernels need.
     pub features: Vec<Feature>,
+    /// What its kernels store in f16.
+    pub precision: Precision,
     /// Matmul rows per workgroup in the prefill schedule.
     pub prefill_rows_per_workgroup: u32,
 }
 
 impl VariantSpec {
-    /// f32 compute; decode GEMVs reduce with subgroup operations.
-    pub fn subgroups(prefill_rows_per_workgroup: u32) -> Self {
+    /// Decode GEMVs reduce with subgroup operations.
+    pub fn subgroups(precision: Precision, prefill_rows_per_workgroup: u32) -> Self {
+        let (name, features) = match precision {
+            Precision::F32 => ("subgroups", vec![Feature::Subgroups]),
+            Precision::F16 => (
+                "subgroups-f16",
+                vec![Feature::ShaderF16, Feature::Subgroups],
+            ),
+        };
         VariantSpec {
-            name: "subgroups",
-            features: vec![Feature::Subgroups],
+            name,
+            features,
+            precision,
             prefill_rows_per_workgroup,
         }
     }
 
-    /// f32 compute, no optional feature.
-    pub fn portable(prefill_rows_per_workgroup: u32) -> Self {
+    /// No optional feature beyond what `precision` needs.
+    pub fn portable(precision: Precision, prefill_rows_per_workgroup: u32) -> Self {
+        let (name, features) = match precision {
+            Precision::F32 => ("portable", Vec::new()),
+            Precision::F16 => ("portable-f16", vec![Feature::ShaderF16]),
+        };
         VariantSpec {
-            name: "portable",
-            features: Vec::new(),
+            name,
+            features,
+            precision,
             prefill_rows_per_workgroup,
         }
     }
 }
 
-/// The variants to emit for `target`, best first. The portable variant is
-/// always last, so every plan runs on every adapter that meets its limits.
+/// The variants to emit for `target`, best first. The portable f32 variant
+/// is always last, so every plan runs on every adapter that meets its limits.
 pub fn variants_for(target: &Target, prefill_rows_per_workgroup: u32) -> Vec<VariantSpec> {
-    [
-        VariantSpec::subgroups(prefill_rows_per_workgroup),
-        VariantSpec::portable(prefill_rows_per_workgroup),
-    ]
-    .into_iter()
-    .filter(|v| v.features.iter().all(|f| target.has(*f)))
-    .collect()
+    [Precision::F16, Precision::F32]
+        .into_iter()
+        .flat_map(|p| {
+            [
+                VariantSpec::subgroups(p, prefill_rows_per_workgroup),
+                VariantSpec::portable(p, prefill_rows_per_workgroup),
+            ]
+        })
+        .filter(|v| v.features.iter().all(|f| target.has(*f)))
+        .collect()
 }

@@ -17,7 +17,13 @@ use gerbil_ir::{BinaryOp, DType, UnaryOp};
 use gerbil_plan::Feature;
 
 fn golden(src: KernelSource) {
-    validate(&src.name, &src.wgsl).unwrap_or_else(|e| panic!("{e}"));
+    // Kernels of an f16 variant (an f16 KV cache) need `shader-f16`.
+    if src.wgsl.starts_with("enable f16;") {
+        validate_with(&src.name, &src.wgsl, &[Feature::ShaderF16])
+    } else {
+        validate(&src.name, &src.wgsl)
+    }
+    .unwrap_or_else(|e| panic!("{e}"));
     let header = format!(
         "// {} @workgroup_size({:?}) workgroups {:?}\n",
         src.name, src.workgroup_size, src.workgroups
@@ -120,6 +126,7 @@ fn golden_fused_kernels() {
         head_dim: 64,
         rotary_dim: 64,
         norm: None,
+        kv: DType::F32,
     }));
     golden(qkv_rope::kernel(QkvRopeSpec {
         heads: 4,
@@ -127,6 +134,7 @@ fn golden_fused_kernels() {
         head_dim: 256,
         rotary_dim: 256,
         norm: Some((1e-6, 1.0, DType::BF16)),
+        kv: DType::F32,
     }));
     golden(elementwise::slice_cols(Rows::Tokens, 960, 576, 192));
 }
@@ -250,6 +258,7 @@ fn golden_kernels() {
         head_dim: 64,
         scale: 0.125,
         window: 0,
+        kv: DType::F32,
     }));
     golden(attention::kernel(AttentionSpec {
         heads: 4,
@@ -257,6 +266,7 @@ fn golden_kernels() {
         head_dim: 256,
         scale: 0.0625,
         window: 512,
+        kv: DType::F32,
     }));
     // Decode: SmolLM2 at a 4096-token context, a Gemma 3 270M sliding layer.
     golden(attention_decode::kernel(
@@ -266,6 +276,7 @@ fn golden_kernels() {
             head_dim: 64,
             scale: 0.125,
             window: 0,
+            kv: DType::F32,
         },
         4096,
     ));
@@ -276,6 +287,7 @@ fn golden_kernels() {
             head_dim: 256,
             scale: 0.0625,
             window: 512,
+            kv: DType::F32,
         },
         32768,
     ));
@@ -286,9 +298,34 @@ fn golden_kernels() {
         262_144,
     ));
     golden(elementwise::binary(BinaryOp::Add, Rows::Tokens, 576));
-    golden(elementwise::cache_write(192));
+    golden(elementwise::cache_write(192, DType::F32));
     golden(elementwise::add_bias(Rows::Tokens, 896, DType::BF16));
     golden(elementwise::slice_last_row(576));
+}
+
+/// The kernels that touch the KV cache as an f16 variant stores it:
+/// SmolLM2's shapes at a 4096-token context.
+#[test]
+fn golden_f16_kv_kernels() {
+    let smollm2 = AttentionSpec {
+        heads: 9,
+        kv_heads: 3,
+        head_dim: 64,
+        scale: 0.125,
+        window: 0,
+        kv: DType::F16,
+    };
+    golden(qkv_rope::kernel(QkvRopeSpec {
+        heads: 9,
+        kv_heads: 3,
+        head_dim: 64,
+        rotary_dim: 64,
+        norm: None,
+        kv: DType::F16,
+    }));
+    golden(attention::kernel(smollm2));
+    golden(attention_decode::kernel(smollm2, 4096));
+    golden(elementwise::cache_write(192, DType::F16));
 }
 
 /// The decode GEMVs at SmolLM2 shapes, in both reductions (the subgroup form

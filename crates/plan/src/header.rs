@@ -40,12 +40,40 @@ pub struct Variant {
     pub name: String,
     /// Device features every kernel of this variant needs.
     pub features: Vec<Feature>,
+    /// What the variant keeps in f16 (plans written before precision
+    /// variants existed read as `f32`).
+    #[serde(default)]
+    pub precision: Precision,
     /// Device limits the variant needs.
     pub requirements: Requirements,
     /// Dispatches for a prefill step (`1 ≤ T ≤ max_tokens_per_step`).
     pub prefill: Vec<Dispatch>,
     /// Dispatches for a decode step (`T = 1`).
     pub decode: Vec<Dispatch>,
+}
+
+/// The numerics of a variant. Arithmetic, accumulation, softmax and norms
+/// are f32 in both; they differ in what is stored.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Precision {
+    /// Everything stored in f32: the numerics that match transformers to
+    /// ~1e-4.
+    #[default]
+    F32,
+    /// The KV cache stored in f16 (half its memory, and half the bytes
+    /// attention reads per decoded token); needs `shader-f16`.
+    F16,
+}
+
+impl Precision {
+    /// `f32` or `f16`, as `--precision` spells it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+        }
+    }
 }
 
 /// An optional WebGPU capability a kernel may use.

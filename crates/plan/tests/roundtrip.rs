@@ -94,6 +94,7 @@ fn header(weight: SectionRef) -> PlanHeader {
         variants: vec![Variant {
             name: "portable".into(),
             features: vec![],
+            precision: Precision::F32,
             requirements: Requirements::default(),
             prefill: vec![copy(weight.len)],
             decode: vec![copy(weight.len)],

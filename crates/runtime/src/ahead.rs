@@ -58,7 +58,7 @@ impl Session {
     pub fn set_sampling(&self, params: &SamplingParams) {
         if let Some(i) = self.header.io.sampling_params {
             self.gpu.queue.write_buffer(
-                &self.buffers[i as usize],
+                self.buffer(i),
                 0,
                 bytemuck::cast_slice(&params.to_words()),
             );
@@ -174,9 +174,9 @@ impl Session {
         tokens: usize,
     ) -> wgpu::SubmissionIndex {
         let io = &self.header.io;
-        let next_buf = &self.buffers[next.buffer as usize];
-        let ids = &self.buffers[io.token_ids as usize];
-        let params_buf = &self.buffers[io.step_params as usize];
+        let next_buf = self.buffer(next.buffer);
+        let ids = self.buffer(io.token_ids);
+        let params_buf = self.buffer(io.step_params);
         let words = (STEP_PARAMS_BYTES / 4) as usize;
         let mut params = vec![0u32; tokens * words];
         for (i, p) in params.chunks_mut(words).enumerate() {

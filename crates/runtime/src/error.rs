@@ -31,6 +31,14 @@ pub enum RuntimeError {
         /// Each variant and what it lacks.
         reasons: String,
     },
+    /// `--precision` asked for numerics the plan has no variant of.
+    #[error("the plan has no {precision} variant: it was compiled for target `{target}`, and f16 variants need a target with shader-f16; recompile with `gerbilc compile --target desktop`, or run with `--precision auto`")]
+    NoPrecision {
+        /// The precision asked for.
+        precision: &'static str,
+        /// The plan's target.
+        target: String,
+    },
     /// Creating the device failed.
     #[error("could not create the GPU device: {0}")]
     Device(String),

@@ -34,7 +34,8 @@ pub use error::RuntimeError;
 pub use generate::{generate, GenerateOptions, TokenEvent, DECODE_BATCH};
 pub use profile::DispatchTime;
 pub use sampling::{argmax, top_logits, Sampler, SamplingParams};
-pub use session::{MemoryReport, Session};
+pub use session::{MemoryReport, Session, SessionOptions};
+pub use variant::PrecisionChoice;
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests {

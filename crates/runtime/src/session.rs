@@ -7,9 +7,11 @@
 
 use crate::device::Gpu;
 use crate::error::RuntimeError;
+use crate::variant::PrecisionChoice;
 use gerbil_plan::{
     BufferKind, Dispatch, PlanFile, PlanHeader, Requirements, Variant, STEP_PARAMS_BYTES,
 };
+use std::collections::HashSet;
 use std::num::NonZeroU64;
 
 /// Bytes of GPU memory by purpose.
@@ -33,7 +35,8 @@ pub(crate) struct Step {
 pub struct Session {
     pub(crate) gpu: Gpu,
     pub(crate) header: PlanHeader,
-    pub(crate) buffers: Vec<wgpu::Buffer>,
+    /// By plan buffer index; `None` for a buffer the variant does not use.
+    buffers: Vec<Option<wgpu::Buffer>>,
     pub(crate) pipelines: Vec<wgpu::ComputePipeline>,
     pub(crate) prefill: Vec<Step>,
     pub(crate) decode: Vec<Step>,
@@ -103,10 +106,18 @@ impl VariantKernels {
     }
 }
 
+/// Buffer `i` of `buffers`, allocated because the variant or the plan's
+/// inputs and outputs use it ([`buffers_used`]).
+fn allocated(buffers: &[Option<wgpu::Buffer>], i: u32) -> &wgpu::Buffer {
+    buffers[i as usize]
+        .as_ref()
+        .expect("a session binds only the buffers it allocated for its variant")
+}
+
 /// Creates the bind group of every dispatch of one schedule.
 async fn make_steps(
     gpu: &Gpu,
-    buffers: &[wgpu::Buffer],
+    buffers: &[Option<wgpu::Buffer>],
     kernels: &VariantKernels,
     list: &[Dispatch],
     phase: &str,
@@ -120,7 +131,7 @@ async fn make_steps(
             .map(|(i, s)| wgpu::BindGroupEntry {
                 binding: i as u32,
                 resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: &buffers[s.buffer as usize],
+                    buffer: allocated(buffers, s.buffer),
                     offset: s.offset,
                     size: NonZeroU64::new(s.size),
                 }),
@@ -144,30 +155,75 @@ async fn make_steps(
     Ok(steps)
 }
 
+/// How [`Session::open`] opens a plan.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SessionOptions {
+    /// Which of the plan's precision variants may run.
+    pub precision: PrecisionChoice,
+    /// Enable timestamp queries when the device has them, for
+    /// [`Session::profile`](crate::profile).
+    pub profiling: bool,
+}
+
+/// The buffers `variant` binds, plus the plan's inputs and outputs: the
+/// ones a session allocates (another variant's KV caches are not among them).
+fn buffers_used(header: &PlanHeader, variant: &Variant) -> HashSet<u32> {
+    let io = &header.io;
+    let mut used: HashSet<u32> = variant
+        .prefill
+        .iter()
+        .chain(&variant.decode)
+        .flat_map(|d| d.bindings.iter().map(|b| b.buffer))
+        .collect();
+    used.extend([io.step_params, io.token_ids, io.logits.buffer]);
+    used.extend(io.next_token.map(|n| n.buffer));
+    used.extend(io.sampling_params);
+    used
+}
+
 impl Session {
     /// Opens a device for the plan, uploads its weights and builds every
-    /// pipeline and bind group.
+    /// pipeline and bind group, running the best variant the device
+    /// supports (f16 where it can: [`PrecisionChoice::Auto`]).
     pub async fn new(plan: &PlanFile) -> Result<Session, RuntimeError> {
-        let gpu = Gpu::open(&Requirements::default()).await?;
-        Session::with_gpu(gpu, plan).await
+        Session::open(plan, &SessionOptions::default()).await
     }
 
     /// Like [`Session::new`], with timestamp queries enabled when the device
     /// has them, for [`Session::profile`](crate::profile).
     pub async fn new_profiling(plan: &PlanFile) -> Result<Session, RuntimeError> {
-        let gpu = Gpu::open_with(&Requirements::default(), true).await?;
-        Session::with_gpu(gpu, plan).await
+        let opts = SessionOptions {
+            profiling: true,
+            ..SessionOptions::default()
+        };
+        Session::open(plan, &opts).await
     }
 
-    /// Like [`Session::new`] on an already opened device. Runs the best
-    /// variant of the plan the device supports ([`crate::variant::pick`]).
-    pub async fn with_gpu(gpu: Gpu, plan: &PlanFile) -> Result<Session, RuntimeError> {
+    /// Like [`Session::new`], with the precision and profiling of `opts`.
+    pub async fn open(plan: &PlanFile, opts: &SessionOptions) -> Result<Session, RuntimeError> {
+        let gpu = Gpu::open_with(&Requirements::default(), opts.profiling).await?;
+        Session::with_gpu(gpu, plan, opts.precision).await
+    }
+
+    /// Like [`Session::open`] on an already opened device. Runs the best
+    /// variant of the plan the device supports at `precision`
+    /// ([`crate::variant::pick`]) and allocates only the buffers it uses.
+    pub async fn with_gpu(
+        gpu: Gpu,
+        plan: &PlanFile,
+        precision: PrecisionChoice,
+    ) -> Result<Session, RuntimeError> {
         let header = plan.header.clone();
-        let variant = crate::variant::pick(&header, &gpu)?.clone();
+        let variant = crate::variant::pick(&header, &gpu, precision)?.clone();
+        let used = buffers_used(&header, &variant);
         let device = &gpu.device;
         let mut memory = MemoryReport::default();
         let mut buffers = Vec::with_capacity(header.buffers.len());
         for (i, decl) in header.buffers.iter().enumerate() {
+            if !used.contains(&(i as u32)) {
+                buffers.push(None);
+                continue;
+            }
             let label = decl.kind.describe();
             let buffer = gpu
                 .scoped(
@@ -200,7 +256,7 @@ impl Session {
                 BufferKind::KvCache { .. } => memory.kv_cache += decl.size,
                 _ => memory.activations += decl.size,
             }
-            buffers.push(buffer);
+            buffers.push(Some(buffer));
         }
         let kernels = VariantKernels::create(&gpu, &header, &variant).await?;
         let prefill = make_steps(&gpu, &buffers, &kernels, &variant.prefill, "prefill").await?;
@@ -225,6 +281,12 @@ impl Session {
             last_step_tokens: 0,
             memory,
         })
+    }
+
+    /// Plan buffer `i`, which the running variant or the plan's inputs and
+    /// outputs use (the only buffers a session binds or copies).
+    pub(crate) fn buffer(&self, i: u32) -> &wgpu::Buffer {
+        allocated(&self.buffers, i)
     }
 
     /// The plan variant this session runs.
@@ -301,12 +363,12 @@ impl Session {
         let params: [u32; (STEP_PARAMS_BYTES / 4) as usize] = [t, self.position as u32, 0, 0];
         let q = &self.gpu.queue;
         q.write_buffer(
-            &self.buffers[self.header.io.step_params as usize],
+            self.buffer(self.header.io.step_params),
             0,
             bytemuck::cast_slice(&params),
         );
         q.write_buffer(
-            &self.buffers[self.header.io.token_ids as usize],
+            self.buffer(self.header.io.token_ids),
             0,
             bytemuck::cast_slice(tokens),
         );
@@ -369,7 +431,7 @@ impl Session {
                             label: Some("readback"),
                         });
                 enc.copy_buffer_to_buffer(
-                    &self.buffers[io.buffer as usize],
+                    self.buffer(io.buffer),
                     io.offset + row * row_bytes,
                     &self.readback,
                     0,

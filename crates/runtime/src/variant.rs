@@ -8,7 +8,7 @@
 
 use crate::device::{check_limits, Gpu};
 use crate::error::RuntimeError;
-use gerbil_plan::{Feature, PlanHeader, Variant};
+use gerbil_plan::{Feature, PlanHeader, Precision, Variant};
 
 /// The plan features this device has enabled. Cooperative matrices are
 /// not among them yet: wgpu exposes them only as an experimental feature the
@@ -35,23 +35,70 @@ fn refusal(variant: &Variant, features: &[Feature], gpu: &Gpu) -> Option<String>
         .map(|f| f.name())
         .collect();
     if !missing.is_empty() {
-        return Some(format!("needs {}", missing.join(", ")));
+        let hint = match variant.precision {
+            Precision::F16 => " (`--precision f32` runs without it)",
+            Precision::F32 => "",
+        };
+        return Some(format!("needs {}{hint}", missing.join(", ")));
     }
     check_limits(&gpu.adapter.name, &gpu.limits, &variant.requirements)
         .err()
         .map(|e| e.to_string())
 }
 
-/// The best variant of `header` that `gpu` can run.
-pub fn pick<'h>(header: &'h PlanHeader, gpu: &Gpu) -> Result<&'h Variant, RuntimeError> {
+/// Which numerics a session runs (`--precision`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrecisionChoice {
+    /// The best variant the device runs: f16 where it has `shader-f16` and
+    /// the plan an f16 variant, else f32.
+    #[default]
+    Auto,
+    /// Only variants of this precision.
+    Only(Precision),
+}
+
+impl std::str::FromStr for PrecisionChoice {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(PrecisionChoice::Auto),
+            "f32" => Ok(PrecisionChoice::Only(Precision::F32)),
+            "f16" => Ok(PrecisionChoice::Only(Precision::F16)),
+            _ => Err(format!(
+                "unknown precision `{s}`; expected auto, f32 or f16"
+            )),
+        }
+    }
+}
+
+impl PrecisionChoice {
+    fn accepts(self, p: Precision) -> bool {
+        match self {
+            PrecisionChoice::Auto => true,
+            PrecisionChoice::Only(want) => want == p,
+        }
+    }
+}
+
+/// The best variant of `header` that `gpu` can run at `precision`.
+pub fn pick<'h>(
+    header: &'h PlanHeader,
+    gpu: &Gpu,
+    precision: PrecisionChoice,
+) -> Result<&'h Variant, RuntimeError> {
     let features = device_features(gpu);
     let mut reasons = Vec::new();
     for v in &header.variants {
+        if !precision.accepts(v.precision) {
+            continue;
+        }
         match refusal(v, &features, gpu) {
             None => {
                 tracing::info!(
-                    "running variant `{}` on {} ({:?})",
+                    "running variant `{}` ({}) on {} ({:?})",
                     v.name,
+                    v.precision.name(),
                     gpu.adapter.name,
                     gpu.adapter.backend
                 );
@@ -59,6 +106,12 @@ pub fn pick<'h>(header: &'h PlanHeader, gpu: &Gpu) -> Result<&'h Variant, Runtim
             }
             Some(why) => reasons.push(format!("`{}` {why}", v.name)),
         }
+    }
+    if let (PrecisionChoice::Only(p), true) = (precision, reasons.is_empty()) {
+        return Err(RuntimeError::NoPrecision {
+            precision: p.name(),
+            target: header.compile.target.clone(),
+        });
     }
     Err(RuntimeError::NoVariant {
         adapter: gpu.adapter.name.clone(),

@@ -3,7 +3,7 @@
 use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 use gerbil_cli::run::{bench, run, BenchOptions, Prompt, RunOptions};
-use gerbil_runtime::SamplingParams;
+use gerbil_runtime::{PrecisionChoice, SamplingParams};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -23,6 +23,15 @@ struct Cli {
     /// (a tracing filter) overrides it.
     #[arg(short, long, global = true)]
     verbose: bool,
+    /// Numerics: `f32` (exact against transformers), `f16` (f16 KV cache;
+    /// needs shader-f16 and a plan compiled with `--target desktop`), or
+    /// `auto`: f16 where the device and the plan allow it, else f32.
+    #[arg(long, global = true, default_value = "auto", value_parser = parse_precision)]
+    precision: PrecisionChoice,
+}
+
+fn parse_precision(s: &str) -> Result<PrecisionChoice, String> {
+    s.parse()
 }
 
 #[derive(Args)]
@@ -150,6 +159,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     },
                     repeats,
                     profile,
+                    precision: cli.precision,
                 },
             ))?;
             if json {
@@ -157,7 +167,7 @@ fn real_main(cli: Cli) -> Result<()> {
             } else {
                 let mib = |b: u64| b as f64 / (1 << 20) as f64;
                 println!("device      {}", r.device);
-                println!("variant     {}", r.variant);
+                println!("variant     {} ({})", r.variant, r.precision);
                 println!(
                     "prefill     {:.1} tok/s ({prompt_tokens} tokens)",
                     r.prefill_tok_s
@@ -223,6 +233,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     top_logits: g.top_logits,
                     json: g.json,
                     ignore_eos: g.ignore_eos,
+                    precision: cli.precision,
                 },
             ))?;
         }

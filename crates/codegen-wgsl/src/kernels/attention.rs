@@ -12,7 +12,10 @@
 //! with up to 256 cached keys runs a single chunk. Masked keys use a finite
 //! sentinel instead of −∞ so no NaN can arise.
 
-use super::{f32_lit, input, output, prelude, tree_reduce, Bindings, KernelSource, Rows};
+use super::{
+    f32_lit, input, kv_load, kv_tag, output, prelude, tree_reduce, Bindings, KernelSource, Rows,
+};
+use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
@@ -36,6 +39,8 @@ pub struct AttentionSpec {
     pub scale: f32,
     /// Sliding window, 0 for none.
     pub window: u32,
+    /// How the KV cache is stored (f32, or f16 in an f16 variant).
+    pub kv: DType,
 }
 
 /// Builds the kernel.
@@ -56,8 +61,8 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
     );
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "q");
-    b.read_f32(&mut w, input(1), "kc");
-    b.read_f32(&mut w, input(2), "vc");
+    b.kv_cache(&mut w, input(1), "kc", s.kv, false);
+    b.kv_cache(&mut w, input(2), "vc", s.kv, false);
     b.activation(&mut w, output(0), "y");
     let _ = write!(
         w,
@@ -78,7 +83,7 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
          \x20   let j = c + lane;\n    var sc = NEG;\n\
          \x20   if (j <= pos) {{\n\
          \x20     let kb = (j * NKV + kvh) * HD;\n      var dot = 0.0f;\n\
-         \x20     for (var d = 0u; d < HD; d = d + 1u) {{ dot = dot + qs[d] * kc[kb + d]; }}\n\
+         \x20     for (var d = 0u; d < HD; d = d + 1u) {{ dot = dot + qs[d] * {kd}; }}\n\
          \x20     sc = dot * SCALE;\n    }}\n\
          \x20   red[lane] = sc;\n    workgroupBarrier();\n{max_reduce}\
          \x20   let m_new = max(m, red[0]);\n    workgroupBarrier();\n\
@@ -89,7 +94,7 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
          \x20   for (var e = 0u; e < PT; e = e + 1u) {{\n\
          \x20     let d = dl + e * DL;\n      if (d < HD) {{\n\
          \x20       var a = acc[e] * alpha;\n\
-         \x20       for (var jj = kg; jj < n_keys; jj = jj + KG) {{ a = a + ps[jj] * vc[((c + jj) * NKV + kvh) * HD + d]; }}\n\
+         \x20       for (var jj = kg; jj < n_keys; jj = jj + KG) {{ a = a + ps[jj] * {vd}; }}\n\
          \x20       acc[e] = a;\n      }}\n    }}\n\
          \x20   m = m_new;\n    workgroupBarrier();\n  }}\n\
          \x20 for (var e = 0u; e < PT; e = e + 1u) {{\n\
@@ -101,11 +106,17 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
         part = KG * s.head_dim,
         max_reduce = tree_reduce(WG, "lane", "0u", "max"),
         sum_reduce = tree_reduce(WG, "lane", "0u", "+"),
+        kd = kv_load(s.kv, "kc", "kb + d"),
+        vd = kv_load(s.kv, "vc", "((c + jj) * NKV + kvh) * HD + d"),
     );
     KernelSource {
         name: format!(
-            "attention_h{}_kv{}_d{}_w{}",
-            s.heads, s.kv_heads, s.head_dim, s.window
+            "attention_h{}_kv{}_d{}_w{}{}",
+            s.heads,
+            s.kv_heads,
+            s.head_dim,
+            s.window,
+            kv_tag(s.kv)
         ),
         wgsl: w,
         workgroup_size: [WG, 1, 1],

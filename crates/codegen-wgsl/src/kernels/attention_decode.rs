@@ -37,7 +37,8 @@
 //! the splits this step uses.
 
 use super::attention::AttentionSpec;
-use super::{f32_lit, input, output, prelude, Bindings, KernelSource};
+use super::{f32_lit, input, kv_load, kv_tag, output, prelude, Bindings, KernelSource};
+use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
@@ -185,8 +186,8 @@ pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
     );
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "q");
-    b.read_f32(&mut w, input(1), "kc");
-    b.read_f32(&mut w, input(2), "vc");
+    b.kv_cache(&mut w, input(1), "kc", s.kv, false);
+    b.kv_cache(&mut w, input(2), "vc", s.kv, false);
     b.activation(&mut w, output(0), "y");
     b.scratch(&mut w, "part", u64::from(s.heads * splits * (hd + 2)) * 4);
     b.counters(&mut w, "count", s.kv_heads);
@@ -261,14 +262,18 @@ pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
         } else {
             String::new()
         },
-        scores_wgsl = score_passes(group, hd, tpk, dpt),
-        values_wgsl = values(group, hd, dl, kg, pt, u),
+        scores_wgsl = score_passes(group, hd, tpk, dpt, s.kv),
+        values_wgsl = values(group, hd, dl, kg, pt, u, s.kv),
         combine_body = combine_body(),
     );
     KernelSource {
         name: format!(
-            "attention_decode_h{}_kv{}_d{}_w{}_s{splits}",
-            s.heads, s.kv_heads, hd, s.window
+            "attention_decode_h{}_kv{}_d{}_w{}_s{splits}{}",
+            s.heads,
+            s.kv_heads,
+            hd,
+            s.window,
+            kv_tag(s.kv)
         ),
         wgsl: w,
         workgroup_size: [wg, 1, 1],
@@ -288,7 +293,7 @@ pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
 /// registers, loads the same dimensions of its K row, and leaves one partial
 /// dot per head in `red`; then one thread per (head, key) sums the `TPK`
 /// partials into `sc`.
-fn score_passes(group: u32, hd: u32, tpk: u32, dpt: u32) -> String {
+fn score_passes(group: u32, hd: u32, tpk: u32, dpt: u32, kv: DType) -> String {
     let quads = dpt.div_ceil(4);
     // Dimension i of this lane: its index expression, and whether it can
     // fall past HD (then clamped and masked).
@@ -334,7 +339,7 @@ fn score_passes(group: u32, hd: u32, tpk: u32, dpt: u32) -> String {
     );
     for v in 0..quads {
         let parts: Vec<String> = (0..4)
-            .map(|r| format!("kc[kb + {}]", dim(4 * v + r).0))
+            .map(|r| kv_load(kv, "kc", &format!("kb + {}", dim(4 * v + r).0)))
             .collect();
         let _ = writeln!(w, "    let kk{v} = vec4<f32>({});", parts.join(", "));
     }
@@ -365,7 +370,7 @@ fn score_passes(group: u32, hd: u32, tpk: u32, dpt: u32) -> String {
 /// its dimensions; with several, their sums meet in `red` and `lk` first.
 /// A single split writes `y = acc / l`; otherwise the partial `(m, l, acc)`
 /// goes to the scratch.
-fn values(group: u32, hd: u32, dl: u32, kg: u32, pt: u32, u: u32) -> String {
+fn values(group: u32, hd: u32, dl: u32, kg: u32, pt: u32, u: u32, kv: DType) -> String {
     let live = |e: u32| hd.is_multiple_of(dl) || (e + 1) * dl <= hd;
     let vdim = |e: u32| {
         let base = if e == 0 {
@@ -403,7 +408,7 @@ fn values(group: u32, hd: u32, dl: u32, kg: u32, pt: u32, u: u32) -> String {
     for quad in 0..u / 4 {
         for e in 0..pt {
             let parts: Vec<String> = (0..4)
-                .map(|x| format!("vc[r{} + {}]", 4 * quad + x, vdim(e)))
+                .map(|x| kv_load(kv, "vc", &format!("r{} + {}", 4 * quad + x, vdim(e))))
                 .collect();
             let _ = writeln!(w, "    let v{quad}_{e} = vec4<f32>({});", parts.join(", "));
         }

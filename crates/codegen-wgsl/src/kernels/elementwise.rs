@@ -1,7 +1,7 @@
 //! Elementwise kernels, one thread per element: unary activations, binary
 //! add/mul, the KV-cache write, and the row and column slices.
 
-use super::{f32_lit, input, output, prelude, Bindings, KernelSource, Rows};
+use super::{f32_lit, input, kv_store, kv_tag, output, prelude, Bindings, KernelSource, Rows};
 use gerbil_ir::{BinaryOp, DType, UnaryOp};
 use gerbil_plan::{BindingDecl, WorkgroupCount};
 use std::fmt::Write;
@@ -124,15 +124,17 @@ pub fn add_bias(rows: Rows, width: u32, bdtype: DType) -> KernelSource {
     )
 }
 
-/// `cache[P + t] = x[t]` for every row `t` of the step.
-pub fn cache_write(width: u32) -> KernelSource {
+/// `cache[P + t] = x[t]` for every row `t` of the step, into a cache stored
+/// as `kv`.
+pub fn cache_write(width: u32, kv: DType) -> KernelSource {
     let mut w = header(width);
     let mut b = Bindings::new();
-    b.activation(&mut w, input(0), "cache");
+    b.kv_cache(&mut w, input(0), "cache", kv, true);
     b.activation(&mut w, input(1), "x");
-    w.push_str(&entry(Rows::Tokens, "  cache[params.p * W + i] = x[i];\n"));
+    let body = format!("  cache[params.p * W + i] = {};\n", kv_store(kv, "x[i]"));
+    w.push_str(&entry(Rows::Tokens, &body));
     flat(
-        format!("cache_write_w{width}"),
+        format!("cache_write_w{width}{}", kv_tag(kv)),
         w,
         Rows::Tokens,
         width,

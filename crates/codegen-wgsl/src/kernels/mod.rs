@@ -176,6 +176,36 @@ impl Bindings {
         f32_binding(out, n, name, false);
     }
 
+    /// A KV cache stored as `kv` (f32, or f16 in an f16 variant):
+    /// `array<f32>` or `array<f16>`, `read_write` when the kernel writes it.
+    /// Read through [`kv_load`], written through [`kv_store`].
+    pub fn kv_cache(
+        &mut self,
+        out: &mut String,
+        port: Port,
+        name: &str,
+        kv: DType,
+        writable: bool,
+    ) {
+        let (elem, ty) = match kv {
+            DType::F16 => (Elem::F16x2, "f16"),
+            _ => (Elem::F32, "f32"),
+        };
+        let (access, wgsl_access) = if writable {
+            (Access::ReadWrite, "read_write")
+        } else {
+            (Access::Read, "read")
+        };
+        let n = self.push(name, port, access, elem);
+        let _ = writeln!(
+            out,
+            "@group(0) @binding({n}) var<storage, {wgsl_access}> {name}: array<{ty}>;"
+        );
+        if kv == DType::F16 {
+            enable_f16(out);
+        }
+    }
+
     /// Token ids, `array<u32>`, read.
     pub fn ids(&mut self, out: &mut String, port: Port, name: &str) {
         let n = self.push(name, port, Access::Read, Elem::U32);
@@ -320,6 +350,38 @@ fn weight_binding(out: &mut String, binding: u32, name: &str, dtype: DType) {
                 out.push_str(F16_DECODE);
             }
         }
+    }
+}
+
+/// Makes `module` start with `enable f16;` (once).
+pub fn enable_f16(module: &mut String) {
+    const ENABLE: &str = "enable f16;\n";
+    if !module.starts_with(ENABLE) {
+        module.insert_str(0, ENABLE);
+    }
+}
+
+/// WGSL reading element `index` of KV cache `name` stored as `kv`, as f32.
+pub fn kv_load(kv: DType, name: &str, index: &str) -> String {
+    match kv {
+        DType::F16 => format!("f32({name}[{index}])"),
+        _ => format!("{name}[{index}]"),
+    }
+}
+
+/// Kernel-name suffix for a KV cache stored as `kv`: `_kv16` for f16.
+pub fn kv_tag(kv: DType) -> &'static str {
+    match kv {
+        DType::F16 => "_kv16",
+        _ => "",
+    }
+}
+
+/// WGSL converting the f32 `value` to what a KV cache stored as `kv` holds.
+pub fn kv_store(kv: DType, value: &str) -> String {
+    match kv {
+        DType::F16 => format!("f16({value})"),
+        _ => value.to_string(),
     }
 }
 

@@ -11,7 +11,9 @@
 //! memory, then rotates pairs out of it, so a pair's two elements never
 //! race. Nothing assumes power-of-two head sizes.
 
-use super::{f32_lit, input, output, prelude, tree_reduce, Bindings, KernelSource, Rows};
+use super::{
+    f32_lit, input, kv_store, kv_tag, output, prelude, tree_reduce, Bindings, KernelSource, Rows,
+};
 use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
@@ -31,6 +33,8 @@ pub struct QkvRopeSpec {
     pub rotary_dim: u32,
     /// Per-head norm: `(eps, weight offset, weight dtype)`.
     pub norm: Option<(f32, f32, DType)>,
+    /// How the KV caches are stored (f32, or f16 in an f16 variant).
+    pub kv: DType,
 }
 
 /// Builds the kernel. Bindings: `x` (fused qkv), `table`, `kc`, `vc`, then
@@ -54,8 +58,8 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
     b.read_f32(&mut w, input(1), "table");
-    b.activation(&mut w, input(2), "kc");
-    b.activation(&mut w, input(3), "vc");
+    b.kv_cache(&mut w, input(2), "kc", s.kv, true);
+    b.kv_cache(&mut w, input(3), "vc", s.kv, true);
     if let Some((eps, off, dt)) = s.norm {
         let _ = writeln!(
             w,
@@ -94,7 +98,7 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
          \x20 let src = t * XW + h * HD;\n\
          \x20 if (h >= NH + NKV) {{\n\
          \x20   let dst = (params.p + t) * KW + (h - NH - NKV) * HD;\n\
-         \x20   for (var i = lane; i < HD; i = i + WG) {{ vc[dst + i] = x[src + i]; }}\n\
+         \x20   for (var i = lane; i < HD; i = i + WG) {{ vc[dst + i] = {v}; }}\n\
          \x20   return;\n  }}\n\
          {load}\
          \x20 workgroupBarrier();\n\
@@ -110,12 +114,14 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
          \x20   if (h < NH) {{\n\
          \x20     q[t * QW + h * HD + j] = o;\n\
          \x20   }} else {{\n\
-         \x20     kc[(params.p + t) * KW + (h - NH) * HD + j] = o;\n\
-         \x20   }}\n  }}\n}}\n"
+         \x20     kc[(params.p + t) * KW + (h - NH) * HD + j] = {k};\n\
+         \x20   }}\n  }}\n}}\n",
+        v = kv_store(s.kv, "x[src + i]"),
+        k = kv_store(s.kv, "o"),
     );
     KernelSource {
         name: format!(
-            "qkv_rope_h{}_kv{}_d{}_r{}{}",
+            "qkv_rope_h{}_kv{}_d{}_r{}{}{}",
             s.heads,
             s.kv_heads,
             s.head_dim,
@@ -123,7 +129,8 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
             match s.norm {
                 Some((_, _, dt)) => format!("_norm_{dt}"),
                 None => String::new(),
-            }
+            },
+            kv_tag(s.kv),
         ),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
