@@ -5,14 +5,17 @@
 # .device/random_ref.py, .gl/), see docs/gpu-checks.md. For each model shape (default: SmolLM2-135M,
 # Gemma 3 270M, Llama-3.2-1B), makes a random-weight bf16 model of that shape with transformers,
 # compiles it for the desktop target (context 4608), checks its last-position logits against
-# transformers (scripts/check-ref.py, one 13-token prompt), and runs, in the llama-bench convention,
-#   gerbil-run bench --prompt-tokens 512 --new-tokens 128 --depth 0    --repeats 5 --json   (pp512, tg128)
-#   gerbil-run bench --prompt-tokens 512 --new-tokens 128 --depth 4096 --repeats 3 --json   (tg128 @ d4096)
+# transformers (scripts/check-ref.py, one 13-token prompt: f32 within 1e-4 per unit of max |logit|,
+# f16 within 5e-2), and runs for each precision variant (f16, f32), in the llama-bench convention,
+#   gerbil-run bench --precision P --prompt-tokens 512 --new-tokens 128 --depth 0    --repeats 5 --json   (pp512, tg128)
+#   gerbil-run bench --precision P --prompt-tokens 512 --new-tokens 128 --depth 4096 --repeats 3 --json   (tg128 @ d4096)
 # (medians of the repeats after a warm-up; the depth-4096 run also samples the driver's GPU memory
-# for the process with nvidia-smi, and a third run times sampled decode), then HF transformers on the same weights
-# (scripts/device/hf-bench.py: f16, static cache; HF_COMPILE=1 adds torch.compile). Writes the JSON
-# and logs to $OUT (or /tmp/gerbil-bench) and prints one markdown table with llama.cpp's H100
-# figures (from issue 8/9, same shapes, F16) beside ours.
+# for the process with nvidia-smi), a sampled tg128 (f16), then HF transformers on the same weights
+# (scripts/device/hf-bench.py: f16, static cache; HF_COMPILE=1 adds torch.compile). The driver's
+# count for a process that holds only the tiny Llama plan (~0.1 MiB of buffers) is the fixed cost of
+# a Vulkan context, subtracted before comparing with the plan's bytes. Writes the JSON and logs to
+# $OUT (or /tmp/gerbil-bench) and prints one markdown table with llama.cpp's H100 figures (from
+# issue 8/9, same shapes, F16) beside ours.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
@@ -25,6 +28,32 @@ shapes=("$@")
 [ ${#shapes[@]} -eq 0 ] && shapes=(tests/data/models/smollm2-135m/config.json
     tests/data/models/gemma3-270m/config.json scripts/device/configs/llama-3.2-1b/config.json)
 echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+
+# Runs gerbil-run with the given arguments in the background while sampling the driver's GPU
+# memory for its process; writes {"driver_mib": peak, "driver_last_mib": last sample} to $1.
+with_memory() {
+    local mem=$1
+    shift
+    $bin/gerbil-run "$@" &
+    local pid=$! peak=0 last=0 m
+    while kill -0 $pid 2>/dev/null; do
+        m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
+            | awk -F', ' -v p=$pid '$1 == p { print $2 }')
+        [ -n "$m" ] && last=$m && [ "$m" -gt "$peak" ] && peak=$m
+        sleep 0.2
+    done
+    wait $pid
+    local rc=$?
+    # peak: during the weight upload too; last: while decoding, the steady state.
+    echo "{\"driver_mib\": $peak, \"driver_last_mib\": $last}" > "$mem"
+    return $rc
+}
+
+# The fixed cost of a process's Vulkan context: the tiny Llama plan decoding.
+$bin/gerbilc compile tests/data/models/tiny/llama -o /tmp/tiny-llama.plan --target desktop 2>/dev/null \
+    && with_memory "$out/mem-baseline.json" /tmp/tiny-llama.plan bench --prompt-tokens 8 --new-tokens 100 \
+        --repeats 30 --json > "$out/bench-baseline.json" 2>"$out/bench-baseline.log" || status=1
+
 for cfg in "${shapes[@]}"; do
     name=$(basename "$(dirname "$cfg")")
     work=/tmp/bench-$name
@@ -33,29 +62,21 @@ for cfg in "${shapes[@]}"; do
     $bin/gerbilc compile "$work/model" -o "$work/model.plan" --target desktop --max-context 4608 2>/dev/null \
         || { echo "$name: compile failed"; status=1; continue; }
     python3 scripts/check-ref.py --run $bin/gerbil-run --plan "$work/model.plan" --ref "$work/ref.json" \
-        > "$out/check-$name.log" 2>&1 || status=1
-    $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --depth 0 --repeats 5 \
-        > "$out/bench-$name.log" 2>&1
-    $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --depth 0 --repeats 5 --json \
-        > "$out/bench-$name-d0.json" 2>>"$out/bench-$name.log" || status=1
-    # tg128 at depth 4096, while sampling the driver's view of the process's GPU memory.
-    $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --depth 4096 --repeats 3 --json \
-        > "$out/bench-$name-d4096.json" 2>>"$out/bench-$name.log" &
-    pid=$!
-    peak=0
-    last=0
-    while kill -0 $pid 2>/dev/null; do
-        m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
-            | awk -F', ' -v p=$pid '$1 == p { print $2 }')
-        [ -n "$m" ] && last=$m && [ "$m" -gt "$peak" ] && peak=$m
-        sleep 0.2
+        > "$out/check-$name-f32.log" 2>&1 || status=1
+    python3 scripts/check-ref.py --run $bin/gerbil-run --plan "$work/model.plan" --ref "$work/ref.json" \
+        --precision f16 --abs-tol 5e-2 > "$out/check-$name-f16.log" 2>&1 || status=1
+    for p in f16 f32; do
+        $bin/gerbil-run "$work/model.plan" bench --precision $p --prompt-tokens 512 --new-tokens 128 \
+            --depth 0 --repeats 5 --json > "$out/bench-$name-$p-d0.json" 2>>"$out/bench-$name.log" || status=1
+        # tg128 at depth 4096, while sampling the driver's view of the process's GPU memory.
+        with_memory "$out/mem-$name-$p.json" "$work/model.plan" bench --precision $p --prompt-tokens 512 \
+            --new-tokens 128 --depth 4096 --repeats 3 --json \
+            > "$out/bench-$name-$p-d4096.json" 2>>"$out/bench-$name.log" || status=1
     done
-    wait $pid || status=1
-    # peak: during the weight upload too; last: while decoding, the steady state.
-    echo "{\"driver_mib\": $peak, \"driver_last_mib\": $last}" > "$out/mem-$name.json"
     # Sampled decode (temperature 0.8, top-k 40, top-p 0.95) at depth 0.
-    $bin/gerbil-run "$work/model.plan" bench --prompt-tokens 512 --new-tokens 128 --depth 0 --repeats 5 --json \
-        --temperature 0.8 --top-k 40 --top-p 0.95 > "$out/bench-$name-sampled.json" 2>>"$out/bench-$name.log" || status=1
+    $bin/gerbil-run "$work/model.plan" bench --precision f16 --prompt-tokens 512 --new-tokens 128 \
+        --depth 0 --repeats 5 --json --temperature 0.8 --top-k 40 --top-p 0.95 \
+        > "$out/bench-$name-f16-sampled.json" 2>>"$out/bench-$name.log" || status=1
     hf_flags=""
     [ "${HF_COMPILE:-0}" = 1 ] && hf_flags=--compile
     python3 scripts/device/hf-bench.py "$work/model" $hf_flags > "$out/hf-$name.json" 2>"$out/hf-$name.log" \
@@ -72,31 +93,38 @@ def load(p):
         return json.load(open(p))
     except Exception:
         return {}
-print("| shape | variant | pp512 | tg128 | tg128 @ d4096 (ratio) | tg128 sampled (ratio) | GPU memory: driver / plan (steady) | HF f16 pp512 / tg128 / d4096 | llama.cpp Vulkan pp512 / tg128 | llama.cpp CUDA pp512 / tg128 | check |")
+base = load(f"{out}/mem-baseline.json").get("driver_last_mib", 0)
+print(f"Vulkan context baseline (driver's count for the tiny Llama plan's process): {base} MiB")
+print()
+print("| shape | variant | pp512 | tg128 | tg128 @ d4096 (ratio) | tg128 sampled (ratio) | GPU memory: driver − baseline / plan (steady) | HF f16 pp512 / tg128 / d4096 | llama.cpp Vulkan pp512 / tg128 | llama.cpp CUDA pp512 / tg128 | check |")
 print("|---|---|---|---|---|---|---|---|---|---|---|")
 for cfg in shapes:
     name = os.path.basename(os.path.dirname(cfg))
-    d0, d4, hf, sm, mem = (load(f"{out}/{f}") for f in (f"bench-{name}-d0.json", f"bench-{name}-d4096.json",
-                                                      f"hf-{name}.json", f"bench-{name}-sampled.json", f"mem-{name}.json"))
-    try:
-        check = open(f"{out}/check-{name}.log").read().strip().splitlines()[-1]
-    except Exception:
-        check = "?"
-    if not d0:
-        print(f"| {name} | failed | | | | | | | | | {check} |")
-        continue
-    tg0, tg4 = d0["decode_tok_s"], d4.get("decode_tok_s", float("nan"))
+    hf = load(f"{out}/hf-{name}.json")
     h = " / ".join(f"{hf[k]:.0f}" if k in hf else "–" for k in ("pp512", "tg128_d0", "tg128_d4096"))
     l = llama.get(name, {})
     vk = " / ".join(map(str, l["vk"])) if "vk" in l else "–"
     cu = " / ".join(map(str, l["cuda"])) if "cuda" in l else "–"
-    ts = sm.get("decode_tok_s", float("nan"))
-    plan_mib = sum(d4.get(k, 0) for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes")) / 2**20
-    drv = mem.get("driver_mib", 0)
-    last = mem.get("driver_last_mib", 0)
-    m = (f"{drv:.0f} peak, {last:.0f} decoding / {plan_mib:.0f} MiB ({last / plan_mib - 1:+.0%})"
-         if last and plan_mib else "–")
-    print(f"| {name} | {d0['variant']} ({d0.get('decode_loop', '?')}) | {d0['prefill_tok_s']:.0f} | {tg0:.1f} | "
-          f"{tg4:.1f} ({tg4 / tg0:.0%}) | {ts:.1f} ({ts / tg0:.0%}) | {m} | {h} | {vk} | {cu} | {check} |")
+    for p in ("f16", "f32"):
+        d0, d4, mem = (load(f"{out}/{f}") for f in (f"bench-{name}-{p}-d0.json", f"bench-{name}-{p}-d4096.json",
+                                                   f"mem-{name}-{p}.json"))
+        sm = load(f"{out}/bench-{name}-{p}-sampled.json")
+        try:
+            check = open(f"{out}/check-{name}-{p}.log").read().strip().splitlines()[-1]
+        except Exception:
+            check = "?"
+        if not d0:
+            print(f"| {name} | {p} failed | | | | | | | | | {check} |")
+            continue
+        tg0, tg4 = d0["decode_tok_s"], d4.get("decode_tok_s", float("nan"))
+        ts = sm.get("decode_tok_s")
+        sampled = f"{ts:.1f} ({ts / tg0:.0%})" if ts else "–"
+        plan_mib = sum(d4.get(k, 0) for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes")) / 2**20
+        drv, last = mem.get("driver_mib", 0), mem.get("driver_last_mib", 0)
+        m = (f"{drv - base:.0f} peak, {last - base:.0f} decoding / {plan_mib:.0f} MiB ({(last - base) / plan_mib - 1:+.1%})"
+             if last and plan_mib else "–")
+        print(f"| {name} | {d0['variant']} ({d0.get('precision', '?')}, {d0.get('decode_loop', '?')}) | "
+              f"{d0['prefill_tok_s']:.0f} | {tg0:.1f} | {tg4:.1f} ({tg4 / tg0:.0%}) | {sampled} | {m} | {h} | "
+              f"{vk} | {cu} | {check} |")
 PY
 exit $status
