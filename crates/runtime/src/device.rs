@@ -159,7 +159,10 @@ impl Gpu {
                 required_features: features,
                 required_limits: limits.clone(),
                 experimental_features: wgpu::ExperimentalFeatures::disabled(),
-                memory_hints: wgpu::MemoryHints::Performance,
+                // Small suballocation blocks (8–64 MiB, larger buffers get
+                // blocks of their own): with the default 128–256 MiB blocks a
+                // model's per-layer buffers left up to a block unused.
+                memory_hints: wgpu::MemoryHints::MemoryUsage,
                 trace: wgpu::Trace::Off,
             })
             .await

@@ -52,7 +52,7 @@ pub struct Session {
 fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
     use wgpu::BufferUsages as U;
     match kind {
-        BufferKind::Weight { .. } => U::STORAGE,
+        BufferKind::Weight { .. } => U::STORAGE | U::COPY_DST,
         BufferKind::Arena | BufferKind::Scratch { .. } => U::STORAGE,
         BufferKind::KvCache { .. } | BufferKind::Output { .. } => U::STORAGE | U::COPY_SRC,
         BufferKind::StepParams | BufferKind::SamplingParams => U::UNIFORM | U::COPY_DST,
@@ -104,6 +104,43 @@ impl VariantKernels {
     fn slot(&self, kernel: u32) -> usize {
         self.slots[&kernel]
     }
+}
+
+/// Bytes of weights written through the queue before the upload waits for
+/// the GPU: wgpu stages each write in memory of its own until the GPU has
+/// copied it, so this bounds the staging memory during a load (writing
+/// every weight at once, or mapping every weight buffer at creation, held a
+/// second copy of all the weights until the end).
+const UPLOAD_WINDOW: usize = 256 << 20;
+
+/// Largest single write; a larger weight is written in pieces.
+const UPLOAD_CHUNK: usize = 64 << 20;
+
+/// Copies every weight section of `plan` into its buffer, in windows of
+/// [`UPLOAD_WINDOW`] bytes.
+async fn upload_weights(
+    gpu: &Gpu,
+    plan: &PlanFile,
+    buffers: &[Option<wgpu::Buffer>],
+) -> Result<(), RuntimeError> {
+    let mut pending = 0;
+    for (decl, buffer) in plan.header.buffers.iter().zip(buffers) {
+        let (BufferKind::Weight { section, .. }, Some(buffer)) = (&decl.kind, buffer) else {
+            continue;
+        };
+        for (k, chunk) in plan.section(*section).chunks(UPLOAD_CHUNK).enumerate() {
+            gpu.queue
+                .write_buffer(buffer, (k * UPLOAD_CHUNK) as u64, chunk);
+            pending += chunk.len();
+            if pending >= UPLOAD_WINDOW {
+                gpu.queue.submit([]);
+                gpu.idle().await?;
+                pending = 0;
+            }
+        }
+    }
+    gpu.queue.submit([]);
+    gpu.idle().await
 }
 
 /// Buffer `i` of `buffers`, allocated because the variant or the plan's
@@ -228,26 +265,13 @@ impl Session {
             let buffer = gpu
                 .scoped(
                     &format!("allocating buffer {i} ({label}, {} bytes)", decl.size),
-                    || match &decl.kind {
-                        BufferKind::Weight { section, .. } => {
-                            let b = device.create_buffer(&wgpu::BufferDescriptor {
-                                label: Some(&label),
-                                size: decl.size,
-                                usage: usage_for(&decl.kind),
-                                mapped_at_creation: true,
-                            });
-                            if let Ok(mut view) = b.slice(..).get_mapped_range_mut() {
-                                view.copy_from_slice(plan.section(*section));
-                            }
-                            b.unmap();
-                            b
-                        }
-                        kind => device.create_buffer(&wgpu::BufferDescriptor {
+                    || {
+                        device.create_buffer(&wgpu::BufferDescriptor {
                             label: Some(&label),
                             size: decl.size,
-                            usage: usage_for(kind),
+                            usage: usage_for(&decl.kind),
                             mapped_at_creation: false,
-                        }),
+                        })
                     },
                 )
                 .await?;
@@ -258,6 +282,7 @@ impl Session {
             }
             buffers.push(Some(buffer));
         }
+        upload_weights(&gpu, plan, &buffers).await?;
         let kernels = VariantKernels::create(&gpu, &header, &variant).await?;
         let prefill = make_steps(&gpu, &buffers, &kernels, &variant.prefill, "prefill").await?;
         let decode = make_steps(&gpu, &buffers, &kernels, &variant.decode, "decode").await?;
