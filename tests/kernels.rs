@@ -120,6 +120,9 @@ struct MatMulCase {
     norm: Option<(f32, DType)>,
     /// Residual epilogue.
     residual: bool,
+    /// `x` has `t` rows and the one output row (`rows` is `Fixed(1)`) is
+    /// computed from its last (`matmul{last_row}`).
+    last_row: bool,
 }
 
 /// The epsilon of the matmul cases' norm prologues.
@@ -140,6 +143,7 @@ fn matmul_spec(c: &MatMulCase) -> kernels::matmul::MatMulSpec {
             .norm
             .map(|(offset, dtype)| (MATMUL_NORM_EPS, offset, dtype)),
         residual: c.residual,
+        last_row: c.last_row,
     }
 }
 
@@ -153,7 +157,8 @@ fn check_matmul_kernel(c: &MatMulCase, src: &KernelSource) -> Result<(), String>
     let (m, k, n) = (row_count(c.rows, c.t), c.k as usize, c.n as usize);
     let wn = if c.glu.is_some() { 2 * n } else { n };
     let mut rng = rng(c);
-    let x = rng.vec(m * k);
+    let x_rows = if c.last_row { c.t as usize } else { m };
+    let x = rng.vec(x_rows * k);
     let (w_bytes, w) = encode(&rng.vec(wn * k), c.wdtype);
     let b = rng.vec(wn);
     let mut inputs = vec![f32_bytes(&x)];
@@ -170,7 +175,10 @@ fn check_matmul_kernel(c: &MatMulCase, src: &KernelSource) -> Result<(), String>
         inputs.push(f32_bytes(&res));
     }
     inputs.push(poison(m * n));
-    let (x, b, res) = (widen(&x), widen(&b), widen(&res));
+    let (mut x, b, res) = (widen(&x), widen(&b), widen(&res));
+    if c.last_row {
+        x = reference::slice_last_row(&x, k);
+    }
     let bias = c.bias.then_some(b.as_slice());
     let norm = c.norm.map(|(weight_offset, _)| {
         let p = NormPrologue {
@@ -222,6 +230,7 @@ fn matmul_cases() -> Vec<MatMulCase> {
                     glu: None,
                     norm: None,
                     residual: false,
+                    last_row: false,
                 });
             }
         }
@@ -238,6 +247,7 @@ fn matmul_cases() -> Vec<MatMulCase> {
         glu: None,
         norm: None,
         residual: false,
+        last_row: false,
     };
     cases.extend([
         // What codegen emits for a fixed row count below the prefill TT.
@@ -323,6 +333,29 @@ fn matmul_cases() -> Vec<MatMulCase> {
         bias: false,
         ..case(Rows::Fixed(1), 1, 64, 100, DType::BF16, 1)
     });
+    // The LM head reading the last of `t` rows (`fuse-last-row-matmul`):
+    // packed and unpacked weights, with and without its norm prologue, one
+    // row and several, rows per workgroup 1 and 8, a bias, a residual and
+    // shards as the attributes allow.
+    for (i, (wdtype, k, n, t, tt, shard)) in [
+        (DType::BF16, 64, 100, 13, 8, None),
+        (DType::F32, 7, 37, 3, 1, None),
+        (DType::F16, 130, 64, 1, 8, None),
+        (DType::BF16, 576, 300, 5, 1, Some(128)),
+        (DType::F32, 96, 5, 40, 16, Some(4)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        cases.push(MatMulCase {
+            norm: (i != 1).then_some(([0.0, 1.0][i % 2], dtypes[i % 3])),
+            bias: i % 2 == 1,
+            residual: i == 2,
+            shard_rows: shard,
+            last_row: true,
+            ..case(Rows::Fixed(1), t, k, n, wdtype, tt)
+        });
+    }
     for (wdtype, k, n, shard, residual) in [
         (DType::BF16, 130, 100, 48, true),
         (DType::F32, 7, 13, 4, false),
@@ -422,11 +455,16 @@ proptest! {
         tt in 1u32..=16,
         norm in proptest::option::of((0u8..2, dtype_strategy())),
         residual: bool,
+        last_row: bool,
     ) {
-        let rows = if fixed_rows { Rows::Fixed(t) } else { Rows::Tokens };
+        let rows = match (last_row, fixed_rows) {
+            (true, _) => Rows::Fixed(1),
+            (false, true) => Rows::Fixed(t),
+            (false, false) => Rows::Tokens,
+        };
         let norm = norm.map(|(offset, dtype)| (f32::from(offset), dtype));
         let case = MatMulCase {
-            rows, t, k, n, wdtype, bias, tt, shard_rows: None, glu: None, norm, residual,
+            rows, t, k, n, wdtype, bias, tt, shard_rows: None, glu: None, norm, residual, last_row,
         };
         check_matmul(&case).map_err(|e| TestCaseError::fail(format!("{case:?}: {e}")))?;
     }
@@ -452,6 +490,7 @@ fn gemv_cases() -> Vec<MatMulCase> {
         glu: None,
         norm: None,
         residual: false,
+        last_row: false,
     };
     let mut cases = matmul_cases();
     for wdtype in [DType::F32, DType::BF16, DType::F16] {
@@ -479,6 +518,23 @@ fn gemv_cases() -> Vec<MatMulCase> {
             rows: Rows::Fixed(1),
             norm,
             ..case(64, 16 * g + 12, DType::BF16)
+        },
+        // The LM head reading the last of 3 rows with its norm (SmolLM2's K),
+        // 16 outputs per workgroup, and with a sharded f16 weight.
+        MatMulCase {
+            rows: Rows::Fixed(1),
+            t: 3,
+            norm,
+            last_row: true,
+            ..case(576, 16 * g + 12, DType::BF16)
+        },
+        MatMulCase {
+            rows: Rows::Fixed(1),
+            t: 2,
+            norm: Some((1.0, DType::F32)),
+            shard_rows: shard,
+            last_row: true,
+            ..case(100, 8 * g + 4, DType::F16)
         },
         // 8 gated outputs per workgroup, sharded, normed, with bias.
         MatMulCase {
@@ -554,13 +610,17 @@ proptest! {
         norm in proptest::option::of((0u8..2, dtype_strategy())),
         residual: bool,
         subgroup: bool,
+        last_row: bool,
     ) {
         let norm = norm.map(|(offset, dtype)| (f32::from(offset), dtype));
+        // The IR has no gated last-row matmul.
+        let last_row = last_row && !glu;
         let case = MatMulCase {
-            rows: Rows::Tokens, t, k, n, wdtype, bias, tt: 1,
+            rows: if last_row { Rows::Fixed(1) } else { Rows::Tokens },
+            t, k, n, wdtype, bias, tt: 1,
             shard_rows: shards.map(|s| (n * (1 + u32::from(glu))).div_ceil(s).next_multiple_of(4)),
             glu: glu.then_some(UnaryOp::Silu),
-            norm, residual,
+            norm, residual, last_row,
         };
         let reduce = if subgroup {
             kernels::gemv::Reduce::Subgroup

@@ -284,8 +284,15 @@ fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize) -> Vec<Vec<f64>>
         Op::RmsNorm(n) => vec![r::rms_norm(ins[0], ins[1], n)],
         Op::MatMul(m) => {
             let ports = m.ports();
+            let last;
+            let x = if m.last_row {
+                last = r::slice_last_row(ins[0], width(tys[0]));
+                &last
+            } else {
+                ins[0]
+            };
             vec![r::fused_matmul(
-                ins[0],
+                x,
                 width(tys[0]),
                 ins[1],
                 ports.bias.map(|i| ins[i]),

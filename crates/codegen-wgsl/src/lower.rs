@@ -132,9 +132,9 @@ impl Lowering<'_> {
             }),
             Op::MatMul(MatMul { has_bias, norm, .. })
             | Op::MatMulGlu(MatMulGlu { has_bias, norm, .. }) => {
-                let (glu, ports) = match &node.op {
-                    Op::MatMulGlu(m) => (Some(m.act), m.ports()),
-                    Op::MatMul(m) => (None, m.ports()),
+                let (glu, ports, last_row) = match &node.op {
+                    Op::MatMulGlu(m) => (Some(m.act), m.ports(), false),
+                    Op::MatMul(m) => (None, m.ports(), m.last_row),
                     _ => return Err(unsupported("not a matmul")),
                 };
                 let rows = rows_of(out_ty);
@@ -154,6 +154,7 @@ impl Lowering<'_> {
                         .zip(ports.norm)
                         .map(|(n, i)| (n.eps, n.weight_offset, in_ty(i).dtype)),
                     residual: ports.residual.is_some(),
+                    last_row,
                 };
                 match phase {
                     Phase::Prefill(_) => matmul::kernel(spec),

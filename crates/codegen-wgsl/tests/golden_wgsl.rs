@@ -46,6 +46,7 @@ fn golden_fused_kernels() {
         glu: Some(UnaryOp::Silu),
         norm: None,
         residual: false,
+        last_row: false,
     }));
     // GeGLU with a bias over an odd K, prefill rows, and a sharded weight.
     golden(matmul::kernel(MatMulSpec {
@@ -59,6 +60,7 @@ fn golden_fused_kernels() {
         glu: Some(UnaryOp::GeluTanh),
         norm: None,
         residual: false,
+        last_row: false,
     }));
     // SmolLM2 decode: the input norm in the q/k/v matmul's prologue.
     golden(matmul::kernel(MatMulSpec {
@@ -72,6 +74,7 @@ fn golden_fused_kernels() {
         glu: None,
         norm: Some((1e-5, 0.0, DType::BF16)),
         residual: false,
+        last_row: false,
     }));
     // SmolLM2 prefill: the residual add in down_proj's epilogue.
     golden(matmul::kernel(MatMulSpec {
@@ -85,6 +88,7 @@ fn golden_fused_kernels() {
         glu: None,
         norm: None,
         residual: true,
+        last_row: false,
     }));
     // Gemma 3 270M decode: the pre-MLP norm `(1 + w)` in GeGLU's prologue.
     golden(matmul::kernel(MatMulSpec {
@@ -98,6 +102,7 @@ fn golden_fused_kernels() {
         glu: Some(UnaryOp::GeluTanh),
         norm: Some((1e-6, 1.0, DType::BF16)),
         residual: false,
+        last_row: false,
     }));
     // An odd K (unpacked loads), f32 norm weight, bias and residual, prefill.
     golden(matmul::kernel(MatMulSpec {
@@ -111,6 +116,21 @@ fn golden_fused_kernels() {
         glu: None,
         norm: Some((1e-6, 1.0, DType::F32)),
         residual: true,
+        last_row: false,
+    }));
+    // SmolLM2 prefill's LM head: the final norm on the last row of the stream.
+    golden(matmul::kernel(MatMulSpec {
+        shard_rows: None,
+        rows: Rows::Fixed(1),
+        k: 576,
+        n: 49152,
+        wdtype: DType::BF16,
+        bias: false,
+        tt: 1,
+        glu: None,
+        norm: Some((1e-5, 0.0, DType::BF16)),
+        residual: false,
+        last_row: true,
     }));
     golden(rms_norm::add_kernel(RmsNormSpec {
         rows: Rows::Tokens,
@@ -152,6 +172,7 @@ fn golden_kernels() {
         glu: None,
         norm: None,
         residual: false,
+        last_row: false,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: None,
@@ -164,6 +185,7 @@ fn golden_kernels() {
         glu: None,
         norm: None,
         residual: false,
+        last_row: false,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: None,
@@ -176,6 +198,7 @@ fn golden_kernels() {
         glu: None,
         norm: None,
         residual: false,
+        last_row: false,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: Some(104_856),
@@ -188,6 +211,7 @@ fn golden_kernels() {
         glu: None,
         norm: None,
         residual: false,
+        last_row: false,
     }));
     golden(embedding::kernel(EmbeddingSpec {
         shard_rows: Some(104_856),
@@ -344,6 +368,7 @@ fn golden_gemv_kernels() {
         glu,
         norm,
         residual,
+        last_row: false,
     };
     let bf16_norm = Some((1e-5, 0.0, DType::BF16));
     for reduce in [Reduce::Subgroup, Reduce::Workgroup] {
@@ -379,6 +404,15 @@ fn golden_gemv_kernels() {
         ));
         golden(gemv::kernel(
             &spec(1536, 576, DType::BF16, None, None, true, None),
+            reduce,
+        ));
+        // The LM head: the final norm, the last row of the stream.
+        golden(gemv::kernel(
+            &MatMulSpec {
+                rows: Rows::Fixed(1),
+                last_row: true,
+                ..spec(576, 49152, DType::BF16, None, bf16_norm, false, None)
+            },
             reduce,
         ));
         // f16 pairs (K even, not a multiple of 4), odd f32 with a sharded

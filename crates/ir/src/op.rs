@@ -124,7 +124,8 @@ impl NormPrologue {
 /// `y[r, n] = Σ_k normed(x)[r, k] · w[n, k] (+ bias[n]) (+ res[r, n])`: a
 /// linear layer with the weight in PyTorch's `[out, in]` layout, with an
 /// optional RMSNorm prologue on its input ([`NormPrologue`]; without one,
-/// `normed(x) = x`) and an optional residual add in its epilogue.
+/// `normed(x) = x`) and an optional residual add in its epilogue. With
+/// [`MatMul::last_row`], `x` stands for its last row only (`slice_last_row(x)`).
 ///
 /// Inputs, in order: `x, w, [bias], [norm weight], [residual]`, each
 /// bracketed one present only when its attribute says so ([`MatMul::ports`]).
@@ -136,6 +137,11 @@ pub struct MatMul {
     /// follows the bias.
     #[serde(default)]
     pub norm: Option<NormPrologue>,
+    /// Whether the matmul reads only the last row of `x` (`[rows, K]`, row
+    /// `rows − 1`), so its output is `[1, N]` (`fuse-last-row-matmul`: the LM
+    /// head of a prefill reads the last position straight from the stream).
+    #[serde(default)]
+    pub last_row: bool,
     /// Whether a residual `[rows, N]` is added to the result; it is the last input.
     #[serde(default)]
     pub residual: bool,
@@ -180,6 +186,7 @@ impl MatMul {
         MatMul {
             has_bias,
             norm: None,
+            last_row: false,
             residual: false,
         }
     }
@@ -514,14 +521,16 @@ impl Op {
                 ins[0].clone()
             }
             // The prologue and epilogue are their unfused ops around a plain matmul.
-            Op::MatMul(m) if m.norm.is_some() || m.residual => {
+            Op::MatMul(m) if m.norm.is_some() || m.residual || m.last_row => {
                 let p = m.ports();
                 expect_arity(ins, p.arity)?;
+                let x = match m.last_row {
+                    true => piece(Op::SliceLastRow, &[ins[0]], "last row")?,
+                    false => ins[0].clone(),
+                };
                 let x = match (m.norm, p.norm) {
-                    (Some(n), Some(i)) => {
-                        piece(Op::RmsNorm(n.rms_norm()), &[ins[0], ins[i]], "norm")?
-                    }
-                    _ => ins[0].clone(),
+                    (Some(n), Some(i)) => piece(Op::RmsNorm(n.rms_norm()), &[&x, ins[i]], "norm")?,
+                    _ => x,
                 };
                 let mut linear = vec![&x, ins[1]];
                 linear.extend(p.bias.map(|i| ins[i]));
@@ -675,6 +684,7 @@ impl Op {
                 let plain = MatMul {
                     has_bias: m.has_bias,
                     norm: m.norm,
+                    last_row: false,
                     residual: false,
                 };
                 let both = piece(Op::MatMul(plain), ins, "matmul")?;
@@ -859,8 +869,10 @@ impl fmt::Display for Op {
                 f.write_str("}")
             }
             Op::MatMul(m) => {
+                let last_row = m.last_row.then(|| "last_row".to_string());
                 let residual = m.residual.then(|| "residual".to_string());
-                write_attrs(f, matmul_attrs(None, m.has_bias, m.norm).chain(residual))
+                let attrs = matmul_attrs(None, m.has_bias, m.norm);
+                write_attrs(f, attrs.chain(last_row).chain(residual))
             }
             Op::MatMulGlu(m) => {
                 let cap = match m.act {
@@ -1125,6 +1137,7 @@ mod tests {
         let mm = |has_bias, norm: bool, residual| MatMul {
             has_bias,
             norm: norm.then_some(PROLOGUE),
+            last_row: false,
             residual,
         };
         let ports = |m: MatMul| {
@@ -1155,6 +1168,7 @@ mod tests {
             Op::MatMul(MatMul {
                 has_bias,
                 norm: norm.then_some(PROLOGUE),
+                last_row: false,
                 residual,
             })
         };
@@ -1186,11 +1200,53 @@ mod tests {
     }
 
     #[test]
+    fn last_row_matmul_is_slice_last_row_then_matmul() {
+        let (x, w) = (
+            TensorType::rows(32),
+            TensorType::fixed(DType::BF16, &[40, 32]),
+        );
+        let row = TensorType::fixed(DType::F32, &[1, 40]);
+        let op = |norm: bool, residual| {
+            Op::MatMul(MatMul {
+                has_bias: false,
+                norm: norm.then_some(PROLOGUE),
+                last_row: true,
+                residual,
+            })
+        };
+        assert_eq!(
+            op(true, false).infer(&[&x, &w, &vector(32)]),
+            Ok(vec![row.clone()])
+        );
+        assert_eq!(op(false, false).infer(&[&x, &w]), Ok(vec![row.clone()]));
+        assert_eq!(
+            op(false, true).infer(&[&x, &w, &row]),
+            Ok(vec![row.clone()])
+        );
+        // The residual is the output's type: one row, not the input's rows.
+        let err = rejects(&op(false, true), &[&x, &w, &TensorType::rows(40)]);
+        assert!(err.starts_with("residual: operands differ"), "{err}");
+        let err = rejects(
+            &op(false, false),
+            &[&TensorType::fixed(DType::F32, &[32]), &w],
+        );
+        assert!(
+            err.starts_with("last row: input must be [rows, width]"),
+            "{err}"
+        );
+        assert_eq!(
+            op(true, true).to_string(),
+            "matmul{norm(eps=1e-6, offset=1), last_row, residual}"
+        );
+    }
+
+    #[test]
     fn fused_matmuls_print_only_what_they_fuse() {
         let m = |has_bias, norm: bool, residual| {
             Op::MatMul(MatMul {
                 has_bias,
                 norm: norm.then_some(PROLOGUE),
+                last_row: false,
                 residual,
             })
             .to_string()

@@ -191,6 +191,7 @@ fn every_op() -> Graph {
         Op::MatMul(MatMul {
             has_bias,
             norm,
+            last_row: false,
             residual,
         })
     };
@@ -208,6 +209,21 @@ fn every_op() -> Graph {
         "fused",
     )
     .unwrap();
+    // The LM head's form: the last row of `x`, normed.
+    let last_row = MatMul {
+        last_row: true,
+        ..MatMul::linear(false)
+    };
+    g.add(
+        Op::MatMul(MatMul {
+            norm: Some(prologue(0.0)),
+            ..last_row.clone()
+        }),
+        &[a0, wo, w16],
+        "head",
+    )
+    .unwrap();
+    g.add(Op::MatMul(last_row), &[a0, wo], "head").unwrap();
     let o1 = g.add(mm(false), &[a1, wo], "dup").unwrap();
     let o1 = g.add(Op::AddBias, &[o1, b16], "dup").unwrap();
     let s = g.add(Op::Binary(BinaryOp::Add), &[x, o0], "s").unwrap();

@@ -54,11 +54,12 @@ impl Pass for FuseGlu {
                 continue;
             };
             let m = graph.inputs(g.node)[0];
-            // A norm prologue carries over (same inputs); a residual cannot.
+            // A norm prologue carries over (same inputs); a residual or a
+            // last-row read cannot.
             let Op::MatMul(mm) = op_of(graph, m).clone() else {
                 continue;
             };
-            if mm.residual {
+            if mm.residual || mm.last_row {
                 continue;
             }
             let only = |v: ValueRef, users: &[gerbil_ir::NodeId]| {

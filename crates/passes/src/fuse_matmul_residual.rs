@@ -5,16 +5,13 @@
 //! is no graph output. Rewrite: `y = matmul{residual}(x, w (, b) (, g), r)`:
 //! the kernel adds `r[row, n]` to each output as it stores it, one dispatch
 //! instead of two. In a pre-norm decoder these are the adds after `o_proj`
-//! and `down_proj`.
-//!
-//! The surprise: the last layer's add is left alone when its only reader is
-//! `slice_last_row` feeding an `rms_norm` (the final norm).
-//! `fuse-residual-norm` turns that chain into one `add_rms_norm_last_row`,
-//! which adds one row only; a fused residual would leave the slice as a
-//! dispatch of its own and save nothing.
+//! and `down_proj`, the last layer's too: its sum is read by the final norm
+//! through `slice_last_row`, and `fuse-norm-matmul` then moves that norm into
+//! the LM head and `fuse-last-row-matmul` the slice, which leaves the last
+//! layer as many dispatches as the others.
 
 use crate::manager::{Pass, PassError};
-use crate::rewrite::{add_err, feeds_final_norm, join_labels, op_of, remove_if_dead};
+use crate::rewrite::{add_err, join_labels, op_of, remove_if_dead};
 use gerbil_ir::{BinaryOp, Graph, MatMul, Op, ValueRef};
 
 /// Folds residual adds into the matmuls they add.
@@ -48,10 +45,7 @@ impl Pass for FuseMatMulResidual {
         let order = graph.topo_order().unwrap_or_default();
         let mut rewrites = 0;
         for id in order {
-            if graph.g.node_weight(id).is_none()
-                || graph.node(id).op != Op::Binary(BinaryOp::Add)
-                || feeds_final_norm(graph, ValueRef::of(id))
-            {
+            if graph.g.node_weight(id).is_none() || graph.node(id).op != Op::Binary(BinaryOp::Add) {
                 continue;
             }
             let [a, b] = graph.inputs(id)[..] else {

@@ -11,10 +11,13 @@
 //!
 //! In a pre-norm decoder this fuses each layer's input norm into the q/k/v
 //! matmul and its post-attention norm into the gate/up matmul.
-//! The final norm is left alone when it reads `slice_last_row(add(a, b))`
-//! with the add read by nothing else: `fuse-residual-norm` makes that one
-//! `add_rms_norm_last_row`, while fusing the norm into the LM head would
-//! leave the add and the slice as two dispatches. Runs before
+//! The final norm reads `slice_last_row` of the stream. It moves into the LM
+//! head when the stream's last value is a matmul (its residual add fused, the
+//! Llama family), and `fuse-last-row-matmul` then folds the slice in too. It
+//! is left alone when it reads `slice_last_row(add(a, b))` with the add read
+//! by nothing else (Gemma 3's post-norm sum): `fuse-residual-norm` makes that
+//! one `add_rms_norm_last_row`, which adds only the last row, while fusing
+//! the norm would leave an add of every row. Runs before
 //! `fuse-residual-norm`, which would otherwise claim the norms.
 
 use crate::manager::{Pass, PassError};

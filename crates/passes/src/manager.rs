@@ -108,8 +108,11 @@ pub struct PassManager {
 /// `fuse-swiglu` / `fuse-geglu`) and is correct without it.
 /// `fuse-matmul-residual` and `fuse-norm-matmul` run after the matmuls are
 /// merged (they fold into the merged ones) and before `fuse-residual-norm`,
-/// which takes the norms they leave: the final one, and those that read
-/// neither a residual add they could fold nor feed only matmuls.
+/// which takes the norms they leave: the final one when it reads the last
+/// row of an add (Gemma 3), and those that read neither a residual add they
+/// could fold nor feed only matmuls. `fuse-last-row-matmul` follows
+/// `fuse-norm-matmul`, once the final norm is the LM head's prologue and
+/// the slice is what the LM head reads.
 pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
     vec![
         Box::new(crate::dce::Dce),
@@ -126,6 +129,7 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         }),
         Box::new(crate::fuse_matmul_residual::FuseMatMulResidual),
         Box::new(crate::fuse_norm_matmul::FuseNormMatMul),
+        Box::new(crate::fuse_last_row_matmul::FuseLastRowMatMul),
         Box::new(crate::fuse_residual_norm::FuseResidualNorm),
     ]
 }

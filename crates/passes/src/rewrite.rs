@@ -1,6 +1,6 @@
 //! Helpers shared by the fusion passes: error mapping, dead-node cleanup,
 //! weight concatenation, matmul merging, and the final-norm pattern that
-//! the norm and residual fusions leave to `fuse-residual-norm`.
+//! the norm fusion leaves to `fuse-residual-norm`.
 
 use crate::manager::PassError;
 use gerbil_ir::graph::AddError;
@@ -33,8 +33,8 @@ pub(crate) fn remove_if_dead(graph: &mut Graph, id: NodeId) {
 
 /// Whether `s` is read only by a `slice_last_row` that feeds an `rms_norm`
 /// and is no graph output: what `fuse-residual-norm` fuses into
-/// `add_rms_norm_last_row` when `s` is an add, which `fuse-matmul-residual`
-/// and `fuse-norm-matmul` leave to it.
+/// `add_rms_norm_last_row` when `s` is an add, which `fuse-norm-matmul`
+/// leaves to it.
 pub(crate) fn feeds_final_norm(graph: &Graph, s: ValueRef) -> bool {
     let users = graph.users(s);
     let [(slice, _)] = users[..] else {

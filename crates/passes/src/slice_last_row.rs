@@ -14,10 +14,10 @@ pub struct SliceLastRow;
 
 /// Whether `op` works row by row on its input 0 alone (so slicing that
 /// input before it equals slicing after); a matmul's residual would need a
-/// slice of its own.
+/// slice of its own, and a `last_row` matmul has sliced already.
 fn is_rowwise(op: &Op) -> bool {
     match op {
-        Op::MatMul(m) => !m.residual,
+        Op::MatMul(m) => !m.residual && !m.last_row,
         _ => matches!(op, Op::RmsNorm(_) | Op::Unary(_) | Op::AddBias),
     }
 }

@@ -1,7 +1,8 @@
 //! `gemv`: the decode form of [`matmul`](super::matmul), `y[t, n] = Σ_k
 //! x[t, k] · w[n, k] (+ b[n])` with one workgroup row per row of `x` (one in
 //! decode), and every option of [`MatMulSpec`]: bias, gated epilogue, weight
-//! row shards, RMSNorm prologue, residual epilogue. [`kernel`] builds it with
+//! row shards, RMSNorm prologue, residual epilogue, last-row read (row `T − 1`
+//! of `x` for the one output row). [`kernel`] builds it with
 //! a [`Reduce`] strategy; the lowering picks it for decode steps.
 //!
 //! Each row of `x` and `w` is cut into chunks of `E` elements, one wide load
@@ -315,13 +316,17 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
 
     // The K loop, unrolled over the R outputs (a last workgroup past N
     // reloads row N - 1 and stores nothing for it).
+    // The row of `x` that output row `t` reads.
+    let xt = if s.last_row { "(params.t - 1u)" } else { "t" };
     let mut body = String::new();
     if norm {
-        body += "    var xv = x_chunk(t * KC + c);\n\
+        body += &format!(
+            "    var xv = x_chunk({xt} * KC + c);\n\
                  \x20   ssq = ssq + cdot(xv, xv);\n\
-                 \x20   xv = cmul(xv, cplus(gamma_chunk(c), OFFSET));\n";
+                 \x20   xv = cmul(xv, cplus(gamma_chunk(c), OFFSET));\n"
+        );
     } else {
-        body += "    let xv = x_chunk(t * KC + c);\n";
+        body += &format!("    let xv = x_chunk({xt} * KC + c);\n");
     }
     for i in 0..r {
         let _ = writeln!(
@@ -462,7 +467,7 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
     );
     KernelSource {
         name: format!(
-            "gemv{}_{}_r{}_k{}_n{}{}{}{}{}_{}",
+            "gemv{}_{}_r{}_k{}_n{}{}{}{}{}{}_{}",
             match s.glu {
                 None => String::new(),
                 Some(UnaryOp::Silu) => "_swiglu".to_string(),
@@ -479,6 +484,7 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
                 None => String::new(),
             },
             if s.residual { "_residual" } else { "" },
+            if s.last_row { "_last_row" } else { "" },
             if names.len() > 1 {
                 format!("_shards{}", names.len())
             } else {

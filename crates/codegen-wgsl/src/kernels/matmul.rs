@@ -21,7 +21,9 @@
 //! of its rows, with no pass over `x` of its own: the lanes of any one column
 //! read the whole row anyway. With [`MatMulSpec::residual`] set, the store
 //! adds `res[r, n]` (the `fuse-matmul-residual` epilogue); `res` is a
-//! separate `read_write` activation, never the output's own buffer.
+//! separate `read_write` activation, never the output's own buffer. With
+//! [`MatMulSpec::last_row`], the one output row is computed from row `T − 1`
+//! of an `x` of `T` rows (the LM head after `fuse-last-row-matmul`).
 
 use super::{
     f32_lit, input, input_shard, output, prelude, split_groups, Bindings, KernelSource, Rows,
@@ -68,6 +70,9 @@ pub struct MatMulSpec {
     /// Residual epilogue: `res[rows, N]`, the last input, is added to the
     /// output.
     pub residual: bool,
+    /// `x` has `T` rows (`params.t`) and only its last is read, for the one
+    /// output row (`rows` must be `Fixed(1)`): `matmul{last_row}`.
+    pub last_row: bool,
 }
 
 /// The weight's shards as `(first row, binding name suffix)`.
@@ -81,8 +86,9 @@ fn shards(n: u32, shard_rows: Option<u32>) -> Vec<u32> {
 /// The K loop of one output column: `loads` are the expressions of its
 /// weight (the gate, then the up row with a gated epilogue), indexed by `wi`
 /// (packed pairs) or `k`. With `norm`, each `x` is scaled by its gain and
-/// its square summed into `ssq`.
-fn k_loop(packed: bool, loads: &[String], norm: bool) -> String {
+/// its square summed into `ssq`. `xrow` is the row of `x` that output row
+/// `t0 + tt` reads.
+fn k_loop(packed: bool, loads: &[String], norm: bool, xrow: &str) -> String {
     let glu = loads.len() == 2;
     let mut s = String::new();
     if packed {
@@ -94,8 +100,10 @@ fn k_loop(packed: bool, loads: &[String], norm: bool) -> String {
         if norm {
             s += "      let gp = gain2(wi);\n";
         }
-        s += "      for (var tt = 0u; tt < count; tt = tt + 1u) {\n\
-              \x20       let xi = (t0 + tt) * K + 2u * wi;\n";
+        s += &format!(
+            "      for (var tt = 0u; tt < count; tt = tt + 1u) {{\n\
+              \x20       let xi = {xrow} * K + 2u * wi;\n"
+        );
         if norm {
             s += "        let r0 = x[xi];\n        let r1 = x[xi + 1u];\n\
                   \x20       ssq[tt] = ssq[tt] + r0 * r0 + r1 * r1;\n\
@@ -122,16 +130,18 @@ fn k_loop(packed: bool, loads: &[String], norm: bool) -> String {
         }
         s += "      for (var tt = 0u; tt < count; tt = tt + 1u) {\n";
         if norm {
-            s += "        let xr = x[(t0 + tt) * K + k];\n\
-                  \x20       ssq[tt] = ssq[tt] + xr * xr;\n\
-                  \x20       let xv = xr * gk;\n";
+            s += &format!(
+                "        let xr = x[{xrow} * K + k];\n\
+                 \x20       ssq[tt] = ssq[tt] + xr * xr;\n\
+                 \x20       let xv = xr * gk;\n"
+            );
         } else if glu {
-            s += "        let xv = x[(t0 + tt) * K + k];\n";
+            s += &format!("        let xv = x[{xrow} * K + k];\n");
         }
         if norm || glu {
             s += "        acc[tt] = acc[tt] + wv * xv;\n";
         } else {
-            s += "        acc[tt] = acc[tt] + wv * x[(t0 + tt) * K + k];\n";
+            s += &format!("        acc[tt] = acc[tt] + wv * x[{xrow} * K + k];\n");
         }
         if glu {
             s += "        acc2[tt] = acc2[tt] + wu * xv;\n";
@@ -210,6 +220,11 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     }
     b.activation(&mut w, output(0), "y");
     let norm = s.norm.is_some();
+    let xrow = if s.last_row {
+        "(params.t - 1u)"
+    } else {
+        "(t0 + tt)"
+    };
     let mut inner = String::new();
     if glu && names.len() > 1 {
         // Gate row `n` and up row `N + n` may lie in different shards: load
@@ -228,7 +243,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
             "load_row(n, k)".to_string(),
             "load_row(n + N, k)".to_string(),
         ];
-        inner = k_loop(false, &rows, norm);
+        inner = k_loop(false, &rows, norm, xrow);
     }
     for (i, (name, start)) in names
         .iter()
@@ -241,7 +256,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         } else {
             format!("n - {start}u")
         };
-        let body = k_loop(packed, &loads(packed, name, &row, glu), norm);
+        let body = k_loop(packed, &loads(packed, name, &row, glu), norm, xrow);
         match (i, starts.get(i + 1)) {
             (_, None) if names.len() == 1 => inner = body,
             (0, Some(end)) => inner += &format!("  if (n < {end}u) {{\n{body}  }}"),
@@ -337,7 +352,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     };
     KernelSource {
         name: format!(
-            "matmul{}_{}_r{}_k{}_n{}_tt{}{}{}{}{}",
+            "matmul{}_{}_r{}_k{}_n{}_tt{}{}{}{}{}{}",
             match s.glu {
                 None => String::new(),
                 Some(UnaryOp::Silu) => "_swiglu".to_string(),
@@ -355,6 +370,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
                 None => String::new(),
             },
             if s.residual { "_residual" } else { "" },
+            if s.last_row { "_last_row" } else { "" },
             if names.len() > 1 {
                 format!("_shards{}", names.len())
             } else {

@@ -140,6 +140,7 @@ impl OpSyntax {
             "matmul" => Op::MatMul(MatMul {
                 has_bias: a.flag("bias"),
                 norm: norm_prologue(&mut a)?,
+                last_row: a.flag("last_row"),
                 residual: a.flag("residual"),
             }),
             "matmul_swiglu" | "matmul_geglu" | "matmul_glu" => {
