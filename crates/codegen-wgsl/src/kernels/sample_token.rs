@@ -45,8 +45,8 @@ const COLUMNS_PER_THREAD: u32 = 4;
 /// Most workgroups (slices).
 const MAX_SLICES: u32 = 128;
 /// Each slice offers the tokens strictly above its `CANDIDATES`-th largest
-/// logit (fewer than `CANDIDATES`): top-k up to about this many over the
-/// vocabulary, and nuclei of this order, resolve from the candidates.
+/// logit (fewer than `CANDIDATES`): a top-k or nucleus set resolves from the
+/// candidates unless some slice holds this many of its tokens.
 pub const CANDIDATES: u32 = 16;
 /// Largest vocabulary: columns are exact in f32 up to 2^24.
 pub const MAX_VOCAB: u32 = 1 << 24;
