@@ -30,22 +30,27 @@ shapes=("$@")
 echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 
 # Runs gerbil-run with the given arguments in the background while sampling the driver's GPU
-# memory for its process; writes {"driver_mib": peak, "driver_last_mib": last sample} to $1.
+# memory for its process; writes {"driver_mib": peak, "driver_last_mib": steady} to $1, the steady
+# state being the median of the samples (the process spends most of its life with every buffer
+# allocated; the first and last samples may fall in its start or exit).
 with_memory() {
     local mem=$1
     shift
     $bin/gerbil-run "$@" &
-    local pid=$! peak=0 last=0 m
+    local pid=$! m samples=()
     while kill -0 $pid 2>/dev/null; do
         m=$(nvidia-smi --query-compute-apps=pid,used_memory --format=csv,noheader,nounits 2>/dev/null \
             | awk -F', ' -v p=$pid '$1 == p { print $2 }')
-        [ -n "$m" ] && last=$m && [ "$m" -gt "$peak" ] && peak=$m
+        [ -n "$m" ] && samples+=("$m")
         sleep 0.2
     done
     wait $pid
-    local rc=$?
-    # peak: during the weight upload too; last: while decoding, the steady state.
-    echo "{\"driver_mib\": $peak, \"driver_last_mib\": $last}" > "$mem"
+    local rc=$? peak=0 steady=0
+    if [ ${#samples[@]} -gt 0 ]; then
+        peak=$(printf '%s\n' "${samples[@]}" | sort -n | tail -1)
+        steady=$(printf '%s\n' "${samples[@]}" | sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }')
+    fi
+    echo "{\"driver_mib\": $peak, \"driver_last_mib\": $steady}" > "$mem"
     return $rc
 }
 

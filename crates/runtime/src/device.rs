@@ -36,6 +36,9 @@ impl Gpu {
     }
 }
 
+/// Sizes of the device-memory blocks small buffers are suballocated from.
+const SUBALLOCATION_BLOCK: std::ops::Range<u64> = (4 << 20)..(16 << 20);
+
 fn check(
     adapter: &str,
     limit: &'static str,
@@ -159,10 +162,13 @@ impl Gpu {
                 required_features: features,
                 required_limits: limits.clone(),
                 experimental_features: wgpu::ExperimentalFeatures::disabled(),
-                // Small suballocation blocks (8–64 MiB, larger buffers get
-                // blocks of their own): with the default 128–256 MiB blocks a
-                // model's per-layer buffers left up to a block unused.
-                memory_hints: wgpu::MemoryHints::MemoryUsage,
+                // Small suballocation blocks (larger buffers get memory of
+                // their own): with wgpu's default 128–256 MiB blocks a
+                // model's per-layer buffers left up to a block unused, which
+                // is more than SmolLM2's KV cache.
+                memory_hints: wgpu::MemoryHints::Manual {
+                    suballocated_device_memory_block_size: SUBALLOCATION_BLOCK,
+                },
                 trace: wgpu::Trace::Off,
             })
             .await

@@ -111,10 +111,10 @@ impl VariantKernels {
 /// copied it, so this bounds the staging memory during a load (writing
 /// every weight at once, or mapping every weight buffer at creation, held a
 /// second copy of all the weights until the end).
-const UPLOAD_WINDOW: usize = 256 << 20;
+const UPLOAD_WINDOW: usize = 64 << 20;
 
 /// Largest single write; a larger weight is written in pieces.
-const UPLOAD_CHUNK: usize = 64 << 20;
+const UPLOAD_CHUNK: usize = 16 << 20;
 
 /// Copies every weight section of `plan` into its buffer, in windows of
 /// [`UPLOAD_WINDOW`] bytes.
