@@ -24,6 +24,7 @@ pub mod error;
 pub mod generate;
 pub mod pipeline;
 pub mod profile;
+mod residency;
 pub mod sampling;
 pub mod session;
 pub mod text;

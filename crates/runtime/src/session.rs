@@ -7,12 +7,12 @@
 
 use crate::device::Gpu;
 use crate::error::RuntimeError;
+use crate::residency::Residency;
 use crate::variant::PrecisionChoice;
 use gerbil_plan::{
     BufferKind, Dispatch, PlanFile, PlanHeader, Requirements, Variant, STEP_PARAMS_BYTES,
 };
 use std::collections::HashSet;
-use std::num::NonZeroU64;
 
 /// Bytes of GPU memory by purpose.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -35,8 +35,8 @@ pub(crate) struct Step {
 pub struct Session {
     pub(crate) gpu: Gpu,
     pub(crate) header: PlanHeader,
-    /// By plan buffer index; `None` for a buffer the variant does not use.
-    buffers: Vec<Option<wgpu::Buffer>>,
+    /// The wgpu buffers the plan's buffers live in.
+    residency: Residency,
     pub(crate) pipelines: Vec<wgpu::ComputePipeline>,
     pub(crate) prefill: Vec<Step>,
     pub(crate) decode: Vec<Step>,
@@ -47,17 +47,6 @@ pub struct Session {
     /// Tokens in the last step (the logits row to read when the plan keeps every row).
     pub(crate) last_step_tokens: u64,
     memory: MemoryReport,
-}
-
-fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
-    use wgpu::BufferUsages as U;
-    match kind {
-        BufferKind::Weight { .. } => U::STORAGE | U::COPY_DST,
-        BufferKind::Arena | BufferKind::Scratch { .. } => U::STORAGE,
-        BufferKind::KvCache { .. } | BufferKind::Output { .. } => U::STORAGE | U::COPY_SRC,
-        BufferKind::StepParams | BufferKind::SamplingParams => U::UNIFORM | U::COPY_DST,
-        BufferKind::TokenIds => U::STORAGE | U::COPY_DST,
-    }
 }
 
 /// The pipelines of the kernels one variant dispatches, and where each
@@ -106,55 +95,10 @@ impl VariantKernels {
     }
 }
 
-/// Bytes of weights written through the queue before the upload waits for
-/// the GPU: wgpu stages each write in memory of its own until the GPU has
-/// copied it, so this bounds the staging memory during a load (writing
-/// every weight at once, or mapping every weight buffer at creation, held a
-/// second copy of all the weights until the end).
-const UPLOAD_WINDOW: usize = 64 << 20;
-
-/// Largest single write; a larger weight is written in pieces.
-const UPLOAD_CHUNK: usize = 16 << 20;
-
-/// Copies every weight section of `plan` into its buffer, in windows of
-/// [`UPLOAD_WINDOW`] bytes.
-async fn upload_weights(
-    gpu: &Gpu,
-    plan: &PlanFile,
-    buffers: &[Option<wgpu::Buffer>],
-) -> Result<(), RuntimeError> {
-    let mut pending = 0;
-    for (decl, buffer) in plan.header.buffers.iter().zip(buffers) {
-        let (BufferKind::Weight { section, .. }, Some(buffer)) = (&decl.kind, buffer) else {
-            continue;
-        };
-        for (k, chunk) in plan.section(*section).chunks(UPLOAD_CHUNK).enumerate() {
-            gpu.queue
-                .write_buffer(buffer, (k * UPLOAD_CHUNK) as u64, chunk);
-            pending += chunk.len();
-            if pending >= UPLOAD_WINDOW {
-                gpu.queue.submit([]);
-                gpu.idle().await?;
-                pending = 0;
-            }
-        }
-    }
-    gpu.queue.submit([]);
-    gpu.idle().await
-}
-
-/// Buffer `i` of `buffers`, allocated because the variant or the plan's
-/// inputs and outputs use it ([`buffers_used`]).
-fn allocated(buffers: &[Option<wgpu::Buffer>], i: u32) -> &wgpu::Buffer {
-    buffers[i as usize]
-        .as_ref()
-        .expect("a session binds only the buffers it allocated for its variant")
-}
-
 /// Creates the bind group of every dispatch of one schedule.
 async fn make_steps(
     gpu: &Gpu,
-    buffers: &[Option<wgpu::Buffer>],
+    residency: &Residency,
     kernels: &VariantKernels,
     list: &[Dispatch],
     phase: &str,
@@ -167,11 +111,7 @@ async fn make_steps(
             .enumerate()
             .map(|(i, s)| wgpu::BindGroupEntry {
                 binding: i as u32,
-                resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                    buffer: allocated(buffers, s.buffer),
-                    offset: s.offset,
-                    size: NonZeroU64::new(s.size),
-                }),
+                resource: wgpu::BindingResource::Buffer(residency.binding(s)),
             })
             .collect();
         let bind_group = gpu
@@ -255,37 +195,19 @@ impl Session {
         let used = buffers_used(&header, &variant);
         let device = &gpu.device;
         let mut memory = MemoryReport::default();
-        let mut buffers = Vec::with_capacity(header.buffers.len());
-        for (i, decl) in header.buffers.iter().enumerate() {
-            if !used.contains(&(i as u32)) {
-                buffers.push(None);
-                continue;
-            }
-            let label = decl.kind.describe();
-            let buffer = gpu
-                .scoped(
-                    &format!("allocating buffer {i} ({label}, {} bytes)", decl.size),
-                    || {
-                        device.create_buffer(&wgpu::BufferDescriptor {
-                            label: Some(&label),
-                            size: decl.size,
-                            usage: usage_for(&decl.kind),
-                            mapped_at_creation: false,
-                        })
-                    },
-                )
-                .await?;
+        for i in &used {
+            let decl = &header.buffers[*i as usize];
             match &decl.kind {
                 BufferKind::Weight { .. } => memory.weights += decl.size,
                 BufferKind::KvCache { .. } => memory.kv_cache += decl.size,
                 _ => memory.activations += decl.size,
             }
-            buffers.push(Some(buffer));
         }
-        upload_weights(&gpu, plan, &buffers).await?;
+        let residency = Residency::allocate(&gpu, &header, &used).await?;
+        residency.upload_weights(&gpu, plan).await?;
         let kernels = VariantKernels::create(&gpu, &header, &variant).await?;
-        let prefill = make_steps(&gpu, &buffers, &kernels, &variant.prefill, "prefill").await?;
-        let decode = make_steps(&gpu, &buffers, &kernels, &variant.decode, "decode").await?;
+        let prefill = make_steps(&gpu, &residency, &kernels, &variant.prefill, "prefill").await?;
+        let decode = make_steps(&gpu, &residency, &kernels, &variant.decode, "decode").await?;
         let pipelines = kernels.pipelines;
         let readback = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits readback"),
@@ -296,7 +218,7 @@ impl Session {
         Ok(Session {
             gpu,
             header,
-            buffers,
+            residency,
             pipelines,
             prefill,
             decode,
@@ -308,10 +230,10 @@ impl Session {
         })
     }
 
-    /// Plan buffer `i`, which the running variant or the plan's inputs and
-    /// outputs use (the only buffers a session binds or copies).
+    /// Plan buffer `i`, one of the plan's inputs and outputs (which have
+    /// wgpu buffers of their own: only weights and KV caches are pooled).
     pub(crate) fn buffer(&self, i: u32) -> &wgpu::Buffer {
-        allocated(&self.buffers, i)
+        self.residency.own(i)
     }
 
     /// The plan variant this session runs.

@@ -1,0 +1,247 @@
+//! Where a session's plan buffers live on the device, and how the weights
+//! get there.
+//!
+//! [`Residency::allocate`] gives every plan buffer the running variant uses
+//! a home: a wgpu buffer of its own, or — for a weight or a KV cache smaller
+//! than [`POOL_ITEM_MAX`] — a range of a *pool*, one wgpu buffer holding many
+//! of them at aligned offsets. [`Residency::binding`] turns a plan
+//! `BufferSlice` into the range of the wgpu buffer it lives in, and
+//! [`Residency::upload_weights`] writes the weights through the queue in
+//! windows.
+//!
+//! The surprise: a device allocator rounds every buffer up to its block or
+//! page, and a 30-layer model has hundreds of 1–4 MiB buffers, so one wgpu
+//! buffer per plan buffer cost SmolLM2 a sixth of its memory. Weights and KV
+//! caches pool separately: WebGPU forbids binding one buffer both read-only
+//! and writable in a dispatch, and a matmul reads weights where attention's
+//! neighbours write caches, while every dispatch binds all its caches the
+//! same way.
+
+use crate::device::Gpu;
+use crate::error::RuntimeError;
+use gerbil_plan::{BufferKind, BufferSlice, PlanFile, PlanHeader};
+use std::collections::HashSet;
+use std::num::NonZeroU64;
+
+/// Largest plan buffer placed in a pool; a larger one gets a wgpu buffer,
+/// and so device memory, of its own (where rounding costs little).
+const POOL_ITEM_MAX: u64 = 32 << 20;
+
+/// Most bytes in one pool.
+const POOL_BYTES: u64 = 256 << 20;
+
+/// Bytes of weights written through the queue before the upload waits for
+/// the GPU: wgpu stages each write in memory of its own until the GPU has
+/// copied it, so this bounds the staging memory during a load (writing
+/// every weight at once, or mapping every weight buffer at creation, held a
+/// second copy of all the weights until the end).
+const UPLOAD_WINDOW: usize = 64 << 20;
+
+/// Largest single write; a larger weight is written in pieces.
+const UPLOAD_CHUNK: usize = 16 << 20;
+
+/// The pools: plan buffers of one pool are bound the same way in every
+/// dispatch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pool {
+    Weights,
+    Caches,
+}
+
+fn pool_of(kind: &BufferKind) -> Option<Pool> {
+    match kind {
+        BufferKind::Weight { .. } => Some(Pool::Weights),
+        BufferKind::KvCache { .. } => Some(Pool::Caches),
+        _ => None,
+    }
+}
+
+fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
+    use wgpu::BufferUsages as U;
+    match kind {
+        BufferKind::Weight { .. } => U::STORAGE | U::COPY_DST,
+        BufferKind::Arena | BufferKind::Scratch { .. } => U::STORAGE,
+        BufferKind::KvCache { .. } | BufferKind::Output { .. } => U::STORAGE | U::COPY_SRC,
+        BufferKind::StepParams | BufferKind::SamplingParams => U::UNIFORM | U::COPY_DST,
+        BufferKind::TokenIds => U::STORAGE | U::COPY_DST,
+    }
+}
+
+/// Where one plan buffer lives.
+#[derive(Clone, Copy, Debug)]
+struct Home {
+    /// Index into [`Residency::buffers`].
+    buffer: usize,
+    /// Byte offset of the plan buffer in it.
+    offset: u64,
+}
+
+/// A pool being filled: its plan buffers and the bytes it holds so far.
+struct Filling {
+    members: Vec<(usize, u64)>,
+    len: u64,
+}
+
+/// The wgpu buffers of a session and where each plan buffer lives in them.
+pub(crate) struct Residency {
+    buffers: Vec<wgpu::Buffer>,
+    /// By plan buffer index; `None` for a buffer the variant does not use.
+    homes: Vec<Option<Home>>,
+}
+
+impl Residency {
+    /// Allocates the plan buffers in `used` (empty; weights are written by
+    /// [`Residency::upload_weights`]).
+    pub(crate) async fn allocate(
+        gpu: &Gpu,
+        header: &PlanHeader,
+        used: &HashSet<u32>,
+    ) -> Result<Residency, RuntimeError> {
+        let align = u64::from(gpu.limits.min_storage_buffer_offset_alignment).max(256);
+        let pool_bytes = POOL_BYTES.min(gpu.limits.max_buffer_size);
+        let mut residency = Residency {
+            buffers: Vec::new(),
+            homes: vec![None; header.buffers.len()],
+        };
+        let mut filling: Vec<(Pool, Filling)> = Vec::new();
+        for (i, decl) in header.buffers.iter().enumerate() {
+            if !used.contains(&(i as u32)) {
+                continue;
+            }
+            let pool = pool_of(&decl.kind).filter(|_| decl.size <= POOL_ITEM_MAX);
+            let Some(pool) = pool else {
+                let label = decl.kind.describe();
+                let buffer = residency
+                    .create(gpu, &label, decl.size, usage_for(&decl.kind))
+                    .await?;
+                residency.homes[i] = Some(Home { buffer, offset: 0 });
+                continue;
+            };
+            let at = filling.iter().position(|(p, _)| *p == pool);
+            let fits = |f: &Filling| f.len.next_multiple_of(align) + decl.size <= pool_bytes;
+            let slot = match at {
+                Some(k) if fits(&filling[k].1) => k,
+                _ => {
+                    if let Some(k) = at {
+                        let (p, full) = filling.remove(k);
+                        residency.close(gpu, header, p, full).await?;
+                    }
+                    filling.push((
+                        pool,
+                        Filling {
+                            members: Vec::new(),
+                            len: 0,
+                        },
+                    ));
+                    filling.len() - 1
+                }
+            };
+            let f = &mut filling[slot].1;
+            let offset = f.len.next_multiple_of(align);
+            f.members.push((i, offset));
+            f.len = offset + decl.size;
+        }
+        for (p, f) in filling {
+            residency.close(gpu, header, p, f).await?;
+        }
+        Ok(residency)
+    }
+
+    async fn create(
+        &mut self,
+        gpu: &Gpu,
+        label: &str,
+        size: u64,
+        usage: wgpu::BufferUsages,
+    ) -> Result<usize, RuntimeError> {
+        let buffer = gpu
+            .scoped(
+                &format!("allocating buffer `{label}` ({size} bytes)"),
+                || {
+                    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                        label: Some(label),
+                        size,
+                        usage,
+                        mapped_at_creation: false,
+                    })
+                },
+            )
+            .await?;
+        self.buffers.push(buffer);
+        Ok(self.buffers.len() - 1)
+    }
+
+    /// Creates the wgpu buffer of a filled pool and homes its members there.
+    async fn close(
+        &mut self,
+        gpu: &Gpu,
+        header: &PlanHeader,
+        pool: Pool,
+        f: Filling,
+    ) -> Result<(), RuntimeError> {
+        let Some(&(first, _)) = f.members.first() else {
+            return Ok(());
+        };
+        let label = format!("{pool:?} pool ({} buffers)", f.members.len());
+        let usage = usage_for(&header.buffers[first].kind);
+        let buffer = self
+            .create(gpu, &label, f.len.next_multiple_of(4), usage)
+            .await?;
+        for (i, offset) in f.members {
+            self.homes[i] = Some(Home { buffer, offset });
+        }
+        Ok(())
+    }
+
+    fn home(&self, i: u32) -> Home {
+        self.homes[i as usize]
+            .expect("a session binds only the buffers it allocated for its variant")
+    }
+
+    /// The range of a wgpu buffer that plan slice `s` is.
+    pub(crate) fn binding(&self, s: &BufferSlice) -> wgpu::BufferBinding<'_> {
+        let home = self.home(s.buffer);
+        wgpu::BufferBinding {
+            buffer: &self.buffers[home.buffer],
+            offset: home.offset + s.offset,
+            size: NonZeroU64::new(s.size),
+        }
+    }
+
+    /// Plan buffer `i`, which must have a wgpu buffer of its own (the step
+    /// parameters, token ids and outputs: only weights and KV caches pool).
+    pub(crate) fn own(&self, i: u32) -> &wgpu::Buffer {
+        let home = self.home(i);
+        debug_assert_eq!(home.offset, 0, "plan buffer {i} is pooled");
+        &self.buffers[home.buffer]
+    }
+
+    /// Copies every weight section of `plan` into its home, in windows of
+    /// [`UPLOAD_WINDOW`] bytes.
+    pub(crate) async fn upload_weights(
+        &self,
+        gpu: &Gpu,
+        plan: &PlanFile,
+    ) -> Result<(), RuntimeError> {
+        let mut pending = 0;
+        for (i, decl) in plan.header.buffers.iter().enumerate() {
+            let (BufferKind::Weight { section, .. }, Some(home)) = (&decl.kind, self.homes[i])
+            else {
+                continue;
+            };
+            let buffer = &self.buffers[home.buffer];
+            for (k, chunk) in plan.section(*section).chunks(UPLOAD_CHUNK).enumerate() {
+                let at = home.offset + (k * UPLOAD_CHUNK) as u64;
+                gpu.queue.write_buffer(buffer, at, chunk);
+                pending += chunk.len();
+                if pending >= UPLOAD_WINDOW {
+                    gpu.queue.submit([]);
+                    gpu.idle().await?;
+                    pending = 0;
+                }
+            }
+        }
+        gpu.queue.submit([]);
+        gpu.idle().await
+    }
+}
