@@ -289,6 +289,13 @@ pub struct BenchReport {
     pub decode_ms_per_token: f64,
     /// Tokens in the KV cache when the timed decode started.
     pub decode_depth: usize,
+    /// Milliseconds to open the plan and make its session: device, buffers,
+    /// weight upload, pipelines, bind groups.
+    pub load_ms: f64,
+    /// Milliseconds from the start to the first token of a `--prompt-tokens`
+    /// prompt: the load, then the prompt's prefill, the first one with
+    /// these pipelines.
+    pub first_token_ms: f64,
     /// GPU bytes of weights.
     pub weights_bytes: u64,
     /// GPU bytes of KV cache.
@@ -355,12 +362,14 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// Times prefill and decode (greedy unless `opts.sampling` samples) on
 /// synthetic token ids.
 pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchReport> {
+    let start = Instant::now();
     let plan = PlanFile::open(plan_path)?;
     let session_opts = SessionOptions {
         precision: opts.precision,
         profiling: opts.profile,
     };
     let mut session = Session::open(&plan, &session_opts).await?;
+    let load_s = start.elapsed().as_secs_f64();
     let vocab = session.vocab_size() as u32;
     let max = plan.header.model.max_context as usize;
     let depth = opts.depth.unwrap_or(opts.prompt_tokens);
@@ -377,9 +386,10 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     let synthetic =
         |n: usize| -> Vec<u32> { (0..n as u32).map(|i| (i * 7919 + 13) % vocab).collect() };
     let prompt = synthetic(opts.prompt_tokens);
-    // Warm-up: pipelines, first-use costs.
+    // Warm-up: pipelines, first-use costs. Its logits give the first token.
     session.reset();
     session.forward(&prompt).await?;
+    let first_token_s = start.elapsed().as_secs_f64();
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     for _ in 0..opts.repeats.max(1) {
@@ -422,6 +432,8 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         decode_tok_s: opts.new_tokens as f64 / decode_s,
         decode_ms_per_token: decode_s * 1000.0 / opts.new_tokens.max(1) as f64,
         decode_depth: depth,
+        load_ms: load_s * 1000.0,
+        first_token_ms: first_token_s * 1000.0,
         weights_bytes: mem.weights,
         kv_cache_bytes: mem.kv_cache,
         activation_bytes: mem.activations,

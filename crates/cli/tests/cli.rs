@@ -209,6 +209,35 @@ fn bench_reports_speed_and_memory() {
     assert!(v["decode_tok_s"].as_f64().unwrap() > 0.0);
     assert!(v["weights_bytes"].as_u64().unwrap() > 0);
     assert!(v["kv_cache_bytes"].as_u64().unwrap() > 0);
+    let load = v["load_ms"].as_f64().unwrap();
+    assert!(load > 0.0 && v["first_token_ms"].as_f64().unwrap() > load, "{v}");
+    // A portable plan has only f32 variants, so `auto` runs f32.
+    assert_eq!(v["precision"], "f32");
+}
+
+/// `--precision f16` on a plan compiled without f16 variants says so and
+/// how to get one.
+#[test]
+fn precision_the_plan_lacks_is_a_clear_error() {
+    let plan = tiny_plan("no-f16", &[]);
+    let o = gerbil_run(&[
+        plan.to_str().unwrap(),
+        "--precision",
+        "f16",
+        "--input-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "1",
+    ]);
+    assert!(!o.status.success());
+    let err = stderr(&o);
+    assert!(
+        err.contains("no f16 variant") && err.contains("--target desktop"),
+        "{err}"
+    );
+    let o = gerbil_run(&[plan.to_str().unwrap(), "--precision", "f8"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("expected auto, f32 or f16"), "{}", stderr(&o));
 }
 
 #[test]

@@ -169,6 +169,10 @@ fn real_main(cli: Cli) -> Result<()> {
                 println!("device      {}", r.device);
                 println!("variant     {} ({})", r.variant, r.precision);
                 println!(
+                    "load        {:.0} ms; first token of the prompt at {:.0} ms",
+                    r.load_ms, r.first_token_ms
+                );
+                println!(
                     "prefill     {:.1} tok/s ({prompt_tokens} tokens)",
                     r.prefill_tok_s
                 );
