@@ -210,7 +210,10 @@ fn bench_reports_speed_and_memory() {
     assert!(v["weights_bytes"].as_u64().unwrap() > 0);
     assert!(v["kv_cache_bytes"].as_u64().unwrap() > 0);
     let load = v["load_ms"].as_f64().unwrap();
-    assert!(load > 0.0 && v["first_token_ms"].as_f64().unwrap() > load, "{v}");
+    assert!(
+        load > 0.0 && v["first_token_ms"].as_f64().unwrap() > load,
+        "{v}"
+    );
     // A portable plan has only f32 variants, so `auto` runs f32.
     assert_eq!(v["precision"], "f32");
 }
@@ -237,7 +240,11 @@ fn precision_the_plan_lacks_is_a_clear_error() {
     );
     let o = gerbil_run(&[plan.to_str().unwrap(), "--precision", "f8"]);
     assert!(!o.status.success());
-    assert!(stderr(&o).contains("expected auto, f32 or f16"), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("expected auto, f32 or f16"),
+        "{}",
+        stderr(&o)
+    );
 }
 
 #[test]
