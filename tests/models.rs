@@ -549,3 +549,29 @@ fn margin(logits: &[f32]) -> f32 {
     }
     a - b
 }
+
+/// The plan counts each matmul's arithmetic for `bench --profile`: over a
+/// prefill step of `T` tokens, 2·T times the parameters of every layer's
+/// projections (from the config, not from the plan), plus 2·hidden·vocab
+/// once for the LM head, which computes only the last row.
+#[test]
+fn prefill_flops_count_every_projection_once() {
+    let dir = tiny_model("llama");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).expect("config"))
+            .expect("config json");
+    let n = |k: &str| cfg[k].as_u64().expect(k);
+    let (h, i, d) = (n("hidden_size"), n("intermediate_size"), n("head_dim"));
+    let (q, kv) = (n("num_attention_heads") * d, n("num_key_value_heads") * d);
+    let per_layer = h * (q + 2 * kv) + q * h + 3 * h * i;
+    let plan = PlanFile::open(&compile_plan(&dir, |_| {})).expect("open plan");
+    for t in [1u32, 7] {
+        let flops: u64 = plan.header.variants[0]
+            .prefill
+            .iter()
+            .map(|d| d.flops.eval(t))
+            .sum();
+        let want = 2 * u64::from(t) * n("num_hidden_layers") * per_layer + 2 * h * n("vocab_size");
+        assert_eq!(flops, want, "T = {t}");
+    }
+}

@@ -217,6 +217,9 @@ pub struct ProfileRow {
     pub gb_s: f64,
     /// `gb_s` as a fraction of the device's measured copy bandwidth.
     pub of_copy: f64,
+    /// Floating-point operations per second, in TFLOP/s (matmuls; 0 for
+    /// kinds whose arithmetic the plan does not count).
+    pub tflop_s: f64,
 }
 
 /// A label with every `layers.N.` removed, so a fused node of every layer
@@ -242,17 +245,18 @@ fn without_layers(label: &str) -> String {
 }
 
 fn summarize(times: &[gerbil_runtime::DispatchTime], copy_gb_s: f64) -> Vec<ProfileRow> {
-    let mut by: std::collections::BTreeMap<String, (usize, f64, u64)> = Default::default();
+    let mut by: std::collections::BTreeMap<String, (usize, f64, u64, u64)> = Default::default();
     for t in times {
         let what = without_layers(&t.label);
         let e = by.entry(what).or_default();
         e.0 += 1;
         e.1 += t.nanos / 1000.0;
         e.2 += t.bytes;
+        e.3 += t.flops;
     }
     let mut rows: Vec<ProfileRow> = by
         .into_iter()
-        .map(|(what, (count, micros, bytes))| {
+        .map(|(what, (count, micros, bytes, flops))| {
             let gb_s = bytes as f64 / (micros * 1e3).max(1e-9);
             ProfileRow {
                 what,
@@ -260,6 +264,7 @@ fn summarize(times: &[gerbil_runtime::DispatchTime], copy_gb_s: f64) -> Vec<Prof
                 micros,
                 gb_s,
                 of_copy: gb_s / copy_gb_s.max(1e-9),
+                tflop_s: flops as f64 / (micros * 1e6).max(1e-9),
             }
         })
         .collect();

@@ -18,7 +18,7 @@ use crate::target::Limits;
 use crate::validate::validate_with;
 use crate::CodegenError;
 use gerbil_plan::{
-    BufferDecl, BufferKind, BufferSlice, Dispatch, Feature, Kernel, Port, Requirements,
+    BufferDecl, BufferKind, BufferSlice, Dispatch, Feature, FlopCount, Kernel, Port, Requirements,
     BINDING_OFFSET_ALIGN,
 };
 use std::collections::HashMap;
@@ -44,6 +44,8 @@ pub struct Operands<'a> {
     /// The bytes the port's IR value has (at the largest step), worked out
     /// from the IR types independently of where the planner put it.
     pub bytes: &'a dyn Fn(Port) -> Option<u64>,
+    /// The node's arithmetic.
+    pub flops: FlopCount,
 }
 
 impl Assembler {
@@ -108,6 +110,7 @@ impl Assembler {
             workgroups,
             label: ops.label.to_string(),
             layer: ops.layer,
+            flops: ops.flops,
         })
     }
 

@@ -23,7 +23,7 @@ use crate::kernels::{
 use crate::variant::VariantSpec;
 use crate::CodegenError;
 use gerbil_ir::{DType, Dim, Graph, MatMul, MatMulGlu, NodeId, Op, TensorType, ValueRef};
-use gerbil_plan::{Feature, Precision};
+use gerbil_plan::{Feature, FlopCount, Precision};
 use std::collections::HashMap;
 
 fn rows_of(ty: &TensorType) -> Rows {
@@ -58,6 +58,31 @@ pub struct Lowering<'g> {
 }
 
 impl Lowering<'_> {
+    /// The arithmetic of compute node `id`: `2·K·N` per output row of a
+    /// matmul (`N` the weight's rows, so both halves of a gated one), zero
+    /// for every other op (their time is memory, not arithmetic).
+    pub fn flops(&self, id: NodeId) -> FlopCount {
+        let g = self.graph;
+        let node = g.node(id);
+        let (Op::MatMul(_) | Op::MatMulGlu(_)) = &node.op else {
+            return FlopCount::default();
+        };
+        let ins = g.inputs(id);
+        let k = u64::from(width_of(g.value_type(ins[0])));
+        let n = g.value_type(ins[1]).shape[0].as_const().unwrap_or(0);
+        let per_row = 2 * k * n;
+        match rows_of(&node.outputs[0]) {
+            Rows::Tokens => FlopCount {
+                per_token: per_row,
+                constant: 0,
+            },
+            Rows::Fixed(r) => FlopCount {
+                per_token: 0,
+                constant: u64::from(r) * per_row,
+            },
+        }
+    }
+
     fn shard_rows(&self, v: ValueRef) -> Option<u32> {
         self.shard_rows.get(&v).copied()
     }

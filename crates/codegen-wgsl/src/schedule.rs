@@ -493,6 +493,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                     layer: node.layer(),
                     slice: &slice,
                     bytes: &bytes,
+                    flops: lowering.flops(id),
                 };
                 asm.dispatch(
                     lowering.kernel(id, phase, spec)?,

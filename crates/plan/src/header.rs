@@ -447,6 +447,28 @@ pub struct Dispatch {
     /// The transformer layer the node belongs to, if any.
     #[serde(default)]
     pub layer: Option<u32>,
+    /// Its arithmetic, for `bench --profile`'s TFLOP/s (zero where not
+    /// counted; absent in older plans).
+    #[serde(default)]
+    pub flops: FlopCount,
+}
+
+/// Floating-point operations of a dispatch as a function of `T`:
+/// `per_token · T + constant`, a multiply and an add counting as two. Codegen
+/// counts the matmuls' (`2·K·N` per row); other kernels count zero.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FlopCount {
+    /// Operations per token of the step.
+    pub per_token: u64,
+    /// Operations independent of `T`.
+    pub constant: u64,
+}
+
+impl FlopCount {
+    /// The count for a step of `t` tokens.
+    pub fn eval(&self, t: u32) -> u64 {
+        self.per_token * u64::from(t) + self.constant
+    }
 }
 
 /// Where the runtime writes inputs and reads outputs.

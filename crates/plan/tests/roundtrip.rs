@@ -37,6 +37,7 @@ fn copy(weight_len: u64) -> Dispatch {
         workgroups: [WorkgroupCount::fixed(1); 3],
         label: "copy".into(),
         layer: None,
+        flops: FlopCount::default(),
     }
 }
 

@@ -27,6 +27,9 @@ pub struct DispatchTime {
     pub nanos: f64,
     /// Bytes the dispatch reads and writes (estimated from its bindings).
     pub bytes: u64,
+    /// Floating-point operations it does (the plan's count at this step's
+    /// `T`; zero where codegen does not count them).
+    pub flops: u64,
 }
 
 impl Session {
@@ -111,6 +114,7 @@ impl Session {
                     kernel: self.header.kernels[d.kernel as usize].name.clone(),
                     nanos: stamps[i + 1].saturating_sub(stamps[i]) as f64 * period,
                     bytes: self.dispatch_bytes(d, t, needed),
+                    flops: d.flops.eval(t),
                 }
             })
             .collect();

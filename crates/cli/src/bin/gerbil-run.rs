@@ -201,8 +201,13 @@ fn real_main(cli: Cli) -> Result<()> {
                         let total: f64 = rows.iter().map(|x| x.micros).sum();
                         println!("{name} step GPU time {:.1} µs:", total);
                         for x in rows {
+                            let tflops = if x.tflop_s > 0.0 {
+                                format!("  {:>6.2} TFLOP/s", x.tflop_s)
+                            } else {
+                                String::new()
+                            };
                             println!(
-                                "  {:<22} {:>4}×  {:>10.1} µs  {:>5.1}%  {:>8.1} GB/s  {:>4.0}% of copy",
+                                "  {:<22} {:>4}×  {:>10.1} µs  {:>5.1}%  {:>8.1} GB/s  {:>4.0}% of copy{tflops}",
                                 x.what,
                                 x.count,
                                 x.micros,
