@@ -81,10 +81,7 @@ fn per_layer(list: &[Dispatch], layers: u64) -> f64 {
 /// Bytes of the KV-cache buffers `v` binds.
 fn kv_bytes(h: &PlanHeader, v: &Variant) -> u64 {
     let caches: BTreeSet<u32> = v
-        .prefill
-        .iter()
-        .chain(&v.decode)
-        .flat_map(|d| d.bindings.iter().map(|b| b.buffer))
+        .bound_buffers()
         .filter(|&b| matches!(h.buffers[b as usize].kind, BufferKind::KvCache { .. }))
         .collect();
     caches.iter().map(|&b| h.buffers[b as usize].size).sum()

@@ -66,6 +66,16 @@ pub enum Precision {
     F16,
 }
 
+impl Variant {
+    /// The plan buffers its dispatches bind (with repeats).
+    pub fn bound_buffers(&self) -> impl Iterator<Item = u32> + '_ {
+        self.prefill
+            .iter()
+            .chain(&self.decode)
+            .flat_map(|d| d.bindings.iter().map(|b| b.buffer))
+    }
+}
+
 impl Precision {
     /// `f32` or `f16`, as `--precision` spells it.
     pub fn name(self) -> &'static str {

@@ -146,12 +146,7 @@ pub struct SessionOptions {
 /// ones a session allocates (another variant's KV caches are not among them).
 fn buffers_used(header: &PlanHeader, variant: &Variant) -> HashSet<u32> {
     let io = &header.io;
-    let mut used: HashSet<u32> = variant
-        .prefill
-        .iter()
-        .chain(&variant.decode)
-        .flat_map(|d| d.bindings.iter().map(|b| b.buffer))
-        .collect();
+    let mut used: HashSet<u32> = variant.bound_buffers().collect();
     used.extend([io.step_params, io.token_ids, io.logits.buffer]);
     used.extend(io.next_token.map(|n| n.buffer));
     used.extend(io.sampling_params);

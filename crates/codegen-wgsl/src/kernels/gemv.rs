@@ -27,7 +27,7 @@ use super::matmul::MatMulSpec;
 use super::{
     f32_lit, input, input_shard, output, prelude, split_groups, Bindings, KernelSource, F16_DECODE,
 };
-use gerbil_ir::{DType, MatMulPorts, UnaryOp};
+use gerbil_ir::{DType, MatMulPorts};
 use gerbil_plan::Port;
 use std::fmt::Write;
 
@@ -465,31 +465,14 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
          \x20 let n = n0 + tid;\n\
          \x20 if (tid < R && n < N) {{\n{total}{store}  }}\n}}\n"
     );
+    let (glu, options) = super::matmul::name_parts(s, names.len());
     KernelSource {
         name: format!(
-            "gemv{}_{}_r{}_k{}_n{}{}{}{}{}{}_{}",
-            match s.glu {
-                None => String::new(),
-                Some(UnaryOp::Silu) => "_swiglu".to_string(),
-                Some(UnaryOp::GeluTanh) => "_geglu".to_string(),
-                Some(UnaryOp::Softcap(c)) => format!("_glu_softcap{}", c.to_bits()),
-            },
+            "gemv{glu}_{}_r{}_k{}_n{}{options}_{}",
             s.wdtype,
             s.rows.tag(),
             s.k,
             s.n,
-            if s.bias { "_bias" } else { "" },
-            match s.norm {
-                Some((_, _, gdtype)) => format!("_norm_{gdtype}"),
-                None => String::new(),
-            },
-            if s.residual { "_residual" } else { "" },
-            if s.last_row { "_last_row" } else { "" },
-            if names.len() > 1 {
-                format!("_shards{}", names.len())
-            } else {
-                String::new()
-            },
             match reduce {
                 Reduce::Subgroup => "sg",
                 Reduce::Workgroup => "wg",

@@ -167,6 +167,34 @@ fn loads(packed: bool, w: &str, row: &str, glu: bool) -> Vec<String> {
     out
 }
 
+/// The parts of a matmul or GEMV kernel's name around its schedule: the
+/// gated epilogue's tag before the shape, and the options after it (bias,
+/// norm, residual, last row, weight shards).
+pub(super) fn name_parts(s: &MatMulSpec, shards: usize) -> (String, String) {
+    let glu = match s.glu {
+        None => String::new(),
+        Some(UnaryOp::Silu) => "_swiglu".to_string(),
+        Some(UnaryOp::GeluTanh) => "_geglu".to_string(),
+        Some(UnaryOp::Softcap(c)) => format!("_glu_softcap{}", c.to_bits()),
+    };
+    let options = format!(
+        "{}{}{}{}{}",
+        if s.bias { "_bias" } else { "" },
+        match s.norm {
+            Some((_, _, gdtype)) => format!("_norm_{gdtype}"),
+            None => String::new(),
+        },
+        if s.residual { "_residual" } else { "" },
+        if s.last_row { "_last_row" } else { "" },
+        if shards > 1 {
+            format!("_shards{shards}")
+        } else {
+            String::new()
+        }
+    );
+    (glu, options)
+}
+
 /// Builds the kernel.
 pub fn kernel(s: MatMulSpec) -> KernelSource {
     let packed = s.wdtype != DType::F32 && s.k.is_multiple_of(2);
@@ -350,32 +378,15 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         },
         Rows::Fixed(r) => WorkgroupCount::fixed(r.div_ceil(s.tt)),
     };
+    let (glu, options) = name_parts(&s, names.len());
     KernelSource {
         name: format!(
-            "matmul{}_{}_r{}_k{}_n{}_tt{}{}{}{}{}{}",
-            match s.glu {
-                None => String::new(),
-                Some(UnaryOp::Silu) => "_swiglu".to_string(),
-                Some(UnaryOp::GeluTanh) => "_geglu".to_string(),
-                Some(UnaryOp::Softcap(c)) => format!("_glu_softcap{}", c.to_bits()),
-            },
+            "matmul{glu}_{}_r{}_k{}_n{}_tt{}{options}",
             s.wdtype,
             s.rows.tag(),
             s.k,
             s.n,
             s.tt,
-            if s.bias { "_bias" } else { "" },
-            match s.norm {
-                Some((_, _, gdtype)) => format!("_norm_{gdtype}"),
-                None => String::new(),
-            },
-            if s.residual { "_residual" } else { "" },
-            if s.last_row { "_last_row" } else { "" },
-            if names.len() > 1 {
-                format!("_shards{}", names.len())
-            } else {
-                String::new()
-            }
         ),
         wgsl: w,
         workgroup_size: [lanes, cols, 1],

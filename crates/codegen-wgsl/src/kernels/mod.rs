@@ -187,22 +187,11 @@ impl Bindings {
         kv: DType,
         writable: bool,
     ) {
-        let (elem, ty) = match kv {
-            DType::F16 => (Elem::F16x2, "f16"),
-            _ => (Elem::F32, "f32"),
-        };
-        let (access, wgsl_access) = if writable {
-            (Access::ReadWrite, "read_write")
-        } else {
-            (Access::Read, "read")
-        };
-        let n = self.push(name, port, access, elem);
-        let _ = writeln!(
-            out,
-            "@group(0) @binding({n}) var<storage, {wgsl_access}> {name}: array<{ty}>;"
-        );
         if kv == DType::F16 {
+            self.vectors(out, port, name, DType::F16, writable, "f16");
             enable_f16(out);
+        } else {
+            self.vectors(out, port, name, DType::F32, writable, "f32");
         }
     }
 
