@@ -318,7 +318,7 @@ fn odd_shapes_compile_and_run() {
     let mut failures = Vec::new();
     let variants = odd_shape_variants();
     for (seed, v) in variants.iter().enumerate() {
-        let dir = root.join(v.name);
+        let dir = root.path().join(v.name);
         write_variant(&data_dir().join("models/tiny"), v, &dir, seed as u64);
         let plan_path = compile_plan(&dir, |o| o.max_tokens_per_step = 4);
         let plan = PlanFile::open(&plan_path).expect("open plan");

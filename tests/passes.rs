@@ -344,7 +344,8 @@ fn run(
     let text = TextAssets::default();
     let built = build_plan(&g, tensors, model, &text, CompileInfo::default(), &codegen)
         .unwrap_or_else(|e| panic!("build (disabled {disabled:?}): {e:#}"));
-    let path = temp_dir("passes").join("random.plan");
+    let dir = temp_dir("passes");
+    let path = dir.path().join("random.plan");
     write_plan(&path, &built.header, &built.data).expect("write plan");
     let plan = PlanFile::open(&path).expect("open plan");
     let _gpu = gpu_lock();

@@ -53,23 +53,42 @@ pub fn gpu_lock() -> MutexGuard<'static, ()> {
     GPU.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A fresh directory under the system temp dir, unique per call.
-pub fn temp_dir(tag: &str) -> PathBuf {
-    use std::sync::atomic::{AtomicU32, Ordering};
-    static N: AtomicU32 = AtomicU32::new(0);
-    let dir = std::env::temp_dir().join(format!(
-        "gerbil-test-{}-{tag}-{}",
-        std::process::id(),
-        N.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("create temp dir");
-    dir
+/// A fresh directory under the system temp dir whose name contains `tag`;
+/// removed with everything in it when the returned value is dropped, so a
+/// test run leaves nothing behind (a compiled plan is hundreds of MB).
+pub fn temp_dir(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("gerbil-test-{tag}-"))
+        .tempdir()
+        .expect("create temp dir")
 }
 
-/// Compiles `repo` to a plan in a temp dir, letting `tweak` adjust the options.
-pub fn compile_plan(repo: &Path, tweak: impl FnOnce(&mut CompileOptions)) -> PathBuf {
-    let out = temp_dir("plan").join("model.plan");
+/// A file in a temporary directory of its own, deleted with the directory
+/// when this value is dropped. Derefs to the file's path.
+pub struct TempFile {
+    path: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl std::ops::Deref for TempFile {
+    type Target = Path;
+
+    fn deref(&self) -> &Path {
+        &self.path
+    }
+}
+
+impl AsRef<Path> for TempFile {
+    fn as_ref(&self) -> &Path {
+        &self.path
+    }
+}
+
+/// Compiles `repo` to a plan in a temp dir, letting `tweak` adjust the
+/// options; the plan is deleted when the returned value is dropped.
+pub fn compile_plan(repo: &Path, tweak: impl FnOnce(&mut CompileOptions)) -> TempFile {
+    let dir = temp_dir("plan");
+    let out = dir.path().join("model.plan");
     let mut opts = CompileOptions::default();
     tweak(&mut opts);
     let ckpt = Checkpoint::open(repo).unwrap_or_else(|e| panic!("opening {}: {e}", repo.display()));
@@ -79,7 +98,10 @@ pub fn compile_plan(repo: &Path, tweak: impl FnOnce(&mut CompileOptions)) -> Pat
         .plan
         .write(&out)
         .unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
-    out
+    TempFile {
+        path: out,
+        _dir: dir,
+    }
 }
 
 /// One case of a `tiny-ref-v1` reference.

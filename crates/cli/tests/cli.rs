@@ -13,11 +13,13 @@ fn data(rel: &str) -> PathBuf {
         .join(rel)
 }
 
-fn temp(tag: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("gerbil-cli-{}-{tag}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&d);
-    std::fs::create_dir_all(&d).unwrap();
-    d
+/// A fresh temp directory, removed with its contents when dropped: the
+/// plans the tests write are up to hundreds of MB.
+fn temp(tag: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("gerbil-cli-{tag}-"))
+        .tempdir()
+        .expect("create temp dir")
 }
 
 fn gerbilc(args: &[&str]) -> Output {
@@ -44,9 +46,11 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
-/// Compiles the tiny Llama with extra flags; returns the plan path.
-fn tiny_plan(tag: &str, extra: &[&str]) -> PathBuf {
-    let out = temp(tag).join("tiny.plan");
+/// Compiles the tiny Llama with extra flags; returns the plan's directory
+/// (deleted when dropped) and path.
+fn tiny_plan(tag: &str, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
+    let dir = temp(tag);
+    let out = dir.path().join("tiny.plan");
     let repo = data("models/tiny/llama");
     let mut args = vec![
         "compile",
@@ -57,7 +61,7 @@ fn tiny_plan(tag: &str, extra: &[&str]) -> PathBuf {
     args.extend_from_slice(extra);
     let o = gerbilc(&args);
     assert!(o.status.success(), "gerbilc failed: {}", stderr(&o));
-    out
+    (dir, out)
 }
 
 fn assert_fails_with(o: &Output, needle: &str) {
@@ -79,7 +83,7 @@ fn assert_fails_with(o: &Output, needle: &str) {
 
 #[test]
 fn json_output_matches_the_reference_greedy_tokens() {
-    let plan = tiny_plan("json", &[]);
+    let (_plan_dir, plan) = tiny_plan("json", &[]);
     let o = gerbil_run(&[
         plan.to_str().unwrap(),
         "--input-ids",
@@ -118,7 +122,7 @@ fn json_output_matches_the_reference_greedy_tokens() {
 
 #[test]
 fn whole_vocabulary_top_logits_and_sampling_are_deterministic() {
-    let plan = tiny_plan("sample", &[]);
+    let (_plan_dir, plan) = tiny_plan("sample", &[]);
     let run = |seed: &str| {
         let o = gerbil_run(&[
             plan.to_str().unwrap(),
@@ -165,8 +169,9 @@ fn dump_ir_inspect_and_emit_wgsl() {
     ]);
     assert!(stdout(&o).contains("slice_last_row"), "{}", stdout(&o));
 
-    let wgsl = temp("wgsl");
-    let plan = tiny_plan(
+    let wgsl_dir = temp("wgsl");
+    let wgsl = wgsl_dir.path();
+    let (_plan_dir, plan) = tiny_plan(
         "inspect",
         &["--emit-wgsl", wgsl.to_str().unwrap(), "--max-context", "64"],
     );
@@ -191,7 +196,7 @@ fn dump_ir_inspect_and_emit_wgsl() {
 
 #[test]
 fn bench_reports_speed_and_memory() {
-    let plan = tiny_plan("bench", &[]);
+    let (_plan_dir, plan) = tiny_plan("bench", &[]);
     let o = gerbil_run(&[
         plan.to_str().unwrap(),
         "bench",
@@ -222,7 +227,7 @@ fn bench_reports_speed_and_memory() {
 /// how to get one.
 #[test]
 fn precision_the_plan_lacks_is_a_clear_error() {
-    let plan = tiny_plan("no-f16", &[]);
+    let (_plan_dir, plan) = tiny_plan("no-f16", &[]);
     let o = gerbil_run(&[
         plan.to_str().unwrap(),
         "--precision",
@@ -275,7 +280,7 @@ fn disabling_a_pass_by_name() {
 
 #[test]
 fn bad_plan_files_are_clear_errors() {
-    let plan = tiny_plan("corrupt", &[]);
+    let (_plan_dir, plan) = tiny_plan("corrupt", &[]);
     let bytes = std::fs::read(&plan).unwrap();
     let dir = plan.parent().unwrap();
     let write = |name: &str, b: &[u8]| {
@@ -323,7 +328,7 @@ fn bad_plan_files_are_clear_errors() {
 
 #[test]
 fn bad_run_inputs_are_clear_errors() {
-    let plan = tiny_plan("inputs", &["--max-context", "8"]);
+    let (_plan_dir, plan) = tiny_plan("inputs", &["--max-context", "8"]);
     let p = plan.to_str().unwrap();
     let o = gerbil_run(&[
         p,
@@ -352,7 +357,8 @@ fn bad_run_inputs_are_clear_errors() {
 
 #[test]
 fn bad_checkpoints_are_clear_errors() {
-    let dir = temp("ckpt");
+    let ckpt = temp("ckpt");
+    let dir = ckpt.path();
     let o = gerbilc(&["compile", dir.to_str().unwrap(), "-o", "x.plan"]);
     assert_fails_with(&o, "config.json");
     std::fs::write(dir.join("config.json"), "{ not json").unwrap();
@@ -380,7 +386,8 @@ fn smollm2_inspection(extra: &[&str]) -> serde_json::Value {
         "{} is missing: run scripts/test.sh or scripts/build-fixtures.py",
         repo.display()
     );
-    let out = temp(&format!("smollm2-{}", extra.len())).join("s.plan");
+    let dir = temp(&format!("smollm2-{}", extra.len()));
+    let out = dir.path().join("s.plan");
     let mut args = vec![
         "compile",
         repo.to_str().unwrap(),
@@ -557,7 +564,8 @@ fn bisect_names_the_pass_it_stopped_before() {
 /// it, clustered by layer, with the pass's new nodes highlighted.
 #[test]
 fn dump_dot_writes_only_passes_that_changed_the_graph() {
-    let dir = temp("dot");
+    let dots = temp("dot");
+    let dir = dots.path();
     let repo = data("models/tiny/llama");
     let o = gerbilc(&[
         "compile",
@@ -599,7 +607,7 @@ fn dump_dot_writes_only_passes_that_changed_the_graph() {
 
 #[test]
 fn inspect_schedule_lists_dispatches_with_labels_and_kernels() {
-    let plan = tiny_plan("schedule", &[]);
+    let (_plan_dir, plan) = tiny_plan("schedule", &[]);
     let o = gerbilc(&["inspect", plan.to_str().unwrap(), "--schedule"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);

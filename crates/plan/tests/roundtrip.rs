@@ -117,9 +117,8 @@ fn header(weight: SectionRef) -> PlanHeader {
 
 #[test]
 fn sections_are_aligned_and_read_back_exactly() {
-    let dir = std::env::temp_dir().join(format!("gerbil-plan-rt-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("a.plan");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.plan");
     let mut data = DataLayout::default();
     let tok = data.push(Cow::Borrowed(b"{\"tokenizer\": 1}"));
     let w = data.push(Cow::Owned(vec![1u8, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]));
@@ -231,9 +230,8 @@ fn workgroup_counts_round_up() {
 
 #[test]
 fn a_plan_in_memory_reads_like_the_file() {
-    let dir = std::env::temp_dir().join(format!("gerbil-plan-bytes-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("b.plan");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("b.plan");
     let mut data = DataLayout::default();
     let w = data.push(Cow::Owned(vec![7u8, 6, 5, 4, 3, 2, 1, 0, 9, 8, 7, 6]));
     let h = header(w);

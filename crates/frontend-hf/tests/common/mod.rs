@@ -1,12 +1,11 @@
 //! Helpers shared by the integration tests: fixture paths and scratch
-//! directories (a tiny hand-rolled `tempfile`).
+//! directories (a `tempfile::TempDir` with a tag and subdirectories).
 
 #![allow(dead_code)]
 
 pub mod random_checkpoint;
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Root of the model fixtures.
 pub const MODELS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data/models");
@@ -17,41 +16,29 @@ pub fn model(rel: &str) -> PathBuf {
 }
 
 /// A scratch directory under the system temp dir, removed on drop.
-pub struct TempDir(PathBuf);
+pub struct TempDir(tempfile::TempDir);
 
 impl TempDir {
     /// A fresh, empty directory whose name contains `tag`.
     pub fn new(tag: &str) -> Self {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let dir = std::env::temp_dir().join(format!(
-            "gerbil-frontend-hf-{tag}-{}-{n}-{nanos}",
-            std::process::id()
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        TempDir(dir)
+        TempDir(
+            tempfile::Builder::new()
+                .prefix(&format!("gerbil-frontend-hf-{tag}-"))
+                .tempdir()
+                .unwrap(),
+        )
     }
 
     /// The directory.
     pub fn path(&self) -> &Path {
-        &self.0
+        self.0.path()
     }
 
     /// A subdirectory (created).
     pub fn subdir(&self, name: &str) -> PathBuf {
-        let p = self.0.join(name);
+        let p = self.path().join(name);
         std::fs::create_dir_all(&p).unwrap();
         p
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
     }
 }
 
