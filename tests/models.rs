@@ -27,7 +27,7 @@ const F16_TOL: f32 = 5e-2;
 fn session_at(plan: &PlanFile, precision: Precision) -> Session {
     let opts = SessionOptions {
         precision: PrecisionChoice::Only(precision),
-        profiling: false,
+        ..SessionOptions::default()
     };
     let session = block_on(Session::open(plan, &opts)).expect("session");
     assert_eq!(session.variant().precision, precision, "variant precision");

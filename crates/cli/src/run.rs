@@ -44,6 +44,8 @@ pub struct RunOptions {
     pub ignore_eos: bool,
     /// Which precision variant runs.
     pub precision: PrecisionChoice,
+    /// Run the plan's variant of this name instead of the best one.
+    pub variant: Option<String>,
 }
 
 /// One step in the JSON output.
@@ -116,6 +118,7 @@ pub async fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
     }
     let session_opts = SessionOptions {
         precision: opts.precision,
+        variant: opts.variant.clone(),
         profiling: false,
     };
     let mut session = Session::open(&plan, &session_opts).await?;
@@ -183,7 +186,7 @@ pub async fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
 }
 
 /// Settings of `gerbil-run bench`.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct BenchOptions {
     /// Prompt length.
     pub prompt_tokens: usize,
@@ -199,6 +202,8 @@ pub struct BenchOptions {
     pub profile: bool,
     /// Which precision variant runs.
     pub precision: PrecisionChoice,
+    /// Run the plan's variant of this name instead of the best one.
+    pub variant: Option<String>,
 }
 
 /// GPU time of one kind of dispatch in a step.
@@ -371,6 +376,7 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     let plan = PlanFile::open(plan_path)?;
     let session_opts = SessionOptions {
         precision: opts.precision,
+        variant: opts.variant.clone(),
         profiling: opts.profile,
     };
     let mut session = Session::open(&plan, &session_opts).await?;

@@ -252,6 +252,36 @@ fn precision_the_plan_lacks_is_a_clear_error() {
     );
 }
 
+/// `--variant NAME` runs that variant of the plan instead of the best one
+/// (here the desktop plan's f32 `portable` on an adapter that has f16 and
+/// subgroups); a name the plan lacks lists the ones it has.
+#[test]
+fn variant_flag_picks_a_variant_by_name() {
+    let (_plan_dir, plan) = tiny_plan("variant", &["--target", "desktop"]);
+    let bench = |variant: &str| {
+        gerbil_run(&[
+            plan.to_str().unwrap(),
+            "--variant",
+            variant,
+            "bench",
+            "--prompt-tokens",
+            "8",
+            "--new-tokens",
+            "2",
+            "--repeats",
+            "1",
+            "--json",
+        ])
+    };
+    let o = bench("portable");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(v["variant"], "portable", "{v}");
+    assert_eq!(v["precision"], "f32", "{v}");
+    assert_fails_with(&bench("warp-drive"), "no variant `warp-drive`");
+    assert_fails_with(&bench("warp-drive"), "portable-f16");
+}
+
 #[test]
 fn disabling_a_pass_by_name() {
     let repo = data("models/tiny/llama");

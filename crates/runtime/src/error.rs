@@ -31,6 +31,14 @@ pub enum RuntimeError {
         /// Each variant and what it lacks.
         reasons: String,
     },
+    /// `--variant` named a variant the plan does not have.
+    #[error("the plan has no variant `{name}`; its variants are: {available} (`gerbilc inspect` lists them)")]
+    UnknownVariant {
+        /// The name asked for.
+        name: String,
+        /// The plan's variants, best first.
+        available: String,
+    },
     /// `--precision` asked for numerics the plan has no variant of.
     #[error("the plan has no {precision} variant: it was compiled for target `{target}`, and f16 variants need a target with shader-f16; recompile with `gerbilc compile --target desktop`, or run with `--precision auto`")]
     NoPrecision {

@@ -133,10 +133,12 @@ async fn make_steps(
 }
 
 /// How [`Session::open`] opens a plan.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SessionOptions {
     /// Which of the plan's precision variants may run.
     pub precision: PrecisionChoice,
+    /// Run this variant of the plan (by name) instead of the best one.
+    pub variant: Option<String>,
     /// Enable timestamp queries when the device has them, for
     /// [`Session::profile`](crate::profile).
     pub profiling: bool,
@@ -174,19 +176,22 @@ impl Session {
     /// Like [`Session::new`], with the precision and profiling of `opts`.
     pub async fn open(plan: &PlanFile, opts: &SessionOptions) -> Result<Session, RuntimeError> {
         let gpu = Gpu::open_with(&Requirements::default(), opts.profiling).await?;
-        Session::with_gpu(gpu, plan, opts.precision).await
+        Session::with_gpu(gpu, plan, opts).await
     }
 
-    /// Like [`Session::open`] on an already opened device. Runs the best
-    /// variant of the plan the device supports at `precision`
-    /// ([`crate::variant::pick`]) and allocates only the buffers it uses.
+    /// Like [`Session::open`] on an already opened device (`opts.profiling`
+    /// is the device's business, so it is not looked at). Runs the best
+    /// variant of the plan the device supports at `opts.precision`, or the
+    /// one `opts.variant` names ([`crate::variant::pick`]), and allocates
+    /// only the buffers it uses.
     pub async fn with_gpu(
         gpu: Gpu,
         plan: &PlanFile,
-        precision: PrecisionChoice,
+        opts: &SessionOptions,
     ) -> Result<Session, RuntimeError> {
         let header = plan.header.clone();
-        let variant = crate::variant::pick(&header, &gpu, precision)?.clone();
+        let variant =
+            crate::variant::pick(&header, &gpu, opts.precision, opts.variant.as_deref())?.clone();
         let used = buffers_used(&header, &variant);
         let device = &gpu.device;
         let mut memory = MemoryReport::default();

@@ -81,16 +81,48 @@ impl PrecisionChoice {
     }
 }
 
-/// The best variant of `header` that `gpu` can run at `precision`.
+/// The best variant of `header` that `gpu` can run at `precision`, or the
+/// variant called `name` when one is given (`--variant`: to compare
+/// variants on one device, e.g. a tensor-core prefill with a portable one).
 pub fn pick<'h>(
     header: &'h PlanHeader,
     gpu: &Gpu,
     precision: PrecisionChoice,
+    name: Option<&str>,
 ) -> Result<&'h Variant, RuntimeError> {
+    if let Some(name) = name {
+        if !header.variants.iter().any(|v| v.name == name) {
+            return Err(RuntimeError::UnknownVariant {
+                name: name.to_string(),
+                available: header
+                    .variants
+                    .iter()
+                    .map(|v| v.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            });
+        }
+    }
     let features = device_features(gpu);
     let mut reasons = Vec::new();
-    for v in &header.variants {
+    for v in header
+        .variants
+        .iter()
+        .filter(|v| name.is_none_or(|n| n == v.name))
+    {
         if !precision.accepts(v.precision) {
+            if name.is_some() {
+                reasons.push(format!(
+                    "`{}` is {}, not the {} --precision asks for",
+                    v.name,
+                    v.precision.name(),
+                    if v.precision == Precision::F16 {
+                        "f32"
+                    } else {
+                        "f16"
+                    }
+                ));
+            }
             continue;
         }
         match refusal(v, &features, gpu) {

@@ -28,6 +28,10 @@ struct Cli {
     /// `auto`: f16 where the device and the plan allow it, else f32.
     #[arg(long, global = true, default_value = "auto", value_parser = parse_precision)]
     precision: PrecisionChoice,
+    /// Run the plan's variant of this name (`gerbilc inspect` lists them)
+    /// instead of the best one the device supports: to compare variants.
+    #[arg(long, global = true)]
+    variant: Option<String>,
 }
 
 fn parse_precision(s: &str) -> Result<PrecisionChoice, String> {
@@ -160,6 +164,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     repeats,
                     profile,
                     precision: cli.precision,
+                    variant: cli.variant.clone(),
                 },
             ))?;
             if json {
@@ -243,6 +248,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     json: g.json,
                     ignore_eos: g.ignore_eos,
                     precision: cli.precision,
+                    variant: cli.variant.clone(),
                 },
             ))?;
         }
