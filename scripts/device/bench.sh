@@ -10,7 +10,8 @@
 #   gerbil-run bench --precision P --prompt-tokens 512 --new-tokens 128 --depth 0    --repeats 5 --json   (pp512, tg128)
 #   gerbil-run bench --precision P --prompt-tokens 512 --new-tokens 128 --depth 4096 --repeats 3 --json   (tg128 @ d4096)
 # (medians of the repeats after a warm-up; the depth-4096 run also samples the driver's GPU memory
-# for the process with nvidia-smi), a sampled tg128 (f16), then HF transformers on the same weights
+# for the process with nvidia-smi), a sampled tg128 (f16), pp512 of each of the plan's variants
+# (`--variant`: tensor cores, subgroups, portable), then HF transformers on the same weights
 # (scripts/device/hf-bench.py: f16, static cache; HF_COMPILE=1 adds torch.compile). The driver's
 # count for a process that holds only the tiny Llama plan (~0.1 MiB of buffers) is the fixed cost of
 # a Vulkan context, subtracted before comparing with the plan's bytes. Writes the JSON and logs to
@@ -82,6 +83,14 @@ for cfg in "${shapes[@]}"; do
     $bin/gerbil-run "$work/model.plan" bench --precision f16 --prompt-tokens 512 --new-tokens 128 \
         --depth 0 --repeats 5 --json --temperature 0.8 --top-k 40 --top-p 0.95 \
         > "$out/bench-$name-f16-sampled.json" 2>>"$out/bench-$name.log" || status=1
+    # Prefill of each of the plan's variants (--variant): tensor cores, subgroups, portable.
+    variants=$($bin/gerbilc inspect "$work/model.plan" --json \
+        | python3 -c "import json, sys; print(' '.join(v['name'] for v in json.load(sys.stdin)['variants']))")
+    for v in $variants; do
+        $bin/gerbil-run "$work/model.plan" bench --variant "$v" --prompt-tokens 512 --new-tokens 8 --repeats 5 \
+            --json > "$out/pp-$name-$v.json" 2>>"$out/bench-$name.log" || echo '{}' > "$out/pp-$name-$v.json"
+    done
+    echo "$variants" > "$out/variants-$name.txt"
     hf_flags=""
     [ "${HF_COMPILE:-0}" = 1 ] && hf_flags=--compile
     python3 scripts/device/hf-bench.py "$work/model" $hf_flags > "$out/hf-$name.json" 2>"$out/hf-$name.log" \
@@ -131,5 +140,24 @@ for cfg in shapes:
         print(f"| {name} | {d0['variant']} ({d0.get('precision', '?')}, {d0.get('decode_loop', '?')}) | "
               f"{d0['prefill_tok_s']:.0f} | {tg0:.1f} | {tg4:.1f} ({tg4 / tg0:.0%}) | {sampled} | {m} | {h} | "
               f"{vk} | {cu} | {check} |")
+print()
+# llama.cpp pp512 on the same H100 (issue 9): Vulkan without tensor cores, Vulkan KHR coopmat, CUDA.
+llama_pp = {"smollm2-135m": (15541, 21540, 92706), "llama-3.2-1b": (15467, 34636, 77534)}
+print("| shape | variant (features) | pp512 | load ms | first token ms | llama.cpp pp512: Vulkan / KHR coopmat / CUDA |")
+print("|---|---|---|---|---|---|")
+for cfg in shapes:
+    name = os.path.basename(os.path.dirname(cfg))
+    try:
+        variants = open(f"{out}/variants-{name}.txt").read().split()
+    except Exception:
+        variants = []
+    ref = " / ".join(map(str, llama_pp[name])) if name in llama_pp else "–"
+    for v in variants:
+        r = load(f"{out}/pp-{name}-{v}.json")
+        if not r:
+            print(f"| {name} | {v} | not run on this GPU | | | {ref} |")
+            continue
+        print(f"| {name} | {v} ({r.get('precision', '?')}) | {r['prefill_tok_s']:.0f} | {r.get('load_ms', 0):.0f} | "
+              f"{r.get('first_token_ms', 0):.0f} | {ref} |")
 PY
 exit $status
