@@ -22,6 +22,7 @@ mod ahead;
 pub mod device;
 pub mod error;
 pub mod generate;
+pub mod kernel_timer;
 pub mod pipeline;
 pub mod profile;
 mod residency;

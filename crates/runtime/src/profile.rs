@@ -148,12 +148,6 @@ impl Session {
     /// timed `vec4<f32>` copies of up to 256 MiB. Needs a session from
     /// [`Session::new_profiling`].
     pub async fn copy_bandwidth(&self) -> Result<f64, RuntimeError> {
-        if !self.gpu.has_timestamps() {
-            return Err(RuntimeError::Device(
-                "this device has no timestamp queries inside compute passes; profiling needs them"
-                    .into(),
-            ));
-        }
         let device = &self.gpu.device;
         let limits = device.limits();
         // Whole multiples of the 64-thread workgroup's 1 KiB, within the
@@ -207,51 +201,9 @@ impl Session {
                 },
             ],
         });
-        const RUNS: u32 = 6;
-        let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("copy probe"),
-            ty: wgpu::QueryType::Timestamp,
-            count: 2 * RUNS,
-        });
-        let stamp_bytes = u64::from(2 * RUNS) * 8;
-        let resolve = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("copy probe resolve"),
-            size: stamp_bytes,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let read = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("copy probe read"),
-            size: stamp_bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = device.create_command_encoder(&Default::default());
-        {
-            let mut pass = enc.begin_compute_pass(&Default::default());
-            pass.set_pipeline(&pipeline);
-            pass.set_bind_group(0, &bind, &[]);
-            for r in 0..RUNS {
-                pass.write_timestamp(&queries, 2 * r);
-                pass.dispatch_workgroups(groups, 1, 1);
-                pass.write_timestamp(&queries, 2 * r + 1);
-            }
-        }
-        enc.resolve_query_set(&queries, 0..2 * RUNS, &resolve, 0);
-        enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, stamp_bytes);
-        self.gpu.queue.submit([enc.finish()]);
-        let stamps: Vec<u64> = self
-            .gpu
-            .read_mapped(&read, |b| bytemuck::cast_slice(b).to_vec())
-            .await?;
-        let period = f64::from(self.gpu.queue.get_timestamp_period());
-        // The first run warms caches and clocks; the median of the rest.
-        let mut secs: Vec<f64> = stamps
-            .chunks_exact(2)
-            .skip(1)
-            .map(|p| p[1].saturating_sub(p[0]) as f64 * period * 1e-9)
-            .collect();
-        secs.sort_by(f64::total_cmp);
-        Ok(2.0 * bytes as f64 / secs[secs.len() / 2].max(1e-12))
+        let secs =
+            crate::kernel_timer::time_dispatches(&self.gpu, &pipeline, &bind, [groups, 1, 1])
+                .await?;
+        Ok(2.0 * bytes as f64 / secs.max(1e-12))
     }
 }
