@@ -242,7 +242,7 @@ fn chunked_prefill_matches_transformers() {
     for name in ["llama", "mistral", "gemma3"] {
         total += tiny_ref(name).cases.len();
         failures.extend(tiny_failures(name, "chunk 4", |o| {
-            o.max_tokens_per_step = 4
+            o.max_tokens_per_step = Some(4)
         }));
     }
     assert_none_failed(failures, total);
@@ -281,7 +281,7 @@ fn every_optional_pass_can_be_disabled() {
             total += tiny_ref(name).cases.len();
             failures.extend(tiny_failures(name, &format!("without {pass}"), |o| {
                 o.disabled_passes = vec![pass.to_string()];
-                o.max_tokens_per_step = 8;
+                o.max_tokens_per_step = Some(8);
             }));
         }
     }
@@ -295,7 +295,7 @@ fn weights_larger_than_a_binding_are_sharded() {
     // embedding lookup and the LM head read.
     check_tiny_with("llama", "48 KiB bindings", |o| {
         o.max_storage_binding = Some(48 << 10);
-        o.max_tokens_per_step = 16;
+        o.max_tokens_per_step = Some(16);
         o.max_context = Some(64);
     });
 }
@@ -320,7 +320,7 @@ fn odd_shapes_compile_and_run() {
     for (seed, v) in variants.iter().enumerate() {
         let dir = root.path().join(v.name);
         write_variant(&data_dir().join("models/tiny"), v, &dir, seed as u64);
-        let plan_path = compile_plan(&dir, |o| o.max_tokens_per_step = 4);
+        let plan_path = compile_plan(&dir, |o| o.max_tokens_per_step = Some(4));
         let plan = PlanFile::open(&plan_path).expect("open plan");
         let _gpu = gpu_lock();
         let mut session = block_on(Session::new(&plan)).expect("session");

@@ -7,7 +7,8 @@ use anyhow::{bail, Context, Result};
 use gerbil_plan::PlanFile;
 use gerbil_runtime::text::{ChatMessage, TextCodec};
 use gerbil_runtime::{
-    generate, top_logits, GenerateOptions, PrecisionChoice, SamplingParams, Session, SessionOptions,
+    generate, top_logits, GenerateOptions, PipelineCacheOptions, PrecisionChoice, SamplingParams,
+    Session, SessionOptions,
 };
 use serde::Serialize;
 use std::io::Write;
@@ -46,6 +47,8 @@ pub struct RunOptions {
     pub precision: PrecisionChoice,
     /// Run the plan's variant of this name instead of the best one.
     pub variant: Option<String>,
+    /// Where compiled pipelines are kept between runs (`None`: nowhere).
+    pub pipeline_cache: Option<PipelineCacheOptions>,
 }
 
 /// One step in the JSON output.
@@ -120,6 +123,7 @@ pub async fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
         precision: opts.precision,
         variant: opts.variant.clone(),
         profiling: false,
+        pipeline_cache: opts.pipeline_cache.clone(),
     };
     let mut session = Session::open(&plan, &session_opts).await?;
     let gen_opts = GenerateOptions {
@@ -204,6 +208,8 @@ pub struct BenchOptions {
     pub precision: PrecisionChoice,
     /// Run the plan's variant of this name instead of the best one.
     pub variant: Option<String>,
+    /// Where compiled pipelines are kept between runs (`None`: nowhere).
+    pub pipeline_cache: Option<PipelineCacheOptions>,
 }
 
 /// GPU time of one kind of dispatch in a step.
@@ -306,6 +312,25 @@ pub struct BenchReport {
     /// prompt: the load, then the prompt's prefill, the first one with
     /// these pipelines.
     pub first_token_ms: f64,
+    /// Of `load_ms`: reading the plan file's header.
+    pub load_plan_ms: f64,
+    /// Of `load_ms`: opening the GPU device.
+    pub load_device_ms: f64,
+    /// Of `load_ms`: allocating the buffers and uploading the weights.
+    pub load_weights_ms: f64,
+    /// Of `load_ms`: creating the pipelines (through the pipeline cache).
+    pub load_pipelines_ms: f64,
+    /// What the on-disk pipeline cache did: `warm` (a stored cache was
+    /// used), `cold` (none yet, unusable, or `--cold`; written for the next
+    /// run), `off` (`--no-pipeline-cache`) or `unsupported` (the device
+    /// cannot keep one).
+    pub pipeline_cache: String,
+    /// Pipelines created (the kernels of the variant that ran).
+    pub pipelines: usize,
+    /// Threads that created them.
+    pub pipeline_threads: usize,
+    /// The plan's prefill chunk: most prompt tokens one step runs.
+    pub max_tokens_per_step: u64,
     /// GPU bytes of weights.
     pub weights_bytes: u64,
     /// GPU bytes of KV cache.
@@ -378,7 +403,9 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         precision: opts.precision,
         variant: opts.variant.clone(),
         profiling: opts.profile,
+        pipeline_cache: opts.pipeline_cache.clone(),
     };
+    let plan_s = start.elapsed().as_secs_f64();
     let mut session = Session::open(&plan, &session_opts).await?;
     let load_s = start.elapsed().as_secs_f64();
     let vocab = session.vocab_size() as u32;
@@ -433,6 +460,8 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     let prefill_s = median(prefill);
     let decode_s = median(decode);
     let mem = session.memory();
+    let loaded = session.load_report();
+    let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
     Ok(BenchReport {
         device: format!(
             "{} ({:?})",
@@ -445,6 +474,14 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         decode_depth: depth,
         load_ms: load_s * 1000.0,
         first_token_ms: first_token_s * 1000.0,
+        load_plan_ms: plan_s * 1000.0,
+        load_device_ms: ms(loaded.device),
+        load_weights_ms: ms(loaded.buffers + loaded.weights),
+        load_pipelines_ms: ms(loaded.pipelines),
+        pipeline_cache: loaded.pipeline_cache.name().to_string(),
+        pipelines: loaded.pipelines_created,
+        pipeline_threads: loaded.pipeline_threads,
+        max_tokens_per_step: plan.header.model.max_tokens_per_step,
         weights_bytes: mem.weights,
         kv_cache_bytes: mem.kv_cache,
         activation_bytes: mem.activations,

@@ -29,11 +29,21 @@ fn gerbilc(args: &[&str]) -> Output {
         .expect("spawn gerbilc")
 }
 
+/// Runs gerbil-run without the on-disk pipeline cache (tests write nothing
+/// to the user's cache directory; `pipeline_cache_*` tests give it one).
 fn gerbil_run(args: &[&str]) -> Output {
+    gerbil_run_with(
+        args,
+        &[("GERBIL_PIPELINE_CACHE", std::ffi::OsStr::new("0"))],
+    )
+}
+
+fn gerbil_run_with(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
     Command::new(env!("CARGO_BIN_EXE_gerbil-run"))
         .args(args)
         .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .envs(env.iter().copied())
         .output()
         .expect("spawn gerbil-run")
 }
@@ -175,7 +185,7 @@ fn dump_ir_inspect_and_emit_wgsl() {
         "inspect",
         &["--emit-wgsl", wgsl.to_str().unwrap(), "--max-context", "64"],
     );
-    let kernels = std::fs::read_dir(&wgsl).unwrap().count();
+    let kernels = std::fs::read_dir(wgsl).unwrap().count();
     assert!(kernels > 5, "{kernels} kernels written");
 
     let o = gerbilc(&["inspect", plan.to_str().unwrap(), "--json"]);
@@ -221,6 +231,110 @@ fn bench_reports_speed_and_memory() {
     );
     // A portable plan has only f32 variants, so `auto` runs f32.
     assert_eq!(v["precision"], "f32");
+}
+
+/// The pipeline cache: a cold load writes one file under
+/// `$GERBIL_CACHE_DIR/pipelines`, the next load reuses it (`warm`), a
+/// corrupt file is ignored and rewritten, `--cold` starts empty, and
+/// `--no-pipeline-cache` / `GERBIL_PIPELINE_CACHE=0` turn it off. Bench
+/// reports the state and the load's parts.
+#[test]
+fn pipeline_cache_is_written_reused_and_survives_a_corrupt_file() {
+    let (plan_dir, plan) = tiny_plan("pipeline-cache", &[]);
+    let root = plan_dir.path().join("cache");
+    let dir = root.join("pipelines");
+    let bench = |extra: &[&str], switch: &str| {
+        let mut args = vec![
+            plan.to_str().unwrap(),
+            "bench",
+            "--prompt-tokens",
+            "16",
+            "--new-tokens",
+            "2",
+            "--repeats",
+            "1",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let env = [
+            ("GERBIL_CACHE_DIR", root.as_os_str()),
+            ("GERBIL_PIPELINE_CACHE", std::ffi::OsStr::new(switch)),
+        ];
+        let o = gerbil_run_with(&args, &env);
+        assert!(o.status.success(), "{}", stderr(&o));
+        assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
+        let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+        v
+    };
+    let files = || -> Vec<PathBuf> {
+        std::fs::read_dir(&dir)
+            .map(|d| d.map(|e| e.unwrap().path()).collect())
+            .unwrap_or_default()
+    };
+    let first = bench(&[], "1");
+    assert_eq!(first["pipeline_cache"], "cold", "{first}");
+    let written = files();
+    assert_eq!(written.len(), 1, "{written:?}");
+    let bytes = std::fs::read(&written[0]).unwrap();
+    assert!(
+        bytes.starts_with(b"GERBILPC"),
+        "{:?}",
+        &bytes[..8.min(bytes.len())]
+    );
+
+    let second = bench(&[], "1");
+    assert_eq!(second["pipeline_cache"], "warm", "{second}");
+    assert_eq!(files(), written, "a warm load writes no other file");
+    let load = second["load_ms"].as_f64().unwrap();
+    let parts: f64 = [
+        "load_plan_ms",
+        "load_device_ms",
+        "load_weights_ms",
+        "load_pipelines_ms",
+    ]
+    .iter()
+    .map(|k| {
+        second[k]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no {k}: {second}"))
+    })
+    .sum();
+    assert!(
+        parts > 0.0 && parts <= load,
+        "parts {parts} of {load}: {second}"
+    );
+    assert!(second["pipelines"].as_u64().unwrap() > 0, "{second}");
+    assert!(
+        second["pipeline_threads"].as_u64().unwrap() >= 1,
+        "{second}"
+    );
+    assert!(
+        second["max_tokens_per_step"].as_u64().unwrap() > 0,
+        "{second}"
+    );
+
+    // A damaged file (right magic, wrong checksum) is ignored and replaced.
+    let mut damaged = bytes.clone();
+    let last = damaged.len() - 1;
+    damaged[last] ^= 0xff;
+    damaged.extend_from_slice(b"junk");
+    std::fs::write(&written[0], &damaged).unwrap();
+    let after_damage = bench(&[], "1");
+    assert_eq!(after_damage["pipeline_cache"], "cold", "{after_damage}");
+    let rewritten = std::fs::read(&written[0]).unwrap();
+    assert!(rewritten.starts_with(b"GERBILPC") && rewritten != damaged);
+    // So is a file that is not a cache at all.
+    std::fs::write(&written[0], b"not a pipeline cache").unwrap();
+    assert_eq!(bench(&[], "1")["pipeline_cache"], "cold");
+    assert_eq!(bench(&[], "1")["pipeline_cache"], "warm");
+
+    assert_eq!(bench(&["--cold"], "1")["pipeline_cache"], "cold");
+    assert_eq!(
+        bench(&["--no-pipeline-cache"], "1")["pipeline_cache"],
+        "off"
+    );
+    assert_eq!(bench(&[], "0")["pipeline_cache"], "off");
+    assert_eq!(files(), written, "still the one file");
 }
 
 /// `--precision f16` on a plan compiled without f16 variants says so and
@@ -604,7 +718,7 @@ fn dump_dot_writes_only_passes_that_changed_the_graph() {
         dir.to_str().unwrap(),
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let mut files: Vec<String> = std::fs::read_dir(&dir)
+    let mut files: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
         .collect();

@@ -96,7 +96,6 @@ pub fn compile<'a>(
             facts.max_position_embeddings
         );
     }
-    let max_tokens_per_step = opts.max_tokens_per_step.clamp(1, max_context);
     let ops_before = op_counts(&graph);
 
     let mut pm = PassManager::new(default_pipeline());
@@ -114,12 +113,16 @@ pub fn compile<'a>(
     if let Some(max) = opts.max_storage_binding {
         target.limits.max_storage_binding = max;
     }
-    let codegen = CodegenOptions {
+    let mut codegen = CodegenOptions {
         max_context,
-        max_tokens_per_step,
         target,
         ..CodegenOptions::default()
     };
+    codegen.max_tokens_per_step = match opts.max_tokens_per_step {
+        Some(n) => n.clamp(1, max_context),
+        None => crate::chunk::choose(&graph, &codegen)?,
+    };
+    let max_tokens_per_step = codegen.max_tokens_per_step;
     let model = ModelInfo {
         architecture: facts.architecture.clone(),
         family: facts.family.clone(),

@@ -19,6 +19,7 @@
 //! outlive it — writing a plan never copies weights that need no transform.
 
 pub mod assemble;
+pub mod chunk;
 pub mod driver;
 pub mod dump;
 pub mod error;
@@ -36,4 +37,5 @@ pub use gerbil_passes::manager::PassRun;
 pub use gerbil_passes::PassReport;
 pub use materialize::{materialize, weight_buffer_bytes, TensorSource};
 pub use opt::{opt, OptOptions, Optimized, PassSelection};
-pub use options::{CompileOptions, Target, DEFAULT_MAX_CONTEXT_CAP, DEFAULT_MAX_TOKENS_PER_STEP};
+pub use chunk::{LARGE_MAX_TOKENS_PER_STEP, PORTABLE_MAX_TOKENS_PER_STEP};
+pub use options::{CompileOptions, Target, DEFAULT_MAX_CONTEXT_CAP};

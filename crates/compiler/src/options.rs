@@ -11,16 +11,15 @@ pub use gerbil_codegen_wgsl::Target;
 
 /// Largest context a plan gets unless `max_context` says otherwise.
 pub const DEFAULT_MAX_CONTEXT_CAP: u64 = 4096;
-/// Default prefill chunk (tokens per step).
-pub const DEFAULT_MAX_TOKENS_PER_STEP: u64 = 256;
 
 /// Settings of one compilation.
 #[derive(Clone, Debug)]
 pub struct CompileOptions {
     /// KV-cache capacity; default `min(max_position_embeddings, 4096)`.
     pub max_context: Option<u64>,
-    /// Prefill chunk size (clamped to `1..=max_context`).
-    pub max_tokens_per_step: u64,
+    /// Prefill chunk size (clamped to `1..=max_context`); `None` lets the
+    /// target and the activations' memory choose it ([`crate::chunk`]).
+    pub max_tokens_per_step: Option<u64>,
     /// Passes to skip, by name.
     pub disabled_passes: Vec<String>,
     /// Run only the first `N` enabled passes (`--bisect N`); the pass report
@@ -37,7 +36,7 @@ impl Default for CompileOptions {
     fn default() -> Self {
         CompileOptions {
             max_context: None,
-            max_tokens_per_step: DEFAULT_MAX_TOKENS_PER_STEP,
+            max_tokens_per_step: None,
             disabled_passes: Vec::new(),
             bisect: None,
             target: Target::portable(),

@@ -158,8 +158,11 @@ impl Gpu {
         };
         // Every optional feature a plan variant may need, where the adapter
         // has it; variants are chosen after the device is open (`variant::pick`).
+        // PIPELINE_CACHE lets sessions keep compiled pipelines on disk
+        // (`crate::pipeline_cache`); without it they compile every load.
         let features = timestamp_features
-            | (adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP));
+            | (adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP))
+            | (adapter.features() & wgpu::Features::PIPELINE_CACHE);
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("gerbil"),

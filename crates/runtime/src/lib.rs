@@ -24,6 +24,7 @@ pub mod error;
 pub mod generate;
 pub mod kernel_timer;
 pub mod pipeline;
+pub mod pipeline_cache;
 pub mod profile;
 mod residency;
 pub mod sampling;
@@ -36,7 +37,8 @@ pub use error::RuntimeError;
 pub use generate::{generate, GenerateOptions, TokenEvent, DECODE_BATCH};
 pub use profile::DispatchTime;
 pub use sampling::{argmax, top_logits, Sampler, SamplingParams};
-pub use session::{MemoryReport, Session, SessionOptions};
+pub use pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
+pub use session::{LoadReport, MemoryReport, Session, SessionOptions};
 pub use variant::PrecisionChoice;
 
 #[cfg(all(test, not(target_arch = "wasm32")))]

@@ -12,7 +12,16 @@
 //! is code — run only plans you trust, or with checks on; and the e2e kernel
 //! tests run every template both ways between poisoned guard bands, so an
 //! index the templates fail to guard shows up there.
+//!
+//! [`create_pipelines`] builds a variant's pipelines at load: on native
+//! targets on several threads at once (wgpu's device is `Send + Sync`, and
+//! the driver's compile is most of a load on a GPU), biggest kernel first;
+//! in a browser one after another. Each worker thread opens its own error
+//! scopes (wgpu's scopes belong to the thread that pushed them), and the
+//! errors are reported in kernel order, naming the kernel.
 
+use crate::device::Gpu;
+use crate::error::RuntimeError;
 use gerbil_plan::{Access, Kernel};
 
 /// A kernel's bind-group layout (group 0) and compute pipeline.
@@ -57,6 +66,17 @@ pub fn create_pipeline(
     device: &wgpu::Device,
     kernel: &Kernel,
     checks: ShaderChecks,
+) -> KernelPipeline {
+    create_pipeline_cached(device, kernel, checks, None)
+}
+
+/// Like [`create_pipeline`], through the driver's pipeline `cache` when
+/// given (see [`crate::pipeline_cache`]).
+pub fn create_pipeline_cached(
+    device: &wgpu::Device,
+    kernel: &Kernel,
+    checks: ShaderChecks,
+    cache: Option<&wgpu::PipelineCache>,
 ) -> KernelPipeline {
     let entries: Vec<wgpu::BindGroupLayoutEntry> = kernel
         .bindings
@@ -105,7 +125,109 @@ pub fn create_pipeline(
             zero_initialize_workgroup_memory: checks == ShaderChecks::Checked,
             ..Default::default()
         },
-        cache: None,
+        cache,
     });
     KernelPipeline { layout, pipeline }
+}
+
+/// Most threads [`create_pipelines`] uses (more compile no faster: drivers
+/// serialize parts of pipeline creation).
+#[cfg(not(target_arch = "wasm32"))]
+const MAX_THREADS: usize = 16;
+
+/// Creates the pipelines of `kernels`, in their order, through `cache` when
+/// given; on native targets on up to [`MAX_THREADS`] threads. Returns the
+/// pipelines and how many threads built them.
+pub async fn create_pipelines(
+    gpu: &Gpu,
+    kernels: &[&Kernel],
+    checks: ShaderChecks,
+    cache: Option<&wgpu::PipelineCache>,
+) -> Result<(Vec<KernelPipeline>, usize), RuntimeError> {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let threads = std::thread::available_parallelism()
+            .map_or(1, |n| n.get())
+            .min(MAX_THREADS)
+            .min(kernels.len());
+        if threads > 1 {
+            let pipelines = create_in_parallel(gpu, kernels, checks, cache, threads).await?;
+            return Ok((pipelines, threads));
+        }
+    }
+    let mut pipelines = Vec::with_capacity(kernels.len());
+    for k in kernels {
+        let p = gpu
+            .scoped(&format!("creating pipeline `{}`", k.name), || {
+                create_pipeline_cached(&gpu.device, k, checks, cache)
+            })
+            .await?;
+        pipelines.push(p);
+    }
+    Ok((pipelines, 1))
+}
+
+/// An error scope's result, awaited on the calling thread after a worker
+/// thread popped it.
+#[cfg(not(target_arch = "wasm32"))]
+type ScopeResult = std::pin::Pin<Box<dyn std::future::Future<Output = Option<wgpu::Error>> + Send>>;
+
+/// [`create_pipelines`] on `threads` worker threads, each taking the next
+/// kernel, largest WGSL first so that the slowest compiles start early.
+#[cfg(not(target_arch = "wasm32"))]
+async fn create_in_parallel(
+    gpu: &Gpu,
+    kernels: &[&Kernel],
+    checks: ShaderChecks,
+    cache: Option<&wgpu::PipelineCache>,
+    threads: usize,
+) -> Result<Vec<KernelPipeline>, RuntimeError> {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mut order: Vec<usize> = (0..kernels.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(kernels[i].wgsl.len()));
+    let next = AtomicUsize::new(0);
+    let worker = || {
+        let mut made = Vec::new();
+        while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+            let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+            let validation = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let p = create_pipeline_cached(&gpu.device, kernels[i], checks, cache);
+            let v: ScopeResult = Box::pin(validation.pop());
+            let o: ScopeResult = Box::pin(oom.pop());
+            made.push((i, p, v, o));
+        }
+        made
+    };
+    let made: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads).map(|_| s.spawn(worker)).collect();
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
+            .collect()
+    });
+    let mut slots: Vec<Option<KernelPipeline>> = (0..kernels.len()).map(|_| None).collect();
+    let mut first_error: Option<(usize, RuntimeError)> = None;
+    for (i, p, v, o) in made {
+        let (v, o) = (v.await, o.await);
+        let context = || format!("creating pipeline `{}`", kernels[i].name);
+        let error = if o.is_some() {
+            Some(RuntimeError::OutOfMemory(context()))
+        } else {
+            v.map(|e| RuntimeError::Validation {
+                context: context(),
+                message: e.to_string(),
+            })
+        };
+        match error {
+            Some(e) if first_error.as_ref().is_none_or(|(j, _)| i < *j) => {
+                first_error = Some((i, e))
+            }
+            Some(_) => {}
+            None => slots[i] = Some(p),
+        }
+    }
+    if let Some((_, e)) = first_error {
+        return Err(e);
+    }
+    Ok(slots.into_iter().flatten().collect())
 }

@@ -7,12 +7,14 @@
 
 use crate::device::Gpu;
 use crate::error::RuntimeError;
+use crate::pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
 use crate::residency::Residency;
 use crate::variant::PrecisionChoice;
 use gerbil_plan::{
     BufferKind, Dispatch, PlanFile, PlanHeader, Requirements, Variant, STEP_PARAMS_BYTES,
 };
 use std::collections::HashSet;
+use std::time::Duration;
 
 /// Bytes of GPU memory by purpose.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -47,6 +49,7 @@ pub struct Session {
     /// Tokens in the last step (the logits row to read when the plan keeps every row).
     pub(crate) last_step_tokens: u64,
     memory: MemoryReport,
+    load: LoadReport,
 }
 
 /// The pipelines of the kernels one variant dispatches, and where each
@@ -60,9 +63,17 @@ struct VariantKernels {
 }
 
 impl VariantKernels {
-    async fn create(gpu: &Gpu, header: &PlanHeader, v: &Variant) -> Result<Self, RuntimeError> {
+    /// Creates the variant's pipelines (in parallel where the platform has
+    /// threads) through the pipeline cache `opts` asks for, writes the cache
+    /// back, and records in `load` what the cache did.
+    async fn create(
+        gpu: &Gpu,
+        header: &PlanHeader,
+        v: &Variant,
+        opts: Option<&PipelineCacheOptions>,
+        load: &mut LoadReport,
+    ) -> Result<Self, RuntimeError> {
         let checks = crate::pipeline::ShaderChecks::from_env();
-        tracing::debug!(?checks, "creating pipelines");
         let mut used: Vec<u32> = v
             .prefill
             .iter()
@@ -71,23 +82,28 @@ impl VariantKernels {
             .collect();
         used.sort_unstable();
         used.dedup();
-        let mut kernels = VariantKernels {
+        let kernels: Vec<&gerbil_plan::Kernel> =
+            used.iter().map(|&i| &header.kernels[i as usize]).collect();
+        let store = crate::pipeline_cache::Store::open(gpu, opts, &kernels, checks).await;
+        tracing::debug!(?checks, cache = store.state.name(), "creating pipelines");
+        let (made, threads) =
+            crate::pipeline::create_pipelines(gpu, &kernels, checks, store.cache.as_ref()).await?;
+        store.save();
+        load.pipeline_cache = store.state;
+        load.pipelines_created = made.len();
+        load.pipeline_threads = threads;
+        let mut out = VariantKernels {
             slots: std::collections::HashMap::new(),
-            layouts: Vec::with_capacity(used.len()),
-            pipelines: Vec::with_capacity(used.len()),
+            layouts: Vec::with_capacity(made.len()),
+            pipelines: Vec::with_capacity(made.len()),
         };
-        for i in used {
-            let k = &header.kernels[i as usize];
-            let crate::pipeline::KernelPipeline { layout, pipeline } = gpu
-                .scoped(&format!("creating pipeline `{}`", k.name), || {
-                    crate::pipeline::create_pipeline(&gpu.device, k, checks)
-                })
-                .await?;
-            kernels.slots.insert(i, kernels.pipelines.len());
-            kernels.layouts.push(layout);
-            kernels.pipelines.push(pipeline);
+        for (i, crate::pipeline::KernelPipeline { layout, pipeline }) in used.into_iter().zip(made)
+        {
+            out.slots.insert(i, out.pipelines.len());
+            out.layouts.push(layout);
+            out.pipelines.push(pipeline);
         }
-        Ok(kernels)
+        Ok(out)
     }
 
     fn slot(&self, kernel: u32) -> usize {
@@ -142,6 +158,63 @@ pub struct SessionOptions {
     /// Enable timestamp queries when the device has them, for
     /// [`Session::profile`](crate::profile).
     pub profiling: bool,
+    /// Keep compiled pipelines on disk between loads
+    /// ([`crate::pipeline_cache`]); `None` (the default) compiles every
+    /// load and writes nothing.
+    pub pipeline_cache: Option<PipelineCacheOptions>,
+}
+
+/// Where the time of [`Session::open`] went, and what the pipeline cache
+/// did. Durations read zero in a browser (std has no clock on
+/// `wasm32-unknown-unknown`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Opening the device (zero when the process had one open already:
+    /// native sessions share one device).
+    pub device: Duration,
+    /// Allocating the buffers.
+    pub buffers: Duration,
+    /// Uploading the weights.
+    pub weights: Duration,
+    /// Creating the pipelines, reading and writing the pipeline cache.
+    pub pipelines: Duration,
+    /// Creating the bind groups and the readback buffer.
+    pub bind_groups: Duration,
+    /// What the pipeline cache did.
+    pub pipeline_cache: PipelineCacheState,
+    /// Pipelines created (the kernels of the variant that runs).
+    pub pipelines_created: usize,
+    /// Threads that created them.
+    pub pipeline_threads: usize,
+}
+
+/// Wall time between laps, where the platform has a clock: std has none on
+/// `wasm32-unknown-unknown`, where every lap reads zero.
+struct Stopwatch {
+    #[cfg(not(target_arch = "wasm32"))]
+    last: std::time::Instant,
+}
+
+impl Stopwatch {
+    fn start() -> Stopwatch {
+        Stopwatch {
+            #[cfg(not(target_arch = "wasm32"))]
+            last: std::time::Instant::now(),
+        }
+    }
+
+    /// Time since the start or the previous lap.
+    fn lap(&mut self) -> Duration {
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let now = std::time::Instant::now();
+            let d = now - self.last;
+            self.last = now;
+            d
+        }
+        #[cfg(target_arch = "wasm32")]
+        Duration::ZERO
+    }
 }
 
 /// The buffers `variant` binds, plus the plan's inputs and outputs: the
@@ -173,10 +246,15 @@ impl Session {
         Session::open(plan, &opts).await
     }
 
-    /// Like [`Session::new`], with the precision and profiling of `opts`.
+    /// Like [`Session::new`], with the precision, profiling and pipeline
+    /// cache of `opts`.
     pub async fn open(plan: &PlanFile, opts: &SessionOptions) -> Result<Session, RuntimeError> {
+        let mut clock = Stopwatch::start();
         let gpu = Gpu::open_with(&Requirements::default(), opts.profiling).await?;
-        Session::with_gpu(gpu, plan, opts).await
+        let device = clock.lap();
+        let mut session = Session::with_gpu(gpu, plan, opts).await?;
+        session.load.device = device;
+        Ok(session)
     }
 
     /// Like [`Session::open`] on an already opened device (`opts.profiling`
@@ -189,6 +267,8 @@ impl Session {
         plan: &PlanFile,
         opts: &SessionOptions,
     ) -> Result<Session, RuntimeError> {
+        let mut clock = Stopwatch::start();
+        let mut load = LoadReport::default();
         let header = plan.header.clone();
         let variant =
             crate::variant::pick(&header, &gpu, opts.precision, opts.variant.as_deref())?.clone();
@@ -204,8 +284,12 @@ impl Session {
             }
         }
         let residency = Residency::allocate(&gpu, &header, &used).await?;
+        load.buffers = clock.lap();
         residency.upload_weights(&gpu, plan).await?;
-        let kernels = VariantKernels::create(&gpu, &header, &variant).await?;
+        load.weights = clock.lap();
+        let cache = opts.pipeline_cache.as_ref();
+        let kernels = VariantKernels::create(&gpu, &header, &variant, cache, &mut load).await?;
+        load.pipelines = clock.lap();
         let prefill = make_steps(&gpu, &residency, &kernels, &variant.prefill, "prefill").await?;
         let decode = make_steps(&gpu, &residency, &kernels, &variant.decode, "decode").await?;
         let pipelines = kernels.pipelines;
@@ -215,6 +299,7 @@ impl Session {
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         });
+        load.bind_groups = clock.lap();
         Ok(Session {
             gpu,
             header,
@@ -227,6 +312,7 @@ impl Session {
             position: 0,
             last_step_tokens: 0,
             memory,
+            load,
         })
     }
 
@@ -254,6 +340,11 @@ impl Session {
     /// GPU memory by purpose.
     pub fn memory(&self) -> MemoryReport {
         self.memory
+    }
+
+    /// Where the load's time went, and what the pipeline cache did.
+    pub fn load_report(&self) -> &LoadReport {
+        &self.load
     }
 
     /// Tokens in the KV cache.

@@ -3,7 +3,8 @@
 use anyhow::{bail, Result};
 use clap::{Args, Parser, Subcommand};
 use gerbil_cli::run::{bench, run, BenchOptions, Prompt, RunOptions};
-use gerbil_runtime::{PrecisionChoice, SamplingParams};
+use gerbil_runtime::pipeline_cache::default_dir;
+use gerbil_runtime::{PipelineCacheOptions, PrecisionChoice, SamplingParams};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -32,6 +33,22 @@ struct Cli {
     /// instead of the best one the device supports: to compare variants.
     #[arg(long, global = true)]
     variant: Option<String>,
+    /// Compile every pipeline, neither reading nor writing the on-disk
+    /// pipeline cache (kept in `$GERBIL_CACHE_DIR/pipelines`, else the user
+    /// cache directory's `gerbil/pipelines`; `GERBIL_PIPELINE_CACHE=0` also
+    /// turns it off).
+    #[arg(long, global = true)]
+    no_pipeline_cache: bool,
+}
+
+impl Cli {
+    /// The pipeline cache to use; `cold` ignores what is stored.
+    fn pipeline_cache(&self, cold: bool) -> Option<PipelineCacheOptions> {
+        if self.no_pipeline_cache {
+            return None;
+        }
+        default_dir().map(|dir| PipelineCacheOptions { dir, read: !cold })
+    }
 }
 
 fn parse_precision(s: &str) -> Result<PrecisionChoice, String> {
@@ -113,6 +130,10 @@ enum Cmd {
         /// Also report GPU time per kind of dispatch (needs timestamp queries).
         #[arg(long)]
         profile: bool,
+        /// Start with an empty pipeline cache, as on a first run, to time a
+        /// cold load (the cache is still written for the next run).
+        #[arg(long)]
+        cold: bool,
     },
 }
 
@@ -147,7 +168,9 @@ fn real_main(cli: Cli) -> Result<()> {
             repeats,
             json,
             profile,
+            cold,
         }) => {
+            let pipeline_cache = cli.pipeline_cache(cold);
             let r = pollster::block_on(bench(
                 &cli.plan,
                 BenchOptions {
@@ -165,6 +188,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     profile,
                     precision: cli.precision,
                     variant: cli.variant.clone(),
+                    pipeline_cache,
                 },
             ))?;
             if json {
@@ -176,6 +200,18 @@ fn real_main(cli: Cli) -> Result<()> {
                 println!(
                     "load        {:.0} ms; first token of the prompt at {:.0} ms",
                     r.load_ms, r.first_token_ms
+                );
+                println!(
+                    "            plan {:.0} ms, device {:.0} ms, weights {:.0} ms, pipelines {:.0} ms \
+                     ({} on {} threads, pipeline cache {}); prefill chunk {} tokens",
+                    r.load_plan_ms,
+                    r.load_device_ms,
+                    r.load_weights_ms,
+                    r.load_pipelines_ms,
+                    r.pipelines,
+                    r.pipeline_threads,
+                    r.pipeline_cache,
+                    r.max_tokens_per_step
                 );
                 println!(
                     "prefill     {:.1} tok/s ({prompt_tokens} tokens)",
@@ -226,6 +262,7 @@ fn real_main(cli: Cli) -> Result<()> {
             }
         }
         None => {
+            let pipeline_cache = cli.pipeline_cache(false);
             let g = cli.gen;
             let prompt = match (g.prompt, g.input_ids) {
                 (Some(text), None) => Prompt::Text { text, chat: g.chat },
@@ -249,6 +286,7 @@ fn real_main(cli: Cli) -> Result<()> {
                     ignore_eos: g.ignore_eos,
                     precision: cli.precision,
                     variant: cli.variant.clone(),
+                    pipeline_cache,
                 },
             ))?;
         }

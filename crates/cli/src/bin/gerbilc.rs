@@ -7,7 +7,7 @@ use gerbil_cli::passes::{bisect_note, pass_stats};
 use gerbil_cli::schedule::render_schedule;
 use gerbil_compiler::{
     compile, opt, Checkpoint, CompileOptions, DumpIr, Dumps, OptOptions, PassReport, PassSelection,
-    Target, DEFAULT_MAX_TOKENS_PER_STEP,
+    Target,
 };
 use std::io::Read;
 use std::path::PathBuf;
@@ -36,8 +36,11 @@ enum Cmd {
         #[arg(long)]
         max_context: Option<u64>,
         /// Most prompt tokens per prefill step; longer prompts run in chunks.
-        #[arg(long, default_value_t = DEFAULT_MAX_TOKENS_PER_STEP)]
-        max_tokens_per_step: u64,
+        /// Default: chosen by the target and memory — 1024 on targets with
+        /// 1 GiB+ storage bindings (desktop), 256 on portable, halved while
+        /// a step's activations exceed max(weights / 8, 64 MiB).
+        #[arg(long)]
+        max_tokens_per_step: Option<u64>,
         /// Skip a pass by name (repeatable).
         #[arg(long = "disable-pass", value_name = "NAME")]
         disable_pass: Vec<String>,
