@@ -7,10 +7,10 @@
 //! every case, then fails listing all the cases that failed. Outputs start as
 //! NaN, and activation inputs (bound `read_write`) must come back unchanged.
 //! The case's `Debug` form seeds its inputs, so a failure replays exactly.
-//! `matmul_random_shapes` and `gemv_random_shapes` add proptests over
-//! matmul shapes.
+//! `matmul_random_shapes`, `gemv_random_shapes` and `gemm_random_shapes`
+//! add proptests over matmul shapes.
 
-use gerbil_codegen_wgsl::kernels::{self, KernelSource, Rows};
+use gerbil_codegen_wgsl::kernels::{self, gemm::GemmTile, KernelSource, Rows};
 use gerbil_e2e::kernel_harness::{
     check_close, encode, f32_bytes, poison, run_output, run_outputs, to_f32, u32_bytes, widen, Rng,
     TOL,
@@ -628,6 +628,131 @@ proptest! {
             kernels::gemv::Reduce::Workgroup
         };
         check_gemv(&case, reduce).map_err(|e| TestCaseError::fail(format!("{case:?} {reduce:?}: {e}")))?;
+    }
+}
+
+// ------------------------------------------------------------------ gemm
+
+/// `c` run through the prefill GEMM template with `tile`.
+fn check_gemm(c: &MatMulCase, tile: GemmTile) -> Result<(), String> {
+    check_matmul_kernel(c, &kernels::gemm::kernel(&matmul_spec(c), tile))
+}
+
+/// The `i`th of the candidate tiles that suit a (gated, with `glu`) spec.
+fn gemm_tile(i: usize, glu: bool) -> GemmTile {
+    let tiles: Vec<GemmTile> = GemmTile::CANDIDATES
+        .into_iter()
+        .filter(|t| t.supports(glu))
+        .collect();
+    tiles[i % tiles.len()]
+}
+
+/// Every 12th matmul case over `T` rows (the ones the lowering gives the
+/// GEMM; lavapipe takes about half a second to compile each kernel), the
+/// candidate tiles in turn; then, for every tile, shapes that cross its
+/// edges: `T` past one row tile and below it, `N` past a column tile, a
+/// partial last `K` tile, every chunk width (K a multiple of 8, of 4, odd),
+/// gated epilogues with each activation, norm prologues, residuals, biases,
+/// and weight shards whose boundaries fall inside a tile.
+fn gemm_cases() -> Vec<(MatMulCase, GemmTile)> {
+    let mut cases: Vec<(MatMulCase, GemmTile)> = matmul_cases()
+        .into_iter()
+        .filter(|c| c.rows == Rows::Tokens && !c.last_row)
+        .step_by(12)
+        .enumerate()
+        .map(|(i, c)| (c, gemm_tile(i, c.glu.is_some())))
+        .collect();
+    let case = |t, k, n, wdtype| MatMulCase {
+        rows: Rows::Tokens,
+        t,
+        k,
+        n,
+        wdtype,
+        bias: false,
+        tt: 1,
+        shard_rows: None,
+        glu: None,
+        norm: None,
+        residual: false,
+        last_row: false,
+    };
+    for tile in GemmTile::CANDIDATES {
+        let gated = |act| tile.supports(true).then_some(act);
+        let out = |glu: Option<UnaryOp>| tile.out_cols(glu.is_some());
+        let glu = gated(UnaryOp::Silu);
+        cases.push((
+            MatMulCase {
+                bias: true,
+                residual: true,
+                ..case(tile.bm + 3, 2 * tile.bk + 4, tile.bn + 5, DType::F32)
+            },
+            tile,
+        ));
+        cases.push((
+            MatMulCase {
+                glu,
+                norm: Some((1.0, DType::BF16)),
+                ..case(1, 3 * tile.bk + 8, 2 * out(glu) + 3, DType::BF16)
+            },
+            tile,
+        ));
+        let glu = gated(UnaryOp::GeluTanh);
+        let n = out(glu) - 1;
+        cases.push((
+            MatMulCase {
+                glu,
+                bias: true,
+                norm: Some((0.0, DType::F32)),
+                shard_rows: Some(n / 2 + 3),
+                ..case(2 * tile.bm - 1, 37, n, DType::F16)
+            },
+            tile,
+        ));
+        let glu = gated(UnaryOp::Softcap(30.0));
+        let n = out(glu) + 7;
+        cases.push((
+            MatMulCase {
+                glu,
+                residual: true,
+                norm: Some((1.0, DType::F16)),
+                shard_rows: Some(36),
+                ..case(tile.bm + 1, 100, n, DType::BF16)
+            },
+            tile,
+        ));
+    }
+    cases
+}
+
+#[test]
+fn gemm_matches_reference() {
+    check_all(gemm_cases(), |(c, tile)| check_gemm(c, *tile));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 6, max_shrink_iters: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn gemm_random_shapes(
+        k in 1u32..200,
+        n in 1u32..200,
+        t in 1u32..140,
+        wdtype in dtype_strategy(),
+        bias: bool,
+        glu in proptest::option::of(prop_oneof![Just(UnaryOp::Silu), Just(UnaryOp::GeluTanh)]),
+        shards in proptest::option::of(2u32..4),
+        norm in proptest::option::of((0u8..2, dtype_strategy())),
+        residual: bool,
+        tile in 0usize..GemmTile::CANDIDATES.len(),
+    ) {
+        let norm = norm.map(|(offset, dtype)| (f32::from(offset), dtype));
+        let case = MatMulCase {
+            rows: Rows::Tokens, t, k, n, wdtype, bias, tt: 1,
+            shard_rows: shards.map(|s| (n * (1 + u32::from(glu.is_some()))).div_ceil(s)),
+            glu, norm, residual, last_row: false,
+        };
+        let tile = gemm_tile(tile, glu.is_some());
+        check_gemm(&case, tile).map_err(|e| TestCaseError::fail(format!("{case:?} {tile:?}: {e}")))?;
     }
 }
 

@@ -5,14 +5,17 @@
 //! a new fused op gets its arm here and its template in [`crate::kernels`].
 //! The result is a [`KernelSource`] whose bindings name IR ports; binding
 //! buffers to them is [`crate::dispatch`]'s job. The [`Phase`] says which
-//! schedule the kernel is for: prefill blocks matmul rows per workgroup;
-//! decode runs GEMVs (one row; subgroup reductions in a variant with the
-//! `subgroups` feature) and split-K attention.
+//! schedule the kernel is for: prefill runs matmuls over `T` rows as tiled
+//! GEMMs (a [`GemmTile`] chosen per shape and target) and those over a fixed
+//! row count with several rows per workgroup; decode runs GEMVs (one row;
+//! subgroup reductions in a variant with the `subgroups` feature) and split-K
+//! attention.
 
 use crate::kernels::{
     attention::{self, AttentionSpec},
     attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
+    gemm::{self, GemmTile},
     gemv::{self, Reduce},
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
@@ -55,6 +58,8 @@ pub struct Lowering<'g> {
     pub shard_rows: &'g HashMap<ValueRef, u32>,
     /// KV-cache capacity (`Lmax`).
     pub max_context: u32,
+    /// Workgroup memory a kernel may use (the target's limit), in bytes.
+    pub max_workgroup_storage: u32,
 }
 
 impl Lowering<'_> {
@@ -182,6 +187,10 @@ impl Lowering<'_> {
                     last_row,
                 };
                 match phase {
+                    Phase::Prefill(_) if rows == Rows::Tokens && !last_row => gemm::kernel(
+                        &spec,
+                        GemmTile::choose(spec.n, glu.is_some(), self.max_workgroup_storage),
+                    ),
                     Phase::Prefill(_) => matmul::kernel(spec),
                     Phase::Decode if variant.features.contains(&Feature::Subgroups) => {
                         gemv::kernel(&spec, Reduce::Subgroup)

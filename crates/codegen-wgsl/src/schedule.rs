@@ -433,6 +433,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         graph,
         shard_rows: &b.shard_rows,
         max_context: opts.max_context as u32,
+        max_workgroup_storage: opts.target.limits.max_workgroup_storage,
     };
     let params = b.whole(step_params);
     let sampling = sampling_params.map(|i| b.whole(i));

@@ -5,6 +5,7 @@ use gerbil_codegen_wgsl::kernels::{
     attention::{self, AttentionSpec},
     attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
+    gemm::{self, GemmTile},
     gemv::{self, Reduce},
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
@@ -441,5 +442,94 @@ fn golden_gemv_kernels() {
             ),
             reduce,
         ));
+    }
+}
+
+/// The prefill GEMMs: SmolLM2's gate/up + SwiGLU with its norm prologue and
+/// its down_proj + residual at the tiles the lowering picks, and an odd
+/// shape (K = 7: one-element chunks) with every option on the smallest tile.
+#[test]
+fn golden_gemm_kernels() {
+    let spec = |k, n, wdtype, glu, norm, residual, bias, shard_rows| MatMulSpec {
+        shard_rows,
+        rows: Rows::Tokens,
+        k,
+        n,
+        wdtype,
+        bias,
+        tt: 1,
+        glu,
+        norm,
+        residual,
+        last_row: false,
+    };
+    let bf16_norm = Some((1e-5, 0.0, DType::BF16));
+    let limit = gerbil_codegen_wgsl::Limits::webgpu_default().max_workgroup_storage;
+    let gate_up = spec(
+        576,
+        1536,
+        DType::BF16,
+        Some(UnaryOp::Silu),
+        bf16_norm,
+        false,
+        false,
+        None,
+    );
+    golden(gemm::kernel(&gate_up, GemmTile::choose(1536, true, limit)));
+    let down = spec(1536, 576, DType::BF16, None, None, true, false, None);
+    golden(gemm::kernel(&down, GemmTile::choose(576, false, limit)));
+    let odd = spec(
+        7,
+        37,
+        DType::F16,
+        Some(UnaryOp::GeluTanh),
+        Some((1e-6, 1.0, DType::F32)),
+        true,
+        true,
+        Some(48),
+    );
+    golden(gemm::kernel(&odd, GemmTile::new(32, 64, 16, 4, 8)));
+}
+
+/// Every candidate tile with every option and chunk width validates (the
+/// tiles that cannot pair gate and up columns are skipped for gated specs).
+#[test]
+fn every_gemm_tile_validates() {
+    for tile in GemmTile::CANDIDATES {
+        for (k, wdtype) in [
+            (576, DType::BF16),
+            (100, DType::F16),
+            (130, DType::F32),
+            (7, DType::BF16),
+        ] {
+            for glu in [None, Some(UnaryOp::Silu), Some(UnaryOp::Softcap(30.0))] {
+                if !tile.supports(glu.is_some()) {
+                    continue;
+                }
+                for (norm, residual, bias, shard_rows) in [
+                    (None, false, false, None),
+                    (Some((1e-6, 1.0, DType::BF16)), true, true, Some(40)),
+                ] {
+                    let src = gemm::kernel(
+                        &MatMulSpec {
+                            shard_rows,
+                            rows: Rows::Tokens,
+                            k,
+                            n: 70,
+                            wdtype,
+                            bias,
+                            tt: 1,
+                            glu,
+                            norm,
+                            residual,
+                            last_row: false,
+                        },
+                        tile,
+                    );
+                    assert!(src.workgroup_bytes <= 16 << 10, "{}", src.name);
+                    validate(&src.name, &src.wgsl).unwrap_or_else(|e| panic!("{e}"));
+                }
+            }
+        }
     }
 }

@@ -54,7 +54,7 @@ const MIN_SUBGROUP_SIZE: u32 = 4;
 
 /// Elements per load: 8 packed 16-bit values or 4 f32 where `K` is a
 /// multiple, else the widest that divides `K`.
-fn elems_per_load(wdtype: DType, k: u32) -> u32 {
+pub(super) fn elems_per_load(wdtype: DType, k: u32) -> u32 {
     let widest = if is_packed(wdtype) { 8 } else { 4 };
     [8, 4, 2]
         .into_iter()
@@ -67,7 +67,7 @@ fn is_packed(dtype: DType) -> bool {
 }
 
 /// The WGSL type of one chunk of `e` elements, widened to f32.
-fn chunk_type(e: u32) -> &'static str {
+pub(super) fn chunk_type(e: u32) -> &'static str {
     match e {
         1 => "f32",
         2 => "vec2<f32>",
@@ -214,6 +214,85 @@ fn outputs_per_group(s: &MatMulSpec, threads: u32, reduce: Reduce) -> u32 {
     r
 }
 
+/// First rows of the weight's shards (with `glu`, they split the `2·N` rows).
+fn shard_starts(s: &MatMulSpec) -> Vec<u32> {
+    let weight_rows = s.n * if s.glu.is_some() { 2 } else { 1 };
+    match s.shard_rows {
+        Some(per) if per > 0 && per < weight_rows => {
+            (0..weight_rows.div_ceil(per)).map(|i| i * per).collect()
+        }
+        _ => vec![0],
+    }
+}
+
+/// Declares the operands of a matmul read in chunks of `e` elements (also
+/// the [`gemm`](super::gemm) template's): `x` and `w` (or its shards `w0`,
+/// `w1`, …) with `x_chunk`/`w_chunk` loaders, then the bias `b`, the norm
+/// weight `gamma` with `EPS` and `OFFSET`, the residual `res` and the output
+/// `y`, as `s` asks. Returns the bindings and the weight bindings' names.
+pub(super) fn bind_operands(s: &MatMulSpec, e: u32, w: &mut String) -> (Bindings, Vec<String>) {
+    let mut b = Bindings::new();
+    chunk_binding(&mut b, w, input(0), "x", DType::F32, e, true);
+    let shards = shard_starts(s).len();
+    let names: Vec<String> = if shards == 1 {
+        vec!["w".to_string()]
+    } else {
+        (0..shards).map(|i| format!("w{i}")).collect()
+    };
+    for (i, name) in names.iter().enumerate() {
+        chunk_binding(
+            &mut b,
+            w,
+            input_shard(1, i as u32),
+            name,
+            s.wdtype,
+            e,
+            false,
+        );
+    }
+    let ports = MatMulPorts::new(s.bias, s.norm.is_some(), s.residual);
+    if let Some(port) = ports.bias {
+        b.weight(w, input(port as u32), "b", DType::F32);
+    }
+    if let (Some((eps, offset, gdtype)), Some(port)) = (s.norm, ports.norm) {
+        chunk_binding(&mut b, w, input(port as u32), "gamma", gdtype, e, false);
+        let _ = writeln!(
+            w,
+            "const EPS: f32 = {};\nconst OFFSET: f32 = {};",
+            f32_lit(eps),
+            f32_lit(offset)
+        );
+    }
+    if let Some(port) = ports.residual {
+        b.activation(w, input(port as u32), "res");
+    }
+    b.activation(w, output(0), "y");
+    (b, names)
+}
+
+/// `fn wrow(row: u32, c: u32)`: chunk `c` of weight row `row`, from the
+/// shard `names` holds it in (a module constant `KC` is the chunks per row).
+pub(super) fn shard_loader(w: &mut String, s: &MatMulSpec, names: &[String], e: u32) {
+    let starts = shard_starts(s);
+    let _ = writeln!(w, "fn wrow(row: u32, c: u32) -> {} {{", chunk_type(e));
+    for (i, (name, start)) in names.iter().zip(&starts).enumerate() {
+        let local = if *start == 0 {
+            "row".to_string()
+        } else {
+            format!("(row - {start}u)")
+        };
+        let load = format!("return {name}_chunk({local} * KC + c);");
+        match starts.get(i + 1) {
+            Some(end) => {
+                let _ = writeln!(w, "  if (row < {end}u) {{ {load} }}");
+            }
+            None => {
+                let _ = writeln!(w, "  {load}\n}}");
+            }
+        }
+    }
+}
+
 /// Builds the kernel (`s.tt` is ignored: one row of `x` per workgroup row).
 pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
     let e = elems_per_load(s.wdtype, s.k);
@@ -241,78 +320,10 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
         k = s.k,
         n = s.n,
     );
-    let mut b = Bindings::new();
-    chunk_binding(&mut b, &mut w, input(0), "x", DType::F32, e, true);
-    // First rows of the weight's shards (with `glu`, they split the 2·N rows).
-    let weight_rows = s.n * if glu { 2 } else { 1 };
-    let starts: Vec<u32> = match s.shard_rows {
-        Some(per) if per > 0 && per < weight_rows => {
-            (0..weight_rows.div_ceil(per)).map(|i| i * per).collect()
-        }
-        _ => vec![0],
-    };
-    let names: Vec<String> = if starts.len() == 1 {
-        vec!["w".to_string()]
-    } else {
-        (0..starts.len()).map(|i| format!("w{i}")).collect()
-    };
-    for (i, name) in names.iter().enumerate() {
-        chunk_binding(
-            &mut b,
-            &mut w,
-            input_shard(1, i as u32),
-            name,
-            s.wdtype,
-            e,
-            false,
-        );
-    }
-    let ports = MatMulPorts::new(s.bias, norm, s.residual);
-    if let Some(port) = ports.bias {
-        b.weight(&mut w, input(port as u32), "b", DType::F32);
-    }
-    if let (Some((eps, offset, gdtype)), Some(port)) = (s.norm, ports.norm) {
-        chunk_binding(
-            &mut b,
-            &mut w,
-            input(port as u32),
-            "gamma",
-            gdtype,
-            e,
-            false,
-        );
-        let _ = writeln!(
-            w,
-            "const EPS: f32 = {};\nconst OFFSET: f32 = {};",
-            f32_lit(eps),
-            f32_lit(offset)
-        );
-    }
-    if let Some(port) = ports.residual {
-        b.activation(&mut w, input(port as u32), "res");
-    }
-    b.activation(&mut w, output(0), "y");
+    let (b, names) = bind_operands(s, e, &mut w);
     w += &chunk_ops(e, norm);
 
-    // Chunk `c` of weight row `row`, from the shard that holds the row.
-    let c = chunk_type(e);
-    let _ = writeln!(w, "fn wrow(row: u32, c: u32) -> {c} {{");
-    for (i, (name, start)) in names.iter().zip(&starts).enumerate() {
-        let local = if *start == 0 {
-            "row".to_string()
-        } else {
-            format!("(row - {start}u)")
-        };
-        let load = format!("return {name}_chunk({local} * KC + c);");
-        match starts.get(i + 1) {
-            Some(end) => {
-                let _ = writeln!(w, "  if (row < {end}u) {{ {load} }}");
-            }
-            None => {
-                let _ = writeln!(w, "  {load}\n}}");
-            }
-        }
-    }
+    shard_loader(&mut w, s, &names, e);
 
     // The K loop, unrolled over the R outputs (a last workgroup past N
     // reloads row N - 1 and stores nothing for it).

@@ -15,6 +15,7 @@ pub mod attention;
 pub mod attention_decode;
 pub mod elementwise;
 pub mod embedding;
+pub mod gemm;
 pub mod gemv;
 pub mod matmul;
 pub mod qkv_rope;

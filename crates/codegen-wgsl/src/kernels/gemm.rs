@@ -1,0 +1,452 @@
+//! `gemm`: the prompt-step (prefill) form of [`matmul`](super::matmul),
+//! `y[r, n] = Σ_k x[r, k] · w[n, k] (+ b[n])` over `T` rows, as a
+//! register-tiled GEMM on plain f32 arithmetic (no tensor cores), with every
+//! option of [`MatMulSpec`] but `last_row`: bias, gated epilogue, weight row
+//! shards, RMSNorm prologue, residual epilogue. The lowering picks it for
+//! prefill matmuls over `T` rows, with a [`GemmTile`] from
+//! [`GemmTile::choose`]; `matmul` keeps fixed row counts and the last-row read.
+//!
+//! A workgroup of `(BM/TM)·(BN/TN)` threads computes a `BM × BN` block of
+//! outputs, each thread a `TM × TN` block held in registers as `vec4`s. The
+//! K loop walks tiles of `BK`: every thread loads its share of the `BM × BK`
+//! slice of `x` and the `BN × BK` slice of `w` in chunks of up to 8 elements
+//! (the [`gemv`](super::gemv) loaders: 16-byte loads of packed bf16/f16 or
+//! f32 where `K` allows), widens them to f32 and stores them transposed
+//! (`k`-major) in workgroup memory, so the inner loop reads a thread's `TM`
+//! rows and `TN` columns as `vec4`s and does `TM·TN` multiply-adds per
+//! `(TM+TN)/4` loads. The next tile's global loads are issued into registers
+//! before the current tile is multiplied, hiding their latency. A thread's
+//! rows and columns are groups of 4 spaced `4·BM/TM` (`4·BN/TN`) apart, so
+//! neighbouring threads read neighbouring `vec4`s. Every load and store is
+//! checked against the true `T`, `N` and `K`: rows, columns and chunks past
+//! them read as zero and are never written.
+//!
+//! The surprising things. A gated tile loads gate rows `n0..n0+BN/2` into
+//! its first half and the matching up rows `N+n0..` into its second, so a
+//! thread's first column groups hold gate sums and its last the up sums of
+//! the same outputs, and the epilogue never leaves registers. And the RMSNorm
+//! prologue costs no extra pass: each workgroup walks the whole `K` of its
+//! rows anyway, so the sums of squares are accumulated from the chunks a
+//! thread stages (each thread always stages the same rows), reduced through
+//! the then idle `x` tile after the loop, and applied to the sums as each
+//! row's `1 / sqrt(Σx²/K + eps)`.
+
+use super::gemv::{bind_operands, chunk_type, elems_per_load, shard_loader};
+use super::matmul::{name_parts, MatMulSpec};
+use super::{prelude, split_groups, KernelSource};
+use gerbil_plan::WorkgroupCount;
+use std::fmt::Write;
+
+/// The blocking of a [`kernel`]: `BM × BN` outputs per workgroup (with a
+/// gated epilogue, `BN` weight rows: `BN/2` outputs), `TM × TN` per thread,
+/// `BK` of `K` per tile. `TM`, `TN` are multiples of 4, `BK` of 8.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmTile {
+    /// Output rows per workgroup.
+    pub bm: u32,
+    /// Weight rows per workgroup.
+    pub bn: u32,
+    /// `K` per tile.
+    pub bk: u32,
+    /// Output rows per thread.
+    pub tm: u32,
+    /// Weight rows per thread.
+    pub tn: u32,
+}
+
+/// Rows a prompt step is assumed to have when choosing a tile (the prefill
+/// chunk of a long prompt).
+const REF_ROWS: u32 = 512;
+/// Workgroups a dispatch should have at [`REF_ROWS`]: two per SM of a
+/// 132-SM GPU, the most that fit at 256 threads and ~128 registers each.
+const TARGET_GROUPS: u32 = 264;
+
+impl GemmTile {
+    /// The tiles [`GemmTile::choose`] picks from, largest first.
+    pub const CANDIDATES: [GemmTile; 5] = [
+        GemmTile::new(128, 128, 16, 8, 8),
+        GemmTile::new(64, 128, 16, 4, 8),
+        GemmTile::new(128, 64, 16, 8, 4),
+        GemmTile::new(64, 64, 32, 4, 4),
+        GemmTile::new(32, 64, 16, 4, 8),
+    ];
+
+    /// A tile of `bm × bn` with `bk` and `tm × tn` per thread.
+    pub const fn new(bm: u32, bn: u32, bk: u32, tm: u32, tn: u32) -> Self {
+        GemmTile { bm, bn, bk, tm, tn }
+    }
+
+    /// Threads per workgroup.
+    pub fn threads(&self) -> u32 {
+        (self.bm / self.tm) * (self.bn / self.tn)
+    }
+
+    /// Bytes of workgroup memory: both tiles in f32.
+    pub fn workgroup_bytes(&self) -> u32 {
+        (self.bm + self.bn) * self.bk * 4
+    }
+
+    /// Output columns per workgroup.
+    pub fn out_cols(&self, glu: bool) -> u32 {
+        if glu {
+            self.bn / 2
+        } else {
+            self.bn
+        }
+    }
+
+    /// Whether the tile is well formed and, with `glu`, can pair gate and up
+    /// columns (an even number of column groups per thread).
+    pub fn supports(&self, glu: bool) -> bool {
+        let groups = self.tn / 4;
+        self.tm.is_multiple_of(4)
+            && self.tn.is_multiple_of(4)
+            && self.bm.is_multiple_of(self.tm)
+            && self.bn.is_multiple_of(self.tn)
+            && self.bk.is_multiple_of(8)
+            && self.bk * self.bn >= self.bm
+            && (!glu || groups.is_multiple_of(2))
+    }
+
+    /// The tile for `n` outputs (a gated matmul's `n`, not its `2n` weight
+    /// rows) within `max_workgroup_bytes`: the largest candidate that still
+    /// gives [`TARGET_GROUPS`] workgroups at [`REF_ROWS`] rows (large tiles
+    /// reuse each load more; small ones fill the GPU when `n` is small), else
+    /// the smallest that fits.
+    pub fn choose(n: u32, glu: bool, max_workgroup_bytes: u32) -> GemmTile {
+        let fitting: Vec<GemmTile> = Self::CANDIDATES
+            .into_iter()
+            .filter(|t| t.supports(glu) && t.workgroup_bytes() <= max_workgroup_bytes)
+            .collect();
+        let groups = |t: &GemmTile| REF_ROWS.div_ceil(t.bm) * n.div_ceil(t.out_cols(glu));
+        fitting
+            .iter()
+            .find(|t| groups(t) >= TARGET_GROUPS)
+            .or(fitting.last())
+            .copied()
+            .unwrap_or(Self::CANDIDATES[Self::CANDIDATES.len() - 1])
+    }
+
+    /// Kernel-name tag, e.g. `128x128x16_8x8`.
+    pub fn tag(&self) -> String {
+        format!(
+            "{}x{}x{}_{}x{}",
+            self.bm, self.bn, self.bk, self.tm, self.tn
+        )
+    }
+}
+
+/// Element `j` of a chunk `v` of `e` elements as [`chunk_type`] holds it
+/// (8-element chunks: even elements in column 0, odd ones in column 1).
+fn elem(e: u32, v: &str, j: u32) -> String {
+    match e {
+        1 => v.to_string(),
+        8 => format!("{v}[{}][{}]", j % 2, j / 2),
+        _ => format!("{v}[{j}]"),
+    }
+}
+
+/// `Σ v²` over a chunk `v` of `e` elements.
+fn sum_of_squares(e: u32, v: &str) -> String {
+    match e {
+        1 => format!("{v} * {v}"),
+        8 => format!("dot({v}[0], {v}[0]) + dot({v}[1], {v}[1])"),
+        _ => format!("dot({v}, {v})"),
+    }
+}
+
+const LANE: [&str; 4] = ["x", "y", "z", "w"];
+
+/// Builds the kernel for `s` (rows `T`, or fixed; not `last_row`, which
+/// [`matmul`](super::matmul) serves) with `tile`, which must
+/// [support](GemmTile::supports) the spec's epilogue.
+pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
+    let glu = s.glu.is_some();
+    let norm = s.norm.is_some();
+    debug_assert!(tile.supports(glu) && !s.last_row);
+    let GemmTile { bm, bn, bk, tm, tn } = tile;
+    let e = elems_per_load(s.wdtype, s.k);
+    let kc = s.k / e;
+    let ct = bk / e;
+    let threads = tile.threads();
+    let no = tile.out_cols(glu);
+    let (gx, gy) = split_groups(s.n.div_ceil(no));
+    let (a_chunks, b_chunks) = (bm * ct, bn * ct);
+    let (la, lb) = (a_chunks.div_ceil(threads), b_chunks.div_ceil(threads));
+    // Row (column) groups of 4 per thread and their spacing in vec4s.
+    let (gm, gn) = (tm / 4, tn / 4);
+    let (sm, sn) = (bm / tm, bn / tn);
+
+    let mut w = prelude();
+    let _ = writeln!(
+        w,
+        "const K: u32 = {k}u;\nconst N: u32 = {n}u;\nconst KC: u32 = {kc}u;\n\
+         const BM: u32 = {bm}u;\nconst BN: u32 = {bn}u;\nconst BK: u32 = {bk}u;\n\
+         const CT: u32 = {ct}u;\nconst KT: u32 = {kt}u;\nconst NO: u32 = {no}u;\n\
+         const TX: u32 = {tx}u;\nconst THREADS: u32 = {threads}u;\nconst GX: u32 = {gx}u;",
+        k = s.k,
+        n = s.n,
+        kt = s.k.div_ceil(bk),
+        tx = bn / tn,
+    );
+    let (b, names) = bind_operands(s, e, &mut w);
+    shard_loader(&mut w, s, &names, e);
+    let _ = writeln!(
+        w,
+        "var<workgroup> As: array<vec4<f32>, {}>;\nvar<workgroup> Bs: array<vec4<f32>, {}>;",
+        bk * bm / 4,
+        bk * bn / 4
+    );
+    let c = chunk_type(e);
+    let mut body = String::new();
+    // Each load slot's fixed place in the tiles: row (`ra`, `rb`) and chunk
+    // (`ca`, `cb`), whether it is in range, and its registers.
+    for i in 0..la {
+        let _ = writeln!(
+            body,
+            "  let ia{i} = tid + {o}u;\n  let ra{i} = ia{i} % BM;\n  let ca{i} = ia{i} / BM;\n\
+             \x20 let va{i} = ia{i} < BM * CT && m0 + ra{i} < rows;\n  var xa{i}: {c};",
+            o = i * threads
+        );
+        if norm {
+            let _ = writeln!(body, "  var ga{i}: {c};\n  var ssq{i} = 0.0f;");
+        }
+    }
+    for i in 0..lb {
+        let _ = writeln!(
+            body,
+            "  let ib{i} = tid + {o}u;\n  let rb{i} = ib{i} % BN;\n  let cb{i} = ib{i} / BN;",
+            o = i * threads
+        );
+        if glu {
+            // The first half of the tile holds gate rows, the second the up rows.
+            let _ = writeln!(
+                body,
+                "  let ob{i} = n0 + rb{i} % (BN / 2u);\n  let wr{i} = select(ob{i}, ob{i} + N, rb{i} >= BN / 2u);"
+            );
+        } else {
+            let _ = writeln!(body, "  let ob{i} = n0 + rb{i};\n  let wr{i} = ob{i};");
+        }
+        let _ = writeln!(
+            body,
+            "  let vb{i} = ib{i} < BN * CT && ob{i} < N;\n  var wb{i}: {c};"
+        );
+    }
+    for r in 0..tm {
+        for g in 0..gn {
+            let _ = writeln!(body, "  var acc{r}_{g} = vec4<f32>();");
+        }
+    }
+    // Loads of tile `t` into the slots' registers.
+    let load = |t: &str| {
+        let mut l = String::new();
+        for i in 0..la {
+            let gamma = if norm {
+                format!(" ga{i} = gamma_chunk(kc);")
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                l,
+                "    {{ let kc = {t} * CT + ca{i}; if (va{i} && kc < KC) {{ xa{i} = x_chunk((m0 + ra{i}) * KC + kc);{gamma} }} else {{ xa{i} = {c}(); }} }}"
+            );
+        }
+        for i in 0..lb {
+            let _ = writeln!(
+                l,
+                "    {{ let kc = {t} * CT + cb{i}; if (vb{i} && kc < KC) {{ wb{i} = wrow(wr{i}, kc); }} else {{ wb{i} = {c}(); }} }}"
+            );
+        }
+        l
+    };
+    // Stores of the slots' registers into the tiles, transposed.
+    let mut stage = String::new();
+    for i in 0..la {
+        let guard = !a_chunks.is_multiple_of(threads);
+        if guard {
+            let _ = writeln!(stage, "    if (ia{i} < BM * CT) {{");
+        }
+        if norm {
+            let _ = writeln!(
+                stage,
+                "    ssq{i} = ssq{i} + {};",
+                sum_of_squares(e, &format!("xa{i}"))
+            );
+        }
+        for j in 0..e {
+            let v = if norm {
+                format!(
+                    "{} * ({} + OFFSET)",
+                    elem(e, &format!("xa{i}"), j),
+                    elem(e, &format!("ga{i}"), j)
+                )
+            } else {
+                elem(e, &format!("xa{i}"), j)
+            };
+            let _ = writeln!(
+                stage,
+                "    As[(ca{i} * {e}u + {j}u) * (BM / 4u) + ra{i} / 4u][ra{i} % 4u] = {v};"
+            );
+        }
+        if guard {
+            stage += "    }\n";
+        }
+    }
+    for i in 0..lb {
+        let guard = !b_chunks.is_multiple_of(threads);
+        if guard {
+            let _ = writeln!(stage, "    if (ib{i} < BN * CT) {{");
+        }
+        for j in 0..e {
+            let _ = writeln!(
+                stage,
+                "    Bs[(cb{i} * {e}u + {j}u) * (BN / 4u) + rb{i} / 4u][rb{i} % 4u] = {};",
+                elem(e, &format!("wb{i}"), j)
+            );
+        }
+        if guard {
+            stage += "    }\n";
+        }
+    }
+    // The multiply-adds of one `k` of the tile.
+    let mut fma = String::new();
+    for gi in 0..gm {
+        let _ = writeln!(
+            fma,
+            "      let a{gi} = As[kk * (BM / 4u) + ty + {}u];",
+            gi * sm
+        );
+    }
+    for gj in 0..gn {
+        let _ = writeln!(
+            fma,
+            "      let b{gj} = Bs[kk * (BN / 4u) + tx + {}u];",
+            gj * sn
+        );
+    }
+    for gi in 0..gm {
+        for i in 0..4 {
+            for gj in 0..gn {
+                let r = gi * 4 + i;
+                let _ = writeln!(
+                    fma,
+                    "      acc{r}_{gj} = acc{r}_{gj} + a{gi}.{} * b{gj};",
+                    LANE[i as usize]
+                );
+            }
+        }
+    }
+    let _ = write!(
+        body,
+        "{load0}  for (var t = 0u; t < KT; t = t + 1u) {{\n{stage}    workgroupBarrier();\n\
+         \x20   if (t + 1u < KT) {{\n{load1}    }}\n\
+         \x20   for (var kk = 0u; kk < BK; kk = kk + 1u) {{\n{fma}    }}\n\
+         \x20   workgroupBarrier();\n  }}\n",
+        load0 = load("0u"),
+        load1 = load("(t + 1u)"),
+    );
+    if norm {
+        // Each slot's Σx² goes to `As[ia]` (= chunk · BM + row); the rows'
+        // inverse RMS then to `Bs[row]`.
+        for i in 0..la {
+            let guard = if a_chunks.is_multiple_of(threads) {
+                String::new()
+            } else {
+                format!("if (ia{i} < BM * CT) ")
+            };
+            let _ = writeln!(body, "  {guard}{{ As[ia{i} / 4u][ia{i} % 4u] = ssq{i}; }}");
+        }
+        body += "  workgroupBarrier();\n\
+                 \x20 for (var r = tid; r < BM; r = r + THREADS) {\n\
+                 \x20   var sq = 0.0f;\n\
+                 \x20   for (var c = 0u; c < CT; c = c + 1u) { let f = c * BM + r; sq = sq + As[f / 4u][f % 4u]; }\n\
+                 \x20   Bs[r / 4u][r % 4u] = 1.0f / sqrt(sq / f32(K) + EPS);\n\
+                 \x20 }\n  workgroupBarrier();\n";
+        for gi in 0..gm {
+            let _ = writeln!(body, "  let inv{gi} = Bs[ty + {}u];", gi * sm);
+        }
+    }
+    // The epilogue: output column groups (gated: the gate groups, whose up
+    // sums are `gn / 2` groups further).
+    let out_groups = if glu { gn / 2 } else { gn };
+    for gi in 0..gm {
+        for i in 0..4 {
+            let r = gi * 4 + i;
+            let lane = LANE[i as usize];
+            let scale = if norm {
+                format!(" * inv{gi}.{lane}")
+            } else {
+                String::new()
+            };
+            let _ = writeln!(
+                body,
+                "  {{\n    let row = m0 + ty * 4u + {}u;\n    if (row < rows) {{",
+                gi * 4 * sm + i
+            );
+            for gj in 0..out_groups {
+                for c4 in 0..4 {
+                    let cl = LANE[c4 as usize];
+                    let res = if s.residual {
+                        " + res[row * N + n]"
+                    } else {
+                        ""
+                    };
+                    let store = match s.glu {
+                        None => {
+                            let bias = if s.bias { " + load_b(n)" } else { "" };
+                            format!("y[row * N + n] = acc{r}_{gj}.{cl}{scale}{bias}{res};")
+                        }
+                        Some(act) => {
+                            let (gb, ub) = if s.bias {
+                                (" + load_b(n)", " + load_b(N + n)")
+                            } else {
+                                ("", "")
+                            };
+                            format!(
+                                "let gv = acc{r}_{gj}.{cl}{scale}{gb}; let uv = acc{r}_{u}.{cl}{scale}{ub}; \
+                                 y[row * N + n] = ({a}) * uv{res};",
+                                u = gj + gn / 2,
+                                a = super::elementwise::unary_expr(act, "gv"),
+                            )
+                        }
+                    };
+                    let _ = writeln!(
+                        body,
+                        "      {{ let n = n0 + tx * 4u + {}u; if (n < N) {{ {store} }} }}",
+                        gj * 4 * sn + c4
+                    );
+                }
+            }
+            body += "    }\n  }\n";
+        }
+    }
+    let _ = write!(
+        w,
+        "@compute @workgroup_size({threads}, 1, 1)\n\
+         fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let tx = tid % TX;\n  let ty = tid / TX;\n\
+         \x20 let m0 = wid.z * BM;\n  let n0 = (wid.x + wid.y * GX) * NO;\n\
+         \x20 let rows = {rows};\n{body}}}\n",
+        rows = s.rows.wgsl(),
+    );
+    let (glu_tag, options) = name_parts(s, names.len());
+    KernelSource {
+        name: format!(
+            "gemm{glu_tag}_{}_r{}_k{}_n{}_{}{options}",
+            s.wdtype,
+            s.rows.tag(),
+            s.k,
+            s.n,
+            tile.tag(),
+        ),
+        wgsl: w,
+        workgroup_size: [threads, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            WorkgroupCount::fixed(gx),
+            WorkgroupCount::fixed(gy),
+            s.rows.count(1, bm),
+        ],
+        workgroup_bytes: tile.workgroup_bytes(),
+    }
+}
