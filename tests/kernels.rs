@@ -1130,6 +1130,25 @@ fn attention_matches_reference() {
             case(4, 2, 16, 100, 0.3, 13, 120),
             // Large scores: the online softmax must rescale without overflow.
             case(6, 3, 256, 0, 5.0, 2, 70),
+            // Flash tiles: blocks of query rows (T not a multiple of the
+            // block) over key tiles, after an earlier chunk's cache (P > 0),
+            // for GQA ratios 1, 3, 4 and 8 (two head groups per KV head).
+            case(4, 4, 64, 0, 0.125, 37, 0),
+            case(9, 3, 64, 0, 0.125, 45, 50),
+            case(8, 2, 64, 0, 0.125, 29, 75),
+            case(16, 2, 64, 0, 0.125, 19, 33),
+            // Windows smaller than a key tile, larger than one, larger than
+            // the context; over several row blocks.
+            case(8, 2, 64, 5, 0.125, 29, 75),
+            case(9, 3, 64, 40, 0.125, 45, 50),
+            case(4, 1, 256, 7, 0.0625, 10, 20),
+            case(4, 1, 256, 512, 0.0625, 21, 40),
+            // A GQA ratio of 5 (one head per group) and a head width that is
+            // not a multiple of 4.
+            case(5, 1, 30, 0, 0.2, 17, 11),
+            case(5, 1, 30, 9, 0.2, 17, 11),
+            f16(case(9, 3, 64, 0, 0.125, 45, 50)),
+            f16(case(4, 1, 256, 7, 0.0625, 10, 20)),
         ],
         check_attention,
     );
