@@ -11,7 +11,9 @@
 #   gerbil-run bench --precision P --prompt-tokens 512 --new-tokens 128 --depth 4096 --repeats 3 --json   (tg128 @ d4096)
 # (medians of the repeats after a warm-up; the depth-4096 run also samples the driver's GPU memory
 # for the process with nvidia-smi), a sampled tg128 (f16), pp512 of each of the plan's variants
-# (`--variant`: tensor cores, subgroups, portable), then HF transformers on the same weights
+# (`--variant`: tensor cores, subgroups, portable), the time to first token of a 512-token prompt,
+# load included, with a cold and a warm pipeline cache (`bench --cold`, then three warm runs; the
+# driver's own shader cache off), then HF transformers on the same weights
 # (scripts/device/hf-bench.py: f16, static cache; HF_COMPILE=1 adds torch.compile). The driver's
 # count for a process that holds only the tiny Llama plan (~0.1 MiB of buffers) is the fixed cost of
 # a Vulkan context, subtracted before comparing with the plan's bytes. Writes the JSON and logs to
@@ -91,6 +93,15 @@ for cfg in "${shapes[@]}"; do
             --json > "$out/pp-$name-$v.json" 2>>"$out/bench-$name.log" || echo '{}' > "$out/pp-$name-$v.json"
     done
     echo "$variants" > "$out/variants-$name.txt"
+    # Time to first token of a 512-token prompt, load included: a cold start (--cold: an empty
+    # pipeline cache; the driver's own shader cache off) then three warm ones (the cache it wrote).
+    for run in cold warm1 warm2 warm3; do
+        flag=""
+        [ $run = cold ] && flag=--cold
+        GERBIL_CACHE_DIR="$work/cache" __GL_SHADER_DISK_CACHE=0 $bin/gerbil-run "$work/model.plan" bench $flag \
+            --prompt-tokens 512 --new-tokens 4 --repeats 1 --json > "$out/ttft-$name-$run.json" \
+            2>>"$out/bench-$name.log" || status=1
+    done
     hf_flags=""
     [ "${HF_COMPILE:-0}" = 1 ] && hf_flags=--compile
     python3 scripts/device/hf-bench.py "$work/model" $hf_flags > "$out/hf-$name.json" 2>"$out/hf-$name.log" \
@@ -159,5 +170,20 @@ for cfg in shapes:
             continue
         print(f"| {name} | {v} ({r.get('precision', '?')}) | {r['prefill_tok_s']:.0f} | {r.get('load_ms', 0):.0f} | "
               f"{r.get('first_token_ms', 0):.0f} | {ref} |")
+print()
+# Start-up: load and time to first token of a 512-token prompt, cold and warm pipeline cache.
+print("| shape | variant | pipelines (threads) | load ms cold / warm | of which pipelines ms cold / warm | TTFT 512 ms cold / warm (median of 3) |")
+print("|---|---|---|---|---|---|")
+for cfg in shapes:
+    name = os.path.basename(os.path.dirname(cfg))
+    cold = load(f"{out}/ttft-{name}-cold.json")
+    warm = sorted((load(f"{out}/ttft-{name}-warm{i}.json") for i in (1, 2, 3)),
+                  key=lambda r: r.get("first_token_ms", float("inf")))[1]
+    if not cold or not warm:
+        print(f"| {name} | failed | | | | |")
+        continue
+    print(f"| {name} | {warm['variant']} | {warm['pipelines']} ({warm['pipeline_threads']}) | "
+          f"{cold['load_ms']:.0f} / {warm['load_ms']:.0f} | {cold['load_pipelines_ms']:.0f} / {warm['load_pipelines_ms']:.0f} | "
+          f"{cold['first_token_ms']:.0f} / {warm['first_token_ms']:.0f} ({warm['pipeline_cache']}) |")
 PY
 exit $status

@@ -136,8 +136,9 @@ pub fn create_pipeline_cached(
 const MAX_THREADS: usize = 16;
 
 /// Creates the pipelines of `kernels`, in their order, through `cache` when
-/// given; on native targets on up to [`MAX_THREADS`] threads. Returns the
-/// pipelines and how many threads built them.
+/// given; on native targets on up to [`MAX_THREADS`] threads (one per core,
+/// or `GERBIL_PIPELINE_THREADS`). Returns the pipelines and how many threads
+/// built them.
 pub async fn create_pipelines(
     gpu: &Gpu,
     kernels: &[&Kernel],
@@ -146,8 +147,8 @@ pub async fn create_pipelines(
 ) -> Result<(Vec<KernelPipeline>, usize), RuntimeError> {
     #[cfg(not(target_arch = "wasm32"))]
     {
-        let threads = std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
+        let threads = threads_from_env()
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .min(MAX_THREADS)
             .min(kernels.len());
         if threads > 1 {
@@ -165,6 +166,17 @@ pub async fn create_pipelines(
         pipelines.push(p);
     }
     Ok((pipelines, 1))
+}
+
+/// The thread count `GERBIL_PIPELINE_THREADS` asks for (at least 1), to
+/// compare serial and parallel creation; `None` when unset or not a number.
+#[cfg(not(target_arch = "wasm32"))]
+fn threads_from_env() -> Option<usize> {
+    let n: usize = std::env::var("GERBIL_PIPELINE_THREADS")
+        .ok()?
+        .parse()
+        .ok()?;
+    Some(n.max(1))
 }
 
 /// An error scope's result, awaited on the calling thread after a worker
