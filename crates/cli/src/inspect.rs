@@ -25,6 +25,9 @@ pub struct Inspection {
     pub passes: Vec<String>,
     /// The target the plan was compiled for.
     pub target: String,
+    /// The device its prefill GEMM tiles were measured on (`gerbilc tune`);
+    /// `null`: the built-in choice.
+    pub tuned_on: Option<String>,
     /// Op counts before the passes.
     pub ops_before: BTreeMap<String, u64>,
     /// Op counts after the passes.
@@ -128,6 +131,7 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
         max_tokens_per_step: h.model.max_tokens_per_step,
         passes: h.compile.passes.clone(),
         target: h.compile.target.clone(),
+        tuned_on: h.compile.tuned_on.clone(),
         ops_before: h.compile.ops_before.iter().cloned().collect(),
         ops_after: h.compile.ops_after.iter().cloned().collect(),
         prefill_dispatches_total: best.prefill.len(),
@@ -175,6 +179,9 @@ pub fn render(i: &Inspection) -> String {
         i.passes.join(" → ")
     );
     s += &format!("target     {}\n", i.target);
+    if let Some(device) = &i.tuned_on {
+        s += &format!("tuned on   {device}\n");
+    }
     s += "ops        before → after\n";
     let names: std::collections::BTreeSet<&String> =
         i.ops_before.keys().chain(i.ops_after.keys()).collect();

@@ -396,6 +396,101 @@ fn variant_flag_picks_a_variant_by_name() {
     assert_fails_with(&bench("warp-drive"), "portable-f16");
 }
 
+/// `inspect --json` on a desktop plan lists the tensor-core variant first,
+/// with the features it needs, and the portable one that needs none.
+#[test]
+fn inspect_lists_the_tensor_variant_beside_a_portable_one() {
+    let (_plan_dir, plan) = tiny_plan("tensor", &["--target", "desktop"]);
+    let o = gerbilc(&["inspect", plan.to_str().unwrap(), "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("inspect --json");
+    let variants = v["variants"].as_array().expect("variants");
+    assert_eq!(variants[0]["name"], "tensor-f16", "{v}");
+    assert_eq!(
+        variants[0]["features"],
+        serde_json::json!(["shader_f16", "subgroups", "cooperative_matrix"]),
+        "{v}"
+    );
+    assert_eq!(variants[0]["precision"], "f16", "{v}");
+    let portable = variants.iter().find(|x| x["name"] == "portable");
+    assert_eq!(
+        portable.map(|p| p["features"].clone()),
+        Some(serde_json::json!([])),
+        "{v}"
+    );
+}
+
+/// `gerbilc tune` times the tiny Llama's prefill GEMM tiles on this GPU and
+/// writes one entry per shape; `compile --tuning` builds its kernels with the
+/// file's tiles (a hand-edited tile shows up in the kernel names) and records
+/// the device in the plan; a file that is not a tuning is a clear error.
+#[test]
+fn tune_then_compile_with_the_measured_tiles() {
+    let dir = temp("tune");
+    let repo = data("models/tiny/llama");
+    let tuning = dir.path().join("tiles.json");
+    let o = {
+        let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+        gerbilc(&[
+            "tune",
+            repo.to_str().unwrap(),
+            "--max-tokens-per-step",
+            "16",
+            "-o",
+            tuning.to_str().unwrap(),
+        ])
+    };
+    assert!(o.status.success(), "{}", stderr(&o));
+    let mut t: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tuning).unwrap()).unwrap();
+    assert_eq!(t["format"], "gerbil-tuning-v1");
+    let gemms = t["gemms"].as_array_mut().unwrap();
+    assert_eq!(gemms.len(), 4, "q, o, gate/up, down: {gemms:?}");
+    assert!(gemms.iter().all(|g| g["micros"].as_f64().unwrap() > 0.0
+        && g["micros"].as_f64().unwrap() <= g["default_micros"].as_f64().unwrap()));
+    // Force a tile on the o projection (k64 n64) and compile with the file.
+    let o_proj = gemms
+        .iter_mut()
+        .find(|g| g["k"] == 64 && g["n"] == 64 && g["glu"] == false)
+        .unwrap();
+    o_proj["tile"] = serde_json::json!([128, 64, 16, 8, 4]);
+    std::fs::write(&tuning, t.to_string()).unwrap();
+    let plan = dir.path().join("tuned.plan");
+    let o = gerbilc(&[
+        "compile",
+        repo.to_str().unwrap(),
+        "--max-tokens-per-step",
+        "16",
+        "--tuning",
+        tuning.to_str().unwrap(),
+        "-o",
+        plan.to_str().unwrap(),
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = gerbilc(&["inspect", plan.to_str().unwrap(), "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        v["tuned_on"]
+            .as_str()
+            .is_some_and(|d| d.contains(t["adapter"].as_str().unwrap())),
+        "{v}"
+    );
+    let kernels = v["kernels"].to_string();
+    assert!(
+        kernels.contains("gemm_f32_rT_k64_n64_128x64x16_8x4"),
+        "{kernels}"
+    );
+
+    std::fs::write(&tuning, "{\"tiles\": 1}").unwrap();
+    let o = gerbilc(&[
+        "compile",
+        repo.to_str().unwrap(),
+        "--tuning",
+        tuning.to_str().unwrap(),
+    ]);
+    assert_fails_with(&o, "not a tuning file");
+}
+
 #[test]
 fn disabling_a_pass_by_name() {
     let repo = data("models/tiny/llama");

@@ -21,6 +21,7 @@ mod lower;
 pub mod planner;
 mod schedule;
 mod target;
+pub mod tuning;
 mod validate;
 mod variant;
 

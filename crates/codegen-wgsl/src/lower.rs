@@ -15,7 +15,7 @@ use crate::kernels::{
     attention::{self, AttentionSpec},
     attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
-    gemm::{self, GemmTile},
+    gemm,
     gemv::{self, Reduce},
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
@@ -23,6 +23,7 @@ use crate::kernels::{
     rope::{self, RopeSpec},
     sample_token, KernelSource, Rows,
 };
+use crate::tuning::{tile_for, GemmShape, GemmTiles};
 use crate::variant::VariantSpec;
 use crate::CodegenError;
 use gerbil_ir::{DType, Dim, Graph, MatMul, MatMulGlu, NodeId, Op, TensorType, ValueRef};
@@ -60,6 +61,9 @@ pub struct Lowering<'g> {
     pub max_context: u32,
     /// Workgroup memory a kernel may use (the target's limit), in bytes.
     pub max_workgroup_storage: u32,
+    /// Prefill GEMM tiles measured on a device (`gerbilc tune`); shapes it
+    /// lacks get [`GemmTile::choose`](crate::kernels::gemm::GemmTile::choose)'s.
+    pub gemm_tiles: &'g GemmTiles,
 }
 
 impl Lowering<'_> {
@@ -187,10 +191,16 @@ impl Lowering<'_> {
                     last_row,
                 };
                 match phase {
-                    Phase::Prefill(_) if rows == Rows::Tokens && !last_row => gemm::kernel(
-                        &spec,
-                        GemmTile::choose(spec.n, glu.is_some(), self.max_workgroup_storage),
-                    ),
+                    Phase::Prefill(_) if rows == Rows::Tokens && !last_row => {
+                        let shape = GemmShape {
+                            k: spec.k,
+                            n: spec.n,
+                            glu: glu.is_some(),
+                            wdtype: spec.wdtype,
+                        };
+                        let tile = tile_for(self.gemm_tiles, shape, self.max_workgroup_storage);
+                        gemm::kernel(&spec, tile)
+                    }
                     Phase::Prefill(_) => matmul::kernel(spec),
                     Phase::Decode if variant.features.contains(&Feature::Subgroups) => {
                         gemv::kernel(&spec, Reduce::Subgroup)

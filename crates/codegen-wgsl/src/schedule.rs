@@ -13,6 +13,7 @@ use crate::dispatch::{Assembler, Operands};
 use crate::lower::{Lowering, Phase};
 use crate::planner::{self, Home, Step};
 use crate::target::Target;
+use crate::tuning::GemmTiles;
 use crate::variant::{variants_for, VariantSpec};
 use crate::CodegenError;
 use gerbil_ir::op::KvKind;
@@ -35,6 +36,8 @@ pub struct CodegenOptions {
     pub target: Target,
     /// Rows of `x` per matmul workgroup in prefill.
     pub prefill_rows_per_workgroup: u32,
+    /// Prefill GEMM tiles measured on a device (`gerbilc tune`), by shape.
+    pub gemm_tiles: GemmTiles,
 }
 
 impl Default for CodegenOptions {
@@ -44,6 +47,7 @@ impl Default for CodegenOptions {
             max_tokens_per_step: 256,
             target: Target::portable(),
             prefill_rows_per_workgroup: 8,
+            gemm_tiles: GemmTiles::new(),
         }
     }
 }
@@ -434,6 +438,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         shard_rows: &b.shard_rows,
         max_context: opts.max_context as u32,
         max_workgroup_storage: opts.target.limits.max_workgroup_storage,
+        gemm_tiles: &opts.gemm_tiles,
     };
     let params = b.whole(step_params);
     let sampling = sampling_params.map(|i| b.whole(i));

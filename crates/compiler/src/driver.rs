@@ -116,6 +116,7 @@ pub fn compile<'a>(
     let mut codegen = CodegenOptions {
         max_context,
         target,
+        gemm_tiles: opts.tuning.as_ref().map(|t| t.tiles()).unwrap_or_default(),
         ..CodegenOptions::default()
     };
     codegen.max_tokens_per_step = match opts.max_tokens_per_step {
@@ -141,6 +142,7 @@ pub fn compile<'a>(
         ops_before,
         ops_after: op_counts(&graph),
         activation_naive_bytes: 0,
+        tuned_on: opts.tuning.as_ref().map(|t| t.measured_on()),
     };
     let plan = build_plan(&graph, ckpt, model, &ckpt.text, compile_info, &codegen)?;
     Ok(Compiled {

@@ -7,6 +7,7 @@
 //! [`Observer`](crate::Observer). That keeps the compiler usable from tests,
 //! a server or a build script, not only from `gerbilc`.
 
+use crate::tuning::Tuning;
 pub use gerbil_codegen_wgsl::Target;
 
 /// Largest context a plan gets unless `max_context` says otherwise.
@@ -30,6 +31,9 @@ pub struct CompileOptions {
     /// Overrides the target's largest storage binding (bytes); weights larger
     /// than this are split into row shards.
     pub max_storage_binding: Option<u64>,
+    /// Prefill GEMM tiles measured on a device (`gerbilc tune`); `None`:
+    /// the built-in choice.
+    pub tuning: Option<Tuning>,
 }
 
 impl Default for CompileOptions {
@@ -41,6 +45,7 @@ impl Default for CompileOptions {
             bisect: None,
             target: Target::portable(),
             max_storage_binding: None,
+            tuning: None,
         }
     }
 }

@@ -164,6 +164,10 @@ pub struct CompileInfo {
     /// Sum of every activation's size at `max_tokens_per_step`, as if each had
     /// its own buffer.
     pub activation_naive_bytes: u64,
+    /// The device the prefill GEMM tiles were measured on (`gerbilc tune`,
+    /// then `compile --tuning`); `None`: the built-in tile choice.
+    #[serde(default)]
+    pub tuned_on: Option<String>,
 }
 
 /// Device capabilities the plan relies on.

@@ -5,9 +5,10 @@ use clap::{Parser, Subcommand};
 use gerbil_cli::inspect::{inspect, render};
 use gerbil_cli::passes::{bisect_note, pass_stats};
 use gerbil_cli::schedule::render_schedule;
+use gerbil_cli::tune::tune;
 use gerbil_compiler::{
     compile, opt, Checkpoint, CompileOptions, DumpIr, Dumps, OptOptions, PassReport, PassSelection,
-    Target,
+    Target, Tuning,
 };
 use std::io::Read;
 use std::path::PathBuf;
@@ -68,6 +69,28 @@ enum Cmd {
         /// larger than this are split into row shards).
         #[arg(long, value_name = "BYTES")]
         max_storage_binding: Option<u64>,
+        /// Use the prefill GEMM tiles `gerbilc tune` measured (a JSON file);
+        /// shapes it lacks keep the built-in choice.
+        #[arg(long, value_name = "FILE")]
+        tuning: Option<PathBuf>,
+    },
+    /// Time the prefill GEMM tiles of a checkpoint on this machine's GPU and
+    /// write the fastest per shape, for `gerbilc compile --tuning`.
+    Tune {
+        /// Directory with config.json, model.safetensors (or an index) and tokenizer files.
+        repo: PathBuf,
+        /// The tuning file to write.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// KV-cache capacity in tokens, as `compile` takes it.
+        #[arg(long)]
+        max_context: Option<u64>,
+        /// Prefill chunk, as `compile` takes it: the tiles are timed at it.
+        #[arg(long)]
+        max_tokens_per_step: Option<u64>,
+        /// Device limits to compile for.
+        #[arg(long, default_value = "portable", value_parser = parse_target)]
+        target: Box<Target>,
     },
     /// Run passes on textual IR (`.gir`, as `--dump-ir` prints it) and print
     /// the result.
@@ -149,8 +172,16 @@ fn real_main() -> Result<()> {
             max_storage_binding,
             pass_stats,
             bisect,
+            tuning,
         } => {
             let ckpt = Checkpoint::open(&repo)?;
+            let tuning = tuning.map(|path| Tuning::read(&path)).transpose()?;
+            if let Some(t) = tuning.as_ref().filter(|t| t.target != target.name) {
+                eprintln!(
+                    "note: the tuning was measured for target `{}`, not `{}`; tiles the target cannot run are left out",
+                    t.target, target.name
+                );
+            }
             let opts = CompileOptions {
                 max_context,
                 max_tokens_per_step,
@@ -158,6 +189,7 @@ fn real_main() -> Result<()> {
                 target: *target,
                 max_storage_binding,
                 bisect,
+                tuning,
             };
             let mut dumps = Dumps::new(dump_ir, dump_dot, std::io::stdout().lock());
             let compiled = compile(&ckpt, &opts, &mut dumps)?;
@@ -178,6 +210,36 @@ fn real_main() -> Result<()> {
                     plan.weight_bytes as f64 / 1e6
                 );
             }
+        }
+        Cmd::Tune {
+            repo,
+            output,
+            max_context,
+            max_tokens_per_step,
+            target,
+        } => {
+            let ckpt = Checkpoint::open(&repo)?;
+            let opts = CompileOptions {
+                max_context,
+                max_tokens_per_step,
+                target: *target,
+                ..CompileOptions::default()
+            };
+            let tuning = pollster::block_on(tune(&ckpt, &opts, |line| eprintln!("{line}")))?;
+            tuning.write(&output)?;
+            for g in &tuning.gemms {
+                eprintln!(
+                    "k{} n{}{} {}: {} {:.0} µs (untuned {:.0} µs)",
+                    g.k,
+                    g.n,
+                    if g.glu { " glu" } else { "" },
+                    g.dtype,
+                    g.gemm_tile().tag(),
+                    g.micros,
+                    g.default_micros
+                );
+            }
+            eprintln!("wrote {}", output.display());
         }
         Cmd::Opt {
             file,
