@@ -71,7 +71,8 @@ impl Tiles {
     }
 
     /// Workgroup memory: `Q` (`BQ·HG` rows), one K/V tile (`BK` rows padded
-    /// by a `vec4`) and the tile's scores (`BQ·BK` `vec4`s, one lane per head).
+    /// by a `vec4`) and the tile's scores (`BQ·BK·SPLIT` `vec4`s, one lane
+    /// per head).
     pub fn workgroup_bytes(&self, head_dim: u32) -> u32 {
         let hd4 = Tiles::hd4(head_dim);
         16 * (self.bq * self.hg * hd4 + self.bk * (hd4 + 1) + self.bq * self.bk * self.split())
