@@ -288,6 +288,8 @@ impl Store {
 
     /// Writes the cache back to its file if it holds anything new. Failing
     /// to write (a read-only directory, a full disk) is logged, not an error.
+    /// Never reached in a browser: WebGPU has no `PIPELINE_CACHE`, so no
+    /// store there has a cache (and std has no clock or process id there).
     pub(crate) fn save(&self) {
         let (Some(cache), Some(path)) = (&self.cache, &self.file) else {
             return;
