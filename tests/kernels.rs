@@ -1936,3 +1936,331 @@ fn sample_token_matches_the_cpu_sampler() {
     }
     check_all(cases, check);
 }
+
+// ------------------------------------------------------------- gemm_coop
+
+/// The exact result of the tensor-core GEMM for case `c`: the operands
+/// rounded to f16 as the kernel stages them (`x · (gamma + offset)` rounded
+/// after the f32 product; the norm's sum of squares from the f32 `x`), the
+/// sums in f64.
+fn coop_reference(
+    c: &MatMulCase,
+    x: &[f32],
+    w: &[f64],
+    b: &[f32],
+    g: &[f64],
+    res: &[f32],
+) -> Vec<f64> {
+    let (m, k, n) = (c.t as usize, c.k as usize, c.n as usize);
+    let f16 = |v: f32| f64::from(half::f16::from_f32(v).to_f32());
+    let wh: Vec<f64> = w.iter().map(|&v| f16(v as f32)).collect();
+    let mut out = Vec::with_capacity(m * n);
+    for r in 0..m {
+        let row = &x[r * k..(r + 1) * k];
+        let xh: Vec<f64> = match c.norm {
+            Some((offset, _)) => (0..k)
+                .map(|i| f16(row[i] * (g[i] as f32 + offset)))
+                .collect(),
+            None => row.iter().map(|&v| f16(v)).collect(),
+        };
+        let inv = c.norm.map_or(1.0, |_| {
+            let ssq: f64 = row.iter().map(|&v| f64::from(v) * f64::from(v)).sum();
+            1.0 / (ssq / k as f64 + f64::from(MATMUL_NORM_EPS)).sqrt()
+        });
+        let dot = |wr: usize| -> f64 {
+            let bias = if c.bias { f64::from(b[wr]) } else { 0.0 };
+            xh.iter()
+                .zip(&wh[wr * k..(wr + 1) * k])
+                .map(|(a, w)| a * w)
+                .sum::<f64>()
+                * inv
+                + bias
+        };
+        for col in 0..n {
+            let v = match c.glu {
+                Some(act) => reference::unary_scalar(act, dot(col)) * dot(n + col),
+                None => dot(col),
+            };
+            let add = if c.residual {
+                f64::from(res[r * n + col])
+            } else {
+                0.0
+            };
+            out.push(v + add);
+        }
+    }
+    out
+}
+
+/// Runs `src`, the tensor-core GEMM of case `c`, and checks it against
+/// [`coop_reference`].
+fn check_coop(c: &MatMulCase, src: &KernelSource) -> Result<(), String> {
+    let (m, k, n) = (c.t as usize, c.k as usize, c.n as usize);
+    let wn = if c.glu.is_some() { 2 * n } else { n };
+    let mut rng = rng(c);
+    let x = rng.vec(m * k);
+    let (w_bytes, w) = encode(&rng.vec(wn * k), c.wdtype);
+    let b = rng.vec(wn);
+    let mut inputs = vec![f32_bytes(&x)];
+    inputs.extend(shard_bytes(w_bytes, wn, c.shard_rows));
+    if c.bias {
+        inputs.push(f32_bytes(&b));
+    }
+    let (g_bytes, g) = encode(&rng.vec(k), c.norm.map_or(DType::F32, |n| n.1));
+    if c.norm.is_some() {
+        inputs.push(g_bytes);
+    }
+    let res = rng.vec(m * n);
+    if c.residual {
+        inputs.push(f32_bytes(&res));
+    }
+    inputs.push(poison(m * n));
+    let want = coop_reference(c, &x, &w, &b, &g, &res);
+    expect(src, c.t, 0, &inputs, inputs.len() - 1, &want)
+}
+
+/// Every third matmul case over `T` rows (each kernel builds two ~0.5 s
+/// cooperative-matrix pipelines, checked and unchecked), plus shapes that
+/// cross the coop tiles: `T` past one 64-row block, partial last blocks of
+/// rows and columns, K not a multiple of 32 or 16, and the gated, norm,
+/// residual and sharded forms at those shapes.
+fn coop_cases() -> Vec<MatMulCase> {
+    let mut cases: Vec<MatMulCase> = matmul_cases()
+        .into_iter()
+        .filter(|c| c.rows == Rows::Tokens && !c.last_row)
+        .step_by(3)
+        .collect();
+    let case = |t, k, n, wdtype| MatMulCase {
+        rows: Rows::Tokens,
+        t,
+        k,
+        n,
+        wdtype,
+        bias: false,
+        tt: 8,
+        shard_rows: None,
+        glu: None,
+        norm: None,
+        residual: false,
+        last_row: false,
+    };
+    cases.extend([
+        case(70, 64, 100, DType::BF16),
+        case(130, 96, 8200, DType::BF16),
+        case(65, 40, 2050, DType::F16),
+        MatMulCase {
+            glu: Some(UnaryOp::Silu),
+            norm: Some((0.0, DType::BF16)),
+            ..case(129, 576, 4100, DType::BF16)
+        },
+        MatMulCase {
+            glu: Some(UnaryOp::GeluTanh),
+            norm: Some((1.0, DType::F32)),
+            bias: true,
+            ..case(67, 130, 70, DType::F16)
+        },
+        MatMulCase {
+            residual: true,
+            bias: true,
+            ..case(100, 1000, 576, DType::BF16)
+        },
+        MatMulCase {
+            shard_rows: Some(1024),
+            glu: Some(UnaryOp::Silu),
+            ..case(66, 64, 2500, DType::BF16)
+        },
+        MatMulCase {
+            shard_rows: Some(3000),
+            glu: Some(UnaryOp::GeluTanh),
+            bias: true,
+            residual: true,
+            ..case(200, 64, 4100, DType::F32)
+        },
+    ]);
+    cases
+}
+
+#[test]
+fn gemm_coop_matches_reference() {
+    if !gerbil_e2e::kernel_harness::has_cooperative_matrix() {
+        println!(
+            "gemm_coop_matches_reference: skipped, the device has no cooperative matrices \
+             (16x16x16 f16 -> f32; the runtime requests them only with GERBIL_TENSOR_CORES=1)"
+        );
+        return;
+    }
+    check_all(coop_cases(), |c| {
+        check_coop(c, &kernels::gemm_coop::kernel(matmul_spec(c)))
+    });
+}
+
+/// WGSL emulating the cooperative-matrix operations of a `gemm_coop`
+/// kernel with the same memory layouts as the real ones (`coopLoadT`:
+/// row-major, `coopLoad`: column-major, `coopStoreT`: row-major): an A or B
+/// operand is where it lies in `stage` (element `(r, c)` at
+/// `o + r·rs + c·cs`); an accumulator is shared by the lanes of a subgroup
+/// as a real one is, each lane holding elements `lane + q·size` (`q < 32`,
+/// so subgroups of at least 8, as lavapipe's). The loops step by the
+/// subgroup size (the inner one by a step computed at run time), which
+/// keeps lavapipe's compiler from unrolling them: unrolled, one kernel
+/// took it minutes to compile.
+/// Products of f16 values are exact in f32, so only the order of the f32
+/// sums differs from the hardware.
+const COOP_EMULATION: &str = "
+struct EmuFrag { o: u32, rs: u32, cs: u32 }
+var<private> emu_lane: u32;
+var<private> emu_size: u32;
+fn emu_rows(o: u32, s: u32) -> EmuFrag { return EmuFrag(o, s, 1u); }
+fn emu_cols(o: u32, s: u32) -> EmuFrag { return EmuFrag(o, 1u, s); }
+fn emu_acc(o: u32) -> array<f32, 32> {
+  var m: array<f32, 32>;
+  var q = 0u;
+  for (var e = emu_lane; e < 256u; e += emu_size) {
+    m[q] = cs[o + (e % 16u) * 16u + e / 16u];
+    q++;
+  }
+  return m;
+}
+fn emu_mma(a: EmuFrag, b: EmuFrag, c: array<f32, 32>) -> array<f32, 32> {
+  var m = c;
+  var q = 0u;
+  for (var e = emu_lane; e < 256u; e += emu_size) {
+    let i = e / 16u;
+    let j = e % 16u;
+    var sum = m[q];
+    for (var k = 0u; k < 16u; k += emu_size / emu_size) {
+      sum = sum + f32(stage[a.o + i * a.rs + k * a.cs]) * f32(stage[b.o + k * b.rs + j * b.cs]);
+    }
+    m[q] = sum;
+    q++;
+  }
+  return m;
+}
+fn emu_store(m: array<f32, 32>, o: u32) {
+  var q = 0u;
+  for (var e = emu_lane; e < 256u; e += emu_size) {
+    cs[o + e] = m[q];
+    q++;
+  }
+}
+";
+
+/// `src` with its cooperative-matrix operations replaced by
+/// [`COOP_EMULATION`], so lavapipe (which has no cooperative matrices) runs
+/// the rest of the kernel as generated: staging, bounds, the subgroup
+/// layout, norm, gated and residual epilogues, shards.
+fn emulate_coop(src: &KernelSource) -> KernelSource {
+    let mut wgsl = String::new();
+    for line in src.wgsl.lines() {
+        let line = line
+            .replace("enable wgpu_cooperative_matrix;", "")
+            .replace("coopLoadT<coop_mat16x16<f16, A>>(&stage[", "emu_rows(")
+            .replace("coopLoad<coop_mat16x16<f16, B>>(&stage[", "emu_cols(")
+            .replace("coopLoad<coop_mat16x16<f32, C>>(&cs[", "emu_acc(")
+            .replace("coopMultiplyAdd(", "emu_mma(")
+            .replace("coopStoreT(", "emu_store(")
+            .replace(", &cs[", ", ")
+            .replace("], STRIDE)", ", STRIDE)")
+            .replace("], 16u)", ")")
+            .replace(
+                "if (lid == 0u) { groups_sh = nsg; }",
+                "emu_lane = sgl;\n  emu_size = sgs;\n  if (lid == 0u) { groups_sh = nsg; }",
+            );
+        wgsl.push_str(&line);
+        wgsl.push('\n');
+    }
+    assert!(
+        !wgsl.contains("coop"),
+        "{}: an operation left unemulated",
+        src.name
+    );
+    wgsl.push_str(COOP_EMULATION);
+    KernelSource {
+        name: format!("{}_emulated", src.name),
+        wgsl,
+        ..src.clone()
+    }
+}
+
+/// The tensor-core GEMM with emulated cooperative matrices
+/// ([`emulate_coop`]) on every device, lavapipe included: all of the
+/// kernel but the matrix operations themselves, checked against the same
+/// reference. Every other case of [`coop_cases`] (each emulated kernel
+/// takes lavapipe seconds to compile), leaving those whose emulated
+/// products would take it long to [`gemm_coop_matches_reference`].
+#[test]
+fn gemm_coop_emulated_matches_reference() {
+    let case = |t, k, n| MatMulCase {
+        rows: Rows::Tokens,
+        t,
+        k,
+        n,
+        wdtype: DType::BF16,
+        bias: false,
+        tt: 8,
+        shard_rows: None,
+        glu: None,
+        norm: None,
+        residual: false,
+        last_row: false,
+    };
+    let mut cases: Vec<MatMulCase> = coop_cases().into_iter().step_by(2).collect();
+    cases.extend([
+        MatMulCase {
+            bias: true,
+            ..case(3, 32, 300)
+        },
+        MatMulCase {
+            glu: Some(UnaryOp::Silu),
+            norm: Some((1.0, DType::BF16)),
+            residual: true,
+            ..case(70, 16, 130)
+        },
+    ]);
+    // Emulated multiply-adds: blocks × K tiles × BM · BN · 32 (every
+    // subgroup computes a tile, those without one a duplicate).
+    let cost = |c: &MatMulCase| {
+        let src = kernels::gemm_coop::kernel(matmul_spec(c));
+        let bm = u64::from(src.workgroups[0].divisor);
+        let blocks = u64::from(c.t).div_ceil(bm)
+            * u64::from(src.workgroups[1].constant * src.workgroups[2].constant);
+        blocks * u64::from(c.k.div_ceil(32)) * bm * bm * 32
+    };
+    check_all(cases.into_iter().filter(|c| cost(c) <= 1 << 28), |c| {
+        check_coop(
+            c,
+            &emulate_coop(&kernels::gemm_coop::kernel(matmul_spec(c))),
+        )
+    });
+}
+
+/// Every tensor-core kernel the desktop target emits for the tiny models
+/// validates with the cooperative-matrix capability (codegen checks that)
+/// and is written to SPIR-V by naga without a panic: what CI, whose
+/// lavapipe cannot run these kernels, can know of them.
+#[test]
+fn tiny_models_coop_kernels_write_spirv() {
+    let dir = gerbil_e2e::data_dir().join("models/tiny");
+    let mut failures = Vec::new();
+    for entry in std::fs::read_dir(&dir).expect("tiny models dir") {
+        let repo = entry.expect("entry").path();
+        let plan_path = gerbil_e2e::compile_plan(&repo, |o| {
+            o.target = gerbil_codegen_wgsl::Target::desktop();
+        });
+        let plan = gerbil_plan::PlanFile::open(&plan_path).expect("open plan");
+        let coop: Vec<_> = plan
+            .header
+            .kernels
+            .iter()
+            .filter(|k| k.name.starts_with("gemm_coop"))
+            .collect();
+        if coop.is_empty() {
+            failures.push(format!("{}: no gemm_coop kernel", repo.display()));
+        }
+        failures.extend(
+            coop.iter()
+                .filter_map(|k| gerbil_e2e::spirv::to_spirv(&k.name, &k.wgsl).err()),
+        );
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n\n"));
+}

@@ -38,6 +38,16 @@ fn gpu() -> &'static gerbil_runtime::Gpu {
     })
 }
 
+/// Whether the test device runs cooperative-matrix (tensor-core) kernels:
+/// the runtime opts into them where the adapter offers 16×16×16 f16 → f32
+/// (not lavapipe).
+pub fn has_cooperative_matrix() -> bool {
+    gpu()
+        .device
+        .features()
+        .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+}
+
 /// Bytes of poison (all bits set: NaN as f32) before and after every
 /// storage binding, so an out-of-range read of an unchecked kernel shows up as
 /// NaN and an out-of-range write as a changed guard band.

@@ -16,6 +16,7 @@ use crate::kernels::{
     attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
     gemm,
+    gemm_coop,
     gemv::{self, Reduce},
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
@@ -191,6 +192,12 @@ impl Lowering<'_> {
                     last_row,
                 };
                 match phase {
+                    Phase::Prefill(_)
+                        if rows == Rows::Tokens
+                            && variant.features.contains(&Feature::CooperativeMatrix) =>
+                    {
+                        gemm_coop::kernel(spec)
+                    }
                     Phase::Prefill(_) if rows == Rows::Tokens && !last_row => {
                         let shape = GemmShape {
                             k: spec.k,

@@ -73,11 +73,16 @@ impl Target {
         }
     }
 
-    /// Desktop GPUs: 2 GiB − 4 storage bindings; may use f16 and subgroups.
+    /// Desktop GPUs: 2 GiB − 4 storage bindings; may use f16, subgroups and
+    /// cooperative matrices (tensor cores).
     pub fn desktop() -> Self {
         Target {
             name: "desktop".into(),
-            features: vec![Feature::ShaderF16, Feature::Subgroups],
+            features: vec![
+                Feature::ShaderF16,
+                Feature::Subgroups,
+                Feature::CooperativeMatrix,
+            ],
             subgroups: Some(SubgroupSizes { min: 4, max: 128 }),
             limits: Limits {
                 max_storage_binding: (2u64 << 30) - 4,

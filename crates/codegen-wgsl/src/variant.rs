@@ -9,7 +9,9 @@
 //! binds KV caches of its own (half the size), which the runtime allocates
 //! only when it runs that variant.
 //!
-//! Four variants today, f16 ones first: `subgroups-f16` and `portable-f16`
+//! Five variants today, f16 ones first: `tensor-f16` (the schedules of
+//! `subgroups-f16`, but prefill matmuls on tensor cores through cooperative
+//! matrices, f16 operands and f32 sums), `subgroups-f16` and `portable-f16`
 //! (KV cache in f16; they need `shader-f16`), then `subgroups` and
 //! `portable` (f32 throughout). The `subgroups` ones reduce decode GEMVs with
 //! `subgroupAdd` (any subgroup size); the `portable` ones need no optional
@@ -50,6 +52,22 @@ impl VariantSpec {
         }
     }
 
+    /// Prefill matmuls on tensor cores (cooperative matrices), the rest as
+    /// [`VariantSpec::subgroups`] at f16: rounding the matmul operands to
+    /// f16 is an f16-precision choice, so there is no f32 tensor variant.
+    pub fn tensor(prefill_rows_per_workgroup: u32) -> Self {
+        VariantSpec {
+            name: "tensor-f16",
+            features: vec![
+                Feature::ShaderF16,
+                Feature::Subgroups,
+                Feature::CooperativeMatrix,
+            ],
+            precision: Precision::F16,
+            prefill_rows_per_workgroup,
+        }
+    }
+
     /// No optional feature beyond what `precision` needs.
     pub fn portable(precision: Precision, prefill_rows_per_workgroup: u32) -> Self {
         let (name, features) = match precision {
@@ -68,14 +86,13 @@ impl VariantSpec {
 /// The variants to emit for `target`, best first. The portable f32 variant
 /// is always last, so every plan runs on every adapter that meets its limits.
 pub fn variants_for(target: &Target, prefill_rows_per_workgroup: u32) -> Vec<VariantSpec> {
-    [Precision::F16, Precision::F32]
-        .into_iter()
-        .flat_map(|p| {
+    std::iter::once(VariantSpec::tensor(prefill_rows_per_workgroup))
+        .chain([Precision::F16, Precision::F32].into_iter().flat_map(|p| {
             [
                 VariantSpec::subgroups(p, prefill_rows_per_workgroup),
                 VariantSpec::portable(p, prefill_rows_per_workgroup),
             ]
-        })
+        }))
         .filter(|v| v.features.iter().all(|f| target.has(*f)))
         .collect()
 }

@@ -98,6 +98,40 @@ pub fn check_limits(
     )
 }
 
+/// Whether the environment opts into tensor cores (`GERBIL_TENSOR_CORES`
+/// set to anything but `0` or the empty string). Until the `tensor-f16`
+/// variant has passed its checks against transformers on a GPU, the device
+/// does not request cooperative matrices otherwise, so plans run their
+/// `subgroups-f16` variant there by default.
+fn tensor_cores_requested() -> bool {
+    matches!(std::env::var("GERBIL_TENSOR_CORES"), Ok(v) if !v.is_empty() && v != "0")
+}
+
+/// `EXPERIMENTAL_COOPERATIVE_MATRIX` when tensor cores are requested
+/// ([`tensor_cores_requested`]) and the adapter has the feature with the
+/// configuration the tensor-core kernels use (16×16×16, f16 operands, f32
+/// sums); else nothing. The device then needs wgpu's experimental opt-in.
+fn tensor_core_features(adapter: &wgpu::Adapter) -> wgpu::Features {
+    let coop = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    if !tensor_cores_requested() {
+        return wgpu::Features::empty();
+    }
+    let f16_f32 = |p: &wgpu::CooperativeMatrixProperties| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    };
+    if adapter
+        .features()
+        .contains(coop | wgpu::Features::SHADER_F16)
+        && adapter.cooperative_matrix_properties().iter().any(f16_f32)
+    {
+        coop
+    } else {
+        wgpu::Features::empty()
+    }
+}
+
 impl Gpu {
     /// Opens the first high-performance adapter and a device with its full
     /// limits, after checking them against `need`.
@@ -162,13 +196,23 @@ impl Gpu {
         // (`crate::pipeline_cache`); without it they compile every load.
         let features = timestamp_features
             | (adapter.features() & (wgpu::Features::SHADER_F16 | wgpu::Features::SUBGROUP))
-            | (adapter.features() & wgpu::Features::PIPELINE_CACHE);
+            | (adapter.features() & wgpu::Features::PIPELINE_CACHE)
+            | tensor_core_features(&adapter);
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("gerbil"),
                 required_features: features,
                 required_limits: limits.clone(),
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                // SAFETY: the only experimental feature requested is
+                // cooperative matrices, whose kernels naga validates at
+                // compile time and the kernel suite checks on the GPU.
+                experimental_features: if features
+                    .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
+                {
+                    unsafe { wgpu::ExperimentalFeatures::enabled() }
+                } else {
+                    wgpu::ExperimentalFeatures::disabled()
+                },
                 // Small suballocation blocks (larger buffers get memory of
                 // their own): with wgpu's default 128–256 MiB blocks a
                 // model's per-layer buffers left up to a block unused, more

@@ -10,15 +10,19 @@ use crate::device::{check_limits, Gpu};
 use crate::error::RuntimeError;
 use gerbil_plan::{Feature, PlanHeader, Precision, Variant};
 
-/// The plan features this device has enabled. Cooperative matrices are
-/// not among them yet: wgpu exposes them only as an experimental feature the
-/// device must opt into, which the runtime does not do until a variant uses
-/// them, so a variant that needs them is never picked.
+/// The plan features this device has enabled. Cooperative matrices count
+/// only where the device opted into them, which it does only when
+/// `GERBIL_TENSOR_CORES=1` asks and the adapter offers the 16×16×16
+/// f16 → f32 configuration (`device.rs`).
 pub fn device_features(gpu: &Gpu) -> Vec<Feature> {
     let have = gpu.device.features();
     [
         (Feature::ShaderF16, wgpu::Features::SHADER_F16),
         (Feature::Subgroups, wgpu::Features::SUBGROUP),
+        (
+            Feature::CooperativeMatrix,
+            wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX,
+        ),
     ]
     .into_iter()
     .filter(|(_, w)| have.contains(*w))

@@ -16,6 +16,7 @@ pub mod attention_decode;
 pub mod elementwise;
 pub mod embedding;
 pub mod gemm;
+pub mod gemm_coop;
 pub mod gemv;
 pub mod matmul;
 pub mod qkv_rope;

@@ -1,0 +1,484 @@
+//! `gemm_coop`: the prefill matmul of a [`MatMulSpec`] with `T` rows on
+//! tensor cores, through wgpu's experimental cooperative matrices
+//! (`enable wgpu_cooperative_matrix;`, 16×16×16 f16 × f16 → f32).
+//!
+//! A workgroup computes a `BM × BN` block of `y` (`BM` tokens by `BN`
+//! staged weight rows) with a grid of subgroups, each owning `FM × FN`
+//! accumulators (`coop_mat16x16<f32, C>`); [`tiles_for`] picks the block
+//! shape. The K loop goes `BK = 32` at a time:
+//! every thread loads its share of the next `x` and weight tiles into
+//! registers while the subgroups multiply the current tiles from workgroup
+//! memory, then converts them to f16 as it stores them (`x` is f32 in
+//! memory; bf16, f16 and f32 weights are widened and rounded here, never at
+//! compile time, so every variant binds the plan's one copy of the weights).
+//! Out-of-range rows (`params.t`, `N`) and columns (`K`) stage as zero. With
+//! a norm prologue the staging multiplies `x[m, k]` by `gamma[k] + offset` and
+//! sums `x[m, k]²` in f32 from the f32 values; the epilogue scales the sums by
+//! each row's inverse RMS. With a gated epilogue every 16 staged rows are 8
+//! gate rows `n..n+8` and their 8 up rows `N + n..`, so each accumulator
+//! holds both sums of its 8 columns. The epilogue stores one accumulator at
+//! a time to workgroup memory, and the subgroup's threads add the bias,
+//! apply the activation and residual, and write `y`.
+//!
+//! The surprise: the kernel must not assume a subgroup size. It is laid out
+//! for subgroups of 32 (NVIDIA), but reads `num_subgroups` (made
+//! workgroup-uniform through `workgroupUniformLoad`, as naga requires of the
+//! loop around barriers and cooperative operations) and runs the subgroup
+//! tiles in as many passes as it takes; a subgroup without a tile in a pass
+//! computes a duplicate and stores it into a spare slot. Also: naga 30
+//! panics when a `coopStore` pointer has an inline index expression, so every
+//! offset is a `let` first; bindings may not be called `A`, `B` or `C` (the
+//! cooperative roles); and the staged tiles share one array declared first,
+//! so fragment loads stay 16-byte aligned.
+
+use super::matmul::{name_parts, MatMulSpec};
+use super::{elementwise::unary_expr, f32_lit};
+use super::{
+    enable_f16, input, input_shard, output, prelude, split_groups, Bindings, KernelSource,
+};
+use gerbil_ir::{DType, MatMulPorts};
+use gerbil_plan::WorkgroupCount;
+use std::fmt::Write;
+
+/// K per staged tile.
+const BK: u32 = 32;
+/// Row stride of the staged tiles, in f16: `BK` plus 8 of padding, which
+/// spreads the rows of a fragment over the memory banks and keeps each row
+/// 16-byte aligned.
+const STRIDE: u32 = BK + 8;
+
+/// The block shape of one kernel: a `warps_m × warps_n` grid of subgroups
+/// (of 32 threads on the GPUs it is laid out for), each with
+/// `frags_m × frags_n` accumulators.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Tiles {
+    warps_m: u32,
+    warps_n: u32,
+    frags_m: u32,
+    frags_n: u32,
+}
+
+impl Tiles {
+    fn warps(self) -> u32 {
+        self.warps_m * self.warps_n
+    }
+    fn threads(self) -> u32 {
+        32 * self.warps()
+    }
+    /// Tokens per block.
+    fn bm(self) -> u32 {
+        16 * self.warps_m * self.frags_m
+    }
+    /// Staged weight rows per block.
+    fn bn(self) -> u32 {
+        16 * self.warps_n * self.frags_n
+    }
+}
+
+/// 64 × 64 blocks of four subgroups, 2 × 2 accumulators each: with `BK =
+/// 32` the staged tiles and accumulator slots take 15 KiB, within the
+/// 16 KiB of workgroup memory every target allows. Larger blocks (more
+/// accumulators per subgroup, fewer re-reads of `x` and the weights) need
+/// more than that; `Tiles` describes them for when a target allows it.
+fn tiles_for(_weight_rows: u32) -> Tiles {
+    Tiles {
+        warps_m: 2,
+        warps_n: 2,
+        frags_m: 2,
+        frags_n: 2,
+    }
+}
+
+/// The shards of a weight of `rows` rows split `shard_rows` at a time:
+/// `(first row, binding name)`.
+fn shards(rows: u32, shard_rows: Option<u32>) -> Vec<(u32, String)> {
+    match shard_rows {
+        Some(r) if r > 0 && r < rows => (0..rows.div_ceil(r))
+            .map(|i| (i * r, format!("w{i}")))
+            .collect(),
+        _ => vec![(0, "w".to_string())],
+    }
+}
+
+/// `fn {name}(row: u32, i: u32) -> {ret}`: element (or packed pair) `i` of
+/// weight row `row`, from whichever shard holds the row.
+fn row_loader(
+    name: &str,
+    ret: &str,
+    per_row: &str,
+    loader: &str,
+    shards: &[(u32, String)],
+) -> String {
+    let mut f = format!("fn {name}(row: u32, i: u32) -> {ret} {{\n");
+    for (s, (start, w)) in shards.iter().enumerate() {
+        let load = format!("return {loader}_{w}((row - {start}u) * {per_row} + i);");
+        match shards.get(s + 1) {
+            Some((end, _)) => f += &format!("  if (row < {end}u) {{ {load} }}\n"),
+            None => f += &format!("  {load}\n"),
+        }
+    }
+    f + "}\n"
+}
+
+/// Builds the kernel. `s.rows` must be [`super::Rows::Tokens`] (lowering
+/// picks this template only for prefill matmuls over the step's tokens).
+pub fn kernel(s: MatMulSpec) -> KernelSource {
+    let glu = s.glu.is_some();
+    let t = tiles_for(if glu { 2 * s.n } else { s.n });
+    let (bm, bn, threads, warps) = (t.bm(), t.bn(), t.threads(), t.warps());
+    // Output columns per block and per accumulator (gated: 8 gate and 8 up
+    // rows per accumulator).
+    let (bno, cols) = if glu { (bn / 2, 8) } else { (bn, 16) };
+    let packed = s.wdtype != DType::F32 && s.k.is_multiple_of(2);
+    let k_tail = !s.k.is_multiple_of(BK);
+    let n_tail = !s.n.is_multiple_of(bno);
+    let (gy, gz) = split_groups(s.n.div_ceil(bno));
+
+    let mut w = prelude();
+    w.insert_str(0, "enable wgpu_cooperative_matrix;\n");
+    enable_f16(&mut w);
+    let _ = writeln!(
+        w,
+        "const K: u32 = {k}u;\nconst N: u32 = {n}u;\nconst KT: u32 = {kt}u;\n\
+         const BM: u32 = {bm}u;\nconst BNO: u32 = {bno}u;\nconst BK: u32 = {BK}u;\n\
+         const STRIDE: u32 = {STRIDE}u;\nconst SB: u32 = {sb}u;\nconst WARPS: u32 = {warps}u;\n\
+         const GY: u32 = {gy}u;",
+        k = s.k,
+        n = s.n,
+        kt = s.k.div_ceil(BK),
+        sb = bm * STRIDE,
+    );
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "x");
+    let starts = shards(if glu { 2 * s.n } else { s.n }, s.shard_rows);
+    for (i, (_, name)) in starts.iter().enumerate() {
+        b.weight(&mut w, input_shard(1, i as u32), name, s.wdtype);
+    }
+    let ports = MatMulPorts::new(s.bias, s.norm.is_some(), s.residual);
+    if let Some(port) = ports.bias {
+        b.weight(&mut w, input(port as u32), "b", DType::F32);
+    }
+    if let (Some((eps, offset, gdtype)), Some(port)) = (s.norm, ports.norm) {
+        b.weight(&mut w, input(port as u32), "gamma", gdtype);
+        let _ = writeln!(
+            w,
+            "const EPS: f32 = {};\nconst OFFSET: f32 = {};",
+            f32_lit(eps),
+            f32_lit(offset)
+        );
+    }
+    if let Some(port) = ports.residual {
+        b.activation(&mut w, input(port as u32), "res");
+    }
+    b.activation(&mut w, output(0), "y");
+    if packed {
+        w += &row_loader("wpair", "vec2<f32>", "(K / 2u)", "pair", &starts);
+    } else {
+        w += &row_loader("wload", "f32", "K", "load", &starts);
+    }
+    let norm = s.norm.is_some();
+    // `stage`: the x tile (`BM` rows) then the weight tile (`BN` rows), one
+    // array declared first so both start 16-byte aligned; `cs`: one
+    // accumulator slot per subgroup plus a spare, which holds the zeros the
+    // accumulators start from (loaded, not `coop_mat16x16<f32, C>()`: naga
+    // writes that as `OpConstantNull`, which not every driver may take for a
+    // cooperative matrix) and, after the K loop, the norm's partial sums
+    // (`BM × 8`) and the stores of subgroups without a tile.
+    let cs = (warps + 1) * 256;
+    let _ = writeln!(
+        w,
+        "var<workgroup> stage: array<f16, {st}>;\nvar<workgroup> cs: array<f32, {cs}>;",
+        st = (bm + bn) * STRIDE,
+    );
+    let mut wg_bytes = 2 * (bm + bn) * STRIDE + 4 * cs + 4;
+    if norm {
+        let _ = writeln!(w, "var<workgroup> rinv: array<f32, {bm}>;");
+        wg_bytes += 4 * bm;
+    }
+    w += "var<workgroup> groups_sh: u32;\n";
+
+    // Staging of `x`: thread `lid` loads 4 consecutive k (`ak`) of rows
+    // `ar + a_step·j`.
+    let a_step = threads / 8;
+    let a_rows = bm / a_step;
+    // Staging of the weight: packed pairs (16 per row of the tile) or single
+    // elements (32 per row), rows `br + b_step·j`.
+    let b_per_row = if packed { BK / 2 } else { BK };
+    let b_step = threads / b_per_row;
+    let b_reps = bn / b_step;
+
+    let mut body = String::new();
+    let _ = writeln!(body, "  let ak = (lid % 8u) * 4u;\n  let ar = lid / 8u;");
+    for j in 0..a_rows {
+        let _ = writeln!(
+            body,
+            "  let am{j} = m0 + ar + {}u;\n  let aok{j} = am{j} < rows;",
+            a_step * j
+        );
+    }
+    let _ = writeln!(
+        body,
+        "  let bk = lid % {b_per_row}u;\n  let br = lid / {b_per_row}u;"
+    );
+    for j in 0..b_reps {
+        let lr = format!("(br + {}u)", b_step * j);
+        if glu {
+            // Staged row `lr`: accumulator `lr / 16`, gate rows in its first
+            // 8 columns and their up rows in the last 8.
+            let _ = writeln!(
+                body,
+                "  let bn{j} = n0 + {lr} / 16u * 8u + {lr} % 8u;\n  \
+                 let bw{j} = select(bn{j}, N + bn{j}, {lr} % 16u >= 8u);\n  \
+                 let bok{j} = bn{j} < N;"
+            );
+        } else {
+            let _ = writeln!(body, "  let bw{j} = n0 + {lr};\n  let bok{j} = bw{j} < N;");
+        }
+    }
+    // The register loads of the tile at `k0`.
+    let mut load = String::new();
+    for j in 0..a_rows {
+        let zero: String = (0..4).map(|c| format!(" ra{j}_{c} = 0.0f;")).collect();
+        let _ = writeln!(load, "     {zero}\n      if (aok{j}) {{");
+        for c in 0..4 {
+            let get = format!("ra{j}_{c} = x[am{j} * K + k0 + ak + {c}u];");
+            if k_tail {
+                let _ = writeln!(load, "        if (k0 + ak + {c}u < K) {{ {get} }}");
+            } else {
+                let _ = writeln!(load, "        {get}");
+            }
+        }
+        let _ = writeln!(load, "      }}");
+    }
+    for j in 0..b_reps {
+        let (zero, get, kcheck) = if packed {
+            (
+                "vec2<f32>(0.0f)",
+                format!("wpair(bw{j}, k0 / 2u + bk)"),
+                " && k0 / 2u + bk < K / 2u",
+            )
+        } else {
+            ("0.0f", format!("wload(bw{j}, k0 + bk)"), " && k0 + bk < K")
+        };
+        let kcheck = if k_tail { kcheck } else { "" };
+        let _ = writeln!(
+            load,
+            "      rb{j} = {zero};\n      if (bok{j}{kcheck}) {{ rb{j} = {get}; }}"
+        );
+    }
+    // The stores of the registers into the staged tiles, as f16.
+    let mut store = String::new();
+    if norm {
+        for c in 0..4 {
+            let _ = writeln!(
+                store,
+                "      let g{c} = load_gamma(min(k0 + ak + {c}u, K - 1u)) + OFFSET;"
+            );
+        }
+    }
+    for j in 0..a_rows {
+        let _ = writeln!(
+            store,
+            "      let ia{j} = (ar + {}u) * STRIDE + ak;",
+            a_step * j
+        );
+        for c in 0..4 {
+            if norm {
+                let _ = writeln!(
+                    store,
+                    "      ssq{j} = ssq{j} + ra{j}_{c} * ra{j}_{c};\n      \
+                     stage[ia{j} + {c}u] = f16(ra{j}_{c} * g{c});"
+                );
+            } else {
+                let _ = writeln!(store, "      stage[ia{j} + {c}u] = f16(ra{j}_{c});");
+            }
+        }
+    }
+    for j in 0..b_reps {
+        let lr = format!("(br + {}u)", b_step * j);
+        if packed {
+            let _ = writeln!(
+                store,
+                "      let ib{j} = SB + {lr} * STRIDE + 2u * bk;\n      \
+                 stage[ib{j}] = f16(rb{j}.x);\n      stage[ib{j} + 1u] = f16(rb{j}.y);"
+            );
+        } else {
+            let _ = writeln!(
+                store,
+                "      let ib{j} = SB + {lr} * STRIDE + bk;\n      stage[ib{j}] = f16(rb{j});"
+            );
+        }
+    }
+    // The multiplies of one staged tile.
+    let mut mma = String::new();
+    for ks in 0..BK / 16 {
+        for i in 0..t.frags_m {
+            let _ = writeln!(
+                mma,
+                "      let oa{ks}_{i} = (wm * {fm16}u + {i16}u) * STRIDE + {k16}u;\n      \
+                 let fa{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[oa{ks}_{i}], STRIDE);",
+                fm16 = t.frags_m * 16,
+                i16 = i * 16,
+                k16 = ks * 16,
+            );
+        }
+        for j in 0..t.frags_n {
+            let _ = writeln!(
+                mma,
+                "      let ob{ks}_{j} = SB + (wn * {fn16}u + {j16}u) * STRIDE + {k16}u;\n      \
+                 let fb{ks}_{j} = coopLoad<coop_mat16x16<f16, B>>(&stage[ob{ks}_{j}], STRIDE);",
+                fn16 = t.frags_n * 16,
+                j16 = j * 16,
+                k16 = ks * 16,
+            );
+        }
+        for i in 0..t.frags_m {
+            for j in 0..t.frags_n {
+                let _ = writeln!(
+                    mma,
+                    "      acc{i}_{j} = coopMultiplyAdd(fa{ks}_{i}, fb{ks}_{j}, acc{i}_{j});"
+                );
+            }
+        }
+    }
+    // The epilogue of element `e` of a stored accumulator: row `e / cols`,
+    // column `e % cols` (gated: its gate at column `c`, its up at `c + 8`).
+    let scale = if norm { " * rinv[m - m0]" } else { "" };
+    let bias = |n: &str| {
+        if s.bias {
+            format!(" + load_b({n})")
+        } else {
+            String::new()
+        }
+    };
+    let res = if s.residual { " + res[m * N + n]" } else { "" };
+    let value = match s.glu {
+        Some(act) => format!(
+            "            let v = cs[cb + r * 16u + c]{scale}{};\n            \
+             let u = cs[cb + r * 16u + c + 8u]{scale}{};\n            \
+             y[m * N + n] = ({}) * u{res};\n",
+            bias("n"),
+            bias("N + n"),
+            unary_expr(act, "v"),
+        ),
+        None => format!(
+            "            y[m * N + n] = cs[cb + r * 16u + c]{scale}{}{res};\n",
+            bias("n")
+        ),
+    };
+    let n_check = if n_tail { " && n < N" } else { "" };
+    let mut epilogue = String::new();
+    for i in 0..t.frags_m {
+        for j in 0..t.frags_n {
+            let _ = write!(
+                epilogue,
+                "    coopStoreT(acc{i}_{j}, &cs[cb], 16u);\n    workgroupBarrier();\n    \
+                 if (owns) {{\n      let mb = m0 + wm * {fm16}u + {i16}u;\n      \
+                 let nb = n0 + (wn * {fnn}u + {j}u) * {cols}u;\n      \
+                 for (var e = sgl; e < {elems}u; e = e + sgs) {{\n        \
+                 let r = e / {cols}u;\n        let c = e % {cols}u;\n        \
+                 let m = mb + r;\n        let n = nb + c;\n        \
+                 if (m < rows{n_check}) {{\n{value}        }}\n      }}\n    }}\n    \
+                 workgroupBarrier();\n",
+                fm16 = t.frags_m * 16,
+                i16 = i * 16,
+                fnn = t.frags_n,
+                elems = 16 * cols,
+            );
+        }
+    }
+    let mut regs = String::new();
+    for j in 0..a_rows {
+        let line: String = (0..4).map(|c| format!(" var ra{j}_{c}: f32;")).collect();
+        let _ = writeln!(regs, " {line}");
+    }
+    let rb_ty = if packed { "vec2<f32>" } else { "f32" };
+    let line: String = (0..b_reps)
+        .map(|j| format!(" var rb{j}: {rb_ty};"))
+        .collect();
+    let _ = writeln!(regs, " {line}");
+    let mut accs = String::new();
+    for i in 0..t.frags_m {
+        for j in 0..t.frags_n {
+            let _ = writeln!(
+                accs,
+                "    var acc{i}_{j} = coopLoad<coop_mat16x16<f32, C>>(&cs[zero], 16u);"
+            );
+        }
+    }
+    let (ssq_init, norm_phase) = if norm {
+        let init: String = (0..a_rows)
+            .map(|j| format!("    var ssq{j} = 0.0f;\n"))
+            .collect();
+        let mut phase = String::new();
+        for j in 0..a_rows {
+            let _ = writeln!(
+                phase,
+                "    cs[(ar + {}u) * 8u + lid % 8u] = ssq{j};",
+                a_step * j
+            );
+        }
+        phase += "    workgroupBarrier();\n    if (lid < BM) {\n      var sum = 0.0f;\n      \
+                  for (var q = 0u; q < 8u; q = q + 1u) { sum = sum + cs[lid * 8u + q]; }\n      \
+                  rinv[lid] = 1.0f / sqrt(sum / f32(K) + EPS);\n    }\n    workgroupBarrier();\n";
+        (init, phase)
+    } else {
+        (String::new(), String::new())
+    };
+    let _ = write!(
+        w,
+        "@compute @workgroup_size({threads}, 1, 1)\n\
+         fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,\n\
+         \x20       @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) sgl: u32,\n\
+         \x20       @builtin(subgroup_size) sgs: u32, @builtin(num_subgroups) nsg: u32) {{\n\
+         \x20 if (lid == 0u) {{ groups_sh = nsg; }}\n\
+         \x20 let groups = workgroupUniformLoad(&groups_sh);\n\
+         \x20 let rows = params.t;\n\
+         \x20 let m0 = wid.x * BM;\n\
+         \x20 let n0 = (wid.y + wid.z * GY) * BNO;\n\
+         {body}{regs}\
+         \x20 for (var base = 0u; base < WARPS; base = base + groups) {{\n\
+         \x20   let tile = base + sg;\n\
+         \x20   let owns = tile < WARPS;\n\
+         \x20   let wt = min(tile, WARPS - 1u);\n\
+         \x20   let wm = wt / {wn}u;\n    let wn = wt % {wn}u;\n\
+         \x20   let cb = min(sg, WARPS) * 256u;\n\
+         \x20   let zero = WARPS * 256u;\n\
+         \x20   for (var e = lid; e < 256u; e = e + {threads}u) {{ cs[zero + e] = 0.0f; }}\n\
+         \x20   workgroupBarrier();\n\
+         {accs}{ssq_init}\
+         \x20   var k0 = 0u;\n\
+         {load}\
+         \x20   for (var kt = 0u; kt < KT; kt = kt + 1u) {{\n\
+         {store}\
+         \x20     workgroupBarrier();\n\
+         \x20     k0 = k0 + BK;\n\
+         \x20     if (kt + 1u < KT) {{\n{load}      }}\n\
+         {mma}\
+         \x20     workgroupBarrier();\n\
+         \x20   }}\n\
+         {norm_phase}{epilogue}\
+         \x20 }}\n}}\n",
+        wn = t.warps_n,
+    );
+    let (glu_tag, options) = name_parts(&s, starts.len());
+    KernelSource {
+        name: format!(
+            "gemm_coop{glu_tag}_{}_rT_k{}_n{}_{bm}x{bn}{options}",
+            s.wdtype, s.k, s.n
+        ),
+        wgsl: w,
+        workgroup_size: [threads, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            WorkgroupCount {
+                per_token: 1,
+                constant: 0,
+                divisor: bm,
+            },
+            WorkgroupCount::fixed(gy),
+            WorkgroupCount::fixed(gz),
+        ],
+        workgroup_bytes: wg_bytes,
+    }
+}
