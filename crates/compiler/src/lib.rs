@@ -29,6 +29,7 @@ pub mod options;
 pub mod tuning;
 
 pub use assemble::{build_plan, Plan};
+pub use chunk::{LARGE_MAX_TOKENS_PER_STEP, PORTABLE_MAX_TOKENS_PER_STEP};
 pub use driver::{compile, op_counts, Compiled};
 pub use dump::{DumpIr, Dumps, Observer};
 pub use error::CompileError;
@@ -38,6 +39,5 @@ pub use gerbil_passes::manager::PassRun;
 pub use gerbil_passes::PassReport;
 pub use materialize::{materialize, weight_buffer_bytes, TensorSource};
 pub use opt::{opt, OptOptions, Optimized, PassSelection};
-pub use tuning::{TunedGemm, Tuning, TUNING_FORMAT};
-pub use chunk::{LARGE_MAX_TOKENS_PER_STEP, PORTABLE_MAX_TOKENS_PER_STEP};
 pub use options::{CompileOptions, Target, DEFAULT_MAX_CONTEXT_CAP};
+pub use tuning::{TunedGemm, Tuning, TUNING_FORMAT};

@@ -35,9 +35,9 @@ pub mod variant;
 pub use device::Gpu;
 pub use error::RuntimeError;
 pub use generate::{generate, GenerateOptions, TokenEvent, DECODE_BATCH};
+pub use pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
 pub use profile::DispatchTime;
 pub use sampling::{argmax, top_logits, Sampler, SamplingParams};
-pub use pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
 pub use session::{LoadReport, MemoryReport, Session, SessionOptions};
 pub use variant::PrecisionChoice;
 
