@@ -19,6 +19,11 @@
 # a Vulkan context, subtracted before comparing with the plan's bytes. Writes the JSON and logs to
 # $OUT (or /tmp/gerbil-bench) and prints one markdown table with llama.cpp's H100 figures (from
 # issue 8/9, same shapes, F16) beside ours.
+#
+# PARTS (default decode,prefill,start,hf) picks what runs, to fit one device call: decode (the
+# precision benches, depth 4096, sampled), prefill (pp512 per variant), start (TTFT cold / warm),
+# hf (HF transformers). The checks against transformers always run. The tensor-core variant runs
+# only with GERBIL_TENSOR_CORES=1 in the environment (the runtime's opt-in).
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
@@ -27,6 +32,8 @@ out=${OUT:-/tmp/gerbil-bench}
 mkdir -p "$out"
 bin=.device/bin
 status=0
+parts=",${PARTS:-decode,prefill,start,hf},"
+part() { [[ $parts == *",$1,"* ]]; }
 shapes=("$@")
 [ ${#shapes[@]} -eq 0 ] && shapes=(tests/data/models/smollm2-135m/config.json
     tests/data/models/gemma3-270m/config.json scripts/device/configs/llama-3.2-1b/config.json)
@@ -74,6 +81,7 @@ for cfg in "${shapes[@]}"; do
     python3 scripts/check-ref.py --run $bin/gerbil-run --plan "$work/model.plan" --ref "$work/ref.json" \
         --precision f16 --abs-tol 5e-2 > "$out/check-$name-f16.log" 2>&1 || status=1
     for p in f16 f32; do
+        part decode || continue
         $bin/gerbil-run "$work/model.plan" bench --precision $p --prompt-tokens 512 --new-tokens 128 \
             --depth 0 --repeats 5 --json > "$out/bench-$name-$p-d0.json" 2>>"$out/bench-$name.log" || status=1
         # tg128 at depth 4096, while sampling the driver's view of the process's GPU memory.
@@ -82,13 +90,16 @@ for cfg in "${shapes[@]}"; do
             > "$out/bench-$name-$p-d4096.json" 2>>"$out/bench-$name.log" || status=1
     done
     # Sampled decode (temperature 0.8, top-k 40, top-p 0.95) at depth 0.
-    $bin/gerbil-run "$work/model.plan" bench --precision f16 --prompt-tokens 512 --new-tokens 128 \
-        --depth 0 --repeats 5 --json --temperature 0.8 --top-k 40 --top-p 0.95 \
-        > "$out/bench-$name-f16-sampled.json" 2>>"$out/bench-$name.log" || status=1
+    if part decode; then
+        $bin/gerbil-run "$work/model.plan" bench --precision f16 --prompt-tokens 512 --new-tokens 128 \
+            --depth 0 --repeats 5 --json --temperature 0.8 --top-k 40 --top-p 0.95 \
+            > "$out/bench-$name-f16-sampled.json" 2>>"$out/bench-$name.log" || status=1
+    fi
     # Prefill of each of the plan's variants (--variant): tensor cores, subgroups, portable.
     variants=$($bin/gerbilc inspect "$work/model.plan" --json \
         | python3 -c "import json, sys; print(' '.join(v['name'] for v in json.load(sys.stdin)['variants']))")
     for v in $variants; do
+        part prefill || continue
         $bin/gerbil-run "$work/model.plan" bench --variant "$v" --prompt-tokens 512 --new-tokens 8 --repeats 5 \
             --json > "$out/pp-$name-$v.json" 2>>"$out/bench-$name.log" || echo '{}' > "$out/pp-$name-$v.json"
     done
@@ -96,6 +107,7 @@ for cfg in "${shapes[@]}"; do
     # Time to first token of a 512-token prompt, load included: a cold start (--cold: an empty
     # pipeline cache; the driver's own shader cache off) then three warm ones (the cache it wrote).
     for run in cold warm1 warm2 warm3; do
+        part start || continue
         flag=""
         [ $run = cold ] && flag=--cold
         GERBIL_CACHE_DIR="$work/cache" __GL_SHADER_DISK_CACHE=0 $bin/gerbil-run "$work/model.plan" bench $flag \
@@ -104,8 +116,8 @@ for cfg in "${shapes[@]}"; do
     done
     hf_flags=""
     [ "${HF_COMPILE:-0}" = 1 ] && hf_flags=--compile
-    python3 scripts/device/hf-bench.py "$work/model" $hf_flags > "$out/hf-$name.json" 2>"$out/hf-$name.log" \
-        || echo "{}" > "$out/hf-$name.json"
+    part hf && { python3 scripts/device/hf-bench.py "$work/model" $hf_flags > "$out/hf-$name.json" \
+        2>"$out/hf-$name.log" || echo "{}" > "$out/hf-$name.json"; }
 done
 python3 - "$out" "${shapes[@]}" <<'PY'
 import json, os, sys
@@ -139,7 +151,7 @@ for cfg in shapes:
         except Exception:
             check = "?"
         if not d0:
-            print(f"| {name} | {p} failed | | | | | | | | | {check} |")
+            print(f"| {name} | {p}: not run (PARTS) or failed | | | | | | | | | {check} |")
             continue
         tg0, tg4 = d0["decode_tok_s"], d4.get("decode_tok_s", float("nan"))
         ts = sm.get("decode_tok_s")
