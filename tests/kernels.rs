@@ -2254,8 +2254,8 @@ fn check_emulated(keep: impl Fn(&MatMulCase) -> bool) {
 }
 
 /// Every tensor-core kernel the desktop target emits for the tiny models
-/// validates with the cooperative-matrix capability (codegen checks that)
-/// and is written to SPIR-V by naga without a panic: what CI, whose
+/// validates with the cooperative-matrix capability and is written to
+/// SPIR-V by naga without a panic (`validate_with` does both): what CI, whose
 /// lavapipe cannot run these kernels, can know of them.
 #[test]
 fn tiny_models_coop_kernels_write_spirv() {
@@ -2276,10 +2276,16 @@ fn tiny_models_coop_kernels_write_spirv() {
         if coop.is_empty() {
             failures.push(format!("{}: no gemm_coop kernel", repo.display()));
         }
-        failures.extend(
-            coop.iter()
-                .filter_map(|k| gerbil_e2e::spirv::to_spirv(&k.name, &k.wgsl).err()),
-        );
+        let features = [
+            gerbil_plan::Feature::ShaderF16,
+            gerbil_plan::Feature::Subgroups,
+            gerbil_plan::Feature::CooperativeMatrix,
+        ];
+        failures.extend(coop.iter().filter_map(|k| {
+            gerbil_codegen_wgsl::validate_with(&k.name, &k.wgsl, &features)
+                .err()
+                .map(|e| e.to_string())
+        }));
     }
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }

@@ -6,7 +6,6 @@
 pub mod interpreter;
 pub mod kernel_harness;
 pub mod reference;
-pub mod spirv;
 
 use gerbil_compiler::{compile, Checkpoint, CompileOptions};
 use serde::Deserialize;

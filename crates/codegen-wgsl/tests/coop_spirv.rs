@@ -1,7 +1,7 @@
 //! The tensor-core GEMM (`gemm_coop`) on the CPU: CI's lavapipe has no
 //! cooperative matrices, so these tests are what CI knows of the kernel.
-//! Every specialization is validated by naga with the variant's capabilities
-//! and written to SPIR-V inside `catch_unwind` (naga 30's SPIR-V writer
+//! Every specialization is validated by naga with the variant's capabilities,
+//! which writes it to SPIR-V inside `catch_unwind` (naga 30's SPIR-V writer
 //! panics on some cooperative-matrix code its validator accepts).
 
 use gerbil_codegen_wgsl::kernels::{gemm_coop, matmul::MatMulSpec, KernelSource, Rows};
@@ -16,34 +16,10 @@ const FEATURES: [Feature; 3] = [
     Feature::CooperativeMatrix,
 ];
 
-/// Parses, validates and writes `src` to SPIR-V; the error names the kernel.
-pub fn to_spirv(src: &KernelSource) -> Result<Vec<u32>, String> {
-    validate_with(&src.name, &src.wgsl, &FEATURES).map_err(|e| e.to_string())?;
-    let wgsl = src.wgsl.clone();
-    let name = src.name.clone();
-    std::panic::catch_unwind(move || {
-        let module = naga::front::wgsl::parse_str(&wgsl).map_err(|e| e.emit_to_string(&wgsl))?;
-        let info = naga::valid::Validator::new(
-            naga::valid::ValidationFlags::all(),
-            naga::valid::Capabilities::all(),
-        )
-        .validate(&module)
-        .map_err(|e| e.emit_to_string(&wgsl))?;
-        let options = naga::back::spv::Options {
-            lang_version: (1, 3),
-            ..Default::default()
-        };
-        naga::back::spv::write_vec(&module, &info, &options, None).map_err(|e| e.to_string())
-    })
-    .map_err(|p| {
-        let msg = p
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_default();
-        format!("{name}: naga's SPIR-V writer panicked: {msg}")
-    })?
-    .map_err(|e| format!("{name}: {e}"))
+/// Validates `src` with the tensor-core variant's capabilities, which also
+/// writes it to SPIR-V (`validate_with`); the error names the kernel.
+pub fn to_spirv(src: &KernelSource) -> Result<(), String> {
+    validate_with(&src.name, &src.wgsl, &FEATURES).map_err(|e| e.to_string())
 }
 
 fn spec(k: u32, n: u32, wdtype: DType) -> MatMulSpec {

@@ -102,7 +102,8 @@ impl Tuning {
 
     /// Writes the file (pretty JSON).
     pub fn write(&self, path: &Path) -> Result<(), CompileError> {
-        let text = serde_json::to_string_pretty(self).expect("a tuning serializes");
+        let text =
+            serde_json::to_string_pretty(self).map_err(|e| CompileError::io(path, e.into()))?;
         std::fs::write(path, text + "\n").map_err(|e| CompileError::io(path, e))
     }
 

@@ -31,12 +31,10 @@
 //! cooperative roles); and the staged tiles share one array declared first,
 //! so fragment loads stay 16-byte aligned.
 
-use super::matmul::{name_parts, MatMulSpec};
-use super::{elementwise::unary_expr, f32_lit};
-use super::{
-    enable_f16, input, input_shard, output, prelude, split_groups, Bindings, KernelSource,
-};
-use gerbil_ir::{DType, MatMulPorts};
+use super::elementwise::unary_expr;
+use super::matmul::{bind_after_weight, name_parts, MatMulSpec};
+use super::{enable_f16, input, input_shard, prelude, split_groups, Bindings, KernelSource};
+use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
@@ -154,23 +152,9 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     for (i, (_, name)) in starts.iter().enumerate() {
         b.weight(&mut w, input_shard(1, i as u32), name, s.wdtype);
     }
-    let ports = MatMulPorts::new(s.bias, s.norm.is_some(), s.residual);
-    if let Some(port) = ports.bias {
-        b.weight(&mut w, input(port as u32), "b", DType::F32);
-    }
-    if let (Some((eps, offset, gdtype)), Some(port)) = (s.norm, ports.norm) {
-        b.weight(&mut w, input(port as u32), "gamma", gdtype);
-        let _ = writeln!(
-            w,
-            "const EPS: f32 = {};\nconst OFFSET: f32 = {};",
-            f32_lit(eps),
-            f32_lit(offset)
-        );
-    }
-    if let Some(port) = ports.residual {
-        b.activation(&mut w, input(port as u32), "res");
-    }
-    b.activation(&mut w, output(0), "y");
+    bind_after_weight(&s, &mut b, &mut w, |b, w, port, gdtype| {
+        b.weight(w, port, "gamma", gdtype)
+    });
     if packed {
         w += &row_loader("wpair", "vec2<f32>", "(K / 2u)", "pair", &starts);
     } else {

@@ -23,11 +23,9 @@
 //! word), so `x` and the norm weight are loaded in that same permuted order;
 //! the dot product does not mind.
 
-use super::matmul::MatMulSpec;
-use super::{
-    f32_lit, input, input_shard, output, prelude, split_groups, Bindings, KernelSource, F16_DECODE,
-};
-use gerbil_ir::{DType, MatMulPorts};
+use super::matmul::{bind_after_weight, MatMulSpec};
+use super::{input, input_shard, prelude, split_groups, Bindings, KernelSource, F16_DECODE};
+use gerbil_ir::DType;
 use gerbil_plan::Port;
 use std::fmt::Write;
 
@@ -250,23 +248,9 @@ pub(super) fn bind_operands(s: &MatMulSpec, e: u32, w: &mut String) -> (Bindings
             false,
         );
     }
-    let ports = MatMulPorts::new(s.bias, s.norm.is_some(), s.residual);
-    if let Some(port) = ports.bias {
-        b.weight(w, input(port as u32), "b", DType::F32);
-    }
-    if let (Some((eps, offset, gdtype)), Some(port)) = (s.norm, ports.norm) {
-        chunk_binding(&mut b, w, input(port as u32), "gamma", gdtype, e, false);
-        let _ = writeln!(
-            w,
-            "const EPS: f32 = {};\nconst OFFSET: f32 = {};",
-            f32_lit(eps),
-            f32_lit(offset)
-        );
-    }
-    if let Some(port) = ports.residual {
-        b.activation(w, input(port as u32), "res");
-    }
-    b.activation(w, output(0), "y");
+    bind_after_weight(s, &mut b, w, |b, w, port, gdtype| {
+        chunk_binding(b, w, port, "gamma", gdtype, e, false)
+    });
     (b, names)
 }
 

@@ -29,7 +29,7 @@ use super::{
     f32_lit, input, input_shard, output, prelude, split_groups, Bindings, KernelSource, Rows,
 };
 use gerbil_ir::{DType, MatMulPorts, UnaryOp};
-use gerbil_plan::WorkgroupCount;
+use gerbil_plan::{Port, WorkgroupCount};
 use std::fmt::Write;
 
 /// Threads per workgroup.
@@ -193,6 +193,35 @@ pub(super) fn name_parts(s: &MatMulSpec, shards: usize) -> (String, String) {
         }
     );
     (glu, options)
+}
+
+/// Declares what a matmul template binds after its weight, in binding order:
+/// the bias `b` (f32), the norm weight `gamma` (declared by `gamma`, the
+/// template's own way, then the constants `EPS` and `OFFSET`), the residual
+/// `res` and the output `y`.
+pub(super) fn bind_after_weight(
+    s: &MatMulSpec,
+    b: &mut Bindings,
+    w: &mut String,
+    gamma: impl FnOnce(&mut Bindings, &mut String, Port, DType),
+) {
+    let ports = MatMulPorts::new(s.bias, s.norm.is_some(), s.residual);
+    if let Some(port) = ports.bias {
+        b.weight(w, input(port as u32), "b", DType::F32);
+    }
+    if let (Some((eps, offset, gdtype)), Some(port)) = (s.norm, ports.norm) {
+        gamma(b, w, input(port as u32), gdtype);
+        let _ = writeln!(
+            w,
+            "const EPS: f32 = {};\nconst OFFSET: f32 = {};",
+            f32_lit(eps),
+            f32_lit(offset)
+        );
+    }
+    if let Some(port) = ports.residual {
+        b.activation(w, input(port as u32), "res");
+    }
+    b.activation(w, output(0), "y");
 }
 
 /// Builds the kernel.
