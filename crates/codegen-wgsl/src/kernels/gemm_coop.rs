@@ -28,8 +28,11 @@
 //! computes a duplicate and stores it into a spare slot. Also: naga 30
 //! panics when a `coopStore` pointer has an inline index expression, so every
 //! offset is a `let` first; bindings may not be called `A`, `B` or `C` (the
-//! cooperative roles); and the staged tiles share one array declared first,
-//! so fragment loads stay 16-byte aligned.
+//! cooperative roles); the staged tiles share one array declared first,
+//! so fragment loads stay 16-byte aligned; and every workgroup variable is an
+//! array of a multiple of 16 bytes — with a lone 4-byte `u32` beside them,
+//! NVIDIA's driver (580) put every `coopStoreT` into workgroup memory one
+//! element before where the kernel's own loads looked for it.
 
 use super::elementwise::unary_expr;
 use super::matmul::{bind_after_weight, name_parts, MatMulSpec};
@@ -174,12 +177,12 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         "var<workgroup> stage: array<f16, {st}>;\nvar<workgroup> cs: array<f32, {cs}>;",
         st = (bm + bn) * STRIDE,
     );
-    let mut wg_bytes = 2 * (bm + bn) * STRIDE + 4 * cs + 4;
+    let mut wg_bytes = 2 * (bm + bn) * STRIDE + 4 * cs + 16;
     if norm {
         let _ = writeln!(w, "var<workgroup> rinv: array<f32, {bm}>;");
         wg_bytes += 4 * bm;
     }
-    w += "var<workgroup> groups_sh: u32;\n";
+    w += "var<workgroup> groups_sh: array<u32, 4>;\n";
 
     // Staging of `x`: thread `lid` loads 4 consecutive k (`ak`) of rows
     // `ar + a_step·j`.
@@ -415,8 +418,8 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
          fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,\n\
          \x20       @builtin(subgroup_id) sg: u32, @builtin(subgroup_invocation_id) sgl: u32,\n\
          \x20       @builtin(subgroup_size) sgs: u32, @builtin(num_subgroups) nsg: u32) {{\n\
-         \x20 if (lid == 0u) {{ groups_sh = nsg; }}\n\
-         \x20 let groups = workgroupUniformLoad(&groups_sh);\n\
+         \x20 if (lid == 0u) {{ groups_sh[0] = nsg; }}\n\
+         \x20 let groups = workgroupUniformLoad(&groups_sh[0]);\n\
          \x20 let rows = params.t;\n\
          \x20 let m0 = wid.x * BM;\n\
          \x20 let n0 = (wid.y + wid.z * GY) * BNO;\n\
