@@ -21,6 +21,7 @@ def main():
     ap.add_argument("--tol", type=float, default=1e-4, help="max |Δlogit| per unit of max |logit| (at least 1)")
     ap.add_argument("--abs-tol", type=float, help="max |Δlogit|, not scaled (overrides --tol)")
     ap.add_argument("--precision", default="f32", help="gerbil-run --precision")
+    ap.add_argument("--variant", help="gerbil-run --variant (overrides --precision)")
     a = ap.parse_args()
     ref = json.load(open(a.ref))
     passed = failed = 0
@@ -30,7 +31,7 @@ def main():
         n_new = len(case["greedy_ids"])
         cmd = [a.run, a.plan, "--input-ids", ",".join(map(str, ids)), "--max-new-tokens", str(n_new),
                "--temperature", "0", "--top-logits", str(len(want)), "--json", "--ignore-eos",
-               "--precision", a.precision]
+               *(["--variant", a.variant] if a.variant else ["--precision", a.precision])]
         out = subprocess.run(cmd, capture_output=True, text=True)
         if out.returncode != 0:
             print(f"FAIL {case['name']}: gerbil-run exited {out.returncode}: {out.stderr.strip()[-500:]}")
@@ -41,6 +42,10 @@ def main():
         for i, l in res["steps"][0]["top"]:
             got[i] = l
         scale = max(1.0, max(abs(x) for x in want))
+        if any(g is None or g != g for g in got):
+            print(f"FAIL {case['name']}: non-finite logits from gerbil-run")
+            failed += 1
+            continue
         diff = max(abs(g - w) for g, w in zip(got, want))
         tol = a.abs_tol if a.abs_tol is not None else a.tol * scale
         greedy_ok = res["output_ids"] == case["greedy_ids"]

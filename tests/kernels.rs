@@ -10,7 +10,12 @@
 //! `matmul_random_shapes`, `gemv_random_shapes` and `gemm_random_shapes`
 //! add proptests over matmul shapes.
 
-use gerbil_codegen_wgsl::kernels::{self, gemm::GemmTile, KernelSource, Rows};
+use gerbil_codegen_wgsl::kernels::{
+    self,
+    gemm::GemmTile,
+    gemm_coop::{CoopGemm, CoopTile},
+    KernelSource, Rows,
+};
 use gerbil_e2e::kernel_harness::{
     check_close, encode, f32_bytes, poison, run_output, run_outputs, to_f32, u32_bytes, widen, Rng,
     TOL,
@@ -2089,9 +2094,27 @@ fn gemm_coop_matches_reference() {
         );
         return;
     }
-    check_all(coop_cases(), |c| {
-        check_coop(c, &kernels::gemm_coop::kernel(matmul_spec(c)))
+    let cases = coop_cases()
+        .into_iter()
+        .enumerate()
+        .flat_map(|(i, c)| [(c, coop_gemm(&c, 2 * i)), (c, coop_gemm(&c, 2 * i + 1))]);
+    check_all(cases, |(c, g)| {
+        check_coop(c, &kernels::gemm_coop::kernel(matmul_spec(c), *g))
     });
+}
+
+/// The `i`-th of the tensor-core configurations to check case `c` with:
+/// every tile in turn, K split 1, 2 or 3 ways where that divides the K
+/// tiles, the partial sums sized for a few more rows than `c` has.
+fn coop_gemm(c: &MatMulCase, i: usize) -> CoopGemm {
+    let tiles = CoopTile::CANDIDATES;
+    let splits = [1, 2, 3][i / tiles.len() % 3];
+    let kt = c.k.div_ceil(32);
+    CoopGemm {
+        tile: tiles[i % tiles.len()],
+        splits: if kt.is_multiple_of(splits) { splits } else { 1 },
+        max_rows: c.t + 17 * (i % 3) as u32,
+    }
 }
 
 /// WGSL emulating the cooperative-matrix operations of a `gemm_coop`
@@ -2163,14 +2186,14 @@ fn emulate_coop(src: &KernelSource) -> KernelSource {
             .replace("], STRIDE)", ", STRIDE)")
             .replace("], 16u)", ")")
             .replace(
-                "if (lid == 0u) { groups_sh = nsg; }",
-                "emu_lane = sgl;\n  emu_size = sgs;\n  if (lid == 0u) { groups_sh = nsg; }",
+                "if (lid == 0u) { groups_sh[0] = nsg; }",
+                "emu_lane = sgl;\n  emu_size = sgs;\n  if (lid == 0u) { groups_sh[0] = nsg; }",
             );
         wgsl.push_str(&line);
         wgsl.push('\n');
     }
     assert!(
-        !wgsl.contains("coop"),
+        !wgsl.contains("coop") && wgsl.contains("emu_lane = sgl;"),
         "{}: an operation left unemulated",
         src.name
     );
@@ -2186,20 +2209,26 @@ fn emulate_coop(src: &KernelSource) -> KernelSource {
 /// ([`emulate_coop`]) on every device, lavapipe included: all of the
 /// kernel but the matrix operations themselves, checked against the same
 /// reference. Every other case of [`coop_cases`] (each emulated kernel
-/// takes lavapipe seconds to compile), leaving those whose emulated
-/// products would take it long to [`gemm_coop_matches_reference`].
+/// takes lavapipe seconds to compile), with 64 × 64 blocks, unsplit and
+/// split 2 or 3 ways; leaving those whose emulated products would take it
+/// long, and the larger blocks, to [`gemm_coop_matches_reference`]:
+/// lavapipe gives NaN in the emulation of blocks with 8 or more
+/// accumulators per subgroup from about 10 K tiles on (as it does for
+/// 64 × 64 blocks from the 15th, [`gemm_coop_emulated_large_k`]), while
+/// every block shape passes for real on the H100.
 #[test]
 fn gemm_coop_emulated_matches_reference() {
     check_emulated(|c| c.k <= 448);
 }
 
 /// [`gemm_coop_emulated_matches_reference`] for `K > 448`: these cases
-/// fail (wrong from the 15th K tile on: K = 448 passes, 480 is off by
-/// about one tile, 512 gives wrong sums or NaN), as the
-/// H100's `tensor-f16` logits were NaN — the open bug that keeps
-/// `GERBIL_TENSOR_CORES` opt-in (docs/performance.md).
+/// fail on lavapipe (wrong from the 15th K tile on: K = 448 passes, 480 is
+/// off by about one tile, 512 gives wrong sums or NaN), while the same
+/// kernels without emulation pass [`gemm_coop_matches_reference`] on an
+/// H100 at every K (up to 8192) — a lavapipe miscompile of the emulation,
+/// not the kernel's (docs/performance.md).
 #[test]
-#[ignore = "known failure: gemm_coop is wrong from the 15th K tile on (docs/performance.md)"]
+#[ignore = "lavapipe miscompiles the emulation from the 15th K tile on; the kernel passes on the H100 (docs/performance.md)"]
 fn gemm_coop_emulated_large_k() {
     check_emulated(|c| c.k > 448);
 }
@@ -2233,21 +2262,29 @@ fn check_emulated(keep: impl Fn(&MatMulCase) -> bool) {
             ..case(70, 16, 130)
         },
     ]);
-    // Emulated multiply-adds: blocks × K tiles × BM · BN · 32 (every
-    // subgroup computes a tile, those without one a duplicate).
-    let cost = |c: &MatMulCase| {
-        let src = kernels::gemm_coop::kernel(matmul_spec(c));
-        let bm = u64::from(src.workgroups[0].divisor);
-        let blocks = u64::from(c.t).div_ceil(bm)
+    // Each case with one of the tiles in turn. Emulated multiply-adds:
+    // blocks × K tiles × BM · BN · 32 (every subgroup computes a tile, those
+    // without one a duplicate).
+    // Only the 64-row blocks: lavapipe computes NaN in the emulation of the
+    // 128-row ones (8 or 16 emulated accumulators per subgroup), which pass
+    // for real on the H100 (`gemm_coop_matches_reference`).
+    let tiled = cases
+        .into_iter()
+        .enumerate()
+        .map(|(i, c)| (c, coop_gemm(&c, 3 + 4 * i)));
+    let cost = |(c, g): &(MatMulCase, CoopGemm)| {
+        let src = kernels::gemm_coop::kernel(matmul_spec(c), *g);
+        let (bm, bn) = (g.tile.bm(), g.tile.bn());
+        let blocks = u64::from(c.t).div_ceil(bm.into())
             * u64::from(src.workgroups[1].constant * src.workgroups[2].constant);
-        blocks * u64::from(c.k.div_ceil(32)) * bm * bm * 32
+        blocks * u64::from(c.k.div_ceil(32)) * u64::from(bm * bn) * 32
     };
     check_all(
-        cases.into_iter().filter(|c| cost(c) <= 1 << 28 && keep(c)),
-        |c| {
+        tiled.filter(|cg| cost(cg) <= 1 << 28 && keep(&cg.0)),
+        |(c, g)| {
             check_coop(
                 c,
-                &emulate_coop(&kernels::gemm_coop::kernel(matmul_spec(c))),
+                &emulate_coop(&kernels::gemm_coop::kernel(matmul_spec(c), *g)),
             )
         },
     );

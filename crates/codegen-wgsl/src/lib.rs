@@ -28,7 +28,7 @@ mod variant;
 pub use schedule::{generate, CodegenOptions, Program, WeightBuffer};
 pub use target::{Limits, SubgroupSizes, Target};
 pub use validate::{validate, validate_with};
-pub use variant::{variants_for, VariantSpec};
+pub use variant::{variants_for, VariantSpec, TENSOR_WORKGROUP_STORAGE};
 
 /// Why codegen failed.
 #[derive(Debug, thiserror::Error)]

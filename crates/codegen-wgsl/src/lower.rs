@@ -11,6 +11,7 @@
 //! subgroup reductions in a variant with the `subgroups` feature) and split-K
 //! attention.
 
+use crate::kernels::gemm_coop::CoopGemm;
 use crate::kernels::{
     attention::{self, AttentionSpec},
     attention_decode, elementwise,
@@ -23,6 +24,7 @@ use crate::kernels::{
     rope::{self, RopeSpec},
     sample_token, KernelSource, Rows,
 };
+use crate::target::Target;
 use crate::tuning::{tile_for, GemmShape, GemmTiles};
 use crate::variant::VariantSpec;
 use crate::CodegenError;
@@ -59,8 +61,11 @@ pub struct Lowering<'g> {
     pub shard_rows: &'g HashMap<ValueRef, u32>,
     /// KV-cache capacity (`Lmax`).
     pub max_context: u32,
-    /// Workgroup memory a kernel may use (the target's limit), in bytes.
-    pub max_workgroup_storage: u32,
+    /// Largest step (`T`) of a prefill schedule.
+    pub max_tokens: u32,
+    /// The target's limits (a variant may allow its kernels more
+    /// workgroup memory: [`VariantSpec::limits`]).
+    pub target: &'g Target,
     /// Prefill GEMM tiles measured on a device (`gerbilc tune`); shapes it
     /// lacks get [`GemmTile::choose`](crate::kernels::gemm::GemmTile::choose)'s.
     pub gemm_tiles: &'g GemmTiles,
@@ -190,12 +195,20 @@ impl Lowering<'_> {
                     residual: ports.residual.is_some(),
                     last_row,
                 };
+                let workgroup_bytes = variant.limits(self.target).max_workgroup_storage;
                 match phase {
                     Phase::Prefill(_)
                         if rows == Rows::Tokens
                             && variant.features.contains(&Feature::CooperativeMatrix) =>
                     {
-                        gemm_coop::kernel(spec)
+                        let gemm = CoopGemm::choose(
+                            spec.n,
+                            spec.k,
+                            glu.is_some(),
+                            self.max_tokens,
+                            workgroup_bytes,
+                        );
+                        gemm_coop::kernel(spec, gemm)
                     }
                     Phase::Prefill(_) if rows == Rows::Tokens && !last_row => {
                         let shape = GemmShape {
@@ -204,7 +217,7 @@ impl Lowering<'_> {
                             glu: glu.is_some(),
                             wdtype: spec.wdtype,
                         };
-                        let tile = tile_for(self.gemm_tiles, shape, self.max_workgroup_storage);
+                        let tile = tile_for(self.gemm_tiles, shape, workgroup_bytes);
                         gemm::kernel(&spec, tile)
                     }
                     Phase::Prefill(_) => matmul::kernel(spec),

@@ -437,7 +437,8 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         graph,
         shard_rows: &b.shard_rows,
         max_context: opts.max_context as u32,
-        max_workgroup_storage: opts.target.limits.max_workgroup_storage,
+        max_tokens: opts.max_tokens_per_step as u32,
+        target: &opts.target,
         gemm_tiles: &opts.gemm_tiles,
     };
     let params = b.whole(step_params);
@@ -505,7 +506,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                     lowering.kernel(id, phase, spec)?,
                     &ops,
                     &spec.features,
-                    limits,
+                    &spec.limits(&opts.target),
                     max_t,
                 )
             })

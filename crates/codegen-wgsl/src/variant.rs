@@ -18,8 +18,15 @@
 //! feature beyond their precision's, and `portable` none at all, so every
 //! plan runs on every WebGPU adapter that meets its limits.
 
-use crate::target::Target;
+use crate::target::{Limits, Target};
 use gerbil_plan::{Feature, Precision};
+
+/// Workgroup memory of the `tensor-f16` variant's kernels: every adapter
+/// with 16×16×16 f16 cooperative matrices (NVIDIA, AMD, Intel) offers at
+/// least 32 KiB, twice WebGPU's default, and the larger GEMM blocks need it.
+/// The variant records it in its requirements, so an adapter with less runs
+/// the next variant.
+pub const TENSOR_WORKGROUP_STORAGE: u32 = 32 << 10;
 
 /// One variant to emit.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -32,6 +39,9 @@ pub struct VariantSpec {
     pub precision: Precision,
     /// Matmul rows per workgroup in the prefill schedule.
     pub prefill_rows_per_workgroup: u32,
+    /// Workgroup memory its kernels may use when its features promise more
+    /// than the target's limit; `None`: the target's.
+    pub workgroup_storage: Option<u32>,
 }
 
 impl VariantSpec {
@@ -49,6 +59,7 @@ impl VariantSpec {
             features,
             precision,
             prefill_rows_per_workgroup,
+            workgroup_storage: None,
         }
     }
 
@@ -65,6 +76,7 @@ impl VariantSpec {
             ],
             precision: Precision::F16,
             prefill_rows_per_workgroup,
+            workgroup_storage: Some(TENSOR_WORKGROUP_STORAGE),
         }
     }
 
@@ -79,6 +91,20 @@ impl VariantSpec {
             features,
             precision,
             prefill_rows_per_workgroup,
+            workgroup_storage: None,
+        }
+    }
+}
+
+impl VariantSpec {
+    /// The limits its kernels must meet on `target`: the target's, with
+    /// [`VariantSpec::workgroup_storage`] where it has one.
+    pub fn limits(&self, target: &Target) -> Limits {
+        Limits {
+            max_workgroup_storage: self
+                .workgroup_storage
+                .unwrap_or(target.limits.max_workgroup_storage),
+            ..target.limits.clone()
         }
     }
 }

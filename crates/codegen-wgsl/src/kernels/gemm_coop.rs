@@ -4,8 +4,11 @@
 //!
 //! A workgroup computes a `BM × BN` block of `y` (`BM` tokens by `BN`
 //! staged weight rows) with a grid of subgroups, each owning `FM × FN`
-//! accumulators (`coop_mat16x16<f32, C>`); [`tiles_for`] picks the block
-//! shape. The K loop goes `BK = 32` at a time:
+//! accumulators (`coop_mat16x16<f32, C>`); [`CoopTile::choose`] picks the
+//! block shape per matmul within the variant's workgroup memory (from 64 × 64
+//! blocks of 4 subgroups with 2 × 2 accumulators, 15 KiB, to 128 × 128 of 8
+//! with 4 × 2, 30 KiB: larger blocks re-read `x` and the weights less, smaller
+//! ones fill the GPU when `N` is small). The K loop goes `BK = 32` at a time:
 //! every thread loads its share of the next `x` and weight tiles into
 //! registers while the subgroups multiply the current tiles from workgroup
 //! memory, then converts them to f16 as it stores them (`x` is f32 in
@@ -51,42 +54,135 @@ const STRIDE: u32 = BK + 8;
 /// The block shape of one kernel: a `warps_m × warps_n` grid of subgroups
 /// (of 32 threads on the GPUs it is laid out for), each with
 /// `frags_m × frags_n` accumulators.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Tiles {
-    warps_m: u32,
-    warps_n: u32,
-    frags_m: u32,
-    frags_n: u32,
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct CoopTile {
+    /// Subgroups along the block's rows (tokens).
+    pub warps_m: u32,
+    /// Subgroups along the block's staged weight rows.
+    pub warps_n: u32,
+    /// Accumulators of one subgroup along the rows.
+    pub frags_m: u32,
+    /// Accumulators of one subgroup along the weight rows.
+    pub frags_n: u32,
 }
 
-impl Tiles {
+/// Rows (`T`) at which [`CoopTile::choose`] counts workgroups: a 512-token
+/// prompt step.
+const REF_ROWS: u32 = 512;
+/// Workgroups [`CoopGemm::choose`] wants at [`REF_ROWS`]: about two per SM
+/// of a 132-SM GPU, so that one block's barriers overlap another's work.
+const TARGET_GROUPS: u32 = 256;
+/// Most K splits of one matmul.
+const MAX_SPLITS: u32 = 8;
+/// Fewest K tiles per split: shorter ones spend more on the partial sums
+/// than they gain in workgroups.
+const MIN_SPLIT_TILES: u32 = 16;
+
+impl CoopTile {
+    /// The tiles codegen picks from, largest block first.
+    pub const CANDIDATES: [CoopTile; 4] = [
+        CoopTile::new(2, 4, 4, 2),
+        CoopTile::new(2, 2, 4, 4),
+        CoopTile::new(2, 2, 2, 4),
+        CoopTile::new(2, 2, 2, 2),
+    ];
+
+    /// A tile of `warps_m × warps_n` subgroups with `frags_m × frags_n`
+    /// accumulators each.
+    pub const fn new(warps_m: u32, warps_n: u32, frags_m: u32, frags_n: u32) -> Self {
+        CoopTile {
+            warps_m,
+            warps_n,
+            frags_m,
+            frags_n,
+        }
+    }
+
     fn warps(self) -> u32 {
         self.warps_m * self.warps_n
     }
-    fn threads(self) -> u32 {
+
+    /// Threads per workgroup.
+    pub fn threads(self) -> u32 {
         32 * self.warps()
     }
+
     /// Tokens per block.
-    fn bm(self) -> u32 {
+    pub fn bm(self) -> u32 {
         16 * self.warps_m * self.frags_m
     }
+
     /// Staged weight rows per block.
-    fn bn(self) -> u32 {
+    pub fn bn(self) -> u32 {
         16 * self.warps_n * self.frags_n
+    }
+
+    /// Workgroup memory of its kernel with the norm prologue (the most any
+    /// of its kernels uses): staged tiles, accumulator slots, the norm's
+    /// inverse RMS and the subgroup count.
+    pub fn workgroup_bytes(self) -> u32 {
+        2 * (self.bm() + self.bn()) * STRIDE + 4 * (self.warps() + 1) * 256 + 4 * self.bm() + 16
+    }
+
+    /// Kernel-name tag, e.g. `128x128w8`.
+    pub fn tag(self) -> String {
+        format!("{}x{}w{}", self.bm(), self.bn(), self.warps())
     }
 }
 
-/// 64 × 64 blocks of four subgroups, 2 × 2 accumulators each: with `BK =
-/// 32` the staged tiles and accumulator slots take 15 KiB, within the
-/// 16 KiB of workgroup memory every target allows. Larger blocks (more
-/// accumulators per subgroup, fewer re-reads of `x` and the weights) need
-/// more than that; `Tiles` describes them for when a target allows it.
-fn tiles_for(_weight_rows: u32) -> Tiles {
-    Tiles {
-        warps_m: 2,
-        warps_n: 2,
-        frags_m: 2,
-        frags_n: 2,
+/// How one matmul runs on tensor cores: the block shape, the number of
+/// splits of its K range, and the largest `T` of a step (which sizes the
+/// partial sums of split kernels).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CoopGemm {
+    /// Block shape.
+    pub tile: CoopTile,
+    /// Workgroups sharing one block's K range (1: no split). Divides the
+    /// K tiles.
+    pub splits: u32,
+    /// Largest `T` the kernel runs at.
+    pub max_rows: u32,
+}
+
+impl CoopGemm {
+    /// For `n` outputs (a gated matmul's `n`) of a `k`-wide matmul: the
+    /// largest tile within `max_workgroup_bytes` that gives
+    /// [`TARGET_GROUPS`] workgroups at [`REF_ROWS`] rows, splitting K into
+    /// up to [`MAX_SPLITS`] parts of at least [`MIN_SPLIT_TILES`] tiles
+    /// where the blocks alone are too few; else the tile giving the most
+    /// workgroups, unsplit.
+    pub fn choose(n: u32, k: u32, glu: bool, max_rows: u32, max_workgroup_bytes: u32) -> Self {
+        let fitting: Vec<CoopTile> = CoopTile::CANDIDATES
+            .into_iter()
+            .filter(|t| t.workgroup_bytes() <= max_workgroup_bytes)
+            .collect();
+        let out = |t: &CoopTile| if glu { t.bn() / 2 } else { t.bn() };
+        let groups = |t: &CoopTile| REF_ROWS.div_ceil(t.bm()) * n.div_ceil(out(t));
+        let kt = k.div_ceil(BK);
+        // The partial sums of `s` splits, in bytes (at most 1 GiB).
+        let partials = |t: &CoopTile, s: u32| {
+            u64::from(s)
+                * u64::from(max_rows.max(1).div_ceil(t.bm()) * t.bm())
+                * u64::from(n.div_ceil(out(t)) * t.bn())
+                * 4
+        };
+        let split = |t: &CoopTile| {
+            (1..=MAX_SPLITS).find(|&s| {
+                groups(t) * s >= TARGET_GROUPS
+                    && kt.is_multiple_of(s)
+                    && (s == 1 || (kt / s >= MIN_SPLIT_TILES && partials(t, s) <= 1 << 30))
+            })
+        };
+        let (tile, splits) = fitting
+            .iter()
+            .find_map(|t| split(t).map(|s| (*t, s)))
+            .or_else(|| fitting.iter().max_by_key(|t| groups(t)).map(|t| (*t, 1)))
+            .unwrap_or((CoopTile::CANDIDATES[CoopTile::CANDIDATES.len() - 1], 1));
+        CoopGemm {
+            tile,
+            splits,
+            max_rows,
+        }
     }
 }
 
@@ -123,9 +219,11 @@ fn row_loader(
 
 /// Builds the kernel. `s.rows` must be [`super::Rows::Tokens`] (lowering
 /// picks this template only for prefill matmuls over the step's tokens).
-pub fn kernel(s: MatMulSpec) -> KernelSource {
+pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
     let glu = s.glu.is_some();
-    let t = tiles_for(if glu { 2 * s.n } else { s.n });
+    let t = g.tile;
+    let splits = g.splits;
+    let split = splits > 1;
     let (bm, bn, threads, warps) = (t.bm(), t.bn(), t.threads(), t.warps());
     // Output columns per block and per accumulator (gated: 8 gate and 8 up
     // rows per accumulator).
@@ -133,7 +231,12 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     let packed = s.wdtype != DType::F32 && s.k.is_multiple_of(2);
     let k_tail = !s.k.is_multiple_of(BK);
     let n_tail = !s.n.is_multiple_of(bno);
-    let (gy, gz) = split_groups(s.n.div_ceil(bno));
+    let nb = s.n.div_ceil(bno);
+    let (gy, gz) = split_groups(nb * splits);
+    // Split kernels: each block's partial sums (`MR` rows of `NSP` staged
+    // columns per split), then each row's partial sum of squares.
+    let mr = g.max_rows.max(1).div_ceil(bm) * bm;
+    let nsp = nb * bn;
 
     let mut w = prelude();
     w.insert_str(0, "enable wgpu_cooperative_matrix;\n");
@@ -143,10 +246,12 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         "const K: u32 = {k}u;\nconst N: u32 = {n}u;\nconst KT: u32 = {kt}u;\n\
          const BM: u32 = {bm}u;\nconst BNO: u32 = {bno}u;\nconst BK: u32 = {BK}u;\n\
          const STRIDE: u32 = {STRIDE}u;\nconst SB: u32 = {sb}u;\nconst WARPS: u32 = {warps}u;\n\
-         const GY: u32 = {gy}u;",
+         const GY: u32 = {gy}u;\nconst NB: u32 = {nb}u;\nconst KTS: u32 = {kts}u;\n\
+         const SPLITS: u32 = {splits}u;\nconst MR: u32 = {mr}u;\nconst NSP: u32 = {nsp}u;",
         k = s.k,
         n = s.n,
         kt = s.k.div_ceil(BK),
+        kts = s.k.div_ceil(BK) / splits,
         sb = bm * STRIDE,
     );
     let mut b = Bindings::new();
@@ -164,6 +269,13 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         w += &row_loader("wload", "f32", "K", "load", &starts);
     }
     let norm = s.norm.is_some();
+    if split {
+        let ssq = if norm { splits * mr } else { 0 };
+        let words = u64::from(splits * mr) * u64::from(nsp) + u64::from(ssq);
+        b.scratch(&mut w, "part", 4 * words);
+        b.counters(&mut w, "count", mr / bm * nb);
+        let _ = writeln!(w, "const SSQ: u32 = {}u;", splits * mr * nsp);
+    }
     // `stage`: the x tile (`BM` rows) then the weight tile (`BN` rows), one
     // array declared first so both start 16-byte aligned; `cs`: one
     // accumulator slot per subgroup plus a spare, which holds the zeros the
@@ -178,11 +290,15 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         st = (bm + bn) * STRIDE,
     );
     let mut wg_bytes = 2 * (bm + bn) * STRIDE + 4 * cs + 16;
-    if norm {
+    if norm && !split {
         let _ = writeln!(w, "var<workgroup> rinv: array<f32, {bm}>;");
         wg_bytes += 4 * bm;
     }
     w += "var<workgroup> groups_sh: array<u32, 4>;\n";
+    if split {
+        w += "var<workgroup> last_sh: array<u32, 4>;\n";
+        wg_bytes += 16;
+    }
 
     // Staging of `x`: thread `lid` loads 4 consecutive k (`ak`) of rows
     // `ar + a_step·j`.
@@ -330,7 +446,6 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     }
     // The epilogue of element `e` of a stored accumulator: row `e / cols`,
     // column `e % cols` (gated: its gate at column `c`, its up at `c + 8`).
-    let scale = if norm { " * rinv[m - m0]" } else { "" };
     let bias = |n: &str| {
         if s.bias {
             format!(" + load_b({n})")
@@ -339,24 +454,46 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         }
     };
     let res = if s.residual { " + res[m * N + n]" } else { "" };
-    let value = match s.glu {
+    // The epilogue of one output `(m, n)` from its sum `v` (gated: and the
+    // up projection's sum `u`), as WGSL expressions.
+    let write_y = |v: &str, u: &str| match s.glu {
         Some(act) => format!(
-            "            let v = cs[cb + r * 16u + c]{scale}{};\n            \
-             let u = cs[cb + r * 16u + c + 8u]{scale}{};\n            \
+            "            let v = {v}{};\n            let u = {u}{};\n            \
              y[m * N + n] = ({}) * u{res};\n",
             bias("n"),
             bias("N + n"),
             unary_expr(act, "v"),
         ),
-        None => format!(
-            "            y[m * N + n] = cs[cb + r * 16u + c]{scale}{}{res};\n",
-            bias("n")
-        ),
+        None => format!("            y[m * N + n] = {v}{}{res};\n", bias("n")),
     };
+    // Unsplit: the epilogue of element `e` of a stored accumulator, row
+    // `e / cols`, column `e % cols` (gated: its gate at column `c`, its up
+    // at `c + 8`). Split: the element's partial sum, all 16 columns.
+    let scale = if norm { " * rinv[m - m0]" } else { "" };
+    let value = write_y(
+        &format!("cs[cb + r * 16u + c]{scale}"),
+        &format!("cs[cb + r * 16u + c + 8u]{scale}"),
+    );
     let n_check = if n_tail { " && n < N" } else { "" };
     let mut epilogue = String::new();
     for i in 0..t.frags_m {
         for j in 0..t.frags_n {
+            if split {
+                let _ = write!(
+                    epilogue,
+                    "    coopStoreT(acc{i}_{j}, &cs[cb], 16u);\n    workgroupBarrier();\n    \
+                     if (owns) {{\n      let mb = m0 + wm * {fm16}u + {i16}u;\n      \
+                     let nsb = (gid % NB) * {bn}u + (wn * {fnn}u + {j}u) * 16u;\n      \
+                     for (var e = sgl; e < 256u; e = e + sgs) {{\n        \
+                     let m = mb + e / 16u;\n        \
+                     if (m < rows) {{ part[(sk * MR + m) * NSP + nsb + e % 16u] = cs[cb + e]; }}\n      \
+                     }}\n    }}\n    workgroupBarrier();\n",
+                    fm16 = t.frags_m * 16,
+                    i16 = i * 16,
+                    fnn = t.frags_n,
+                );
+                continue;
+            }
             let _ = write!(
                 epilogue,
                 "    coopStoreT(acc{i}_{j}, &cs[cb], 16u);\n    workgroupBarrier();\n    \
@@ -407,10 +544,50 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         }
         phase += "    workgroupBarrier();\n    if (lid < BM) {\n      var sum = 0.0f;\n      \
                   for (var q = 0u; q < 8u; q = q + 1u) { sum = sum + cs[lid * 8u + q]; }\n      \
-                  rinv[lid] = 1.0f / sqrt(sum / f32(K) + EPS);\n    }\n    workgroupBarrier();\n";
+                  ROW_SUM\n    }\n    workgroupBarrier();\n";
+        let row_sum = if split {
+            "part[SSQ + sk * MR + m0 + lid] = sum;"
+        } else {
+            "rinv[lid] = 1.0f / sqrt(sum / f32(K) + EPS);"
+        };
+        let phase = phase.replace("ROW_SUM", row_sum);
         (init, phase)
     } else {
         (String::new(), String::new())
+    };
+    // Split kernels: the last of a block's workgroups adds the partial sums
+    // and applies the epilogue.
+    let combine = if split {
+        let ns = if glu { "(n / 8u) * 16u + n % 8u" } else { "n" };
+        let (su_init, su_add) = if glu {
+            ("    var su = 0.0f;\n", "        su = su + part[o + 8u];\n")
+        } else {
+            ("", "")
+        };
+        let (ss_init, ss_add, ri) = if norm {
+            (
+                "    var ss = 0.0f;\n",
+                "        ss = ss + part[SSQ + q * MR + m];\n",
+                "      let ri = 1.0f / sqrt(ss / f32(K) + EPS);\n",
+            )
+        } else {
+            ("", "", "")
+        };
+        let scale = if norm { " * ri" } else { "" };
+        format!(
+            "  storageBarrier();\n  let blk = wid.x * NB + gid % NB;\n  \
+             if (lid == 0u) {{ last_sh[0] = select(0u, 1u, atomicAdd(&count[blk], 1u) == SPLITS - 1u); }}\n  \
+             if (workgroupUniformLoad(&last_sh[0]) == 0u) {{ return; }}\n  storageBarrier();\n  \
+             for (var e = lid; e < BM * BNO; e = e + {threads}u) {{\n    \
+             let m = m0 + e / BNO;\n    let n = n0 + e % BNO;\n    \
+             if (m < rows && n < N) {{\n      let ns = {ns};\n      var sv = 0.0f;\n  {su_init}  {ss_init}      \
+             for (var q = 0u; q < SPLITS; q = q + 1u) {{\n        let o = (q * MR + m) * NSP + ns;\n        \
+             sv = sv + part[o];\n{su_add}{ss_add}      }}\n{ri}{}    }}\n  }}\n  \
+             if (lid == 0u) {{ atomicStore(&count[blk], 0u); }}\n",
+            write_y(&format!("sv{scale}"), &format!("su{scale}")),
+        )
+    } else {
+        String::new()
     };
     let _ = write!(
         w,
@@ -422,7 +599,9 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
          \x20 let groups = workgroupUniformLoad(&groups_sh[0]);\n\
          \x20 let rows = params.t;\n\
          \x20 let m0 = wid.x * BM;\n\
-         \x20 let n0 = (wid.y + wid.z * GY) * BNO;\n\
+         \x20 let gid = wid.y + wid.z * GY;\n\
+         \x20 let sk = gid / NB;\n\
+         \x20 let n0 = (gid % NB) * BNO;\n\
          {body}{regs}\
          \x20 for (var base = 0u; base < WARPS; base = base + groups) {{\n\
          \x20   let tile = base + sg;\n\
@@ -434,25 +613,28 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
          \x20   for (var e = lid; e < 256u; e = e + {threads}u) {{ cs[zero + e] = 0.0f; }}\n\
          \x20   workgroupBarrier();\n\
          {accs}{ssq_init}\
-         \x20   var k0 = 0u;\n\
+         \x20   var k0 = sk * KTS * BK;\n\
          {load}\
-         \x20   for (var kt = 0u; kt < KT; kt = kt + 1u) {{\n\
+         \x20   for (var kt = 0u; kt < KTS; kt = kt + 1u) {{\n\
          {store}\
          \x20     workgroupBarrier();\n\
          \x20     k0 = k0 + BK;\n\
-         \x20     if (kt + 1u < KT) {{\n{load}      }}\n\
+         \x20     if (kt + 1u < KTS) {{\n{load}      }}\n\
          {mma}\
          \x20     workgroupBarrier();\n\
          \x20   }}\n\
          {norm_phase}{epilogue}\
-         \x20 }}\n}}\n",
+         \x20 }}\n{combine}}}\n",
         wn = t.warps_n,
     );
     let (glu_tag, options) = name_parts(&s, starts.len());
     KernelSource {
         name: format!(
-            "gemm_coop{glu_tag}_{}_rT_k{}_n{}_{bm}x{bn}{options}",
-            s.wdtype, s.k, s.n
+            "gemm_coop{glu_tag}_{}_rT_k{}_n{}_{}{options}",
+            s.wdtype,
+            s.k,
+            s.n,
+            t.tag()
         ),
         wgsl: w,
         workgroup_size: [threads, 1, 1],
