@@ -219,6 +219,45 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
+/// Bytes per thread below which [`crc32`] hashes on the calling thread.
+#[cfg(not(target_arch = "wasm32"))]
+const CRC_CHUNK: usize = 64 << 20;
+
+/// The CRC-32 of `bytes`, computed in parallel slices combined in order
+/// (a 2.5 GB plan's data took 250 ms on one thread — a quarter of a 1B
+/// model's start-up).
+fn crc32(bytes: &[u8]) -> u32 {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let threads = threads.min(bytes.len().div_ceil(CRC_CHUNK)).max(1);
+        if threads > 1 {
+            let parts: Vec<crc32fast::Hasher> = std::thread::scope(|scope| {
+                let handles: Vec<_> = bytes
+                    .chunks(bytes.len().div_ceil(threads))
+                    .map(|part| {
+                        scope.spawn(move || {
+                            let mut h = crc32fast::Hasher::new();
+                            h.update(part);
+                            h
+                        })
+                    })
+                    .collect();
+                handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                    .collect()
+            });
+            let mut total = crc32fast::Hasher::new();
+            for part in &parts {
+                total.combine(part);
+            }
+            return total.finalize();
+        }
+    }
+    crc32fast::hash(bytes)
+}
+
 impl PlanFile {
     /// Opens and checks a plan: magic, version, lengths, both checksums, and
     /// the consistency of the header (indices and sections in range).
@@ -279,7 +318,7 @@ impl PlanFile {
         }
         let header_bytes = &map[PREAMBLE_LEN as usize..(PREAMBLE_LEN + header_len) as usize];
         let check = |what, stored, bytes: &[u8]| {
-            let computed = crc32fast::hash(bytes);
+            let computed = crc32(bytes);
             if computed == stored {
                 Ok(())
             } else {
@@ -330,5 +369,27 @@ impl PlanFile {
     /// Total size of the file in bytes.
     pub fn file_len(&self) -> u64 {
         self.map.len() as u64
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The parallel CRC equals the sequential one, for data of several
+    /// slices with a ragged end and for data of one.
+    #[test]
+    fn parallel_crc_matches_sequential() {
+        let mut state = 0x9e37_79b9_7f4a_7c15u64;
+        let bytes: Vec<u8> = (0..3 * CRC_CHUNK + 12_345)
+            .map(|_| {
+                state = state
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1);
+                (state >> 56) as u8
+            })
+            .collect();
+        assert_eq!(crc32(&bytes), crc32fast::hash(&bytes));
+        assert_eq!(crc32(&bytes[..1000]), crc32fast::hash(&bytes[..1000]));
     }
 }

@@ -34,8 +34,9 @@ const POOL_BYTES: u64 = 256 << 20;
 /// the GPU: wgpu stages each write in memory of its own until the GPU has
 /// copied it, so this bounds the staging memory during a load (writing
 /// every weight at once, or mapping every weight buffer at creation, held a
-/// second copy of all the weights until the end).
-const UPLOAD_WINDOW: usize = 64 << 20;
+/// second copy of all the weights until the end). The writes of one window
+/// run on parallel threads ([`write_window`]).
+const UPLOAD_WINDOW: usize = 256 << 20;
 
 /// Largest single write; a larger weight is written in pieces.
 const UPLOAD_CHUNK: usize = 16 << 20;
@@ -223,6 +224,7 @@ impl Residency {
         gpu: &Gpu,
         plan: &PlanFile,
     ) -> Result<(), RuntimeError> {
+        let mut window: Vec<Write<'_>> = Vec::new();
         let mut pending = 0;
         for (i, decl) in plan.header.buffers.iter().enumerate() {
             let (BufferKind::Weight { section, .. }, Some(home)) = (&decl.kind, self.homes[i])
@@ -232,16 +234,46 @@ impl Residency {
             let buffer = &self.buffers[home.buffer];
             for (k, chunk) in plan.section(*section).chunks(UPLOAD_CHUNK).enumerate() {
                 let at = home.offset + (k * UPLOAD_CHUNK) as u64;
-                gpu.queue.write_buffer(buffer, at, chunk);
+                window.push((buffer, at, chunk));
                 pending += chunk.len();
                 if pending >= UPLOAD_WINDOW {
+                    write_window(&gpu.queue, &window);
+                    window.clear();
                     gpu.queue.submit([]);
                     gpu.idle().await?;
                     pending = 0;
                 }
             }
         }
+        write_window(&gpu.queue, &window);
         gpu.queue.submit([]);
         gpu.idle().await
+    }
+}
+
+/// One weight write: the buffer, the offset in it, the bytes.
+type Write<'a> = (&'a wgpu::Buffer, u64, &'a [u8]);
+
+/// Writes a window's chunks through the queue, shared among the machine's
+/// threads where it has them: the copies into wgpu's staging memory (from
+/// the plan's mapped pages) were most of a 1B model's upload on one thread.
+fn write_window(queue: &wgpu::Queue, writes: &[Write<'_>]) {
+    #[cfg(not(target_arch = "wasm32"))]
+    {
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let per = writes.len().div_ceil(threads).max(1);
+        std::thread::scope(|scope| {
+            for part in writes.chunks(per) {
+                scope.spawn(move || {
+                    for &(buffer, at, bytes) in part {
+                        queue.write_buffer(buffer, at, bytes);
+                    }
+                });
+            }
+        });
+    }
+    #[cfg(target_arch = "wasm32")]
+    for &(buffer, at, bytes) in writes {
+        queue.write_buffer(buffer, at, bytes);
     }
 }
