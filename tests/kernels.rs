@@ -1999,7 +1999,7 @@ fn coop_reference(
 
 /// Runs `src`, the tensor-core GEMM of case `c`, and checks it against
 /// [`coop_reference`].
-fn check_coop(c: &MatMulCase, src: &KernelSource) -> Result<(), String> {
+fn check_coop(c: &MatMulCase, src: &KernelSource, tol: f64) -> Result<(), String> {
     let (m, k, n) = (c.t as usize, c.k as usize, c.n as usize);
     let wn = if c.glu.is_some() { 2 * n } else { n };
     let mut rng = rng(c);
@@ -2021,7 +2021,8 @@ fn check_coop(c: &MatMulCase, src: &KernelSource) -> Result<(), String> {
     }
     inputs.push(poison(m * n));
     let want = coop_reference(c, &x, &w, &b, &g, &res);
-    expect(src, c.t, 0, &inputs, inputs.len() - 1, &want)
+    let got = run_output(src, c.t, 0, &inputs, inputs.len() - 1)?;
+    check_close(&src.name, &got, &want, tol)
 }
 
 /// Every third matmul case over `T` rows (each kernel builds two ~0.5 s
@@ -2085,6 +2086,13 @@ fn coop_cases() -> Vec<MatMulCase> {
     cases
 }
 
+/// Tolerance of the tensor-core GEMM on a GPU: its driver may round a
+/// norm's `x · γ` to f16 in one step where the reference (and the emulation)
+/// rounds the f32 product, which moves an operand by one f16 ulp in rare
+/// double-rounding cases (seen on the H100: one output of 528,900 off by
+/// 2.2e-4, the same in every block shape).
+const COOP_GPU_TOL: f64 = 1e-3;
+
 #[test]
 fn gemm_coop_matches_reference() {
     if !gerbil_e2e::kernel_harness::has_cooperative_matrix() {
@@ -2099,7 +2107,11 @@ fn gemm_coop_matches_reference() {
         .enumerate()
         .flat_map(|(i, c)| [(c, coop_gemm(&c, 2 * i)), (c, coop_gemm(&c, 2 * i + 1))]);
     check_all(cases, |(c, g)| {
-        check_coop(c, &kernels::gemm_coop::kernel(matmul_spec(c), *g))
+        check_coop(
+            c,
+            &kernels::gemm_coop::kernel(matmul_spec(c), *g),
+            COOP_GPU_TOL,
+        )
     });
 }
 
@@ -2108,10 +2120,16 @@ fn gemm_coop_matches_reference() {
 /// tiles, the partial sums sized for a few more rows than `c` has.
 fn coop_gemm(c: &MatMulCase, i: usize) -> CoopGemm {
     let tiles = CoopTile::CANDIDATES;
-    let splits = [1, 2, 3][i / tiles.len() % 3];
-    let kt = c.k.div_ceil(32);
+    coop_split(c, tiles[i % tiles.len()], i / tiles.len())
+}
+
+/// Case `c` on `tile`, K split 1, 2 or 3 ways (by `i`) where that divides
+/// the K tiles, the partial sums sized for a few more rows than `c` has.
+fn coop_split(c: &MatMulCase, tile: CoopTile, i: usize) -> CoopGemm {
+    let splits = [1, 2, 3][i % 3];
+    let kt = c.k.div_ceil(tile.bk);
     CoopGemm {
-        tile: tiles[i % tiles.len()],
+        tile,
         splits: if kt.is_multiple_of(splits) { splits } else { 1 },
         max_rows: c.t + 17 * (i % 3) as u32,
     }
@@ -2271,7 +2289,7 @@ fn check_emulated(keep: impl Fn(&MatMulCase) -> bool) {
     let tiled = cases
         .into_iter()
         .enumerate()
-        .map(|(i, c)| (c, coop_gemm(&c, 3 + 4 * i)));
+        .map(|(i, c)| (c, coop_split(&c, CoopTile::new(2, 2, 2, 2, 32), i)));
     let cost = |(c, g): &(MatMulCase, CoopGemm)| {
         let src = kernels::gemm_coop::kernel(matmul_spec(c), *g);
         let (bm, bn) = (g.tile.bm(), g.tile.bn());
@@ -2285,6 +2303,7 @@ fn check_emulated(keep: impl Fn(&MatMulCase) -> bool) {
             check_coop(
                 c,
                 &emulate_coop(&kernels::gemm_coop::kernel(matmul_spec(c), *g)),
+                TOL,
             )
         },
     );

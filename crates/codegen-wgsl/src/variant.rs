@@ -21,12 +21,12 @@
 use crate::target::{Limits, Target};
 use gerbil_plan::{Feature, Precision};
 
-/// Workgroup memory of the `tensor-f16` variant's kernels: every adapter
-/// with 16×16×16 f16 cooperative matrices (NVIDIA, AMD, Intel) offers at
-/// least 32 KiB, twice WebGPU's default, and the larger GEMM blocks need it.
-/// The variant records it in its requirements, so an adapter with less runs
-/// the next variant.
-pub const TENSOR_WORKGROUP_STORAGE: u32 = 32 << 10;
+/// Workgroup memory of the `tensor-f16` variant's kernels: the adapters
+/// with 16×16×16 f16 cooperative matrices offer at least 48 KiB (NVIDIA;
+/// AMD and Intel 64), three times WebGPU's default, and the larger GEMM
+/// blocks need it. The variant records it in its requirements, so an
+/// adapter with less runs the next variant.
+pub const TENSOR_WORKGROUP_STORAGE: u32 = 48 << 10;
 
 /// One variant to emit.
 #[derive(Clone, Debug, PartialEq, Eq)]

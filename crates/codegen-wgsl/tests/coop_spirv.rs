@@ -91,13 +91,19 @@ fn specs() -> Vec<MatMulSpec> {
 
 /// Every tile, unsplit and (where the K tiles allow) split in two, for up
 /// to 100 rows.
-fn gemms(s: &MatMulSpec) -> [CoopGemm; 8] {
-    let kt = s.k.div_ceil(32);
-    let split = if kt.is_multiple_of(2) { 2 } else { 1 };
-    [0, 1, 2, 3, 4, 5, 6, 7].map(|i| CoopGemm {
-        tile: CoopTile::CANDIDATES[i % 4],
-        splits: if i < 4 { 1 } else { split },
-        max_rows: 100,
+fn gemms(s: &MatMulSpec) -> impl Iterator<Item = CoopGemm> {
+    let k = s.k;
+    CoopTile::CANDIDATES.into_iter().flat_map(move |tile| {
+        let split = if k.div_ceil(tile.bk).is_multiple_of(2) {
+            2
+        } else {
+            1
+        };
+        [1, split].map(|splits| CoopGemm {
+            tile,
+            splits,
+            max_rows: 100,
+        })
     })
 }
 
@@ -105,7 +111,7 @@ fn gemms(s: &MatMulSpec) -> [CoopGemm; 8] {
 fn every_coop_specialization_validates_and_writes_spirv() {
     let failures: Vec<String> = specs()
         .into_iter()
-        .flat_map(|s| gemms(&s).map(|g| (s, g)))
+        .flat_map(|s| gemms(&s).map(move |g| (s, g)))
         .filter_map(|(s, g)| to_spirv(&gemm_coop::kernel(s, g)).err())
         .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
@@ -116,7 +122,9 @@ fn every_coop_specialization_validates_and_writes_spirv() {
 /// (580) put every `coopStoreT` into workgroup memory one element early.
 #[test]
 fn coop_kernels_bind_no_role_names_and_fit_the_tensor_workgroup_memory() {
-    let specs = specs().into_iter().flat_map(|s| gemms(&s).map(|g| (s, g)));
+    let specs = specs()
+        .into_iter()
+        .flat_map(|s| gemms(&s).map(move |g| (s, g)));
     for (s, g) in specs {
         let tile = g.tile;
         let src = gemm_coop::kernel(s, g);

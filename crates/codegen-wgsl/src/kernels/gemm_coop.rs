@@ -4,11 +4,13 @@
 //!
 //! A workgroup computes a `BM × BN` block of `y` (`BM` tokens by `BN`
 //! staged weight rows) with a grid of subgroups, each owning `FM × FN`
-//! accumulators (`coop_mat16x16<f32, C>`); [`CoopTile::choose`] picks the
+//! accumulators (`coop_mat16x16<f32, C>`); [`CoopGemm::choose`] picks the
 //! block shape per matmul within the variant's workgroup memory (from 64 × 64
-//! blocks of 4 subgroups with 2 × 2 accumulators, 15 KiB, to 128 × 128 of 8
-//! with 4 × 2, 30 KiB: larger blocks re-read `x` and the weights less, smaller
-//! ones fill the GPU when `N` is small). The K loop goes `BK = 32` at a time:
+//! blocks of 4 subgroups with 2 × 2 accumulators and 32-wide K tiles, 15 KiB,
+//! to 128 × 128 of 8 with 4 × 2 and 64-wide K tiles, 46 KiB: larger blocks
+//! re-read `x` and the weights less and wider K tiles halve the barriers,
+//! smaller ones fill the GPU when `N` is small), splitting K across
+//! workgroups where the blocks are too few. The K loop goes `BK` at a time:
 //! every thread loads its share of the next `x` and weight tiles into
 //! registers while the subgroups multiply the current tiles from workgroup
 //! memory, then converts them to f16 as it stores them (`x` is f32 in
@@ -44,12 +46,12 @@ use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
-/// K per staged tile.
-const BK: u32 = 32;
-/// Row stride of the staged tiles, in f16: `BK` plus 8 of padding, which
-/// spreads the rows of a fragment over the memory banks and keeps each row
-/// 16-byte aligned.
-const STRIDE: u32 = BK + 8;
+/// Row stride of the staged tiles, in f16, for `bk` columns of K: plus 8 of
+/// padding, which spreads the rows of a fragment over the memory banks and
+/// keeps each row 16-byte aligned.
+const fn stride(bk: u32) -> u32 {
+    bk + 8
+}
 
 /// The block shape of one kernel: a `warps_m × warps_n` grid of subgroups
 /// (of 32 threads on the GPUs it is laid out for), each with
@@ -64,6 +66,8 @@ pub struct CoopTile {
     pub frags_m: u32,
     /// Accumulators of one subgroup along the weight rows.
     pub frags_n: u32,
+    /// K per staged tile (32 or 64).
+    pub bk: u32,
 }
 
 /// Rows (`T`) at which [`CoopTile::choose`] counts workgroups: a 512-token
@@ -80,22 +84,35 @@ const MIN_SPLIT_TILES: u32 = 16;
 
 impl CoopTile {
     /// The tiles codegen picks from, largest block first.
-    pub const CANDIDATES: [CoopTile; 4] = [
-        CoopTile::new(2, 4, 4, 2),
-        CoopTile::new(2, 2, 4, 4),
-        CoopTile::new(2, 2, 2, 4),
-        CoopTile::new(2, 2, 2, 2),
+    pub const CANDIDATES: [CoopTile; 5] = [
+        CoopTile::new(2, 4, 4, 2, 64),
+        CoopTile::new(2, 4, 4, 2, 32),
+        CoopTile::new(2, 2, 4, 4, 32),
+        CoopTile::new(2, 2, 2, 4, 32),
+        CoopTile::new(2, 2, 2, 2, 32),
     ];
 
     /// A tile of `warps_m × warps_n` subgroups with `frags_m × frags_n`
-    /// accumulators each.
-    pub const fn new(warps_m: u32, warps_n: u32, frags_m: u32, frags_n: u32) -> Self {
+    /// accumulators each, staging `bk` columns of K at a time.
+    pub const fn new(warps_m: u32, warps_n: u32, frags_m: u32, frags_n: u32, bk: u32) -> Self {
         CoopTile {
             warps_m,
             warps_n,
             frags_m,
             frags_n,
+            bk,
         }
+    }
+
+    /// Threads staging one row of `x` (4 columns each).
+    fn lanes(self) -> u32 {
+        self.bk / 4
+    }
+
+    /// f32 slots of the accumulator area: one 16 × 16 slot per subgroup
+    /// and a spare, and room for the norm's per-lane partial sums.
+    fn slots(self) -> u32 {
+        ((self.warps() + 1) * 256).max(self.bm() * self.lanes())
     }
 
     fn warps(self) -> u32 {
@@ -121,12 +138,17 @@ impl CoopTile {
     /// of its kernels uses): staged tiles, accumulator slots, the norm's
     /// inverse RMS and the subgroup count.
     pub fn workgroup_bytes(self) -> u32 {
-        2 * (self.bm() + self.bn()) * STRIDE + 4 * (self.warps() + 1) * 256 + 4 * self.bm() + 16
+        2 * (self.bm() + self.bn()) * stride(self.bk) + 4 * self.slots() + 4 * self.bm() + 32
     }
 
-    /// Kernel-name tag, e.g. `128x128w8`.
+    /// Kernel-name tag, e.g. `128x128w8` (`128x128k64w8` for 64-wide K tiles).
     pub fn tag(self) -> String {
-        format!("{}x{}w{}", self.bm(), self.bn(), self.warps())
+        let k = if self.bk == 32 {
+            String::new()
+        } else {
+            format!("k{}", self.bk)
+        };
+        format!("{}x{}{k}w{}", self.bm(), self.bn(), self.warps())
     }
 }
 
@@ -158,7 +180,6 @@ impl CoopGemm {
             .collect();
         let out = |t: &CoopTile| if glu { t.bn() / 2 } else { t.bn() };
         let groups = |t: &CoopTile| REF_ROWS.div_ceil(t.bm()) * n.div_ceil(out(t));
-        let kt = k.div_ceil(BK);
         // The partial sums of `s` splits, in bytes (at most 1 GiB).
         let partials = |t: &CoopTile, s: u32| {
             u64::from(s)
@@ -167,6 +188,7 @@ impl CoopGemm {
                 * 4
         };
         let split = |t: &CoopTile| {
+            let kt = k.div_ceil(t.bk);
             (1..=MAX_SPLITS).find(|&s| {
                 groups(t) * s >= TARGET_GROUPS
                     && kt.is_multiple_of(s)
@@ -222,6 +244,7 @@ fn row_loader(
 pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
     let glu = s.glu.is_some();
     let t = g.tile;
+    let (kw, st_row, lanes) = (t.bk, stride(t.bk), t.lanes());
     let splits = g.splits;
     let split = splits > 1;
     let (bm, bn, threads, warps) = (t.bm(), t.bn(), t.threads(), t.warps());
@@ -229,7 +252,7 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
     // rows per accumulator).
     let (bno, cols) = if glu { (bn / 2, 8) } else { (bn, 16) };
     let packed = s.wdtype != DType::F32 && s.k.is_multiple_of(2);
-    let k_tail = !s.k.is_multiple_of(BK);
+    let k_tail = !s.k.is_multiple_of(kw);
     let n_tail = !s.n.is_multiple_of(bno);
     let nb = s.n.div_ceil(bno);
     let (gy, gz) = split_groups(nb * splits);
@@ -244,15 +267,15 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
     let _ = writeln!(
         w,
         "const K: u32 = {k}u;\nconst N: u32 = {n}u;\nconst KT: u32 = {kt}u;\n\
-         const BM: u32 = {bm}u;\nconst BNO: u32 = {bno}u;\nconst BK: u32 = {BK}u;\n\
-         const STRIDE: u32 = {STRIDE}u;\nconst SB: u32 = {sb}u;\nconst WARPS: u32 = {warps}u;\n\
+         const BM: u32 = {bm}u;\nconst BNO: u32 = {bno}u;\nconst BK: u32 = {kw}u;\n\
+         const STRIDE: u32 = {st_row}u;\nconst SB: u32 = {sb}u;\nconst WARPS: u32 = {warps}u;\n\
          const GY: u32 = {gy}u;\nconst NB: u32 = {nb}u;\nconst KTS: u32 = {kts}u;\n\
          const SPLITS: u32 = {splits}u;\nconst MR: u32 = {mr}u;\nconst NSP: u32 = {nsp}u;",
         k = s.k,
         n = s.n,
-        kt = s.k.div_ceil(BK),
-        kts = s.k.div_ceil(BK) / splits,
-        sb = bm * STRIDE,
+        kt = s.k.div_ceil(kw),
+        kts = s.k.div_ceil(kw) / splits,
+        sb = bm * st_row,
     );
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
@@ -283,13 +306,13 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
     // writes that as `OpConstantNull`, which not every driver may take for a
     // cooperative matrix) and, after the K loop, the norm's partial sums
     // (`BM × 8`) and the stores of subgroups without a tile.
-    let cs = (warps + 1) * 256;
+    let cs = t.slots();
     let _ = writeln!(
         w,
         "var<workgroup> stage: array<f16, {st}>;\nvar<workgroup> cs: array<f32, {cs}>;",
-        st = (bm + bn) * STRIDE,
+        st = (bm + bn) * st_row,
     );
-    let mut wg_bytes = 2 * (bm + bn) * STRIDE + 4 * cs + 16;
+    let mut wg_bytes = 2 * (bm + bn) * st_row + 4 * cs + 16;
     if norm && !split {
         let _ = writeln!(w, "var<workgroup> rinv: array<f32, {bm}>;");
         wg_bytes += 4 * bm;
@@ -301,17 +324,20 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
     }
 
     // Staging of `x`: thread `lid` loads 4 consecutive k (`ak`) of rows
-    // `ar + a_step·j`.
-    let a_step = threads / 8;
+    // `ar + a_step·j`, `lanes` threads per row.
+    let a_step = threads / lanes;
     let a_rows = bm / a_step;
-    // Staging of the weight: packed pairs (16 per row of the tile) or single
-    // elements (32 per row), rows `br + b_step·j`.
-    let b_per_row = if packed { BK / 2 } else { BK };
+    // Staging of the weight: packed pairs (`BK / 2` per row of the tile) or
+    // single elements (`BK` per row), rows `br + b_step·j`.
+    let b_per_row = if packed { kw / 2 } else { kw };
     let b_step = threads / b_per_row;
     let b_reps = bn / b_step;
 
     let mut body = String::new();
-    let _ = writeln!(body, "  let ak = (lid % 8u) * 4u;\n  let ar = lid / 8u;");
+    let _ = writeln!(
+        body,
+        "  let ak = (lid % {lanes}u) * 4u;\n  let ar = lid / {lanes}u;"
+    );
     for j in 0..a_rows {
         let _ = writeln!(
             body,
@@ -414,7 +440,7 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
     }
     // The multiplies of one staged tile.
     let mut mma = String::new();
-    for ks in 0..BK / 16 {
+    for ks in 0..kw / 16 {
         for i in 0..t.frags_m {
             let _ = writeln!(
                 mma,
@@ -538,13 +564,16 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
         for j in 0..a_rows {
             let _ = writeln!(
                 phase,
-                "    cs[(ar + {}u) * 8u + lid % 8u] = ssq{j};",
+                "    cs[(ar + {}u) * {lanes}u + lid % {lanes}u] = ssq{j};",
                 a_step * j
             );
         }
-        phase += "    workgroupBarrier();\n    if (lid < BM) {\n      var sum = 0.0f;\n      \
-                  for (var q = 0u; q < 8u; q = q + 1u) { sum = sum + cs[lid * 8u + q]; }\n      \
-                  ROW_SUM\n    }\n    workgroupBarrier();\n";
+        let _ = write!(
+            phase,
+            "    workgroupBarrier();\n    if (lid < BM) {{\n      var sum = 0.0f;\n      \
+             for (var q = 0u; q < {lanes}u; q = q + 1u) {{ sum = sum + cs[lid * {lanes}u + q]; }}\n      \
+             ROW_SUM\n    }}\n    workgroupBarrier();\n"
+        );
         let row_sum = if split {
             "part[SSQ + sk * MR + m0 + lid] = sum;"
         } else {
