@@ -160,26 +160,14 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
 /// `c`'s inputs and checks it against the reference.
 fn check_matmul_kernel(c: &MatMulCase, src: &KernelSource) -> Result<(), String> {
     let (m, k, n) = (row_count(c.rows, c.t), c.k as usize, c.n as usize);
-    let wn = if c.glu.is_some() { 2 * n } else { n };
-    let mut rng = rng(c);
-    let x_rows = if c.last_row { c.t as usize } else { m };
-    let x = rng.vec(x_rows * k);
-    let (w_bytes, w) = encode(&rng.vec(wn * k), c.wdtype);
-    let b = rng.vec(wn);
-    let mut inputs = vec![f32_bytes(&x)];
-    inputs.extend(shard_bytes(w_bytes, wn, c.shard_rows));
-    if c.bias {
-        inputs.push(f32_bytes(&b));
-    }
-    let (g_bytes, g) = encode(&rng.vec(k), c.norm.map_or(DType::F32, |n| n.1));
-    if c.norm.is_some() {
-        inputs.push(g_bytes);
-    }
-    let res = rng.vec(m * n);
-    if c.residual {
-        inputs.push(f32_bytes(&res));
-    }
-    inputs.push(poison(m * n));
+    let MatMulInputs {
+        inputs,
+        x,
+        w,
+        b,
+        g,
+        res,
+    } = matmul_inputs(c);
     let (mut x, b, res) = (widen(&x), widen(&b), widen(&res));
     if c.last_row {
         x = reference::slice_last_row(&x, k);
@@ -205,6 +193,51 @@ fn check_matmul_kernel(c: &MatMulCase, src: &KernelSource) -> Result<(), String>
     };
     debug_assert_eq!(want.len(), m * n);
     expect(src, c.t, 0, &inputs, inputs.len() - 1, &want)
+}
+
+/// The inputs of matmul case `c`, drawn from its generator: `inputs` in
+/// binding order (x, weight shards, then bias, gain and residual where `c`
+/// has them, the output poisoned) and the values they encode (`w` and `g`
+/// as their dtype rounds them).
+struct MatMulInputs {
+    inputs: Vec<Vec<u8>>,
+    x: Vec<f32>,
+    w: Vec<f64>,
+    b: Vec<f32>,
+    g: Vec<f64>,
+    res: Vec<f32>,
+}
+
+fn matmul_inputs(c: &MatMulCase) -> MatMulInputs {
+    let (m, k, n) = (row_count(c.rows, c.t), c.k as usize, c.n as usize);
+    let wn = if c.glu.is_some() { 2 * n } else { n };
+    let mut rng = rng(c);
+    let x_rows = if c.last_row { c.t as usize } else { m };
+    let x = rng.vec(x_rows * k);
+    let (w_bytes, w) = encode(&rng.vec(wn * k), c.wdtype);
+    let b = rng.vec(wn);
+    let mut inputs = vec![f32_bytes(&x)];
+    inputs.extend(shard_bytes(w_bytes, wn, c.shard_rows));
+    if c.bias {
+        inputs.push(f32_bytes(&b));
+    }
+    let (g_bytes, g) = encode(&rng.vec(k), c.norm.map_or(DType::F32, |n| n.1));
+    if c.norm.is_some() {
+        inputs.push(g_bytes);
+    }
+    let res = rng.vec(m * n);
+    if c.residual {
+        inputs.push(f32_bytes(&res));
+    }
+    inputs.push(poison(m * n));
+    MatMulInputs {
+        inputs,
+        x,
+        w,
+        b,
+        g,
+        res,
+    }
 }
 
 /// Every weight dtype × K × N (K odd takes the unpacked path of 16-bit
@@ -2000,26 +2033,14 @@ fn coop_reference(
 /// Runs `src`, the tensor-core GEMM of case `c`, and checks it against
 /// [`coop_reference`].
 fn check_coop(c: &MatMulCase, src: &KernelSource, tol: f64) -> Result<(), String> {
-    let (m, k, n) = (c.t as usize, c.k as usize, c.n as usize);
-    let wn = if c.glu.is_some() { 2 * n } else { n };
-    let mut rng = rng(c);
-    let x = rng.vec(m * k);
-    let (w_bytes, w) = encode(&rng.vec(wn * k), c.wdtype);
-    let b = rng.vec(wn);
-    let mut inputs = vec![f32_bytes(&x)];
-    inputs.extend(shard_bytes(w_bytes, wn, c.shard_rows));
-    if c.bias {
-        inputs.push(f32_bytes(&b));
-    }
-    let (g_bytes, g) = encode(&rng.vec(k), c.norm.map_or(DType::F32, |n| n.1));
-    if c.norm.is_some() {
-        inputs.push(g_bytes);
-    }
-    let res = rng.vec(m * n);
-    if c.residual {
-        inputs.push(f32_bytes(&res));
-    }
-    inputs.push(poison(m * n));
+    let MatMulInputs {
+        inputs,
+        x,
+        w,
+        b,
+        g,
+        res,
+    } = matmul_inputs(c);
     let want = coop_reference(c, &x, &w, &b, &g, &res);
     let got = run_output(src, c.t, 0, &inputs, inputs.len() - 1)?;
     check_close(&src.name, &got, &want, tol)

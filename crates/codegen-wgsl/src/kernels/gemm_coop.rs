@@ -568,18 +568,19 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
                 a_step * j
             );
         }
-        let _ = write!(
-            phase,
-            "    workgroupBarrier();\n    if (lid < BM) {{\n      var sum = 0.0f;\n      \
-             for (var q = 0u; q < {lanes}u; q = q + 1u) {{ sum = sum + cs[lid * {lanes}u + q]; }}\n      \
-             ROW_SUM\n    }}\n    workgroupBarrier();\n"
-        );
+        // Split: each row's partial sum of squares goes to the scratch for
+        // the combining workgroup; else its inverse RMS.
         let row_sum = if split {
             "part[SSQ + sk * MR + m0 + lid] = sum;"
         } else {
             "rinv[lid] = 1.0f / sqrt(sum / f32(K) + EPS);"
         };
-        let phase = phase.replace("ROW_SUM", row_sum);
+        let _ = write!(
+            phase,
+            "    workgroupBarrier();\n    if (lid < BM) {{\n      var sum = 0.0f;\n      \
+             for (var q = 0u; q < {lanes}u; q = q + 1u) {{ sum = sum + cs[lid * {lanes}u + q]; }}\n      \
+             {row_sum}\n    }}\n    workgroupBarrier();\n"
+        );
         (init, phase)
     } else {
         (String::new(), String::new())
