@@ -576,9 +576,9 @@ fn bad_run_inputs_are_clear_errors() {
         "--max-new-tokens",
         "1",
     ]);
-    assert_fails_with(&o, "do not fit the plan's context of 8 tokens");
+    assert_fails_with(&o, "do not fit the context of 8 tokens");
     let o = gerbil_run(&[p, "--input-ids", "1,2,3,4,5,6", "--max-new-tokens", "5"]);
-    assert_fails_with(&o, "do not fit the plan's context of 8 tokens");
+    assert_fails_with(&o, "do not fit the context of 8 tokens");
     let o = gerbil_run(&[p, "--input-ids", "1,600", "--max-new-tokens", "1"]);
     assert_fails_with(&o, "token id 600 is outside the vocabulary (size 512)");
     let o = gerbil_run(&[p, "--prompt", "hello", "--max-new-tokens", "1"]);

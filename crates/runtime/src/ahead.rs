@@ -42,14 +42,110 @@ struct InFlight {
     submission: wgpu::SubmissionIndex,
 }
 
+/// A decode-ahead run in progress: [`AheadDecoder::next_batch`] returns the
+/// tokens of one batch at a time, keeping two batches in flight, so a caller
+/// can stream tokens and stop between batches. Borrowing the session only
+/// for each call lets the caller hold the decoder beside it.
+pub struct AheadDecoder {
+    slots: [Slot; 2],
+    next: gerbil_plan::BufferSlice,
+    /// The session's position when decoding started.
+    start: u64,
+    max_new: usize,
+    batch: usize,
+    /// Tokens encoded so far (returned or in flight).
+    encoded: usize,
+    queue: std::collections::VecDeque<InFlight>,
+    next_slot: usize,
+}
+
+impl AheadDecoder {
+    /// Starts decoding after the session's last step (see
+    /// [`Session::decode_on_gpu`]): at most `max_new` tokens, `batch` steps
+    /// per submission.
+    pub fn new(session: &Session, max_new: usize, batch: usize) -> Result<Self, RuntimeError> {
+        let next = session
+            .header
+            .io
+            .next_token
+            .ok_or(RuntimeError::NoGpuSampler)?;
+        if session.last_step_tokens == 0 {
+            return Err(RuntimeError::EmptyInput);
+        }
+        let batch = batch.max(1);
+        let start = session.position;
+        let max = session.context();
+        let needed = start + max_new.saturating_sub(1) as u64;
+        if needed > max {
+            return Err(RuntimeError::ContextOverflow { needed, max });
+        }
+        Ok(AheadDecoder {
+            slots: [session.ahead_slot(batch), session.ahead_slot(batch)],
+            next,
+            start,
+            max_new,
+            batch,
+            encoded: 0,
+            queue: Default::default(),
+            next_slot: 0,
+        })
+    }
+
+    /// The tokens of the next batch, in order; empty once `max_new` tokens
+    /// have been returned. Keeps the next batch running on the GPU while it
+    /// waits for this one.
+    pub async fn next_batch(&mut self, session: &Session) -> Result<Vec<u32>, RuntimeError> {
+        while self.queue.len() < self.slots.len() && self.encoded < self.max_new {
+            let slot = self.next_slot;
+            self.next_slot = (self.next_slot + 1) % self.slots.len();
+            let tokens = self.batch.min(self.max_new - self.encoded);
+            let submission = session.encode_batch(
+                &self.slots[slot],
+                self.next,
+                self.start,
+                self.encoded,
+                tokens,
+            );
+            self.encoded += tokens;
+            self.queue.push_back(InFlight {
+                slot,
+                tokens,
+                submission,
+            });
+        }
+        let Some(b) = self.queue.pop_front() else {
+            return Ok(Vec::new());
+        };
+        session
+            .gpu
+            .read_mapped_after(&self.slots[b.slot].readback, b.submission, |bytes| {
+                bytemuck::cast_slice::<u8, u32>(&bytes[..b.tokens * 4]).to_vec()
+            })
+            .await
+    }
+
+    /// Ends decoding with the first `kept` tokens returned as the output:
+    /// the session's position follows the last of them (which is not yet in
+    /// the KV cache), like step-by-step decoding. Steps still in flight only
+    /// write KV-cache rows past that position, which later steps overwrite.
+    pub fn finish(self, session: &mut Session, kept: usize) {
+        session.position = self.start + kept.saturating_sub(1) as u64;
+        session.last_step_tokens = 1;
+    }
+}
+
 impl Session {
     /// Whether the plan chooses tokens on the GPU with `params`
     /// ([`Session::decode_on_gpu`] works): greedy needs the `next_token`
     /// output, sampling also its parameter uniform (plans compiled before
-    /// either decode through the CPU).
+    /// either decode through the CPU). Never with penalties
+    /// ([`SamplingParams::has_penalties`]): they need the tokens so far,
+    /// which only the CPU sampler keeps.
     pub fn can_sample_on_gpu(&self, params: &SamplingParams) -> bool {
         let io = &self.header.io;
-        io.next_token.is_some() && (params.is_greedy() || io.sampling_params.is_some())
+        io.next_token.is_some()
+            && !params.has_penalties()
+            && (params.is_greedy() || io.sampling_params.is_some())
     }
 
     /// Sets how every following step chooses its `next_token` (greedy until
@@ -81,60 +177,21 @@ impl Session {
         batch: usize,
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Vec<u32>, RuntimeError> {
-        let next = self
-            .header
-            .io
-            .next_token
-            .ok_or(RuntimeError::NoGpuSampler)?;
-        if self.last_step_tokens == 0 {
-            return Err(RuntimeError::EmptyInput);
-        }
-        let batch = batch.max(1);
-        let start = self.position;
-        let needed = start + max_new.saturating_sub(1) as u64;
-        if needed > self.header.model.max_context {
-            return Err(RuntimeError::ContextOverflow {
-                needed,
-                max: self.header.model.max_context,
-            });
-        }
-        let slots = [self.ahead_slot(batch), self.ahead_slot(batch)];
+        let mut decoder = AheadDecoder::new(self, max_new, batch)?;
         let mut out: Vec<u32> = Vec::with_capacity(max_new);
-        let mut encoded = 0usize;
-        let mut queue: std::collections::VecDeque<InFlight> = Default::default();
-        let mut next_slot = 0;
-        let mut done = max_new == 0;
-        while !done {
-            while queue.len() < slots.len() && encoded < max_new {
-                let slot = next_slot;
-                next_slot = (next_slot + 1) % slots.len();
-                let tokens = batch.min(max_new - encoded);
-                let submission = self.encode_batch(&slots[slot], next, start, encoded, tokens);
-                encoded += tokens;
-                queue.push_back(InFlight {
-                    slot,
-                    tokens,
-                    submission,
-                });
+        'batches: loop {
+            let tokens = decoder.next_batch(self).await?;
+            if tokens.is_empty() {
+                break;
             }
-            let Some(b) = queue.pop_front() else { break };
-            let tokens = self
-                .gpu
-                .read_mapped_after(&slots[b.slot].readback, b.submission, |bytes| {
-                    bytemuck::cast_slice::<u8, u32>(&bytes[..b.tokens * 4]).to_vec()
-                })
-                .await?;
             for t in tokens {
                 out.push(t);
                 if !on_token(t) || eos.contains(&t) || out.len() >= max_new {
-                    done = true;
-                    break;
+                    break 'batches;
                 }
             }
         }
-        // Tokens fed to decode steps: every one returned but the last.
-        self.position = start + out.len().saturating_sub(1) as u64;
-        self.last_step_tokens = 1;
+        decoder.finish(self, out.len());
         Ok(out)
     }
 

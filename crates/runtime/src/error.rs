@@ -65,11 +65,19 @@ pub enum RuntimeError {
     #[error("the GPU device was lost or stopped responding: {0}")]
     DeviceLost(String),
     /// The prompt plus generation does not fit the KV cache.
-    #[error("{needed} tokens do not fit the plan's context of {max} tokens; shorten the prompt, lower --max-new-tokens, or recompile with a larger --max-context")]
+    #[error("{needed} tokens do not fit the context of {max} tokens; shorten the prompt, or run with a larger --ctx (up to the plan's --max-context, which a recompile can raise)")]
     ContextOverflow {
         /// Tokens needed.
         needed: u64,
         /// The plan's context.
+        max: u64,
+    },
+    /// `--ctx` outside what the plan allows.
+    #[error("a context of {asked} tokens is not possible: this plan holds 1 to {max} tokens; give --ctx at most {max}, or recompile with a larger --max-context")]
+    ContextSize {
+        /// The context asked for.
+        asked: u64,
+        /// The plan's `max_context`.
         max: u64,
     },
     /// A token id outside the vocabulary.
@@ -80,6 +88,9 @@ pub enum RuntimeError {
         /// Vocabulary size.
         vocab: u64,
     },
+    /// Text in or out, but the plan has no tokenizer.
+    #[error("this plan has no tokenizer (the checkpoint had no tokenizer.json): pass token ids (--input-ids) instead of text")]
+    NoTokenizer,
     /// Nothing to run.
     #[error("the input has no tokens")]
     EmptyInput,

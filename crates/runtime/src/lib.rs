@@ -19,22 +19,32 @@
 //! runtime never runs a compiler pass and knows nothing of HF configs.
 
 mod ahead;
+pub mod chat;
+mod clock;
 pub mod device;
 pub mod error;
 pub mod generate;
+pub mod generation;
 pub mod kernel_timer;
+pub mod model;
 pub mod pipeline;
 pub mod pipeline_cache;
 pub mod profile;
 mod residency;
 pub mod sampling;
 pub mod session;
+pub mod stop;
 pub mod text;
 pub mod variant;
 
+pub use chat::{Chat, ChatReply};
 pub use device::Gpu;
 pub use error::RuntimeError;
 pub use generate::{generate, GenerateOptions, TokenEvent, DECODE_BATCH};
+pub use generation::{
+    CancelToken, FinishReason, Generation, GenerationSettings, GenerationStats, Piece,
+};
+pub use model::Model;
 pub use pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
 pub use profile::DispatchTime;
 pub use sampling::{argmax, top_logits, Sampler, SamplingParams};

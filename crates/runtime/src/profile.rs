@@ -52,10 +52,10 @@ impl Session {
             )));
         }
         let needed = self.position + u64::from(t);
-        if needed > self.header.model.max_context {
+        if needed > self.context() {
             return Err(RuntimeError::ContextOverflow {
                 needed,
-                max: self.header.model.max_context,
+                max: self.context(),
             });
         }
         let device = &self.gpu.device;

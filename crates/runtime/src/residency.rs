@@ -19,6 +19,7 @@
 
 use crate::device::Gpu;
 use crate::error::RuntimeError;
+use crate::session::kv_bytes;
 use gerbil_plan::{BufferKind, BufferSlice, PlanFile, PlanHeader};
 use std::collections::HashSet;
 use std::num::NonZeroU64;
@@ -75,11 +76,15 @@ struct Home {
     buffer: usize,
     /// Byte offset of the plan buffer in it.
     offset: u64,
+    /// Bytes allocated for the plan buffer: its declared size, or less for a
+    /// KV cache holding fewer positions than the plan's `max_context`.
+    size: u64,
 }
 
 /// A pool being filled: its plan buffers and the bytes it holds so far.
 struct Filling {
-    members: Vec<(usize, u64)>,
+    /// Plan buffer index, offset in the pool, bytes.
+    members: Vec<(usize, u64, u64)>,
     len: u64,
 }
 
@@ -92,11 +97,12 @@ pub(crate) struct Residency {
 
 impl Residency {
     /// Allocates the plan buffers in `used` (empty; weights are written by
-    /// [`Residency::upload_weights`]).
+    /// [`Residency::upload_weights`]), each KV cache for `context` positions.
     pub(crate) async fn allocate(
         gpu: &Gpu,
         header: &PlanHeader,
         used: &HashSet<u32>,
+        context: u64,
     ) -> Result<Residency, RuntimeError> {
         let align = u64::from(gpu.limits.min_storage_buffer_offset_alignment).max(256);
         let pool_bytes = POOL_BYTES.min(gpu.limits.max_buffer_size);
@@ -109,17 +115,27 @@ impl Residency {
             if !used.contains(&(i as u32)) {
                 continue;
             }
-            let pool = pool_of(&decl.kind).filter(|_| decl.size <= POOL_ITEM_MAX);
+            let size = match decl.kind {
+                BufferKind::KvCache { .. } => {
+                    kv_bytes(decl.size, context, header.model.max_context)
+                }
+                _ => decl.size,
+            };
+            let pool = pool_of(&decl.kind).filter(|_| size <= POOL_ITEM_MAX);
             let Some(pool) = pool else {
                 let label = decl.kind.describe();
                 let buffer = residency
-                    .create(gpu, &label, decl.size, usage_for(&decl.kind))
+                    .create(gpu, &label, size, usage_for(&decl.kind))
                     .await?;
-                residency.homes[i] = Some(Home { buffer, offset: 0 });
+                residency.homes[i] = Some(Home {
+                    buffer,
+                    offset: 0,
+                    size,
+                });
                 continue;
             };
             let at = filling.iter().position(|(p, _)| *p == pool);
-            let fits = |f: &Filling| f.len.next_multiple_of(align) + decl.size <= pool_bytes;
+            let fits = |f: &Filling| f.len.next_multiple_of(align) + size <= pool_bytes;
             let slot = match at {
                 Some(k) if fits(&filling[k].1) => k,
                 _ => {
@@ -139,8 +155,8 @@ impl Residency {
             };
             let f = &mut filling[slot].1;
             let offset = f.len.next_multiple_of(align);
-            f.members.push((i, offset));
-            f.len = offset + decl.size;
+            f.members.push((i, offset, size));
+            f.len = offset + size;
         }
         for (p, f) in filling {
             residency.close(gpu, header, p, f).await?;
@@ -180,7 +196,7 @@ impl Residency {
         pool: Pool,
         f: Filling,
     ) -> Result<(), RuntimeError> {
-        let Some(&(first, _)) = f.members.first() else {
+        let Some(&(first, _, _)) = f.members.first() else {
             return Ok(());
         };
         let label = format!("{pool:?} pool ({} buffers)", f.members.len());
@@ -188,8 +204,12 @@ impl Residency {
         let buffer = self
             .create(gpu, &label, f.len.next_multiple_of(4), usage)
             .await?;
-        for (i, offset) in f.members {
-            self.homes[i] = Some(Home { buffer, offset });
+        for (i, offset, size) in f.members {
+            self.homes[i] = Some(Home {
+                buffer,
+                offset,
+                size,
+            });
         }
         Ok(())
     }
@@ -200,12 +220,15 @@ impl Residency {
     }
 
     /// The range of a wgpu buffer that plan slice `s` is.
+    /// A slice of a KV cache allocated for fewer positions than the plan's
+    /// ends where the allocation does: kernels read and write only the rows
+    /// of positions the session holds.
     pub(crate) fn binding(&self, s: &BufferSlice) -> wgpu::BufferBinding<'_> {
         let home = self.home(s.buffer);
         wgpu::BufferBinding {
             buffer: &self.buffers[home.buffer],
             offset: home.offset + s.offset,
-            size: NonZeroU64::new(s.size),
+            size: NonZeroU64::new(s.size.min(home.size.saturating_sub(s.offset))),
         }
     }
 

@@ -46,6 +46,9 @@ pub struct Session {
     variant: Variant,
     readback: wgpu::Buffer,
     pub(crate) position: u64,
+    /// Positions the KV cache holds: the plan's `max_context` or the smaller
+    /// [`SessionOptions::context`].
+    context: u64,
     /// Tokens in the last step (the logits row to read when the plan keeps every row).
     pub(crate) last_step_tokens: u64,
     memory: MemoryReport,
@@ -162,6 +165,9 @@ pub struct SessionOptions {
     /// ([`crate::pipeline_cache`]); `None` (the default) compiles every
     /// load and writes nothing.
     pub pipeline_cache: Option<PipelineCacheOptions>,
+    /// Positions the KV cache holds (`None`: the plan's `max_context`); a
+    /// smaller context allocates a smaller KV cache. At most the plan's.
+    pub context: Option<u64>,
 }
 
 /// Where the time of [`Session::open`] went, and what the pipeline cache
@@ -228,6 +234,28 @@ fn buffers_used(header: &PlanHeader, variant: &Variant) -> HashSet<u32> {
     used
 }
 
+/// The KV-cache positions a session allocates: `asked`, or the plan's
+/// `max_context` when `None`.
+fn context_size(header: &PlanHeader, asked: Option<u64>) -> Result<u64, RuntimeError> {
+    let max = header.model.max_context;
+    match asked {
+        None => Ok(max),
+        Some(n) if n >= 1 && n <= max => Ok(n),
+        Some(n) => Err(RuntimeError::ContextSize { asked: n, max }),
+    }
+}
+
+/// Bytes of a plan KV cache of `size` bytes for `max_context` positions
+/// when it holds only `context` (the cache is position-major: row `p` holds
+/// position `p` of every head).
+pub(crate) fn kv_bytes(size: u64, context: u64, max_context: u64) -> u64 {
+    if context >= max_context || max_context == 0 {
+        return size;
+    }
+    let row = size / max_context;
+    (row * context).next_multiple_of(4)
+}
+
 impl Session {
     /// Opens a device for the plan, uploads its weights and builds every
     /// pipeline and bind group, running the best variant the device
@@ -273,17 +301,20 @@ impl Session {
         let variant =
             crate::variant::pick(&header, &gpu, opts.precision, opts.variant.as_deref())?.clone();
         let used = buffers_used(&header, &variant);
+        let context = context_size(&header, opts.context)?;
         let device = &gpu.device;
         let mut memory = MemoryReport::default();
         for i in &used {
             let decl = &header.buffers[*i as usize];
             match &decl.kind {
                 BufferKind::Weight { .. } => memory.weights += decl.size,
-                BufferKind::KvCache { .. } => memory.kv_cache += decl.size,
+                BufferKind::KvCache { .. } => {
+                    memory.kv_cache += kv_bytes(decl.size, context, header.model.max_context)
+                }
                 _ => memory.activations += decl.size,
             }
         }
-        let residency = Residency::allocate(&gpu, &header, &used).await?;
+        let residency = Residency::allocate(&gpu, &header, &used, context).await?;
         load.buffers = clock.lap();
         residency.upload_weights(&gpu, plan).await?;
         load.weights = clock.lap();
@@ -310,6 +341,7 @@ impl Session {
             variant,
             readback,
             position: 0,
+            context,
             last_step_tokens: 0,
             memory,
             load,
@@ -357,6 +389,19 @@ impl Session {
         self.position = 0;
     }
 
+    /// Keeps only the first `position` tokens of the KV cache (no-op when it
+    /// holds fewer): the next step continues from there. How a chat reuses
+    /// the cache of a conversation's earlier turns.
+    pub fn truncate(&mut self, position: u64) {
+        self.position = self.position.min(position);
+    }
+
+    /// Positions the KV cache holds: the plan's `max_context`, or the
+    /// smaller [`SessionOptions::context`] it was opened with.
+    pub fn context(&self) -> u64 {
+        self.context
+    }
+
     /// Vocabulary size (logits per step).
     pub fn vocab_size(&self) -> u64 {
         self.header.model.vocab_size
@@ -375,7 +420,7 @@ impl Session {
         if tokens.is_empty() {
             return Err(RuntimeError::EmptyInput);
         }
-        let max = self.header.model.max_context;
+        let max = self.context;
         let needed = self.position + tokens.len() as u64;
         if needed > max {
             return Err(RuntimeError::ContextOverflow { needed, max });

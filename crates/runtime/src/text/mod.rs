@@ -38,7 +38,7 @@ use std::fmt;
 use gerbil_plan::PlanFile;
 use serde::{Deserialize, Serialize};
 
-pub use stream::StreamDecoder;
+pub use stream::{StreamDecoder, StreamState};
 use template::ChatTemplate;
 
 /// Everything that can go wrong turning text into ids and back.

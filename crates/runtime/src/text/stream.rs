@@ -17,6 +17,43 @@ const REPLACEMENT: char = '\u{FFFD}';
 #[derive(Debug)]
 pub struct StreamDecoder<'a> {
     codec: &'a TextCodec,
+    state: StreamState,
+}
+
+impl<'a> StreamDecoder<'a> {
+    pub fn new(codec: &'a TextCodec, skip_special_tokens: bool) -> Self {
+        Self {
+            codec,
+            state: StreamState::new(skip_special_tokens),
+        }
+    }
+
+    /// Uses the end of the prompt as decoding context without emitting it, so the first
+    /// generated token is decoded as it reads after the prompt (e.g. keeps its leading space
+    /// with sentencepiece decoders). A few tokens are enough; the last 5 are kept.
+    pub fn with_context(mut self, prompt_ids: &[u32]) -> Self {
+        self.state = self.state.with_context(prompt_ids);
+        self
+    }
+
+    /// Adds one id; returns the text that became printable (often empty: a special token
+    /// being skipped, or part of a character still waiting for its remaining bytes).
+    pub fn push(&mut self, id: u32) -> Result<String, TextError> {
+        self.state.push(self.codec, id)
+    }
+
+    /// Flushes what is still held back (an incomplete character at the very end is emitted
+    /// as U+FFFD, as `decode` would) and clears the pending ids. Call once generation stops.
+    pub fn finish(&mut self) -> Result<String, TextError> {
+        self.state.finish(self.codec)
+    }
+}
+
+/// What a [`StreamDecoder`] keeps between ids, without the codec: for a holder that cannot
+/// borrow the codec for its whole life (a generation that also borrows the model owning it)
+/// and passes it to every call instead.
+#[derive(Clone, Debug)]
+pub struct StreamState {
     skip_special_tokens: bool,
     /// Ids from the last clean point on (earlier ones are no longer needed).
     ids: Vec<u32>,
@@ -25,10 +62,10 @@ pub struct StreamDecoder<'a> {
     read: usize,
 }
 
-impl<'a> StreamDecoder<'a> {
-    pub fn new(codec: &'a TextCodec, skip_special_tokens: bool) -> Self {
+impl StreamState {
+    /// An empty stream; special tokens are left out of the text when `skip_special_tokens`.
+    pub fn new(skip_special_tokens: bool) -> Self {
         Self {
-            codec,
             skip_special_tokens,
             ids: Vec::new(),
             prefix: 0,
@@ -36,9 +73,7 @@ impl<'a> StreamDecoder<'a> {
         }
     }
 
-    /// Uses the end of the prompt as decoding context without emitting it, so the first
-    /// generated token is decoded as it reads after the prompt (e.g. keeps its leading space
-    /// with sentencepiece decoders). A few tokens are enough; the last 5 are kept.
+    /// See [`StreamDecoder::with_context`].
     pub fn with_context(mut self, prompt_ids: &[u32]) -> Self {
         let tail = &prompt_ids[prompt_ids.len().saturating_sub(5)..];
         self.ids = tail.to_vec();
@@ -47,16 +82,12 @@ impl<'a> StreamDecoder<'a> {
         self
     }
 
-    /// Adds one id; returns the text that became printable (often empty: a special token
-    /// being skipped, or part of a character still waiting for its remaining bytes).
-    pub fn push(&mut self, id: u32) -> Result<String, TextError> {
+    /// See [`StreamDecoder::push`].
+    pub fn push(&mut self, codec: &TextCodec, id: u32) -> Result<String, TextError> {
         self.ids.push(id);
-        let prefix_text = self
-            .codec
-            .decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
-        let new_text = self
-            .codec
-            .decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
+        let prefix_text =
+            codec.decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
+        let new_text = codec.decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
         if new_text.len() > prefix_text.len() && !new_text.ends_with(REPLACEMENT) {
             if let Some(piece) = new_suffix(&prefix_text, &new_text) {
                 let piece = piece.to_owned();
@@ -70,18 +101,14 @@ impl<'a> StreamDecoder<'a> {
         Ok(String::new())
     }
 
-    /// Flushes what is still held back (an incomplete character at the very end is emitted
-    /// as U+FFFD, as `decode` would) and clears the pending ids. Call once generation stops.
-    pub fn finish(&mut self) -> Result<String, TextError> {
+    /// See [`StreamDecoder::finish`].
+    pub fn finish(&mut self, codec: &TextCodec) -> Result<String, TextError> {
         if self.read == self.ids.len() {
             return Ok(String::new());
         }
-        let prefix_text = self
-            .codec
-            .decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
-        let new_text = self
-            .codec
-            .decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
+        let prefix_text =
+            codec.decode(&self.ids[self.prefix..self.read], self.skip_special_tokens)?;
+        let new_text = codec.decode(&self.ids[self.prefix..], self.skip_special_tokens)?;
         let piece = new_suffix(&prefix_text, &new_text)
             .unwrap_or_default()
             .to_owned();
