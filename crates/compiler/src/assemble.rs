@@ -10,10 +10,11 @@
 use crate::error::CompileError;
 use crate::materialize::{weight_buffer_bytes, TensorSource};
 use gerbil_codegen_wgsl::{generate, CodegenOptions};
-use gerbil_frontend_hf::TextAssets;
+use gerbil_frontend_hf::{GenerationConfig, TextAssets};
 use gerbil_ir::Graph;
 use gerbil_plan::{
-    write_plan, BufferKind, CompileInfo, DataLayout, ModelInfo, PlanHeader, TextInfo,
+    write_plan, BufferKind, CompileInfo, DataLayout, GenerationDefaults, ModelInfo, PlanHeader,
+    TextInfo,
 };
 use std::borrow::Cow;
 use std::path::Path;
@@ -91,6 +92,7 @@ pub fn build_plan<'a>(
             bos_token: text.bos_token.clone(),
             eos_token: text.eos_token.clone(),
             eos_token_ids: text.eos_token_ids.clone(),
+            generation: generation_defaults(&text.generation),
         },
         compile,
         buffers,
@@ -106,4 +108,19 @@ pub fn build_plan<'a>(
         data,
         weight_bytes,
     })
+}
+
+/// The plan's copy of the checkpoint's `generation_config.json` settings
+/// (the frontend has checked their ranges).
+fn generation_defaults(g: &GenerationConfig) -> GenerationDefaults {
+    GenerationDefaults {
+        do_sample: g.do_sample,
+        temperature: g.temperature,
+        top_k: g.top_k,
+        top_p: g.top_p,
+        min_p: g.min_p,
+        repetition_penalty: g.repetition_penalty,
+        max_new_tokens: g.max_new_tokens,
+        max_length: g.max_length,
+    }
 }

@@ -26,6 +26,7 @@ pub mod checkpoint;
 pub mod config;
 pub mod error;
 pub(crate) mod families;
+pub mod generation;
 pub mod lower;
 pub mod rope;
 pub mod safetensors_store;
@@ -34,6 +35,7 @@ pub mod text;
 pub use checkpoint::Checkpoint;
 pub use config::{HfConfig, RopeConfig, RopeParameters};
 pub use error::FrontendError;
+pub use generation::GenerationConfig;
 pub use lower::{
     family_of, lower, lower_with, required_weights, supported_architectures, LowerOptions, Lowered,
     ModelFacts, RequiredWeight,

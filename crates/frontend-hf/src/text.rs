@@ -16,9 +16,12 @@
 //! - `bos_token` / `eos_token` from `tokenizer_config.json` (a string or an
 //!   `AddedToken` object with `content`);
 //! - end-of-sequence ids from `generation_config.json` `eos_token_id` (an int
-//!   or a list), else from `config.json`.
+//!   or a list), else from `config.json`;
+//! - the recommended sampling settings of `generation_config.json`
+//!   ([`GenerationConfig`]).
 
 use crate::error::{FrontendError, Result};
+use crate::generation::GenerationConfig;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -44,6 +47,8 @@ pub struct TextAssets {
     pub eos_token: Option<String>,
     /// Ids that end generation (generation_config.json, else config.json).
     pub eos_token_ids: Vec<u32>,
+    /// Sampling settings from generation_config.json.
+    pub generation: GenerationConfig,
 }
 
 /// Reads a file if it exists; `Ok(None)` when it does not.
@@ -195,6 +200,7 @@ impl TextAssets {
             )?
             .unwrap_or_default(),
         };
+        let generation = GenerationConfig::from_json(gc.as_ref(), &gc_path)?;
 
         Ok(TextAssets {
             tokenizer_json,
@@ -202,6 +208,7 @@ impl TextAssets {
             bos_token,
             eos_token,
             eos_token_ids,
+            generation,
         })
     }
 }

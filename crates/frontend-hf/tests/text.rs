@@ -128,3 +128,29 @@ fn a_malformed_chat_template_list_is_an_error_naming_file_and_entry() {
     let text = TextAssets::load(tmp.path()).unwrap();
     assert_eq!(text.chat_template.as_deref(), Some("FROM FILE"));
 }
+
+#[test]
+fn generation_config_sampling_keys() {
+    let tmp = TempDir::new("gencfg");
+    let dir = tmp.path();
+    let gc = dir.join("generation_config.json");
+    std::fs::write(
+        &gc,
+        json!({"do_sample": true, "temperature": 0.6, "top_p": 0.9, "eos_token_id": 2}).to_string(),
+    )
+    .unwrap();
+    let g = TextAssets::load(dir).unwrap().generation;
+    assert_eq!(
+        (
+            g.do_sample,
+            g.temperature,
+            g.top_p,
+            g.top_k,
+            g.max_new_tokens
+        ),
+        (Some(true), Some(0.6), Some(0.9), None, None)
+    );
+    std::fs::write(&gc, r#"{"temperature": "NaN"}"#).unwrap();
+    let e = TextAssets::load(dir).unwrap_err().to_string();
+    assert!(e.contains("generation_config.json: `temperature`"), "{e}");
+}

@@ -145,6 +145,49 @@ pub struct TextInfo {
     pub eos_token: Option<String>,
     /// Token ids that end generation.
     pub eos_token_ids: Vec<u32>,
+    /// The model's recommended generation settings, from its
+    /// `generation_config.json` (plans written before this field read as all
+    /// absent).
+    #[serde(default)]
+    pub generation: GenerationDefaults,
+}
+
+/// Generation settings a checkpoint recommends in `generation_config.json`,
+/// validated by the compiler. Every field is `None` when the file does not
+/// set it: absent is not transformers' default (which would be
+/// `temperature` 1, `top_k` 50, `top_p` 1, `repetition_penalty` 1,
+/// `max_length` 20), and choosing a default is left to the caller. As in
+/// transformers, sampling is on only when `do_sample` is `Some(true)`;
+/// otherwise decoding is greedy whatever `temperature` says.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct GenerationDefaults {
+    /// Whether to sample (`true`) or decode greedily (`false` or absent).
+    #[serde(default)]
+    pub do_sample: Option<bool>,
+    /// Softmax temperature, finite and ≥ 0 (0 means greedy).
+    #[serde(default)]
+    pub temperature: Option<f32>,
+    /// Keep only the `k` most likely tokens (0 = all).
+    #[serde(default)]
+    pub top_k: Option<u64>,
+    /// Nucleus sampling: keep the most likely tokens holding this much
+    /// probability, in (0, 1] (1 = all).
+    #[serde(default)]
+    pub top_p: Option<f32>,
+    /// Keep tokens at least this fraction as likely as the most likely, in
+    /// [0, 1] (0 = all).
+    #[serde(default)]
+    pub min_p: Option<f32>,
+    /// transformers' repetition penalty, finite and > 0 (1 = off).
+    #[serde(default)]
+    pub repetition_penalty: Option<f32>,
+    /// Most tokens to generate after the prompt.
+    #[serde(default)]
+    pub max_new_tokens: Option<u64>,
+    /// Most tokens of prompt and generation together (transformers uses it
+    /// only when `max_new_tokens` is absent).
+    #[serde(default)]
+    pub max_length: Option<u64>,
 }
 
 /// A record of the compilation.
