@@ -1,11 +1,15 @@
 //! `gerbil-run`: runs gerbil plans — generate text, print JSON, benchmark.
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use gerbil_cli::chat::{chat, ChatOptions};
+use gerbil_cli::gen_args::SamplingArgs;
 use gerbil_cli::run::{bench, run, BenchOptions, Prompt, RunOptions};
+use gerbil_cli::sweep::{run_sweep, SweepOptions};
 use gerbil_runtime::pipeline_cache::default_dir;
-use gerbil_runtime::{PipelineCacheOptions, PrecisionChoice, SamplingParams};
-use std::path::PathBuf;
+use gerbil_runtime::{PipelineCacheOptions, PrecisionChoice, SamplingParams, SessionOptions};
+use std::io::{IsTerminal, Read};
+use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 #[command(
@@ -14,8 +18,9 @@ use std::path::PathBuf;
     about = "Run a gerbil plan on any WebGPU device"
 )]
 struct Cli {
-    /// The plan compiled by `gerbilc compile`.
-    plan: PathBuf,
+    /// The plan compiled by `gerbilc compile` (every command but `devices`
+    /// needs one).
+    plan: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
     #[command(flatten)]
@@ -39,9 +44,35 @@ struct Cli {
     /// turns it off).
     #[arg(long, global = true)]
     no_pipeline_cache: bool,
+    /// KV-cache size in tokens, up to the plan's --max-context (the
+    /// default): a smaller context takes less GPU memory.
+    #[arg(long, global = true, value_name = "N")]
+    ctx: Option<u64>,
 }
 
 impl Cli {
+    /// The plan argument, or an error saying it is missing.
+    fn plan(&self) -> Result<&Path> {
+        match &self.plan {
+            Some(p) => Ok(p),
+            None => bail!(
+                "no plan given: run `gerbil-run PLAN --prompt TEXT` (or `gerbil-run PLAN bench`), \
+                 or `gerbil-run devices` to list the GPUs"
+            ),
+        }
+    }
+
+    /// How to load the plan for generation (chat, serve, a plain run).
+    fn session_options(&self) -> SessionOptions {
+        SessionOptions {
+            precision: self.precision,
+            variant: self.variant.clone(),
+            pipeline_cache: self.pipeline_cache(false),
+            context: self.ctx,
+            ..SessionOptions::default()
+        }
+    }
+
     /// The pipeline cache to use; `cold` ignores what is stored.
     fn pipeline_cache(&self, cold: bool) -> Option<PipelineCacheOptions> {
         if self.no_pipeline_cache {
@@ -57,46 +88,88 @@ fn parse_precision(s: &str) -> Result<PrecisionChoice, String> {
 
 #[derive(Args)]
 struct GenArgs {
-    /// Prompt text (tokenized like `tokenizer(text)` in transformers).
+    /// Prompt text (tokenized like `tokenizer(text)` in transformers); `-`
+    /// reads standard input, as does a piped input without --prompt.
     #[arg(long, conflicts_with = "input_ids")]
     prompt: Option<String>,
     /// Apply the model's chat template to the prompt as one user message.
-    #[arg(long, requires = "prompt")]
+    #[arg(long, conflicts_with = "input_ids")]
     chat: bool,
+    /// With --chat: the system message.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
     /// Comma-separated token ids instead of a prompt.
     #[arg(long, value_delimiter = ',')]
     input_ids: Option<Vec<u32>>,
-    /// Tokens to generate (0: only print the prompt's ids).
-    #[arg(long, default_value_t = 128)]
-    max_new_tokens: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// Sample among the K most likely tokens (0: all).
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    /// Nucleus sampling threshold.
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    /// Keep tokens at least this fraction as likely as the most likely (0: all).
-    #[arg(long, default_value_t = 0.0)]
-    min_p: f32,
-    /// Random seed for sampling.
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// Record the K largest logits of every step (with --json).
     #[arg(long, value_name = "K")]
     top_logits: Option<usize>,
     /// Print exactly one JSON object on stdout.
     #[arg(long)]
     json: bool,
-    /// Do not stop at end-of-sequence tokens.
-    #[arg(long)]
-    ignore_eos: bool,
+}
+
+impl GenArgs {
+    /// Whether any flag of a plain run was given.
+    fn any_given(&self) -> bool {
+        self.prompt.is_some()
+            || self.chat
+            || self.system.is_some()
+            || self.input_ids.is_some()
+            || self.sampling.any_given()
+            || self.top_logits.is_some()
+            || self.json
+    }
+
+    /// The prompt: `--prompt`, `--input-ids`, or standard input (`--prompt
+    /// -`, or piped without either).
+    fn prompt(&self) -> Result<Prompt> {
+        let text = match (&self.prompt, &self.input_ids) {
+            (_, Some(ids)) => return Ok(Prompt::Ids(ids.clone())),
+            (Some(t), None) if t != "-" => t.clone(),
+            (Some(_), None) => read_stdin()?,
+            (None, None) if !std::io::stdin().is_terminal() => read_stdin()?,
+            (None, None) => bail!(
+                "give --prompt TEXT (or pipe the prompt in), --input-ids 1,2,3, or run `gerbil-run PLAN chat`"
+            ),
+        };
+        Ok(Prompt::Text {
+            text,
+            chat: self.chat,
+            system: self.system.clone(),
+        })
+    }
+}
+
+/// Standard input as the prompt (one trailing newline removed).
+fn read_stdin() -> Result<String> {
+    let mut text = String::new();
+    std::io::stdin()
+        .read_to_string(&mut text)
+        .context("reading the prompt from standard input")?;
+    if text.ends_with('\n') {
+        text.pop();
+        if text.ends_with('\r') {
+            text.pop();
+        }
+    }
+    Ok(text)
 }
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// Chat with the model: each line of standard input is a message; the
+    /// conversation's earlier turns stay in the KV cache. Commands: /reset,
+    /// /system TEXT, /stats, /exit.
+    Chat {
+        /// The system message.
+        #[arg(long)]
+        system: Option<String>,
+        #[command(flatten)]
+        sampling: SamplingArgs,
+    },
     /// Measure prefill and decode speed and GPU memory.
     Bench {
         /// Prompt length.
@@ -134,6 +207,15 @@ enum Cmd {
         /// cold load (the cache is still written for the next run).
         #[arg(long)]
         cold: bool,
+        /// Time prefill and decode at context lengths doubling from 128 up
+        /// to the plan's context (--new-tokens decoded from each depth) and
+        /// print a table (with --json, an array of points).
+        #[arg(long, conflicts_with_all = ["depth", "prompt_tokens", "profile"])]
+        sweep: bool,
+        /// With --sweep: also draw prefill and decode tok/s against context
+        /// length as an SVG line chart.
+        #[arg(long, value_name = "FILE", requires = "sweep")]
+        plot: Option<PathBuf>,
     },
 }
 
@@ -155,8 +237,18 @@ fn main() {
     }
 }
 
-fn real_main(cli: Cli) -> Result<()> {
-    match cli.cmd {
+fn real_main(mut cli: Cli) -> Result<()> {
+    let cmd = cli.cmd.take();
+    if cmd.is_some() && cli.gen.any_given() {
+        bail!(
+            "--prompt, --input-ids, --json and the generation flags belong to a plain run \
+             (`gerbil-run PLAN --prompt TEXT`); `chat` takes its own flags after the word `chat`"
+        );
+    }
+    if matches!(cmd, Some(Cmd::Bench { .. })) && cli.ctx.is_some() {
+        bail!("bench times the plan's whole context; drop --ctx (or compile with --max-context N)");
+    }
+    match cmd {
         Some(Cmd::Bench {
             prompt_tokens,
             new_tokens,
@@ -169,10 +261,31 @@ fn real_main(cli: Cli) -> Result<()> {
             json,
             profile,
             cold,
+            sweep,
+            ref plot,
         }) => {
+            if sweep {
+                let opts = SweepOptions {
+                    new_tokens,
+                    sampling: SamplingParams {
+                        temperature,
+                        top_k,
+                        top_p,
+                        min_p,
+                        seed: 0,
+                        ..SamplingParams::default()
+                    },
+                    repeats,
+                    precision: cli.precision,
+                    variant: cli.variant.clone(),
+                    pipeline_cache: cli.pipeline_cache(cold),
+                };
+                let plot = plot.as_deref();
+                return pollster::block_on(run_sweep(cli.plan()?, &opts, json, plot));
+            }
             let pipeline_cache = cli.pipeline_cache(cold);
             let r = pollster::block_on(bench(
-                &cli.plan,
+                cli.plan()?,
                 BenchOptions {
                     prompt_tokens,
                     new_tokens,
@@ -183,6 +296,7 @@ fn real_main(cli: Cli) -> Result<()> {
                         top_p,
                         min_p,
                         seed: 0,
+                        ..SamplingParams::default()
                     },
                     repeats,
                     profile,
@@ -261,34 +375,25 @@ fn real_main(cli: Cli) -> Result<()> {
                 }
             }
         }
-        None => {
-            let pipeline_cache = cli.pipeline_cache(false);
-            let g = cli.gen;
-            let prompt = match (g.prompt, g.input_ids) {
-                (Some(text), None) => Prompt::Text { text, chat: g.chat },
-                (None, Some(ids)) => Prompt::Ids(ids),
-                _ => bail!("give --prompt TEXT or --input-ids 1,2,3"),
+        Some(Cmd::Chat { system, sampling }) => {
+            let opts = ChatOptions {
+                system,
+                sampling,
+                session: cli.session_options(),
+                quiet: false,
             };
-            pollster::block_on(run(
-                &cli.plan,
-                &RunOptions {
-                    prompt,
-                    max_new_tokens: g.max_new_tokens,
-                    sampling: SamplingParams {
-                        temperature: g.temperature,
-                        top_k: g.top_k,
-                        top_p: g.top_p,
-                        min_p: g.min_p,
-                        seed: g.seed,
-                    },
-                    top_logits: g.top_logits,
-                    json: g.json,
-                    ignore_eos: g.ignore_eos,
-                    precision: cli.precision,
-                    variant: cli.variant.clone(),
-                    pipeline_cache,
-                },
-            ))?;
+            pollster::block_on(chat(cli.plan()?, &opts))?;
+        }
+        None => {
+            let opts = RunOptions {
+                prompt: cli.gen.prompt()?,
+                sampling: cli.gen.sampling.clone(),
+                top_logits: cli.gen.top_logits,
+                json: cli.gen.json,
+                session: cli.session_options(),
+                quiet: false,
+            };
+            pollster::block_on(run(cli.plan()?, &opts))?;
         }
     }
     Ok(())
