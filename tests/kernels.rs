@@ -1864,6 +1864,7 @@ fn sample_token_matches_the_cpu_sampler() {
         top_p,
         min_p,
         seed,
+        ..SamplingParams::default()
     };
     let mut cases: Vec<Case> = vec![
         (Rows::Fixed(1), 1, 1, Logits::Random, greedy),

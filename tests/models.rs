@@ -117,6 +117,7 @@ fn check_gpu_greedy(session: &mut Session, case: &TinyCase) -> Result<(), String
         top_p: 0.95,
         min_p: 0.02,
         seed: 42,
+        ..SamplingParams::default()
     };
     let mut sampled = |keep_logits| {
         let opts = GenerateOptions {

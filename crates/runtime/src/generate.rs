@@ -6,10 +6,12 @@
 //! steps are encoded [`DECODE_BATCH`] at a time, no logits readback); with
 //! [`GenerateOptions::keep_logits`] each step's logits are read and the
 //! [`Sampler`] chooses on the CPU. Both make the same choice (the sampler's
-//! noise is a hash of the seed and the position).
+//! noise is a hash of the seed and the position). Penalties
+//! ([`SamplingParams::has_penalties`]) need the tokens so far, which only the
+//! CPU keeps: with them, every step's logits are read back too.
 
 use crate::error::RuntimeError;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Sampler, SamplingParams, TokenHistory};
 use crate::session::Session;
 
 /// Decode steps per submission when decoding greedily on the GPU: enough
@@ -21,9 +23,9 @@ pub const DECODE_BATCH: usize = 8;
 pub struct TokenEvent<'a> {
     /// The chosen token.
     pub token: u32,
-    /// Logits of the distribution it was chosen from; `None` when greedy
-    /// decoding ran on the GPU (ask for them with
-    /// [`GenerateOptions::keep_logits`]).
+    /// Logits of the distribution it was chosen from (after the penalties,
+    /// when any are on); `None` when decoding ran on the GPU (ask for them
+    /// with [`GenerateOptions::keep_logits`]).
     pub logits: Option<&'a [f32]>,
 }
 
@@ -81,10 +83,12 @@ pub async fn generate(
         session.set_sampling(&SamplingParams::default());
         return out;
     }
+    let mut history = TokenHistory::with_prompt(prompt);
     let mut logits = session.forward(prompt).await?;
     loop {
         let position = u32::try_from(session.position().saturating_sub(1)).unwrap_or(u32::MAX);
-        let token = sampler.sample(&logits, position);
+        let token = sampler.sample_with_history(&mut logits, position, &history);
+        history.push_generated(token);
         on_token(TokenEvent {
             token,
             logits: Some(&logits),

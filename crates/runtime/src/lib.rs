@@ -47,7 +47,7 @@ pub use generation::{
 pub use model::Model;
 pub use pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
 pub use profile::DispatchTime;
-pub use sampling::{argmax, top_logits, Sampler, SamplingParams};
+pub use sampling::{argmax, top_logits, Sampler, SamplingParams, TokenHistory};
 pub use session::{LoadReport, MemoryReport, Session, SessionOptions};
 pub use variant::PrecisionChoice;
 

@@ -13,8 +13,18 @@
 //! at or above it still hold `top_p` of the kept probability (top-p); then
 //! `max + T·ln(min_p)` (min-p) — transformers' order. Tokens tied at a threshold are all kept. NaN
 //! logits are never kept or chosen.
+//!
+//! Penalties run on the CPU only, before all of that (greedy included): the
+//! repetition penalty of transformers over every id of the context, then the
+//! presence and frequency penalties of OpenAI over the generated ids. The
+//! caller keeps a [`TokenHistory`] up to date and calls
+//! [`Sampler::sample_with_history`]; a step touches only the ids the history
+//! holds, never the whole vocabulary. The GPU's `sample_token` kernel knows
+//! nothing of penalties, so [`crate::Session::can_sample_on_gpu`] says no
+//! when they are on and generation reads every step's logits back.
 
 use crate::error::RuntimeError;
+use std::collections::HashMap;
 
 /// How to pick tokens.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -29,6 +39,16 @@ pub struct SamplingParams {
     pub min_p: f32,
     /// Random seed; the same seed gives the same tokens.
     pub seed: u64,
+    /// transformers' repetition penalty `p > 0` (1 = off): the logit `l` of
+    /// every id already in the context (prompt and generated) becomes
+    /// `l / p` when `l > 0`, else `l · p`.
+    pub repetition_penalty: f32,
+    /// OpenAI's presence penalty in [−2, 2] (0 = off): subtracted once from
+    /// the logit of every id generated so far.
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty in [−2, 2] (0 = off): subtracted from the
+    /// logit of every generated id as many times as it was generated.
+    pub frequency_penalty: f32,
 }
 
 impl Default for SamplingParams {
@@ -39,6 +59,9 @@ impl Default for SamplingParams {
             top_p: 1.0,
             min_p: 0.0,
             seed: 0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
         }
     }
 }
@@ -49,9 +72,17 @@ impl SamplingParams {
         self.temperature == 0.0 || self.top_k == 1
     }
 
+    /// Whether any penalty is on (they need the CPU: see
+    /// [`crate::Session::can_sample_on_gpu`]).
+    pub fn has_penalties(&self) -> bool {
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+    }
+
     /// The 32-byte uniform the `sample_token` kernel reads: seed (low, high
     /// word), temperature (0 when greedy), top-k (0 = all; saturated to
-    /// `u32::MAX`), top-p, min-p, two zero words.
+    /// `u32::MAX`), top-p, min-p, two zero words. Penalties are not in it.
     pub fn to_words(&self) -> [u32; 8] {
         let t = if self.is_greedy() {
             0.0
@@ -121,6 +152,46 @@ pub fn gumbel(seed: u64, position: u32, id: u32) -> f32 {
     -(-u.ln()).ln()
 }
 
+/// The tokens the penalties look at: every distinct id of the context (the
+/// prompt and what was generated) and how many times each was generated.
+/// Start it with the prompt, push each generated token, and hand it to
+/// [`Sampler::sample_with_history`]. Memory and time per step grow with the
+/// distinct ids, not with the vocabulary.
+#[derive(Clone, Debug, Default)]
+pub struct TokenHistory {
+    /// Distinct ids of the context → times generated (0: prompt only).
+    counts: HashMap<u32, u32>,
+}
+
+impl TokenHistory {
+    /// A history holding `prompt` (tokens that count for the repetition
+    /// penalty only).
+    pub fn with_prompt(prompt: &[u32]) -> TokenHistory {
+        let mut history = TokenHistory::default();
+        history.push_prompt(prompt);
+        history
+    }
+
+    /// Adds context tokens that were not generated (a prompt, a chat turn's
+    /// new input): the repetition penalty sees them, presence and frequency
+    /// do not.
+    pub fn push_prompt(&mut self, tokens: &[u32]) {
+        for &t in tokens {
+            self.counts.entry(t).or_insert(0);
+        }
+    }
+
+    /// Adds a generated token: every penalty sees it.
+    pub fn push_generated(&mut self, token: u32) {
+        *self.counts.entry(token).or_insert(0) += 1;
+    }
+
+    /// Forgets every token (a new conversation).
+    pub fn clear(&mut self) {
+        self.counts.clear();
+    }
+}
+
 /// A validated sampling configuration.
 #[derive(Debug)]
 pub struct Sampler {
@@ -129,7 +200,9 @@ pub struct Sampler {
 
 impl Sampler {
     /// A sampler; rejects a negative or non-finite temperature, top-p outside
-    /// (0, 1] and min-p outside [0, 1].
+    /// (0, 1], min-p outside [0, 1], a repetition penalty that is not a
+    /// finite number > 0, and presence or frequency penalties outside
+    /// [−2, 2].
     pub fn new(params: SamplingParams) -> Result<Sampler, RuntimeError> {
         if !params.temperature.is_finite() || params.temperature < 0.0 {
             return Err(RuntimeError::Sampling(format!(
@@ -149,6 +222,22 @@ impl Sampler {
                 params.min_p
             )));
         }
+        let p = params.repetition_penalty;
+        if !p.is_finite() || p <= 0.0 {
+            return Err(RuntimeError::Sampling(format!(
+                "--repetition-penalty must be a finite number > 0 (1 = off), got {p}"
+            )));
+        }
+        for (flag, v) in [
+            ("--presence-penalty", params.presence_penalty),
+            ("--frequency-penalty", params.frequency_penalty),
+        ] {
+            if v.is_nan() || !(-2.0..=2.0).contains(&v) {
+                return Err(RuntimeError::Sampling(format!(
+                    "{flag} must be in [-2, 2] (0 = off), got {v}"
+                )));
+            }
+        }
         Ok(Sampler { params })
     }
 
@@ -162,7 +251,45 @@ impl Sampler {
         self.params.is_greedy()
     }
 
-    /// Picks the token that follows the token at `position`.
+    /// Applies the penalties to `logits` in place (nothing when they are
+    /// off): for each id of `history`, the repetition penalty, then minus the
+    /// presence penalty if it was generated and the frequency penalty times
+    /// the times it was generated (vLLM's order). Ids outside `logits` are
+    /// skipped.
+    pub fn penalize(&self, logits: &mut [f32], history: &TokenHistory) {
+        let p = &self.params;
+        if !p.has_penalties() {
+            return;
+        }
+        let rep = p.repetition_penalty;
+        for (&id, &generated) in &history.counts {
+            let Some(l) = logits.get_mut(id as usize) else {
+                continue;
+            };
+            if rep != 1.0 {
+                *l = if *l < 0.0 { *l * rep } else { *l / rep };
+            }
+            if generated > 0 {
+                *l -= p.presence_penalty + p.frequency_penalty * generated as f32;
+            }
+        }
+    }
+
+    /// Picks the token that follows the token at `position` after the
+    /// penalties: [`Sampler::penalize`] (which leaves the penalized logits in
+    /// `logits`), then [`Sampler::sample`].
+    pub fn sample_with_history(
+        &self,
+        logits: &mut [f32],
+        position: u32,
+        history: &TokenHistory,
+    ) -> u32 {
+        self.penalize(logits, history);
+        self.sample(logits, position)
+    }
+
+    /// Picks the token that follows the token at `position`, with no
+    /// penalties (see [`Sampler::sample_with_history`]).
     pub fn sample(&self, logits: &[f32], position: u32) -> u32 {
         let p = self.params;
         if p.is_greedy() {
@@ -245,6 +372,7 @@ mod tests {
             top_p,
             min_p,
             seed: 7,
+            ..SamplingParams::default()
         }
     }
 
@@ -333,6 +461,151 @@ mod tests {
         seen.sort_unstable();
         seen.dedup();
         assert_eq!(seen, vec![1, 3, 4]);
+    }
+
+    fn penalties(repetition: f32, presence: f32, frequency: f32) -> SamplingParams {
+        SamplingParams {
+            repetition_penalty: repetition,
+            presence_penalty: presence,
+            frequency_penalty: frequency,
+            ..SamplingParams::default()
+        }
+    }
+
+    fn assert_close(got: &[f32], want: &[f32]) {
+        assert_eq!(got.len(), want.len());
+        for (i, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() < 1e-6, "logit {i}: {g} vs {w} ({got:?})");
+        }
+    }
+
+    const LOGITS: [f32; 6] = [1.7, -0.9, 2.4, -3.1, 0.6, 1.2];
+
+    /// transformers' rule: a positive logit is divided by the penalty, a
+    /// negative one multiplied, so both become less likely; ids not in the
+    /// context are untouched.
+    #[test]
+    fn repetition_penalty_follows_the_sign_rule() {
+        let s = Sampler::new(penalties(1.5, 0.0, 0.0)).unwrap();
+        let mut l = LOGITS;
+        s.penalize(&mut l, &TokenHistory::with_prompt(&[0, 1, 3, 0]));
+        assert_close(&l, &[1.7 / 1.5, -1.35, 2.4, -4.65, 0.6, 1.2]);
+        // Generated tokens count too, once each however often they appear.
+        let mut h = TokenHistory::default();
+        h.push_generated(2);
+        h.push_generated(2);
+        let mut l = LOGITS;
+        s.penalize(&mut l, &h);
+        assert_close(&l, &[1.7, -0.9, 1.6, -3.1, 0.6, 1.2]);
+    }
+
+    /// Presence subtracts once per generated id, frequency once per time it
+    /// was generated; prompt tokens are not counted. With a repetition
+    /// penalty, it divides first.
+    #[test]
+    fn presence_and_frequency_count_generated_tokens() {
+        let mut h = TokenHistory::with_prompt(&[1, 4]);
+        for t in [2, 4, 2, 2] {
+            h.push_generated(t);
+        }
+        let mut l = LOGITS;
+        Sampler::new(penalties(1.0, 0.5, 0.25))
+            .unwrap()
+            .penalize(&mut l, &h);
+        // 2: 2.4 − 0.5 − 3·0.25; 4: 0.6 − 0.5 − 0.25; 1 (prompt only) unchanged.
+        assert_close(&l, &[1.7, -0.9, 1.15, -3.1, -0.15, 1.2]);
+        let mut l = LOGITS;
+        Sampler::new(penalties(1.5, 0.5, 0.25))
+            .unwrap()
+            .penalize(&mut l, &h);
+        assert_close(&l, &[1.7, -1.35, 0.35, -3.1, -0.35, 1.2]);
+        // Negative penalties make generated tokens more likely.
+        let mut l = LOGITS;
+        Sampler::new(penalties(1.0, -1.0, -0.5))
+            .unwrap()
+            .penalize(&mut l, &h);
+        assert_close(&l, &[1.7, -0.9, 4.9, -3.1, 2.1, 1.2]);
+    }
+
+    #[test]
+    fn penalties_off_or_out_of_range_ids_leave_logits_alone() {
+        let h = TokenHistory::with_prompt(&[0, 2, 5, 99]);
+        let mut l = LOGITS;
+        Sampler::new(SamplingParams::default())
+            .unwrap()
+            .penalize(&mut l, &h);
+        assert_eq!(l.map(f32::to_bits), LOGITS.map(f32::to_bits));
+        // Id 99 is past the vocabulary: skipped, no panic.
+        let mut l = LOGITS;
+        Sampler::new(penalties(2.0, 0.0, 0.0))
+            .unwrap()
+            .penalize(&mut l, &h);
+        assert_close(&l, &[0.85, -0.9, 1.2, -3.1, 0.6, 0.6]);
+    }
+
+    /// Greedy decoding takes the argmax of the penalized logits.
+    #[test]
+    fn greedy_with_repetition_penalty_changes_the_argmax() {
+        let logits = [1.7f32, -0.9, 2.4, -3.1, 0.6, 2.0];
+        let h = TokenHistory::with_prompt(&[2, 3]);
+        let greedy = |p: SamplingParams| {
+            let mut l = logits;
+            Sampler::new(p).unwrap().sample_with_history(&mut l, 9, &h)
+        };
+        assert_eq!(greedy(SamplingParams::default()), 2);
+        // 2.4 / 1.1 ≈ 2.18 still beats 2.0; 2.4 / 1.3 ≈ 1.85 does not.
+        assert_eq!(greedy(penalties(1.1, 0.0, 0.0)), 2);
+        assert_eq!(greedy(penalties(1.3, 0.0, 0.0)), 5);
+        // A penalty below 1 favours the context: 2.4 / 0.5 = 4.8 wins more
+        // clearly, and −3.1 · 0.5 = −1.55 rises.
+        assert_eq!(greedy(penalties(0.5, 0.0, 0.0)), 2);
+    }
+
+    /// Sampling draws from the penalized logits: a heavily penalized token
+    /// is never drawn although it is the likeliest without penalties.
+    #[test]
+    fn sampling_draws_from_penalized_logits() {
+        let logits: Vec<f32> = (0..50).map(|i| (i as f32 * 0.37).sin() * 3.0).collect();
+        let top = argmax(&logits);
+        let mut h = TokenHistory::default();
+        for _ in 0..40 {
+            h.push_generated(top);
+        }
+        let p = SamplingParams {
+            temperature: 1.0,
+            seed: 3,
+            ..penalties(1.0, 0.0, 2.0)
+        };
+        let s = Sampler::new(p).unwrap();
+        let plain = (0..500)
+            .filter(|&pos| s.sample(&logits, pos) == top)
+            .count();
+        assert!(plain > 10, "{plain}");
+        let penalized = (0..500)
+            .filter(|&pos| s.sample_with_history(&mut logits.clone(), pos, &h) == top)
+            .count();
+        assert_eq!(penalized, 0);
+    }
+
+    #[test]
+    fn bad_penalties_are_errors_naming_the_flag() {
+        for (p, flag) in [
+            (penalties(0.0, 0.0, 0.0), "--repetition-penalty"),
+            (penalties(-1.2, 0.0, 0.0), "--repetition-penalty"),
+            (penalties(f32::NAN, 0.0, 0.0), "--repetition-penalty"),
+            (penalties(f32::INFINITY, 0.0, 0.0), "--repetition-penalty"),
+            (penalties(1.0, 2.5, 0.0), "--presence-penalty"),
+            (penalties(1.0, f32::NAN, 0.0), "--presence-penalty"),
+            (penalties(1.0, 0.0, -2.1), "--frequency-penalty"),
+            (penalties(1.0, 0.0, f32::INFINITY), "--frequency-penalty"),
+        ] {
+            let e = Sampler::new(p).unwrap_err().to_string();
+            assert!(e.contains(flag), "{p:?}: {e}");
+        }
+        assert!(Sampler::new(penalties(1.3, -2.0, 2.0)).is_ok());
+        assert!(penalties(1.3, 0.0, 0.0).has_penalties());
+        assert!(penalties(1.0, 0.0, 0.1).has_penalties());
+        assert!(!SamplingParams::default().has_penalties());
     }
 
     #[test]
