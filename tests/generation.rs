@@ -1,0 +1,188 @@
+//! Generation controls end to end: `generate` with penalties on a tiny model
+//! against a step-by-step reference built from read-back logits, and a
+//! checkpoint's `generation_config.json` settings carried into the plan (or
+//! refused, naming the key).
+
+use gerbil_compiler::Checkpoint;
+use gerbil_e2e::*;
+use gerbil_plan::{GenerationDefaults, PlanFile};
+use gerbil_runtime::{argmax, generate, GenerateOptions, Sampler, SamplingParams, Session};
+use pollster::block_on;
+use std::collections::HashMap;
+
+/// Tokens to generate: enough for a random tiny model to repeat itself.
+const NEW_TOKENS: usize = 24;
+
+/// The penalties written out independently of the runtime's sampler:
+/// transformers' repetition penalty over every id of `context`, then OpenAI's
+/// presence and frequency penalties over the ids of `generated`.
+fn penalized(logits: &[f32], p: &SamplingParams, context: &[u32], generated: &[u32]) -> Vec<f32> {
+    let mut l = logits.to_vec();
+    let mut seen: Vec<u32> = context.to_vec();
+    seen.sort_unstable();
+    seen.dedup();
+    for id in seen {
+        let v = &mut l[id as usize];
+        *v = if *v < 0.0 {
+            *v * p.repetition_penalty
+        } else {
+            *v / p.repetition_penalty
+        };
+    }
+    let mut counts: HashMap<u32, u32> = HashMap::new();
+    for &t in generated {
+        *counts.entry(t).or_default() += 1;
+    }
+    for (id, n) in counts {
+        l[id as usize] -= p.presence_penalty + p.frequency_penalty * n as f32;
+    }
+    l
+}
+
+/// Decodes `NEW_TOKENS` one `Session::forward` at a time, choosing from the
+/// read-back logits after [`penalized`]: argmax when greedy, else the
+/// sampler (its noise depends only on the seed and the position).
+fn reference(session: &mut Session, prompt: &[u32], p: &SamplingParams) -> Vec<u32> {
+    let plain = Sampler::new(SamplingParams {
+        repetition_penalty: 1.0,
+        presence_penalty: 0.0,
+        frequency_penalty: 0.0,
+        ..*p
+    })
+    .expect("sampler");
+    session.reset();
+    let mut context = prompt.to_vec();
+    let mut generated = Vec::new();
+    let mut logits = block_on(session.forward(prompt)).expect("prefill");
+    while generated.len() < NEW_TOKENS {
+        let l = penalized(&logits, p, &context, &generated);
+        let token = if p.is_greedy() {
+            argmax(&l)
+        } else {
+            plain.sample(&l, session.position() as u32 - 1)
+        };
+        context.push(token);
+        generated.push(token);
+        logits = block_on(session.forward(&[token])).expect("decode step");
+    }
+    generated
+}
+
+fn generated(session: &mut Session, prompt: &[u32], sampling: SamplingParams) -> Vec<u32> {
+    let opts = GenerateOptions {
+        max_new_tokens: NEW_TOKENS,
+        sampling,
+        eos_token_ids: vec![],
+        keep_logits: false,
+    };
+    block_on(generate(session, prompt, &opts, |_| {})).expect("generate")
+}
+
+/// `generate` honours penalties although it would otherwise decode on the
+/// GPU: it falls back to the CPU loop and chooses exactly what the
+/// step-by-step reference chooses, and the penalty changes the text.
+#[test]
+fn generate_applies_penalties_like_the_reference() {
+    let _gpu = gpu_lock();
+    let plan_path = compile_plan(&tiny_model("llama"), |_| {});
+    let plan = PlanFile::open(&plan_path).expect("plan");
+    let mut session = block_on(Session::new(&plan)).expect("session");
+    let prompt = tiny_ref("llama")
+        .cases
+        .into_iter()
+        .find(|c| c.input_ids.len() > 1)
+        .expect("a case with a multi-token prompt")
+        .input_ids;
+
+    let greedy = SamplingParams::default();
+    let repetition = SamplingParams {
+        repetition_penalty: 1.3,
+        ..greedy
+    };
+    assert!(session.can_sample_on_gpu(&greedy));
+    assert!(!session.can_sample_on_gpu(&repetition));
+
+    let plain = generated(&mut session, &prompt, greedy);
+    assert_eq!(plain, reference(&mut session, &prompt, &greedy));
+    let penalized = generated(&mut session, &prompt, repetition);
+    assert_eq!(penalized, reference(&mut session, &prompt, &repetition));
+    assert_ne!(penalized, plain, "repetition penalty 1.3 changed nothing");
+
+    // Sampling with every penalty at once, and a penalty below 1.
+    for p in [
+        SamplingParams {
+            temperature: 0.8,
+            top_k: 40,
+            seed: 11,
+            repetition_penalty: 1.2,
+            presence_penalty: 0.4,
+            frequency_penalty: 0.7,
+            ..SamplingParams::default()
+        },
+        SamplingParams {
+            repetition_penalty: 0.7,
+            frequency_penalty: -0.3,
+            ..greedy
+        },
+    ] {
+        assert_eq!(
+            generated(&mut session, &prompt, p),
+            reference(&mut session, &prompt, &p),
+            "{p:?}"
+        );
+    }
+}
+
+/// A copy of the tiny Llama checkpoint whose `generation_config.json` is
+/// `gc`.
+fn checkpoint_with(gc: &str) -> tempfile::TempDir {
+    let dir = temp_dir("gencfg");
+    let src = tiny_model("llama");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).expect("copy the tiny model");
+    }
+    std::fs::write(dir.path().join("generation_config.json"), gc).expect("write");
+    dir
+}
+
+#[test]
+fn generation_config_settings_reach_the_plan_header() {
+    let dir = checkpoint_with(
+        r#"{"do_sample": true, "temperature": 0.6, "top_p": 0.9, "eos_token_id": [2, 3]}"#,
+    );
+    let plan = PlanFile::open(&compile_plan(dir.path(), |_| {})).expect("plan");
+    let text = &plan.header.text;
+    assert_eq!(text.eos_token_ids, vec![2, 3]);
+    assert_eq!(
+        text.generation,
+        GenerationDefaults {
+            do_sample: Some(true),
+            temperature: Some(0.6),
+            top_p: Some(0.9),
+            ..GenerationDefaults::default()
+        }
+    );
+    // The tiny model's own file sets no sampling key: all absent.
+    let plan = PlanFile::open(&compile_plan(&tiny_model("llama"), |_| {})).expect("plan");
+    assert_eq!(plan.header.text.generation, GenerationDefaults::default());
+}
+
+#[test]
+fn a_bad_generation_config_value_is_an_error_naming_the_key() {
+    for (gc, key) in [
+        (r#"{"do_sample": true, "temperature": -1}"#, "temperature"),
+        (r#"{"temperature": "NaN"}"#, "temperature"),
+        (r#"{"top_p": 1.5}"#, "top_p"),
+        (r#"{"repetition_penalty": 0}"#, "repetition_penalty"),
+    ] {
+        let dir = checkpoint_with(gc);
+        let err = match Checkpoint::open(dir.path()) {
+            Ok(_) => panic!("{gc} was accepted"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            err.contains(&format!("generation_config.json: `{key}`")),
+            "{gc}: {err}"
+        );
+    }
+}
