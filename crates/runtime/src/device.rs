@@ -9,6 +9,10 @@
 //! `pollster::block_on`. The surprise: on native targets wgpu makes progress
 //! only when polled, so [`Gpu::settle`] first calls `device.poll(wait)` (on the
 //! web the browser drives the GPU and `poll` returns at once).
+//!
+//! [`Gpu::adapters`] lists the adapters wgpu finds (native targets only), in
+//! the order [`Gpu::open_on`] numbers them; without a number the device is
+//! the high-performance adapter wgpu prefers.
 
 use crate::error::RuntimeError;
 use gerbil_plan::Requirements;
@@ -112,27 +116,140 @@ fn tensor_cores_requested() -> bool {
 /// configuration the tensor-core kernels use (16×16×16, f16 operands, f32
 /// sums); else nothing. The device then needs wgpu's experimental opt-in.
 fn tensor_core_features(adapter: &wgpu::Adapter) -> wgpu::Features {
-    let coop = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
-    if !tensor_cores_requested() {
-        return wgpu::Features::empty();
-    }
-    let f16_f32 = |p: &wgpu::CooperativeMatrixProperties| {
-        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
-            && p.ab_type == wgpu::CooperativeScalarType::F16
-            && p.cr_type == wgpu::CooperativeScalarType::F32
-    };
-    if adapter
-        .features()
-        .contains(coop | wgpu::Features::SHADER_F16)
-        && adapter.cooperative_matrix_properties().iter().any(f16_f32)
-    {
-        coop
+    if tensor_cores_requested() && has_tensor_cores(adapter) {
+        wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
     } else {
         wgpu::Features::empty()
     }
 }
 
+/// Whether the adapter offers cooperative matrices in the configuration the
+/// tensor-core kernels use (16×16×16, f16 operands, f32 sums) and shader-f16.
+fn has_tensor_cores(adapter: &wgpu::Adapter) -> bool {
+    let coop = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+    let f16_f32 = |p: &wgpu::CooperativeMatrixProperties| {
+        (p.m_size, p.n_size, p.k_size) == (16, 16, 16)
+            && p.ab_type == wgpu::CooperativeScalarType::F16
+            && p.cr_type == wgpu::CooperativeScalarType::F32
+    };
+    adapter
+        .features()
+        .contains(coop | wgpu::Features::SHADER_F16)
+        && adapter.cooperative_matrix_properties().iter().any(f16_f32)
+}
+
+/// One GPU adapter as [`Gpu::adapters`] lists it: what `gerbil-run devices`
+/// prints, and what `--device N` ([`Gpu::open_on`]) picks by `index`.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct AdapterSummary {
+    /// Position in the list: the number `--device` takes.
+    pub index: usize,
+    /// Adapter name, e.g. `llvmpipe (LLVM 15.0.7, 256 bits)`.
+    pub name: String,
+    /// wgpu backend: `vulkan`, `metal`, `dx12`, `gl`.
+    pub backend: String,
+    /// `discrete`, `integrated`, `virtual`, `cpu` or `other`.
+    pub device_type: String,
+    /// Driver name (may be empty).
+    pub driver: String,
+    /// Driver version and details (may be empty).
+    pub driver_info: String,
+    /// shader-f16: f16 arithmetic in shaders (the f16 variants need it).
+    pub shader_f16: bool,
+    /// Subgroup operations (the `subgroups` variants need them).
+    pub subgroups: bool,
+    /// Smallest and largest subgroup size the adapter reports.
+    pub subgroup_sizes: [u32; 2],
+    /// Cooperative matrices of 16×16×16 f16 → f32, which the `tensor-f16`
+    /// variant runs on; requested only with `GERBIL_TENSOR_CORES=1`.
+    pub cooperative_matrix: bool,
+    /// Timestamp queries inside passes (`bench --profile`).
+    pub timestamp_queries: bool,
+    /// Largest storage-buffer binding, in bytes (bounds the largest weight
+    /// or KV cache a plan may bind).
+    pub max_storage_binding: u64,
+    /// Largest buffer, in bytes.
+    pub max_buffer_size: u64,
+    /// Whether this is the adapter opened when none is chosen.
+    pub default: bool,
+}
+
+impl AdapterSummary {
+    #[cfg(not(target_arch = "wasm32"))]
+    fn of(index: usize, adapter: &wgpu::Adapter, default: Option<&wgpu::AdapterInfo>) -> Self {
+        let info = adapter.get_info();
+        let features = adapter.features();
+        let limits = adapter.limits();
+        let ts = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
+        AdapterSummary {
+            index,
+            default: default == Some(&info),
+            backend: info.backend.to_str().to_string(),
+            device_type: match info.device_type {
+                wgpu::DeviceType::DiscreteGpu => "discrete",
+                wgpu::DeviceType::IntegratedGpu => "integrated",
+                wgpu::DeviceType::VirtualGpu => "virtual",
+                wgpu::DeviceType::Cpu => "cpu",
+                wgpu::DeviceType::Other => "other",
+            }
+            .to_string(),
+            shader_f16: features.contains(wgpu::Features::SHADER_F16),
+            subgroups: features.contains(wgpu::Features::SUBGROUP),
+            subgroup_sizes: [info.subgroup_min_size, info.subgroup_max_size],
+            cooperative_matrix: has_tensor_cores(adapter),
+            timestamp_queries: features.contains(ts),
+            max_storage_binding: limits.max_storage_buffer_binding_size,
+            max_buffer_size: limits.max_buffer_size,
+            name: info.name,
+            driver: info.driver,
+            driver_info: info.driver_info,
+        }
+    }
+}
+
+/// A wgpu instance with the backends the environment allows
+/// (`WGPU_BACKEND` and friends).
+fn instance() -> wgpu::Instance {
+    wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env())
+}
+
+/// What the device is opened on when no adapter is chosen.
+fn default_adapter_options() -> wgpu::RequestAdapterOptions<'static, 'static> {
+    wgpu::RequestAdapterOptions {
+        power_preference: wgpu::PowerPreference::HighPerformance,
+        force_fallback_adapter: false,
+        compatible_surface: None,
+        ..Default::default()
+    }
+}
+
+/// Every adapter of `instance`, in a stable order (wgpu's, which follows
+/// the backends' and drivers' own).
+#[cfg(not(target_arch = "wasm32"))]
+async fn enumerate(instance: &wgpu::Instance) -> Vec<wgpu::Adapter> {
+    instance.enumerate_adapters(wgpu::Backends::all()).await
+}
+
 impl Gpu {
+    /// The adapters wgpu finds, numbered as [`Gpu::open_on`] takes them, the
+    /// default one marked. Native targets only: a browser offers one
+    /// adapter, chosen by `requestAdapter`.
+    #[cfg(not(target_arch = "wasm32"))]
+    pub async fn adapters() -> Vec<AdapterSummary> {
+        let instance = instance();
+        let adapters = enumerate(&instance).await;
+        let default = instance
+            .request_adapter(&default_adapter_options())
+            .await
+            .ok()
+            .map(|a| a.get_info());
+        adapters
+            .iter()
+            .enumerate()
+            .map(|(i, a)| AdapterSummary::of(i, a, default.as_ref()))
+            .collect()
+    }
+
     /// Opens the first high-performance adapter and a device with its full
     /// limits, after checking them against `need`.
     pub async fn open(need: &Requirements) -> Result<Gpu, RuntimeError> {
@@ -150,37 +267,85 @@ impl Gpu {
     /// WebGPU handles cannot be shared between threads, and a page has no
     /// driver limit to protect).
     pub async fn open_with(need: &Requirements, timestamps: bool) -> Result<Gpu, RuntimeError> {
+        Gpu::open_on(need, timestamps, None).await
+    }
+
+    /// Like [`Gpu::open_with`], on adapter `adapter` of [`Gpu::adapters`]'s
+    /// list (`None`: the high-performance default). An index past the list
+    /// is [`RuntimeError::NoSuchAdapter`]; in a browser any `Some` is
+    /// [`RuntimeError::AdapterChoiceUnsupported`]. The shared device is
+    /// per adapter choice and `timestamps`: `None` and the default's index
+    /// open two devices.
+    pub async fn open_on(
+        need: &Requirements,
+        timestamps: bool,
+        adapter: Option<usize>,
+    ) -> Result<Gpu, RuntimeError> {
         #[cfg(not(target_arch = "wasm32"))]
         {
             // An async lock, held while the first device is created, so that
             // callers racing to open one still share a single device.
-            static SHARED: futures::lock::Mutex<Vec<(bool, Gpu)>> =
+            type Key = (bool, Option<usize>);
+            static SHARED: futures::lock::Mutex<Vec<(Key, Gpu)>> =
                 futures::lock::Mutex::new(Vec::new());
+            let key = (timestamps, adapter);
             let mut shared = SHARED.lock().await;
-            if let Some((_, gpu)) = shared.iter().find(|(t, _)| *t == timestamps) {
+            if let Some((_, gpu)) = shared.iter().find(|(k, _)| *k == key) {
                 check_limits(&gpu.adapter.name, &gpu.limits, need)?;
                 return Ok(gpu.clone());
             }
-            let gpu = Gpu::create(need, timestamps).await?;
-            shared.push((timestamps, gpu.clone()));
+            let gpu = Gpu::create(need, timestamps, adapter).await?;
+            shared.push((key, gpu.clone()));
             Ok(gpu)
         }
         #[cfg(target_arch = "wasm32")]
-        Gpu::create(need, timestamps).await
+        match adapter {
+            Some(_) => Err(RuntimeError::AdapterChoiceUnsupported),
+            None => Gpu::create(need, timestamps).await,
+        }
     }
 
-    async fn create(need: &Requirements, timestamps: bool) -> Result<Gpu, RuntimeError> {
-        let instance =
-            wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
-        let adapter = instance
-            .request_adapter(&wgpu::RequestAdapterOptions {
-                power_preference: wgpu::PowerPreference::HighPerformance,
-                force_fallback_adapter: false,
-                compatible_surface: None,
-                ..Default::default()
-            })
+    /// The adapter `choice` names (see [`Gpu::open_on`]).
+    #[cfg(not(target_arch = "wasm32"))]
+    async fn adapter(
+        instance: &wgpu::Instance,
+        choice: Option<usize>,
+    ) -> Result<wgpu::Adapter, RuntimeError> {
+        let Some(index) = choice else {
+            return instance
+                .request_adapter(&default_adapter_options())
+                .await
+                .map_err(|_| RuntimeError::NoAdapter);
+        };
+        let mut adapters = enumerate(instance).await;
+        let count = adapters.len();
+        if count == 0 {
+            return Err(RuntimeError::NoAdapter);
+        }
+        if index >= count {
+            return Err(RuntimeError::NoSuchAdapter { index, count });
+        }
+        Ok(adapters.swap_remove(index))
+    }
+
+    #[cfg(target_arch = "wasm32")]
+    async fn adapter(instance: &wgpu::Instance) -> Result<wgpu::Adapter, RuntimeError> {
+        instance
+            .request_adapter(&default_adapter_options())
             .await
-            .map_err(|_| RuntimeError::NoAdapter)?;
+            .map_err(|_| RuntimeError::NoAdapter)
+    }
+
+    async fn create(
+        need: &Requirements,
+        timestamps: bool,
+        #[cfg(not(target_arch = "wasm32"))] choice: Option<usize>,
+    ) -> Result<Gpu, RuntimeError> {
+        let instance = instance();
+        #[cfg(not(target_arch = "wasm32"))]
+        let adapter = Gpu::adapter(&instance, choice).await?;
+        #[cfg(target_arch = "wasm32")]
+        let adapter = Gpu::adapter(&instance).await?;
         let info = adapter.get_info();
         let limits = adapter.limits();
         check_limits(&info.name, &limits, need)?;
@@ -227,6 +392,13 @@ impl Gpu {
         device.on_uncaptured_error(std::sync::Arc::new(|e: wgpu::Error| {
             tracing::error!("uncaptured wgpu error: {e}");
         }));
+        tracing::info!(
+            adapter = %info.name,
+            backend = %info.backend,
+            driver = %info.driver,
+            features = ?features,
+            "device opened"
+        );
         Ok(Gpu {
             device,
             queue,

@@ -11,6 +11,19 @@ pub enum RuntimeError {
     /// No GPU adapter was found.
     #[error("no WebGPU adapter found (Vulkan, Metal or DX12); on a machine without a GPU install Mesa's lavapipe (`apt-get install mesa-vulkan-drivers`)")]
     NoAdapter,
+    /// `--device N` named an adapter that is not there.
+    #[error("there is no GPU adapter {index}: {count} found (numbered 0 to {last}); `gerbil-run devices` lists them", last = count.saturating_sub(1))]
+    NoSuchAdapter {
+        /// The index asked for.
+        index: usize,
+        /// Adapters found.
+        count: usize,
+    },
+    /// Choosing an adapter by index where the platform cannot list them.
+    #[error(
+        "choosing a GPU adapter by index is not available in a browser; leave the adapter unset"
+    )]
+    AdapterChoiceUnsupported,
     /// The adapter cannot meet a limit the plan needs.
     #[error("the GPU `{adapter}` does not support this plan: {limit} is {available}, the plan needs {needed}; recompile with a smaller --max-tokens-per-step or for this device's limits")]
     Limit {

@@ -30,6 +30,7 @@ pub mod model;
 pub mod pipeline;
 pub mod pipeline_cache;
 pub mod profile;
+pub mod progress;
 mod residency;
 pub mod sampling;
 pub mod session;
@@ -38,7 +39,7 @@ pub mod text;
 pub mod variant;
 
 pub use chat::{Chat, ChatReply};
-pub use device::Gpu;
+pub use device::{AdapterSummary, Gpu};
 pub use error::RuntimeError;
 pub use generate::{generate, GenerateOptions, TokenEvent, DECODE_BATCH};
 pub use generation::{
@@ -47,6 +48,7 @@ pub use generation::{
 pub use model::Model;
 pub use pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
 pub use profile::DispatchTime;
+pub use progress::{Progress, ProgressHook};
 pub use sampling::{argmax, top_logits, Sampler, SamplingParams, TokenHistory};
 pub use session::{LoadReport, MemoryReport, Session, SessionOptions};
 pub use variant::PrecisionChoice;

@@ -19,8 +19,9 @@
 
 use crate::device::Gpu;
 use crate::error::RuntimeError;
+use crate::progress::{Progress, ProgressHook};
 use crate::session::kv_bytes;
-use gerbil_plan::{BufferKind, BufferSlice, PlanFile, PlanHeader};
+use gerbil_plan::{BufferKind, BufferSlice, PlanFile, PlanHeader, SectionRef};
 use std::collections::HashSet;
 use std::num::NonZeroU64;
 
@@ -241,36 +242,66 @@ impl Residency {
     }
 
     /// Copies every weight section of `plan` into its home, in windows of
-    /// [`UPLOAD_WINDOW`] bytes.
+    /// [`UPLOAD_WINDOW`] bytes, telling `progress` the bytes done after
+    /// each window has reached the GPU.
     pub(crate) async fn upload_weights(
         &self,
         gpu: &Gpu,
         plan: &PlanFile,
+        progress: Option<&ProgressHook>,
     ) -> Result<(), RuntimeError> {
+        self.upload_in_windows(gpu, plan, UPLOAD_WINDOW, progress)
+            .await
+    }
+
+    /// [`Residency::upload_weights`] with windows of `window_bytes`.
+    async fn upload_in_windows(
+        &self,
+        gpu: &Gpu,
+        plan: &PlanFile,
+        window_bytes: usize,
+        progress: Option<&ProgressHook>,
+    ) -> Result<(), RuntimeError> {
+        let weights: Vec<(SectionRef, Home)> = plan
+            .header
+            .buffers
+            .iter()
+            .enumerate()
+            .filter_map(|(i, decl)| match (&decl.kind, self.homes[i]) {
+                (BufferKind::Weight { section, .. }, Some(home)) => Some((*section, home)),
+                _ => None,
+            })
+            .collect();
+        let total: u64 = weights.iter().map(|(s, _)| s.len).sum();
+        let mut done = 0u64;
         let mut window: Vec<Write<'_>> = Vec::new();
         let mut pending = 0;
-        for (i, decl) in plan.header.buffers.iter().enumerate() {
-            let (BufferKind::Weight { section, .. }, Some(home)) = (&decl.kind, self.homes[i])
-            else {
-                continue;
-            };
+        for (section, home) in weights {
             let buffer = &self.buffers[home.buffer];
-            for (k, chunk) in plan.section(*section).chunks(UPLOAD_CHUNK).enumerate() {
+            for (k, chunk) in plan.section(section).chunks(UPLOAD_CHUNK).enumerate() {
                 let at = home.offset + (k * UPLOAD_CHUNK) as u64;
                 window.push((buffer, at, chunk));
                 pending += chunk.len();
-                if pending >= UPLOAD_WINDOW {
+                if pending >= window_bytes {
                     write_window(&gpu.queue, &window);
                     window.clear();
                     gpu.queue.submit([]);
                     gpu.idle().await?;
+                    done += pending as u64;
                     pending = 0;
+                    if let Some(hook) = progress {
+                        hook.report(Progress::Weights { done, total });
+                    }
                 }
             }
         }
         write_window(&gpu.queue, &window);
         gpu.queue.submit([]);
-        gpu.idle().await
+        gpu.idle().await?;
+        if let Some(hook) = progress.filter(|_| pending > 0 || total == 0) {
+            hook.report(Progress::Weights { done: total, total });
+        }
+        Ok(())
     }
 }
 
@@ -298,5 +329,164 @@ fn write_window(queue: &wgpu::Queue, writes: &[Write<'_>]) {
     #[cfg(target_arch = "wasm32")]
     for &(buffer, at, bytes) in writes {
         queue.write_buffer(buffer, at, bytes);
+    }
+}
+
+#[cfg(all(test, not(target_arch = "wasm32")))]
+mod tests {
+    use super::*;
+    use gerbil_plan::{
+        BufferDecl, CompileInfo, DataLayout, Dispatch, IoBindings, Kernel, ModelInfo, OutputKind,
+        TextInfo, Variant, WorkgroupCount,
+    };
+    use std::sync::{Arc, Mutex};
+
+    /// A plan of `sizes` weights (pseudo-random bytes) and the least else a
+    /// plan must hold to pass its checks; written to a temporary file and
+    /// opened as the runtime opens plans.
+    fn plan_of_weights(sizes: &[u64]) -> PlanFile {
+        let mut state = 0x9e37_79b9_u32;
+        let bytes: Vec<Vec<u8>> = sizes
+            .iter()
+            .map(|&n| {
+                (0..n)
+                    .map(|_| {
+                        state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                        (state >> 24) as u8
+                    })
+                    .collect()
+            })
+            .collect();
+        let mut data = DataLayout::default();
+        let vocab = 8;
+        let mut buffers = vec![
+            BufferDecl {
+                size: gerbil_plan::STEP_PARAMS_BYTES,
+                kind: BufferKind::StepParams,
+            },
+            BufferDecl {
+                size: 16,
+                kind: BufferKind::TokenIds,
+            },
+            BufferDecl {
+                size: vocab * 4,
+                kind: BufferKind::Output {
+                    output: OutputKind::Logits,
+                },
+            },
+        ];
+        for (i, b) in bytes.iter().enumerate() {
+            let section = data.push(std::borrow::Cow::Borrowed(b));
+            buffers.push(BufferDecl {
+                size: b.len() as u64,
+                kind: BufferKind::Weight {
+                    section,
+                    name: format!("w{i}"),
+                    dtype: "u8".into(),
+                    shape: vec![b.len() as u64],
+                },
+            });
+        }
+        let dispatch = Dispatch {
+            kernel: 0,
+            bindings: Vec::new(),
+            workgroups: [WorkgroupCount::fixed(1); 3],
+            label: "nothing".into(),
+            layer: None,
+            flops: Default::default(),
+        };
+        let header = PlanHeader {
+            model: ModelInfo {
+                architecture: "Test".into(),
+                family: "test".into(),
+                name: "weights".into(),
+                vocab_size: vocab,
+                hidden_size: 4,
+                num_layers: 1,
+                max_context: 4,
+                max_tokens_per_step: 4,
+                config: serde_json::Value::Null,
+            },
+            text: TextInfo::default(),
+            compile: CompileInfo::default(),
+            buffers,
+            kernels: vec![Kernel {
+                name: "nothing".into(),
+                wgsl: String::new(),
+                entry: "main".into(),
+                workgroup_size: [1, 1, 1],
+                bindings: Vec::new(),
+            }],
+            variants: vec![Variant {
+                name: "portable".into(),
+                features: Vec::new(),
+                precision: Default::default(),
+                requirements: Default::default(),
+                prefill: vec![dispatch.clone()],
+                decode: vec![dispatch],
+            }],
+            io: IoBindings {
+                step_params: 0,
+                token_ids: 1,
+                logits: BufferSlice {
+                    buffer: 2,
+                    offset: 0,
+                    size: vocab * 4,
+                },
+                logits_all_rows: false,
+                next_token: None,
+                sampling_params: None,
+            },
+        };
+        let path = std::env::temp_dir().join(format!(
+            "gerbil-residency-test-{}-{}.plan",
+            std::process::id(),
+            sizes.len()
+        ));
+        gerbil_plan::write_plan(&path, &header, &data).expect("write the test plan");
+        let plan = PlanFile::open(&path).expect("open the test plan");
+        let _ = std::fs::remove_file(&path);
+        plan
+    }
+
+    #[test]
+    fn upload_progress_counts_up_to_the_weight_bytes_once_per_window() {
+        let sizes = [20_000, 4_096, 52_000, 8, 30_000, 100];
+        let total: u64 = sizes.iter().sum();
+        let plan = plan_of_weights(&sizes);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let hook = {
+            let seen = seen.clone();
+            ProgressHook::new(move |p| seen.lock().unwrap().push(p))
+        };
+        pollster::block_on(async {
+            let gpu = Gpu::open(&Default::default()).await.expect("a GPU");
+            let used: HashSet<u32> = (3..3 + sizes.len() as u32).collect();
+            let residency = Residency::allocate(&gpu, &plan.header, &used, 4)
+                .await
+                .expect("allocate");
+            residency
+                .upload_in_windows(&gpu, &plan, 16_384, Some(&hook))
+                .await
+                .expect("upload");
+        });
+        let seen = seen.lock().unwrap();
+        let done: Vec<u64> = seen
+            .iter()
+            .map(|p| match *p {
+                Progress::Weights { done, total: t } => {
+                    assert_eq!(t, total, "{seen:?}");
+                    done
+                }
+                other => panic!("not a weights event: {other:?}"),
+            })
+            .collect();
+        // A window closes once it holds 16 KiB (whole weights here: each is
+        // below the write chunk): 20,000; 4,096 + 52,000; 8 + 30,000 bytes;
+        // the last 100 go in a final, partial window. Each report comes after
+        // its window reached the GPU.
+        assert_eq!(done, [20_000, 76_096, 106_104, 106_204], "{seen:?}");
+        assert!(done.windows(2).all(|w| w[0] < w[1]), "increasing: {done:?}");
+        assert_eq!(done.last(), Some(&total), "{done:?}");
     }
 }

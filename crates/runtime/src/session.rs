@@ -8,6 +8,7 @@
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
+use crate::progress::{Progress, ProgressHook};
 use crate::residency::Residency;
 use crate::variant::PrecisionChoice;
 use gerbil_plan::{
@@ -51,6 +52,8 @@ pub struct Session {
     context: u64,
     /// Tokens in the last step (the logits row to read when the plan keeps every row).
     pub(crate) last_step_tokens: u64,
+    /// Told how far a prompt of several chunks has got ([`Session::set_progress`]).
+    progress: Option<ProgressHook>,
     memory: MemoryReport,
     load: LoadReport,
 }
@@ -168,6 +171,13 @@ pub struct SessionOptions {
     /// Positions the KV cache holds (`None`: the plan's `max_context`); a
     /// smaller context allocates a smaller KV cache. At most the plan's.
     pub context: Option<u64>,
+    /// Open adapter `N` of [`Gpu::adapters`]'s list instead of the
+    /// high-performance default (native targets only;
+    /// in a browser `Some` is an error).
+    pub adapter: Option<usize>,
+    /// Told how the weight upload goes ([`Progress::Weights`]), and later
+    /// how long prompts go ([`Progress::Prefill`]; see [`Session::set_progress`]).
+    pub progress: Option<ProgressHook>,
 }
 
 /// Where the time of [`Session::open`] went, and what the pipeline cache
@@ -278,7 +288,7 @@ impl Session {
     /// cache of `opts`.
     pub async fn open(plan: &PlanFile, opts: &SessionOptions) -> Result<Session, RuntimeError> {
         let mut clock = Stopwatch::start();
-        let gpu = Gpu::open_with(&Requirements::default(), opts.profiling).await?;
+        let gpu = Gpu::open_on(&Requirements::default(), opts.profiling, opts.adapter).await?;
         let device = clock.lap();
         let mut session = Session::with_gpu(gpu, plan, opts).await?;
         session.load.device = device;
@@ -316,7 +326,9 @@ impl Session {
         }
         let residency = Residency::allocate(&gpu, &header, &used, context).await?;
         load.buffers = clock.lap();
-        residency.upload_weights(&gpu, plan).await?;
+        residency
+            .upload_weights(&gpu, plan, opts.progress.as_ref())
+            .await?;
         load.weights = clock.lap();
         let cache = opts.pipeline_cache.as_ref();
         let kernels = VariantKernels::create(&gpu, &header, &variant, cache, &mut load).await?;
@@ -343,6 +355,7 @@ impl Session {
             position: 0,
             context,
             last_step_tokens: 0,
+            progress: opts.progress.clone(),
             memory,
             load,
         })
@@ -402,6 +415,17 @@ impl Session {
         self.context
     }
 
+    /// Sets (or with `None` removes) the hook told [`Progress::Prefill`]
+    /// while [`Session::forward`] runs a prompt longer than the plan's
+    /// `max_tokens_per_step`: after each chunk, with the prompt's tokens done
+    /// and in all. With a hook set, such prompts wait for the GPU after every
+    /// chunk (a few per cent of prefill time); shorter inputs and decode
+    /// steps are untouched. A session starts with
+    /// [`SessionOptions::progress`].
+    pub fn set_progress(&mut self, hook: Option<ProgressHook>) {
+        self.progress = hook;
+    }
+
     /// Vocabulary size (logits per step).
     pub fn vocab_size(&self) -> u64 {
         self.header.model.vocab_size
@@ -430,12 +454,28 @@ impl Session {
             return Err(RuntimeError::TokenOutOfRange { id, vocab });
         }
         let chunk = self.header.model.max_tokens_per_step as usize;
+        let hook = self.progress.clone().filter(|_| tokens.len() > chunk);
+        let total = tokens.len() as u64;
+        let mut done = 0;
         for part in tokens.chunks(chunk) {
             self.gpu
                 .scoped("running a step", || self.run_step(part))
                 .await?;
             self.position += part.len() as u64;
             self.last_step_tokens = part.len() as u64;
+            done += part.len() as u64;
+            if total > 1 {
+                tracing::debug!(
+                    done,
+                    total,
+                    position = self.position,
+                    "prefill chunk submitted"
+                );
+            }
+            if let Some(hook) = &hook {
+                self.gpu.idle().await?;
+                hook.report(Progress::Prefill { done, total });
+            }
         }
         Ok(())
     }
