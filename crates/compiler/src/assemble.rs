@@ -13,8 +13,8 @@ use gerbil_codegen_wgsl::{generate, CodegenOptions};
 use gerbil_frontend_hf::{GenerationConfig, TextAssets};
 use gerbil_ir::Graph;
 use gerbil_plan::{
-    write_plan, BufferKind, CompileInfo, DataLayout, GenerationDefaults, ModelInfo, PlanHeader,
-    TextInfo,
+    write_plan, write_plan_with_progress, BufferKind, CompileInfo, DataLayout, GenerationDefaults,
+    ModelInfo, PlanHeader, TextInfo,
 };
 use std::borrow::Cow;
 use std::path::Path;
@@ -34,6 +34,21 @@ impl Plan<'_> {
     /// Writes the plan file (to a temporary name, then renamed into place).
     pub fn write(&self, path: &Path) -> Result<(), CompileError> {
         Ok(write_plan(path, &self.header, &self.data)?)
+    }
+
+    /// Like [`Plan::write`], calling `progress(done, total)` as the data
+    /// region's bytes are written (see `gerbil_plan::write_plan_with_progress`).
+    pub fn write_with_progress(
+        &self,
+        path: &Path,
+        progress: &mut dyn FnMut(u64, u64),
+    ) -> Result<(), CompileError> {
+        Ok(write_plan_with_progress(
+            path,
+            &self.header,
+            &self.data,
+            progress,
+        )?)
     }
 
     /// Writes every kernel's WGSL to `dir/<kernel>.wgsl`.

@@ -82,6 +82,7 @@ pub fn compile<'a>(
             reason: "the KV cache must hold at least 1 token".into(),
         });
     }
+    let start = std::time::Instant::now();
     let lowered = lower_with(
         ckpt,
         &LowerOptions {
@@ -97,6 +98,14 @@ pub fn compile<'a>(
         );
     }
     let ops_before = op_counts(&graph);
+    tracing::info!(
+        family = %facts.family,
+        layers = facts.num_layers,
+        ops = graph.compute_node_count(),
+        max_context,
+        ms = start.elapsed().as_millis() as u64,
+        "lowered the checkpoint"
+    );
 
     let mut pm = PassManager::new(default_pipeline());
     for name in &opts.disabled_passes {
@@ -105,7 +114,14 @@ pub fn compile<'a>(
     if let Some(n) = opts.bisect {
         pm.bisect(n);
     }
+    let passes_start = std::time::Instant::now();
     let report = run_passes(&pm, &mut graph, observer)?;
+    tracing::info!(
+        passes = report.ran.len(),
+        ops = graph.compute_node_count(),
+        ms = passes_start.elapsed().as_millis() as u64,
+        "ran the passes"
+    );
 
     let mut passes: Vec<String> = report.ran.iter().map(|r| r.name.clone()).collect();
     passes.push("plan-buffers".into());
@@ -144,7 +160,17 @@ pub fn compile<'a>(
         activation_naive_bytes: 0,
         tuned_on: opts.tuning.as_ref().map(|t| t.measured_on()),
     };
+    let codegen_start = std::time::Instant::now();
     let plan = build_plan(&graph, ckpt, model, &ckpt.text, compile_info, &codegen)?;
+    tracing::info!(
+        target = %codegen.target.name,
+        max_tokens_per_step,
+        kernels = plan.header.kernels.len(),
+        variants = plan.header.variants.len(),
+        weight_bytes = plan.weight_bytes,
+        ms = codegen_start.elapsed().as_millis() as u64,
+        "generated the kernels and assembled the plan"
+    );
     Ok(Compiled {
         graph,
         passes: report,

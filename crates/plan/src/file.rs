@@ -160,6 +160,23 @@ pub fn write_plan(
     header: &PlanHeader,
     data: &DataLayout<'_>,
 ) -> Result<(), PlanError> {
+    write_plan_with_progress(path, header, data, &mut |_, _| {})
+}
+
+/// Bytes of a section written between two calls of a progress callback.
+const PROGRESS_STEP: usize = 8 << 20;
+
+/// Like [`write_plan`], calling `progress(done, total)` with the bytes of
+/// the data region written so far (at most [`PROGRESS_STEP`] and a
+/// section's alignment padding apart, counting
+/// up to `total`, the data region's length; the last call has `done ==
+/// total`), for a progress bar.
+pub fn write_plan_with_progress(
+    path: &Path,
+    header: &PlanHeader,
+    data: &DataLayout<'_>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), PlanError> {
     let header_json = serde_json::to_vec(header).map_err(|source| PlanError::Header {
         path: path.to_path_buf(),
         source,
@@ -186,7 +203,7 @@ pub fn write_plan(
     let tmp = path.with_extension("plan.partial");
     let file = File::create(&tmp).map_err(io_err(&tmp))?;
     let mut w = BufWriter::with_capacity(1 << 20, file);
-    let write_all = |w: &mut BufWriter<File>| -> std::io::Result<()> {
+    let mut write_all = |w: &mut BufWriter<File>| -> std::io::Result<()> {
         w.write_all(&pre)?;
         w.write_all(&header_json)?;
         w.write_all(&vec![
@@ -195,12 +212,22 @@ pub fn write_plan(
                 as usize
         ])?;
         let mut pos = 0u64;
+        let mut reported = None;
         for (offset, bytes) in &data.sections {
             w.write_all(&zeros[..(offset - pos) as usize])?;
-            w.write_all(bytes)?;
+            for (k, piece) in bytes.chunks(PROGRESS_STEP).enumerate() {
+                w.write_all(piece)?;
+                let done = offset + (k * PROGRESS_STEP + piece.len()) as u64;
+                progress(done, data.len);
+                reported = Some(done);
+            }
             pos = offset + bytes.len() as u64;
         }
-        w.flush()
+        w.flush()?;
+        if reported != Some(data.len) {
+            progress(data.len, data.len);
+        }
+        Ok(())
     };
     write_all(&mut w).map_err(io_err(&tmp))?;
     drop(w);

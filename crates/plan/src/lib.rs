@@ -17,7 +17,8 @@ mod header;
 mod validate;
 
 pub use file::{
-    write_plan, DataLayout, PlanError, PlanFile, SectionData, FORMAT_VERSION, MAGIC, SECTION_ALIGN,
+    write_plan, write_plan_with_progress, DataLayout, PlanError, PlanFile, SectionData,
+    FORMAT_VERSION, MAGIC, SECTION_ALIGN,
 };
 pub use header::*;
 pub use validate::BINDING_OFFSET_ALIGN;

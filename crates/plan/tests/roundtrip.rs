@@ -324,3 +324,46 @@ fn scratch_bindings_stay_in_their_region() {
         .unwrap_err();
     assert!(e.contains("100 bytes of counters"), "{e}");
 }
+
+#[test]
+fn writing_with_progress_counts_the_data_up_to_its_length_and_writes_the_same_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut state = 0x2545_f491u32;
+    let weight: Vec<u8> = (0..(20 << 20) + 12)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            state as u8
+        })
+        .collect();
+    let mut data = DataLayout::default();
+    let tok = data.push(Cow::Borrowed(b"{\"tokenizer\": 1}"));
+    let w = data.push(Cow::Borrowed(&weight));
+    let mut h = header(w);
+    h.text.tokenizer = Some(tok);
+    let (plain, with) = (dir.path().join("a.plan"), dir.path().join("b.plan"));
+    write_plan(&plain, &h, &data).unwrap();
+    let mut seen = Vec::new();
+    write_plan_with_progress(&with, &h, &data, &mut |done, total| {
+        seen.push((done, total))
+    })
+    .unwrap();
+    assert!(seen.iter().all(|&(_, t)| t == data.len()), "{seen:?}");
+    let done: Vec<u64> = seen.iter().map(|&(d, _)| d).collect();
+    assert!(
+        done.windows(2)
+            .all(|p| p[0] < p[1] && p[1] - p[0] <= (8 << 20) + SECTION_ALIGN),
+        "{done:?}"
+    );
+    assert!(
+        done.len() >= 3,
+        "a 20 MiB section reports in 8 MiB steps: {done:?}"
+    );
+    assert_eq!(done.last(), Some(&data.len()));
+    assert_eq!(
+        std::fs::read(&plain).unwrap(),
+        std::fs::read(&with).unwrap()
+    );
+    assert_eq!(PlanFile::open(&with).unwrap().section(w), &weight[..]);
+}
