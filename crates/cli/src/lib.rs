@@ -2,15 +2,21 @@
 //!
 //! The compiler itself is the `gerbil-compiler` crate and the runtime is
 //! `gerbil-runtime`; this crate holds argument handling and output only:
-//! [`run`] drives generation, JSON output and benchmarks; [`inspect`]
-//! summarizes a plan and [`schedule`] lists its dispatches; [`passes`]
+//! [`run`] drives generation, JSON output and benchmarks, [`sweep`] times
+//! them across context lengths and [`plot`] charts a sweep; [`inspect`]
+//! summarizes a plan, [`schedule`] lists its dispatches and [`graph_svg`]
+//! draws one layer of them (through [`svg_canvas`]); [`passes`]
 //! prints what the pass pipeline did; [`tune`] measures prefill GEMM tiles. The binaries in `src/bin` parse
 //! arguments and call these. No other crate depends on this one.
 
+pub mod graph_svg;
 pub mod inspect;
 pub mod passes;
+pub mod plot;
 pub mod run;
 pub mod schedule;
+pub mod svg_canvas;
+pub mod sweep;
 pub mod tune;
 
 /// An error and its causes on one line, leaving out causes whose text an

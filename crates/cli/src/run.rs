@@ -236,7 +236,7 @@ pub struct ProfileRow {
 /// A label with every `layers.N.` removed, so a fused node of every layer
 /// (`layers.6.mlp.residual+layers.7.input_norm`) falls in one group
 /// (`mlp.residual+input_norm`).
-fn without_layers(label: &str) -> String {
+pub(crate) fn without_layers(label: &str) -> String {
     let mut out = String::with_capacity(label.len());
     let mut rest = label;
     while let Some(i) = rest.find("layers.") {
@@ -352,7 +352,7 @@ pub struct BenchReport {
 /// holds at least one token: the first decode step's input at depth 0),
 /// choosing with `sampling` as `generate` does: on the GPU when the plan
 /// allows (the caller has set the session's sampling).
-async fn time_decode(
+pub(crate) async fn time_decode(
     session: &mut Session,
     context: &[u32],
     depth: usize,
@@ -389,7 +389,7 @@ async fn time_decode(
     Ok(t.elapsed().as_secs_f64())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(|a, b| a.total_cmp(b));
     v[v.len() / 2]
 }

@@ -2,6 +2,7 @@
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
+use gerbil_cli::graph_svg::{layer_graph, render_svg};
 use gerbil_cli::inspect::{inspect, render};
 use gerbil_cli::passes::{bisect_note, pass_stats};
 use gerbil_cli::schedule::render_schedule;
@@ -120,6 +121,10 @@ enum Cmd {
         /// List every dispatch of each schedule in order, with its IR label and kernel.
         #[arg(long)]
         schedule: bool,
+        /// Draw the middle transformer layer's decode dispatches and the data
+        /// flowing between them to this SVG file.
+        #[arg(long, value_name = "FILE", conflicts_with_all = ["json", "schedule"])]
+        svg: Option<PathBuf>,
     },
 }
 
@@ -270,8 +275,16 @@ fn real_main() -> Result<()> {
             plan,
             json,
             schedule,
+            svg,
         } => {
             let plan = gerbil_plan::PlanFile::open(&plan)?;
+            if let Some(out) = svg {
+                let graph = layer_graph(&plan.header)?;
+                std::fs::write(&out, render_svg(&graph)?)
+                    .with_context(|| format!("writing {}", out.display()))?;
+                eprintln!("wrote {} ({})", out.display(), graph.title);
+                return Ok(());
+            }
             if schedule {
                 print!("{}", render_schedule(&plan.header));
                 return Ok(());
