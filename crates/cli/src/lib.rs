@@ -17,6 +17,7 @@ pub mod run;
 pub mod schedule;
 pub mod svg_canvas;
 pub mod sweep;
+pub mod serve;
 pub mod tune;
 
 /// An error and its causes on one line, leaving out causes whose text an

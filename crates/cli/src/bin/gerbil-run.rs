@@ -4,6 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use gerbil_cli::chat::{chat, ChatOptions};
 use gerbil_cli::gen_args::SamplingArgs;
+use gerbil_cli::serve::{serve, ServeOptions};
 use gerbil_cli::run::{bench, run, BenchOptions, Prompt, RunOptions};
 use gerbil_cli::sweep::{run_sweep, SweepOptions};
 use gerbil_runtime::pipeline_cache::default_dir;
@@ -169,6 +170,25 @@ enum Cmd {
         system: Option<String>,
         #[command(flatten)]
         sampling: SamplingArgs,
+    },
+    /// Serve the model over HTTP with OpenAI's API: POST
+    /// /v1/chat/completions and /v1/completions (`"stream": true` for
+    /// server-sent events), GET /v1/models and /health. Requests queue and
+    /// run one at a time; Ctrl-C stops.
+    Serve {
+        /// Address to listen on.
+        #[arg(long, default_value = "127.0.0.1")]
+        host: String,
+        /// Port; 0 picks a free one (printed as `listening on http://…`).
+        #[arg(long, default_value_t = 8080)]
+        port: u16,
+        /// The model's id in responses [default: the plan's file name
+        /// without extension].
+        #[arg(long)]
+        model_name: Option<String>,
+        /// Largest request body in bytes; larger ones get status 413.
+        #[arg(long, default_value_t = 1 << 20)]
+        max_body_bytes: usize,
     },
     /// Measure prefill and decode speed and GPU memory.
     Bench {
@@ -374,6 +394,33 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     }
                 }
             }
+        }
+        Some(Cmd::Serve {
+            host,
+            port,
+            model_name,
+            max_body_bytes,
+        }) => {
+            let opts = ServeOptions {
+                host,
+                port,
+                model_name,
+                max_body_bytes,
+                session: cli.session_options(),
+            };
+            serve(cli.plan()?, &opts)?;
+        }
+        Some(Cmd::Devices { json }) => {
+            if let Some(plan) = &cli.plan {
+                bail!(
+                    "`gerbil-run devices` takes no plan (got {}); run `gerbil-run devices`",
+                    plan.display()
+                );
+            }
+            print!(
+                "{}",
+                pollster::block_on(gerbil_cli::devices::devices(json))?
+            );
         }
         Some(Cmd::Chat { system, sampling }) => {
             let opts = ChatOptions {
