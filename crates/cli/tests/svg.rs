@@ -159,7 +159,10 @@ fn inspect_svg_draws_the_middle_layer_and_renders() {
     // One box per dispatch, one for the previous layer's output and one for
     // its reader after the layer, and the background: no weights, no caches.
     assert_eq!(svg.matches("<rect").count(), dispatches.len() + 3, "{svg}");
-    assert!(svg.contains("from layer 0: mlp.down_proj+residual"), "{svg}");
+    assert!(
+        svg.contains("from layer 0: mlp.down_proj+residual"),
+        "{svg}"
+    );
 
     let (w, h, inked) = render_png(&svg, &dir.path().join("graph.png"));
     assert!(
