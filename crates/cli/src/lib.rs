@@ -6,13 +6,18 @@
 //! them across context lengths and [`plot`] charts a sweep; [`inspect`]
 //! summarizes a plan, [`schedule`] lists its dispatches and [`graph_svg`]
 //! draws one layer of them (through [`svg_canvas`]); [`passes`]
-//! prints what the pass pipeline did; [`tune`] measures prefill GEMM tiles. The binaries in `src/bin` parse
+//! prints what the pass pipeline did; [`tune`] measures prefill GEMM tiles;
+//! [`devices`] lists the GPUs; [`progress`] draws progress bars and
+//! [`logging`] sets up `-v` logs. The binaries in `src/bin` parse
 //! arguments and call these. No other crate depends on this one.
 
+pub mod devices;
 pub mod graph_svg;
 pub mod inspect;
+pub mod logging;
 pub mod passes;
 pub mod plot;
+pub mod progress;
 pub mod run;
 pub mod schedule;
 pub mod svg_canvas;

@@ -292,6 +292,19 @@ impl Session {
         let device = clock.lap();
         let mut session = Session::with_gpu(gpu, plan, opts).await?;
         session.load.device = device;
+        let l = &session.load;
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        tracing::info!(
+            device_ms = ms(l.device),
+            buffers_ms = ms(l.buffers),
+            weights_ms = ms(l.weights),
+            weight_bytes = session.memory.weights,
+            pipelines_ms = ms(l.pipelines),
+            pipelines = l.pipelines_created,
+            pipeline_cache = l.pipeline_cache.name(),
+            bind_groups_ms = ms(l.bind_groups),
+            "session loaded"
+        );
         Ok(session)
     }
 

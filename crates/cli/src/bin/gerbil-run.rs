@@ -4,8 +4,9 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use gerbil_cli::chat::{chat, ChatOptions};
 use gerbil_cli::gen_args::SamplingArgs;
-use gerbil_cli::serve::{serve, ServeOptions};
+use gerbil_cli::progress::Progress;
 use gerbil_cli::run::{bench, run, BenchOptions, Prompt, RunOptions};
+use gerbil_cli::serve::{serve, ServeOptions};
 use gerbil_cli::sweep::{run_sweep, SweepOptions};
 use gerbil_runtime::pipeline_cache::default_dir;
 use gerbil_runtime::{PipelineCacheOptions, PrecisionChoice, SamplingParams, SessionOptions};
@@ -26,10 +27,18 @@ struct Cli {
     cmd: Option<Cmd>,
     #[command(flatten)]
     gen: GenArgs,
-    /// Log what gerbil does (device, plan variant) to stderr; `GERBIL_LOG`
-    /// (a tracing filter) overrides it.
+    /// Log what gerbil does to stderr: `-v` the device, variant and load
+    /// times, `-vv` debug detail, `-vvv` also wgpu's logs; `GERBIL_LOG` (a
+    /// tracing filter) overrides it.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
+    /// No progress bars (they are off anyway when stderr is not a terminal).
     #[arg(short, long, global = true)]
-    verbose: bool,
+    quiet: bool,
+    /// Run on adapter N of `gerbil-run devices` instead of the default
+    /// (high-performance) one.
+    #[arg(long, global = true, value_name = "N")]
+    device: Option<usize>,
     /// Numerics: `f32` (exact against transformers), `f16` (f16 KV cache;
     /// needs shader-f16 and a plan compiled with `--target desktop`), or
     /// `auto`: f16 where the device and the plan allow it, else f32.
@@ -70,6 +79,8 @@ impl Cli {
             variant: self.variant.clone(),
             pipeline_cache: self.pipeline_cache(false),
             context: self.ctx,
+            adapter: self.device,
+            progress: Progress::new(self.quiet).runtime_hook(),
             ..SessionOptions::default()
         }
     }
@@ -161,6 +172,13 @@ fn read_stdin() -> Result<String> {
 
 #[derive(Subcommand)]
 enum Cmd {
+    /// List the GPU adapters (index, backend, type, driver, features,
+    /// limits); `--device N` picks one. Takes no plan.
+    Devices {
+        /// Print one JSON array.
+        #[arg(long)]
+        json: bool,
+    },
     /// Chat with the model: each line of standard input is a message; the
     /// conversation's earlier turns stay in the KV cache. Commands: /reset,
     /// /system TEXT, /stats, /exit.
@@ -241,16 +259,7 @@ enum Cmd {
 
 fn main() {
     let cli = Cli::parse();
-    let filter = match std::env::var("GERBIL_LOG") {
-        Ok(f) => tracing_subscriber::EnvFilter::new(f),
-        // gerbil's own crates at info, everything else (wgpu) at warn.
-        Err(_) if cli.verbose => tracing_subscriber::EnvFilter::new("warn,gerbil=info"),
-        Err(_) => tracing_subscriber::EnvFilter::new("error"),
-    };
-    tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+    gerbil_cli::logging::init(cli.verbose);
     if let Err(e) = real_main(cli) {
         eprintln!("error: {}", gerbil_cli::error_message(&e));
         std::process::exit(1);
@@ -323,6 +332,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     precision: cli.precision,
                     variant: cli.variant.clone(),
                     pipeline_cache,
+                    adapter: cli.device,
                 },
             ))?;
             if json {
