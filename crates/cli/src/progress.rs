@@ -67,7 +67,7 @@ impl Progress {
         self.bar(
             message,
             total,
-            "{msg:>18} [{bar:30}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
+            "{msg} [{wide_bar}] {bytes}/{total_bytes} ({bytes_per_sec}, {eta})",
         )
     }
 
@@ -76,7 +76,7 @@ impl Progress {
         self.bar(
             message,
             total,
-            "{msg:>18} [{bar:30}] {pos}/{len} tokens ({per_sec}, {eta})",
+            "{msg} [{wide_bar}] {pos}/{len} tokens ({per_sec}, {eta})",
         )
     }
 
