@@ -23,6 +23,11 @@ use std::path::PathBuf;
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
+    /// Log what gerbil does to stderr: `-v` the compile phases and their
+    /// times, `-vv` debug detail, `-vvv` also other crates' logs;
+    /// `GERBIL_LOG` (a tracing filter) overrides it.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    verbose: u8,
 }
 
 #[derive(Subcommand)]
@@ -152,18 +157,16 @@ fn parse_target(s: &str) -> Result<Box<Target>, String> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_env("GERBIL_LOG"))
-        .with_writer(std::io::stderr)
-        .init();
-    if let Err(e) = real_main() {
+    let cli = Cli::parse();
+    gerbil_cli::logging::init(cli.verbose);
+    if let Err(e) = real_main(cli) {
         eprintln!("error: {}", gerbil_cli::error_message(&e));
         std::process::exit(1);
     }
 }
 
-fn real_main() -> Result<()> {
-    match Cli::parse().cmd {
+fn real_main(cli: Cli) -> Result<()> {
+    match cli.cmd {
         Cmd::Compile {
             repo,
             output,
