@@ -2,16 +2,22 @@
 //!
 //! The compiler itself is the `gerbil-compiler` crate and the runtime is
 //! `gerbil-runtime`; this crate holds argument handling and output only:
-//! [`run`] drives generation, JSON output and benchmarks, [`sweep`] times
+//! [`run`] drives generation, JSON output and benchmarks ([`gen_args`]
+//! turns the generation flags into settings, [`console`] streams to the
+//! terminal), [`chat`] holds a conversation, [`serve`] answers
+//! OpenAI-style HTTP requests, [`sweep`] times
 //! them across context lengths and [`plot`] charts a sweep; [`inspect`]
 //! summarizes a plan, [`schedule`] lists its dispatches and [`graph_svg`]
 //! draws one layer of them (through [`svg_canvas`]); [`passes`]
 //! prints what the pass pipeline did; [`tune`] measures prefill GEMM tiles;
-//! [`devices`] lists the GPUs; [`progress`] draws progress bars and
-//! [`logging`] sets up `-v` logs. The binaries in `src/bin` parse
+//! [`devices`] lists the GPUs; [`progress`] draws
+//! progress bars and [`logging`] sets up `-v` logs. The binaries in `src/bin` parse
 //! arguments and call these. No other crate depends on this one.
 
+pub mod chat;
+pub mod console;
 pub mod devices;
+pub mod gen_args;
 pub mod graph_svg;
 pub mod inspect;
 pub mod logging;
@@ -20,9 +26,9 @@ pub mod plot;
 pub mod progress;
 pub mod run;
 pub mod schedule;
+pub mod serve;
 pub mod svg_canvas;
 pub mod sweep;
-pub mod serve;
 pub mod tune;
 
 /// An error and its causes on one line, leaving out causes whose text an

@@ -3,15 +3,16 @@
 //! [`run`] and [`bench`] are `async` like the runtime they drive; the
 //! `gerbil-run` binary blocks on them at the top (`pollster::block_on`).
 
-use anyhow::{bail, Context, Result};
+use crate::console::{note, timing_line, Stdout, Timings};
+use crate::gen_args::SamplingArgs;
+use anyhow::{bail, Result};
 use gerbil_plan::PlanFile;
-use gerbil_runtime::text::{ChatMessage, TextCodec};
+use gerbil_runtime::text::ChatMessage;
 use gerbil_runtime::{
-    generate, top_logits, GenerateOptions, PipelineCacheOptions, PrecisionChoice, SamplingParams,
-    Session, SessionOptions,
+    FinishReason, Model, PipelineCacheOptions, PrecisionChoice, SamplingParams, Session,
+    SessionOptions,
 };
 use serde::Serialize;
-use std::io::Write;
 use std::time::Instant;
 
 /// What to feed the model.
@@ -23,6 +24,8 @@ pub enum Prompt {
         text: String,
         /// Apply the chat template to one user message.
         chat: bool,
+        /// With `chat`: the system message.
+        system: Option<String>,
     },
     /// Token ids as given.
     Ids(Vec<u32>),
@@ -33,22 +36,16 @@ pub enum Prompt {
 pub struct RunOptions {
     /// Input.
     pub prompt: Prompt,
-    /// Tokens to generate.
-    pub max_new_tokens: usize,
-    /// Token choice.
-    pub sampling: SamplingParams,
-    /// Record the K largest logits of every step.
+    /// Token choice and limits, before the model's defaults fill them in.
+    pub sampling: SamplingArgs,
+    /// Record the K largest logits of every step (with `json`).
     pub top_logits: Option<usize>,
     /// Print one JSON object instead of streaming text.
     pub json: bool,
-    /// Keep going past end-of-sequence tokens.
-    pub ignore_eos: bool,
-    /// Which precision variant runs.
-    pub precision: PrecisionChoice,
-    /// Run the plan's variant of this name instead of the best one.
-    pub variant: Option<String>,
-    /// Where compiled pipelines are kept between runs (`None`: nowhere).
-    pub pipeline_cache: Option<PipelineCacheOptions>,
+    /// How the plan is loaded (precision, variant, device, context, caches).
+    pub session: SessionOptions,
+    /// No timing line on standard error.
+    pub quiet: bool,
 }
 
 /// One step in the JSON output.
@@ -67,124 +64,138 @@ pub struct RunJson {
     pub input_ids: Vec<u32>,
     /// Generated ids.
     pub output_ids: Vec<u32>,
-    /// Generated text (special tokens skipped; empty without a tokenizer).
+    /// Generated text (special tokens skipped, cut before a stop string;
+    /// empty without a tokenizer).
     pub text: String,
     /// Per-step top logits (with `--top-logits`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<StepJson>>,
+    /// Why generation ended: `stop` (end-of-sequence or a stop string) or
+    /// `length` (`--max-new-tokens` or the end of the context).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub finish_reason: Option<&'static str>,
+    /// The sampling seed (absent when decoding greedily).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+    /// Counts and speeds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timings: Option<Timings>,
 }
 
-fn prompt_ids(prompt: &Prompt, codec: Option<&TextCodec>) -> Result<Vec<u32>> {
+fn prompt_ids(prompt: &Prompt, model: &Model) -> Result<Vec<u32>> {
     Ok(match prompt {
         Prompt::Ids(ids) => ids.clone(),
-        Prompt::Text { text, chat } => {
-            let codec = codec
-                .context("this plan has no tokenizer; pass --input-ids instead of --prompt")?;
+        Prompt::Text { text, chat, system } => {
             if *chat {
-                codec.encode_chat(&[ChatMessage::new("user", text.clone())], true)?
+                let mut messages: Vec<ChatMessage> = system
+                    .iter()
+                    .map(|s| ChatMessage::new("system", s.clone()))
+                    .collect();
+                messages.push(ChatMessage::new("user", text.clone()));
+                model.encode_chat(&messages)?
             } else {
-                codec.encode(text)?
+                model.encode(text)?
             }
         }
     })
+}
+
+/// Checks flags that need a tokenizer or `--json` before anything loads.
+fn check_flags(opts: &RunOptions, has_tokenizer: bool) -> Result<()> {
+    if opts.top_logits.is_some() && !opts.json {
+        bail!("--top-logits only shows in the JSON output: add --json");
+    }
+    if !opts.sampling.stop.is_empty() && !has_tokenizer {
+        bail!("--stop matches text, and this plan has no tokenizer to make text: drop --stop");
+    }
+    if matches!(&opts.prompt, Prompt::Text { .. }) && !has_tokenizer {
+        bail!("this plan has no tokenizer; pass --input-ids instead of --prompt");
+    }
+    Ok(())
 }
 
 /// Runs generation; prints streamed text, or one JSON object with `json`.
 pub async fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
     let plan = PlanFile::open(plan_path)?;
-    let codec = TextCodec::from_plan(&plan)?;
-    let input_ids = prompt_ids(&opts.prompt, codec.as_ref())?;
+    check_flags(opts, plan.header.text.tokenizer.is_some())?;
+    let resolved = opts.sampling.resolve(&plan.header.text.generation)?;
+    if let Some(seed) = resolved.seed {
+        tracing::info!(seed, "sampling");
+    }
+    let mut settings = resolved.settings;
+    settings.top_logits = opts.top_logits;
+    let mut model = Model::load(&plan, &opts.session).await?;
+    drop(plan);
+    let input_ids = prompt_ids(&opts.prompt, &model)?;
     if input_ids.is_empty() {
         bail!("the prompt has no tokens");
     }
-    let stdout = std::io::stdout();
-    if opts.max_new_tokens == 0 {
-        let json = RunJson {
-            input_ids,
-            output_ids: vec![],
-            text: String::new(),
-            steps: opts.top_logits.map(|_| vec![]),
-        };
-        if opts.json {
-            println!("{}", serde_json::to_string(&json)?);
+    let mut out = Stdout::new();
+    if settings.max_new_tokens == 0 {
+        let line = if opts.json {
+            let json = RunJson {
+                input_ids,
+                output_ids: vec![],
+                text: String::new(),
+                steps: opts.top_logits.map(|_| vec![]),
+                finish_reason: None,
+                seed: None,
+                timings: None,
+            };
+            serde_json::to_string(&json)?
         } else {
-            println!(
-                "{}",
-                json.input_ids
-                    .iter()
-                    .map(|i| i.to_string())
-                    .collect::<Vec<_>>()
-                    .join(",")
-            );
-        }
+            let ids: Vec<String> = input_ids.iter().map(|i| i.to_string()).collect();
+            ids.join(",")
+        };
+        out.write(&format!("{line}\n"))?;
         return Ok(());
     }
-    let session_opts = SessionOptions {
-        precision: opts.precision,
-        variant: opts.variant.clone(),
-        profiling: false,
-        pipeline_cache: opts.pipeline_cache.clone(),
-    };
-    let mut session = Session::open(&plan, &session_opts).await?;
-    let gen_opts = GenerateOptions {
-        max_new_tokens: opts.max_new_tokens,
-        sampling: opts.sampling,
-        eos_token_ids: if opts.ignore_eos {
-            vec![]
-        } else {
-            plan.header.text.eos_token_ids.clone()
-        },
-        keep_logits: opts.top_logits.is_some(),
-    };
+    let tokenizer = model.codec().is_some();
+    let mut generation = model.generate(&input_ids, &settings)?;
     let mut steps = Vec::new();
-    let mut stream = match (&codec, opts.json) {
-        (Some(c), false) => Some(c.stream_decoder(true)),
-        _ => None,
-    };
-    let mut out = stdout.lock();
-    let mut stream_err = None;
-    let output_ids = generate(&mut session, &input_ids, &gen_opts, |ev| {
-        if let (Some(k), Some(logits)) = (opts.top_logits, ev.logits) {
+    let mut text = String::new();
+    while let Some(piece) = generation.next().await {
+        let piece = piece?;
+        if let Some(top) = piece.top {
             steps.push(StepJson {
-                token: ev.token,
-                top: top_logits(logits, k),
+                token: piece.token,
+                top,
             });
         }
-        if let Some(s) = stream.as_mut() {
-            match s.push(ev.token) {
-                Ok(piece) => {
-                    let _ = out.write_all(piece.as_bytes());
-                    let _ = out.flush();
-                }
-                Err(e) => stream_err = Some(e),
-            }
-        } else if !opts.json {
-            let _ = write!(out, "{} ", ev.token);
-            let _ = out.flush();
+        text.push_str(&piece.text);
+        if opts.json {
+            continue;
         }
-    })
-    .await?;
-    if let Some(e) = stream_err {
-        return Err(e.into());
-    }
-    if let Some(s) = stream.as_mut() {
-        let rest = s.finish()?;
-        let _ = out.write_all(rest.as_bytes());
-    }
-    if opts.json {
-        let text = match &codec {
-            Some(c) => c.decode(&output_ids, true)?,
-            None => String::new(),
+        let shown = if tokenizer {
+            piece.text
+        } else {
+            format!("{} ", piece.token)
         };
+        if !out.write(&shown)? {
+            // The reader is gone: stop generating, quietly.
+            return Ok(());
+        }
+    }
+    let stats = generation.stats();
+    let finish = generation.finish_reason();
+    let output_ids = generation.tokens().to_vec();
+    drop(generation);
+    if opts.json {
         let json = RunJson {
             input_ids,
             output_ids,
             text,
             steps: opts.top_logits.map(|_| steps),
+            finish_reason: finish.map(FinishReason::name),
+            seed: resolved.seed,
+            timings: Some(Timings::of(&stats)),
         };
-        writeln!(out, "{}", serde_json::to_string(&json)?)?;
+        out.write(&format!("{}\n", serde_json::to_string(&json)?))?;
     } else {
-        writeln!(out)?;
+        out.write("\n")?;
+    }
+    if !opts.quiet {
+        note(&timing_line(&stats, finish));
     }
     Ok(())
 }
@@ -210,6 +221,8 @@ pub struct BenchOptions {
     pub variant: Option<String>,
     /// Where compiled pipelines are kept between runs (`None`: nowhere).
     pub pipeline_cache: Option<PipelineCacheOptions>,
+    /// Run on this adapter of `gerbil-run devices` (`None`: the default).
+    pub adapter: Option<usize>,
 }
 
 /// GPU time of one kind of dispatch in a step.
@@ -404,6 +417,8 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         variant: opts.variant.clone(),
         profiling: opts.profile,
         pipeline_cache: opts.pipeline_cache.clone(),
+        adapter: opts.adapter,
+        ..SessionOptions::default()
     };
     let plan_s = start.elapsed().as_secs_f64();
     let mut session = Session::open(&plan, &session_opts).await?;

@@ -53,7 +53,7 @@ pub async fn generate(
     mut on_token: impl FnMut(TokenEvent<'_>),
 ) -> Result<Vec<u32>, RuntimeError> {
     session.reset();
-    let max = session.header().model.max_context;
+    let max = session.context();
     let needed = (prompt.len() + opts.max_new_tokens.saturating_sub(1)) as u64;
     if prompt.len() as u64 > max || (opts.max_new_tokens > 0 && needed > max) {
         return Err(RuntimeError::ContextOverflow { needed, max });

@@ -5,7 +5,7 @@
 //! The first `next` prefills the prompt (what the model's KV cache does not
 //! hold already, see [`crate::Model`]); then tokens come from the GPU's own
 //! sampler, several steps encoded per submission
-//! ([`crate::ahead::AheadDecoder`]), or — when the caller wants each step's
+//! (`AheadDecoder`), or — when the caller wants each step's
 //! logits or uses penalties — from the CPU [`Sampler`] on read-back logits.
 //! Both choose the same tokens.
 //!
@@ -21,7 +21,7 @@ use crate::ahead::AheadDecoder;
 use crate::clock::Clock;
 use crate::error::RuntimeError;
 use crate::model::Model;
-use crate::sampling::{top_logits, Sampler, SamplingParams};
+use crate::sampling::{top_logits, Sampler, SamplingParams, TokenHistory};
 use crate::stop::StopText;
 use crate::text::{StreamState, TextCodec};
 use crate::DECODE_BATCH;
@@ -144,12 +144,16 @@ enum Source {
     Pending,
     /// The GPU samples; tokens returned in batches.
     Gpu {
-        decoder: AheadDecoder,
+        decoder: Box<AheadDecoder>,
         ready: VecDeque<u32>,
     },
     /// The CPU samples from read-back logits; `feed` is the last token,
-    /// run before the next choice.
-    Cpu { logits: Vec<f32>, feed: Option<u32> },
+    /// run before the next choice; `history` is what the penalties see.
+    Cpu {
+        logits: Vec<f32>,
+        feed: Option<u32>,
+        history: TokenHistory,
+    },
     /// Ended.
     Done,
 }
@@ -325,14 +329,18 @@ impl<'m> Generation<'m> {
             session.set_sampling(&self.settings.sampling);
             session.forward_no_readback(rest).await?;
             session.sync().await?;
-            let decoder = AheadDecoder::new(session, self.limit, DECODE_BATCH)?;
+            let decoder = Box::new(AheadDecoder::new(session, self.limit, DECODE_BATCH)?);
             Source::Gpu {
                 decoder,
                 ready: VecDeque::new(),
             }
         } else {
             let logits = session.forward(rest).await?;
-            Source::Cpu { logits, feed: None }
+            Source::Cpu {
+                logits,
+                feed: None,
+                history: TokenHistory::with_prompt(&self.prompt),
+            }
         };
         self.model.cached.extend_from_slice(rest);
         self.stats.prefill = self.clock.elapsed();
@@ -353,14 +361,19 @@ impl<'m> Generation<'m> {
                     .map(|t| (t, None))
                     .ok_or_else(|| RuntimeError::DeviceLost("the GPU returned no token".into()))
             }
-            Source::Cpu { logits, feed } => {
+            Source::Cpu {
+                logits,
+                feed,
+                history,
+            } => {
                 if let Some(t) = feed.take() {
                     *logits = session.forward(&[t]).await?;
                     self.model.cached.push(t);
                 }
                 let position =
                     u32::try_from(session.position().saturating_sub(1)).unwrap_or(u32::MAX);
-                let token = self.sampler.sample(logits, position);
+                let token = self.sampler.sample_with_history(logits, position, history);
+                history.push_generated(token);
                 *feed = Some(token);
                 let top = self.settings.top_logits.map(|k| top_logits(logits, k));
                 Ok((token, top))

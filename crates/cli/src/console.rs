@@ -1,0 +1,119 @@
+//! Where generated text goes: standard output as it streams, a timing line
+//! on standard error after each generation.
+//!
+//! [`Stdout`] writes and flushes each piece and remembers when the reader
+//! went away (`gerbil-run … | head -c 3`): the caller stops generating at
+//! once and exits quietly, as `yes | head` does, instead of running to the
+//! end and failing with "Broken pipe". Rust ignores SIGPIPE, so a closed
+//! pipe shows up here as a write error; `print!` would panic on it.
+
+use gerbil_runtime::{FinishReason, GenerationStats};
+use serde::Serialize;
+use std::io::{ErrorKind, Write};
+
+/// Standard output for streamed text.
+pub struct Stdout {
+    out: std::io::StdoutLock<'static>,
+    closed: bool,
+}
+
+impl Default for Stdout {
+    fn default() -> Self {
+        Stdout::new()
+    }
+}
+
+impl Stdout {
+    /// Locks standard output.
+    pub fn new() -> Stdout {
+        Stdout {
+            out: std::io::stdout().lock(),
+            closed: false,
+        }
+    }
+
+    /// Writes and flushes `text`. Returns `Ok(false)` once the reader has
+    /// closed the pipe (nothing more should be written), an error for any
+    /// other failure.
+    pub fn write(&mut self, text: &str) -> std::io::Result<bool> {
+        if self.closed {
+            return Ok(false);
+        }
+        match self
+            .out
+            .write_all(text.as_bytes())
+            .and_then(|()| self.out.flush())
+        {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::BrokenPipe => {
+                self.closed = true;
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Whether the reader has closed the pipe.
+    pub fn is_closed(&self) -> bool {
+        self.closed
+    }
+}
+
+/// Counts, speeds and the finish reason of one generation, for `--json`.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct Timings {
+    /// Tokens in the prompt.
+    pub prompt_tokens: usize,
+    /// Of those, tokens the KV cache held already.
+    pub cached_tokens: usize,
+    /// Milliseconds to run the rest of the prompt.
+    pub prompt_ms: f64,
+    /// Prompt tokens run per second.
+    pub prompt_tok_s: f64,
+    /// Tokens generated.
+    pub generated_tokens: usize,
+    /// Milliseconds from the end of the prompt to the last token.
+    pub generated_ms: f64,
+    /// Generated tokens per second (the decode steps after the first token).
+    pub generated_tok_s: f64,
+}
+
+impl Timings {
+    /// The timings of `stats`.
+    pub fn of(stats: &GenerationStats) -> Timings {
+        Timings {
+            prompt_tokens: stats.prompt_tokens,
+            cached_tokens: stats.cached_tokens,
+            prompt_ms: stats.prefill.as_secs_f64() * 1e3,
+            prompt_tok_s: stats.prefill_tokens_per_second(),
+            generated_tokens: stats.generated_tokens,
+            generated_ms: stats.decode.as_secs_f64() * 1e3,
+            generated_tok_s: stats.decode_tokens_per_second(),
+        }
+    }
+}
+
+/// The line printed to standard error after a generation, e.g.
+/// `prompt 25 tokens (12 cached) 812.3 tok/s · generated 30 tokens 61.0 tok/s · finish stop`.
+pub fn timing_line(stats: &GenerationStats, finish: Option<FinishReason>) -> String {
+    let t = Timings::of(stats);
+    let cached = if t.cached_tokens > 0 {
+        format!(" ({} cached)", t.cached_tokens)
+    } else {
+        String::new()
+    };
+    format!(
+        "prompt {} tokens{cached} {:.1} tok/s · generated {} tokens {:.1} tok/s · finish {}",
+        t.prompt_tokens,
+        t.prompt_tok_s,
+        t.generated_tokens,
+        t.generated_tok_s,
+        finish.map_or("none", FinishReason::name)
+    )
+}
+
+/// Writes a line to standard error, ignoring failure (a closed stderr must
+/// not end the program: `eprintln!` would panic).
+pub fn note(line: &str) {
+    let _ = writeln!(std::io::stderr(), "{line}");
+}
