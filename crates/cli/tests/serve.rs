@@ -519,6 +519,7 @@ fn health_models_and_an_error_object_for_each_bad_request() {
     assert_eq!(models["data"].as_array().unwrap().len(), 1);
     assert_eq!(models["data"][0]["id"], "tiny-test");
     assert_eq!(models["data"][0]["object"], "model");
+    assert!(models["data"][0]["created"].as_u64().unwrap() > 1_600_000_000);
 
     let chat = "/v1/chat/completions";
     let (s, v) = server.request("POST", chat, b"{\"messages\": [");

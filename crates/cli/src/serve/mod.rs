@@ -61,6 +61,8 @@ struct App {
     queue: Queue,
     info: ModelInfo,
     model_name: String,
+    /// When the model was loaded (Unix seconds): `/v1/models`' `created`.
+    loaded_at: u64,
 }
 
 /// Loads the plan, listens, and serves until Ctrl-C. Prints `listening on
@@ -77,6 +79,7 @@ pub fn serve(plan: &Path, opts: &ServeOptions) -> Result<()> {
         queue: worker.queue(),
         info,
         model_name,
+        loaded_at: openai::unix_now(),
     });
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
@@ -162,7 +165,7 @@ async fn models(State(app): State<Arc<App>>) -> Json<Value> {
         "data": [{
             "id": app.model_name,
             "object": "model",
-            "created": 0,
+            "created": app.loaded_at,
             "owned_by": "gerbil",
             "context_length": app.info.context,
         }],

@@ -97,7 +97,7 @@ impl IntoResponse for ApiError {
 
 /// A string or a list of strings (`stop`).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a list of strings")]
 pub enum OneOrMany {
     One(String),
     Many(Vec<String>),
@@ -105,7 +105,7 @@ pub enum OneOrMany {
 
 /// A completion prompt: text, or token ids.
 #[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a list of token ids")]
 pub enum PromptField {
     Text(String),
     Ids(Vec<u32>),
@@ -114,7 +114,10 @@ pub enum PromptField {
 /// A message's content: a string, or a list of `{"type": "text", "text"}`
 /// parts (joined).
 #[derive(Clone, Debug, Deserialize, PartialEq)]
-#[serde(untagged)]
+#[serde(
+    untagged,
+    expecting = "a string or a list of {\"type\": \"text\", \"text\"} parts"
+)]
 pub enum Content {
     Text(String),
     Parts(Vec<ContentPart>),
@@ -200,21 +203,18 @@ pub struct Request {
 /// Parses a request body; a syntax error or a field of the wrong type is a
 /// 400 naming the field.
 pub fn parse_request(body: &[u8]) -> Result<Request, ApiError> {
-    let de = &mut serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(de).map_err(|e| {
+    let value: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}"), None))?;
+    if !value.is_object() {
+        return Err(ApiError::invalid(
+            "the request body must be a JSON object",
+            None,
+        ));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
         let path = e.path().to_string();
-        let inner = e.into_inner();
-        if inner.is_syntax() || inner.is_eof() {
-            return ApiError::invalid(format!("the request body is not valid JSON: {inner}"), None);
-        }
-        if path == "." {
-            return ApiError::invalid(
-                format!("the request body must be a JSON object: {inner}"),
-                None,
-            );
-        }
         let top = path.split(['.', '[']).next().unwrap_or(&path).to_string();
-        ApiError::invalid(format!("`{path}`: {inner}"), Some(&top))
+        ApiError::invalid(format!("`{path}`: {}", e.into_inner()), Some(&top))
     })
 }
 
@@ -458,13 +458,10 @@ impl Envelope {
             Endpoint::Chat => "chatcmpl",
             Endpoint::Completion => "cmpl",
         };
-        let created = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_secs());
         Envelope {
             endpoint,
             id: format!("{prefix}-{:016x}", rand::random::<u64>()),
-            created,
+            created: unix_now(),
             model: model.to_string(),
         }
     }
@@ -551,6 +548,13 @@ impl Envelope {
     }
 }
 
+/// Seconds since the Unix epoch (`created`).
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
 /// What a stream chunk carries.
 #[derive(Clone, Copy, Debug)]
 pub enum ChunkPiece<'a> {
@@ -589,8 +593,17 @@ mod tests {
         let e = req(r#"{"prompt": "a", "max_tokens": "x"}"#).unwrap_err();
         assert_eq!(e.param.as_deref(), Some("max_tokens"), "{e:?}");
         assert!(e.message.contains("invalid type"), "{}", e.message);
-        let e = req(r#"{"messages": [{"role": "user", "content": 5}]"#).unwrap_err();
+        let e = req(r#"{"messages": [{"role": "user", "content": 5}]}"#).unwrap_err();
+        assert_eq!(e.param.as_deref(), Some("messages"), "{e:?}");
+        assert!(
+            e.message.starts_with("`messages[0].content`: "),
+            "{}",
+            e.message
+        );
+        assert!(e.message.contains("a string or a list"), "{}", e.message);
+        let e = req(r#"{"messages": [{"role": "user", "content": "hi"}]"#).unwrap_err();
         assert!(e.message.contains("not valid JSON"), "{}", e.message);
+        assert_eq!(e.param, None);
         let e = req("[1]").unwrap_err();
         assert!(e.message.contains("JSON object"), "{}", e.message);
     }

@@ -148,7 +148,7 @@ async fn load(plan: &std::path::Path, opts: &SessionOptions) -> Result<(Model, M
     let plan = PlanFile::open(plan)?;
     let model = Model::load(&plan, opts).await?;
     let info = ModelInfo {
-        defaults: plan.header.text.generation.clone(),
+        defaults: plan.header.text.generation,
         context: model.context(),
     };
     Ok((model, info))
