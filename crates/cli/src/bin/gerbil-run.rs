@@ -437,7 +437,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 system,
                 sampling,
                 session: cli.session_options(),
-                quiet: false,
+                quiet: cli.quiet,
             };
             pollster::block_on(chat(cli.plan()?, &opts))?;
         }
@@ -448,7 +448,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 top_logits: cli.gen.top_logits,
                 json: cli.gen.json,
                 session: cli.session_options(),
-                quiet: false,
+                quiet: cli.quiet,
             };
             pollster::block_on(run(cli.plan()?, &opts))?;
         }
