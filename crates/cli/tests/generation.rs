@@ -214,13 +214,14 @@ fn the_context_ends_a_generation_with_length() {
 }
 
 #[test]
-fn sampling_seeds_and_stop_strings() {
-    let plan = smollm2_plan().to_str().unwrap();
+fn seeds_and_penalties() {
+    let (_d, tiny) = tiny_plan("seeds", &["--max-context", "32"]);
+    let tiny = tiny.to_str().unwrap();
     let run = |extra: &[&str]| {
         let mut args = vec![
-            plan,
-            "--prompt",
-            "Once upon a time",
+            tiny,
+            "--input-ids",
+            "1,2,3",
             "--max-new-tokens",
             "12",
             "--json",
@@ -230,18 +231,40 @@ fn sampling_seeds_and_stop_strings() {
         assert!(o.status.success(), "{}", stderr(&o));
         serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
     };
-    let a = run(&["--temperature", "0.9", "--seed", "11"]);
-    let b = run(&["--temperature", "0.9", "--seed", "11"]);
+    let a = run(&["--temperature", "1.5", "--seed", "11"]);
+    let b = run(&["--temperature", "1.5", "--seed", "11"]);
     assert_eq!(
         a["output_ids"], b["output_ids"],
-        "a seed reproduces the text"
+        "a seed reproduces the tokens"
     );
     assert_eq!(a["seed"], 11);
     // Without a seed one is drawn and reported; two runs differ in it.
-    let c = run(&["--temperature", "0.9"]);
-    let d = run(&["--temperature", "0.9"]);
-    assert!(c["seed"].is_u64() && c["seed"] != d["seed"]);
-    // A stop string cuts the greedy text before itself.
+    let c = run(&["--temperature", "1.5"]);
+    let d = run(&["--temperature", "1.5"]);
+    assert!(c["seed"].is_u64() && c["seed"] != d["seed"], "{c} {d}");
+    // The penalties change the greedy tokens (they run on the CPU sampler).
+    let greedy = run(&[]);
+    let penalized = run(&["--repetition-penalty", "3", "--frequency-penalty", "2"]);
+    assert_ne!(penalized["output_ids"], greedy["output_ids"]);
+}
+
+#[test]
+fn a_stop_string_cuts_the_text() {
+    let plan = smollm2_plan().to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            plan,
+            "--prompt",
+            "Once upon a time",
+            "--max-new-tokens",
+            "8",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = gerbil_run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+    };
     let greedy = run(&[]);
     let text = greedy["text"].as_str().unwrap().to_string();
     let word: String = text.split_whitespace().nth(2).unwrap().to_string();
@@ -249,9 +272,6 @@ fn sampling_seeds_and_stop_strings() {
     assert_eq!(stopped["finish_reason"], "stop");
     let cut = &text[..text.find(&word).unwrap()];
     assert_eq!(stopped["text"], cut);
-    // The penalties change the greedy text (they run on the CPU sampler).
-    let penalized = run(&["--repetition-penalty", "1.5", "--frequency-penalty", "1.0"]);
-    assert_ne!(penalized["output_ids"], greedy["output_ids"]);
 }
 
 #[test]
