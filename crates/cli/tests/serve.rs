@@ -188,6 +188,22 @@ impl Server {
         Server { child, port, log }
     }
 
+    /// Ctrl-C (SIGINT): the server shuts down gracefully and exits 0.
+    fn interrupt(&mut self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        assert!(sent.success());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status}: {}", self.log());
+        for _ in 0..100 {
+            if self.log().contains("shut down") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("no `shut down` line: {}", self.log());
+    }
+
     fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
@@ -508,7 +524,7 @@ fn health_models_and_an_error_object_for_each_bad_request() {
     let dir = temp("errors");
     let plan = tiny_text_plan(dir.path(), &[]);
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let server = Server::start(
+    let mut server = Server::start(
         &plan,
         &["--model-name", "tiny-test", "--max-body-bytes", "4096"],
     );
@@ -565,6 +581,7 @@ fn health_models_and_an_error_object_for_each_bad_request() {
     assert_eq!(v["usage"]["completion_tokens"], 3);
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert!(!server.log().contains("panicked"), "{}", server.log());
+    server.interrupt();
 }
 
 /// A greedy completion request for `prompt`.

@@ -56,6 +56,9 @@ pub struct ServeOptions {
     pub session: SessionOptions,
 }
 
+/// The error when a job's events end early (a bug: see the server's log).
+const STOPPED: &str = "the generation stopped unexpectedly; the server's log says why";
+
 /// What every handler shares.
 struct App {
     queue: Queue,
@@ -143,7 +146,13 @@ async fn shutdown_signal() {
         () = ctrl_c => {},
         () = terminate => {},
     }
-    eprintln!("shutting down: finishing the requests in flight");
+    eprintln!("shutting down: finishing the requests in flight (Ctrl-C again to stop now)");
+    tokio::spawn(async {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("stopped");
+            std::process::exit(130);
+        }
+    });
 }
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
@@ -209,7 +218,7 @@ async fn complete(
         Some(Event::Rejected(e)) => return Err(rejected(e, endpoint)),
         Some(Event::Failed(e)) => return Err(ApiError::server(e.to_string())),
         Some(other) => return Err(ApiError::server(format!("unexpected {other:?}"))),
-        None => return Err(ApiError::server("the model thread stopped")),
+        None => return Err(ApiError::server(STOPPED)),
     }
     let envelope = Envelope::new(endpoint, &app.model_name);
     if request.streams() {
@@ -228,7 +237,7 @@ async fn complete(
             Event::Started | Event::Rejected(_) => break,
         }
     }
-    Err(ApiError::server("the generation ended without a finish"))
+    Err(ApiError::server(STOPPED))
 }
 
 /// The events of a started job as server-sent events: a chat's role chunk,
@@ -250,7 +259,11 @@ fn sse_stream(
         async move {
             let mut events = events?;
             loop {
-                let out = match events.recv().await? {
+                let Some(event) = events.recv().await else {
+                    let error = ApiError::server(STOPPED).body();
+                    return Some((vec![data(&error)], None));
+                };
+                let out = match event {
                     Event::Text(t) if t.is_empty() => continue,
                     Event::Text(t) => {
                         vec![data(&envelope.chunk(ChunkPiece::Text(&t)))]
@@ -268,7 +281,10 @@ fn sse_stream(
                         let error = ApiError::server(e.to_string()).body();
                         return Some((vec![data(&error)], None));
                     }
-                    Event::Started | Event::Rejected(_) => return None,
+                    Event::Started | Event::Rejected(_) => {
+                        let error = ApiError::server(STOPPED).body();
+                        return Some((vec![data(&error)], None));
+                    }
                 };
                 return Some((out, Some(events)));
             }

@@ -96,7 +96,15 @@ impl Worker {
                     }
                 };
                 while let Ok(job) = queue.recv() {
-                    run_job(&mut model, job);
+                    // A panic is a gerbil bug; it fails its own request (the
+                    // job's channel closes) and the server goes on.
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_job(&mut model, job)
+                    }));
+                    if ran.is_err() {
+                        tracing::error!("a request panicked; the KV cache is cleared");
+                        model.clear_cache();
+                    }
                 }
             })
             .context("starting the model thread")?;
