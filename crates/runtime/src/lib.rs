@@ -18,6 +18,8 @@
 //! (token ids, `T`/`P`), records one compute pass and submits once. The
 //! runtime never runs a compiler pass and knows nothing of HF configs.
 
+#![warn(missing_docs)]
+
 mod ahead;
 pub mod chat;
 mod clock;

@@ -49,13 +49,22 @@ pub enum TextError {
         "invalid tokenizer.json: {detail}; expected the HuggingFace `tokenizers` JSON format \
          (the `tokenizer.json` a fast tokenizer saves), not a sentencepiece `tokenizer.model`"
     )]
-    InvalidTokenizer { detail: String },
+    InvalidTokenizer {
+        /// What the `tokenizers` library said.
+        detail: String,
+    },
     /// The tokenizer failed on this input.
     #[error("tokenizing failed: {detail}")]
-    Encode { detail: String },
+    Encode {
+        /// What the `tokenizers` library said.
+        detail: String,
+    },
     /// The tokenizer failed to turn ids back into text.
     #[error("decoding token ids failed: {detail}")]
-    Decode { detail: String },
+    Decode {
+        /// What the `tokenizers` library said.
+        detail: String,
+    },
     /// A chat prompt was asked for, but the model ships no chat template.
     #[error(
         "this model has no chat template (no chat_template.jinja and no `chat_template` in \
@@ -66,15 +75,20 @@ pub enum TextError {
     /// The chat template is not valid Jinja (or uses syntax `minijinja` does not support).
     #[error("the chat template does not parse: {source}")]
     TemplateSyntax {
+        /// minijinja's parse error.
         #[source]
         source: minijinja::Error,
     },
     /// The chat template called `raise_exception(message)`, e.g. for a role it does not allow.
     #[error("the chat template rejected the conversation: {message}")]
-    TemplateRaised { message: String },
+    TemplateRaised {
+        /// The template's message.
+        message: String,
+    },
     /// Rendering the chat template failed for another reason.
     #[error("rendering the chat template failed: {source}")]
     TemplateRender {
+        /// minijinja's error.
         #[source]
         source: minijinja::Error,
     },
@@ -85,10 +99,12 @@ pub enum TextError {
 pub struct ChatMessage {
     /// `"system"`, `"user"`, `"assistant"`, ... — whatever the template understands.
     pub role: String,
+    /// The message's text.
     pub content: String,
 }
 
 impl ChatMessage {
+    /// A message of `role` saying `content`.
     pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
         Self {
             role: role.into(),
@@ -233,14 +249,17 @@ impl TextCodec {
         StreamDecoder::new(self, skip_special_tokens)
     }
 
+    /// Whether the model ships a chat template.
     pub fn has_chat_template(&self) -> bool {
         self.template.is_some()
     }
 
+    /// The beginning-of-sequence token's text, as the template sees it.
     pub fn bos_token(&self) -> Option<&str> {
         self.bos_token.as_deref()
     }
 
+    /// The end-of-sequence token's text, as the template sees it.
     pub fn eos_token(&self) -> Option<&str> {
         self.eos_token.as_deref()
     }

@@ -21,6 +21,8 @@ pub struct StreamDecoder<'a> {
 }
 
 impl<'a> StreamDecoder<'a> {
+    /// A decoder of ids into `codec`'s text; special tokens are left out
+    /// when `skip_special_tokens`.
     pub fn new(codec: &'a TextCodec, skip_special_tokens: bool) -> Self {
         Self {
             codec,
