@@ -10,7 +10,8 @@
 //! summarizes a plan, [`schedule`] lists its dispatches and [`graph_svg`]
 //! draws one layer of them (through [`svg_canvas`]); [`passes`]
 //! prints what the pass pipeline did; [`tune`] measures prefill GEMM tiles;
-//! [`devices`] lists the GPUs; [`progress`] draws
+//! [`hub`] finds a checkpoint: a local directory or a model downloaded from
+//! the Hugging Face hub; [`devices`] lists the GPUs; [`progress`] draws
 //! progress bars and [`logging`] sets up `-v` logs. The binaries in `src/bin` parse
 //! arguments and call these. No other crate depends on this one.
 
@@ -19,6 +20,7 @@ pub mod console;
 pub mod devices;
 pub mod gen_args;
 pub mod graph_svg;
+pub mod hub;
 pub mod inspect;
 pub mod logging;
 pub mod passes;

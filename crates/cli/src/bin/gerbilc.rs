@@ -3,13 +3,14 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use gerbil_cli::graph_svg::{layer_graph, render_svg};
+use gerbil_cli::hub::{open_checkpoint, HubOptions};
 use gerbil_cli::inspect::{inspect, render};
 use gerbil_cli::passes::{bisect_note, pass_stats};
 use gerbil_cli::schedule::render_schedule;
 use gerbil_cli::tune::tune;
 use gerbil_compiler::{
-    compile, opt, Checkpoint, CompileOptions, DumpIr, Dumps, OptOptions, PassReport, PassSelection,
-    Target, Tuning,
+    compile, opt, CompileOptions, DumpIr, Dumps, OptOptions, PassReport, PassSelection, Target,
+    Tuning,
 };
 use std::io::Read;
 use std::path::PathBuf;
@@ -34,8 +35,12 @@ struct Cli {
 enum Cmd {
     /// Compile a local HF checkpoint directory to a plan.
     Compile {
-        /// Directory with config.json, model.safetensors (or an index) and tokenizer files.
+        /// Directory with config.json, model.safetensors (or an index) and
+        /// tokenizer files, or a Hugging Face hub model id ORG/NAME (downloaded
+        /// into the hub cache).
         repo: PathBuf,
+        #[command(flatten)]
+        hub: HubArgs,
         /// Plan file to write; without it only the requested dumps are produced.
         #[arg(short, long)]
         output: Option<PathBuf>,
@@ -83,8 +88,11 @@ enum Cmd {
     /// Time the prefill GEMM tiles of a checkpoint on this machine's GPU and
     /// write the fastest per shape, for `gerbilc compile --tuning`.
     Tune {
-        /// Directory with config.json, model.safetensors (or an index) and tokenizer files.
+        /// Directory with config.json, model.safetensors (or an index) and
+        /// tokenizer files, or a Hugging Face hub model id ORG/NAME.
         repo: PathBuf,
+        #[command(flatten)]
+        hub: HubArgs,
         /// The tuning file to write.
         #[arg(short, long)]
         output: PathBuf,
@@ -133,6 +141,26 @@ enum Cmd {
     },
 }
 
+/// Where `compile` and `tune` take a hub model from.
+#[derive(clap::Args)]
+struct HubArgs {
+    /// Branch, tag or commit of a hub model (default: main).
+    #[arg(long, value_name = "REV")]
+    revision: Option<String>,
+    /// No progress bars (they are off anyway when standard error is not a terminal).
+    #[arg(short, long)]
+    quiet: bool,
+}
+
+impl HubArgs {
+    fn options(self) -> HubOptions {
+        HubOptions {
+            revision: self.revision,
+            progress: gerbil_cli::progress::Progress::new(self.quiet),
+        }
+    }
+}
+
 fn parse_passes(s: &str) -> Result<PassSelection, String> {
     s.parse()
 }
@@ -169,6 +197,7 @@ fn real_main(cli: Cli) -> Result<()> {
     match cli.cmd {
         Cmd::Compile {
             repo,
+            hub,
             output,
             max_context,
             max_tokens_per_step,
@@ -182,7 +211,7 @@ fn real_main(cli: Cli) -> Result<()> {
             bisect,
             tuning,
         } => {
-            let ckpt = Checkpoint::open(&repo)?;
+            let ckpt = open_checkpoint(&repo, &hub.options())?;
             let tuning = tuning.map(|path| Tuning::read(&path)).transpose()?;
             if let Some(t) = tuning.as_ref().filter(|t| t.target != target.name) {
                 eprintln!(
@@ -221,12 +250,13 @@ fn real_main(cli: Cli) -> Result<()> {
         }
         Cmd::Tune {
             repo,
+            hub,
             output,
             max_context,
             max_tokens_per_step,
             target,
         } => {
-            let ckpt = Checkpoint::open(&repo)?;
+            let ckpt = open_checkpoint(&repo, &hub.options())?;
             let opts = CompileOptions {
                 max_context,
                 max_tokens_per_step,
