@@ -41,6 +41,8 @@ pub struct SweepOptions {
     pub variant: Option<String>,
     /// Where compiled pipelines are kept between runs (`None`: nowhere).
     pub pipeline_cache: Option<PipelineCacheOptions>,
+    /// Adapter index of `gerbil-run devices` (`None`: the default one).
+    pub adapter: Option<usize>,
 }
 
 /// Speed at one context length.
@@ -102,6 +104,7 @@ pub async fn sweep(plan_path: &std::path::Path, opts: &SweepOptions) -> Result<S
         precision: opts.precision,
         variant: opts.variant.clone(),
         pipeline_cache: opts.pipeline_cache.clone(),
+        adapter: opts.adapter,
         ..SessionOptions::default()
     };
     let mut session = Session::open(&plan, &session_opts).await?;

@@ -577,8 +577,21 @@ fn bad_run_inputs_are_clear_errors() {
         "1",
     ]);
     assert_fails_with(&o, "do not fit the context of 8 tokens");
-    let o = gerbil_run(&[p, "--input-ids", "1,2,3,4,5,6", "--max-new-tokens", "5"]);
-    assert_fails_with(&o, "do not fit the context of 8 tokens");
+    // A generation that reaches the end of the context stops there (the
+    // last token is never fed, so 6 + 3 - 1 = 8 positions).
+    let o = gerbil_run(&[
+        p,
+        "--input-ids",
+        "1,2,3,4,5,6",
+        "--max-new-tokens",
+        "5",
+        "--ignore-eos",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(json["output_ids"].as_array().unwrap().len(), 3);
+    assert_eq!(json["finish_reason"], "length");
     let o = gerbil_run(&[p, "--input-ids", "1,600", "--max-new-tokens", "1"]);
     assert_fails_with(&o, "token id 600 is outside the vocabulary (size 512)");
     let o = gerbil_run(&[p, "--prompt", "hello", "--max-new-tokens", "1"]);

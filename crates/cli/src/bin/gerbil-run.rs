@@ -308,6 +308,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     precision: cli.precision,
                     variant: cli.variant.clone(),
                     pipeline_cache: cli.pipeline_cache(cold),
+                    adapter: cli.device,
                 };
                 let plot = plot.as_deref();
                 return pollster::block_on(run_sweep(cli.plan()?, &opts, json, plot));
