@@ -33,11 +33,13 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Compile a local HF checkpoint directory to a plan.
+    /// Compile a HuggingFace checkpoint (a local directory, or a hub model
+    /// ORG/NAME) to a plan.
     Compile {
         /// Directory with config.json, model.safetensors (or an index) and
         /// tokenizer files, or a Hugging Face hub model id ORG/NAME (downloaded
         /// into the hub cache).
+        #[arg(value_name = "DIR|ORG/NAME")]
         repo: PathBuf,
         #[command(flatten)]
         hub: HubArgs,
@@ -90,6 +92,7 @@ enum Cmd {
     Tune {
         /// Directory with config.json, model.safetensors (or an index) and
         /// tokenizer files, or a Hugging Face hub model id ORG/NAME.
+        #[arg(value_name = "DIR|ORG/NAME")]
         repo: PathBuf,
         #[command(flatten)]
         hub: HubArgs,
