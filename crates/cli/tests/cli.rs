@@ -1,95 +1,11 @@
 //! The command-line tools as a user runs them: compile, run with JSON
 //! output, dumps, inspect, bench, and a clear error for each kind of bad input.
 
+mod common;
+
+use common::*;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use std::sync::Mutex;
-
-static GPU: Mutex<()> = Mutex::new(());
-
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
-
-/// A fresh temp directory, removed with its contents when dropped: the
-/// plans the tests write are up to hundreds of MB.
-fn temp(tag: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("gerbil-cli-{tag}-"))
-        .tempdir()
-        .expect("create temp dir")
-}
-
-fn gerbilc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gerbilc"))
-        .args(args)
-        .output()
-        .expect("spawn gerbilc")
-}
-
-/// Runs gerbil-run without the on-disk pipeline cache (tests write nothing
-/// to the user's cache directory; `pipeline_cache_*` tests give it one).
-fn gerbil_run(args: &[&str]) -> Output {
-    gerbil_run_with(
-        args,
-        &[("GERBIL_PIPELINE_CACHE", std::ffi::OsStr::new("0"))],
-    )
-}
-
-fn gerbil_run_with(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
-    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    Command::new(env!("CARGO_BIN_EXE_gerbil-run"))
-        .args(args)
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .envs(env.iter().copied())
-        .output()
-        .expect("spawn gerbil-run")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Compiles the tiny Llama with extra flags; returns the plan's directory
-/// (deleted when dropped) and path.
-fn tiny_plan(tag: &str, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
-    let dir = temp(tag);
-    let out = dir.path().join("tiny.plan");
-    let repo = data("models/tiny/llama");
-    let mut args = vec![
-        "compile",
-        repo.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let o = gerbilc(&args);
-    assert!(o.status.success(), "gerbilc failed: {}", stderr(&o));
-    (dir, out)
-}
-
-fn assert_fails_with(o: &Output, needle: &str) {
-    assert!(
-        !o.status.success(),
-        "expected failure, got success: {}",
-        stdout(o)
-    );
-    let err = stderr(o);
-    assert!(
-        err.contains(needle),
-        "expected `{needle}` in stderr:\n{err}"
-    );
-    assert!(
-        !err.contains("panicked"),
-        "panicked instead of an error:\n{err}"
-    );
-}
 
 #[test]
 fn json_output_matches_the_reference_greedy_tokens() {
@@ -718,14 +634,6 @@ fn gerbilc_opt_stdin(text: &[u8], args: &[&str]) -> Output {
         .write_all(text)
         .expect("write IR to gerbilc opt");
     child.wait_with_output().expect("gerbilc opt")
-}
-
-/// The SmolLM2-135M fixture directory.
-fn smollm2_dir() -> PathBuf {
-    std::env::var_os("GERBIL_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"))
-        .join("smollm2-135m")
 }
 
 /// `compile M --dump-ir lowered | opt - --passes default` prints exactly what

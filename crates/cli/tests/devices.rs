@@ -3,84 +3,16 @@
 //! and `GERBIL_LOG`, and bars that show on a terminal (a pseudo-terminal
 //! made by util-linux's `script`) but never with `--quiet` or on a pipe.
 
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::Mutex;
+mod common;
 
-static GPU: Mutex<()> = Mutex::new(());
-
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
-
-fn temp(tag: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("gerbil-devices-{tag}-"))
-        .tempdir()
-        .expect("create temp dir")
-}
-
-/// A command for one of the binaries, without the on-disk pipeline cache
-/// or a `GERBIL_LOG` from the caller's environment.
-fn command(bin: &str, args: &[&str]) -> Command {
-    let mut c = Command::new(bin);
-    c.args(args)
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .env("GERBIL_PIPELINE_CACHE", "0")
-        .env_remove("GERBIL_LOG")
-        .stdin(Stdio::null());
-    c
-}
-
-fn run(mut c: Command) -> Output {
-    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    c.output().expect("spawn")
-}
-
-fn gerbil_run(args: &[&str]) -> Output {
-    run(command(env!("CARGO_BIN_EXE_gerbil-run"), args))
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Compiles the tiny Llama with extra flags; returns the plan's directory
-/// (deleted when dropped) and path.
-fn tiny_plan(tag: &str, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
-    let dir = temp(tag);
-    let out = dir.path().join("tiny.plan");
-    let repo = data("models/tiny/llama");
-    let mut args = vec![
-        "compile",
-        repo.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let o = run(command(env!("CARGO_BIN_EXE_gerbilc"), &args));
-    assert!(o.status.success(), "gerbilc failed: {}", stderr(&o));
-    (dir, out)
-}
-
-fn assert_fails_with(o: &Output, needle: &str) {
-    assert!(!o.status.success(), "expected failure: {}", stdout(o));
-    let err = stderr(o);
-    assert!(err.contains(needle), "expected `{needle}` in:\n{err}");
-    assert!(!err.contains("panicked"), "panicked:\n{err}");
-}
+use common::*;
+use std::process::Output;
 
 const IDS: &str = "14,34,328,242,438,202,17,354,183,500,325,56,88";
 
 #[test]
 fn devices_lists_lavapipe_with_its_backend_and_features() {
-    let o = gerbil_run(&["devices"]);
+    let o = gerbil_run_clean(&["devices"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let table = stdout(&o);
     for needle in [
@@ -100,7 +32,7 @@ fn devices_lists_lavapipe_with_its_backend_and_features() {
         "{table}"
     );
 
-    let o = gerbil_run(&["devices", "--json"]);
+    let o = gerbil_run_clean(&["devices", "--json"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).expect("one JSON array");
     let list = v.as_array().expect("an array");
@@ -129,10 +61,10 @@ fn devices_lists_lavapipe_with_its_backend_and_features() {
 
 #[test]
 fn a_plan_is_needed_except_by_devices_which_takes_none() {
-    let o = gerbil_run(&[]);
+    let o = gerbil_run_clean(&[]);
     assert_fails_with(&o, "no plan given");
     assert!(stderr(&o).contains("gerbil-run devices"), "{}", stderr(&o));
-    let o = gerbil_run(&["some.plan", "devices"]);
+    let o = gerbil_run_clean(&["some.plan", "devices"]);
     assert_fails_with(&o, "`gerbil-run devices` takes no plan");
 }
 
@@ -154,9 +86,9 @@ fn device_zero_runs_a_plan_as_the_default_does_and_device_99_is_refused() {
         a.extend_from_slice(extra);
         a
     };
-    let default = gerbil_run(&args(&[]));
+    let default = gerbil_run_clean(&args(&[]));
     assert!(default.status.success(), "{}", stderr(&default));
-    let chosen = gerbil_run(&args(&["--device", "0"]));
+    let chosen = gerbil_run_clean(&args(&["--device", "0"]));
     assert!(chosen.status.success(), "{}", stderr(&chosen));
     let ids = |o: &Output| {
         let v: serde_json::Value = serde_json::from_str(&stdout(o)).expect("JSON");
@@ -165,10 +97,10 @@ fn device_zero_runs_a_plan_as_the_default_does_and_device_99_is_refused() {
     assert_eq!(ids(&default), ids(&chosen));
     assert_eq!(ids(&chosen).as_array().map(Vec::len), Some(6));
 
-    let o = gerbil_run(&args(&["--device", "99"]));
+    let o = gerbil_run_clean(&args(&["--device", "99"]));
     assert_fails_with(&o, "there is no GPU adapter 99");
     assert!(stderr(&o).contains("`gerbil-run devices` lists them"));
-    let o = gerbil_run(&[plan, "bench", "--device", "99", "--repeats", "1"]);
+    let o = gerbil_run_clean(&[plan, "bench", "--device", "99", "--repeats", "1"]);
     assert_fails_with(&o, "there is no GPU adapter 99");
 }
 
@@ -194,7 +126,7 @@ fn each_v_shows_more_of_gerbil_and_only_three_show_wgpu() {
     let go = |flags: &[&str]| {
         let mut a = vec![plan, "--input-ids", IDS, "--max-new-tokens", "2"];
         a.extend_from_slice(flags);
-        let o = gerbil_run(&a);
+        let o = gerbil_run_clean(&a);
         assert!(o.status.success(), "{}", stderr(&o));
         assert!(
             !stderr(&o).contains('\x1b'),
@@ -229,12 +161,12 @@ fn each_v_shows_more_of_gerbil_and_only_three_show_wgpu() {
     assert!(vvv.iter().all(|(_, t)| !t.starts_with("naga")), "{vvv:?}");
 
     // GERBIL_LOG replaces the -v levels.
-    let mut c = command(
+    let mut c = clean_command(
         env!("CARGO_BIN_EXE_gerbil-run"),
         &[plan, "--input-ids", IDS, "--max-new-tokens", "2", "-vv"],
     );
     c.env("GERBIL_LOG", "gerbil_runtime::variant=info");
-    let o = run(c);
+    let o = run_on_gpu(c);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(
         log_lines(&stderr(&o)),
@@ -247,7 +179,7 @@ fn gerbilc_v_logs_the_compile_phases() {
     let dir = temp("gerbilc-v");
     let out = dir.path().join("tiny.plan");
     let repo = data("models/tiny/llama");
-    let o = run(command(
+    let o = run_on_gpu(clean_command(
         env!("CARGO_BIN_EXE_gerbilc"),
         &[
             "compile",
@@ -277,12 +209,12 @@ fn on_a_terminal(bin: &str, args: &[&str]) -> String {
         .map(|a| format!("'{a}'"))
         .collect::<Vec<_>>()
         .join(" ");
-    let mut c = command(
+    let mut c = clean_command(
         "script",
         &["-qec", &format!("{line} >/dev/null"), "/dev/null"],
     );
     c.env("COLUMNS", "100");
-    let o = run(c);
+    let o = run_on_gpu(c);
     assert!(
         o.status.success(),
         "under script(1) (util-linux): {}{}",
@@ -315,7 +247,7 @@ fn bars_show_on_a_terminal_but_not_with_quiet_or_on_a_pipe() {
     assert!(!hidden.contains('\x1b'), "{hidden:?}");
     assert!(!hidden.contains("uploading"), "{hidden:?}");
 
-    let piped = gerbil_run(&args);
+    let piped = gerbil_run_clean(&args);
     assert!(piped.status.success(), "{}", stderr(&piped));
     assert!(!stderr(&piped).contains('\x1b'), "{}", stderr(&piped));
     assert!(!stderr(&piped).contains("uploading"), "{}", stderr(&piped));

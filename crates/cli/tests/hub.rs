@@ -6,6 +6,9 @@
 //! request. The real `gerbilc` and `gerbil-run` binaries run with
 //! `HF_ENDPOINT` pointing at it and the hub cache in a temp directory.
 
+mod common;
+
+use common::{data, gerbil_run, stderr, temp};
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{TcpListener, TcpStream};
@@ -22,14 +25,6 @@ const V1_SHA: &str = "2222222222222222222222222222222222222222";
 const GOOD_TOKEN: &str = "hf_good";
 /// An endpoint nothing listens on.
 const UNREACHABLE: &str = "http://127.0.0.1:1";
-
-static GPU: Mutex<()> = Mutex::new(());
-
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
 
 /// One repository of the fake hub: its files at every revision it has.
 struct FakeRepo {
@@ -333,14 +328,6 @@ fn route(req: &Seen, repos: &[FakeRepo]) -> Reply {
     }
 }
 
-/// A temp directory holding the hub cache (`HF_HOME`) and plans.
-fn temp(tag: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("gerbil-hub-{tag}-"))
-        .tempdir()
-        .unwrap()
-}
-
 /// Runs `gerbilc` against `hub` with `HF_HOME` in `home` and only the
 /// given hub variables set.
 fn gerbilc(hub: &FakeHub, home: &Path, args: &[&str], env: &[(&str, &str)]) -> Output {
@@ -362,10 +349,6 @@ fn gerbilc(hub: &FakeHub, home: &Path, args: &[&str], env: &[(&str, &str)]) -> O
         cmd.env_remove(var);
     }
     cmd.envs(env.iter().copied()).output().unwrap()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
 #[track_caller]
@@ -403,14 +386,14 @@ fn compile(
 
 /// The greedy continuation of 1,2,3 that `plan` gives.
 fn output_ids(plan: &Path) -> serde_json::Value {
-    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let o = Command::new(env!("CARGO_BIN_EXE_gerbil-run"))
-        .args([plan.to_str().unwrap(), "--input-ids", "1,2,3"])
-        .args(["--max-new-tokens", "2", "--json"])
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .env("GERBIL_PIPELINE_CACHE", "0")
-        .output()
-        .unwrap();
+    let o = gerbil_run(&[
+        plan.to_str().unwrap(),
+        "--input-ids",
+        "1,2,3",
+        "--max-new-tokens",
+        "2",
+        "--json",
+    ]);
     assert!(o.status.success(), "gerbil-run failed: {}", stderr(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert_eq!(v["output_ids"].as_array().map(Vec::len), Some(2));

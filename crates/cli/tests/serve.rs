@@ -6,53 +6,17 @@
 //! rest: concurrent clients, a client that disconnects mid-stream, and an
 //! OpenAI error object for each kind of bad request.
 
+mod common;
+
+use common::*;
 use gerbil_runtime::text::TextCodec;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
-
-/// One server at a time: lavapipe has two cores.
-static GPU: Mutex<()> = Mutex::new(());
-
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
-
-fn temp(tag: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("gerbil-serve-{tag}-"))
-        .tempdir()
-        .expect("create temp dir")
-}
-
-fn gerbilc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gerbilc"))
-        .args(args)
-        .output()
-        .expect("spawn gerbilc")
-}
-
-fn compile(model: &Path, out: &Path, extra: &[&str]) {
-    let mut args = vec![
-        "compile",
-        model.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let o = gerbilc(&args);
-    assert!(
-        o.status.success(),
-        "gerbilc failed: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-}
 
 /// GPT-2's byte-to-character map of byte-level tokenizers.
 fn byte_chars() -> Vec<char> {
@@ -135,7 +99,7 @@ fn tiny_text_plan(dir: &Path, extra: &[&str]) -> PathBuf {
     let config = json!({"chat_template": template, "eos_token": "<|im_end|>"});
     std::fs::write(model.join("tokenizer_config.json"), config.to_string()).unwrap();
     let plan = dir.join("tiny.plan");
-    compile(&model, &plan, extra);
+    compile_to(&model, &plan, extra);
     plan
 }
 
@@ -149,14 +113,10 @@ struct Server {
 impl Server {
     /// Starts the server with `-v` and waits for its `listening on` line.
     fn start(plan: &Path, args: &[&str]) -> Server {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_gerbil-run"))
+        let mut child = clean_command(env!("CARGO_BIN_EXE_gerbil-run"), &[])
             .arg(plan)
             .args(["-v", "serve", "--port", "0"])
             .args(args)
-            .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-            .env("GERBIL_PIPELINE_CACHE", "0")
-            .env_remove("GERBIL_LOG")
-            .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -438,13 +398,6 @@ fn error_of(status: u16, v: &Value, want_status: u16, param: Option<&str>) -> St
     message.to_string()
 }
 
-fn smollm2_dir() -> PathBuf {
-    std::env::var_os("GERBIL_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"))
-        .join("smollm2-135m")
-}
-
 #[test]
 fn smollm2_chat_completion_is_the_reference_text() {
     let reference: Value =
@@ -471,7 +424,7 @@ fn smollm2_chat_completion_is_the_reference_text() {
 
     let dir = temp("smollm2");
     let plan = dir.path().join("smollm2.plan");
-    compile(&smollm2_dir(), &plan, &["--max-context", "256"]);
+    compile_to(&smollm2_dir(), &plan, &["--max-context", "256"]);
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let server = Server::start(&plan, &[]);
     let request = json!({

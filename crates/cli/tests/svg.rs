@@ -4,76 +4,12 @@
 //! rasterized to PNG by resvg. Text needs a system font to show; without
 //! one the boxes, lines and markers still must paint the image.
 
+mod common;
+
+use common::*;
 use gerbil_cli::graph_svg::layer_graph;
 use resvg::{tiny_skia, usvg};
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::sync::Mutex;
-
-static GPU: Mutex<()> = Mutex::new(());
-
-fn data(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../../tests/data")
-        .join(rel)
-}
-
-fn temp(tag: &str) -> tempfile::TempDir {
-    tempfile::Builder::new()
-        .prefix(&format!("gerbil-svg-{tag}-"))
-        .tempdir()
-        .expect("create temp dir")
-}
-
-fn gerbilc(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_gerbilc"))
-        .args(args)
-        .output()
-        .expect("spawn gerbilc")
-}
-
-/// gerbil-run without the on-disk pipeline cache, one at a time.
-fn gerbil_run(args: &[&str]) -> Output {
-    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    Command::new(env!("CARGO_BIN_EXE_gerbil-run"))
-        .args(args)
-        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
-        .env("GERBIL_PIPELINE_CACHE", "0")
-        .output()
-        .expect("spawn gerbil-run")
-}
-
-fn stdout(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-fn stderr(o: &Output) -> String {
-    String::from_utf8_lossy(&o.stderr).into_owned()
-}
-
-/// Compiles the tiny Llama (2 layers) with extra flags.
-fn tiny_plan(tag: &str, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
-    let dir = temp(tag);
-    let out = dir.path().join("tiny.plan");
-    let repo = data("models/tiny/llama");
-    let mut args = vec![
-        "compile",
-        repo.to_str().unwrap(),
-        "-o",
-        out.to_str().unwrap(),
-    ];
-    args.extend_from_slice(extra);
-    let o = gerbilc(&args);
-    assert!(o.status.success(), "gerbilc failed: {}", stderr(&o));
-    (dir, out)
-}
-
-fn assert_fails_with(o: &Output, needle: &str) {
-    assert!(!o.status.success(), "expected failure: {}", stdout(o));
-    let err = stderr(o);
-    assert!(err.contains(needle), "expected `{needle}` in:\n{err}");
-    assert!(!err.contains("panicked"), "panicked:\n{err}");
-}
+use std::path::Path;
 
 /// Parses `svg`, renders it on white and round-trips the PNG; returns the
 /// size and how many pixels are not white.

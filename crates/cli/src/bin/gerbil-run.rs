@@ -293,17 +293,19 @@ fn real_main(mut cli: Cli) -> Result<()> {
             sweep,
             ref plot,
         }) => {
+            // Bench and sweep time the same sampling, with a fixed seed.
+            let sampling = SamplingParams {
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                seed: 0,
+                ..SamplingParams::default()
+            };
             if sweep {
                 let opts = SweepOptions {
                     new_tokens,
-                    sampling: SamplingParams {
-                        temperature,
-                        top_k,
-                        top_p,
-                        min_p,
-                        seed: 0,
-                        ..SamplingParams::default()
-                    },
+                    sampling,
                     repeats,
                     precision: cli.precision,
                     variant: cli.variant.clone(),
@@ -320,14 +322,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     prompt_tokens,
                     new_tokens,
                     depth,
-                    sampling: SamplingParams {
-                        temperature,
-                        top_k,
-                        top_p,
-                        min_p,
-                        seed: 0,
-                        ..SamplingParams::default()
-                    },
+                    sampling,
                     repeats,
                     profile,
                     precision: cli.precision,

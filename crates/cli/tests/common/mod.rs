@@ -26,6 +26,7 @@ pub fn temp(tag: &str) -> tempfile::TempDir {
         .expect("create temp dir")
 }
 
+/// Runs `gerbilc` and collects its output.
 pub fn gerbilc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_gerbilc"))
         .args(args)
@@ -48,6 +49,39 @@ pub fn gerbil_run(args: &[&str]) -> Output {
     gerbil_run_command(args).output().expect("spawn gerbil-run")
 }
 
+/// Runs `gerbil-run` (holding the GPU lock) with extra environment
+/// variables, which may override `GERBIL_PIPELINE_CACHE=0`.
+pub fn gerbil_run_with(args: &[&str], env: &[(&str, &std::ffi::OsStr)]) -> Output {
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    gerbil_run_command(args)
+        .envs(env.iter().copied())
+        .output()
+        .expect("spawn gerbil-run")
+}
+
+/// A command for the binary `bin` without the pipeline cache, the caller's
+/// `GERBIL_LOG`, or standard input (for tests that read the logs).
+pub fn clean_command(bin: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(bin);
+    c.args(args)
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .env("GERBIL_PIPELINE_CACHE", "0")
+        .env_remove("GERBIL_LOG")
+        .stdin(Stdio::null());
+    c
+}
+
+/// Runs `c` holding the GPU lock and collects its output.
+pub fn run_on_gpu(mut c: Command) -> Output {
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    c.output().expect("spawn")
+}
+
+/// Runs `gerbil-run` as a [`clean_command`] (holding the GPU lock).
+pub fn gerbil_run_clean(args: &[&str]) -> Output {
+    run_on_gpu(clean_command(env!("CARGO_BIN_EXE_gerbil-run"), args))
+}
+
 /// Runs `gerbil-run` with `input` on standard input.
 pub fn gerbil_run_stdin(args: &[&str], input: &str) -> Output {
     use std::io::Write;
@@ -64,10 +98,12 @@ pub fn gerbil_run_stdin(args: &[&str], input: &str) -> Output {
     child.wait_with_output().expect("gerbil-run output")
 }
 
+/// The process's standard output as text.
 pub fn stdout(o: &Output) -> String {
     String::from_utf8_lossy(&o.stdout).into_owned()
 }
 
+/// The process's standard error as text.
 pub fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
@@ -77,6 +113,12 @@ pub fn stderr(o: &Output) -> String {
 pub fn compile(repo: &Path, tag: &str, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
     let dir = temp(tag);
     let out = dir.path().join(format!("{tag}.plan"));
+    compile_to(repo, &out, extra);
+    (dir, out)
+}
+
+/// Compiles `repo` with extra flags into the plan file `out`.
+pub fn compile_to(repo: &Path, out: &Path, extra: &[&str]) {
     let mut args = vec![
         "compile",
         repo.to_str().unwrap(),
@@ -86,7 +128,6 @@ pub fn compile(repo: &Path, tag: &str, extra: &[&str]) -> (tempfile::TempDir, Pa
     args.extend_from_slice(extra);
     let o = gerbilc(&args);
     assert!(o.status.success(), "gerbilc failed: {}", stderr(&o));
-    (dir, out)
 }
 
 /// The tiny random Llama (no tokenizer) compiled with extra flags.
@@ -119,6 +160,8 @@ pub fn reference_prompt(id: &str) -> serde_json::Value {
         .clone()
 }
 
+/// Asserts that the process failed with `needle` in its standard error, and
+/// without a panic.
 pub fn assert_fails_with(o: &Output, needle: &str) {
     assert!(
         !o.status.success(),
