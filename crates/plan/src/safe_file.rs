@@ -321,9 +321,9 @@ mod tests {
         let input = dir.path().join("config.json");
         std::fs::write(&input, b"{}").unwrap();
         let other_spelling = dir.path().join(".").join("config.json");
-        let err = check_output(&other_spelling, &[input.clone()]).unwrap_err();
+        let err = check_output(&other_spelling, std::slice::from_ref(&input)).unwrap_err();
         assert!(err.to_string().contains("same file as the input"), "{err}");
-        check_output(&dir.path().join("out.plan"), &[input.clone()]).unwrap();
+        check_output(&dir.path().join("out.plan"), std::slice::from_ref(&input)).unwrap();
     }
 
     #[test]
