@@ -13,6 +13,7 @@
 use crate::assemble::{build_plan, Plan};
 use crate::dump::Observer;
 use crate::error::CompileError;
+use crate::finite::check_weights_finite;
 use crate::options::{CompileOptions, DEFAULT_MAX_CONTEXT_CAP};
 use gerbil_codegen_wgsl::CodegenOptions;
 use gerbil_frontend_hf::{lower_with, Checkpoint, LowerOptions};
@@ -91,6 +92,14 @@ pub fn compile<'a>(
     )?;
     let mut graph = lowered.graph;
     let facts = lowered.facts;
+    if !opts.allow_non_finite {
+        let scan_start = std::time::Instant::now();
+        check_weights_finite(&graph, ckpt)?;
+        tracing::info!(
+            ms = scan_start.elapsed().as_millis() as u64,
+            "checked the weights for NaN and infinities"
+        );
+    }
     if max_context > facts.max_position_embeddings {
         tracing::warn!(
             "--max-context {max_context} exceeds the model's max_position_embeddings {}",

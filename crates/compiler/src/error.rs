@@ -53,6 +53,21 @@ pub enum CompileError {
         /// What is wrong.
         reason: String,
     },
+    /// A checkpoint tensor holds a NaN or an infinity ([`crate::finite`]).
+    #[error(
+        "tensor `{tensor}` holds a non-finite value ({value}) at element {index}: \
+         the checkpoint is corrupt or was saved from a diverged run, and the plan would \
+         print garbage; re-download or re-export it, or compile anyway with \
+         `gerbilc compile --allow-non-finite`"
+    )]
+    NonFiniteWeight {
+        /// The tensor's name in the checkpoint.
+        tensor: String,
+        /// Index of the first bad element (row-major).
+        index: u64,
+        /// `NaN`, `inf` or `-inf`.
+        value: String,
+    },
     /// A dump or kernel file could not be written.
     #[error("cannot write {}: {source}", path.display())]
     Io {

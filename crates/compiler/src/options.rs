@@ -34,6 +34,9 @@ pub struct CompileOptions {
     /// Prefill GEMM tiles measured on a device (`gerbilc tune`); `None`:
     /// the built-in choice.
     pub tuning: Option<Tuning>,
+    /// Compile weights holding NaN or infinities instead of refusing them
+    /// (`--allow-non-finite`, [`crate::finite`]).
+    pub allow_non_finite: bool,
 }
 
 impl Default for CompileOptions {
@@ -46,6 +49,7 @@ impl Default for CompileOptions {
             target: Target::portable(),
             max_storage_binding: None,
             tuning: None,
+            allow_non_finite: false,
         }
     }
 }

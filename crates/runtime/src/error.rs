@@ -116,4 +116,22 @@ pub enum RuntimeError {
     /// Invalid generation settings.
     #[error("invalid sampling settings: {0}")]
     Sampling(String),
+    /// The logits a step produced hold a NaN or an infinity, so no token can be chosen soundly.
+    #[error(
+        "generation stopped at step {step} (position {position}): the logits hold a non-finite \
+         value ({value} for token {token}); the model's activations overflowed in the plan's \
+         precision (f16/bf16 weights give f32 math but can still overflow on extreme inputs) or \
+         its weights hold NaN/Inf (a plan compiled with `gerbilc compile --allow-non-finite`): \
+         check the checkpoint, or try a shorter or different prompt"
+    )]
+    NonFiniteLogits {
+        /// The generation step, 1 for the first token after the prompt.
+        step: usize,
+        /// The KV-cache position whose logits these are.
+        position: u64,
+        /// The first token whose logit is not finite.
+        token: u32,
+        /// `NaN`, `inf` or `-inf`.
+        value: String,
+    },
 }

@@ -16,6 +16,12 @@
 //! surprise: the GPU may have decoded a few tokens past the end (it only
 //! learns of an end-of-sequence token from a readback); those only wrote
 //! KV-cache rows past the kept position, which later steps overwrite.
+//!
+//! Non-finite logits end the stream with [`RuntimeError::NonFiniteLogits`]
+//! naming the step: the CPU path checks every step's logits; the GPU path
+//! reads back and checks the prompt's (one row, once), which catches weights
+//! holding NaN/Inf, and afterwards relies on `sample_token`, which never
+//! picks a NaN (a row that is NaN throughout mid-generation is not detected).
 
 use crate::ahead::AheadDecoder;
 use crate::clock::Clock;
@@ -327,8 +333,10 @@ impl<'m> Generation<'m> {
             && session.can_sample_on_gpu(&self.settings.sampling);
         self.source = if on_gpu {
             session.set_sampling(&self.settings.sampling);
-            session.forward_no_readback(rest).await?;
-            session.sync().await?;
+            // The prompt's logits are read back once (a row, far cheaper than the
+            // prefill) to stop a plan whose weights hold NaN/Inf at step 1.
+            let logits = session.forward(rest).await?;
+            check_finite(&logits, 1, session.position().saturating_sub(1))?;
             let decoder = Box::new(AheadDecoder::new(session, self.limit, DECODE_BATCH)?);
             Source::Gpu {
                 decoder,
@@ -370,6 +378,11 @@ impl<'m> Generation<'m> {
                     *logits = session.forward(&[t]).await?;
                     self.model.cached.push(t);
                 }
+                check_finite(
+                    logits,
+                    self.output.len() + 1,
+                    session.position().saturating_sub(1),
+                )?;
                 let position =
                     u32::try_from(session.position().saturating_sub(1)).unwrap_or(u32::MAX);
                 let token = self.sampler.sample_with_history(logits, position, history);
@@ -409,5 +422,19 @@ impl Drop for Generation<'_> {
         if self.finish.is_none() {
             self.end(FinishReason::Cancelled);
         }
+    }
+}
+
+/// Fails with [`RuntimeError::NonFiniteLogits`] when a logit of `step` (at
+/// KV-cache `position`) is NaN or infinite.
+fn check_finite(logits: &[f32], step: usize, position: u64) -> Result<(), RuntimeError> {
+    match logits.iter().position(|x| !x.is_finite()) {
+        None => Ok(()),
+        Some(token) => Err(RuntimeError::NonFiniteLogits {
+            step,
+            position,
+            token: token as u32,
+            value: logits[token].to_string(),
+        }),
     }
 }

@@ -86,6 +86,10 @@ enum Cmd {
         /// shapes it lacks keep the built-in choice.
         #[arg(long, value_name = "FILE")]
         tuning: Option<PathBuf>,
+        /// Compile weights that hold NaN or infinities instead of refusing
+        /// them (the plan will likely print garbage: for debugging only).
+        #[arg(long)]
+        allow_non_finite: bool,
     },
     /// Time the prefill GEMM tiles of a checkpoint on this machine's GPU and
     /// write the fastest per shape, for `gerbilc compile --tuning`.
@@ -213,6 +217,7 @@ fn real_main(cli: Cli) -> Result<()> {
             pass_stats,
             bisect,
             tuning,
+            allow_non_finite,
         } => {
             let ckpt = open_checkpoint(&repo, &hub.options())?;
             let tuning = tuning.map(|path| Tuning::read(&path)).transpose()?;
@@ -230,6 +235,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 max_storage_binding,
                 bisect,
                 tuning,
+                allow_non_finite,
             };
             let mut dumps = Dumps::new(dump_ir, dump_dot, std::io::stdout().lock());
             let compiled = compile(&ckpt, &opts, &mut dumps)?;

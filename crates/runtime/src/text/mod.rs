@@ -85,6 +85,14 @@ pub enum TextError {
         /// The template's message.
         message: String,
     },
+    /// The chat template hit one of the limits it renders under (fuel, recursion, output size).
+    #[error(
+        "the chat template {reason}; it is broken or hostile: fix the template or pass another"
+    )]
+    TemplateLimit {
+        /// Which limit, and what it means.
+        reason: String,
+    },
     /// Rendering the chat template failed for another reason.
     #[error("rendering the chat template failed: {source}")]
     TemplateRender {

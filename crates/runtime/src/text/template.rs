@@ -6,6 +6,15 @@
 //! HTML escaping). minijinja gets the first two from its settings and `minijinja_contrib`'s
 //! pycompat; the other two are defined here. Not provided: `strftime_now` (templates test for
 //! it with `is defined` and fall back to a fixed date) and the `{% generation %}` tag.
+//!
+//! A template is code from a download, so it renders under limits: [`FUEL`] instructions
+//! (which bounds the time too: there is no loop without instructions), [`RECURSION_LIMIT`]
+//! nested calls and blocks, and [`MAX_OUTPUT_BYTES`] of output, checked as it is written; our
+//! `tojson` stops at the same size and refuses an indent over [`MAX_TOJSON_INDENT`].
+//! minijinja itself refuses `range` over 100,000 items and strings repeated past 100 MB.
+//! Any of these ends in [`TextError::TemplateLimit`] naming the limit. Not bounded: a
+//! template that doubles a string with `~` in a short loop builds it in memory before any
+//! output (minijinja has no hook on concatenation).
 
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind};
@@ -17,6 +26,49 @@ const NAME: &str = "chat_template";
 /// Marks errors raised by `raise_exception` so they are reported as the template's own message.
 const RAISED: &str = "raise_exception: ";
 
+/// Instructions one render may run. Real templates take a few hundred per message.
+pub const FUEL: u64 = 10_000_000;
+
+/// Nesting depth of macro calls, includes and blocks (minijinja's default is 500).
+pub const RECURSION_LIMIT: usize = 200;
+
+/// Largest rendered prompt, in bytes; far more than any context window holds.
+pub const MAX_OUTPUT_BYTES: usize = 64 << 20;
+
+/// Largest `tojson(indent=N)`, in spaces (or characters of an indent string).
+pub const MAX_TOJSON_INDENT: usize = 1024;
+
+/// The render's output, refusing to grow past [`MAX_OUTPUT_BYTES`].
+#[derive(Default)]
+struct CappedOutput {
+    buf: Vec<u8>,
+    overflowed: bool,
+}
+
+impl std::io::Write for CappedOutput {
+    fn write(&mut self, data: &[u8]) -> std::io::Result<usize> {
+        if self.buf.len() + data.len() > MAX_OUTPUT_BYTES {
+            self.overflowed = true;
+            return Err(std::io::Error::other("output too large"));
+        }
+        self.buf.extend_from_slice(data);
+        Ok(data.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn output_limit() -> TextError {
+    TextError::TemplateLimit {
+        reason: format!(
+            "wrote more than {} MiB of output: it writes too much",
+            MAX_OUTPUT_BYTES >> 20
+        ),
+    }
+}
+
 pub(super) struct ChatTemplate {
     env: Environment<'static>,
 }
@@ -25,6 +77,8 @@ impl ChatTemplate {
     pub(super) fn new(source: String) -> Result<Self, TextError> {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
+        env.set_fuel(Some(FUEL));
+        env.set_recursion_limit(RECURSION_LIMIT);
         env.set_lstrip_blocks(true);
         env.set_auto_escape_callback(|_| AutoEscape::None);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
@@ -60,7 +114,17 @@ impl ChatTemplate {
             bos_token => bos_token,
             eos_token => eos_token,
         };
-        template.render(ctx).map_err(|source| {
+        let mut out = CappedOutput::default();
+        let rendered = template.render_captured_to(ctx, &mut out);
+        if out.overflowed {
+            return Err(output_limit());
+        }
+        rendered.map_err(|source| {
+            if source.kind() == ErrorKind::OutOfFuel {
+                return TextError::TemplateLimit {
+                    reason: format!("ran out of fuel (more than {FUEL} steps): it loops too long"),
+                };
+            }
             // The raise_exception error may arrive wrapped in the error of the caller's frame.
             let mut err: Option<&(dyn std::error::Error + 'static)> = Some(&source);
             while let Some(e) = err {
@@ -70,13 +134,30 @@ impl ChatTemplate {
                             message: message.to_owned(),
                         };
                     }
+                    if m.detail() == Some(TOJSON_TOO_LARGE) {
+                        return output_limit();
+                    }
+                    if m.detail() == Some("recursion limit exceeded") {
+                        return TextError::TemplateLimit {
+                            reason: format!(
+                                "nests calls or blocks more than {RECURSION_LIMIT} deep: \
+                                 it recurses too much"
+                            ),
+                        };
+                    }
                 }
                 err = e.source();
             }
             TextError::TemplateRender { source }
+        })?;
+        String::from_utf8(out.buf).map_err(|e| TextError::TemplateLimit {
+            reason: format!("wrote output that is not UTF-8: {e}"),
         })
     }
 }
+
+/// The detail of the error `tojson` raises when its output passes [`MAX_OUTPUT_BYTES`].
+const TOJSON_TOO_LARGE: &str = "tojson: the JSON is too large";
 
 /// transformers' `tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)`,
 /// i.e. Python's `json.dumps` with those arguments.
@@ -90,9 +171,24 @@ fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value,
         Some(v) if v.is_none() => None,
         Some(v) => match v.as_str() {
             Some(s) => Some(s.to_owned()),
-            None => Some(" ".repeat(usize::try_from(v)?)),
+            None => {
+                let n = usize::try_from(v)?;
+                if n > MAX_TOJSON_INDENT {
+                    return Err(Error::new(
+                        ErrorKind::InvalidOperation,
+                        format!("tojson: indent {n} is too large (at most {MAX_TOJSON_INDENT})"),
+                    ));
+                }
+                Some(" ".repeat(n))
+            }
         },
     };
+    if indent.as_ref().is_some_and(|i| i.len() > MAX_TOJSON_INDENT) {
+        return Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: the indent string is longer than {MAX_TOJSON_INDENT} characters"),
+        ));
+    }
     let ensure_ascii = kwargs.get::<Option<bool>>("ensure_ascii")?.unwrap_or(false);
     let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
     let separators = match kwargs.get::<Option<Value>>("separators")? {
@@ -196,6 +292,9 @@ impl PyJson {
             }
             self.newline(depth + 1);
             item(self, i)?;
+            if self.out.len() > MAX_OUTPUT_BYTES {
+                return Err(Error::new(ErrorKind::InvalidOperation, TOJSON_TOO_LARGE));
+            }
         }
         self.newline(depth);
         self.out.push(close);
@@ -334,6 +433,85 @@ mod tests {
         assert_eq!(
             render(&format!("{x}{{{{ x.b | tojson(separators=(',', ':')) }}}}")),
             "[1,2.5,true,null]"
+        );
+    }
+
+    /// Renders a hostile template the way a chat does, and returns the error a user reads.
+    fn hostile(src: &str) -> String {
+        let start = std::time::Instant::now();
+        let t = ChatTemplate::new(src.to_owned()).unwrap();
+        let err = t.render(&[], true, None, None).unwrap_err().to_string();
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(20),
+            "{src}: took {:?}",
+            start.elapsed()
+        );
+        err
+    }
+
+    #[test]
+    fn an_endless_loop_runs_out_of_fuel() {
+        let err = hostile(
+            "{% for a in range(100000) %}{% for b in range(100000) %}{% endfor %}{% endfor %}",
+        );
+        assert_eq!(
+            err,
+            "the chat template ran out of fuel (more than 10000000 steps): it loops too long; \
+             it is broken or hostile: fix the template or pass another"
+        );
+    }
+
+    #[test]
+    fn deep_recursion_stops_at_the_limit() {
+        let err = hostile("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
+        assert!(err.contains("more than 200 deep"), "{err}");
+    }
+
+    #[test]
+    fn huge_output_stops_at_the_cap() {
+        // 1 MB a line, 100,000 lines: 100 GB if nothing stopped it.
+        let err =
+            hostile("{% set s = 'x' * 1000000 %}{% for i in range(100000) %}{{ s }}{% endfor %}");
+        assert!(err.contains("wrote more than 64 MiB of output"), "{err}");
+        // tojson with a big (but allowed) indent over a big structure.
+        let err = hostile("{{ range(100000) | list | tojson(indent=1000) }}");
+        assert!(err.contains("wrote more than 64 MiB of output"), "{err}");
+    }
+
+    #[test]
+    fn huge_indents_repeats_and_ranges_fail_fast() {
+        let err = hostile("{{ [1, [2]] | tojson(indent=1000000000000) }}");
+        assert!(
+            err.contains("indent 1000000000000 is too large (at most 1024)"),
+            "{err}"
+        );
+        let err = hostile("{{ 'x' * 10**12 }}");
+        assert!(
+            err.starts_with("rendering the chat template failed"),
+            "{err}"
+        );
+        let err = hostile("{% for i in range(10**12) %}{% endfor %}");
+        assert!(err.contains("range has too many elements"), "{err}");
+    }
+
+    #[test]
+    fn limits_leave_real_templates_alone() {
+        let t = ChatTemplate::new(
+            "{% for m in messages %}<|{{ m.role }}|>{{ m.content | tojson(indent=2) }}\n{% endfor %}"
+                .to_owned(),
+        )
+        .unwrap();
+        let messages: Vec<ChatMessage> = (0..2000)
+            .map(|i| ChatMessage {
+                role: "user".into(),
+                content: format!("message {i}"),
+            })
+            .collect();
+        let out = t.render(&messages, true, None, None).unwrap();
+        assert!(
+            out.ends_with("<|user|>\"message 1999\"\n"),
+            "{}",
+            &out[out.len() - 40..]
         );
     }
 }
