@@ -1,0 +1,80 @@
+//! Hardening against bad numbers, as a user meets them: a checkpoint whose
+//! weights hold NaN/Inf is refused by `gerbilc` (naming the tensor and the
+//! element) unless `--allow-non-finite`; a plan compiled anyway stops
+//! generating at the first step with non-finite logits, on the CPU path
+//! (`--top-logits`) and on the GPU path (greedy), instead of printing token 0.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+
+/// A copy of the tiny Llama in a temp dir with element `index` of the f32
+/// tensor `tensor` set to `value`.
+fn poisoned_tiny(tensor: &str, index: usize, value: f32) -> tempfile::TempDir {
+    let dir = temp("poisoned");
+    let src = data("models/tiny/llama");
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let mut bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let n = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).unwrap();
+    let info = &header[tensor];
+    assert_eq!(info["dtype"], "F32");
+    let start = 8 + n + info["data_offsets"][0].as_u64().unwrap() as usize + index * 4;
+    bytes[start..start + 4].copy_from_slice(&value.to_le_bytes());
+    std::fs::write(dir.path().join("model.safetensors"), bytes).unwrap();
+    dir
+}
+
+fn compile_args<'a>(repo: &'a Path, out: &'a Path) -> Vec<&'a str> {
+    vec![
+        "compile",
+        repo.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--max-context",
+        "16",
+    ]
+}
+
+#[test]
+fn non_finite_weights_are_refused_unless_allowed_and_then_stop_generation() {
+    let repo = poisoned_tiny("model.norm.weight", 3, f32::NAN);
+    let out = repo.path().join("poisoned.plan");
+    let o = gerbilc(&compile_args(repo.path(), &out));
+    assert_fails_with(
+        &o,
+        "tensor `model.norm.weight` holds a non-finite value (NaN) at element 3",
+    );
+    assert_fails_with(&o, "--allow-non-finite");
+    assert!(!out.exists(), "a refused compile wrote a plan");
+
+    let mut args = compile_args(repo.path(), &out);
+    args.push("--allow-non-finite");
+    let o = gerbilc(&args);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan = out.to_str().unwrap();
+
+    // CPU path: every step's logits are read back and checked.
+    let o = gerbil_run(&[plan, "--input-ids", "1,2", "--top-logits", "1", "--json"]);
+    assert_fails_with(
+        &o,
+        "generation stopped at step 1 (position 1): the logits hold a non-finite value (NaN for token 0)",
+    );
+    // GPU path (greedy): the prompt's logits are checked once.
+    let o = gerbil_run(&[plan, "--input-ids", "1,2", "--max-new-tokens", "4"]);
+    assert_fails_with(&o, "generation stopped at step 1 (position 1)");
+}
+
+#[test]
+fn an_infinite_weight_is_named_with_its_sign() {
+    let repo = poisoned_tiny("model.layers.1.mlp.up_proj.weight", 17, f32::NEG_INFINITY);
+    let out = repo.path().join("inf.plan");
+    let o = gerbilc(&compile_args(repo.path(), &out));
+    assert_fails_with(
+        &o,
+        "tensor `model.layers.1.mlp.up_proj.weight` holds a non-finite value (-inf) at element 17",
+    );
+}
