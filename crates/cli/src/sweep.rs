@@ -18,7 +18,7 @@
 use crate::plot::plot_svg;
 use crate::run::{median, time_decode};
 use anyhow::{bail, Context, Result};
-use gerbil_plan::PlanFile;
+use gerbil_plan::{safe_file, PlanFile};
 use gerbil_runtime::{
     PipelineCacheOptions, PrecisionChoice, SamplingParams, Session, SessionOptions,
 };
@@ -166,9 +166,12 @@ pub async fn run_sweep(
     json: bool,
     plot: Option<&std::path::Path>,
 ) -> Result<()> {
+    if let Some(path) = plot {
+        safe_file::check_output(path, &[plan_path.to_path_buf()])?;
+    }
     let report = sweep(plan_path, opts).await?;
     if let Some(path) = plot {
-        std::fs::write(path, plot_svg(&report)?)
+        safe_file::write_file(path, plot_svg(&report)?.as_bytes())
             .with_context(|| format!("writing the chart to {}", path.display()))?;
         eprintln!("wrote {}", path.display());
     }

@@ -56,7 +56,8 @@ impl Plan<'_> {
         std::fs::create_dir_all(dir).map_err(|e| CompileError::io(dir, e))?;
         for k in &self.header.kernels {
             let path = dir.join(format!("{}.wgsl", k.name));
-            std::fs::write(&path, &k.wgsl).map_err(|e| CompileError::io(&path, e))?;
+            gerbil_plan::safe_file::write_file(&path, k.wgsl.as_bytes())
+                .map_err(gerbil_plan::PlanError::from)?;
         }
         Ok(())
     }

@@ -127,7 +127,8 @@ impl<W: Write> Dumps<W> {
 fn write_dot(dir: &Path, name: &str, dot: &str) -> Result<(), CompileError> {
     std::fs::create_dir_all(dir).map_err(|e| CompileError::io(dir, e))?;
     let path = dir.join(format!("{name}.dot"));
-    std::fs::write(&path, dot).map_err(|e| CompileError::io(&path, e))
+    gerbil_plan::safe_file::write_file(&path, dot.as_bytes())
+        .map_err(|e| gerbil_plan::PlanError::from(e).into())
 }
 
 impl<W: Write> Observer for Dumps<W> {

@@ -104,7 +104,8 @@ impl Tuning {
     pub fn write(&self, path: &Path) -> Result<(), CompileError> {
         let text =
             serde_json::to_string_pretty(self).map_err(|e| CompileError::io(path, e.into()))?;
-        std::fs::write(path, text + "\n").map_err(|e| CompileError::io(path, e))
+        gerbil_plan::safe_file::write_file(path, (text + "\n").as_bytes())
+            .map_err(|e| gerbil_plan::PlanError::from(e).into())
     }
 
     /// The tiles by shape, for codegen.

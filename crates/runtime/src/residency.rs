@@ -283,6 +283,8 @@ impl Residency {
                 window.push((buffer, at, chunk));
                 pending += chunk.len();
                 if pending >= window_bytes {
+                    // A plan truncated since it was mapped would fault in the copy.
+                    plan.check_unchanged()?;
                     write_window(&gpu.queue, &window);
                     window.clear();
                     gpu.queue.submit([]);
@@ -295,6 +297,7 @@ impl Residency {
                 }
             }
         }
+        plan.check_unchanged()?;
         write_window(&gpu.queue, &window);
         gpu.queue.submit([]);
         gpu.idle().await?;

@@ -12,8 +12,9 @@ use gerbil_compiler::{
     compile, opt, CompileOptions, DumpIr, Dumps, OptOptions, PassReport, PassSelection, Target,
     Tuning,
 };
+use gerbil_plan::safe_file;
 use std::io::Read;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
 #[command(
@@ -200,7 +201,42 @@ fn main() {
     }
 }
 
+/// Every file in `dir` (a checkpoint: config, weights, tokenizer), when it is a directory.
+fn files_in(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| entries.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+/// Refuses, before any work, an output file that is a directory, a device,
+/// a FIFO or one of the command's input files.
+fn check_outputs(cmd: &Cmd) -> Result<()> {
+    let (out, mut inputs) = match cmd {
+        Cmd::Compile {
+            repo,
+            output: Some(out),
+            tuning,
+            ..
+        } => (
+            out,
+            [files_in(repo), tuning.iter().cloned().collect()].concat(),
+        ),
+        Cmd::Tune { repo, output, .. } => (output, files_in(repo)),
+        Cmd::Inspect {
+            plan,
+            svg: Some(out),
+            ..
+        } => (out, vec![plan.clone()]),
+        _ => return Ok(()),
+    };
+    if let Cmd::Compile { repo, .. } | Cmd::Tune { repo, .. } = cmd {
+        inputs.push(repo.clone());
+    }
+    Ok(safe_file::check_output(out, &inputs)?)
+}
+
 fn real_main(cli: Cli) -> Result<()> {
+    check_outputs(&cli.cmd)?;
     match cli.cmd {
         Cmd::Compile {
             repo,
@@ -221,6 +257,12 @@ fn real_main(cli: Cli) -> Result<()> {
         } => {
             let ckpt = open_checkpoint(&repo, &hub.options())?;
             let tuning = tuning.map(|path| Tuning::read(&path)).transpose()?;
+            if let Some(out) = &output {
+                // Again with the files a hub model resolved to.
+                let mut inputs = files_in(&ckpt.dir);
+                inputs.extend(ckpt.weights.files().into_iter().map(Path::to_path_buf));
+                safe_file::check_output(out, &inputs)?;
+            }
             if let Some(t) = tuning.as_ref().filter(|t| t.target != target.name) {
                 eprintln!(
                     "note: the tuning was measured for target `{}`, not `{}`; tiles the target cannot run are left out",
@@ -322,7 +364,7 @@ fn real_main(cli: Cli) -> Result<()> {
             let plan = gerbil_plan::PlanFile::open(&plan)?;
             if let Some(out) = svg {
                 let graph = layer_graph(&plan.header)?;
-                std::fs::write(&out, render_svg(&graph)?)
+                safe_file::write_file(&out, render_svg(&graph)?.as_bytes())
                     .with_context(|| format!("writing {}", out.display()))?;
                 eprintln!("wrote {} ({})", out.display(), graph.title);
                 return Ok(());
