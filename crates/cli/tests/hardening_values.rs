@@ -78,3 +78,51 @@ fn an_infinite_weight_is_named_with_its_sign() {
         "tensor `model.layers.1.mlp.up_proj.weight` holds a non-finite value (-inf) at element 17",
     );
 }
+
+/// A copy of the tiny Llama whose config.json has `from` replaced by `to`.
+fn tiny_with_config(from: &str, to: &str) -> tempfile::TempDir {
+    let dir = temp("config");
+    let src = data("models/tiny/llama");
+    for f in ["generation_config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let config = std::fs::read_to_string(src.join("config.json")).unwrap();
+    assert!(config.contains(from));
+    std::fs::write(dir.path().join("config.json"), config.replace(from, to)).unwrap();
+    dir
+}
+
+#[test]
+fn config_values_that_overflow_or_vanish_in_f32_are_refused_by_key() {
+    // (edit, the key named, what it becomes); serde reads 1e-50 as 9.99…e-51.
+    for (from, to, key, becomes) in [
+        (
+            "\"rope_theta\": 10000.0",
+            "\"rope_theta\": 1e39",
+            "`rope_parameters.rope_theta`: 1e39",
+            "inf",
+        ),
+        (
+            "\"rms_norm_eps\": 1e-06",
+            "\"rms_norm_eps\": 1e-50",
+            "`rms_norm_eps`: ",
+            "0",
+        ),
+        (
+            "\"rope_type\": \"default\"",
+            "\"rope_type\": \"linear\", \"factor\": 1e-46",
+            "`rope_parameters.factor`: ",
+            "0",
+        ),
+    ] {
+        let repo = tiny_with_config(from, to);
+        let out = repo.path().join("c.plan");
+        let o = gerbilc(&compile_args(repo.path(), &out));
+        assert_fails_with(&o, key);
+        assert_fails_with(
+            &o,
+            &format!(" becomes {becomes} in f32, the precision the kernels compute in"),
+        );
+        assert!(!stderr(&o).contains("inff"), "{}", stderr(&o));
+    }
+}

@@ -14,12 +14,33 @@
 //! inherit the top-level `rope_theta`: which default applies depends on the
 //! layer type and the family (Gemma 3's sliding layers fall back to
 //! `rope_local_base_freq`), so the family resolves it.
+//!
+//! Numbers arrive as f64 but the kernels compute in f32: [`kernel_f32`] is the
+//! one checked conversion every config value that reaches a kernel goes
+//! through, so `1e39` or `1e-50` is a config error naming the key, not an
+//! infinity or a zero in the plan.
 
 use crate::error::{FrontendError, Result};
 use serde::Deserialize;
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+/// `v` as the f32 the kernels use, or why it cannot be: a finite `v` that
+/// becomes infinite, or a non-zero one that becomes 0.
+pub fn kernel_f32(v: f64) -> std::result::Result<f32, String> {
+    let r = v as f32;
+    if v.is_finite() && (r.is_infinite() || (v != 0.0 && r == 0.0)) {
+        Err(format!(
+            "{v:e} becomes {r} in f32, the precision the kernels compute in; \
+             use a value between {:e} and {:e}",
+            f32::MIN_POSITIVE,
+            f32::MAX
+        ))
+    } else {
+        Ok(r)
+    }
+}
 
 /// A token id or a list of them (`eos_token_id` may be either).
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
@@ -348,6 +369,7 @@ impl HfConfig {
                 format!("{} is not a finite non-negative number", raw.rms_norm_eps),
             ));
         }
+        kernel_f32(raw.rms_norm_eps).map_err(|why| bad("rms_norm_eps", why))?;
         let rope = parse_rope(&raw, path)?;
         Ok(HfConfig {
             path: path.to_path_buf(),
@@ -597,5 +619,22 @@ mod tests {
             err.contains("config.json") && err.contains("hidden_size"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn kernel_f32_refuses_values_that_overflow_or_vanish() {
+        assert_eq!(kernel_f32(1e-6), Ok(1e-6));
+        assert_eq!(kernel_f32(0.0), Ok(0.0));
+        let e = kernel_f32(1e39).unwrap_err();
+        assert!(e.starts_with("1e39 becomes inf in f32"), "{e}");
+        assert!(kernel_f32(-1e39).is_err());
+        let e = kernel_f32(1e-50).unwrap_err();
+        assert!(e.contains("becomes 0 in f32"), "{e}");
+        let text = format!("{{{}}}", BASE.replace("1e-6", "1e-50"));
+        let err = HfConfig::from_json_str(&text, Path::new("config.json"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.starts_with("config.json: `rms_norm_eps`: "), "{err}");
+        assert!(err.contains("becomes 0 in f32"), "{err}");
     }
 }

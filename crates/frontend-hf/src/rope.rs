@@ -20,7 +20,7 @@
 //! itself (torch 2.11, CPU) the yarn and longrope cases agree bit for bit
 //! except one YaRN frequency one ulp away, from the SLEEF power above.
 
-use crate::config::RopeParameters;
+use crate::config::{kernel_f32, RopeParameters};
 use crate::error::{FrontendError, Result};
 use std::path::Path;
 
@@ -222,6 +222,11 @@ fn require(value: Option<f64>, key: &str, path: &Path) -> Result<f64> {
         why: "required by this rope_type but missing".to_string(),
     })?;
     if v.is_finite() && v > 0.0 {
+        kernel_f32(v).map_err(|why| FrontendError::Config {
+            path: path.to_path_buf(),
+            key: format!("rope_parameters.{key}"),
+            why,
+        })?;
         Ok(v)
     } else {
         Err(FrontendError::Config {
@@ -303,6 +308,11 @@ pub fn rope_frequencies(
             why: format!("{theta} is not a number greater than 1"),
         });
     }
+    kernel_f32(theta).map_err(|why| FrontendError::Config {
+        path: path.to_path_buf(),
+        key: "rope_parameters.rope_theta".to_string(),
+        why,
+    })?;
     let base = default_inv_freq(theta, rotary_dim);
     let mut attention_scaling = 1.0;
     let inv_freq = match params.rope_type.as_str() {
@@ -386,9 +396,23 @@ pub fn rope_frequencies(
             })
         }
     };
+    // The parameters are each representable, but their combination may still
+    // overflow or vanish in f32 (a huge factor over a tiny frequency).
+    let attention_scaling =
+        kernel_f32(attention_scaling).map_err(|why| config_err(path, "attention_factor", why))?;
+    if let Some(f) = inv_freq.iter().find(|f| !(f.is_finite() && **f > 0.0)) {
+        return Err(config_err(
+            path,
+            &params.rope_type,
+            format!(
+                "these parameters give an inverse frequency of {f} in f32, where the kernels \
+                 need positive finite ones; check rope_theta and the scaling factors"
+            ),
+        ));
+    }
     Ok(RopeFrequencies {
         inv_freq,
-        attention_scaling: attention_scaling as f32,
+        attention_scaling,
     })
 }
 

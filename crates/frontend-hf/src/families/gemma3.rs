@@ -21,7 +21,7 @@
 //! by its Gemma 3 attention, so it is ignored here too.
 
 use super::decoder::{self, DecoderSpec, FamilyDefaults, LayerType, NormLayout};
-use crate::config::{RopeConfig, RopeParameters};
+use crate::config::{kernel_f32, RopeConfig, RopeParameters};
 use crate::error::Result;
 use crate::lower::LowerCtx;
 use serde::Deserialize;
@@ -131,10 +131,13 @@ pub(crate) fn build(ctx: &mut LowerCtx<'_>) -> Result<()> {
             format!("{} is not a positive number", keys.query_pre_attn_scalar),
         ));
     }
-    spec.attn.scale = keys.query_pre_attn_scalar.powf(-0.5) as f32;
+    spec.attn.scale = kernel_f32(keys.query_pre_attn_scalar.powf(-0.5))
+        .map_err(|why| ctx.config_err("query_pre_attn_scalar", format!("its -1/2 power {why}")))?;
     spec.logit_softcap = match keys.final_logit_softcapping {
         None => None,
-        Some(c) if c.is_finite() && c > 0.0 => Some(c as f32),
+        Some(c) if c.is_finite() && c > 0.0 => {
+            Some(kernel_f32(c).map_err(|why| ctx.config_err("final_logit_softcapping", why))?)
+        }
         Some(c) => {
             return Err(ctx.config_err(
                 "final_logit_softcapping",
