@@ -11,7 +11,8 @@
 //! draws one layer of them (through [`svg_canvas`]); [`passes`]
 //! prints what the pass pipeline did; [`tune`] measures prefill GEMM tiles;
 //! [`hub`] finds a checkpoint: a local directory or a model downloaded from
-//! the Hugging Face hub; [`devices`] lists the GPUs; [`progress`] draws
+//! the Hugging Face hub; [`text_check`] tries the tokenizer and chat template
+//! at compile time; [`devices`] lists the GPUs; [`progress`] draws
 //! progress bars and [`logging`] sets up `-v` logs. The binaries in `src/bin` parse
 //! arguments and call these. No other crate depends on this one.
 
@@ -31,6 +32,7 @@ pub mod schedule;
 pub mod serve;
 pub mod svg_canvas;
 pub mod sweep;
+pub mod text_check;
 pub mod tune;
 
 /// An error and its causes on one line, leaving out causes whose text an

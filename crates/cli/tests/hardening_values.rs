@@ -126,3 +126,88 @@ fn config_values_that_overflow_or_vanish_in_f32_are_refused_by_key() {
         assert!(!stderr(&o).contains("inff"), "{}", stderr(&o));
     }
 }
+
+/// A copy of the tiny Llama with SmolLM2's `tokenizer.json` (or `tokenizer`
+/// when given) and the chat template `template`.
+fn tiny_with_text(tokenizer: Option<&str>, template: &str) -> tempfile::TempDir {
+    let dir = temp("text");
+    let src = data("models/tiny/llama");
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).unwrap();
+    }
+    let tokenizer_path = dir.path().join("tokenizer.json");
+    match tokenizer {
+        Some(text) => std::fs::write(tokenizer_path, text).unwrap(),
+        None => {
+            std::fs::copy(smollm2_dir().join("tokenizer.json"), tokenizer_path).unwrap();
+        }
+    }
+    std::fs::write(dir.path().join("chat_template.jinja"), template).unwrap();
+    dir
+}
+
+#[test]
+fn broken_tokenizers_and_chat_templates_fail_the_compile() {
+    let good = std::fs::read_to_string(smollm2_dir().join("chat_template.jinja")).unwrap();
+    for (tokenizer, template, message) in [
+        (
+            Some("{\"version\": \"1.0\", \"model\": "),
+            good.as_str(),
+            "tokenizer.json: invalid tokenizer.json: ",
+        ),
+        (
+            None,
+            "{% for m in messages %}{{ m.content }}",
+            "the chat template does not parse: ",
+        ),
+        (
+            None,
+            "{{ messages | tojson(indent=100000) }}",
+            "tojson: indent 100000 is too large (at most 1024)",
+        ),
+        (
+            None,
+            "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}",
+            "the chat template ran out of fuel (more than 10000000 steps): it loops too long",
+        ),
+        (
+            None,
+            "{{ raise_exception('roles must alternate') }}",
+            "the chat template rejected the conversation: roles must alternate (rendering a sample conversation",
+        ),
+    ] {
+        let repo = tiny_with_text(tokenizer, template);
+        let out = repo.path().join("t.plan");
+        let o = gerbilc(&compile_args(repo.path(), &out));
+        assert_fails_with(&o, message);
+        assert!(!out.exists());
+    }
+    // SmolLM2's own template passes (and the plan is written).
+    let repo = tiny_with_text(None, &good);
+    let out = repo.path().join("t.plan");
+    let o = gerbilc(&compile_args(repo.path(), &out));
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
+#[test]
+fn a_plan_with_a_broken_tokenizer_still_runs_on_token_ids() {
+    // gerbilc refuses such a plan now; the library still writes one (as an
+    // older gerbilc did), and gerbil-run must not fail before it needs text.
+    let mut ckpt = gerbil_compiler::Checkpoint::open(&data("models/tiny/llama")).unwrap();
+    ckpt.text.tokenizer_json = Some(b"{\"broken\": ".to_vec());
+    let opts = gerbil_compiler::CompileOptions {
+        max_context: Some(16),
+        ..Default::default()
+    };
+    let compiled = gerbil_compiler::compile(&ckpt, &opts, &mut ()).unwrap();
+    let dir = temp("broken-tokenizer");
+    let plan = dir.path().join("b.plan");
+    compiled.plan.write(&plan).unwrap();
+    let plan = plan.to_str().unwrap();
+    let o = gerbil_run(&[plan, "--input-ids", "1,2", "--max-new-tokens", "3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).split_whitespace().count(), 3, "{}", stdout(&o));
+    let o = gerbil_run(&[plan, "--prompt", "hello", "--max-new-tokens", "3"]);
+    assert_fails_with(&o, "invalid tokenizer.json: ");
+    assert_fails_with(&o, "this plan still runs on token ids (--input-ids)");
+}

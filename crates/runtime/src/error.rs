@@ -104,6 +104,9 @@ pub enum RuntimeError {
     /// Text in or out, but the plan has no tokenizer.
     #[error("this plan has no tokenizer (the checkpoint had no tokenizer.json): pass token ids (--input-ids) instead of text")]
     NoTokenizer,
+    /// Text in or out, but the plan's tokenizer or chat template does not load.
+    #[error("{0}; this plan still runs on token ids (--input-ids), or recompile it from a checkpoint with a working tokenizer")]
+    TextUnavailable(String),
     /// Nothing to run.
     #[error("the input has no tokens")]
     EmptyInput,

@@ -31,6 +31,10 @@ use std::sync::Arc;
 pub struct Model {
     pub(crate) session: Session,
     pub(crate) codec: Option<Arc<TextCodec>>,
+    /// Why the plan's tokenizer or chat template could not be loaded: kept,
+    /// not returned by [`Model::load`], so the plan still runs on token ids;
+    /// text in or out returns it.
+    pub(crate) codec_error: Option<String>,
     /// The tokens whose KV-cache rows are valid, in order: always the
     /// session's first `position()` tokens.
     pub(crate) cached: Vec<u32>,
@@ -38,13 +42,19 @@ pub struct Model {
 
 impl Model {
     /// Loads `plan` onto a GPU ([`Session::open`]) with its tokenizer and
-    /// chat template.
+    /// chat template. A tokenizer or template that does not load is not an
+    /// error here: token ids still run, and text gets the error
+    /// ([`RuntimeError::TextUnavailable`]).
     pub async fn load(plan: &PlanFile, opts: &SessionOptions) -> Result<Model, RuntimeError> {
-        let codec = TextCodec::from_plan(plan)?.map(Arc::new);
+        let (codec, codec_error) = match TextCodec::from_plan(plan) {
+            Ok(codec) => (codec.map(Arc::new), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
         let session = Session::open(plan, opts).await?;
         Ok(Model {
             session,
             codec,
+            codec_error,
             cached: Vec::new(),
         })
     }
@@ -60,9 +70,15 @@ impl Model {
     }
 
     /// The tokenizer and chat template; `None` for a plan compiled without a
-    /// `tokenizer.json`, which takes token ids only.
+    /// `tokenizer.json`, or whose tokenizer does not load
+    /// ([`Model::text_unavailable`]), which takes token ids only.
     pub fn codec(&self) -> Option<&TextCodec> {
         self.codec.as_deref()
+    }
+
+    /// Why the plan's tokenizer or chat template did not load, if it did not.
+    pub fn text_unavailable(&self) -> Option<&str> {
+        self.codec_error.as_deref()
     }
 
     /// The session that runs the plan (device, variant, memory, load times).
@@ -100,7 +116,11 @@ impl Model {
     }
 
     fn text_codec(&self) -> Result<&TextCodec, RuntimeError> {
-        self.codec.as_deref().ok_or(RuntimeError::NoTokenizer)
+        match (&self.codec, &self.codec_error) {
+            (Some(codec), _) => Ok(codec),
+            (None, Some(reason)) => Err(RuntimeError::TextUnavailable(reason.clone())),
+            (None, None) => Err(RuntimeError::NoTokenizer),
+        }
     }
 
     /// Starts generating after `prompt` (token ids). Nothing runs until the

@@ -7,6 +7,7 @@ use gerbil_cli::hub::{open_checkpoint, HubOptions};
 use gerbil_cli::inspect::{inspect, render};
 use gerbil_cli::passes::{bisect_note, pass_stats};
 use gerbil_cli::schedule::render_schedule;
+use gerbil_cli::text_check::check_text_assets;
 use gerbil_cli::tune::tune;
 use gerbil_compiler::{
     compile, opt, CompileOptions, DumpIr, Dumps, OptOptions, PassReport, PassSelection, Target,
@@ -256,6 +257,7 @@ fn real_main(cli: Cli) -> Result<()> {
             allow_non_finite,
         } => {
             let ckpt = open_checkpoint(&repo, &hub.options())?;
+            check_text_assets(&ckpt)?;
             let tuning = tuning.map(|path| Tuning::read(&path)).transpose()?;
             if let Some(out) = &output {
                 // Again with the files a hub model resolved to.
