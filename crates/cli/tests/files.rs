@@ -215,3 +215,35 @@ fn two_compiles_to_one_output_leave_one_complete_plan() {
         assert!(temporaries(dir.path()).is_empty());
     }
 }
+
+/// A checkpoint whose weights or config is a FIFO, or whose weights are a
+/// directory: an error naming the file at once, not a compile blocked forever.
+#[cfg(unix)]
+#[test]
+fn special_files_in_a_checkpoint_are_errors_at_once() {
+    for (name, make) in [
+        ("model.safetensors", "fifo"),
+        ("config.json", "fifo"),
+        ("model.safetensors", "dir"),
+    ] {
+        let (dir, repo) = tiny_copy("special-ckpt");
+        let path = repo.join(name);
+        std::fs::remove_file(&path).unwrap();
+        if make == "fifo" {
+            assert!(Command::new("mkfifo")
+                .arg(&path)
+                .status()
+                .unwrap()
+                .success());
+        } else {
+            std::fs::create_dir(&path).unwrap();
+        }
+        let out = dir.path().join("a.plan");
+        let mut c = Command::new(env!("CARGO_BIN_EXE_gerbilc"));
+        c.args(compile_args(&repo, &out));
+        let o = output_within(c, Duration::from_secs(20));
+        assert_fails_with(&o, &path.display().to_string());
+        assert_fails_with(&o, "not a regular file");
+        assert!(!out.exists());
+    }
+}

@@ -65,6 +65,7 @@ impl Checkpoint {
             });
         }
         let config_path = dir.join(CONFIG_FILE);
+        check_regular(&config_path)?;
         let text = std::fs::read_to_string(&config_path).map_err(|source| FrontendError::Io {
             path: config_path.clone(),
             source,
@@ -105,6 +106,31 @@ impl Checkpoint {
     pub fn config_path(&self) -> PathBuf {
         self.dir.join(CONFIG_FILE)
     }
+}
+
+/// Refuses a checkpoint file that is not a regular file before it is opened:
+/// opening a FIFO would block until something writes to it, and a directory
+/// or a device cannot be read as one (`NotFound` passes through unchanged).
+pub(crate) fn check_regular(path: &Path) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|source| FrontendError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if meta.is_file() {
+        return Ok(());
+    }
+    let kind = if meta.is_dir() {
+        "a directory"
+    } else {
+        "a FIFO, a device or a socket"
+    };
+    Err(FrontendError::Io {
+        path: path.to_path_buf(),
+        source: std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            format!("it is {kind}, not a regular file"),
+        ),
+    })
 }
 
 /// The last component of `dir` (after resolving `.` and `..`), or the path

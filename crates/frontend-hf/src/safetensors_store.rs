@@ -96,11 +96,11 @@ impl SafetensorsStore {
     /// Returns `Ok(None)` when the directory has neither.
     pub fn open_dir(dir: &Path) -> Result<Option<Self>> {
         let single = dir.join(SINGLE_FILE);
-        if single.is_file() {
+        if single.exists() {
             return Self::open_files(&[single]).map(Some);
         }
         let index = dir.join(INDEX_FILE);
-        if index.is_file() {
+        if index.exists() {
             return Self::open_index(&index).map(Some);
         }
         Ok(None)
@@ -109,6 +109,7 @@ impl SafetensorsStore {
     /// Opens a sharded checkpoint from its index; every tensor the index names
     /// must be in the shard it names.
     pub fn open_index(index_path: &Path) -> Result<Self> {
+        crate::checkpoint::check_regular(index_path)?;
         let text = std::fs::read_to_string(index_path).map_err(io_err(index_path))?;
         let index: Index = serde_json::from_str(&text).map_err(|source| FrontendError::Json {
             path: index_path.to_path_buf(),
@@ -154,6 +155,7 @@ impl SafetensorsStore {
     pub fn open_files(paths: &[PathBuf]) -> Result<Self> {
         let mut store = Self::empty();
         for path in paths {
+            crate::checkpoint::check_regular(path)?;
             let file = File::open(path).map_err(io_err(path))?;
             // SAFETY: the map is read-only and lives as long as the store. As
             // with every mmap, a process truncating the file while it is

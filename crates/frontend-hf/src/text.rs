@@ -53,13 +53,17 @@ pub struct TextAssets {
 
 /// Reads a file if it exists; `Ok(None)` when it does not.
 fn read_optional(path: &Path) -> Result<Option<Vec<u8>>> {
-    match std::fs::read(path) {
-        Ok(bytes) => Ok(Some(bytes)),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(source) => Err(FrontendError::Io {
+    match crate::checkpoint::check_regular(path).and_then(|()| {
+        std::fs::read(path).map_err(|source| FrontendError::Io {
             path: path.to_path_buf(),
             source,
-        }),
+        })
+    }) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(FrontendError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+            Ok(None)
+        }
+        Err(e) => Err(e),
     }
 }
 
