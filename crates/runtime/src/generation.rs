@@ -323,6 +323,10 @@ impl<'m> Generation<'m> {
 
     /// Runs the prompt's uncached tokens and picks where tokens come from.
     async fn prefill(&mut self) -> Result<(), RuntimeError> {
+        // A previous generation's decode-ahead steps may still be running
+        // past its end: wait for them here so the prompt's time is its own.
+        self.model.session.sync().await?;
+        self.clock = Clock::start();
         let keep = self.model.reusable_prefix(&self.prompt);
         self.model.session.truncate(keep as u64);
         self.model.cached.truncate(keep);
