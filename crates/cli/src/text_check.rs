@@ -18,6 +18,16 @@ use gerbil_runtime::text::{ChatMessage, TextCodec, TextError};
 /// Fails when the checkpoint's `tokenizer.json` does not load or its chat
 /// template does not parse, render or tokenize a sample conversation.
 pub fn check_text_assets(ckpt: &Checkpoint) -> Result<()> {
+    let start = std::time::Instant::now();
+    check(ckpt)?;
+    tracing::info!(
+        ms = start.elapsed().as_millis() as u64,
+        "checked the tokenizer and chat template"
+    );
+    Ok(())
+}
+
+fn check(ckpt: &Checkpoint) -> Result<()> {
     let text = &ckpt.text;
     let Some(json) = &text.tokenizer_json else {
         return Ok(());
