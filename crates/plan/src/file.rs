@@ -10,8 +10,9 @@
 //! to the instant between the check and the copy (gerbil itself never
 //! rewrites a plan in place: [`write_plan`] renames a new file over it, and
 //! an open map keeps the old file). Reading the whole file instead costs a
-//! copy (460 ms more for a 274 MB plan, measured) and its size in memory for
-//! as long as the plan is open. [`PlanFile::from_bytes`]
+//! copy (`gerbil-run bench` load 463 → 647 ms for the 274 MB SmolLM2-135M
+//! plan, see docs/plan-format.md) and its size in memory for as long as the
+//! plan is open. [`PlanFile::from_bytes`]
 //! reads a plan already in memory, which is how a browser loads one it
 //! fetched (wasm32 has no memory mapping, so `open` reads the file there).
 //! Both run the same checks and report the same [`PlanError`]s.
