@@ -6,6 +6,7 @@ use gerbil_cli::graph_svg::{layer_graph, render_svg};
 use gerbil_cli::hub::{open_checkpoint, HubOptions};
 use gerbil_cli::inspect::{inspect, render};
 use gerbil_cli::passes::{bisect_note, pass_stats};
+use gerbil_cli::progress::Progress;
 use gerbil_cli::schedule::render_schedule;
 use gerbil_cli::text_check::check_text_assets;
 use gerbil_cli::tune::tune;
@@ -256,6 +257,7 @@ fn real_main(cli: Cli) -> Result<()> {
             tuning,
             allow_non_finite,
         } => {
+            let progress = Progress::new(hub.quiet);
             let ckpt = open_checkpoint(&repo, &hub.options())?;
             check_text_assets(&ckpt)?;
             let tuning = tuning.map(|path| Tuning::read(&path)).transpose()?;
@@ -289,7 +291,14 @@ fn real_main(cli: Cli) -> Result<()> {
                 plan.emit_wgsl(dir)?;
             }
             if let Some(out) = output {
-                plan.write(&out)?;
+                let mut bar = None;
+                plan.write_with_progress(&out, &mut |done, total| {
+                    bar.get_or_insert_with(|| progress.bytes("writing plan", total))
+                        .set_position(done);
+                })?;
+                if let Some(bar) = bar {
+                    bar.finish_and_clear();
+                }
                 let h = &plan.header;
                 eprintln!(
                     "wrote {} ({} kernels, {} prefill / {} decode dispatches, {:.1} MB of weights)",
