@@ -19,6 +19,7 @@
 
 use crate::header::{PlanHeader, SectionRef};
 use std::borrow::Cow;
+#[cfg(not(target_arch = "wasm32"))]
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
