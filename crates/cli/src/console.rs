@@ -112,6 +112,84 @@ pub fn timing_line(stats: &GenerationStats, finish: Option<FinishReason>) -> Str
     )
 }
 
+/// Writes `text` to standard output. A reader that went away gives an
+/// error that [`exit`] turns into a quiet exit.
+pub fn print(text: &str) -> std::io::Result<()> {
+    let mut out = StdoutWriter::new();
+    out.write_all(text.as_bytes())?;
+    out.flush()
+}
+
+/// Ends a command-line tool with `main`'s result: status 0 on success and
+/// when the error is only that standard output's reader went away
+/// (`gerbilc compile … --dump-ir all | head`: the reader got what it wanted,
+/// as with `yes | head`); otherwise the error and its causes on one line of
+/// standard error, status 1.
+pub fn exit(result: anyhow::Result<()>) -> ! {
+    let code = match result {
+        Ok(()) => 0,
+        Err(e) if reader_gone(&e) => 0,
+        Err(e) => {
+            note(&format!("error: {}", crate::error_message(&e)));
+            1
+        }
+    };
+    std::process::exit(code)
+}
+
+/// Standard output (locked) for long outputs such as IR dumps: a write after
+/// its reader went away fails with an error that carries [`ReaderGone`], so
+/// [`exit`] can tell it from a broken pipe anywhere else (a socket, say),
+/// which stays an error.
+pub struct StdoutWriter(std::io::StdoutLock<'static>);
+
+impl StdoutWriter {
+    /// Locks standard output.
+    pub fn new() -> StdoutWriter {
+        StdoutWriter(std::io::stdout().lock())
+    }
+}
+
+impl Default for StdoutWriter {
+    fn default() -> Self {
+        StdoutWriter::new()
+    }
+}
+
+impl Write for StdoutWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.write(buf).map_err(mark_reader_gone)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush().map_err(mark_reader_gone)
+    }
+}
+
+/// The cause of a write error once standard output's reader went away.
+#[derive(Debug, thiserror::Error)]
+#[error("the reader of standard output went away")]
+pub struct ReaderGone;
+
+fn mark_reader_gone(e: std::io::Error) -> std::io::Error {
+    if e.kind() == ErrorKind::BrokenPipe {
+        std::io::Error::new(ErrorKind::BrokenPipe, ReaderGone)
+    } else {
+        e
+    }
+}
+
+/// Whether `e` or one of its causes is a write to standard output after its
+/// reader went away.
+fn reader_gone(e: &anyhow::Error) -> bool {
+    e.chain().any(|c| {
+        c.is::<ReaderGone>()
+            || c.downcast_ref::<std::io::Error>()
+                .and_then(|io| io.get_ref())
+                .is_some_and(|inner| inner.is::<ReaderGone>())
+    })
+}
+
 /// Writes a line to standard error, ignoring failure (a closed stderr must
 /// not end the program: `eprintln!` would panic).
 pub fn note(line: &str) {

@@ -336,10 +336,10 @@ impl Hub {
                 let Some(dir) = self.cached(repo, revision) else {
                     return Err(HubError::Unreachable { endpoint, detail });
                 };
-                eprintln!(
+                crate::console::note(&format!(
                     "note: the hub at {endpoint} is unreachable ({detail}); using the cached {repo} at `{revision}` ({})",
                     dir.display()
-                );
+                ));
                 return Ok(dir);
             }
             Err(e) => return Err(e),

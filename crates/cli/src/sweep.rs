@@ -173,12 +173,12 @@ pub async fn run_sweep(
     if let Some(path) = plot {
         safe_file::write_file(path, plot_svg(&report)?.as_bytes())
             .with_context(|| format!("writing the chart to {}", path.display()))?;
-        eprintln!("wrote {}", path.display());
+        crate::console::note(&format!("wrote {}", path.display()));
     }
     if json {
-        println!("{}", serde_json::to_string(&report.points)?);
+        crate::console::print(&format!("{}\n", serde_json::to_string(&report.points)?))?;
     } else {
-        print!("{}", render_table(&report));
+        crate::console::print(&render_table(&report))?;
     }
     Ok(())
 }

@@ -791,3 +791,24 @@ fn inspect_schedule_lists_dispatches_with_labels_and_kernels() {
         "{sdpa}"
     );
 }
+
+/// A long dump read by `head`: once the reader is gone, gerbilc stops
+/// quietly with status 0 (no panic, no "Broken pipe" error), also when its
+/// standard error goes to the same closed pipe.
+#[test]
+fn dump_into_a_closed_pipe_ends_quietly() {
+    let repo = data("models/tiny/llama");
+    for redirect in ["2>/dev/null", "2>&1"] {
+        let script = format!(
+            "set -o pipefail; \"$0\" compile \"$1\" --dump-ir all {redirect} | head -c 20 >/dev/null"
+        );
+        let o = Command::new("bash")
+            .args(["-c", &script, env!("CARGO_BIN_EXE_gerbilc")])
+            .arg(&repo)
+            .output()
+            .unwrap();
+        let err = stderr(&o);
+        assert!(o.status.success(), "{redirect}: {:?} {err}", o.status);
+        assert!(!err.contains("panicked") && !err.contains("error"), "{err}");
+    }
+}

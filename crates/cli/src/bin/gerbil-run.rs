@@ -3,13 +3,15 @@
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use gerbil_cli::chat::{chat, ChatOptions};
+use gerbil_cli::console;
 use gerbil_cli::gen_args::SamplingArgs;
 use gerbil_cli::progress::Progress;
-use gerbil_cli::run::{bench, run, BenchOptions, Prompt, RunOptions};
+use gerbil_cli::run::{bench, run, BenchOptions, BenchReport, Prompt, RunOptions};
 use gerbil_cli::serve::{serve, ServeOptions};
 use gerbil_cli::sweep::{run_sweep, SweepOptions};
 use gerbil_runtime::pipeline_cache::default_dir;
 use gerbil_runtime::{PipelineCacheOptions, PrecisionChoice, SamplingParams, SessionOptions};
+use std::fmt::Write as _;
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
 
@@ -260,10 +262,7 @@ enum Cmd {
 fn main() {
     let cli = Cli::parse();
     gerbil_cli::logging::init(cli.verbose);
-    if let Err(e) = real_main(cli) {
-        eprintln!("error: {}", gerbil_cli::error_message(&e));
-        std::process::exit(1);
-    }
+    console::exit(real_main(cli))
 }
 
 fn real_main(mut cli: Cli) -> Result<()> {
@@ -331,75 +330,12 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     adapter: cli.device,
                 },
             ))?;
-            if json {
-                println!("{}", serde_json::to_string(&r)?);
+            let text = if json {
+                format!("{}\n", serde_json::to_string(&r)?)
             } else {
-                let mib = |b: u64| b as f64 / (1 << 20) as f64;
-                println!("device      {}", r.device);
-                println!("variant     {} ({})", r.variant, r.precision);
-                println!(
-                    "load        {:.0} ms; first token of the prompt at {:.0} ms",
-                    r.load_ms, r.first_token_ms
-                );
-                println!(
-                    "            plan {:.0} ms, device {:.0} ms, weights {:.0} ms, pipelines {:.0} ms \
-                     ({} on {} threads, pipeline cache {}); prefill chunk {} tokens",
-                    r.load_plan_ms,
-                    r.load_device_ms,
-                    r.load_weights_ms,
-                    r.load_pipelines_ms,
-                    r.pipelines,
-                    r.pipeline_threads,
-                    r.pipeline_cache,
-                    r.max_tokens_per_step
-                );
-                println!(
-                    "prefill     {:.1} tok/s ({prompt_tokens} tokens)",
-                    r.prefill_tok_s
-                );
-                println!(
-                    "decode      {:.1} tok/s ({:.2} ms/token, {new_tokens} tokens from depth {}, {})",
-                    r.decode_tok_s, r.decode_ms_per_token, r.decode_depth, r.decode_loop
-                );
-                println!(
-                    "dispatches  {} per prefill step, {} per decode step",
-                    r.dispatches.0, r.dispatches.1
-                );
-                println!(
-                    "gpu memory  weights {:.1} MiB, kv cache {:.1} MiB, activations {:.1} MiB",
-                    mib(r.weights_bytes),
-                    mib(r.kv_cache_bytes),
-                    mib(r.activation_bytes)
-                );
-                if let Some(c) = r.copy_gb_s {
-                    println!("copy        {c:.0} GB/s (read + write; the profile's roofline)");
-                }
-                for (name, rows) in [
-                    ("prefill", &r.prefill_profile),
-                    ("decode", &r.decode_profile),
-                ] {
-                    if let Some(rows) = rows {
-                        let total: f64 = rows.iter().map(|x| x.micros).sum();
-                        println!("{name} step GPU time {:.1} µs:", total);
-                        for x in rows {
-                            let tflops = if x.tflop_s > 0.0 {
-                                format!("  {:>6.2} TFLOP/s", x.tflop_s)
-                            } else {
-                                String::new()
-                            };
-                            println!(
-                                "  {:<22} {:>4}×  {:>10.1} µs  {:>5.1}%  {:>8.1} GB/s  {:>4.0}% of copy{tflops}",
-                                x.what,
-                                x.count,
-                                x.micros,
-                                100.0 * x.micros / total.max(1e-9),
-                                x.gb_s,
-                                100.0 * x.of_copy
-                            );
-                        }
-                    }
-                }
-            }
+                bench_text(&r, prompt_tokens, new_tokens)?
+            };
+            console::print(&text)?;
         }
         Some(Cmd::Serve {
             host,
@@ -423,10 +359,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     plan.display()
                 );
             }
-            print!(
-                "{}",
-                pollster::block_on(gerbil_cli::devices::devices(json))?
-            );
+            console::print(&pollster::block_on(gerbil_cli::devices::devices(json))?)?;
         }
         Some(Cmd::Chat { system, sampling }) => {
             let opts = ChatOptions {
@@ -450,4 +383,89 @@ fn real_main(mut cli: Cli) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// `gerbil-run bench`'s report as text.
+fn bench_text(
+    r: &BenchReport,
+    prompt_tokens: usize,
+    new_tokens: usize,
+) -> Result<String, std::fmt::Error> {
+    let mut s = String::new();
+    let mib = |b: u64| b as f64 / (1 << 20) as f64;
+    writeln!(s, "device      {}", r.device)?;
+    writeln!(s, "variant     {} ({})", r.variant, r.precision)?;
+    writeln!(
+        s,
+        "load        {:.0} ms; first token of the prompt at {:.0} ms",
+        r.load_ms, r.first_token_ms
+    )?;
+    writeln!(
+        s,
+        "            plan {:.0} ms, device {:.0} ms, weights {:.0} ms, pipelines {:.0} ms \
+                     ({} on {} threads, pipeline cache {}); prefill chunk {} tokens",
+        r.load_plan_ms,
+        r.load_device_ms,
+        r.load_weights_ms,
+        r.load_pipelines_ms,
+        r.pipelines,
+        r.pipeline_threads,
+        r.pipeline_cache,
+        r.max_tokens_per_step
+    )?;
+    writeln!(
+        s,
+        "prefill     {:.1} tok/s ({prompt_tokens} tokens)",
+        r.prefill_tok_s
+    )?;
+    writeln!(
+        s,
+        "decode      {:.1} tok/s ({:.2} ms/token, {new_tokens} tokens from depth {}, {})",
+        r.decode_tok_s, r.decode_ms_per_token, r.decode_depth, r.decode_loop
+    )?;
+    writeln!(
+        s,
+        "dispatches  {} per prefill step, {} per decode step",
+        r.dispatches.0, r.dispatches.1
+    )?;
+    writeln!(
+        s,
+        "gpu memory  weights {:.1} MiB, kv cache {:.1} MiB, activations {:.1} MiB",
+        mib(r.weights_bytes),
+        mib(r.kv_cache_bytes),
+        mib(r.activation_bytes)
+    )?;
+    if let Some(c) = r.copy_gb_s {
+        writeln!(
+            s,
+            "copy        {c:.0} GB/s (read + write; the profile's roofline)"
+        )?;
+    }
+    for (name, rows) in [
+        ("prefill", &r.prefill_profile),
+        ("decode", &r.decode_profile),
+    ] {
+        if let Some(rows) = rows {
+            let total: f64 = rows.iter().map(|x| x.micros).sum();
+            writeln!(s, "{name} step GPU time {:.1} µs:", total)?;
+            for x in rows {
+                let tflops = if x.tflop_s > 0.0 {
+                    format!("  {:>6.2} TFLOP/s", x.tflop_s)
+                } else {
+                    String::new()
+                };
+                writeln!(
+s,
+                                "  {:<22} {:>4}×  {:>10.1} µs  {:>5.1}%  {:>8.1} GB/s  {:>4.0}% of copy{tflops}",
+                                x.what,
+                                x.count,
+                                x.micros,
+                                100.0 * x.micros / total.max(1e-9),
+                                x.gb_s,
+                                100.0 * x.of_copy
+                            )?;
+            }
+        }
+    }
+    Ok(s)
 }

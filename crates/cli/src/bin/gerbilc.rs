@@ -178,10 +178,10 @@ fn parse_passes(s: &str) -> Result<PassSelection, String> {
 /// Prints `--pass-stats` and the `--bisect` note to standard error.
 fn report_passes(report: &PassReport, stats: bool, bisect: Option<usize>) {
     if stats {
-        eprint!("{}", pass_stats(report));
+        gerbil_cli::console::note(pass_stats(report).trim_end());
     }
     if let Some(n) = bisect {
-        eprintln!("{}", bisect_note(report, n));
+        gerbil_cli::console::note(&bisect_note(report, n));
     }
 }
 
@@ -197,10 +197,7 @@ fn parse_target(s: &str) -> Result<Box<Target>, String> {
 fn main() {
     let cli = Cli::parse();
     gerbil_cli::logging::init(cli.verbose);
-    if let Err(e) = real_main(cli) {
-        eprintln!("error: {}", gerbil_cli::error_message(&e));
-        std::process::exit(1);
-    }
+    gerbil_cli::console::exit(real_main(cli))
 }
 
 /// Every file in `dir` (a checkpoint: config, weights, tokenizer), when it is a directory.
@@ -268,10 +265,10 @@ fn real_main(cli: Cli) -> Result<()> {
                 safe_file::check_output(out, &inputs)?;
             }
             if let Some(t) = tuning.as_ref().filter(|t| t.target != target.name) {
-                eprintln!(
+                gerbil_cli::console::note(&format!(
                     "note: the tuning was measured for target `{}`, not `{}`; tiles the target cannot run are left out",
                     t.target, target.name
-                );
+                ));
             }
             let opts = CompileOptions {
                 max_context,
@@ -283,7 +280,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 tuning,
                 allow_non_finite,
             };
-            let mut dumps = Dumps::new(dump_ir, dump_dot, std::io::stdout().lock());
+            let mut dumps = Dumps::new(dump_ir, dump_dot, gerbil_cli::console::StdoutWriter::new());
             let compiled = compile(&ckpt, &opts, &mut dumps)?;
             report_passes(&compiled.passes, pass_stats, bisect);
             let plan = compiled.plan;
@@ -300,14 +297,14 @@ fn real_main(cli: Cli) -> Result<()> {
                     bar.finish_and_clear();
                 }
                 let h = &plan.header;
-                eprintln!(
+                gerbil_cli::console::note(&format!(
                     "wrote {} ({} kernels, {} prefill / {} decode dispatches, {:.1} MB of weights)",
                     out.display(),
                     h.kernels.len(),
                     h.variants[0].prefill.len(),
                     h.variants[0].decode.len(),
                     plan.weight_bytes as f64 / 1e6
-                );
+                ));
             }
         }
         Cmd::Tune {
@@ -325,10 +322,10 @@ fn real_main(cli: Cli) -> Result<()> {
                 target: *target,
                 ..CompileOptions::default()
             };
-            let tuning = pollster::block_on(tune(&ckpt, &opts, |line| eprintln!("{line}")))?;
+            let tuning = pollster::block_on(tune(&ckpt, &opts, gerbil_cli::console::note))?;
             tuning.write(&output)?;
             for g in &tuning.gemms {
-                eprintln!(
+                gerbil_cli::console::note(&format!(
                     "k{} n{}{} {}: {} {:.0} µs (untuned {:.0} µs)",
                     g.k,
                     g.n,
@@ -337,9 +334,9 @@ fn real_main(cli: Cli) -> Result<()> {
                     g.gemm_tile().tag(),
                     g.micros,
                     g.default_micros
-                );
+                ));
             }
-            eprintln!("wrote {}", output.display());
+            gerbil_cli::console::note(&format!("wrote {}", output.display()));
         }
         Cmd::Opt {
             file,
@@ -361,7 +358,7 @@ fn real_main(cli: Cli) -> Result<()> {
             };
             let opts = OptOptions { passes, bisect };
             // The result prints as `--dump-ir final` prints, by the same code.
-            let stdout = std::io::stdout().lock();
+            let stdout = gerbil_cli::console::StdoutWriter::new();
             let mut dumps = Dumps::new(Some(DumpIr::Final), dump_dot, stdout);
             let out = opt(&text, &input, &opts, &mut dumps)?;
             report_passes(&out.passes, pass_stats, bisect);
@@ -377,18 +374,18 @@ fn real_main(cli: Cli) -> Result<()> {
                 let graph = layer_graph(&plan.header)?;
                 safe_file::write_file(&out, render_svg(&graph)?.as_bytes())
                     .with_context(|| format!("writing {}", out.display()))?;
-                eprintln!("wrote {} ({})", out.display(), graph.title);
+                gerbil_cli::console::note(&format!("wrote {} ({})", out.display(), graph.title));
                 return Ok(());
             }
             if schedule {
-                print!("{}", render_schedule(&plan.header));
+                gerbil_cli::console::print(&render_schedule(&plan.header))?;
                 return Ok(());
             }
             let i = inspect(&plan.header);
             if json {
-                println!("{}", serde_json::to_string_pretty(&i)?);
+                gerbil_cli::console::print(&format!("{}\n", serde_json::to_string_pretty(&i)?))?;
             } else {
-                print!("{}", render(&i));
+                gerbil_cli::console::print(&render(&i))?;
             }
         }
     }

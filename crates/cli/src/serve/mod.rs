@@ -101,12 +101,12 @@ async fn listen(app: Arc<App>, opts: &ServeOptions) -> Result<()> {
         .await
         .with_context(|| format!("cannot listen on {}:{}", opts.host, opts.port))?;
     let bound = listener.local_addr()?;
-    eprintln!("listening on http://{bound}");
+    crate::console::note(&format!("listening on http://{bound}"));
     axum::serve(listener, router(app, opts.max_body_bytes))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("serving HTTP")?;
-    eprintln!("shut down");
+    crate::console::note(&format!("shut down"));
     Ok(())
 }
 
@@ -146,10 +146,12 @@ async fn shutdown_signal() {
         () = ctrl_c => {},
         () = terminate => {},
     }
-    eprintln!("shutting down: finishing the requests in flight (Ctrl-C again to stop now)");
+    crate::console::note(&format!(
+        "shutting down: finishing the requests in flight (Ctrl-C again to stop now)"
+    ));
     tokio::spawn(async {
         if tokio::signal::ctrl_c().await.is_ok() {
-            eprintln!("stopped");
+            crate::console::note(&format!("stopped"));
             std::process::exit(130);
         }
     });
