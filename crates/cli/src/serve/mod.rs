@@ -106,7 +106,7 @@ async fn listen(app: Arc<App>, opts: &ServeOptions) -> Result<()> {
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("serving HTTP")?;
-    crate::console::note(&format!("shut down"));
+    crate::console::note("shut down");
     Ok(())
 }
 
@@ -146,12 +146,12 @@ async fn shutdown_signal() {
         () = ctrl_c => {},
         () = terminate => {},
     }
-    crate::console::note(&format!(
-        "shutting down: finishing the requests in flight (Ctrl-C again to stop now)"
-    ));
+    crate::console::note(
+        "shutting down: finishing the requests in flight (Ctrl-C again to stop now)",
+    );
     tokio::spawn(async {
         if tokio::signal::ctrl_c().await.is_ok() {
-            crate::console::note(&format!("stopped"));
+            crate::console::note("stopped");
             std::process::exit(130);
         }
     });
