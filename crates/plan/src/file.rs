@@ -47,7 +47,7 @@ pub enum PlanError {
     #[error("{0}: not a gerbil plan (wrong magic bytes); compile one with `gerbilc compile`")]
     BadMagic(PathBuf),
     /// The file was written by an incompatible gerbil.
-    #[error("{path}: plan format version {found} is not supported (this gerbil reads version {FORMAT_VERSION}); recompile the model with this gerbilc")]
+    #[error("{path}: plan format version {found} is not supported (this gerbil reads version {FORMAT_VERSION}); {}", version_advice(*found))]
     Version {
         /// The file.
         path: PathBuf,
@@ -105,6 +105,16 @@ pub enum PlanError {
         /// What is inconsistent.
         reason: String,
     },
+}
+
+/// What to do about a plan of format version `found`: a newer gerbil wrote
+/// it (upgrade the runtime), or an older one did (recompile it).
+fn version_advice(found: u32) -> &'static str {
+    if found > FORMAT_VERSION {
+        "a newer gerbil wrote it: upgrade gerbil-run, or recompile the model with this gerbilc"
+    } else {
+        "an older gerbil wrote it: recompile the model with this gerbilc (`gerbilc compile`)"
+    }
 }
 
 /// Bytes of one data section, borrowed (e.g. from a mapped checkpoint) or owned.

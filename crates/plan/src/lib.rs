@@ -12,11 +12,15 @@
 //! Reading never panics on bad input: a truncated file, a wrong magic, an
 //! unsupported version or a checksum mismatch is a [`PlanError`].
 //!
+//! [`limits`] is the table of the largest sizes gerbil supports (context,
+//! step, vocabulary, …), which [`PlanHeader::validate`] and `gerbilc` check.
+//!
 //! [`safe_file`] is how gerbil writes every file (a synced temporary file
 //! renamed into place) and refuses special files as inputs and outputs.
 
 mod file;
 mod header;
+pub mod limits;
 pub mod safe_file;
 mod validate;
 

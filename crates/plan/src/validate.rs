@@ -9,11 +9,20 @@
 //! buffer, counters inside its counter region and working memory past it).
 //! The writer runs the same check, so a plan `gerbilc` writes is one
 //! `gerbil-run` accepts.
+//!
+//! It is also the runtime's guard: every size the runtime multiplies,
+//! divides by, casts to `u32` or allocates is checked here against
+//! [`crate::limits`] — the model's sizes, every buffer and binding, each KV
+//! cache holding `max_context` position rows, the I/O buffers' kinds and
+//! sizes, workgroup sizes and counts (at `max_tokens_per_step`, in `u64`) —
+//! so a header that passes cannot make the runtime panic, wrap or read out
+//! of range, however it was edited.
 
 use crate::header::{
-    Access, BindingDecl, BufferKind, BufferSlice, Dispatch, OutputKind, PlanHeader, Port,
-    SectionRef, SAMPLING_PARAMS_BYTES, STEP_PARAMS_BYTES,
+    Access, BindingDecl, BufferKind, BufferSlice, Dispatch, Kernel, OutputKind, PlanHeader, Port,
+    SectionRef, Variant, SAMPLING_PARAMS_BYTES, STEP_PARAMS_BYTES,
 };
+use crate::limits::{self, Limit};
 
 /// Alignment of every storage-binding offset (WebGPU's default
 /// `minStorageBufferOffsetAlignment`).
@@ -22,9 +31,7 @@ pub const BINDING_OFFSET_ALIGN: u64 = 256;
 impl PlanHeader {
     /// Checks internal consistency against a data region of `data_len` bytes.
     pub fn validate(&self, data_len: u64) -> Result<(), String> {
-        if self.model.max_tokens_per_step == 0 || self.model.max_context == 0 {
-            return Err("max_context and max_tokens_per_step must be positive".into());
-        }
+        self.check_model()?;
         if let Some(t) = &self.text.tokenizer {
             section_ok(t, "tokenizer", data_len)?;
         }
@@ -35,6 +42,23 @@ impl PlanHeader {
                     b.kind.describe(),
                     b.size
                 ));
+            }
+            within(
+                limits::BUFFER_BYTES,
+                b.size,
+                &format!("buffer {i} ({}) size", b.kind.describe()),
+            )?;
+            if let BufferKind::KvCache { .. } = b.kind {
+                self.check_kv_cache(i, b.size)?;
+            }
+            if let BufferKind::StepParams = b.kind {
+                if b.size < STEP_PARAMS_BYTES {
+                    return Err(format!(
+                        "buffer {i} (step parameters) has {} bytes, less than the \
+                         {STEP_PARAMS_BYTES} the runtime writes",
+                        b.size
+                    ));
+                }
             }
             if let BufferKind::Weight { section, name, .. } = &b.kind {
                 section_ok(section, name, data_len)?;
@@ -56,10 +80,14 @@ impl PlanHeader {
             }
         }
         self.check_io()?;
+        for (i, k) in self.kernels.iter().enumerate() {
+            check_kernel(i, k)?;
+        }
         if self.variants.is_empty() {
             return Err("the plan has no variant to run".into());
         }
         for v in &self.variants {
+            check_requirements(v)?;
             for (phase, list) in [("prefill", &v.prefill), ("decode", &v.decode)] {
                 if list.is_empty() {
                     return Err(format!(
@@ -72,6 +100,51 @@ impl PlanHeader {
                     self.check_dispatch(d, &what)?;
                 }
             }
+        }
+        Ok(())
+    }
+
+    /// The model's sizes: positive where the runtime divides or chunks by
+    /// them (`vocab_size` is checked with the logits), and within
+    /// [`crate::limits`].
+    fn check_model(&self) -> Result<(), String> {
+        let m = &self.model;
+        for (value, name) in [
+            (m.max_context, "max_context"),
+            (m.max_tokens_per_step, "max_tokens_per_step"),
+        ] {
+            if value == 0 {
+                return Err(format!("model.{name} is 0; it must be at least 1"));
+            }
+        }
+        within(limits::CONTEXT, m.max_context, "model.max_context")?;
+        within(
+            limits::TOKENS_PER_STEP,
+            m.max_tokens_per_step,
+            "model.max_tokens_per_step",
+        )?;
+        if m.max_tokens_per_step > m.max_context {
+            return Err(format!(
+                "model.max_tokens_per_step {} exceeds model.max_context {}",
+                m.max_tokens_per_step, m.max_context
+            ));
+        }
+        within(limits::VOCABULARY, m.vocab_size, "model.vocab_size")?;
+        within(limits::HIDDEN, m.hidden_size, "model.hidden_size")?;
+        within(limits::LAYERS, m.num_layers, "model.num_layers")
+    }
+
+    /// A KV cache is `max_context` rows of whole 2-byte (f16) or 4-byte
+    /// (f32) values, rounded up to 4 bytes: the runtime sizes a smaller
+    /// context's cache as `size / max_context` bytes a row.
+    fn check_kv_cache(&self, i: usize, size: u64) -> Result<(), String> {
+        let positions = self.model.max_context;
+        let row = size / positions;
+        if row < 2 || !row.is_multiple_of(2) || (row * positions).next_multiple_of(4) != size {
+            return Err(format!(
+                "buffer {i} (a KV cache) has {size} bytes, not {positions} (max_context) rows \
+                 of 2-byte or 4-byte values"
+            ));
         }
         Ok(())
     }
@@ -118,6 +191,12 @@ impl PlanHeader {
         } else {
             1
         };
+        if !io.logits.offset.is_multiple_of(4) {
+            return Err(format!(
+                "the logits output starts at byte {}, not a multiple of 4",
+                io.logits.offset
+            ));
+        }
         if self.model.vocab_size == 0
             || io.logits.size < rows.saturating_mul(self.model.vocab_size).saturating_mul(4)
         {
@@ -134,6 +213,7 @@ impl PlanHeader {
                     output: OutputKind::NextToken
                 }
             ) || next.size < 4
+                || !next.offset.is_multiple_of(4)
             {
                 return Err("the next-token binding is not a u32 next-token output buffer".into());
             }
@@ -183,10 +263,33 @@ impl PlanHeader {
                 k.bindings.len()
             ));
         }
+        let max_t = self.model.max_tokens_per_step;
+        for (axis, w) in d.workgroups.iter().enumerate() {
+            if w.divisor == 0 {
+                return Err(format!(
+                    "{what} divides its workgroup count (axis {axis}) by 0"
+                ));
+            }
+            // Counts grow with T, so the largest step has the most.
+            let n = (u64::from(w.per_token) * max_t + u64::from(w.constant))
+                .div_ceil(u64::from(w.divisor));
+            within(
+                limits::WORKGROUPS_PER_DIMENSION,
+                n,
+                &format!("{what}: workgroups along axis {axis} at T={max_t}"),
+            )?;
+        }
         for (n, (s, decl)) in d.bindings.iter().zip(&k.bindings).enumerate() {
             let what = format!("{what}, binding {n} (`{}` of kernel {})", decl.name, k.name);
             self.slice_ok(s, &what)?;
-            check_binding(&self.buffers[s.buffer as usize].kind, s, decl, &what)?;
+            let kind = &self.buffers[s.buffer as usize].kind;
+            check_binding(kind, s, decl, &what)?;
+            if matches!(kind, BufferKind::KvCache { .. }) && s.offset != 0 {
+                return Err(format!(
+                    "{what} binds a KV cache from byte {}; caches are bound from their start",
+                    s.offset
+                ));
+            }
         }
         // WebGPU refuses a buffer bound both read-only and writable in one
         // dispatch (a usage conflict), so the plan must never do it.
@@ -205,6 +308,51 @@ impl PlanHeader {
         }
         Ok(())
     }
+}
+
+/// `Ok` when `value` is within `limit`; else an error naming `what`.
+fn within(limit: Limit, value: u64, what: &str) -> Result<(), String> {
+    limit
+        .check_or(value, what, "the plan was edited or damaged")
+        .map_err(|e| e.to_string())
+}
+
+/// A kernel's workgroup size: every axis at least 1, and at most
+/// [`limits::WORKGROUP_INVOCATIONS`] invocations in all.
+fn check_kernel(i: usize, k: &Kernel) -> Result<(), String> {
+    if k.workgroup_size.contains(&0) {
+        return Err(format!(
+            "kernel {i} ({}) has workgroup size {:?}; every axis must be at least 1",
+            k.name, k.workgroup_size
+        ));
+    }
+    let invocations = k.workgroup_size.iter().map(|&n| u64::from(n)).product();
+    within(
+        limits::WORKGROUP_INVOCATIONS,
+        invocations,
+        &format!("kernel {i} ({}): invocations per workgroup", k.name),
+    )
+}
+
+/// A variant's device requirements: none beyond what any device could offer.
+fn check_requirements(v: &Variant) -> Result<(), String> {
+    let r = &v.requirements;
+    let what = |field: &str| format!("variant `{}` requirement {field}", v.name);
+    within(
+        limits::BINDING_BYTES,
+        r.max_storage_buffer_binding_size,
+        &what("max_storage_buffer_binding_size"),
+    )?;
+    within(
+        limits::BUFFER_BYTES,
+        r.max_buffer_size,
+        &what("max_buffer_size"),
+    )?;
+    within(
+        limits::WORKGROUP_INVOCATIONS,
+        u64::from(r.max_compute_invocations_per_workgroup),
+        &what("max_compute_invocations_per_workgroup"),
+    )
 }
 
 fn section_ok(r: &SectionRef, what: &str, data_len: u64) -> Result<(), String> {
@@ -234,6 +382,19 @@ fn check_binding(
             s.size, decl.bytes
         ));
     }
+    // A zero-sized binding would bind the rest of the buffer (WebGPU's
+    // "whole size"), not nothing.
+    if s.size == 0 || !s.size.is_multiple_of(4) {
+        return Err(format!(
+            "{what} binds {} bytes, not a positive multiple of 4",
+            s.size
+        ));
+    }
+    within(
+        limits::BINDING_BYTES,
+        s.size,
+        &format!("{what}: bytes bound"),
+    )?;
     if !s.offset.is_multiple_of(BINDING_OFFSET_ALIGN) {
         return Err(format!(
             "{what} binds at offset {}, not a multiple of {BINDING_OFFSET_ALIGN}",
