@@ -169,6 +169,27 @@ fn flags_that_would_do_nothing_are_errors() {
             "repetition",
         ),
         (&[tiny, "bench", "--ctx", "8"], "drop --ctx"),
+        (
+            &[tiny, "--input-ids", "1,2", "--system", "s"],
+            "--system is the system message of a chat prompt: add --chat",
+        ),
+        (
+            &[tiny, "bench", "--top-k", "3"],
+            "--top-k only applies to sampled decoding",
+        ),
+        (
+            &[tiny, "bench", "--min-p", "0.1", "--temperature", "0"],
+            "--min-p only applies to sampled decoding",
+        ),
+        (
+            &[tiny, "bench", "--repeats", "0"],
+            "0 repetitions time nothing; give at least 1",
+        ),
+        (
+            &[tiny, "serve", "--max-body-bytes", "100"],
+            "100 bytes would refuse nearly every request; give at least 1024",
+        ),
+        (&["devices", "--device", "0"], "drop it here"),
     ];
     for (args, needle) in cases {
         assert_fails_with(&gerbil_run(args), needle);

@@ -100,6 +100,27 @@ fn parse_precision(s: &str) -> Result<PrecisionChoice, String> {
     s.parse()
 }
 
+/// `--repeats`: a positive count.
+fn at_least_one(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("0 repetitions time nothing; give at least 1".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+/// `--max-body-bytes`: room for at least a small request.
+fn body_limit(s: &str) -> Result<usize, String> {
+    const SMALLEST: usize = 1024;
+    match s.parse::<usize>() {
+        Ok(n) if n < SMALLEST => Err(format!(
+            "{n} bytes would refuse nearly every request; give at least {SMALLEST}"
+        )),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 #[derive(Args)]
 struct GenArgs {
     /// Prompt text (tokenized like `tokenizer(text)` in transformers); `-`
@@ -110,7 +131,7 @@ struct GenArgs {
     #[arg(long, conflicts_with = "input_ids")]
     chat: bool,
     /// With --chat: the system message.
-    #[arg(long, requires = "chat")]
+    #[arg(long)]
     system: Option<String>,
     /// Comma-separated token ids instead of a prompt.
     #[arg(long, value_delimiter = ',')]
@@ -140,6 +161,12 @@ impl GenArgs {
     /// The prompt: `--prompt`, `--input-ids`, or standard input (`--prompt
     /// -`, or piped without either).
     fn prompt(&self) -> Result<Prompt> {
+        if self.system.is_some() && !self.chat {
+            bail!(
+                "--system is the system message of a chat prompt: add --chat (the prompt becomes \
+                 the user message of the model's chat template), or drop --system"
+            );
+        }
         let text = match (&self.prompt, &self.input_ids) {
             (_, Some(ids)) => return Ok(Prompt::Ids(ids.clone())),
             (Some(t), None) if t != "-" => t.clone(),
@@ -206,8 +233,9 @@ enum Cmd {
         /// without extension].
         #[arg(long)]
         model_name: Option<String>,
-        /// Largest request body in bytes; larger ones get status 413.
-        #[arg(long, default_value_t = 1 << 20)]
+        /// Largest request body in bytes (at least 1024); larger ones get
+        /// status 413.
+        #[arg(long, default_value_t = 1 << 20, value_parser = body_limit)]
         max_body_bytes: usize,
     },
     /// Measure prefill and decode speed and GPU memory.
@@ -225,17 +253,18 @@ enum Cmd {
         /// Time sampled decoding at this temperature (0: greedy).
         #[arg(long, default_value_t = 0.0)]
         temperature: f32,
-        /// With --temperature: sample among the K most likely tokens (0: all).
-        #[arg(long, default_value_t = 0)]
-        top_k: usize,
-        /// With --temperature: nucleus sampling threshold.
-        #[arg(long, default_value_t = 1.0)]
-        top_p: f32,
-        /// With --temperature: keep tokens at least this fraction as likely as the best.
-        #[arg(long, default_value_t = 0.0)]
-        min_p: f32,
+        /// With --temperature: sample among the K most likely tokens [default: 0, all].
+        #[arg(long)]
+        top_k: Option<usize>,
+        /// With --temperature: nucleus sampling threshold [default: 1, off].
+        #[arg(long)]
+        top_p: Option<f32>,
+        /// With --temperature: keep tokens at least this fraction as likely
+        /// as the best [default: 0, off].
+        #[arg(long)]
+        min_p: Option<f32>,
         /// Timed repetitions (median reported).
-        #[arg(long, default_value_t = 3)]
+        #[arg(long, default_value_t = 3, value_parser = at_least_one)]
         repeats: usize,
         /// Print one JSON object.
         #[arg(long)]
@@ -292,12 +321,25 @@ fn real_main(mut cli: Cli) -> Result<()> {
             sweep,
             ref plot,
         }) => {
+            if temperature <= 0.0 {
+                let given = [
+                    ("--top-k", top_k.is_some()),
+                    ("--top-p", top_p.is_some()),
+                    ("--min-p", min_p.is_some()),
+                ];
+                if let Some((flag, _)) = given.iter().find(|(_, g)| *g) {
+                    bail!(
+                        "{flag} only applies to sampled decoding, and bench times greedy decoding \
+                         unless --temperature T (T > 0) is given: add --temperature, or drop {flag}"
+                    );
+                }
+            }
             // Bench and sweep time the same sampling, with a fixed seed.
             let sampling = SamplingParams {
                 temperature,
-                top_k,
-                top_p,
-                min_p,
+                top_k: top_k.unwrap_or(0),
+                top_p: top_p.unwrap_or(1.0),
+                min_p: min_p.unwrap_or(0.0),
                 seed: 0,
                 ..SamplingParams::default()
             };
@@ -357,6 +399,12 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 bail!(
                     "`gerbil-run devices` takes no plan (got {}); run `gerbil-run devices`",
                     plan.display()
+                );
+            }
+            if let Some(n) = cli.device {
+                bail!(
+                    "`gerbil-run devices` lists every adapter; --device {n} picks one for a run \
+                     (`gerbil-run PLAN --device {n} …`): drop it here"
                 );
             }
             console::print(&pollster::block_on(gerbil_cli::devices::devices(json))?)?;
