@@ -407,6 +407,41 @@ pub(crate) fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// `n` token ids below `vocab` that look like text to no model: the same
+/// for every run, so timings compare. In u64, since `n` may be a whole
+/// context (the product of a u32 would wrap).
+pub(crate) fn synthetic_ids(n: usize, vocab: u32) -> Vec<u32> {
+    let vocab = u64::from(vocab.max(1));
+    (0..n as u64)
+        .map(|i| ((i * 7919 + 13) % vocab) as u32)
+        .collect()
+}
+
+/// `bench`'s sizes against the plan's context `max`: a prompt of 1 to
+/// `max` tokens, at least one decode step, and the decode depth plus the
+/// new tokens within the context (added without wrapping).
+fn check_bench_sizes(prompt: usize, depth: usize, new: usize, max: usize) -> Result<()> {
+    if prompt == 0 {
+        bail!("--prompt-tokens 0: bench times a prompt of at least 1 token; give 1 or more");
+    }
+    if prompt > max {
+        bail!(
+            "--prompt-tokens {prompt} exceeds the plan's context of {max} tokens; pick at most \
+             {max}, or recompile with a larger --max-context"
+        );
+    }
+    if new == 0 {
+        bail!("--new-tokens 0: bench times at least 1 decode step; give 1 or more");
+    }
+    if depth.checked_add(new).is_none_or(|end| end > max) {
+        bail!(
+            "the decode depth {depth} (--depth, else --prompt-tokens) + --new-tokens {new} \
+             exceeds the plan's context of {max} tokens; make them add up to at most {max}"
+        );
+    }
+    Ok(())
+}
+
 /// Times prefill and decode (greedy unless `opts.sampling` samples) on
 /// synthetic token ids.
 pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchReport> {
@@ -426,18 +461,10 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     let vocab = session.vocab_size() as u32;
     let max = plan.header.model.max_context as usize;
     let depth = opts.depth.unwrap_or(opts.prompt_tokens);
-    if opts.prompt_tokens == 0 || opts.prompt_tokens > max || depth + opts.new_tokens > max {
-        bail!(
-            "--prompt-tokens {} must be between 1 and the plan's context {max}, and the decode \
-             depth {depth} + --new-tokens {} at most {max}",
-            opts.prompt_tokens,
-            opts.new_tokens
-        );
-    }
+    check_bench_sizes(opts.prompt_tokens, depth, opts.new_tokens, max)?;
     gerbil_runtime::Sampler::new(opts.sampling)?;
     session.set_sampling(&opts.sampling);
-    let synthetic =
-        |n: usize| -> Vec<u32> { (0..n as u32).map(|i| (i * 7919 + 13) % vocab).collect() };
+    let synthetic = |n: usize| synthetic_ids(n, vocab);
     let prompt = synthetic(opts.prompt_tokens);
     // Warm-up: pipelines, first-use costs. Its logits give the first token.
     session.reset();

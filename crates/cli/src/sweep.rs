@@ -111,7 +111,7 @@ pub async fn sweep(plan_path: &std::path::Path, opts: &SweepOptions) -> Result<S
     gerbil_runtime::Sampler::new(opts.sampling)?;
     session.set_sampling(&opts.sampling);
     let vocab = session.vocab_size() as u32;
-    let tokens: Vec<u32> = (0..max as u32).map(|i| (i * 7919 + 13) % vocab).collect();
+    let tokens = crate::run::synthetic_ids(max, vocab);
     let lengths = context_lengths(max);
     // Warm-up: the pipelines' first use.
     session.reset();

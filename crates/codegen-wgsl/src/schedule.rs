@@ -91,19 +91,23 @@ enum Own {
     Shards(Vec<u32>),
 }
 
+/// `n` rounded up to a multiple of 4 (saturating: an oversized value stays
+/// oversized for the binding checks to refuse).
 fn round4(n: u64) -> u64 {
-    n.div_ceil(4) * 4
+    n.div_ceil(4).saturating_mul(4)
 }
 
 /// Rows per shard for a weight of `shape` that exceeds one binding of
 /// `max_binding` bytes, or `None` if it fits. Shards hold a multiple of 4
 /// rows so every shard starts on a 4-byte boundary whatever the dtype.
 fn shard_plan(shape: &[u64], elem_bytes: u64, max_binding: u64) -> Option<u64> {
-    let total: u64 = shape.iter().product::<u64>() * elem_bytes;
+    // Saturating: a product past u64 is "too large", never a small wrapped size.
+    let bytes = |dims: &[u64]| dims.iter().fold(elem_bytes, |n, &d| n.saturating_mul(d));
+    let total = bytes(shape);
     if total <= max_binding || shape.len() < 2 {
         return None;
     }
-    let row_bytes: u64 = shape[1..].iter().product::<u64>() * elem_bytes;
+    let row_bytes = bytes(&shape[1..]);
     let rows = (max_binding / row_bytes.max(1)) / 4 * 4;
     (rows > 0).then_some(rows)
 }

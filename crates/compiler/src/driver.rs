@@ -16,10 +16,10 @@ use crate::error::CompileError;
 use crate::finite::check_weights_finite;
 use crate::options::{CompileOptions, DEFAULT_MAX_CONTEXT_CAP};
 use gerbil_codegen_wgsl::CodegenOptions;
-use gerbil_frontend_hf::{lower_with, Checkpoint, LowerOptions};
+use gerbil_frontend_hf::{lower_with, Checkpoint, LowerOptions, ModelFacts};
 use gerbil_ir::Graph;
 use gerbil_passes::{default_pipeline, PassManager, PassReport};
-use gerbil_plan::{CompileInfo, ModelInfo};
+use gerbil_plan::{limits, CompileInfo, ModelInfo};
 use std::collections::BTreeMap;
 
 /// What a compilation produced.
@@ -64,6 +64,70 @@ pub fn op_counts(graph: &Graph) -> Vec<(String, u64)> {
     m.into_iter().collect()
 }
 
+/// The size options against [`gerbil_plan::limits`] before anything
+/// multiplies them: `--max-context` (`max_context`, the flag's value or the
+/// model's default), `--max-tokens-per-step` (at least 1, at most the
+/// context) and `--max-storage-binding`.
+fn check_sizes(opts: &CompileOptions, max_context: u64) -> Result<(), CompileError> {
+    let refuse = |option, value: u64, reason: String| CompileError::Option {
+        option,
+        value: value.to_string(),
+        reason,
+    };
+    if max_context == 0 {
+        return Err(refuse(
+            "--max-context",
+            0,
+            "the KV cache must hold at least 1 token".into(),
+        ));
+    }
+    limits::CONTEXT.check(max_context, "--max-context")?;
+    if let Some(n) = opts.max_tokens_per_step {
+        if n == 0 {
+            return Err(refuse(
+                "--max-tokens-per-step",
+                0,
+                "a step must take at least 1 token; give 1 or more, or leave the flag out to \
+                 let gerbilc choose"
+                    .into(),
+            ));
+        }
+        limits::TOKENS_PER_STEP.check(n, "--max-tokens-per-step")?;
+        if n > max_context {
+            return Err(refuse(
+                "--max-tokens-per-step",
+                n,
+                format!(
+                    "a step cannot take more tokens than the KV cache holds ({max_context}, \
+                     --max-context); pick at most {max_context}"
+                ),
+            ));
+        }
+    }
+    if let Some(bytes) = opts.max_storage_binding {
+        if bytes < 4 {
+            return Err(refuse(
+                "--max-storage-binding",
+                bytes,
+                "a binding must hold at least one 4-byte value; give the device's \
+                 maxStorageBufferBindingSize"
+                    .into(),
+            ));
+        }
+        limits::BINDING_BYTES.check(bytes, "--max-storage-binding")?;
+    }
+    Ok(())
+}
+
+/// The lowered model's sizes against [`gerbil_plan::limits`].
+fn check_model_sizes(facts: &ModelFacts) -> Result<(), CompileError> {
+    let fix = "gerbil cannot compile this model";
+    limits::VOCABULARY.check_or(facts.vocab_size, "the model's vocab_size", fix)?;
+    limits::HIDDEN.check_or(facts.hidden_size, "the model's hidden_size", fix)?;
+    limits::LAYERS.check_or(facts.num_layers, "the model's num_hidden_layers", fix)?;
+    Ok(())
+}
+
 /// Compiles a checkpoint, showing `observer` the graph as lowered and after
 /// every pass.
 pub fn compile<'a>(
@@ -76,13 +140,7 @@ pub fn compile<'a>(
             .max_position_embeddings
             .min(DEFAULT_MAX_CONTEXT_CAP)
     });
-    if max_context == 0 {
-        return Err(CompileError::Option {
-            option: "--max-context",
-            value: "0".into(),
-            reason: "the KV cache must hold at least 1 token".into(),
-        });
-    }
+    check_sizes(opts, max_context)?;
     let start = std::time::Instant::now();
     let lowered = lower_with(
         ckpt,
@@ -100,6 +158,7 @@ pub fn compile<'a>(
             "checked the weights for NaN and infinities"
         );
     }
+    check_model_sizes(&facts)?;
     if max_context > facts.max_position_embeddings {
         tracing::warn!(
             "--max-context {max_context} exceeds the model's max_position_embeddings {}",
@@ -145,7 +204,7 @@ pub fn compile<'a>(
         ..CodegenOptions::default()
     };
     codegen.max_tokens_per_step = match opts.max_tokens_per_step {
-        Some(n) => n.clamp(1, max_context),
+        Some(n) => n,
         None => crate::chunk::choose(&graph, &codegen)?,
     };
     let max_tokens_per_step = codegen.max_tokens_per_step;

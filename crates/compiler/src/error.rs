@@ -35,6 +35,10 @@ pub enum CompileError {
         /// Where and why.
         source: ParseError,
     },
+    /// A flag or a model size exceeds what gerbil supports
+    /// ([`gerbil_plan::limits`]).
+    #[error(transparent)]
+    Limit(#[from] gerbil_plan::limits::LimitError),
     /// An option has a value the compiler cannot use.
     #[error("{option} {value}: {reason}")]
     Option {

@@ -18,7 +18,8 @@ pub const DEFAULT_MAX_CONTEXT_CAP: u64 = 4096;
 pub struct CompileOptions {
     /// KV-cache capacity; default `min(max_position_embeddings, 4096)`.
     pub max_context: Option<u64>,
-    /// Prefill chunk size (clamped to `1..=max_context`); `None` lets the
+    /// Prefill chunk size, `1..=max_context` (another value is a
+    /// [`CompileError::Option`](crate::CompileError::Option)); `None` lets the
     /// target and the activations' memory choose it ([`crate::chunk`]).
     pub max_tokens_per_step: Option<u64>,
     /// Passes to skip, by name.

@@ -1,4 +1,9 @@
 //! Tensor types: element dtypes and shapes with symbolic dimensions.
+//!
+//! Sizes are products of dimensions that come from a checkpoint and from
+//! flags (`T`, `Lmax`), so they never wrap: [`TensorType::checked_size_bytes`]
+//! says `None` on overflow, and [`TensorType::size_bytes`] saturates at
+//! `u64::MAX`, a size every buffer limit refuses with a clear error.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -137,14 +142,30 @@ impl TensorType {
         self.shape.last().and_then(|d| d.as_const())
     }
 
-    /// Number of elements given `T` and `Lmax`.
-    pub fn numel(&self, t: u64, lmax: u64) -> u64 {
-        self.shape.iter().map(|d| d.resolve(t, lmax)).product()
+    /// Number of elements given `T` and `Lmax`, or `None` if it overflows
+    /// `u64`.
+    pub fn checked_numel(&self, t: u64, lmax: u64) -> Option<u64> {
+        self.shape
+            .iter()
+            .try_fold(1u64, |n, d| n.checked_mul(d.resolve(t, lmax)))
     }
 
-    /// Size in bytes given `T` and `Lmax`.
+    /// Size in bytes given `T` and `Lmax`, or `None` if it overflows `u64`.
+    pub fn checked_size_bytes(&self, t: u64, lmax: u64) -> Option<u64> {
+        self.checked_numel(t, lmax)?
+            .checked_mul(self.dtype.size_bytes())
+    }
+
+    /// Number of elements given `T` and `Lmax`, saturating at `u64::MAX`
+    /// (which every size limit then refuses) instead of wrapping.
+    pub fn numel(&self, t: u64, lmax: u64) -> u64 {
+        self.checked_numel(t, lmax).unwrap_or(u64::MAX)
+    }
+
+    /// Size in bytes given `T` and `Lmax`, saturating at `u64::MAX` like
+    /// [`TensorType::numel`].
     pub fn size_bytes(&self, t: u64, lmax: u64) -> u64 {
-        self.numel(t, lmax) * self.dtype.size_bytes()
+        self.checked_size_bytes(t, lmax).unwrap_or(u64::MAX)
     }
 }
 
@@ -158,5 +179,21 @@ impl fmt::Display for TensorType {
             write!(f, "{d}")?;
         }
         f.write_str("]")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_that_overflow_saturate_instead_of_wrapping() {
+        let kv = TensorType::new(DType::F32, [Dim::Sym(Sym::Lmax), Dim::Const(64)]);
+        assert_eq!(kv.checked_size_bytes(1, 16), Some(16 * 64 * 4));
+        assert_eq!(kv.size_bytes(1, 16), 16 * 64 * 4);
+        // 2^58 · 64 · 4 = 2^66 bytes: no u64 holds it.
+        assert_eq!(kv.checked_size_bytes(1, 1 << 58), None);
+        assert_eq!(kv.size_bytes(1, 1 << 58), u64::MAX);
+        assert_eq!(kv.numel(1, u64::MAX), u64::MAX);
     }
 }

@@ -483,10 +483,12 @@ impl WorkgroupCount {
         }
     }
 
-    /// Evaluates the count for `t` tokens.
+    /// Evaluates the count for `t` tokens (saturating at `u32::MAX`, which
+    /// no device dispatches: [`PlanHeader::validate`] bounds the count at
+    /// `max_tokens_per_step` by [`crate::limits::WORKGROUPS_PER_DIMENSION`]).
     pub fn eval(&self, t: u32) -> u32 {
         let num = u64::from(self.per_token) * u64::from(t) + u64::from(self.constant);
-        num.div_ceil(u64::from(self.divisor.max(1))) as u32
+        u32::try_from(num.div_ceil(u64::from(self.divisor.max(1)))).unwrap_or(u32::MAX)
     }
 }
 
@@ -522,9 +524,12 @@ pub struct FlopCount {
 }
 
 impl FlopCount {
-    /// The count for a step of `t` tokens.
+    /// The count for a step of `t` tokens (saturating: the counts come from
+    /// the plan file and only feed a TFLOP/s figure).
     pub fn eval(&self, t: u32) -> u64 {
-        self.per_token * u64::from(t) + self.constant
+        self.per_token
+            .saturating_mul(u64::from(t))
+            .saturating_add(self.constant)
     }
 }
 

@@ -72,13 +72,16 @@ impl AheadDecoder {
         if session.last_step_tokens == 0 {
             return Err(RuntimeError::EmptyInput);
         }
-        let batch = batch.max(1);
         let start = session.position;
         let max = session.context();
-        let needed = start + max_new.saturating_sub(1) as u64;
+        // Saturating: `max_new` may be any usize a caller passes.
+        let needed = start.saturating_add(max_new.saturating_sub(1) as u64);
         if needed > max {
             return Err(RuntimeError::ContextOverflow { needed, max });
         }
+        // A batch larger than the tokens to make would only allocate
+        // buffers (`batch` × 16 bytes) that are never filled.
+        let batch = batch.clamp(1, max_new.max(1));
         Ok(AheadDecoder {
             slots: [session.ahead_slot(batch), session.ahead_slot(batch)],
             next,
@@ -178,7 +181,7 @@ impl Session {
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Vec<u32>, RuntimeError> {
         let mut decoder = AheadDecoder::new(self, max_new, batch)?;
-        let mut out: Vec<u32> = Vec::with_capacity(max_new);
+        let mut out: Vec<u32> = Vec::with_capacity(max_new.min(4096));
         'batches: loop {
             let tokens = decoder.next_batch(self).await?;
             if tokens.is_empty() {
@@ -238,6 +241,7 @@ impl Session {
         let mut params = vec![0u32; tokens * words];
         for (i, p) in params.chunks_mut(words).enumerate() {
             p[0] = 1;
+            // ≤ the context (AheadDecoder::new checked), which fits u32.
             p[1] = (start + (first + i) as u64).saturating_sub(1) as u32;
         }
         self.gpu

@@ -54,12 +54,14 @@ pub async fn generate(
 ) -> Result<Vec<u32>, RuntimeError> {
     session.reset();
     let max = session.context();
-    let needed = (prompt.len() + opts.max_new_tokens.saturating_sub(1)) as u64;
+    // Saturating: `max_new_tokens` may be any usize a caller passes.
+    let needed = (prompt.len() as u64).saturating_add(opts.max_new_tokens.saturating_sub(1) as u64);
     if prompt.len() as u64 > max || (opts.max_new_tokens > 0 && needed > max) {
         return Err(RuntimeError::ContextOverflow { needed, max });
     }
     let sampler = Sampler::new(opts.sampling)?;
-    let mut out = Vec::with_capacity(opts.max_new_tokens);
+    // Reserve for a typical reply, not for the whole context up front.
+    let mut out = Vec::with_capacity(opts.max_new_tokens.min(4096));
     if opts.max_new_tokens == 0 {
         return Ok(out);
     }

@@ -59,7 +59,7 @@ impl Session {
             });
         }
         let device = &self.gpu.device;
-        let steps = self.prepare_step(tokens);
+        let steps = self.prepare_step(tokens)?;
         let count = (steps.len() + 1) as u32;
         let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("profile"),

@@ -351,6 +351,7 @@ impl Session {
         let pipelines = kernels.pipelines;
         let readback = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("logits readback"),
+            // vocab_size ≤ limits::VOCABULARY (validated): no overflow.
             size: header.model.vocab_size * 4,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
@@ -458,7 +459,7 @@ impl Session {
             return Err(RuntimeError::EmptyInput);
         }
         let max = self.context;
-        let needed = self.position + tokens.len() as u64;
+        let needed = self.position.saturating_add(tokens.len() as u64);
         if needed > max {
             return Err(RuntimeError::ContextOverflow { needed, max });
         }
@@ -473,7 +474,7 @@ impl Session {
         for part in tokens.chunks(chunk) {
             self.gpu
                 .scoped("running a step", || self.run_step(part))
-                .await?;
+                .await??;
             self.position += part.len() as u64;
             self.last_step_tokens = part.len() as u64;
             done += part.len() as u64;
@@ -494,9 +495,17 @@ impl Session {
     }
 
     /// Writes the step's inputs and returns the schedule for `t` tokens.
-    pub(crate) fn prepare_step(&self, tokens: &[u32]) -> &[Step] {
-        let t = tokens.len() as u32;
-        let params: [u32; (STEP_PARAMS_BYTES / 4) as usize] = [t, self.position as u32, 0, 0];
+    /// Callers check `position + t ≤ context` first; the plan's validation
+    /// bounds the context by [`gerbil_plan::limits::CONTEXT`], so both fit
+    /// the kernels' `u32` and the error is only a guard.
+    pub(crate) fn prepare_step(&self, tokens: &[u32]) -> Result<&[Step], RuntimeError> {
+        let overflow = || RuntimeError::ContextOverflow {
+            needed: self.position.saturating_add(tokens.len() as u64),
+            max: self.context,
+        };
+        let t = u32::try_from(tokens.len()).map_err(|_| overflow())?;
+        let position = u32::try_from(self.position).map_err(|_| overflow())?;
+        let params: [u32; (STEP_PARAMS_BYTES / 4) as usize] = [t, position, 0, 0];
         let q = &self.gpu.queue;
         q.write_buffer(
             self.buffer(self.header.io.step_params),
@@ -508,11 +517,7 @@ impl Session {
             0,
             bytemuck::cast_slice(tokens),
         );
-        if t == 1 {
-            &self.decode
-        } else {
-            &self.prefill
-        }
+        Ok(if t == 1 { &self.decode } else { &self.prefill })
     }
 
     /// Records one dispatch; returns false if it has no work for `t` tokens.
@@ -527,9 +532,10 @@ impl Session {
         true
     }
 
-    fn run_step(&self, tokens: &[u32]) {
+    fn run_step(&self, tokens: &[u32]) -> Result<(), RuntimeError> {
+        let steps = self.prepare_step(tokens)?;
+        // prepare_step checked that the length fits u32.
         let t = tokens.len() as u32;
-        let steps = self.prepare_step(tokens);
         let mut enc = self
             .gpu
             .device
@@ -546,6 +552,7 @@ impl Session {
             }
         }
         self.gpu.queue.submit([enc.finish()]);
+        Ok(())
     }
 
     /// Copies the last step's logits to the CPU.
