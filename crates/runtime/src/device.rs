@@ -16,6 +16,7 @@
 
 use crate::error::RuntimeError;
 use gerbil_plan::Requirements;
+use std::sync::{Arc, Mutex};
 
 /// A wgpu device and queue with the adapter's description. Cloning shares
 /// the device.
@@ -29,6 +30,34 @@ pub struct Gpu {
     pub adapter: wgpu::AdapterInfo,
     /// Limits the device was created with.
     pub limits: wgpu::Limits,
+    /// What the device reported outside the runtime's error scopes.
+    faults: Arc<Mutex<Faults>>,
+}
+
+/// What a device reported that no error scope caught, kept until the next
+/// wait ([`Gpu::settle`]) or scope ([`Gpu::scoped`]) turns it into an error:
+/// wgpu delivers a device loss through a callback and errors outside a scope
+/// to a handler, whose default panics.
+#[derive(Default)]
+struct Faults {
+    /// Why the device was lost, once it is.
+    lost: Option<String>,
+    /// The first error no scope captured since the last check.
+    uncaptured: Option<Uncaptured>,
+    /// Fault injection: buffers larger than this fail as the device's
+    /// out-of-memory would ([`Gpu::inject_out_of_memory_over`]).
+    refuse_over: Option<u64>,
+}
+
+/// An error no scope captured.
+enum Uncaptured {
+    OutOfMemory,
+    Validation(String),
+}
+
+/// Locks the faults, whatever a panicking holder left: they are plain data.
+fn lock(faults: &Mutex<Faults>) -> std::sync::MutexGuard<'_, Faults> {
+    faults.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 impl Gpu {
@@ -290,6 +319,8 @@ impl Gpu {
                 futures::lock::Mutex::new(Vec::new());
             let key = (timestamps, adapter);
             let mut shared = SHARED.lock().await;
+            // A lost device is forgotten: loading again opens a fresh one.
+            shared.retain(|(_, gpu)| gpu.lost().is_none());
             if let Some((_, gpu)) = shared.iter().find(|(k, _)| *k == key) {
                 check_limits(&gpu.adapter.name, &gpu.limits, need)?;
                 return Ok(gpu.clone());
@@ -389,9 +420,8 @@ impl Gpu {
             })
             .await
             .map_err(|e| RuntimeError::Device(e.to_string()))?;
-        device.on_uncaptured_error(std::sync::Arc::new(|e: wgpu::Error| {
-            tracing::error!("uncaptured wgpu error: {e}");
-        }));
+        let faults = Arc::new(Mutex::new(Faults::default()));
+        watch(&device, &faults);
         tracing::info!(
             adapter = %info.name,
             backend = %info.backend,
@@ -404,12 +434,18 @@ impl Gpu {
             queue,
             adapter: info,
             limits,
+            faults,
         })
     }
 
     /// Runs `f` inside out-of-memory and validation error scopes and turns a
-    /// captured error into a [`RuntimeError`] that names `context`.
+    /// captured error into a [`RuntimeError`] that names `context`. A device
+    /// known to be lost is [`RuntimeError::DeviceLost`] (wgpu reports
+    /// nothing for calls on a lost device: its objects are silently
+    /// invalid), and an error no scope caught since the last check is
+    /// reported here too.
     pub async fn scoped<T>(&self, context: &str, f: impl FnOnce() -> T) -> Result<T, RuntimeError> {
+        self.check(context)?;
         let oom = self.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         let value = f();
@@ -417,8 +453,9 @@ impl Gpu {
         // the first await, which may resume on another thread.
         let (v, o) = (validation.pop(), oom.pop());
         let (v, o) = (v.await, o.await);
+        self.check(context)?;
         if o.is_some() {
-            return Err(RuntimeError::OutOfMemory(context.to_string()));
+            return Err(self.out_of_memory(context, None));
         }
         if let Some(e) = v {
             return Err(RuntimeError::Validation {
@@ -427,6 +464,122 @@ impl Gpu {
             });
         }
         Ok(value)
+    }
+
+    /// Creates a buffer inside error scopes ([`Gpu::scoped`]); running out
+    /// of memory names `context` and the bytes asked for.
+    pub(crate) async fn create_buffer(
+        &self,
+        context: &str,
+        desc: &wgpu::BufferDescriptor<'_>,
+    ) -> Result<wgpu::Buffer, RuntimeError> {
+        let refused = lock(&self.faults)
+            .refuse_over
+            .is_some_and(|max| desc.size > max);
+        if refused {
+            return Err(self.out_of_memory(context, Some(desc.size)));
+        }
+        match self
+            .scoped(context, || self.device.create_buffer(desc))
+            .await
+        {
+            Err(RuntimeError::OutOfMemory { .. }) => {
+                Err(self.out_of_memory(context, Some(desc.size)))
+            }
+            other => other,
+        }
+    }
+
+    /// [`RuntimeError::OutOfMemory`] on this device.
+    pub(crate) fn out_of_memory(&self, context: &str, bytes: Option<u64>) -> RuntimeError {
+        RuntimeError::OutOfMemory {
+            adapter: self.adapter.name.clone(),
+            context: context.to_string(),
+            bytes,
+        }
+    }
+
+    /// [`RuntimeError::DeviceLost`] on this device.
+    pub(crate) fn device_lost(&self, context: &str, reason: String) -> RuntimeError {
+        RuntimeError::DeviceLost {
+            adapter: self.adapter.name.clone(),
+            context: context.to_string(),
+            reason,
+        }
+    }
+
+    /// Why the device was lost, once wgpu has said so (its lost callback runs
+    /// while the device is polled, so a loss shows here after the next wait).
+    pub fn lost(&self) -> Option<String> {
+        lock(&self.faults).lost.clone()
+    }
+
+    /// The device's loss, or the first error no scope captured since the
+    /// last check, as an error naming `context`.
+    fn check(&self, context: &str) -> Result<(), RuntimeError> {
+        let mut faults = lock(&self.faults);
+        if let Some(reason) = faults.lost.clone() {
+            drop(faults);
+            return Err(self.device_lost(context, reason));
+        }
+        let uncaptured = faults.uncaptured.take();
+        drop(faults);
+        match uncaptured {
+            None => Ok(()),
+            Some(Uncaptured::OutOfMemory) => Err(self.out_of_memory(context, None)),
+            Some(Uncaptured::Validation(message)) => Err(RuntimeError::Validation {
+                context: context.to_string(),
+                message,
+            }),
+        }
+    }
+
+    /// Fault injection for tests: destroys the device, as a driver reset
+    /// would lose it. Every later wait on it fails with
+    /// [`RuntimeError::DeviceLost`], and the next session opens a fresh
+    /// device. Destroys the device for every session sharing it.
+    #[doc(hidden)]
+    pub fn inject_device_loss(&self) {
+        self.device.destroy();
+    }
+
+    /// Fault injection for tests: from now on a buffer of more than `bytes`
+    /// fails as if the device were out of memory (`None` ends it). Every
+    /// session sharing the device sees it.
+    #[doc(hidden)]
+    pub fn inject_out_of_memory_over(&self, bytes: Option<u64>) {
+        lock(&self.faults).refuse_over = bytes;
+    }
+
+    /// Polls the device: waits (native targets) for `submission`, or for
+    /// everything submitted when `None`. A failed wait, or a panic inside
+    /// wgpu's poll (wgpu 30 panics there on a driver's device-lost error),
+    /// becomes [`RuntimeError::DeviceLost`]; the device's loss or an error
+    /// no scope caught, found by the poll, becomes its error.
+    fn wait(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<(), RuntimeError> {
+        let context = "waiting for the GPU";
+        let poll = |submission_index| {
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.device.poll(wgpu::PollType::Wait {
+                    submission_index,
+                    timeout: None,
+                })
+            }))
+        };
+        let failed = match poll(submission) {
+            Ok(Ok(_)) => return self.check(context),
+            Ok(Err(e)) => e.to_string(),
+            Err(panic) => panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_else(|| "wgpu panicked while polling".into()),
+        };
+        // A destroyed device reports its loss only from a poll that finds
+        // its queue empty: give it one, so the error says why.
+        let _ = poll(None);
+        self.check(context)?;
+        Err(self.device_lost(context, failed))
     }
 
     /// Waits for the callback behind `done` (a buffer mapping, submitted work
@@ -439,14 +592,37 @@ impl Gpu {
         done: futures::channel::oneshot::Receiver<T>,
         submission: Option<wgpu::SubmissionIndex>,
     ) -> Result<T, RuntimeError> {
-        self.device
-            .poll(wgpu::PollType::Wait {
-                submission_index: submission,
-                timeout: None,
-            })
-            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+        self.check("waiting for the GPU")?;
+        self.wait(submission)?;
+        // On native targets callbacks run only inside a poll: one still
+        // missing after waiting for everything submitted never comes, and
+        // awaiting it would block forever.
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            let mut done = done;
+            let mut delivered = done.try_recv();
+            if let Ok(None) = delivered {
+                self.wait(None)?;
+                delivered = done.try_recv();
+            }
+            return match delivered {
+                Ok(Some(value)) => Ok(value),
+                Ok(None) => Err(self.device_lost(
+                    "waiting for the GPU",
+                    "wgpu never called back after the GPU finished".into(),
+                )),
+                Err(_) => Err(self.device_lost(
+                    "waiting for the GPU",
+                    "wgpu dropped a callback without calling it".into(),
+                )),
+            };
+        }
+        #[cfg(target_arch = "wasm32")]
         done.await.map_err(|_| {
-            RuntimeError::DeviceLost("wgpu dropped a callback without calling it".into())
+            self.device_lost(
+                "waiting for the GPU",
+                "wgpu dropped a callback without calling it".into(),
+            )
         })
     }
 
@@ -484,13 +660,15 @@ impl Gpu {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        self.settle(rx, submission)
-            .await?
-            .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+        let mapped = self.settle(rx, submission).await?;
+        if let Err(e) = mapped {
+            self.check("reading from the GPU")?;
+            return Err(self.device_lost("reading from the GPU", e.to_string()));
+        }
         let value = {
             let view = slice
                 .get_mapped_range()
-                .map_err(|e| RuntimeError::DeviceLost(e.to_string()))?;
+                .map_err(|e| self.device_lost("reading from the GPU", e.to_string()))?;
             read(&view)
         };
         buffer.unmap();
@@ -505,6 +683,33 @@ impl Gpu {
         });
         self.settle(rx, None).await
     }
+}
+
+/// Installs the device's lost callback and uncaptured-error handler, which
+/// record into `faults` (wgpu's default handler panics).
+fn watch(device: &wgpu::Device, faults: &Arc<Mutex<Faults>>) {
+    let on_lost = faults.clone();
+    device.set_device_lost_callback(move |reason, message| {
+        let why = match (reason, message.is_empty()) {
+            (wgpu::DeviceLostReason::Destroyed, true) => "the device was destroyed".to_string(),
+            (wgpu::DeviceLostReason::Destroyed, false) => {
+                format!("the device was destroyed: {message}")
+            }
+            (_, true) => "the driver reported the device lost".to_string(),
+            (_, false) => format!("the driver reported the device lost: {message}"),
+        };
+        tracing::error!("GPU device lost: {why}");
+        lock(&on_lost).lost.get_or_insert(why);
+    });
+    let on_error = faults.clone();
+    device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+        tracing::error!("uncaptured wgpu error: {e}");
+        let seen = match e {
+            wgpu::Error::OutOfMemory { .. } => Uncaptured::OutOfMemory,
+            other => Uncaptured::Validation(other.to_string()),
+        };
+        lock(&on_error).uncaptured.get_or_insert(seen);
+    }));
 }
 
 #[cfg(test)]

@@ -25,7 +25,7 @@ pub enum RuntimeError {
     )]
     AdapterChoiceUnsupported,
     /// The adapter cannot meet a limit the plan needs.
-    #[error("the GPU `{adapter}` does not support this plan: {limit} is {available}, the plan needs {needed}; recompile with a smaller --max-tokens-per-step or for this device's limits")]
+    #[error("the GPU `{adapter}` does not support this plan: its {limit} is {available}, the plan needs {needed}; recompile the plan for this device (`gerbilc compile` with a smaller --max-context or --max-tokens-per-step, or `--target portable`), or run it on another GPU (`gerbil-run devices` lists them, --device N picks one)")]
     Limit {
         /// Adapter name.
         adapter: String,
@@ -37,7 +37,7 @@ pub enum RuntimeError {
         available: u64,
     },
     /// No variant of the plan runs on this device.
-    #[error("the GPU `{adapter}` can run none of the plan's variants: {reasons}; recompile with `--target portable` (for a missing feature) or a smaller --max-context / --max-tokens-per-step (for a limit)")]
+    #[error("the GPU `{adapter}` can run none of the plan's variants: {reasons}; recompile with `--target portable` (for a missing feature) or a smaller --max-context / --max-tokens-per-step (for a limit), or run on another GPU (`gerbil-run devices` lists them, --device N picks one)")]
     NoVariant {
         /// Adapter name.
         adapter: String,
@@ -64,8 +64,15 @@ pub enum RuntimeError {
     #[error("could not create the GPU device: {0}")]
     Device(String),
     /// The GPU ran out of memory.
-    #[error("out of GPU memory while {0}; use a smaller --max-context or a GPU with more memory")]
-    OutOfMemory(String),
+    #[error("out of GPU memory on `{adapter}` while {context}{}; the model needs less memory with a smaller --ctx (its KV cache grows with the context), the plan's f16 variant (`--precision f16`, half an f32 plan's weight memory, where the plan has one) or a smaller model; other programs using the GPU hold memory too", asked(*bytes))]
+    OutOfMemory {
+        /// Adapter name.
+        adapter: String,
+        /// What the runtime was doing.
+        context: String,
+        /// Bytes asked for, where one allocation failed.
+        bytes: Option<u64>,
+    },
     /// wgpu reported a validation error (a gerbil bug or a corrupt plan).
     #[error("GPU validation error while {context}: {message}")]
     Validation {
@@ -74,9 +81,17 @@ pub enum RuntimeError {
         /// wgpu's message.
         message: String,
     },
-    /// The device was lost or a wait failed.
-    #[error("the GPU device was lost or stopped responding: {0}")]
-    DeviceLost(String),
+    /// The device was lost (a driver reset, a crash, a GPU removed or
+    /// destroyed), or waiting for it failed.
+    #[error("the GPU `{adapter}` was lost while {context}: {reason}; the work in progress is gone. A driver reset or a GPU fault does this: load the model again (a new session opens a fresh device); if it happens again, check the kernel log (`dmesg`) and the GPU driver, or run on another GPU (--device N)")]
+    DeviceLost {
+        /// Adapter name.
+        adapter: String,
+        /// What the runtime was doing.
+        context: String,
+        /// Why, as the driver or wgpu reported it.
+        reason: String,
+    },
     /// The prompt plus generation does not fit the KV cache.
     #[error("{needed} tokens do not fit the context of {max} tokens; shorten the prompt, or run with a larger --ctx (up to the plan's --max-context, which a recompile can raise)")]
     ContextOverflow {
@@ -137,4 +152,15 @@ pub enum RuntimeError {
         /// `NaN`, `inf` or `-inf`.
         value: String,
     },
+}
+
+/// ` (asked for N bytes, X MiB)` for an allocation of `bytes`; empty for none.
+fn asked(bytes: Option<u64>) -> String {
+    match bytes {
+        Some(n) => format!(
+            " (asked for {n} bytes, {:.1} MiB)",
+            n as f64 / f64::from(1 << 20)
+        ),
+        None => String::new(),
+    }
 }

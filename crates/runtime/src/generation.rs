@@ -368,10 +368,11 @@ impl<'m> Generation<'m> {
                 if ready.is_empty() {
                     ready.extend(decoder.next_batch(session).await?);
                 }
-                ready
-                    .pop_front()
-                    .map(|t| (t, None))
-                    .ok_or_else(|| RuntimeError::DeviceLost("the GPU returned no token".into()))
+                ready.pop_front().map(|t| (t, None)).ok_or_else(|| {
+                    session
+                        .gpu
+                        .device_lost("decoding", "the GPU returned no token".into())
+                })
             }
             Source::Cpu {
                 logits,

@@ -223,7 +223,7 @@ async fn create_in_parallel(
         let (v, o) = (v.await, o.await);
         let context = || format!("creating pipeline `{}`", kernels[i].name);
         let error = if o.is_some() {
-            Some(RuntimeError::OutOfMemory(context()))
+            Some(gpu.out_of_memory(&context(), None))
         } else {
             v.map(|e| RuntimeError::Validation {
                 context: context(),

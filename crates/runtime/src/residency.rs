@@ -172,18 +172,14 @@ impl Residency {
         size: u64,
         usage: wgpu::BufferUsages,
     ) -> Result<usize, RuntimeError> {
+        let desc = wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage,
+            mapped_at_creation: false,
+        };
         let buffer = gpu
-            .scoped(
-                &format!("allocating buffer `{label}` ({size} bytes)"),
-                || {
-                    gpu.device.create_buffer(&wgpu::BufferDescriptor {
-                        label: Some(label),
-                        size,
-                        usage,
-                        mapped_at_creation: false,
-                    })
-                },
-            )
+            .create_buffer(&format!("allocating buffer `{label}`"), &desc)
             .await?;
         self.buffers.push(buffer);
         Ok(self.buffers.len() - 1)

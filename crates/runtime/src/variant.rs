@@ -45,9 +45,18 @@ fn refusal(variant: &Variant, features: &[Feature], gpu: &Gpu) -> Option<String>
         };
         return Some(format!("needs {}{hint}", missing.join(", ")));
     }
-    check_limits(&gpu.adapter.name, &gpu.limits, &variant.requirements)
-        .err()
-        .map(|e| e.to_string())
+    match check_limits(&gpu.adapter.name, &gpu.limits, &variant.requirements) {
+        Ok(()) => None,
+        Err(RuntimeError::Limit {
+            limit,
+            needed,
+            available,
+            ..
+        }) => Some(format!(
+            "needs {limit} of {needed}, the device's is {available}"
+        )),
+        Err(other) => Some(other.to_string()),
+    }
 }
 
 /// Which numerics a session runs (`--precision`).
