@@ -5,7 +5,9 @@
 //! maps each file with `memmap2` and validates its header with the
 //! `safetensors` crate (offsets cover the file exactly, sizes match shapes).
 //! After that, [`SafetensorsStore::tensor`] is a hash lookup and a slice of
-//! the map: no bytes are copied.
+//! the map: no bytes are copied. [`SafetensorsStore::from_bytes`] and
+//! [`SafetensorsStore::from_index_json`] run the same checks on files already
+//! in memory (tests, fuzzing).
 //!
 //! The surprise: unsupported dtypes (I64, U8, F8...) are accepted when the
 //! file is opened, because checkpoints often carry tensors nobody reads; the
@@ -13,7 +15,7 @@
 
 use crate::error::{FrontendError, Result};
 use gerbil_ir::DType;
-use memmap2::Mmap;
+use memmap2::{Mmap, MmapMut};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
@@ -111,7 +113,20 @@ impl SafetensorsStore {
     pub fn open_index(index_path: &Path) -> Result<Self> {
         crate::checkpoint::check_regular(index_path)?;
         let text = std::fs::read_to_string(index_path).map_err(io_err(index_path))?;
-        let index: Index = serde_json::from_str(&text).map_err(|source| FrontendError::Json {
+        Self::from_index_json(index_path, &text, Self::open_files)
+    }
+
+    /// Reads an index already in memory, as [`Self::open_index`] reads the
+    /// file at `index_path` (which names it in errors and locates the shards):
+    /// checks that `weight_map` names plain file names, opens those shards
+    /// with `open` ([`Self::open_files`], or [`Self::from_bytes`] for shards
+    /// in memory) and checks that every tensor is in the shard it names.
+    pub fn from_index_json(
+        index_path: &Path,
+        text: &str,
+        open: impl FnOnce(&[PathBuf]) -> Result<Self>,
+    ) -> Result<Self> {
+        let index: Index = serde_json::from_str(text).map_err(|source| FrontendError::Json {
             path: index_path.to_path_buf(),
             source,
         })?;
@@ -132,7 +147,7 @@ impl SafetensorsStore {
             }
             paths.push(dir.join(f));
         }
-        let store = Self::open_files(&paths)?;
+        let store = open(&paths)?;
         for (name, file) in &index.weight_map {
             let found = store
                 .tensors
@@ -161,42 +176,62 @@ impl SafetensorsStore {
             // with every mmap, a process truncating the file while it is
             // mapped would fault; checkpoints are not rewritten while read.
             let map = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
-            let shard = store.shards.len();
-            let corrupt = |msg: String| FrontendError::Safetensors {
-                path: path.clone(),
-                msg,
-            };
-            // `read_metadata` checks that the offsets tile the data section and
-            // that the data section ends exactly at the end of the file, so every
-            // range below lies within the map.
-            let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
-                corrupt(format!(
-                    "{e} ({} bytes; truncated or corrupted? download it again)",
-                    map.len()
-                ))
-            })?;
-            let data_start = 8 + header_len;
-            for (name, info) in meta.tensors() {
-                let (s, e) = info.data_offsets;
-                let entry = Entry {
-                    shard,
-                    dtype: info.dtype,
-                    shape: info.shape.iter().map(|&d| d as u64).collect(),
-                    start: data_start + s,
-                    end: data_start + e,
-                };
-                if store.tensors.insert(name.clone(), entry).is_some() {
-                    return Err(corrupt(format!(
-                        "tensor `{name}` also appears in an earlier shard"
-                    )));
-                }
-            }
-            store.shards.push(Shard {
-                path: path.clone(),
-                map,
-            });
+            store.add_shard(path, map)?;
         }
         Ok(store)
+    }
+
+    /// A store over safetensors files already in memory, each a name (for
+    /// errors and [`Self::files`]) and its bytes, validated exactly as
+    /// [`Self::open_files`] validates files (the bytes are copied into
+    /// anonymous maps). For tests and fuzzing.
+    pub fn from_bytes(files: &[(PathBuf, &[u8])]) -> Result<Self> {
+        let mut store = Self::empty();
+        for (path, bytes) in files {
+            let mut map = MmapMut::map_anon(bytes.len()).map_err(io_err(path))?;
+            map.copy_from_slice(bytes);
+            store.add_shard(path, map.make_read_only().map_err(io_err(path))?)?;
+        }
+        Ok(store)
+    }
+
+    /// Validates one file's header and adds its tensors.
+    fn add_shard(&mut self, path: &Path, map: Mmap) -> Result<()> {
+        let shard = self.shards.len();
+        let corrupt = |msg: String| FrontendError::Safetensors {
+            path: path.to_path_buf(),
+            msg,
+        };
+        // `read_metadata` checks that the offsets tile the data section and
+        // that the data section ends exactly at the end of the file, so every
+        // range below lies within the map.
+        let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
+            corrupt(format!(
+                "{e} ({} bytes; truncated or corrupted? download it again)",
+                map.len()
+            ))
+        })?;
+        let data_start = 8 + header_len;
+        for (name, info) in meta.tensors() {
+            let (s, e) = info.data_offsets;
+            let entry = Entry {
+                shard,
+                dtype: info.dtype,
+                shape: info.shape.iter().map(|&d| d as u64).collect(),
+                start: data_start + s,
+                end: data_start + e,
+            };
+            if self.tensors.insert(name.clone(), entry).is_some() {
+                return Err(corrupt(format!(
+                    "tensor `{name}` also appears in an earlier shard"
+                )));
+            }
+        }
+        self.shards.push(Shard {
+            path: path.to_path_buf(),
+            map,
+        });
+        Ok(())
     }
 
     /// The tensor called `name`, or an error if it is absent or its dtype is

@@ -1,0 +1,145 @@
+//! Targets `compile` and `codegen`: bytes as a `config.json` and the size
+//! flags of `gerbilc compile` (`--max-context`, `--max-tokens-per-step`,
+//! `--target`, which picks the precisions the plan's variants use), through
+//! the compiler's real entry point [`gerbil_compiler::compile`] on an
+//! in-memory checkpoint whose weights are the shapes the config implies,
+//! filled with small random numbers.
+//!
+//! Input layout: one byte of flags (bit 0: the `desktop` target, which adds
+//! the f16-KV variants; bit 1: give `--max-context`; bit 2: give
+//! `--max-tokens-per-step`), the two sizes as little-endian `u64`s, then the
+//! config. `compile` stops after the passes and the prefill chunk choice
+//! (an observer error ends it before codegen); `codegen` goes on to kernels,
+//! naga validation and the plan, which is ~100× slower per input, so it gets
+//! the configs the corpus holds plus mutations, fewer of them.
+//!
+//! Configs whose weights would exceed [`MAX_WEIGHT_ELEMENTS`] are skipped: a
+//! fuzzer with a 2 GB memory limit cannot tell a real checkpoint's size
+//! from a leak.
+
+use crate::frame::{take_u64, take_u8};
+use gerbil_compiler::{CompileError, CompileOptions, Observer, Target};
+use gerbil_frontend_hf::{
+    required_weights, Checkpoint, HfConfig, LowerOptions, SafetensorsStore, TextAssets,
+};
+use gerbil_ir::Graph;
+use std::collections::HashSet;
+use std::path::PathBuf;
+
+/// Most weight elements a fuzzed config may ask for (4 MiB of f32).
+pub const MAX_WEIGHT_ELEMENTS: u64 = 1 << 20;
+
+/// Lowering, passes and the chunk choice, stopping before codegen.
+pub fn compile(data: &[u8]) {
+    run(data, false);
+}
+
+/// The whole compilation: lowering, passes, codegen with naga, the plan.
+pub fn codegen(data: &[u8]) {
+    run(data, true);
+}
+
+/// Ends a compilation after its passes.
+struct StopAfterPasses;
+
+impl Observer for StopAfterPasses {
+    fn finished(&mut self, _graph: &Graph) -> Result<(), CompileError> {
+        Err(CompileError::Option {
+            option: "fuzz",
+            value: String::new(),
+            reason: "stopped after the passes".into(),
+        })
+    }
+}
+
+fn run(mut data: &[u8], codegen: bool) {
+    let flags = take_u8(&mut data);
+    let max_context = take_u64(&mut data);
+    let max_tokens_per_step = take_u64(&mut data);
+    let options = CompileOptions {
+        max_context: (flags & 2 != 0).then_some(max_context),
+        max_tokens_per_step: (flags & 4 != 0).then_some(max_tokens_per_step),
+        target: if flags & 1 != 0 {
+            Target::desktop()
+        } else {
+            Target::portable()
+        },
+        ..CompileOptions::default()
+    };
+    let Some(mut ckpt) = checkpoint(data) else {
+        return;
+    };
+    let lower = LowerOptions {
+        max_context: options.max_context,
+    };
+    let Ok(required) = required_weights(&ckpt, &lower) else {
+        return;
+    };
+    let Some(weights) = random_weights(&required, data) else {
+        return;
+    };
+    let file = (ckpt.dir.join("model.safetensors"), weights.as_slice());
+    ckpt.weights = SafetensorsStore::from_bytes(&[file]).expect("generated weights are valid");
+    if codegen {
+        let _ = gerbil_compiler::compile(&ckpt, &options, &mut ());
+    } else {
+        let _ = gerbil_compiler::compile(&ckpt, &options, &mut StopAfterPasses);
+    }
+}
+
+/// A checkpoint of the input's config, without weights yet.
+fn checkpoint(config: &[u8]) -> Option<Checkpoint> {
+    let text = std::str::from_utf8(config).ok()?;
+    let dir = PathBuf::from("/fuzz/model");
+    let config_json = serde_json::from_str(text).ok()?;
+    let config = HfConfig::from_json_str(text, &dir.join("config.json")).ok()?;
+    Some(Checkpoint {
+        dir,
+        name: "fuzz".into(),
+        config_json,
+        config,
+        weights: SafetensorsStore::empty(),
+        has_weights: true,
+        text: TextAssets::default(),
+    })
+}
+
+/// A safetensors file holding `required`, f32 in [-0.125, 0.125) from a
+/// generator seeded by the config; `None` past [`MAX_WEIGHT_ELEMENTS`].
+fn random_weights(required: &[gerbil_frontend_hf::RequiredWeight], seed: &[u8]) -> Option<Vec<u8>> {
+    let mut total = 0u64;
+    for w in required {
+        let n = w.shape.iter().try_fold(1u64, |a, &d| a.checked_mul(d))?;
+        total = total.checked_add(n)?;
+    }
+    if total > MAX_WEIGHT_ELEMENTS {
+        return None;
+    }
+    let mut state = crc32fast::hash(seed) as u64 | 1;
+    let mut tensors = Vec::with_capacity(required.len());
+    let mut seen = HashSet::new();
+    for w in required.iter().filter(|w| seen.insert(&w.name)) {
+        let n: u64 = w.shape.iter().product();
+        let mut bytes = Vec::with_capacity(n as usize * 4);
+        for _ in 0..n {
+            // xorshift64: deterministic, and never zero.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            let x = (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            bytes.extend_from_slice(&(x * 0.25).to_le_bytes());
+        }
+        let shape: Vec<usize> = w.shape.iter().map(|&d| d as usize).collect();
+        tensors.push((w.name.clone(), shape, bytes));
+    }
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(name, shape, bytes)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                    .expect("the bytes match the shape");
+            (name.clone(), view)
+        })
+        .collect();
+    safetensors::serialize(views, None).ok()
+}

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Writes the seed inputs of every fuzz target into fuzz/corpus/<target>/seed-*.
+
+Run from the repository root after building gerbilc (it compiles the tiny
+Llama for the plan seeds):  python3 fuzz/seed_corpus.py target/release/gerbilc
+Then minimize (docs/fuzzing.md): the committed corpus is the minimized one.
+"""
+import json
+import os
+import struct
+import subprocess
+import sys
+import tempfile
+import zlib
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TINY = os.path.join(ROOT, "tests/data/models/tiny")
+MODELS = os.path.join(ROOT, "tests/data/models")
+
+
+def write(target, name, data):
+    d = os.path.join(ROOT, "fuzz/corpus", target)
+    os.makedirs(d, exist_ok=True)
+    if isinstance(data, str):
+        data = data.encode()
+    with open(os.path.join(d, "seed-" + name), "wb") as f:
+        f.write(data)
+
+
+def read(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def plan_seeds(gerbilc):
+    with tempfile.TemporaryDirectory() as tmp:
+        for model, target in [("llama", "portable"), ("qwen3", "desktop")]:
+            out = os.path.join(tmp, model + ".plan")
+            subprocess.run([gerbilc, "compile", os.path.join(TINY, model), "--target", target,
+                            "-o", out, "--quiet"], check=True)
+            plan = read(out)
+            header_len = struct.unpack_from("<Q", plan, 16)[0]
+            header = json.loads(plan[48:48 + header_len])
+            # The weights are left out (the target fills the data region with
+            # zeros) and kernel sources shortened: validation reads neither.
+            for k in header["kernels"]:
+                k["wgsl"] = k["wgsl"][:64]
+            text = json.dumps(header, separators=(",", ":")).encode()
+            data_offset = (48 + len(text) + 255) // 256 * 256
+            data_len = struct.unpack_from("<Q", plan, 32)[0]
+            pre = b"GERBPLAN" + struct.pack("<IIQQQII", 2, 0, len(text), data_offset, data_len,
+                                            zlib.crc32(text), 0)
+            write("plan", f"tiny-{model}-{target}.plan", pre + text)
+        # The smallest file of every early failure: empty, magic only, a bare preamble.
+        write("plan", "magic", b"GERBPLAN")
+        write("plan", "preamble", b"GERBPLAN" + struct.pack("<IIQQQII", 2, 0, 2, 256, 0, 0, 0) + b"{}")
+
+
+def framed_config(flags, max_context, max_tokens_per_step, config):
+    return bytes([flags]) + struct.pack("<QQ", max_context, max_tokens_per_step) + config
+
+
+def compile_seeds():
+    for family in sorted(os.listdir(TINY)):
+        config = read(os.path.join(TINY, family, "config.json"))
+        for target in ["compile", "codegen"]:
+            write(target, f"{family}", framed_config(0, 0, 0, config))
+        write("compile", f"{family}-flags", framed_config(7, 96, 3, config))
+    for model in ["smollm2-135m", "gemma3-270m"]:
+        config = read(os.path.join(MODELS, model, "config.json"))
+        write("compile", model, framed_config(2, 4096, 0, config))
+
+
+def safetensors_file(tensors):
+    header, data = {"__metadata__": {"format": "pt"}}, b""
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape,
+                        "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    text = json.dumps(header).encode()
+    return struct.pack("<Q", len(text)) + text + data
+
+
+def safetensors_seeds():
+    f32 = lambda *xs: struct.pack(f"<{len(xs)}f", *xs)
+    small = safetensors_file([
+        ("model.embed_tokens.weight", "F32", [2, 2], f32(0.5, -1.0, 2.0, 0.25)),
+        ("model.norm.weight", "BF16", [2], b"\x80\x3f\x00\x40"),
+        ("model.layers.0.mlp.up_proj.weight", "F16", [1, 2], b"\x00\x3c\x00\xc0"),
+        ("lm_head.weight", "I64", [1], struct.pack("<q", 7)),
+    ])
+    write("safetensors", "small", small)
+    # A real checkpoint's header, its data cut off (the reader must say truncated).
+    real = read(os.path.join(TINY, "llama/model.safetensors"))
+    header_len = struct.unpack_from("<Q", real, 0)[0]
+    write("safetensors", "tiny-llama-header", real[:8 + header_len])
+    write("safetensors", "empty-header", safetensors_file([]))
+    index = {"metadata": {"total_size": 28},
+             "weight_map": {name: "model-00001-of-00001.safetensors"
+                            for name in ["model.embed_tokens.weight", "model.norm.weight"]}}
+    write("shard_index", "one-shard", json.dumps(index).encode() + b"\0" + small)
+    index["weight_map"]["lm_head.weight"] = "model-00002-of-00002.safetensors"
+    write("shard_index", "two-shards", json.dumps(index, indent=2).encode() + b"\0" + small)
+
+
+GEMMA3 = (
+    "{{ bos_token }}\n{%- if messages[0]['role'] == 'system' -%}\n"
+    "    {%- if messages[0]['content'] is string -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'] + '\n\n' -%}\n"
+    "    {%- else -%}\n"
+    "        {%- set first_user_prefix = messages[0]['content'][0]['text'] + '\n\n' -%}\n"
+    "    {%- endif -%}\n    {%- set loop_messages = messages[1:] -%}\n{%- else -%}\n"
+    "    {%- set first_user_prefix = \"\" -%}\n    {%- set loop_messages = messages -%}\n{%- endif -%}\n"
+    "{%- for message in loop_messages -%}\n"
+    "    {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}\n"
+    "        {{ raise_exception(\"Conversation roles must alternate user/assistant/user/assistant/...\") }}\n"
+    "    {%- endif -%}\n"
+    "    {%- if (message['role'] == 'assistant') -%}\n        {%- set role = \"model\" -%}\n"
+    "    {%- else -%}\n        {%- set role = message['role'] -%}\n    {%- endif -%}\n"
+    "    {{ '<start_of_turn>' + role + '\n' + (first_user_prefix if loop.first else \"\") }}\n"
+    "    {%- if message['content'] is string -%}\n        {{ message['content'] | trim }}\n"
+    "    {%- else -%}\n        {{ raise_exception(\"Invalid content type\") }}\n    {%- endif -%}\n"
+    "    {{ '<end_of_turn>\n' }}\n{%- endfor -%}\n"
+    "{%- if add_generation_prompt -%}\n    {{'<start_of_turn>model\n'}}\n{%- endif -%}\n"
+)
+
+
+def template_seeds():
+    conversation = ["system", "Be brief.", "user", "Hi there! ", "assistant", " Hello.", "user", "2+2?"]
+    def seed(source, messages):
+        return "\0".join([source] + messages).encode()
+    smol = read(os.path.join(MODELS, "smollm2-135m/chat_template.jinja")).decode()
+    write("template", "smollm2", seed(smol, conversation))
+    write("template", "smollm2-one", seed(smol, conversation[2:4]))
+    write("template", "gemma3", seed(GEMMA3, conversation))
+    write("template", "gemma3-alternation", seed(GEMMA3, conversation[2:6] + ["assistant", "x"]))
+    write("template", "pycompat", seed(
+        "{{ bos_token }}{% for m in messages %}{% if m.role == 'system' %}{% continue %}{% endif %}"
+        "[{{ m.role | upper }}] {{ m.content.strip().split(' ') | join(',') }}{{ eos_token }}\n"
+        "{% endfor %}{{ messages | tojson(indent=2) }}{% if add_generation_prompt %}[A]{% endif %}",
+        conversation))
+    write("template", "macro-loop", seed(
+        "{% macro f(n) %}{% if n > 0 %}{{ f(n - 1) }}{{ n }}{% endif %}{% endmacro %}"
+        "{% for i in range(10) %}{{ f(i) }}{% if i > 5 %}{% break %}{% endif %}{% endfor %}"
+        "{{ 'ab' * 3 }}{{ messages[0]['content'][1:3] }}", conversation))
+
+
+def request_seeds():
+    bodies = {
+        "chat": {"model": "gerbil", "messages": [{"role": "system", "content": "Be brief."},
+                                                 {"role": "user", "content": "Hi"}]},
+        "chat-stream": {"messages": [{"role": "user", "content": [{"type": "text", "text": "Hi"}]}],
+                        "stream": True, "stream_options": {"include_usage": True},
+                        "max_completion_tokens": 16, "temperature": 0.7, "top_p": 0.9,
+                        "top_k": 40, "min_p": 0.05, "seed": 42, "stop": ["\n", "END"],
+                        "presence_penalty": 0.5, "frequency_penalty": -0.5,
+                        "repetition_penalty": 1.1, "n": 1, "logprobs": False, "user": "me"},
+        "completion": {"model": "gerbil", "prompt": "Once upon a time", "max_tokens": 32,
+                       "stop": "\n", "ignore_eos": True},
+        "completion-ids": {"prompt": [1, 2, 3], "temperature": 0, "seed": -1},
+        "bad-n": {"prompt": "x", "n": 2, "logprobs": 5},
+    }
+    for name, body in bodies.items():
+        write("request", name, json.dumps(body))
+
+
+if __name__ == "__main__":
+    plan_seeds(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/gerbilc"))
+    compile_seeds()
+    safetensors_seeds()
+    template_seeds()
+    request_seeds()
