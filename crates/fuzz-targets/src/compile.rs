@@ -8,10 +8,10 @@
 //! Input layout: one byte of flags (bit 0: the `desktop` target, which adds
 //! the f16-KV variants; bit 1: give `--max-context`; bit 2: give
 //! `--max-tokens-per-step`), the two sizes as little-endian `u64`s, then the
-//! config. `compile` stops after the passes and the prefill chunk choice
-//! (an observer error ends it before codegen); `codegen` goes on to kernels,
-//! naga validation and the plan, which is ~100× slower per input, so it gets
-//! the configs the corpus holds plus mutations, fewer of them.
+//! config. `compile` stops after the passes (an observer error ends it
+//! before codegen); `codegen` goes on to the prefill chunk choice, kernels,
+//! naga validation and the plan, which is ~100× slower per input (60–190 ms
+//! for a tiny model in release), so it runs far fewer inputs.
 //!
 //! Configs whose weights would exceed [`MAX_WEIGHT_ELEMENTS`] are skipped: a
 //! fuzzer with a 2 GB memory limit cannot tell a real checkpoint's size
@@ -29,12 +29,12 @@ use std::path::PathBuf;
 /// Most weight elements a fuzzed config may ask for (4 MiB of f32).
 pub const MAX_WEIGHT_ELEMENTS: u64 = 1 << 20;
 
-/// Lowering, passes and the chunk choice, stopping before codegen.
+/// Lowering and passes, stopping before codegen.
 pub fn compile(data: &[u8]) {
     run(data, false);
 }
 
-/// The whole compilation: lowering, passes, codegen with naga, the plan.
+/// The whole compilation: lowering, passes, chunk choice, codegen with naga, the plan.
 pub fn codegen(data: &[u8]) {
     run(data, true);
 }
