@@ -556,8 +556,11 @@ impl Gpu {
     /// wgpu's poll (wgpu 30 panics there on a driver's device-lost error),
     /// becomes [`RuntimeError::DeviceLost`]; the device's loss or an error
     /// no scope caught, found by the poll, becomes its error.
-    fn wait(&self, submission: Option<wgpu::SubmissionIndex>) -> Result<(), RuntimeError> {
-        let context = "waiting for the GPU";
+    fn wait(
+        &self,
+        submission: Option<wgpu::SubmissionIndex>,
+        context: &str,
+    ) -> Result<(), RuntimeError> {
         let poll = |submission_index| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                 self.device.poll(wgpu::PollType::Wait {
@@ -586,14 +589,17 @@ impl Gpu {
     /// finishing). On native targets this polls the device until
     /// `submission` (or, with `None`, everything submitted) is done, which
     /// runs the callbacks; in a browser the callback arrives from the event
-    /// loop while this future is pending.
+    /// loop while this future is pending. A lost device, a failed wait or a
+    /// callback that never comes is [`RuntimeError::DeviceLost`] naming
+    /// `context`, never a wait without end.
     pub(crate) async fn settle<T>(
         &self,
         done: futures::channel::oneshot::Receiver<T>,
         submission: Option<wgpu::SubmissionIndex>,
+        context: &str,
     ) -> Result<T, RuntimeError> {
-        self.check("waiting for the GPU")?;
-        self.wait(submission)?;
+        self.check(context)?;
+        self.wait(submission, context)?;
         // On native targets callbacks run only inside a poll: one still
         // missing after waiting for everything submitted never comes, and
         // awaiting it would block forever.
@@ -602,27 +608,24 @@ impl Gpu {
             let mut done = done;
             let mut delivered = done.try_recv();
             if let Ok(None) = delivered {
-                self.wait(None)?;
+                self.wait(None, context)?;
                 delivered = done.try_recv();
             }
             return match delivered {
                 Ok(Some(value)) => Ok(value),
                 Ok(None) => Err(self.device_lost(
-                    "waiting for the GPU",
+                    context,
                     "wgpu never called back after the GPU finished".into(),
                 )),
-                Err(_) => Err(self.device_lost(
-                    "waiting for the GPU",
-                    "wgpu dropped a callback without calling it".into(),
-                )),
+                Err(_) => {
+                    Err(self
+                        .device_lost(context, "wgpu dropped a callback without calling it".into()))
+                }
             };
         }
         #[cfg(target_arch = "wasm32")]
         done.await.map_err(|_| {
-            self.device_lost(
-                "waiting for the GPU",
-                "wgpu dropped a callback without calling it".into(),
-            )
+            self.device_lost(context, "wgpu dropped a callback without calling it".into())
         })
     }
 
@@ -660,7 +663,7 @@ impl Gpu {
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);
         });
-        let mapped = self.settle(rx, submission).await?;
+        let mapped = self.settle(rx, submission, "reading from the GPU").await?;
         if let Err(e) = mapped {
             self.check("reading from the GPU")?;
             return Err(self.device_lost("reading from the GPU", e.to_string()));
@@ -677,11 +680,16 @@ impl Gpu {
 
     /// Waits until the GPU has finished all work submitted so far.
     pub(crate) async fn idle(&self) -> Result<(), RuntimeError> {
+        self.idle_while("waiting for the GPU").await
+    }
+
+    /// [`Gpu::idle`], its errors naming `context` (what the work was).
+    pub(crate) async fn idle_while(&self, context: &str) -> Result<(), RuntimeError> {
         let (tx, rx) = futures::channel::oneshot::channel();
         self.queue.on_submitted_work_done(move || {
             let _ = tx.send(());
         });
-        self.settle(rx, None).await
+        self.settle(rx, None, context).await
     }
 }
 

@@ -284,7 +284,7 @@ impl Residency {
                     write_window(&gpu.queue, &window);
                     window.clear();
                     gpu.queue.submit([]);
-                    gpu.idle().await?;
+                    gpu.idle_while("uploading the weights").await?;
                     done += pending as u64;
                     pending = 0;
                     if let Some(hook) = progress {
@@ -296,7 +296,7 @@ impl Residency {
         plan.check_unchanged()?;
         write_window(&gpu.queue, &window);
         gpu.queue.submit([]);
-        gpu.idle().await?;
+        gpu.idle_while("uploading the weights").await?;
         if let Some(hook) = progress.filter(|_| pending > 0 || total == 0) {
             hook.report(Progress::Weights { done: total, total });
         }

@@ -325,7 +325,6 @@ impl Session {
             crate::variant::pick(&header, &gpu, opts.precision, opts.variant.as_deref())?.clone();
         let used = buffers_used(&header, &variant);
         let context = context_size(&header, opts.context)?;
-        let device = &gpu.device;
         let mut memory = MemoryReport::default();
         for i in &used {
             let decl = &header.buffers[*i as usize];
@@ -349,13 +348,16 @@ impl Session {
         let prefill = make_steps(&gpu, &residency, &kernels, &variant.prefill, "prefill").await?;
         let decode = make_steps(&gpu, &residency, &kernels, &variant.decode, "decode").await?;
         let pipelines = kernels.pipelines;
-        let readback = device.create_buffer(&wgpu::BufferDescriptor {
+        let readback_desc = wgpu::BufferDescriptor {
             label: Some("logits readback"),
             // vocab_size ≤ limits::VOCABULARY (validated): no overflow.
             size: header.model.vocab_size * 4,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
-        });
+        };
+        let readback = gpu
+            .create_buffer("allocating the logits readback buffer", &readback_desc)
+            .await?;
         load.bind_groups = clock.lap();
         Ok(Session {
             gpu,

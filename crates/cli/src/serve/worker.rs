@@ -18,6 +18,8 @@
 //! client disconnected: axum drops the response stream or the handler
 //! future) fails its next send, and the worker drops the generation — which
 //! cancels it and leaves the KV cache consistent — and takes the next job.
+//! A job that loses the GPU fails with a 500 naming the loss, and the worker
+//! loads the model again on a fresh device before the next job.
 
 use super::openai::PromptInput;
 use anyhow::{Context, Result};
@@ -105,6 +107,9 @@ impl Worker {
                         tracing::error!("a request panicked; the KV cache is cleared");
                         model.clear_cache();
                     }
+                    if let Some(why) = model.session().gpu().lost() {
+                        model = reload(&plan, &opts, model, &why);
+                    }
                 }
             })
             .context("starting the model thread")?;
@@ -160,6 +165,25 @@ async fn load(plan: &std::path::Path, opts: &SessionOptions) -> Result<(Model, M
         context: model.context(),
     };
     Ok((model, info))
+}
+
+/// After the GPU was lost (its request failed with a 500), the model loaded
+/// again on a fresh device; `lost` again when that fails: the next request
+/// then fails with the device-lost error, and the load is tried again after it.
+fn reload(plan: &std::path::Path, opts: &SessionOptions, lost: Model, why: &str) -> Model {
+    tracing::error!("the GPU was lost ({why}); loading the model again");
+    match pollster::block_on(load(plan, opts)) {
+        Ok((model, _)) => {
+            tracing::info!("the model is loaded again");
+            model
+        }
+        Err(e) => {
+            tracing::error!(
+                "could not load the model again: {e:#}; trying again after the next request"
+            );
+            lost
+        }
+    }
 }
 
 /// Runs one job to its end, or until its client is gone.
