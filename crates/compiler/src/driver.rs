@@ -128,6 +128,34 @@ fn check_model_sizes(facts: &ModelFacts) -> Result<(), CompileError> {
     Ok(())
 }
 
+/// Every value of the lowered graph: each constant dimension fits the
+/// kernels' `u32` indices, and its size at the largest step and `Lmax`
+/// fits a `u64`, so codegen's casts and products cannot wrap.
+fn check_value_sizes(graph: &Graph, max_context: u64) -> Result<(), CompileError> {
+    let t = limits::TOKENS_PER_STEP.max;
+    for node in graph.g.node_weights() {
+        for ty in &node.outputs {
+            let huge_dim = ty
+                .shape
+                .iter()
+                .filter_map(|d| d.as_const())
+                .find(|&d| u32::try_from(d).is_err());
+            let reason = match (huge_dim, ty.checked_size_bytes(t, max_context)) {
+                (Some(d), _) => {
+                    format!("has a dimension of {d}, more than the kernels' u32 indices reach")
+                }
+                (None, None) => format!("is larger than 2^64 bytes at a step of {t} tokens"),
+                (None, Some(_)) => continue,
+            };
+            return Err(CompileError::Size {
+                value: format!("{} ({ty})", node.label),
+                reason: format!("{reason}; gerbil cannot compile this model"),
+            });
+        }
+    }
+    Ok(())
+}
+
 /// Compiles a checkpoint, showing `observer` the graph as lowered and after
 /// every pass.
 pub fn compile<'a>(
@@ -159,6 +187,7 @@ pub fn compile<'a>(
         );
     }
     check_model_sizes(&facts)?;
+    check_value_sizes(&graph, max_context)?;
     if max_context > facts.max_position_embeddings {
         tracing::warn!(
             "--max-context {max_context} exceeds the model's max_position_embeddings {}",
@@ -244,4 +273,47 @@ pub fn compile<'a>(
         passes: report,
         plan,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gerbil_ir::op::{Weight, WeightSource};
+    use gerbil_ir::{DType, Dim, Op, Sym, TensorType};
+
+    fn graph_of(label: &str, ty: TensorType) -> Graph {
+        let mut g = Graph::new("sizes");
+        let source = WeightSource::Checkpoint {
+            tensor: label.into(),
+        };
+        g.add(Op::Weight(Weight { source, ty }), &[], label)
+            .expect("a weight node");
+        g
+    }
+
+    #[test]
+    fn values_too_large_for_the_kernels_are_refused_by_name() {
+        let fine = graph_of("w", TensorType::fixed(DType::F32, &[1 << 20, 64]));
+        assert!(check_value_sizes(&fine, 4096).is_ok());
+        let wide = graph_of("wide", TensorType::fixed(DType::F32, &[1 << 33, 2]));
+        assert_eq!(
+            check_value_sizes(&wide, 4096).unwrap_err().to_string(),
+            "`wide (f32[8589934592,2])` has a dimension of 8589934592, more than the kernels' \
+             u32 indices reach; gerbil cannot compile this model"
+        );
+        let table = TensorType::new(
+            DType::F32,
+            [
+                Dim::Sym(Sym::Lmax),
+                Dim::Const(1 << 31),
+                Dim::Const(1 << 31),
+            ],
+        );
+        let e = check_value_sizes(&graph_of("table", table), 1 << 30).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "`table (f32[Lmax,2147483648,2147483648])` is larger than 2^64 bytes at a step of \
+             65535 tokens; gerbil cannot compile this model"
+        );
+    }
 }

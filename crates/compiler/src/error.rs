@@ -39,6 +39,14 @@ pub enum CompileError {
     /// ([`gerbil_plan::limits`]).
     #[error(transparent)]
     Limit(#[from] gerbil_plan::limits::LimitError),
+    /// A value of the model's graph is too large for the kernels' indices.
+    #[error("`{value}` {reason}")]
+    Size {
+        /// The value: its node's label and type.
+        value: String,
+        /// What is too large.
+        reason: String,
+    },
     /// An option has a value the compiler cannot use.
     #[error("{option} {value}: {reason}")]
     Option {

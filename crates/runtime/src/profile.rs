@@ -44,7 +44,8 @@ impl Session {
                     .into(),
             ));
         }
-        let t = tokens.len() as u32;
+        // Saturating, so that no length wraps into the allowed range.
+        let t = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
         if tokens.is_empty() || u64::from(t) > self.header.model.max_tokens_per_step {
             return Err(RuntimeError::Sampling(format!(
                 "profile one step of 1..={} tokens",
