@@ -447,6 +447,9 @@ fn check_bench_sizes(prompt: usize, depth: usize, new: usize, max: usize) -> Res
 pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<BenchReport> {
     let start = Instant::now();
     let plan = PlanFile::open(plan_path)?;
+    let max = plan.header.model.max_context as usize;
+    let depth = opts.depth.unwrap_or(opts.prompt_tokens);
+    check_bench_sizes(opts.prompt_tokens, depth, opts.new_tokens, max)?;
     let session_opts = SessionOptions {
         precision: opts.precision,
         variant: opts.variant.clone(),
@@ -459,9 +462,6 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     let mut session = Session::open(&plan, &session_opts).await?;
     let load_s = start.elapsed().as_secs_f64();
     let vocab = session.vocab_size() as u32;
-    let max = plan.header.model.max_context as usize;
-    let depth = opts.depth.unwrap_or(opts.prompt_tokens);
-    check_bench_sizes(opts.prompt_tokens, depth, opts.new_tokens, max)?;
     gerbil_runtime::Sampler::new(opts.sampling)?;
     session.set_sampling(&opts.sampling);
     let synthetic = |n: usize| synthetic_ids(n, vocab);

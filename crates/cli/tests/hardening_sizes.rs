@@ -1,0 +1,223 @@
+//! Hardening against sizes, as a user meets them: huge and zero size flags
+//! of `gerbilc compile` and `gerbil-run bench` are errors that name the
+//! flag, the value and the limit (never a wrapped product, a panic or a
+//! silent clamp), and a plan whose header was edited, with its checksum
+//! made to match again, is refused by `gerbil-run` before it touches the
+//! GPU.
+
+mod common;
+
+use common::*;
+use std::path::Path;
+
+/// `gerbilc compile` of the tiny Llama with `flags`, into a temp dir.
+fn compile_with(flags: &[&str]) -> (std::process::Output, tempfile::TempDir) {
+    let dir = temp("sizes");
+    let out = dir.path().join("t.plan");
+    let repo = data("models/tiny/llama");
+    let mut args = vec![
+        "compile",
+        repo.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(flags);
+    let o = gerbilc(&args);
+    assert!(!out.exists(), "a refused compile wrote a plan");
+    (o, dir)
+}
+
+/// The first line of standard error (the message a user reads).
+fn error_line(o: &std::process::Output) -> String {
+    let err = stderr(o);
+    err.lines()
+        .find(|l| l.starts_with("error: "))
+        .unwrap_or_else(|| panic!("no error line in:\n{err}"))
+        .to_string()
+}
+
+#[test]
+fn huge_and_zero_compile_sizes_are_errors_naming_the_flag_and_the_limit() {
+    let context_limit = "exceeds the largest context gerbil supports (1073741824 tokens: each \
+         layer's KV cache is one storage binding of at most 2 GiB - 4 bytes holding at least one \
+         2-byte value per position, and kernels keep positions in u32); pick at most 1073741824";
+    for huge in ["4294967296", "18446744073709551615"] {
+        let (o, _dir) = compile_with(&["--max-context", huge]);
+        assert_fails_with(&o, "");
+        assert_eq!(
+            error_line(&o),
+            format!("error: --max-context {huge} {context_limit}")
+        );
+    }
+    let (o, _dir) = compile_with(&["--max-context", "0"]);
+    assert_fails_with(&o, "");
+    assert_eq!(
+        error_line(&o),
+        "error: --max-context 0: the KV cache must hold at least 1 token"
+    );
+
+    let (o, _dir) = compile_with(&["--max-tokens-per-step", "0"]);
+    assert_fails_with(&o, "");
+    assert_eq!(
+        error_line(&o),
+        "error: --max-tokens-per-step 0: a step must take at least 1 token; give 1 or more, or \
+         leave the flag out to let gerbilc choose"
+    );
+    let (o, _dir) = compile_with(&["--max-context", "16", "--max-tokens-per-step", "17"]);
+    assert_fails_with(&o, "");
+    assert_eq!(
+        error_line(&o),
+        "error: --max-tokens-per-step 17: a step cannot take more tokens than the KV cache \
+         holds (16, --max-context); pick at most 16"
+    );
+    let (o, _dir) = compile_with(&["--max-tokens-per-step", "99999999999"]);
+    assert_fails_with(&o, "");
+    assert_eq!(
+        error_line(&o),
+        "error: --max-tokens-per-step 99999999999 exceeds the largest step gerbil supports \
+         (65535 tokens: the embedding, RMSNorm and GEMV kernels dispatch one workgroup per token \
+         along one axis, and WebGPU allows at most 65535 workgroups per dimension); pick at \
+         most 65535"
+    );
+
+    let (o, _dir) = compile_with(&["--max-storage-binding", "18446744073709551615"]);
+    assert_fails_with(&o, "");
+    assert!(
+        error_line(&o).starts_with(
+            "error: --max-storage-binding 18446744073709551615 exceeds the largest storage \
+             binding gerbil supports (2147483644 bytes"
+        ),
+        "{}",
+        stderr(&o)
+    );
+    let (o, _dir) = compile_with(&["--max-storage-binding", "0"]);
+    assert_fails_with(&o, "");
+    assert_eq!(
+        error_line(&o),
+        "error: --max-storage-binding 0: a binding must hold at least one 4-byte value; give \
+         the device's maxStorageBufferBindingSize"
+    );
+}
+
+#[test]
+fn huge_and_zero_bench_sizes_are_errors_before_the_gpu_opens() {
+    let (_dir, plan) = tiny_plan("bench-sizes", &["--max-context", "16"]);
+    let bench = |flags: &[&str]| {
+        let mut args = vec![plan.to_str().unwrap(), "bench"];
+        args.extend_from_slice(flags);
+        let o = gerbil_run(&args);
+        assert_fails_with(&o, "");
+        error_line(&o)
+    };
+    assert_eq!(
+        bench(&["--prompt-tokens", "0"]),
+        "error: --prompt-tokens 0: bench times a prompt of at least 1 token; give 1 or more"
+    );
+    assert_eq!(
+        bench(&["--prompt-tokens", "18446744073709551615"]),
+        "error: --prompt-tokens 18446744073709551615 exceeds the plan's context of 16 tokens; \
+         pick at most 16, or recompile with a larger --max-context"
+    );
+    assert_eq!(
+        bench(&["--prompt-tokens", "4", "--new-tokens", "0"]),
+        "error: --new-tokens 0: bench times at least 1 decode step; give 1 or more"
+    );
+    // These two wrapped a usize (a panic in a debug build).
+    assert_eq!(
+        bench(&[
+            "--prompt-tokens",
+            "4",
+            "--new-tokens",
+            "18446744073709551615"
+        ]),
+        "error: the decode depth 4 (--depth, else --prompt-tokens) + --new-tokens \
+         18446744073709551615 exceeds the plan's context of 16 tokens; make them add up to at \
+         most 16"
+    );
+    assert_eq!(
+        bench(&[
+            "--prompt-tokens",
+            "4",
+            "--depth",
+            "18446744073709551615",
+            "--new-tokens",
+            "2"
+        ]),
+        "error: the decode depth 18446744073709551615 (--depth, else --prompt-tokens) + \
+         --new-tokens 2 exceeds the plan's context of 16 tokens; make them add up to at most 16"
+    );
+}
+
+/// Rewrites the header of the plan at `path` with `edit` applied, and
+/// its header checksum to match, as a careful vandal would.
+fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let (len, data_offset) = (word(&bytes, 16) as usize, word(&bytes, 24) as usize);
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[48..48 + len]).unwrap();
+    edit(&mut header);
+    // Drop the verbatim config.json so the edited header fits the padding.
+    header["model"]["config"] = serde_json::json!({});
+    let json = serde_json::to_vec(&header).unwrap();
+    assert!(
+        48 + json.len() <= data_offset,
+        "the edited header does not fit"
+    );
+    bytes[48..data_offset].fill(0);
+    bytes[48..48 + json.len()].copy_from_slice(&json);
+    bytes[16..24].copy_from_slice(&(json.len() as u64).to_le_bytes());
+    bytes[40..44].copy_from_slice(&crc32(&json).to_le_bytes());
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// CRC-32 (IEEE), as the plan's preamble stores it.
+fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0xedb8_8320 & 0u32.wrapping_sub(crc & 1));
+        }
+    }
+    !crc
+}
+
+#[test]
+fn edited_headers_with_matching_checksums_are_refused_with_the_reason() {
+    let (dir, plan) = tiny_plan("edited", &["--max-context", "16"]);
+    let cases: [(&str, fn(&mut serde_json::Value), &str); 4] = [
+        (
+            "context",
+            |h| h["model"]["max_context"] = 4_294_967_296u64.into(),
+            "model.max_context 4294967296 exceeds the largest context gerbil supports",
+        ),
+        (
+            "step",
+            |h| h["model"]["max_tokens_per_step"] = 0.into(),
+            "model.max_tokens_per_step is 0; it must be at least 1",
+        ),
+        (
+            "kv",
+            |h| h["model"]["max_context"] = 24.into(),
+            "(a KV cache) has 2048 bytes, not 24 (max_context) rows of 2-byte or 4-byte values",
+        ),
+        (
+            "divisor",
+            |h| h["variants"][0]["decode"][0]["workgroups"][0]["divisor"] = 0.into(),
+            "divides its workgroup count (axis 0) by 0",
+        ),
+    ];
+    for (tag, edit, reason) in cases {
+        let edited = dir.path().join(format!("{tag}.plan"));
+        std::fs::copy(&plan, &edited).unwrap();
+        edit_header(&edited, edit);
+        let path = edited.to_str().unwrap();
+        let o = gerbil_run(&[path, "--input-ids", "1,2", "--max-new-tokens", "2"]);
+        assert_fails_with(&o, &format!("{path}: inconsistent plan: "));
+        assert_fails_with(&o, reason);
+        assert_fails_with(
+            &o,
+            "; the file was edited or damaged: recompile it with `gerbilc compile`",
+        );
+    }
+}
