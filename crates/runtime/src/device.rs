@@ -13,6 +13,17 @@
 //! [`Gpu::adapters`] lists the adapters wgpu finds (native targets only), in
 //! the order [`Gpu::open_on`] numbers them; without a number the device is
 //! the high-performance adapter wgpu prefers.
+//!
+//! GPU faults become typed errors, never a panic or a wait without end:
+//! creation calls run inside error scopes ([`Gpu::scoped`]: out of memory,
+//! validation); the device's lost callback and uncaptured-error handler
+//! (wgpu's default one panics) record what they see, and the next scope or
+//! wait returns it ([`RuntimeError::DeviceLost`], `OutOfMemory`,
+//! `Validation`). wgpu reports nothing for calls on a lost device, and a
+//! destroyed one says so only from a poll, so every wait checks. A lost
+//! device is dropped from the process's shared ones: the next session opens
+//! a fresh device. Tests inject faults with [`Gpu::inject_device_loss`] and
+//! [`Gpu::inject_out_of_memory_over`].
 
 use crate::error::RuntimeError;
 use gerbil_plan::Requirements;
@@ -604,29 +615,28 @@ impl Gpu {
         // missing after waiting for everything submitted never comes, and
         // awaiting it would block forever.
         #[cfg(not(target_arch = "wasm32"))]
-        {
+        let delivered = {
             let mut done = done;
             let mut delivered = done.try_recv();
             if let Ok(None) = delivered {
                 self.wait(None, context)?;
                 delivered = done.try_recv();
             }
-            return match delivered {
-                Ok(Some(value)) => Ok(value),
-                Ok(None) => Err(self.device_lost(
-                    context,
-                    "wgpu never called back after the GPU finished".into(),
-                )),
-                Err(_) => {
-                    Err(self
-                        .device_lost(context, "wgpu dropped a callback without calling it".into()))
-                }
-            };
-        }
+            delivered
+        };
+        // In a browser the callback comes from the event loop.
         #[cfg(target_arch = "wasm32")]
-        done.await.map_err(|_| {
-            self.device_lost(context, "wgpu dropped a callback without calling it".into())
-        })
+        let delivered = done.await.map(Some);
+        match delivered {
+            Ok(Some(value)) => Ok(value),
+            Ok(None) => Err(self.device_lost(
+                context,
+                "wgpu never called back after the GPU finished".into(),
+            )),
+            Err(_) => {
+                Err(self.device_lost(context, "wgpu dropped a callback without calling it".into()))
+            }
+        }
     }
 
     /// Maps a `MAP_READ` buffer once the GPU is done with it, lets `read`
