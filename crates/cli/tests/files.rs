@@ -247,3 +247,49 @@ fn special_files_in_a_checkpoint_are_errors_at_once() {
         assert!(!out.exists());
     }
 }
+
+/// Ctrl-C while the plan is being written: the temporary file is removed,
+/// the old plan stays as it was, and the status is the shell's 130.
+#[test]
+fn ctrl_c_while_writing_removes_the_temporary_and_keeps_the_old_plan() {
+    let dir = temp("interrupt");
+    let out = dir.path().join("model.plan");
+    std::fs::write(&out, b"the old plan").unwrap();
+    let repo = smollm2_dir();
+    let mut args = compile_args(&repo, &out);
+    args.push("-q");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_gerbilc"))
+        .args(&args)
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn gerbilc");
+    // SmolLM2's 270 MB of weights take long enough to write to catch the
+    // temporary file in place.
+    let start = Instant::now();
+    while temporaries(dir.path()).is_empty() {
+        assert!(
+            child.try_wait().unwrap().is_none(),
+            "gerbilc ended before writing"
+        );
+        assert!(
+            start.elapsed() < Duration::from_secs(300),
+            "no temporary file"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let kill = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert_eq!(o.status.code(), Some(130), "{err}");
+    assert!(
+        err.contains("interrupted; removed the unfinished")
+            && err.contains(".model.plan.gerbil-tmp-"),
+        "{err}"
+    );
+    assert_eq!(temporaries(dir.path()), Vec::<String>::new());
+    assert_eq!(std::fs::read(&out).unwrap(), b"the old plan");
+}

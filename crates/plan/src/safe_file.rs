@@ -7,10 +7,12 @@
 //! exclusively under the name `.{target}.gerbil-tmp-XXXXXX`, are synced to
 //! disk, and the temporary file is renamed over the target only when all of
 //! it was written. On an error (or a panic) the temporary file is removed and
-//! the old target, if any, is left as it was. A process killed while writing
-//! (Ctrl-C, SIGKILL, power loss) leaves at most one such hidden file, which
-//! is safe to delete; it is not cleaned automatically because a concurrent
-//! writer may still own it.
+//! the old target, if any, is left as it was. The temporary files of writes
+//! in progress are listed process-wide so that a Ctrl-C handler can delete
+//! them before the process exits ([`remove_unfinished`]; `gerbilc` installs
+//! one). A process killed otherwise (SIGKILL, power loss) leaves at most one
+//! such hidden file, which is safe to delete; it is not cleaned
+//! automatically because a concurrent writer may still own it.
 //!
 //! Two writers of the same target each write their own temporary file, so
 //! the target is always one complete file of one of them: the last rename
@@ -27,6 +29,43 @@
 use std::fs::{File, Metadata};
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+/// The temporary files of the writes in progress in this process.
+static UNFINISHED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// Lists a temporary file in [`UNFINISHED`] while it lives.
+struct Unfinished(PathBuf);
+
+impl Unfinished {
+    fn new(path: &Path) -> Unfinished {
+        lock_unfinished().push(path.to_path_buf());
+        Unfinished(path.to_path_buf())
+    }
+}
+
+impl Drop for Unfinished {
+    fn drop(&mut self) {
+        lock_unfinished().retain(|p| *p != self.0);
+    }
+}
+
+fn lock_unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
+    // A panic while the list was held leaves it intact: keep using it.
+    UNFINISHED.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Deletes the temporary files of the writes in progress (none of their
+/// targets has been touched yet) and returns their paths.
+/// For an interrupt handler, which then ends the process: a write that goes
+/// on afterwards fails, since its file is gone.
+pub fn remove_unfinished() -> Vec<PathBuf> {
+    let mut list = lock_unfinished();
+    for p in list.iter() {
+        let _ = std::fs::remove_file(p);
+    }
+    std::mem::take(&mut *list)
+}
 
 /// Why a file could not be checked or written.
 #[derive(Debug, thiserror::Error)]
@@ -213,6 +252,7 @@ pub fn write_file_with(
     }
     let tmp = builder.tempfile_in(&dir).map_err(io_err(&dir))?;
     let tmp_path = tmp.path().to_path_buf();
+    let _listed = Unfinished::new(&tmp_path);
     let mut w = BufWriter::with_capacity(1 << 20, tmp);
     write(&mut w).map_err(io_err(&tmp_path))?;
     let tmp = w

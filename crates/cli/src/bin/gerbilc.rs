@@ -197,6 +197,20 @@ fn parse_target(s: &str) -> Result<Box<Target>, String> {
 fn main() {
     let cli = Cli::parse();
     gerbil_cli::logging::init(cli.verbose);
+    // Ctrl-C: delete the file being written (its target stays as it was)
+    // and stop with the shell's status for an interrupt.
+    let handler = ctrlc::set_handler(|| {
+        let removed = gerbil_plan::safe_file::remove_unfinished();
+        let note = match removed.first() {
+            Some(p) => format!("interrupted; removed the unfinished {}", p.display()),
+            None => "interrupted".to_string(),
+        };
+        gerbil_cli::console::note(&note);
+        std::process::exit(130);
+    });
+    if let Err(e) = handler {
+        tracing::warn!("no Ctrl-C handler ({e}): an interrupt may leave a temporary file behind");
+    }
     gerbil_cli::console::exit(real_main(cli))
 }
 
