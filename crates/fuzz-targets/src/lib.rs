@@ -23,9 +23,12 @@ pub mod request;
 pub mod safetensors;
 pub mod template;
 
+/// A fuzz target: any bytes in, nothing out; it must return for every input.
+pub type Target = fn(&[u8]);
+
 /// Every target by the name of its `fuzz/fuzz_targets/<name>.rs` and corpus
 /// directory `fuzz/corpus/<name>/`.
-pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+pub const TARGETS: &[(&str, Target)] = &[
     ("plan", plan::plan),
     ("compile", compile::compile),
     ("codegen", compile::codegen),

@@ -27,7 +27,7 @@ pub fn template(data: &[u8]) {
             ChatMessage::new(text(0), text(1))
         })
         .collect();
-    let add_generation_prompt = pieces.len() % 2 == 0;
+    let add_generation_prompt = pieces.len().is_multiple_of(2);
     let codec = TextCodec::from_tokenizer_json(TOKENIZER.as_bytes())
         .expect("the built-in tokenizer parses")
         .with_special_tokens(Some("<s>".into()), Some("</s>".into()));

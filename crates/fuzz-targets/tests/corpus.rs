@@ -10,7 +10,7 @@
 //! `target/fuzz-failures/<target>-<n>.bin` and named in the failure: replay
 //! it with `cargo +nightly fuzz run <target> <file>` or add it to the corpus.
 
-use gerbil_fuzz::TARGETS;
+use gerbil_fuzz::{Target, TARGETS};
 use proptest::prelude::*;
 use proptest::strategy::ValueTree;
 use proptest::test_runner::{Config, RngAlgorithm, TestRng, TestRunner};
@@ -46,7 +46,7 @@ fn corpus(target: &str) -> Vec<(PathBuf, Vec<u8>)> {
 }
 
 /// Runs `input`; on a panic, saves it and fails naming the file.
-fn run_one(name: &str, target: fn(&[u8]), input: &[u8], what: &str, case: usize) {
+fn run_one(name: &str, target: Target, input: &[u8], what: &str, case: usize) {
     if catch_unwind(AssertUnwindSafe(|| target(input))).is_err() {
         let dir = workspace().join("target/fuzz-failures");
         std::fs::create_dir_all(&dir).expect("create target/fuzz-failures");
