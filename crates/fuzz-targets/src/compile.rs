@@ -31,12 +31,12 @@ pub const MAX_WEIGHT_ELEMENTS: u64 = 1 << 20;
 
 /// Lowering and passes, stopping before codegen.
 pub fn compile(data: &[u8]) {
-    run(data, false);
+    let _ = run(data, false);
 }
 
 /// The whole compilation: lowering, passes, chunk choice, codegen with naga, the plan.
 pub fn codegen(data: &[u8]) {
-    run(data, true);
+    let _ = run(data, true);
 }
 
 /// Ends a compilation after its passes.
@@ -52,7 +52,9 @@ impl Observer for StopAfterPasses {
     }
 }
 
-fn run(mut data: &[u8], codegen: bool) {
+/// The compilation's outcome, or `None` when the input is not a config
+/// with weights to generate (not JSON, not a known config shape, too big).
+fn run(mut data: &[u8], codegen: bool) -> Option<Result<(), CompileError>> {
     let flags = take_u8(&mut data);
     let max_context = take_u64(&mut data);
     let max_tokens_per_step = take_u64(&mut data);
@@ -66,25 +68,20 @@ fn run(mut data: &[u8], codegen: bool) {
         },
         ..CompileOptions::default()
     };
-    let Some(mut ckpt) = checkpoint(data) else {
-        return;
-    };
+    let mut ckpt = checkpoint(data)?;
     let lower = LowerOptions {
         max_context: options.max_context,
     };
-    let Ok(required) = required_weights(&ckpt, &lower) else {
-        return;
-    };
-    let Some(weights) = random_weights(&required, data) else {
-        return;
-    };
+    let required = required_weights(&ckpt, &lower).ok()?;
+    let weights = random_weights(&required, data)?;
     let file = (ckpt.dir.join("model.safetensors"), weights.as_slice());
     ckpt.weights = SafetensorsStore::from_bytes(&[file]).expect("generated weights are valid");
-    if codegen {
-        let _ = gerbil_compiler::compile(&ckpt, &options, &mut ());
+    let compiled = if codegen {
+        gerbil_compiler::compile(&ckpt, &options, &mut ())
     } else {
-        let _ = gerbil_compiler::compile(&ckpt, &options, &mut StopAfterPasses);
-    }
+        gerbil_compiler::compile(&ckpt, &options, &mut StopAfterPasses)
+    };
+    Some(compiled.map(|_| ()))
 }
 
 /// A checkpoint of the input's config, without weights yet.
@@ -142,4 +139,36 @@ fn random_weights(required: &[gerbil_frontend_hf::RequiredWeight], seed: &[u8]) 
         })
         .collect();
     safetensors::serialize(views, None).ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny_config(flags: u8, max_context: u64, step: u64) -> Vec<u8> {
+        let dir = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../tests/data/models/tiny/llama"
+        );
+        let config = std::fs::read(format!("{dir}/config.json")).expect("the tiny Llama");
+        let mut input = vec![flags];
+        input.extend_from_slice(&max_context.to_le_bytes());
+        input.extend_from_slice(&step.to_le_bytes());
+        input.extend_from_slice(&config);
+        input
+    }
+
+    /// The harness reaches what it claims to: a real config stops after the
+    /// passes in `compile` and compiles whole in `codegen`, with the flags.
+    #[test]
+    fn a_real_config_reaches_the_end_of_each_target() {
+        for input in [tiny_config(0, 0, 0), tiny_config(7, 96, 3)] {
+            match run(&input, false) {
+                Some(Err(CompileError::Option { option: "fuzz", .. })) => {}
+                other => panic!("compile did not stop after the passes: {other:?}"),
+            }
+            assert!(matches!(run(&input, true), Some(Ok(()))));
+        }
+        assert!(run(b"\0not json", false).is_none());
+    }
 }

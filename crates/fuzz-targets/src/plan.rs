@@ -54,3 +54,24 @@ pub fn with_checksums(data: &[u8]) -> Option<Vec<u8>> {
     plan[44..48].copy_from_slice(&data_crc.to_le_bytes());
     Some(plan)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A committed seed (preamble and header, no data region) opens once
+    /// its checksums are fixed: mutations of it reach `validate`.
+    #[test]
+    fn a_seed_plan_opens_with_its_checksums_fixed() {
+        let seed = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../fuzz/corpus/plan/seed-tiny-llama-portable.plan"
+        );
+        let bytes = std::fs::read(seed).expect("the seed plan");
+        assert!(PlanFile::from_bytes("seed", bytes.clone()).is_err());
+        let fixed = with_checksums(&bytes).expect("a preamble that describes a file");
+        if let Err(e) = PlanFile::from_bytes("seed", fixed) {
+            panic!("the seed plan does not open: {e}");
+        }
+    }
+}
