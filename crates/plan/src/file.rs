@@ -1,21 +1,24 @@
 //! Reading and writing plan files.
 //!
-//! [`PlanFile::open`] maps the file read-only on native targets (weights are
-//! uploaded straight from the map, never copied), after checking that the
-//! path is a regular file (a FIFO would block, a directory or a device is
-//! refused with a clear error). The map is checked against the preamble's
-//! lengths, so a file cut short is [`PlanError::Truncated`]; a file truncated
-//! *while* mapped would fault on access (SIGBUS), so the runtime calls
-//! [`PlanFile::check_unchanged`] before each upload window, which narrows that
-//! to the instant between the check and the copy (gerbil itself never
-//! rewrites a plan in place: [`write_plan`] renames a new file over it, and
-//! an open map keeps the old file). Reading the whole file instead costs a
-//! copy (`gerbil-run bench` load 463 → 647 ms for the 274 MB SmolLM2-135M
-//! plan, see docs/plan-format.md) and its size in memory for as long as the
-//! plan is open. [`PlanFile::from_bytes`]
-//! reads a plan already in memory, which is how a browser loads one it
-//! fetched (wasm32 has no memory mapping, so `open` reads the file there).
-//! Both run the same checks and report the same [`PlanError`]s.
+//! [`PlanFile::open`] keeps the file open and reads it with positional reads
+//! (`read_at`, `seek_read` on Windows), after checking that the path is a
+//! regular file (a FIFO would block, a directory or a device is refused
+//! with a clear error): the preamble and header at once, the data region in
+//! parallel chunks to check its checksum, and each section only when it is
+//! asked for ([`PlanFile::section_chunk`] into a buffer the caller reuses,
+//! [`PlanFile::section_bytes`] for small ones). A file cut short is
+//! [`PlanError::Truncated`]; one that shrinks *while* it is read is
+//! [`PlanError::Changed`], an error naming the file, never a fault (a map of
+//! the file, as before, died with SIGBUS there), and
+//! [`PlanFile::check_unchanged`] catches one rewritten in place. Reading
+//! costs no more than mapping did: `gerbil-run bench` loaded the 274 MB
+//! SmolLM2-135M plan in LOAD_READ ms, against LOAD_MAP mapped (docs/plan-format.md);
+//! reading the whole file into one fresh `Vec` had cost 647 against 463,
+//! for page-faulting the allocation, which the chunked reads into reused
+//! buffers avoid. [`PlanFile::from_bytes`] reads a plan already in memory,
+//! which is how a browser loads one it fetched (wasm32 has no positional
+//! reads, so `open` reads the file into memory there). Both run the same
+//! checks and report the same [`PlanError`]s.
 
 use crate::header::{PlanHeader, SectionRef};
 use std::borrow::Cow;
@@ -87,15 +90,13 @@ pub enum PlanError {
     /// The path is not a regular file, or the output is one of the inputs.
     #[error(transparent)]
     File(#[from] crate::safe_file::FileError),
-    /// The file changed length after it was opened.
-    #[error("{path}: the plan file changed while it was being read (now {found} bytes, was {expected}); do not rewrite a plan while gerbil runs it: rerun the command")]
+    /// The file changed after it was opened.
+    #[error("{path}: the plan file changed while it was being read ({change}); do not rewrite a plan while gerbil runs it: rerun the command")]
     Changed {
         /// The file.
         path: PathBuf,
-        /// Length now.
-        found: u64,
-        /// Length when opened.
-        expected: u64,
+        /// What changed: the length, or the contents in place.
+        change: String,
     },
     /// The header is well-formed but inconsistent.
     #[error("{path}: inconsistent plan: {reason}; the file was edited or damaged: recompile it with `gerbilc compile`")]
@@ -117,32 +118,148 @@ fn version_advice(found: u32) -> &'static str {
     }
 }
 
-/// Bytes of one data section, borrowed (e.g. from a mapped checkpoint) or owned.
+/// Bytes of one data section, borrowed (e.g. from a plan in memory) or owned.
 pub type SectionData<'a> = Cow<'a, [u8]>;
 
-/// The bytes of a plan: a read-only map of the file, or a buffer in memory.
+/// Where a plan's bytes are: an open file, read with positional reads when
+/// needed, or a buffer in memory.
 enum PlanBytes {
     #[cfg(not(target_arch = "wasm32"))]
-    Mapped(memmap2::Mmap, File),
+    File {
+        file: File,
+        /// Length when opened.
+        len: u64,
+        /// Modification time when opened, where the OS keeps one.
+        modified: Option<std::time::SystemTime>,
+    },
     Owned(Vec<u8>),
 }
 
-impl std::ops::Deref for PlanBytes {
-    type Target = [u8];
+/// Bytes a thread reads and hashes at a time while checking the data
+/// checksum of a file (small enough to stay in cache between the two).
+#[cfg(not(target_arch = "wasm32"))]
+const CRC_READ: usize = 1 << 20;
 
-    fn deref(&self) -> &[u8] {
+impl PlanBytes {
+    fn len(&self) -> u64 {
         match self {
             #[cfg(not(target_arch = "wasm32"))]
-            PlanBytes::Mapped(map, _) => map,
-            PlanBytes::Owned(bytes) => bytes,
+            PlanBytes::File { len, .. } => *len,
+            PlanBytes::Owned(bytes) => bytes.len() as u64,
         }
     }
+
+    /// Fills `buf` with the bytes at `at`. A file that has become shorter
+    /// since it was opened is [`PlanError::Changed`].
+    fn read_at(&self, path: &Path, at: u64, buf: &mut [u8]) -> Result<(), PlanError> {
+        let end = at
+            .checked_add(buf.len() as u64)
+            .filter(|&e| e <= self.len());
+        let Some(end) = end else {
+            return Err(PlanError::Truncated {
+                path: path.to_path_buf(),
+                found: self.len(),
+                expected: at.saturating_add(buf.len() as u64),
+            });
+        };
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            PlanBytes::File { file, len, .. } => {
+                let read = read_full_at(file, at, buf).map_err(io_err(path))?;
+                if read < buf.len() {
+                    let found = file.metadata().map_or(at + read as u64, |m| m.len());
+                    return Err(PlanError::Changed {
+                        path: path.to_path_buf(),
+                        change: format!("now {found} bytes, was {len}"),
+                    });
+                }
+                Ok(())
+            }
+            PlanBytes::Owned(bytes) => {
+                buf.copy_from_slice(&bytes[at as usize..end as usize]);
+                Ok(())
+            }
+        }
+    }
+
+    /// The CRC-32 of `len` bytes at `at`, which lie inside [`PlanBytes::len`].
+    fn crc(&self, path: &Path, at: u64, len: u64) -> Result<u32, PlanError> {
+        match self {
+            #[cfg(not(target_arch = "wasm32"))]
+            PlanBytes::File { .. } => {
+                let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+                let threads = (threads as u64).min(len.div_ceil(CRC_CHUNK as u64)).max(1);
+                let part = len.div_ceil(threads).max(1);
+                let hash_part = |start: u64| -> Result<crc32fast::Hasher, PlanError> {
+                    let end = (start + part).min(at + len);
+                    let mut h = crc32fast::Hasher::new();
+                    let mut buf = vec![0u8; CRC_READ.min((end - start) as usize)];
+                    let mut pos = start;
+                    while pos < end {
+                        let n = CRC_READ.min((end - pos) as usize);
+                        self.read_at(path, pos, &mut buf[..n])?;
+                        h.update(&buf[..n]);
+                        pos += n as u64;
+                    }
+                    Ok(h)
+                };
+                let starts: Vec<u64> = (0..threads).map(|k| at + k * part).collect();
+                let parts: Vec<Result<crc32fast::Hasher, PlanError>> = if threads == 1 {
+                    vec![hash_part(at)]
+                } else {
+                    std::thread::scope(|scope| {
+                        let handles: Vec<_> = starts
+                            .iter()
+                            .map(|&s| scope.spawn(move || hash_part(s)))
+                            .collect();
+                        handles
+                            .into_iter()
+                            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                            .collect()
+                    })
+                };
+                let mut total = crc32fast::Hasher::new();
+                for part in parts {
+                    total.combine(&part?);
+                }
+                Ok(total.finalize())
+            }
+            PlanBytes::Owned(bytes) => Ok(crc32(&bytes[at as usize..(at + len) as usize])),
+        }
+    }
+}
+
+/// Reads into `buf` from `at` until it is full or the file ends; returns
+/// the bytes read (fewer than `buf.len()` only at the end of the file).
+#[cfg(not(target_arch = "wasm32"))]
+fn read_full_at(file: &File, mut at: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    #[cfg(unix)]
+    use std::os::unix::fs::FileExt;
+    #[cfg(windows)]
+    use std::os::windows::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        #[cfg(unix)]
+        let read = file.read_at(&mut buf[done..], at);
+        #[cfg(windows)]
+        let read = file.seek_read(&mut buf[done..], at);
+        match read {
+            Ok(0) => break,
+            Ok(n) => {
+                done += n;
+                at += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
 }
 
 /// An opened, checked plan file.
 pub struct PlanFile {
     path: PathBuf,
-    map: PlanBytes,
+    bytes: PlanBytes,
     data_offset: u64,
     /// The decoded header.
     pub header: PlanHeader,
@@ -320,18 +437,18 @@ impl PlanFile {
     /// the consistency of the header (indices and sections in range).
     pub fn open(path: &Path) -> Result<PlanFile, PlanError> {
         #[cfg(not(target_arch = "wasm32"))]
-        let map = {
+        let bytes = {
             let file = crate::safe_file::open_input(path)?;
-            // SAFETY: the map is read-only; gerbil never writes plan files in place
-            // (write_plan renames a finished temporary file over the old one).
-            // Another program truncating the file would fault on access: see the
-            // module doc and `check_unchanged`.
-            let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io_err(path))?;
-            PlanBytes::Mapped(map, file)
+            let meta = file.metadata().map_err(io_err(path))?;
+            PlanBytes::File {
+                len: meta.len(),
+                modified: meta.modified().ok(),
+                file,
+            }
         };
         #[cfg(target_arch = "wasm32")]
-        let map = PlanBytes::Owned(std::fs::read(path).map_err(io_err(path))?);
-        PlanFile::checked(path, map)
+        let bytes = PlanBytes::Owned(std::fs::read(path).map_err(io_err(path))?);
+        PlanFile::checked(path, bytes)
     }
 
     /// Checks a plan that is already in memory (e.g. fetched by a browser),
@@ -341,31 +458,35 @@ impl PlanFile {
         PlanFile::checked(&name.into(), PlanBytes::Owned(bytes))
     }
 
-    fn checked(path: &Path, map: PlanBytes) -> Result<PlanFile, PlanError> {
+    fn checked(path: &Path, bytes: PlanBytes) -> Result<PlanFile, PlanError> {
+        let len = bytes.len();
         let truncated = |expected: u64| PlanError::Truncated {
             path: path.to_path_buf(),
-            found: map.len() as u64,
+            found: len,
             expected,
         };
-        if map.len() < MAGIC.len() || map[..MAGIC.len()] != MAGIC {
-            if map.len() < MAGIC.len() && MAGIC.starts_with(&map) && !map.is_empty() {
+        let mut pre = [0u8; PREAMBLE_LEN as usize];
+        let pre = &mut pre[..len.min(PREAMBLE_LEN) as usize];
+        bytes.read_at(path, 0, pre)?;
+        if pre.len() < MAGIC.len() || pre[..MAGIC.len()] != MAGIC {
+            if pre.len() < MAGIC.len() && MAGIC.starts_with(pre) && !pre.is_empty() {
                 return Err(truncated(PREAMBLE_LEN));
             }
             return Err(PlanError::BadMagic(path.to_path_buf()));
         }
-        if (map.len() as u64) < PREAMBLE_LEN {
+        if len < PREAMBLE_LEN {
             return Err(truncated(PREAMBLE_LEN));
         }
-        let version = u32_at(&map, 8);
+        let version = u32_at(pre, 8);
         if version != FORMAT_VERSION {
             return Err(PlanError::Version {
                 path: path.to_path_buf(),
                 found: version,
             });
         }
-        let header_len = u64_at(&map, 16);
-        let data_offset = u64_at(&map, 24);
-        let data_len = u64_at(&map, 32);
+        let header_len = u64_at(pre, 16);
+        let data_offset = u64_at(pre, 24);
+        let data_len = u64_at(pre, 32);
         let expected = data_offset
             .checked_add(data_len)
             .filter(|_| data_offset >= PREAMBLE_LEN.saturating_add(header_len))
@@ -373,12 +494,12 @@ impl PlanFile {
                 path: path.to_path_buf(),
                 reason: "preamble lengths overflow or overlap".into(),
             })?;
-        if (map.len() as u64) < expected {
+        if len < expected {
             return Err(truncated(expected));
         }
-        let header_bytes = &map[PREAMBLE_LEN as usize..(PREAMBLE_LEN + header_len) as usize];
-        let check = |what, stored, bytes: &[u8]| {
-            let computed = crc32(bytes);
+        let mut header_bytes = vec![0u8; header_len as usize];
+        bytes.read_at(path, PREAMBLE_LEN, &mut header_bytes)?;
+        let check = |what, stored, computed| {
             if computed == stored {
                 Ok(())
             } else {
@@ -390,14 +511,14 @@ impl PlanFile {
                 })
             }
         };
-        check("header", u32_at(&map, 40), header_bytes)?;
+        check("header", u32_at(pre, 40), crc32(&header_bytes))?;
         check(
             "data",
-            u32_at(&map, 44),
-            &map[data_offset as usize..(data_offset + data_len) as usize],
+            u32_at(pre, 44),
+            bytes.crc(path, data_offset, data_len)?,
         )?;
         let header: PlanHeader =
-            serde_json::from_slice(header_bytes).map_err(|source| PlanError::Header {
+            serde_json::from_slice(&header_bytes).map_err(|source| PlanError::Header {
                 path: path.to_path_buf(),
                 source,
             })?;
@@ -409,32 +530,89 @@ impl PlanFile {
             })?;
         Ok(PlanFile {
             path: path.to_path_buf(),
-            map,
+            bytes,
             data_offset,
             header,
         })
     }
 
-    /// The bytes of a section (validated to lie inside the data region).
-    pub fn section(&self, r: SectionRef) -> &[u8] {
-        let start = (self.data_offset + r.offset) as usize;
-        &self.map[start..start + r.len as usize]
+    /// The bytes of a section (validated to lie inside the data region):
+    /// borrowed from a plan in memory, read from a file. For small sections
+    /// such as the tokenizer; read weights with [`PlanFile::section_chunk`].
+    pub fn section_bytes(&self, r: SectionRef) -> Result<Cow<'_, [u8]>, PlanError> {
+        let start = self.data_offset + r.offset;
+        match &self.bytes {
+            PlanBytes::Owned(bytes) => Ok(Cow::Borrowed(
+                &bytes[start as usize..(start + r.len) as usize],
+            )),
+            #[cfg(not(target_arch = "wasm32"))]
+            PlanBytes::File { .. } => {
+                let mut buf = vec![0u8; r.len as usize];
+                self.bytes.read_at(&self.path, start, &mut buf)?;
+                Ok(Cow::Owned(buf))
+            }
+        }
     }
 
-    /// Checks that the mapped file still has the length it had when opened
-    /// (a shorter file would fault when the missing pages are read); call it
-    /// before reading many sections. Always `Ok` for a plan in memory.
+    /// `len` bytes of section `r` from byte `offset` of it: a slice of a plan
+    /// in memory, or read from the file into `buf` (grown as needed, so one
+    /// buffer serves many chunks). A file that has become shorter since it
+    /// was opened is [`PlanError::Changed`], never a fault.
+    #[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
+    pub fn section_chunk<'b>(
+        &'b self,
+        r: SectionRef,
+        offset: u64,
+        len: usize,
+        buf: &'b mut Vec<u8>,
+    ) -> Result<&'b [u8], PlanError> {
+        if offset.checked_add(len as u64).is_none_or(|end| end > r.len) {
+            return Err(PlanError::Invalid {
+                path: self.path.clone(),
+                reason: format!(
+                    "bytes {offset}..+{len} asked of a section of {} bytes",
+                    r.len
+                ),
+            });
+        }
+        let at = self.data_offset + r.offset + offset;
+        match &self.bytes {
+            PlanBytes::Owned(bytes) => Ok(&bytes[at as usize..at as usize + len]),
+            #[cfg(not(target_arch = "wasm32"))]
+            PlanBytes::File { .. } => {
+                if buf.len() < len {
+                    buf.resize(len, 0);
+                }
+                self.bytes.read_at(&self.path, at, &mut buf[..len])?;
+                Ok(&buf[..len])
+            }
+        }
+    }
+
+    /// Checks that the file still has the length and modification time it
+    /// had when opened; call it after reading sections, to catch a plan
+    /// rewritten in place while it was read (reads past a shortened end
+    /// fail by themselves). Always `Ok` for a plan in memory.
     pub fn check_unchanged(&self) -> Result<(), PlanError> {
         #[cfg(not(target_arch = "wasm32"))]
-        if let PlanBytes::Mapped(map, file) = &self.map {
-            let found = file.metadata().map_err(io_err(&self.path))?.len();
-            if found != map.len() as u64 {
-                return Err(PlanError::Changed {
-                    path: self.path.clone(),
-                    found,
-                    expected: map.len() as u64,
-                });
-            }
+        if let PlanBytes::File {
+            file,
+            len,
+            modified,
+        } = &self.bytes
+        {
+            let meta = file.metadata().map_err(io_err(&self.path))?;
+            let change = if meta.len() != *len {
+                format!("now {} bytes, was {len}", meta.len())
+            } else if meta.modified().ok() != *modified {
+                "modified in place".to_string()
+            } else {
+                return Ok(());
+            };
+            return Err(PlanError::Changed {
+                path: self.path.clone(),
+                change,
+            });
         }
         Ok(())
     }
@@ -446,7 +624,7 @@ impl PlanFile {
 
     /// Total size of the file in bytes.
     pub fn file_len(&self) -> u64 {
-        self.map.len() as u64
+        self.bytes.len()
     }
 }
 

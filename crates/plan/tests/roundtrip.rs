@@ -128,8 +128,24 @@ fn sections_are_aligned_and_read_back_exactly() {
     write_plan(&path, &h, &data).unwrap();
     let plan = PlanFile::open(&path).unwrap();
     assert_eq!(plan.header, h);
-    assert_eq!(plan.section(tok), b"{\"tokenizer\": 1}");
-    assert_eq!(plan.section(w), &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]);
+    assert_eq!(&*plan.section_bytes(tok).unwrap(), b"{\"tokenizer\": 1}");
+    assert_eq!(
+        &*plan.section_bytes(w).unwrap(),
+        &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    );
+    let mut buf = Vec::new();
+    assert_eq!(
+        plan.section_chunk(w, 4, 6, &mut buf).unwrap(),
+        &[5, 6, 7, 8, 9, 10]
+    );
+    let err = plan
+        .section_chunk(w, 8, 5, &mut buf)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("bytes 8..+5 asked of a section of 12 bytes"),
+        "{err}"
+    );
 }
 
 #[test]
@@ -240,7 +256,16 @@ fn a_plan_in_memory_reads_like_the_file() {
 
     let plan = PlanFile::from_bytes("https://example.test/b.plan", bytes.clone()).unwrap();
     assert_eq!(plan.header, h);
-    assert_eq!(plan.section(w), &[7, 6, 5, 4, 3, 2, 1, 0, 9, 8, 7, 6]);
+    assert_eq!(
+        &*plan.section_bytes(w).unwrap(),
+        &[7, 6, 5, 4, 3, 2, 1, 0, 9, 8, 7, 6]
+    );
+    let mut unused = Vec::new();
+    assert_eq!(
+        plan.section_chunk(w, 2, 3, &mut unused).unwrap(),
+        &[5, 4, 3]
+    );
+    assert!(unused.is_empty(), "a plan in memory lends its bytes");
     assert_eq!(plan.file_len(), bytes.len() as u64);
     assert_eq!(
         plan.path(),
@@ -365,12 +390,17 @@ fn writing_with_progress_counts_the_data_up_to_its_length_and_writes_the_same_fi
         std::fs::read(&plain).unwrap(),
         std::fs::read(&with).unwrap()
     );
-    assert_eq!(PlanFile::open(&with).unwrap().section(w), &weight[..]);
+    assert_eq!(
+        &*PlanFile::open(&with).unwrap().section_bytes(w).unwrap(),
+        &weight[..]
+    );
 }
 
-/// A plan cut short is a clear error; a plan truncated while it is open is
-/// caught by `check_unchanged` before any missing page is read; a plan
-/// replaced by `write_plan` while open leaves the open one as it was.
+/// A plan cut short is a clear error; a plan truncated while it is open
+/// fails the read of the missing bytes with an error (the file is read, not
+/// mapped, so there is no page to fault on); a plan rewritten in place is
+/// caught by `check_unchanged`; a plan replaced by `write_plan` while open
+/// leaves the open one as it was.
 #[test]
 fn truncated_and_changed_plans_are_errors_not_faults() {
     let dir = tempfile::tempdir().unwrap();
@@ -382,21 +412,33 @@ fn truncated_and_changed_plans_are_errors_not_faults() {
     let plan = PlanFile::open(&path).unwrap();
     plan.check_unchanged().unwrap();
 
-    // Replaced through write_plan (rename): the open map still reads the old file.
+    // Replaced through write_plan (rename): the open file still reads the old bytes.
     let mut other = DataLayout::default();
     let w2 = other.push(Cow::Owned(vec![5u8; 4096]));
     write_plan(&path, &header(w2), &other).unwrap();
     plan.check_unchanged().unwrap();
-    assert_eq!(plan.section(w), &[9u8; 4096][..]);
+    assert_eq!(&*plan.section_bytes(w).unwrap(), &[9u8; 4096][..]);
     drop(plan);
 
-    // Truncated in place while open: an error, and the pages are never touched.
+    // Truncated in place while open: reading the section is an error.
     let plan = PlanFile::open(&path).unwrap();
     let len = std::fs::metadata(&path).unwrap().len();
     let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
     file.set_len(len - 1000).unwrap();
-    let err = plan.check_unchanged().unwrap_err().to_string();
-    assert!(err.contains("changed while it was being read"), "{err}");
+    let message = format!(
+        "{}: the plan file changed while it was being read (now {} bytes, was {len}); \
+         do not rewrite a plan while gerbil runs it: rerun the command",
+        path.display(),
+        len - 1000
+    );
+    let err = plan.section_bytes(w).unwrap_err().to_string();
+    assert_eq!(err, message);
+    let mut buf = Vec::new();
+    let err = plan.section_chunk(w, 0, 4096, &mut buf).unwrap_err();
+    assert_eq!(err.to_string(), message);
+    // The bytes before the cut still read (those of the replacement).
+    assert_eq!(plan.section_chunk(w, 0, 16, &mut buf).unwrap(), &[5u8; 16]);
+    assert_eq!(plan.check_unchanged().unwrap_err().to_string(), message);
     drop(plan);
 
     // Truncated before opening: a clear error naming both lengths.
@@ -408,6 +450,58 @@ fn truncated_and_changed_plans_are_errors_not_faults() {
         )),
         "{err}"
     );
+    drop(file);
+
+    // Rewritten in place with the same length: `check_unchanged` says so.
+    write_plan(&path, &h, &data).unwrap();
+    let plan = PlanFile::open(&path).unwrap();
+    let before = std::fs::metadata(&path).unwrap().modified().unwrap();
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    file.set_modified(before + std::time::Duration::from_secs(2))
+        .unwrap();
+    let err = plan.check_unchanged().unwrap_err().to_string();
+    assert!(
+        err.contains("the plan file changed while it was being read (modified in place)"),
+        "{err}"
+    );
+}
+
+/// A file that shrinks between the preamble check and the data checksum at
+/// open fails with the same error, not with a checksum mismatch or a fault.
+#[cfg(unix)]
+#[test]
+fn a_plan_that_shrinks_while_its_checksum_is_read_is_changed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("big.plan");
+    let mut data = DataLayout::default();
+    // Large enough that the checksum reads many chunks while it is cut.
+    let w = data.push(Cow::Owned(vec![3u8; 96 << 20]));
+    write_plan(&path, &header(w), &data).unwrap();
+    let len = std::fs::metadata(&path).unwrap().len();
+    let cutter = {
+        let path = path.clone();
+        std::thread::spawn(move || {
+            let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+            file.set_len(len / 2).unwrap();
+        })
+    };
+    // Whichever wins the race, opening is an error naming the file, or a
+    // plan whose weight bytes are all still readable.
+    let opened = PlanFile::open(&path);
+    cutter.join().unwrap();
+    match opened {
+        Err(e) => {
+            let e = e.to_string();
+            assert!(
+                e.contains("changed while it was being read") || e.contains("truncated plan file"),
+                "{e}"
+            );
+        }
+        Ok(plan) => {
+            let err = plan.section_bytes(w).unwrap_err().to_string();
+            assert!(err.contains("changed while it was being read"), "{err}");
+        }
+    }
 }
 
 /// A directory as the plan says so (not "No such device").

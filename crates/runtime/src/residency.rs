@@ -269,19 +269,24 @@ impl Residency {
             })
             .collect();
         let total: u64 = weights.iter().map(|(s, _)| s.len).sum();
+        let mut scratch = vec![Vec::new(); upload_threads()];
         let mut done = 0u64;
         let mut window: Vec<Write<'_>> = Vec::new();
         let mut pending = 0;
         for (section, home) in weights {
             let buffer = &self.buffers[home.buffer];
-            for (k, chunk) in plan.section(section).chunks(UPLOAD_CHUNK).enumerate() {
-                let at = home.offset + (k * UPLOAD_CHUNK) as u64;
-                window.push((buffer, at, chunk));
-                pending += chunk.len();
+            for from in (0..section.len).step_by(UPLOAD_CHUNK) {
+                let len = UPLOAD_CHUNK.min((section.len - from) as usize);
+                window.push(Write {
+                    buffer,
+                    at: home.offset + from,
+                    section,
+                    from,
+                    len,
+                });
+                pending += len;
                 if pending >= window_bytes {
-                    // A plan truncated since it was mapped would fault in the copy.
-                    plan.check_unchanged()?;
-                    write_window(&gpu.queue, &window);
+                    write_window(&gpu.queue, plan, &window, &mut scratch)?;
                     window.clear();
                     gpu.queue.submit([]);
                     gpu.idle_while("uploading the weights").await?;
@@ -293,10 +298,12 @@ impl Residency {
                 }
             }
         }
-        plan.check_unchanged()?;
-        write_window(&gpu.queue, &window);
+        write_window(&gpu.queue, plan, &window, &mut scratch)?;
         gpu.queue.submit([]);
         gpu.idle_while("uploading the weights").await?;
+        // Reads past a shortened end already failed; this catches a plan
+        // rewritten in place while it was read.
+        plan.check_unchanged()?;
         if let Some(hook) = progress.filter(|_| pending > 0 || total == 0) {
             hook.report(Progress::Weights { done: total, total });
         }
@@ -304,31 +311,60 @@ impl Residency {
     }
 }
 
-/// One weight write: the buffer, the offset in it, the bytes.
-type Write<'a> = (&'a wgpu::Buffer, u64, &'a [u8]);
+/// One weight write: `len` bytes of `section` from byte `from` of it, to
+/// byte `at` of `buffer`.
+struct Write<'a> {
+    buffer: &'a wgpu::Buffer,
+    at: u64,
+    section: SectionRef,
+    from: u64,
+    len: usize,
+}
 
-/// Writes a window's chunks through the queue, shared among the machine's
-/// threads where it has them: the copies into wgpu's staging memory (from
-/// the plan's mapped pages) were most of a 1B model's upload on one thread.
-fn write_window(queue: &wgpu::Queue, writes: &[Write<'_>]) {
+/// Threads that read and write a window's chunks.
+fn upload_threads() -> usize {
+    #[cfg(not(target_arch = "wasm32"))]
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    #[cfg(target_arch = "wasm32")]
+    let threads = 1;
+    threads
+}
+
+/// Reads a window's chunks from the plan and writes them through the
+/// queue, shared among the machine's threads where it has them (the copies
+/// into wgpu's staging memory were most of a 1B model's upload on one
+/// thread); each thread reads into its own buffer of `scratch`, kept from
+/// window to window. A plan file that shrank since it was opened fails the
+/// read with [`gerbil_plan::PlanError::Changed`]: the chunks are read, never
+/// mapped, so there is nothing to fault on.
+fn write_window(
+    queue: &wgpu::Queue,
+    plan: &PlanFile,
+    writes: &[Write<'_>],
+    scratch: &mut [Vec<u8>],
+) -> Result<(), RuntimeError> {
+    let write = |w: &Write<'_>, buf: &mut Vec<u8>| -> Result<(), RuntimeError> {
+        let bytes = plan.section_chunk(w.section, w.from, w.len, buf)?;
+        queue.write_buffer(w.buffer, w.at, bytes);
+        Ok(())
+    };
     #[cfg(not(target_arch = "wasm32"))]
     {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let per = writes.len().div_ceil(threads).max(1);
+        let per = writes.len().div_ceil(scratch.len()).max(1);
         std::thread::scope(|scope| {
-            for part in writes.chunks(per) {
-                scope.spawn(move || {
-                    for &(buffer, at, bytes) in part {
-                        queue.write_buffer(buffer, at, bytes);
-                    }
-                });
-            }
-        });
+            let handles: Vec<_> = writes
+                .chunks(per)
+                .zip(scratch.iter_mut())
+                .map(|(part, buf)| scope.spawn(move || part.iter().try_for_each(|w| write(w, buf))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect::<Result<(), RuntimeError>>()
+        })
     }
     #[cfg(target_arch = "wasm32")]
-    for &(buffer, at, bytes) in writes {
-        queue.write_buffer(buffer, at, bytes);
-    }
+    writes.iter().try_for_each(|w| write(w, &mut scratch[0]))
 }
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
@@ -344,6 +380,19 @@ mod tests {
     /// plan must hold to pass its checks; written to a temporary file and
     /// opened as the runtime opens plans.
     fn plan_of_weights(sizes: &[u64]) -> PlanFile {
+        let path = std::env::temp_dir().join(format!(
+            "gerbil-residency-test-{}-{}.plan",
+            std::process::id(),
+            sizes.len()
+        ));
+        write_plan_of_weights(sizes, &path);
+        let plan = PlanFile::open(&path).expect("open the test plan");
+        let _ = std::fs::remove_file(&path);
+        plan
+    }
+
+    /// Writes the plan of [`plan_of_weights`] to `path`.
+    fn write_plan_of_weights(sizes: &[u64], path: &std::path::Path) {
         let mut state = 0x9e37_79b9_u32;
         let bytes: Vec<Vec<u8>> = sizes
             .iter()
@@ -437,15 +486,48 @@ mod tests {
                 sampling_params: None,
             },
         };
+        gerbil_plan::write_plan(path, &header, &data).expect("write the test plan");
+    }
+
+    /// A plan truncated by another program between opening and uploading
+    /// fails the upload with an error naming the file; the weights are read,
+    /// not mapped, so the missing bytes cannot fault (SIGBUS).
+    #[test]
+    fn a_plan_truncated_before_the_upload_is_an_error_not_a_fault() {
+        let sizes = [20_000, 4_096, 52_000];
         let path = std::env::temp_dir().join(format!(
-            "gerbil-residency-test-{}-{}.plan",
-            std::process::id(),
-            sizes.len()
+            "gerbil-residency-truncated-{}.plan",
+            std::process::id()
         ));
-        gerbil_plan::write_plan(&path, &header, &data).expect("write the test plan");
+        write_plan_of_weights(&sizes, &path);
         let plan = PlanFile::open(&path).expect("open the test plan");
+        let len = std::fs::metadata(&path).expect("the plan").len();
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(&path)
+            .and_then(|f| f.set_len(len - 30_000))
+            .expect("truncate the plan");
+        let result = pollster::block_on(async {
+            let gpu = Gpu::open(&Default::default()).await.expect("a GPU");
+            let used: HashSet<u32> = (3..3 + sizes.len() as u32).collect();
+            let residency = Residency::allocate(&gpu, &plan.header, &used, 4)
+                .await
+                .expect("allocate");
+            residency.upload_in_windows(&gpu, &plan, 16_384, None).await
+        });
         let _ = std::fs::remove_file(&path);
-        plan
+        let err = result
+            .expect_err("a truncated plan cannot upload")
+            .to_string();
+        assert_eq!(
+            err,
+            format!(
+                "{}: the plan file changed while it was being read (now {} bytes, was {len}); \
+                 do not rewrite a plan while gerbil runs it: rerun the command",
+                path.display(),
+                len - 30_000
+            )
+        );
     }
 
     #[test]

@@ -44,6 +44,9 @@ use template::ChatTemplate;
 /// Everything that can go wrong turning text into ids and back.
 #[derive(Debug, thiserror::Error)]
 pub enum TextError {
+    /// The plan's tokenizer section could not be read (the file changed).
+    #[error(transparent)]
+    Plan(#[from] gerbil_plan::PlanError),
     /// `tokenizer.json` is not a file the `tokenizers` library understands.
     #[error(
         "invalid tokenizer.json: {detail}; expected the HuggingFace `tokenizers` JSON format \
@@ -186,7 +189,7 @@ impl TextCodec {
         let Some(section) = text.tokenizer else {
             return Ok(None);
         };
-        let codec = Self::from_tokenizer_json(plan.section(section))?
+        let codec = Self::from_tokenizer_json(&plan.section_bytes(section)?)?
             .with_special_tokens(text.bos_token.clone(), text.eos_token.clone());
         match &text.chat_template {
             Some(t) => codec.with_chat_template(t.clone()).map(Some),
