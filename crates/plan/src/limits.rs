@@ -152,6 +152,16 @@ pub const WORKGROUP_INVOCATIONS: Limit = Limit {
           D3D12 stop at 1024); gerbil's kernels use at most 256, WebGPU's default",
 };
 
+// Checked when gerbil is built: a position plus a step fits the kernels'
+// u32, every-row logits and a KV cache of the widest rows fit a u64, and a
+// step's per-token workgroups fit one dispatch dimension.
+const _: () = {
+    assert!(CONTEXT.max + TOKENS_PER_STEP.max < u32::MAX as u64);
+    assert!((TOKENS_PER_STEP.max as u128) * (VOCABULARY.max as u128) * 4 < u64::MAX as u128);
+    assert!((CONTEXT.max as u128) * (HIDDEN.max as u128) * 4 < u64::MAX as u128);
+    assert!(TOKENS_PER_STEP.max <= WORKGROUPS_PER_DIMENSION.max);
+};
+
 /// Every limit, in the order `docs/plan-format.md` lists them.
 pub const TABLE: [Limit; 9] = [
     CONTEXT,
@@ -180,18 +190,6 @@ mod tests {
              2 GiB - 4 bytes holding at least one 2-byte value per position, and kernels \
              keep positions in u32); pick at most 1073741824"
         );
-    }
-
-    /// Products of two limits the runtime forms stay inside u64 and u32 where
-    /// the kernels need them.
-    #[test]
-    fn products_of_checked_sizes_cannot_wrap() {
-        assert!(CONTEXT.max + TOKENS_PER_STEP.max < u64::from(u32::MAX));
-        let logits = u128::from(TOKENS_PER_STEP.max) * u128::from(VOCABULARY.max) * 4;
-        assert!(logits < u128::from(u64::MAX));
-        let kv = u128::from(CONTEXT.max) * u128::from(HIDDEN.max) * 4;
-        assert!(kv < u128::from(u64::MAX));
-        assert!(TOKENS_PER_STEP.max <= WORKGROUPS_PER_DIMENSION.max);
     }
 
     /// docs/plan-format.md prints every limit with its number.

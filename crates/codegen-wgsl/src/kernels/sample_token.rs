@@ -48,8 +48,10 @@ const MAX_SLICES: u32 = 128;
 /// logit (fewer than `CANDIDATES`): a top-k or nucleus set resolves from the
 /// candidates unless some slice holds this many of its tokens.
 pub const CANDIDATES: u32 = 16;
-/// Largest vocabulary: columns are exact in f32 up to 2^24.
-pub const MAX_VOCAB: u32 = 1 << 24;
+/// Largest vocabulary: columns are exact in f32 up to 2^24 (gerbil's
+/// vocabulary limit, [`gerbil_plan::limits::VOCABULARY`], comes from here).
+pub const MAX_VOCAB: u32 = gerbil_plan::limits::VOCABULARY.max as u32;
+const _: () = assert!(MAX_VOCAB == 1 << 24);
 
 /// Workgroups of the kernel for `vocab` columns and the columns each thread
 /// reads.
