@@ -405,6 +405,13 @@ fn tune_then_compile_with_the_measured_tiles() {
         tuning.to_str().unwrap(),
     ]);
     assert_fails_with(&o, "not a tuning file");
+    let o = gerbilc(&[
+        "compile",
+        repo.to_str().unwrap(),
+        "--tuning",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_fails_with(&o, "is a directory, not a regular file");
 }
 
 #[test]

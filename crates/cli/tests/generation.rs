@@ -190,6 +190,10 @@ fn flags_that_would_do_nothing_are_errors() {
             "100 bytes would refuse nearly every request; give at least 1024",
         ),
         (&["devices", "--device", "0"], "drop it here"),
+        (
+            &[plan, "--prompt", "hi", "--stop", ""],
+            "a stop string is empty",
+        ),
     ];
     for (args, needle) in cases {
         assert_fails_with(&gerbil_run(args), needle);

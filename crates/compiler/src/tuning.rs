@@ -85,7 +85,9 @@ impl Tuning {
             value: path.display().to_string(),
             reason,
         };
-        let text = std::fs::read_to_string(path).map_err(|e| CompileError::io(path, e))?;
+        gerbil_plan::safe_file::check_input(path).map_err(|e| bad(e.to_string()))?;
+        let text =
+            std::fs::read_to_string(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
         let tuning: Tuning = serde_json::from_str(&text).map_err(|e| {
             bad(format!(
                 "not a tuning file ({e}); write one with `gerbilc tune`"

@@ -89,6 +89,14 @@ pub enum FileError {
         /// What it is, with an article ("a character device").
         kind: &'static str,
     },
+    /// The directory a new output would go in is missing or not a directory.
+    #[error("cannot write `{}`: its directory `{}` {reason}; create it first or give another path", output.display(), output.parent().unwrap_or(Path::new(".")).display())]
+    NoDirectory {
+        /// The output.
+        output: PathBuf,
+        /// "does not exist" or "is not a directory".
+        reason: &'static str,
+    },
     /// The output is the same file as one of the inputs.
     #[error("`{}` is the same file as the input `{}`; writing it would destroy the input: give another output name", output.display(), input.display())]
     OutputIsInput {
@@ -182,6 +190,26 @@ pub fn open_input(path: &Path) -> Result<File, FileError> {
     Ok(file)
 }
 
+/// Checks that a new file `output` has a directory to go in.
+fn check_parent(output: &Path) -> Result<(), FileError> {
+    let parent = match output.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => return Ok(()),
+    };
+    match std::fs::metadata(parent) {
+        Ok(m) if m.is_dir() => Ok(()),
+        Ok(_) => Err(FileError::NoDirectory {
+            output: output.to_path_buf(),
+            reason: "is not a directory",
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(FileError::NoDirectory {
+            output: output.to_path_buf(),
+            reason: "does not exist",
+        }),
+        Err(e) => Err(io_err(parent)(e)),
+    }
+}
+
 /// Checks that `output` can be written without harm: it does not exist, or
 /// it is a regular file that is none of `inputs` (compared as files, so
 /// other spellings, hard links and symlinks of an input are caught).
@@ -189,7 +217,14 @@ pub fn open_input(path: &Path) -> Result<File, FileError> {
 pub fn check_output(output: &Path, inputs: &[PathBuf]) -> Result<(), FileError> {
     let meta = match std::fs::metadata(output) {
         Ok(meta) => meta,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e)
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::NotFound | std::io::ErrorKind::NotADirectory
+            ) =>
+        {
+            return check_parent(output)
+        }
         Err(e) => return Err(io_err(output)(e)),
     };
     if meta.is_dir() {
@@ -382,6 +417,24 @@ mod tests {
                 .is_symlink());
             assert_eq!(std::fs::read(&real).unwrap(), b"new");
         }
+    }
+
+    #[test]
+    fn an_output_without_its_directory_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no/such/model.plan");
+        let err = write_file(&missing, b"x").unwrap_err().to_string();
+        assert!(
+            err.contains("its directory") && err.contains("does not exist"),
+            "{err}"
+        );
+        let file = dir.path().join("file");
+        std::fs::write(&file, b"x").unwrap();
+        let err = write_file(&file.join("model.plan"), b"x")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("is not a directory"), "{err}");
+        assert_eq!(leftovers(dir.path()), Vec::<String>::new());
     }
 
     #[test]

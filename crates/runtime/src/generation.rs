@@ -190,6 +190,13 @@ impl<'m> Generation<'m> {
         settings: &GenerationSettings,
     ) -> Result<Self, RuntimeError> {
         let sampler = Sampler::new(settings.sampling)?;
+        if settings.stop.iter().any(String::is_empty) {
+            return Err(RuntimeError::Sampling(
+                "a stop string is empty, which would end the text before it starts; \
+                 give stop strings of at least one character"
+                    .into(),
+            ));
+        }
         if prompt.is_empty() {
             return Err(RuntimeError::EmptyInput);
         }

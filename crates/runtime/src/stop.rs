@@ -19,7 +19,8 @@ pub struct StopText {
 }
 
 impl StopText {
-    /// A matcher for `stops` (empty strings are ignored).
+    /// A matcher for `stops` (empty strings are ignored; a generation
+    /// refuses them before it starts).
     pub fn new(stops: &[String]) -> Self {
         StopText {
             stops: stops.iter().filter(|s| !s.is_empty()).cloned().collect(),
