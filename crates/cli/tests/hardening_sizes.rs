@@ -185,7 +185,7 @@ fn crc32(bytes: &[u8]) -> u32 {
 #[test]
 fn edited_headers_with_matching_checksums_are_refused_with_the_reason() {
     let (dir, plan) = tiny_plan("edited", &["--max-context", "16"]);
-    let cases: [(&str, fn(&mut serde_json::Value), &str); 4] = [
+    let cases: [(&str, fn(&mut serde_json::Value), &str); 5] = [
         (
             "context",
             |h| h["model"]["max_context"] = 4_294_967_296u64.into(),
@@ -200,6 +200,13 @@ fn edited_headers_with_matching_checksums_are_refused_with_the_reason() {
             "kv",
             |h| h["model"]["max_context"] = 24.into(),
             "(a KV cache) has 2048 bytes, not 24 (max_context) rows of 2-byte or 4-byte values",
+        ),
+        (
+            // Twice the context fits the caches' bytes, not their rows.
+            "rows",
+            |h| h["model"]["max_context"] = 32.into(),
+            "(a KV cache) has 2048 bytes: 32 (max_context) rows of 64 bytes, but its rows are \
+             128 bytes",
         ),
         (
             "divisor",

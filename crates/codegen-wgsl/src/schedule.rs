@@ -310,6 +310,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
                 let kind = BufferKind::KvCache {
                     layer: *layer,
                     half,
+                    row_bytes: Some(ty.size_bytes(1, 1)),
                 };
                 let i = b.push(bytes, kind.clone());
                 b.own.insert(v, Own::Whole(i));
@@ -325,6 +326,14 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
     if specs.iter().any(|s| s.precision == Precision::F16) {
         for (v, ty, kind) in caches {
             let ty = TensorType::new(DType::F16, ty.shape.iter().cloned());
+            let kind = match kind {
+                BufferKind::KvCache { layer, half, .. } => BufferKind::KvCache {
+                    layer,
+                    half,
+                    row_bytes: Some(ty.size_bytes(1, 1)),
+                },
+                other => other,
+            };
             f16_caches.insert(v, b.push(b.value_bytes(&ty), kind));
         }
     }

@@ -245,13 +245,18 @@ pub enum BufferKind {
     },
     /// Scratch memory for activations, placed by the buffer planner.
     Arena,
-    /// One half of a layer's KV cache, `f32[max_context, kv_heads·head_dim]`,
-    /// zero-initialised and kept across steps.
+    /// One half of a layer's KV cache, `f32[max_context, kv_heads·head_dim]`
+    /// (`f16` in f16 variants), zero-initialised and kept across steps.
     KvCache {
         /// Layer index.
         layer: u32,
         /// Keys or values.
         half: KvHalf,
+        /// Bytes of one position's row, `kv_heads·head_dim` values: with it,
+        /// validation ties the buffer's size to `max_context` exactly (plans
+        /// written before it read as `None`, checked less tightly).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        row_bytes: Option<u64>,
     },
     /// A graph output the runtime reads back.
     Output {
@@ -283,7 +288,9 @@ impl BufferKind {
         match self {
             BufferKind::Weight { name, .. } => name.clone(),
             BufferKind::Arena => "activation arena".into(),
-            BufferKind::KvCache { layer, half } => format!("layers.{layer} {} cache", half.name()),
+            BufferKind::KvCache { layer, half, .. } => {
+                format!("layers.{layer} {} cache", half.name())
+            }
             BufferKind::Output { output } => output.name().into(),
             BufferKind::StepParams => "step parameters".into(),
             BufferKind::SamplingParams => "sampling parameters".into(),

@@ -48,8 +48,8 @@ impl PlanHeader {
                 b.size,
                 &format!("buffer {i} ({}) size", b.kind.describe()),
             )?;
-            if let BufferKind::KvCache { .. } = b.kind {
-                self.check_kv_cache(i, b.size)?;
+            if let BufferKind::KvCache { row_bytes, .. } = b.kind {
+                self.check_kv_cache(i, b.size, row_bytes)?;
             }
             if let BufferKind::StepParams = b.kind {
                 if b.size < STEP_PARAMS_BYTES {
@@ -136,14 +136,22 @@ impl PlanHeader {
 
     /// A KV cache is `max_context` rows of whole 2-byte (f16) or 4-byte
     /// (f32) values, rounded up to 4 bytes: the runtime sizes a smaller
-    /// context's cache as `size / max_context` bytes a row.
-    fn check_kv_cache(&self, i: usize, size: u64) -> Result<(), String> {
+    /// context's cache as `size / max_context` bytes a row. With the row's
+    /// bytes recorded, the row must be exactly that (so an edited
+    /// `max_context` cannot pass for a cache of narrower rows).
+    fn check_kv_cache(&self, i: usize, size: u64, row_bytes: Option<u64>) -> Result<(), String> {
         let positions = self.model.max_context;
         let row = size / positions;
         if row < 2 || !row.is_multiple_of(2) || (row * positions).next_multiple_of(4) != size {
             return Err(format!(
                 "buffer {i} (a KV cache) has {size} bytes, not {positions} (max_context) rows \
                  of 2-byte or 4-byte values"
+            ));
+        }
+        if let Some(declared) = row_bytes.filter(|&r| r != row) {
+            return Err(format!(
+                "buffer {i} (a KV cache) has {size} bytes: {positions} (max_context) rows of \
+                 {row} bytes, but its rows are {declared} bytes"
             ));
         }
         Ok(())

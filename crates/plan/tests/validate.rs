@@ -123,6 +123,7 @@ fn valid(w: SectionRef) -> PlanHeader {
                 BufferKind::KvCache {
                     layer: 0,
                     half: KvHalf::K,
+                    row_bytes: Some(KV_ROW),
                 },
             ),
             buffer(
@@ -287,10 +288,31 @@ fn buffers_hold_what_the_runtime_writes_and_reads() {
         error_after(|h| h.buffers[4].size = 60),
         "buffer 4 (a KV cache) has 60 bytes, not 8 (max_context) rows of 2-byte or 4-byte values"
     );
-    // Twice the context makes every row of the same cache a value short.
+    // Eight times the context makes every row of the same cache too short.
     assert_eq!(
         error_after(|h| h.model.max_context = 64),
         "buffer 4 (a KV cache) has 64 bytes, not 64 (max_context) rows of 2-byte or 4-byte values"
+    );
+    // Twice the context would pass for rows of one f32 value, but the
+    // cache says its rows hold two.
+    assert_eq!(
+        error_after(|h| h.model.max_context = 16),
+        "buffer 4 (a KV cache) has 64 bytes: 16 (max_context) rows of 4 bytes, but its rows are \
+         8 bytes"
+    );
+    // A plan written before rows were recorded is checked by size alone.
+    let (data, w) = data();
+    let mut h = valid(w);
+    h.buffers[4].kind = BufferKind::KvCache {
+        layer: 0,
+        half: KvHalf::K,
+        row_bytes: None,
+    };
+    assert_eq!(h.validate(data.len()), Ok(()));
+    let json = serde_json::to_value(&h).unwrap();
+    assert_eq!(
+        json["buffers"][4]["kind"],
+        serde_json::json!({"kind": "kv_cache", "layer": 0, "half": "k"})
     );
     assert_eq!(
         error_after(|h| h.buffers[0].size = 4),
