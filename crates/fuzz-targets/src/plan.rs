@@ -65,7 +65,7 @@ mod tests {
     fn a_seed_plan_opens_with_its_checksums_fixed() {
         let seed = concat!(
             env!("CARGO_MANIFEST_DIR"),
-            "/../../fuzz/corpus/plan/seed-tiny-llama-portable.plan"
+            "/../../fuzz/corpus/plan/seed-mini-portable.plan"
         );
         let bytes = std::fs::read(seed).expect("the seed plan");
         assert!(PlanFile::from_bytes("seed", bytes.clone()).is_err());
