@@ -84,6 +84,20 @@ pub enum FrontendError {
         /// Its safetensors dtype.
         dtype: String,
     },
+    /// A safetensors file became shorter while the compiler read it.
+    #[error(
+        "{}: the checkpoint file changed while it was being read (now {found} bytes, was \
+         {expected}); do not rewrite a checkpoint while gerbilc compiles it: rerun the command",
+        path.display()
+    )]
+    Changed {
+        /// The file.
+        path: PathBuf,
+        /// Its length now.
+        found: u64,
+        /// Its length when opened.
+        expected: u64,
+    },
     /// A safetensors file (or its index) is corrupt, truncated or inconsistent.
     #[error("invalid safetensors file {}: {msg}", path.display())]
     Safetensors {

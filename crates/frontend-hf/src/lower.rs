@@ -230,15 +230,15 @@ impl<'a> LowerCtx<'a> {
             }
             return Ok(DType::F32);
         }
-        let view = self.ckpt.tensor(name)?;
-        if view.shape != expected {
+        let (dtype, shape) = self.ckpt.weights.tensor_type(name)?;
+        if shape != expected {
             return Err(FrontendError::TensorShape {
                 name: name.to_string(),
                 expected: expected.to_vec(),
-                found: view.shape,
+                found: shape.to_vec(),
             });
         }
-        Ok(view.dtype)
+        Ok(dtype)
     }
 
     /// The node of a weight from `source` labelled `label`, created once per label.

@@ -1,13 +1,17 @@
-//! Memory-mapped access to a checkpoint's safetensors files.
+//! Reading a checkpoint's safetensors files.
 //!
 //! [`SafetensorsStore::open_dir`] finds `model.safetensors` (preferred, as
 //! transformers does) or the shards listed in `model.safetensors.index.json`,
-//! maps each file with `memmap2` and validates its header with the
+//! keeps each file open, reads its header and validates it with the
 //! `safetensors` crate (offsets cover the file exactly, sizes match shapes).
-//! After that, [`SafetensorsStore::tensor`] is a hash lookup and a slice of
-//! the map: no bytes are copied. [`SafetensorsStore::from_bytes`] and
-//! [`SafetensorsStore::from_index_json`] run the same checks on files already
-//! in memory (tests, fuzzing).
+//! [`SafetensorsStore::tensor`] reads a tensor's bytes with one positional
+//! read the first time it is asked for and keeps them for the store's
+//! lifetime (the plan borrows them until it is written), so a file that
+//! another program truncates meanwhile is [`FrontendError::Changed`], never
+//! a fault: a memory map of the file, as before, died with SIGBUS there. The
+//! price is the tensors read, held in memory rather than in the page cache.
+//! [`SafetensorsStore::from_bytes`] and [`SafetensorsStore::from_index_json`]
+//! run the same checks on files already in memory (tests, fuzzing).
 //!
 //! The surprise: unsupported dtypes (I64, U8, F8...) are accepted when the
 //! file is opened, because checkpoints often carry tensors nobody reads; the
@@ -15,12 +19,13 @@
 
 use crate::error::{FrontendError, Result};
 use gerbil_ir::DType;
-use memmap2::{Mmap, MmapMut};
-use safetensors::{Dtype, SafeTensors};
+use safetensors::tensor::Metadata;
+use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde::Deserialize;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// Name of a single-file checkpoint.
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -39,10 +44,21 @@ pub struct TensorView<'a> {
     pub data: &'a [u8],
 }
 
-/// One mapped file.
+/// One safetensors file.
 struct Shard {
     path: PathBuf,
-    map: Mmap,
+    bytes: ShardBytes,
+}
+
+/// Where a file's bytes are: an open file, read tensor by tensor, or a
+/// buffer in memory.
+enum ShardBytes {
+    File {
+        file: File,
+        /// Length when opened.
+        len: u64,
+    },
+    Memory(Vec<u8>),
 }
 
 /// Where one tensor lives.
@@ -51,12 +67,18 @@ struct Entry {
     shard: usize,
     dtype: Dtype,
     shape: Vec<u64>,
-    /// Byte range within the shard's map.
+    /// Byte range within the shard's file.
     start: usize,
     end: usize,
+    /// The bytes, once read from a file.
+    read: OnceLock<Vec<u8>>,
 }
 
-/// The tensors of one checkpoint, over memory maps kept alive for the store's
+/// Largest safetensors header the `safetensors` crate accepts (its
+/// `MAX_HEADER_SIZE`): a longer one is refused before it is read.
+const MAX_HEADER_LEN: u64 = 100_000_000;
+
+/// The tensors of one checkpoint, over its files kept open for the store's
 /// lifetime.
 pub struct SafetensorsStore {
     shards: Vec<Shard>,
@@ -172,43 +194,43 @@ impl SafetensorsStore {
         for path in paths {
             crate::checkpoint::check_regular(path)?;
             let file = File::open(path).map_err(io_err(path))?;
-            // SAFETY: the map is read-only and lives as long as the store. As
-            // with every mmap, a process truncating the file while it is
-            // mapped would fault; checkpoints are not rewritten while read.
-            let map = unsafe { Mmap::map(&file) }.map_err(io_err(path))?;
-            store.add_shard(path, map)?;
+            let len = file.metadata().map_err(io_err(path))?.len();
+            store.add_shard(path, ShardBytes::File { file, len })?;
         }
         Ok(store)
     }
 
     /// A store over safetensors files already in memory, each a name (for
     /// errors and [`Self::files`]) and its bytes, validated exactly as
-    /// [`Self::open_files`] validates files (the bytes are copied into
-    /// anonymous maps). For tests and fuzzing.
+    /// [`Self::open_files`] validates files (the bytes are copied). For
+    /// tests and fuzzing.
     pub fn from_bytes(files: &[(PathBuf, &[u8])]) -> Result<Self> {
         let mut store = Self::empty();
         for (path, bytes) in files {
-            let mut map = MmapMut::map_anon(bytes.len()).map_err(io_err(path))?;
-            map.copy_from_slice(bytes);
-            store.add_shard(path, map.make_read_only().map_err(io_err(path))?)?;
+            store.add_shard(path, ShardBytes::Memory(bytes.to_vec()))?;
         }
         Ok(store)
     }
 
     /// Validates one file's header and adds its tensors.
-    fn add_shard(&mut self, path: &Path, map: Mmap) -> Result<()> {
+    fn add_shard(&mut self, path: &Path, bytes: ShardBytes) -> Result<()> {
         let shard = self.shards.len();
         let corrupt = |msg: String| FrontendError::Safetensors {
             path: path.to_path_buf(),
             msg,
         };
-        // `read_metadata` checks that the offsets tile the data section and
-        // that the data section ends exactly at the end of the file, so every
-        // range below lies within the map.
-        let (header_len, meta) = SafeTensors::read_metadata(&map).map_err(|e| {
+        // The header is checked as `read_metadata` checks a whole file: the
+        // offsets tile the data section and the data section ends exactly at
+        // the end of the file, so every range below lies within it.
+        let (header_len, meta) = match &bytes {
+            ShardBytes::File { file, len } => read_header(path, file, *len)?,
+            ShardBytes::Memory(bytes) => {
+                SafeTensors::read_metadata(bytes).map_err(|e| (e, bytes.len() as u64))
+            }
+        }
+        .map_err(|(e, len)| {
             corrupt(format!(
-                "{e} ({} bytes; truncated or corrupted? download it again)",
-                map.len()
+                "{e} ({len} bytes; truncated or corrupted? download it again)"
             ))
         })?;
         let data_start = 8 + header_len;
@@ -220,6 +242,7 @@ impl SafetensorsStore {
                 shape: info.shape.iter().map(|&d| d as u64).collect(),
                 start: data_start + s,
                 end: data_start + e,
+                read: OnceLock::new(),
             };
             if self.tensors.insert(name.clone(), entry).is_some() {
                 return Err(corrupt(format!(
@@ -229,14 +252,31 @@ impl SafetensorsStore {
         }
         self.shards.push(Shard {
             path: path.to_path_buf(),
-            map,
+            bytes,
         });
         Ok(())
     }
 
     /// The tensor called `name`, or an error if it is absent or its dtype is
-    /// not BF16, F16 or F32.
+    /// not BF16, F16 or F32. Its bytes are read from the file the first time.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
+        let (e, dtype) = self.entry(name)?;
+        Ok(TensorView {
+            dtype,
+            shape: e.shape.clone(),
+            data: self.data(e)?,
+        })
+    }
+
+    /// The dtype and shape of tensor `name`, with the errors of
+    /// [`Self::tensor`], without reading its bytes.
+    pub fn tensor_type(&self, name: &str) -> Result<(DType, &[u64])> {
+        let (e, dtype) = self.entry(name)?;
+        Ok((dtype, &e.shape))
+    }
+
+    /// Where tensor `name` lives and its dtype, or why it cannot be read.
+    fn entry(&self, name: &str) -> Result<(&Entry, DType)> {
         let e = self
             .tensors
             .get(name)
@@ -254,11 +294,23 @@ impl SafetensorsStore {
                 })
             }
         };
-        Ok(TensorView {
-            dtype,
-            shape: e.shape.clone(),
-            data: &self.shards[e.shard].map[e.start..e.end],
-        })
+        Ok((e, dtype))
+    }
+
+    /// The bytes of `e`: a slice of a file in memory, or read from the file
+    /// the first time they are asked for.
+    fn data<'s>(&'s self, e: &'s Entry) -> Result<&'s [u8]> {
+        let shard = &self.shards[e.shard];
+        let (file, len) = match &shard.bytes {
+            ShardBytes::Memory(bytes) => return Ok(&bytes[e.start..e.end]),
+            ShardBytes::File { file, len } => (file, *len),
+        };
+        if let Some(bytes) = e.read.get() {
+            return Ok(bytes);
+        }
+        let mut bytes = vec![0u8; e.end - e.start];
+        read_exact_at(&shard.path, file, len, e.start as u64, &mut bytes)?;
+        Ok(e.read.get_or_init(|| bytes))
     }
 
     /// Whether the store holds a tensor called `name` (of any dtype).
@@ -288,8 +340,83 @@ impl SafetensorsStore {
         self.tensors.is_empty()
     }
 
-    /// The mapped files, in the order they were opened.
+    /// The files, in the order they were opened.
     pub fn files(&self) -> Vec<&Path> {
         self.shards.iter().map(|s| s.path.as_path()).collect()
     }
+}
+
+/// Reads and checks the header of the safetensors file `file` of `len`
+/// bytes exactly as `SafeTensors::read_metadata` checks a whole file in
+/// memory (the same errors), reading only the header; a failed check is the
+/// error and the file's length.
+fn read_header(
+    path: &Path,
+    file: &File,
+    len: u64,
+) -> Result<std::result::Result<(usize, Metadata), (SafeTensorError, u64)>> {
+    let mut n = [0u8; 8];
+    let got = len.min(8) as usize;
+    read_exact_at(path, file, len, 0, &mut n[..got])?;
+    let header_len = u64::from_le_bytes(n);
+    // A header longer than the crate allows is refused from its length alone.
+    let prefix_len = if got < 8 || header_len > MAX_HEADER_LEN {
+        got as u64
+    } else {
+        len.min(8 + header_len)
+    };
+    let mut prefix = vec![0u8; prefix_len as usize];
+    read_exact_at(path, file, len, 0, &mut prefix)?;
+    Ok(match SafeTensors::read_metadata(&prefix) {
+        Ok(found) if prefix_len == len => Ok(found),
+        // The header is all there (a shorter file fails above) and valid
+        // on its own: check that its data section ends where the file does.
+        Ok(_) | Err(SafeTensorError::MetadataIncompleteBuffer) => {
+            match serde_json::from_slice::<Metadata>(&prefix[8..]) {
+                Ok(meta) if prefix_len + meta.data_len() as u64 == len => {
+                    Ok((header_len as usize, meta))
+                }
+                Ok(_) => Err((SafeTensorError::MetadataIncompleteBuffer, len)),
+                Err(e) => Err((SafeTensorError::InvalidHeaderDeserialization(e), len)),
+            }
+        }
+        Err(e) => Err((e, len)),
+    })
+}
+
+/// Fills `buf` from byte `at` of `file`, which was `len` bytes long when
+/// opened; a file that has become shorter is [`FrontendError::Changed`].
+fn read_exact_at(path: &Path, file: &File, len: u64, mut at: u64, buf: &mut [u8]) -> Result<()> {
+    #[cfg(unix)]
+    use std::os::unix::fs::FileExt;
+    #[cfg(windows)]
+    use std::os::windows::fs::FileExt;
+    let mut done = 0;
+    while done < buf.len() {
+        #[cfg(unix)]
+        let read = file.read_at(&mut buf[done..], at);
+        #[cfg(windows)]
+        let read = file.seek_read(&mut buf[done..], at);
+        match read {
+            Ok(0) => {
+                return Err(FrontendError::Changed {
+                    path: path.to_path_buf(),
+                    found: file.metadata().map_or(at, |m| m.len()),
+                    expected: len,
+                })
+            }
+            Ok(n) => {
+                done += n;
+                at += n as u64;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(source) => {
+                return Err(FrontendError::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
+    Ok(())
 }

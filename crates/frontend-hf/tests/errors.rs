@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use gerbil_frontend_hf::{lower, Checkpoint, FrontendError};
+use gerbil_frontend_hf::{lower, Checkpoint, FrontendError, SafetensorsStore};
 use serde_json::json;
 use std::path::Path;
 
@@ -191,6 +191,97 @@ fn corrupt_safetensors() {
     garbage[8..16].copy_from_slice(b"notjson!");
     std::fs::write(&path, &garbage).unwrap();
     check(&dir, &["invalid safetensors file", "model.safetensors"]);
+}
+
+/// A file's header is checked from the header alone exactly as the whole
+/// file is checked in memory: the same verdict and message for every cut
+/// and for garbage.
+#[test]
+fn safetensors_files_and_bytes_are_checked_alike() {
+    let tmp = TempDir::new("alike");
+    let dir = copy_model(&tmp, "tiny/llama", "llama");
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let mut garbage = bytes.clone();
+    garbage[8..16].copy_from_slice(b"notjson!");
+    let mut longer = bytes.clone();
+    longer.extend_from_slice(&[0; 16]);
+    let mut cases: Vec<Vec<u8>> = [0, 5, 8, 20, 8 + header, bytes.len() / 2, bytes.len() - 1]
+        .iter()
+        .map(|&len| bytes[..len].to_vec())
+        .collect();
+    cases.extend([garbage, longer, bytes.clone()]);
+    for case in cases {
+        std::fs::write(&path, &case).unwrap();
+        let from_file = SafetensorsStore::open_files(std::slice::from_ref(&path));
+        let from_bytes = SafetensorsStore::from_bytes(&[(path.clone(), &case[..])]);
+        let verdict = |r: &Result<SafetensorsStore, FrontendError>| match r {
+            Ok(store) => Ok(store.names().len()),
+            Err(e) => Err(e.to_string()),
+        };
+        assert_eq!(
+            verdict(&from_file),
+            verdict(&from_bytes),
+            "{} bytes",
+            case.len()
+        );
+    }
+}
+
+/// A safetensors file truncated by another program after the checkpoint
+/// was opened: reading a tensor past the new end is an error naming the
+/// file (the tensors are read, not mapped, so nothing can fault), and the
+/// tensors still inside the file read their bytes as stored.
+#[test]
+fn checkpoint_truncated_while_open_is_an_error_not_a_fault() {
+    let tmp = TempDir::new("shrunk");
+    let dir = copy_model(&tmp, "tiny/llama", "llama");
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let stored = read_tensors(&path);
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    // The header gives each tensor's place: cut the file inside the last one.
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let meta: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header]).unwrap();
+    let places: Vec<(&str, u64, u64)> = meta
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| *name != "__metadata__")
+        .map(|(name, info)| {
+            let offsets = info["data_offsets"].as_array().unwrap();
+            let at = |i: usize| offsets[i].as_u64().unwrap() + 8 + header as u64;
+            (name.as_str(), at(0), at(1))
+        })
+        .collect();
+    let &(last, last_start, _) = places.iter().max_by_key(|p| p.1).unwrap();
+    let cut = last_start + 2;
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&path)
+        .unwrap()
+        .set_len(cut)
+        .unwrap();
+    let err = ckpt.tensor(last).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        format!(
+            "{}: the checkpoint file changed while it was being read (now {cut} bytes, was {}); \
+             do not rewrite a checkpoint while gerbilc compiles it: rerun the command",
+            path.display(),
+            bytes.len()
+        )
+    );
+    let inside: Vec<&str> = places.iter().filter(|p| p.2 <= cut).map(|p| p.0).collect();
+    assert!(inside.len() > 3, "{places:?}");
+    for name in inside {
+        let view = ckpt.tensor(name).unwrap();
+        let (_, t) = stored.iter().find(|(n, _)| n == name).unwrap();
+        assert_eq!(view.data, &t.data[..], "{name}");
+        let shape: Vec<u64> = t.shape.iter().map(|&d| d as u64).collect();
+        assert_eq!(view.shape, shape, "{name}");
+    }
 }
 
 #[test]
