@@ -148,6 +148,37 @@ fn huge_and_zero_bench_sizes_are_errors_before_the_gpu_opens() {
     );
 }
 
+#[test]
+fn huge_and_zero_run_sizes_end_at_the_context_or_are_errors() {
+    let (_dir, plan) = tiny_plan("run-sizes", &["--max-context", "16"]);
+    let plan = plan.to_str().unwrap();
+    // As many tokens as a usize holds: generation stops where the context
+    // ends, instead of reserving memory for them or wrapping a sum.
+    let o = gerbil_run(&[
+        plan,
+        "--input-ids",
+        "1,2",
+        "--max-new-tokens",
+        "18446744073709551615",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(out["finish_reason"], "length", "{out}");
+    assert_eq!(out["output_ids"].as_array().unwrap().len(), 15, "{out}");
+    for ctx in ["0", "18446744073709551615"] {
+        let o = gerbil_run(&[plan, "--ctx", ctx, "--input-ids", "1,2"]);
+        assert_fails_with(&o, "");
+        assert_eq!(
+            error_line(&o),
+            format!(
+                "error: a context of {ctx} tokens is not possible: this plan holds 1 to 16 \
+                 tokens; give --ctx at most 16, or recompile with a larger --max-context"
+            )
+        );
+    }
+}
+
 /// Rewrites the header of the plan at `path` with `edit` applied, and
 /// its header checksum to match, as a careful vandal would.
 fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
