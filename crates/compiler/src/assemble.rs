@@ -20,7 +20,7 @@ use std::borrow::Cow;
 use std::path::Path;
 
 /// A plan ready to write: its header and data sections, which borrow from
-/// the tensor source (the checkpoint's mmap) where they can.
+/// the tensor source (the checkpoint's tensor bytes) where they can.
 pub struct Plan<'a> {
     /// The header.
     pub header: PlanHeader,

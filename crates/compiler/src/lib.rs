@@ -15,8 +15,9 @@
 //! bytes ([`materialize`]), assembles the plan ([`assemble`]) and carries the
 //! dump hooks ([`dump`]); [`opt()`] runs passes on textual IR (`gerbilc
 //! opt`). Every failure is a [`CompileError`]. The surprising
-//! part: the plan borrows the checkpoint's memory map, so the checkpoint must
-//! outlive it — writing a plan never copies weights that need no transform.
+//! part: the plan borrows the checkpoint's tensor bytes (read once from the
+//! files), so the checkpoint must outlive it — writing a plan never copies
+//! weights that need no transform.
 
 pub mod assemble;
 pub mod chunk;

@@ -2,10 +2,11 @@
 //! [`WeightSource`].
 //!
 //! Checkpoint tensors and row ranges of them are borrowed straight from the
-//! source (the checkpoint's mmap), so compiling a 1 GB model does not copy
-//! 1 GB; concatenations and RoPE tables are built in memory. A weight that
-//! codegen split into row shards is cut here, after materialization, so a
-//! shard of a concatenation is exact too.
+//! source (the bytes the checkpoint read from its files, once per tensor),
+//! so compiling a 1 GB model does not copy those 1 GB again; concatenations
+//! and RoPE tables are built in memory. A weight that codegen split into row
+//! shards is cut here, after materialization, so a shard of a concatenation
+//! is exact too.
 //!
 //! [`TensorSource`] is the seam that lets tests build plans from tensors made
 //! in memory instead of a checkpoint directory.

@@ -10,8 +10,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! [`Checkpoint::open`] reads `config.json` (kept raw and typed), maps the
-//! safetensors files and captures the text assets. It does not pick a family
+//! [`Checkpoint::open`] reads `config.json` (kept raw and typed), opens the
+//! safetensors files (their tensors are read when asked for) and captures
+//! the text assets. It does not pick a family
 //! builder: that happens in [`crate::lower()`], so a directory of an
 //! unsupported architecture can still be inspected. A directory without
 //! weight files opens too (tokenizer-only fixtures); lowering it fails with

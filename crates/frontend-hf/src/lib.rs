@@ -10,8 +10,8 @@
 //! ```
 //!
 //! [`Checkpoint::open`] parses `config.json` ([`HfConfig`], v4 and v5 key
-//! spellings alike), memory-maps the safetensors files
-//! ([`SafetensorsStore`]) and captures the tokenizer and chat template
+//! spellings alike), opens the safetensors files and checks their headers
+//! ([`SafetensorsStore`], which reads a tensor's bytes when it is asked for) and captures the tokenizer and chat template
 //! ([`TextAssets`]). [`lower()`] picks the family builder from
 //! `architectures[0]` and emits the graph; every weight is checked against
 //! the shape the config implies, and keeps the checkpoint's dtype (bf16
