@@ -213,10 +213,13 @@ fn crc32(bytes: &[u8]) -> u32 {
     !crc
 }
 
+/// An edit of a plan header's JSON.
+type Edit = fn(&mut serde_json::Value);
+
 #[test]
 fn edited_headers_with_matching_checksums_are_refused_with_the_reason() {
     let (dir, plan) = tiny_plan("edited", &["--max-context", "16"]);
-    let cases: [(&str, fn(&mut serde_json::Value), &str); 5] = [
+    let cases: [(&str, Edit, &str); 5] = [
         (
             "context",
             |h| h["model"]["max_context"] = 4_294_967_296u64.into(),
