@@ -329,11 +329,15 @@ impl Session {
         for i in &used {
             let decl = &header.buffers[*i as usize];
             match &decl.kind {
-                BufferKind::Weight { .. } => memory.weights += decl.size,
-                BufferKind::KvCache { .. } => {
-                    memory.kv_cache += kv_bytes(decl.size, context, header.model.max_context)
+                // Saturating: each size is bounded, their number is not.
+                BufferKind::Weight { .. } => {
+                    memory.weights = memory.weights.saturating_add(decl.size)
                 }
-                _ => memory.activations += decl.size,
+                BufferKind::KvCache { .. } => {
+                    let bytes = kv_bytes(decl.size, context, header.model.max_context);
+                    memory.kv_cache = memory.kv_cache.saturating_add(bytes)
+                }
+                _ => memory.activations = memory.activations.saturating_add(decl.size),
             }
         }
         let residency = Residency::allocate(&gpu, &header, &used, context).await?;
