@@ -357,10 +357,10 @@ fn write_window(
                 .zip(scratch.iter_mut())
                 .map(|(part, buf)| scope.spawn(move || part.iter().try_for_each(|w| write(w, buf))))
                 .collect();
+            // An error returns at once; the scope still joins every thread.
             handles
                 .into_iter()
-                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                .collect::<Result<(), RuntimeError>>()
+                .try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
         })
     }
     #[cfg(target_arch = "wasm32")]
