@@ -87,7 +87,10 @@ fn kv_bytes(h: &PlanHeader, v: &Variant) -> u64 {
         .bound_buffers()
         .filter(|&b| matches!(h.buffers[b as usize].kind, BufferKind::KvCache { .. }))
         .collect();
-    caches.iter().map(|&b| h.buffers[b as usize].size).sum()
+    // Saturating: sizes come from the file (each within the limits table).
+    caches.iter().fold(0u64, |sum, &b| {
+        sum.saturating_add(h.buffers[b as usize].size)
+    })
 }
 
 fn summarize(h: &PlanHeader, v: &Variant) -> VariantSummary {
@@ -105,15 +108,16 @@ fn summarize(h: &PlanHeader, v: &Variant) -> VariantSummary {
 /// Summarizes a plan header.
 pub fn inspect(h: &PlanHeader) -> Inspection {
     let mut weight_bytes_by_dtype = BTreeMap::new();
-    let mut arena = 0;
+    let mut arena = 0u64;
     let mut arena_sizes = Vec::new();
     for b in &h.buffers {
         match &b.kind {
             BufferKind::Weight { dtype, .. } => {
-                *weight_bytes_by_dtype.entry(dtype.clone()).or_default() += b.size
+                let sum: &mut u64 = weight_bytes_by_dtype.entry(dtype.clone()).or_default();
+                *sum = sum.saturating_add(b.size);
             }
             BufferKind::Arena => {
-                arena += b.size;
+                arena = u64::saturating_add(arena, b.size);
                 arena_sizes.push(b.size);
             }
             _ => {}
