@@ -117,7 +117,7 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
                 *sum = sum.saturating_add(b.size);
             }
             BufferKind::Arena => {
-                arena = u64::saturating_add(arena, b.size);
+                arena = arena.saturating_add(b.size);
                 arena_sizes.push(b.size);
             }
             _ => {}
