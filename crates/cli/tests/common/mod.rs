@@ -178,3 +178,37 @@ pub fn assert_fails_with(o: &Output, needle: &str) {
         "panicked instead of an error:\n{err}"
     );
 }
+
+/// Rewrites the header of the plan at `path` with `edit` applied, and its
+/// header checksum to match, as a careful vandal would (the verbatim
+/// `config.json` is dropped so the edited header fits the padding).
+pub fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let mut bytes = std::fs::read(path).unwrap();
+    let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
+    let (len, data_offset) = (word(&bytes, 16) as usize, word(&bytes, 24) as usize);
+    let mut header: serde_json::Value = serde_json::from_slice(&bytes[48..48 + len]).unwrap();
+    edit(&mut header);
+    header["model"]["config"] = serde_json::json!({});
+    let json = serde_json::to_vec(&header).unwrap();
+    assert!(
+        48 + json.len() <= data_offset,
+        "the edited header does not fit"
+    );
+    bytes[48..data_offset].fill(0);
+    bytes[48..48 + json.len()].copy_from_slice(&json);
+    bytes[16..24].copy_from_slice(&(json.len() as u64).to_le_bytes());
+    bytes[40..44].copy_from_slice(&crc32(&json).to_le_bytes());
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// CRC-32 (IEEE), as the plan's preamble stores it.
+pub fn crc32(bytes: &[u8]) -> u32 {
+    let mut crc = !0u32;
+    for &b in bytes {
+        crc ^= u32::from(b);
+        for _ in 0..8 {
+            crc = (crc >> 1) ^ (0xedb8_8320 & 0u32.wrapping_sub(crc & 1));
+        }
+    }
+    !crc
+}
