@@ -8,7 +8,6 @@
 mod common;
 
 use common::*;
-use std::path::Path;
 
 /// `gerbilc compile` of the tiny Llama with `flags`, into a temp dir.
 fn compile_with(flags: &[&str]) -> (std::process::Output, tempfile::TempDir) {
@@ -177,40 +176,6 @@ fn huge_and_zero_run_sizes_end_at_the_context_or_are_errors() {
             )
         );
     }
-}
-
-/// Rewrites the header of the plan at `path` with `edit` applied, and
-/// its header checksum to match, as a careful vandal would.
-fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
-    let mut bytes = std::fs::read(path).unwrap();
-    let word = |b: &[u8], at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap());
-    let (len, data_offset) = (word(&bytes, 16) as usize, word(&bytes, 24) as usize);
-    let mut header: serde_json::Value = serde_json::from_slice(&bytes[48..48 + len]).unwrap();
-    edit(&mut header);
-    // Drop the verbatim config.json so the edited header fits the padding.
-    header["model"]["config"] = serde_json::json!({});
-    let json = serde_json::to_vec(&header).unwrap();
-    assert!(
-        48 + json.len() <= data_offset,
-        "the edited header does not fit"
-    );
-    bytes[48..data_offset].fill(0);
-    bytes[48..48 + json.len()].copy_from_slice(&json);
-    bytes[16..24].copy_from_slice(&(json.len() as u64).to_le_bytes());
-    bytes[40..44].copy_from_slice(&crc32(&json).to_le_bytes());
-    std::fs::write(path, bytes).unwrap();
-}
-
-/// CRC-32 (IEEE), as the plan's preamble stores it.
-fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = (crc >> 1) ^ (0xedb8_8320 & 0u32.wrapping_sub(crc & 1));
-        }
-    }
-    !crc
 }
 
 /// An edit of a plan header's JSON.

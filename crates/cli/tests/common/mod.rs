@@ -197,18 +197,7 @@ pub fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     bytes[48..data_offset].fill(0);
     bytes[48..48 + json.len()].copy_from_slice(&json);
     bytes[16..24].copy_from_slice(&(json.len() as u64).to_le_bytes());
-    bytes[40..44].copy_from_slice(&crc32(&json).to_le_bytes());
+    bytes[40..44].copy_from_slice(&crc32fast::hash(&json).to_le_bytes());
     std::fs::write(path, bytes).unwrap();
 }
 
-/// CRC-32 (IEEE), as the plan's preamble stores it.
-pub fn crc32(bytes: &[u8]) -> u32 {
-    let mut crc = !0u32;
-    for &b in bytes {
-        crc ^= u32::from(b);
-        for _ in 0..8 {
-            crc = (crc >> 1) ^ (0xedb8_8320 & 0u32.wrapping_sub(crc & 1));
-        }
-    }
-    !crc
-}
