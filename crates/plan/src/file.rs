@@ -183,6 +183,7 @@ impl PlanBytes {
     }
 
     /// The CRC-32 of `len` bytes at `at`, which lie inside [`PlanBytes::len`].
+    #[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
     fn crc(&self, path: &Path, at: u64, len: u64) -> Result<u32, PlanError> {
         match self {
             #[cfg(not(target_arch = "wasm32"))]
