@@ -11,14 +11,17 @@
 //! [`PlanError::Changed`], an error naming the file, never a fault (a map of
 //! the file, as before, died with SIGBUS there), and
 //! [`PlanFile::check_unchanged`] catches one rewritten in place. Reading
-//! costs no more than mapping did: `gerbil-run bench` loaded the 274 MB
-//! SmolLM2-135M plan in LOAD_READ ms, against LOAD_MAP mapped (docs/plan-format.md);
-//! reading the whole file into one fresh `Vec` had cost 647 against 463,
-//! for page-faulting the allocation, which the chunked reads into reused
-//! buffers avoid. [`PlanFile::from_bytes`] reads a plan already in memory,
-//! which is how a browser loads one it fetched (wasm32 has no positional
-//! reads, so `open` reads the file into memory there). Both run the same
-//! checks and report the same [`PlanError`]s.
+//! costs about what mapping did: `gerbil-run bench` (debug build, busy
+//! 2-core machine, medians of 3) loaded the 274 MB SmolLM2-135M plan in
+//! 1295 ms read against 1466 mapped, the open with its checksum taking
+//! 111 ms against 61 and the weight upload 828 against 959
+//! (docs/plan-format.md); reading the whole file into one fresh `Vec` had
+//! cost 647 ms against 463 (release), for page-faulting the allocation,
+//! which the chunked reads into reused buffers avoid.
+//! [`PlanFile::from_bytes`] reads a plan already in memory, which is how a
+//! browser loads one it fetched (wasm32 has no positional reads, so `open`
+//! reads the file into memory there). Both run the same checks and report
+//! the same [`PlanError`]s.
 
 use crate::header::{PlanHeader, SectionRef};
 use std::borrow::Cow;
