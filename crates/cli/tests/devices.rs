@@ -100,7 +100,18 @@ fn device_zero_runs_a_plan_as_the_default_does_and_device_99_is_refused() {
     let o = gerbil_run_clean(&args(&["--device", "99"]));
     assert_fails_with(&o, "there is no GPU adapter 99");
     assert!(stderr(&o).contains("`gerbil-run devices` lists them"));
-    let o = gerbil_run_clean(&[plan, "bench", "--device", "99", "--repeats", "1"]);
+    let o = gerbil_run_clean(&[
+        plan,
+        "bench",
+        "--device",
+        "99",
+        "--repeats",
+        "1",
+        "--prompt-tokens",
+        "8",
+        "--new-tokens",
+        "8",
+    ]);
     assert_fails_with(&o, "there is no GPU adapter 99");
 }
 

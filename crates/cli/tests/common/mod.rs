@@ -200,4 +200,3 @@ pub fn edit_header(path: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     bytes[40..44].copy_from_slice(&crc32fast::hash(&json).to_le_bytes());
     std::fs::write(path, bytes).unwrap();
 }
-
