@@ -191,6 +191,10 @@ fn flags_that_would_do_nothing_are_errors() {
         ),
         (&["devices", "--device", "0"], "drop it here"),
         (
+            &[tiny, "--input-ids", "1", "--json", "--top-logits", "0"],
+            "0 records no logits",
+        ),
+        (
             &[plan, "--prompt", "hi", "--stop", ""],
             "a stop string is empty",
         ),

@@ -109,6 +109,15 @@ fn at_least_one(s: &str) -> Result<usize, String> {
     }
 }
 
+/// `--top-logits`: at least one logit per step.
+fn logits_to_record(s: &str) -> Result<usize, String> {
+    match s.parse::<usize>() {
+        Ok(0) => Err("0 records no logits; give K of 1 or more, or drop --top-logits".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 /// `--max-body-bytes`: room for at least a small request.
 fn body_limit(s: &str) -> Result<usize, String> {
     const SMALLEST: usize = 1024;
@@ -139,7 +148,7 @@ struct GenArgs {
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Record the K largest logits of every step (with --json).
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", value_parser = logits_to_record)]
     top_logits: Option<usize>,
     /// Print exactly one JSON object on stdout.
     #[arg(long)]
