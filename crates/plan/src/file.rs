@@ -190,44 +190,18 @@ impl PlanBytes {
     fn crc(&self, path: &Path, at: u64, len: u64) -> Result<u32, PlanError> {
         match self {
             #[cfg(not(target_arch = "wasm32"))]
-            PlanBytes::File { .. } => {
-                let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-                let threads = (threads as u64).min(len.div_ceil(CRC_CHUNK as u64)).max(1);
-                let part = len.div_ceil(threads).max(1);
-                let hash_part = |start: u64| -> Result<crc32fast::Hasher, PlanError> {
-                    let end = (start + part).min(at + len);
-                    let mut h = crc32fast::Hasher::new();
-                    let mut buf = vec![0u8; CRC_READ.min((end - start) as usize)];
-                    let mut pos = start;
-                    while pos < end {
-                        let n = CRC_READ.min((end - pos) as usize);
-                        self.read_at(path, pos, &mut buf[..n])?;
-                        h.update(&buf[..n]);
-                        pos += n as u64;
-                    }
-                    Ok(h)
-                };
-                let starts: Vec<u64> = (0..threads).map(|k| at + k * part).collect();
-                let parts: Vec<Result<crc32fast::Hasher, PlanError>> = if threads == 1 {
-                    vec![hash_part(at)]
-                } else {
-                    std::thread::scope(|scope| {
-                        let handles: Vec<_> = starts
-                            .iter()
-                            .map(|&s| scope.spawn(move || hash_part(s)))
-                            .collect();
-                        handles
-                            .into_iter()
-                            .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                            .collect()
-                    })
-                };
-                let mut total = crc32fast::Hasher::new();
-                for part in parts {
-                    total.combine(&part?);
+            PlanBytes::File { .. } => parallel_crc(at, len, |start, end| {
+                let mut h = crc32fast::Hasher::new();
+                let mut buf = vec![0u8; CRC_READ.min((end - start) as usize)];
+                let mut pos = start;
+                while pos < end {
+                    let n = CRC_READ.min((end - pos) as usize);
+                    self.read_at(path, pos, &mut buf[..n])?;
+                    h.update(&buf[..n]);
+                    pos += n as u64;
                 }
-                Ok(total.finalize())
-            }
+                Ok(h)
+            }),
             PlanBytes::Owned(bytes) => Ok(crc32(&bytes[at as usize..(at + len) as usize])),
         }
     }
@@ -397,43 +371,61 @@ fn u64_at(b: &[u8], at: usize) -> u64 {
     u64::from_le_bytes(a)
 }
 
-/// Bytes per thread below which [`crc32`] hashes on the calling thread.
-#[cfg(not(target_arch = "wasm32"))]
+/// Bytes per thread below which [`parallel_crc`] hashes on the calling thread.
 const CRC_CHUNK: usize = 64 << 20;
 
-/// The CRC-32 of `bytes`, computed in parallel slices combined in order
-/// (a 2.5 GB plan's data took 250 ms on one thread — a quarter of a 1B
-/// model's start-up).
+/// The CRC-32 of `bytes` (see [`parallel_crc`]).
 fn crc32(bytes: &[u8]) -> u32 {
-    #[cfg(not(target_arch = "wasm32"))]
-    {
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let threads = threads.min(bytes.len().div_ceil(CRC_CHUNK)).max(1);
-        if threads > 1 {
-            let parts: Vec<crc32fast::Hasher> = std::thread::scope(|scope| {
-                let handles: Vec<_> = bytes
-                    .chunks(bytes.len().div_ceil(threads))
-                    .map(|part| {
-                        scope.spawn(move || {
-                            let mut h = crc32fast::Hasher::new();
-                            h.update(part);
-                            h
-                        })
-                    })
-                    .collect();
-                handles
-                    .into_iter()
-                    .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-                    .collect()
-            });
-            let mut total = crc32fast::Hasher::new();
-            for part in &parts {
-                total.combine(part);
-            }
-            return total.finalize();
-        }
+    let hashed = parallel_crc(0, bytes.len() as u64, |start, end| {
+        let mut h = crc32fast::Hasher::new();
+        h.update(&bytes[start as usize..end as usize]);
+        Ok::<_, std::convert::Infallible>(h)
+    });
+    match hashed {
+        Ok(crc) => crc,
+        Err(never) => match never {},
     }
-    crc32fast::hash(bytes)
+}
+
+/// The CRC-32 of bytes `at..at + len`, hashed by `hash(start, end)` in
+/// parallel parts of at least [`CRC_CHUNK`] bytes combined in order (a
+/// 2.5 GB plan's data took 250 ms on one thread — a quarter of a 1B model's
+/// start-up). The first error of any part is returned.
+fn parallel_crc<E: Send>(
+    at: u64,
+    len: u64,
+    hash: impl Fn(u64, u64) -> Result<crc32fast::Hasher, E> + Sync,
+) -> Result<u32, E> {
+    #[cfg(not(target_arch = "wasm32"))]
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get()) as u64;
+    #[cfg(target_arch = "wasm32")]
+    let threads = 1u64;
+    let threads = threads.min(len.div_ceil(CRC_CHUNK as u64)).max(1);
+    let part = len.div_ceil(threads).max(1);
+    let end = at + len;
+    let range = |k: u64| ((at + k * part).min(end), (at + (k + 1) * part).min(end));
+    let parts: Vec<Result<crc32fast::Hasher, E>> = if threads == 1 {
+        vec![hash(at, end)]
+    } else {
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..threads)
+                .map(|k| {
+                    let (start, end) = range(k);
+                    let hash = &hash;
+                    scope.spawn(move || hash(start, end))
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
+                .collect()
+        })
+    };
+    let mut total = crc32fast::Hasher::new();
+    for part in parts {
+        total.combine(&part?);
+    }
+    Ok(total.finalize())
 }
 
 impl PlanFile {
