@@ -184,7 +184,7 @@ type Edit = fn(&mut serde_json::Value);
 #[test]
 fn edited_headers_with_matching_checksums_are_refused_with_the_reason() {
     let (dir, plan) = tiny_plan("edited", &["--max-context", "16"]);
-    let cases: [(&str, Edit, &str); 5] = [
+    let cases: [(&str, Edit, &str); 6] = [
         (
             "context",
             |h| h["model"]["max_context"] = 4_294_967_296u64.into(),
@@ -206,6 +206,21 @@ fn edited_headers_with_matching_checksums_are_refused_with_the_reason() {
             |h| h["model"]["max_context"] = 32.into(),
             "(a KV cache) has 2048 bytes: 32 (max_context) rows of 64 bytes, but its rows are \
              128 bytes",
+        ),
+        (
+            // A context doubled consistently for the caches (rows of half
+            // the bytes) still finds the RoPE table holding 16 positions.
+            "rope",
+            |h| {
+                h["model"]["max_context"] = 32.into();
+                for b in h["buffers"].as_array_mut().unwrap() {
+                    if b["kind"]["kind"] == "kv_cache" {
+                        b["kind"]["row_bytes"] = 64.into();
+                    }
+                }
+            },
+            "(rope_table) is indexed by position with shape [16, 16] in 1024 bytes, not 32 \
+             (max_context) rows of 4-byte values",
         ),
         (
             "divisor",

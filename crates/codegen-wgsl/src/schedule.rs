@@ -18,7 +18,7 @@ use crate::variant::{variants_for, VariantSpec};
 use crate::CodegenError;
 use gerbil_ir::op::KvKind;
 use gerbil_ir::DType;
-use gerbil_ir::{Dim, Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
+use gerbil_ir::{Dim, Graph, NodeId, Op, Sym, TensorType, ValueRef, WeightSource};
 use gerbil_plan::{
     BufferDecl, BufferKind, BufferSlice, Dispatch, IoBindings, KvHalf, OutputKind, Port, Precision,
     SectionRef, Variant, BINDING_OFFSET_ALIGN, SAMPLING_PARAMS_BYTES, STEP_PARAMS_BYTES,
@@ -200,7 +200,10 @@ impl Buffers<'_> {
                 bytes,
                 "it cannot be split into shards of 4 rows each within one binding; use a target with a larger binding limit (--target desktop)",
             )?;
-            let i = self.push(bytes, weight_kind(label.to_string(), &resolved, shape));
+            // A table of `Lmax` rows is indexed by position (the RoPE table).
+            let position_rows = ty.shape.first() == Some(&Dim::Sym(Sym::Lmax));
+            let kind = weight_kind(label.to_string(), &resolved, shape, position_rows);
+            let i = self.push(bytes, kind);
             self.weights.push(WeightBuffer {
                 buffer: i,
                 source: source.clone(),
@@ -220,7 +223,7 @@ impl Buffers<'_> {
             let name = format!("{label}[{start}..{}]", start + count);
             let i = self.push(
                 round4(ty.size_bytes(0, 0)),
-                weight_kind(name, &ty, shard_shape),
+                weight_kind(name, &ty, shard_shape, false),
             );
             self.weights.push(WeightBuffer {
                 buffer: i,
@@ -237,12 +240,13 @@ impl Buffers<'_> {
     }
 }
 
-fn weight_kind(name: String, ty: &TensorType, shape: Vec<u64>) -> BufferKind {
+fn weight_kind(name: String, ty: &TensorType, shape: Vec<u64>, position_rows: bool) -> BufferKind {
     BufferKind::Weight {
         section: SectionRef { offset: 0, len: 0 },
         name,
         dtype: ty.dtype.to_string(),
         shape,
+        position_rows,
     }
 }
 

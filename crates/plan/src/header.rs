@@ -242,6 +242,12 @@ pub enum BufferKind {
         dtype: String,
         /// Shape as stored.
         shape: Vec<u64>,
+        /// Its rows are token positions, `max_context` of them (the RoPE
+        /// table): kernels index it by position, so validation ties the rows
+        /// to `max_context` and every binding to the whole buffer (plans
+        /// written before it read as `false`, checked less tightly).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        position_rows: bool,
     },
     /// Scratch memory for activations, placed by the buffer planner.
     Arena,

@@ -13,8 +13,9 @@
 //! It is also the runtime's guard: every size the runtime multiplies,
 //! divides by, casts to `u32` or allocates is checked here against
 //! [`crate::limits`] — the model's sizes, every buffer and binding, each KV
-//! cache holding `max_context` position rows, the I/O buffers' kinds and
-//! sizes, workgroup sizes and counts (at `max_tokens_per_step`, in `u64`) —
+//! cache and the RoPE table holding `max_context` position rows (the table
+//! bound whole), the I/O buffers' kinds and sizes, workgroup sizes and
+//! counts (at `max_tokens_per_step`, in `u64`) —
 //! so a header that passes cannot make the runtime panic, wrap or read out
 //! of range, however it was edited.
 
@@ -77,6 +78,18 @@ impl PlanHeader {
                         b.size
                     ));
                 }
+            }
+        }
+        // After the KV caches, whose sizes say more about a wrong context.
+        for (i, b) in self.buffers.iter().enumerate() {
+            if let BufferKind::Weight {
+                name,
+                shape,
+                position_rows: true,
+                ..
+            } = &b.kind
+            {
+                self.check_position_table(i, name, shape, b.size)?;
             }
         }
         self.check_io()?;
@@ -152,6 +165,31 @@ impl PlanHeader {
             return Err(format!(
                 "buffer {i} (a KV cache) has {size} bytes: {positions} (max_context) rows of \
                  {row} bytes, but its rows are {declared} bytes"
+            ));
+        }
+        Ok(())
+    }
+
+    /// A table indexed by position (the RoPE table) holds exactly
+    /// `max_context` rows of whole 4-byte values: kernels read row `p` for
+    /// every position `p` the KV cache holds.
+    fn check_position_table(
+        &self,
+        i: usize,
+        name: &str,
+        shape: &[u64],
+        size: u64,
+    ) -> Result<(), String> {
+        let positions = self.model.max_context;
+        let rows = shape.first().copied().unwrap_or(0);
+        let values = shape
+            .iter()
+            .try_fold(1u64, |n, &d| n.checked_mul(d))
+            .and_then(|n| n.checked_mul(4));
+        if rows != positions || values != Some(size) {
+            return Err(format!(
+                "buffer {i} ({name}) is indexed by position with shape {shape:?} in {size} bytes, \
+                 not {positions} (max_context) rows of 4-byte values"
             ));
         }
         Ok(())
@@ -296,6 +334,23 @@ impl PlanHeader {
                 return Err(format!(
                     "{what} binds a KV cache from byte {}; caches are bound from their start",
                     s.offset
+                ));
+            }
+            let size = self.buffers[s.buffer as usize].size;
+            if matches!(
+                kind,
+                BufferKind::Weight {
+                    position_rows: true,
+                    ..
+                }
+            ) && (s.offset, s.size) != (0, size)
+            {
+                return Err(format!(
+                    "{what} binds bytes {}+{} of the {}, a table indexed by position; it must \
+                     bind all {size} bytes",
+                    s.offset,
+                    s.size,
+                    kind.describe()
                 ));
             }
         }

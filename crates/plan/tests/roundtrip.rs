@@ -72,6 +72,7 @@ fn header(weight: SectionRef) -> PlanHeader {
                     name: "w".into(),
                     dtype: "f32".into(),
                     shape: vec![3],
+                    position_rows: false,
                 },
             },
             BufferDecl {

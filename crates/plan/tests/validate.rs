@@ -110,6 +110,7 @@ fn valid(w: SectionRef) -> PlanHeader {
                     name: "w".into(),
                     dtype: "f32".into(),
                     shape: vec![3],
+                    position_rows: false,
                 },
             ),
             buffer(
@@ -332,6 +333,78 @@ fn buffers_hold_what_the_runtime_writes_and_reads() {
     );
 }
 
+/// [`valid`] with its weight replaced by a table indexed by position (like
+/// the RoPE table): `CONTEXT` rows of one f32, bound whole by `attend`.
+fn with_position_table() -> (DataLayout<'static>, PlanHeader) {
+    let mut data = DataLayout::default();
+    let table = data.push(Cow::Owned(vec![1u8; CONTEXT as usize * 4]));
+    let mut h = valid(table);
+    h.buffers[2] = BufferDecl {
+        size: table.len,
+        kind: BufferKind::Weight {
+            section: table,
+            name: "rope_table".into(),
+            dtype: "f32".into(),
+            shape: vec![CONTEXT, 1],
+            position_rows: true,
+        },
+    };
+    rebind_attend(&mut h, 1, slice(2, 0, table.len));
+    (data, h)
+}
+
+/// Binding `n` of kernel 0 (`attend`) declared and bound as `to` in both
+/// phases.
+fn rebind_attend(h: &mut PlanHeader, n: usize, to: BufferSlice) {
+    h.kernels[0].bindings[n].bytes = to.size;
+    let v = &mut h.variants[0];
+    for d in v.prefill.iter_mut().chain(v.decode.iter_mut()) {
+        if d.kernel == 0 {
+            d.bindings[n] = to;
+        }
+    }
+}
+
+#[test]
+fn tables_indexed_by_position_hold_max_context_rows_and_are_bound_whole() {
+    let (data, h) = with_position_table();
+    assert_eq!(h.validate(data.len()), Ok(()));
+    // A context raised consistently for the KV cache (rows of the same
+    // bytes) still leaves the table short: the GPU would read past it.
+    let mut longer = h.clone();
+    longer.model.max_context = 2 * CONTEXT;
+    longer.buffers[4].size = 2 * CONTEXT * KV_ROW;
+    rebind_attend(&mut longer, 2, slice(4, 0, 2 * CONTEXT * KV_ROW));
+    assert_eq!(
+        longer.validate(data.len()).unwrap_err(),
+        "buffer 2 (rope_table) is indexed by position with shape [8, 1] in 32 bytes, not 16 \
+         (max_context) rows of 4-byte values"
+    );
+    // The shape and the size must agree too.
+    let mut wide = h.clone();
+    if let BufferKind::Weight { shape, .. } = &mut wide.buffers[2].kind {
+        *shape = vec![CONTEXT, 2];
+    }
+    assert!(wide
+        .validate(data.len())
+        .unwrap_err()
+        .starts_with("buffer 2 (rope_table) is indexed by position with shape [8, 2] in 32 bytes"));
+    // A binding of part of the table would let a kernel index past it.
+    let mut part = h.clone();
+    rebind_attend(&mut part, 1, slice(2, 0, 16));
+    assert_eq!(
+        part.validate(data.len()).unwrap_err(),
+        "portable prefill dispatch 0 (k0), binding 1 (`w` of kernel attend) binds bytes 0+16 \
+         of the rope_table, a table indexed by position; it must bind all 32 bytes"
+    );
+    // Plans written before the flag read as `false`: it is omitted then.
+    let (_, w) = self::data();
+    let json = serde_json::to_value(valid(w)).unwrap();
+    assert!(json["buffers"][2]["kind"].get("position_rows").is_none());
+    let json = serde_json::to_value(&h).unwrap();
+    assert_eq!(json["buffers"][2]["kind"]["position_rows"], true);
+}
+
 #[test]
 fn io_bindings_name_buffers_of_their_kind() {
     assert_eq!(
@@ -540,6 +613,7 @@ fn mutate(h: &mut PlanHeader, field: usize, value: u64) {
                 name: "w".into(),
                 dtype: "f32".into(),
                 shape: vec![3],
+                position_rows: value % 2 == 1,
             }
         }
     }

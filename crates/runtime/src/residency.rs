@@ -432,6 +432,7 @@ mod tests {
                     name: format!("w{i}"),
                     dtype: "u8".into(),
                     shape: vec![b.len() as u64],
+                    position_rows: false,
                 },
             });
         }
