@@ -386,37 +386,20 @@ fn read_header(
 
 /// Fills `buf` from byte `at` of `file`, which was `len` bytes long when
 /// opened; a file that has become shorter is [`FrontendError::Changed`].
-fn read_exact_at(path: &Path, file: &File, len: u64, mut at: u64, buf: &mut [u8]) -> Result<()> {
-    #[cfg(unix)]
-    use std::os::unix::fs::FileExt;
-    #[cfg(windows)]
-    use std::os::windows::fs::FileExt;
-    let mut done = 0;
-    while done < buf.len() {
-        #[cfg(unix)]
-        let read = file.read_at(&mut buf[done..], at);
-        #[cfg(windows)]
-        let read = file.seek_read(&mut buf[done..], at);
-        match read {
-            Ok(0) => {
-                return Err(FrontendError::Changed {
-                    path: path.to_path_buf(),
-                    found: file.metadata().map_or(at, |m| m.len()),
-                    expected: len,
-                })
+fn read_exact_at(path: &Path, file: &File, len: u64, at: u64, buf: &mut [u8]) -> Result<()> {
+    use positioned_io::ReadAt;
+    file.read_exact_at(at, buf).map_err(|source| {
+        if source.kind() == std::io::ErrorKind::UnexpectedEof {
+            FrontendError::Changed {
+                path: path.to_path_buf(),
+                found: file.metadata().map_or(at, |m| m.len()),
+                expected: len,
             }
-            Ok(n) => {
-                done += n;
-                at += n as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(source) => {
-                return Err(FrontendError::Io {
-                    path: path.to_path_buf(),
-                    source,
-                })
+        } else {
+            FrontendError::Io {
+                path: path.to_path_buf(),
+                source,
             }
         }
-    }
-    Ok(())
+    })
 }

@@ -168,15 +168,17 @@ impl PlanBytes {
         match self {
             #[cfg(not(target_arch = "wasm32"))]
             PlanBytes::File { file, len, .. } => {
-                let read = read_full_at(file, at, buf).map_err(io_err(path))?;
-                if read < buf.len() {
-                    let found = file.metadata().map_or(at + read as u64, |m| m.len());
-                    return Err(PlanError::Changed {
-                        path: path.to_path_buf(),
-                        change: format!("now {found} bytes, was {len}"),
-                    });
+                use positioned_io::ReadAt;
+                match file.read_exact_at(at, buf) {
+                    Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
+                        let found = file.metadata().map_or(at, |m| m.len());
+                        Err(PlanError::Changed {
+                            path: path.to_path_buf(),
+                            change: format!("now {found} bytes, was {len}"),
+                        })
+                    }
+                    read => read.map_err(io_err(path)),
                 }
-                Ok(())
             }
             PlanBytes::Owned(bytes) => {
                 buf.copy_from_slice(&bytes[at as usize..end as usize]);
@@ -205,33 +207,6 @@ impl PlanBytes {
             PlanBytes::Owned(bytes) => Ok(crc32(&bytes[at as usize..(at + len) as usize])),
         }
     }
-}
-
-/// Reads into `buf` from `at` until it is full or the file ends; returns
-/// the bytes read (fewer than `buf.len()` only at the end of the file).
-#[cfg(not(target_arch = "wasm32"))]
-fn read_full_at(file: &File, mut at: u64, buf: &mut [u8]) -> std::io::Result<usize> {
-    #[cfg(unix)]
-    use std::os::unix::fs::FileExt;
-    #[cfg(windows)]
-    use std::os::windows::fs::FileExt;
-    let mut done = 0;
-    while done < buf.len() {
-        #[cfg(unix)]
-        let read = file.read_at(&mut buf[done..], at);
-        #[cfg(windows)]
-        let read = file.seek_read(&mut buf[done..], at);
-        match read {
-            Ok(0) => break,
-            Ok(n) => {
-                done += n;
-                at += n as u64;
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(done)
 }
 
 /// An opened, checked plan file.
