@@ -9,6 +9,7 @@
 //! errors, not silently dropped — `--top-p` while decoding greedily, for
 //! instance, says to add `--temperature`.
 
+use crate::numbers::{whole_u64, whole_usize};
 use anyhow::{bail, Result};
 use clap::Args;
 use gerbil_plan::GenerationDefaults;
@@ -26,37 +27,37 @@ const HF_TOP_K: usize = 50;
 pub struct SamplingArgs {
     /// Most tokens to generate [default: the model's generation config, else
     /// 128]; fewer when the context ends first (finish reason `length`).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole_usize)]
     pub max_new_tokens: Option<usize>,
     /// Sampling temperature; 0 is greedy [default: the model's generation
     /// config: its temperature when it samples (`do_sample`), else greedy].
-    #[arg(long, value_name = "T")]
+    #[arg(long, value_name = "T", allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// When sampling: only the K most likely tokens (0: all) [default: the
     /// model's, else 50 as in transformers].
-    #[arg(long, value_name = "K")]
+    #[arg(long, value_name = "K", allow_negative_numbers = true, value_parser = whole_usize)]
     pub top_k: Option<usize>,
     /// When sampling: the most likely tokens holding probability P (1: all).
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub top_p: Option<f32>,
     /// When sampling: tokens at least M times as likely as the best (0: all).
-    #[arg(long, value_name = "M")]
+    #[arg(long, value_name = "M", allow_negative_numbers = true)]
     pub min_p: Option<f32>,
     /// transformers' repetition penalty (1: off): logits of tokens already in
     /// the context are divided by it (multiplied when negative).
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub repetition_penalty: Option<f32>,
     /// OpenAI's presence penalty in [-2, 2]: subtracted from the logit of
     /// every token generated so far.
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub presence_penalty: Option<f32>,
     /// OpenAI's frequency penalty in [-2, 2]: subtracted once per time a
     /// token was generated.
-    #[arg(long, value_name = "P")]
+    #[arg(long, value_name = "P", allow_negative_numbers = true)]
     pub frequency_penalty: Option<f32>,
     /// When sampling: the random seed (the same seed gives the same text)
     /// [default: a random one, shown with -v].
-    #[arg(long, value_name = "S")]
+    #[arg(long, value_name = "S", allow_negative_numbers = true, value_parser = whole_u64)]
     pub seed: Option<u64>,
     /// End the text where this string appears (left out); repeatable.
     #[arg(long = "stop", value_name = "STR")]

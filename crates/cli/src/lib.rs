@@ -13,7 +13,8 @@
 //! [`hub`] finds a checkpoint: a local directory or a model downloaded from
 //! the Hugging Face hub; [`text_check`] tries the tokenizer and chat template
 //! at compile time; [`devices`] lists the GPUs; [`progress`] draws
-//! progress bars and [`logging`] sets up `-v` logs. The binaries in `src/bin` parse
+//! progress bars, [`logging`] sets up `-v` logs and [`numbers`] parses
+//! numeric flags. The binaries in `src/bin` parse
 //! arguments and call these. No other crate depends on this one.
 
 pub mod chat;
@@ -24,6 +25,7 @@ pub mod graph_svg;
 pub mod hub;
 pub mod inspect;
 pub mod logging;
+pub mod numbers;
 pub mod passes;
 pub mod plot;
 pub mod progress;

@@ -178,6 +178,63 @@ fn huge_and_zero_run_sizes_end_at_the_context_or_are_errors() {
     }
 }
 
+#[test]
+fn negative_and_fractional_numbers_say_what_the_flag_takes() {
+    // Without clap's negative-number setting, `-5` read as an unknown flag.
+    let (o, _dir) = compile_with(&["--max-context", "-5"]);
+    assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+    assert_eq!(
+        error_line(&o),
+        "error: invalid value '-5' for '--max-context <MAX_CONTEXT>': -5 is negative; give a \
+         whole number, 0 or more"
+    );
+    let (o, _dir) = compile_with(&["--max-tokens-per-step", "1.5"]);
+    assert_eq!(
+        error_line(&o),
+        "error: invalid value '1.5' for '--max-tokens-per-step <MAX_TOKENS_PER_STEP>': 1.5 is \
+         not a whole number; give one without a fraction"
+    );
+    let (_d, plan) = tiny_plan("negative", &["--max-context", "16"]);
+    let plan = plan.to_str().unwrap();
+    for (flag, value) in [
+        ("--ctx", "-1"),
+        ("--max-new-tokens", "-3"),
+        ("--seed", "-4"),
+    ] {
+        let mut args = vec![plan, "--input-ids", "1,2", "--temperature", "0.5"];
+        args.extend([flag, value]);
+        let o = gerbil_run(&args);
+        assert_eq!(o.status.code(), Some(2), "{}", stderr(&o));
+        assert!(
+            error_line(&o).ends_with(&format!(
+                "': {value} is negative; give a whole number, 0 or more"
+            )),
+            "{}",
+            stderr(&o)
+        );
+    }
+    // The penalties take negative values, as documented.
+    let o = gerbil_run(&[
+        plan,
+        "--input-ids",
+        "1,2",
+        "--max-new-tokens",
+        "2",
+        "--temperature",
+        "0.5",
+        "--presence-penalty",
+        "-1",
+        "--frequency-penalty",
+        "-0.5",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let o = gerbil_run(&[plan, "--input-ids", "1,2", "--temperature", "-1"]);
+    assert_eq!(
+        error_line(&o),
+        "error: invalid sampling settings: temperature must be ≥ 0, got -1"
+    );
+}
+
 /// An edit of a plan header's JSON.
 type Edit = fn(&mut serde_json::Value);
 

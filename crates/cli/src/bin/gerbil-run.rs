@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use gerbil_cli::chat::{chat, ChatOptions};
 use gerbil_cli::console;
 use gerbil_cli::gen_args::SamplingArgs;
+use gerbil_cli::numbers::{positive, whole_u64, whole_usize};
 use gerbil_cli::progress::Progress;
 use gerbil_cli::run::{bench, run, BenchOptions, BenchReport, Prompt, RunOptions};
 use gerbil_cli::serve::{serve, ServeOptions};
@@ -39,7 +40,7 @@ struct Cli {
     quiet: bool,
     /// Run on adapter N of `gerbil-run devices` instead of the default
     /// (high-performance) one.
-    #[arg(long, global = true, value_name = "N")]
+    #[arg(long, global = true, value_name = "N", allow_negative_numbers = true, value_parser = whole_usize)]
     device: Option<usize>,
     /// Numerics: `f32` (exact against transformers), `f16` (f16 KV cache;
     /// needs shader-f16 and a plan compiled with `--target desktop`), or
@@ -58,7 +59,7 @@ struct Cli {
     no_pipeline_cache: bool,
     /// KV-cache size in tokens, up to the plan's --max-context (the
     /// default): a smaller context takes less GPU memory.
-    #[arg(long, global = true, value_name = "N")]
+    #[arg(long, global = true, value_name = "N", allow_negative_numbers = true, value_parser = whole_u64)]
     ctx: Option<u64>,
 }
 
@@ -102,31 +103,25 @@ fn parse_precision(s: &str) -> Result<PrecisionChoice, String> {
 
 /// `--repeats`: a positive count.
 fn at_least_one(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("0 repetitions time nothing; give at least 1".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
+    positive(s, "0 repetitions time nothing; give at least 1")
 }
 
 /// `--top-logits`: at least one logit per step.
 fn logits_to_record(s: &str) -> Result<usize, String> {
-    match s.parse::<usize>() {
-        Ok(0) => Err("0 records no logits; give K of 1 or more, or drop --top-logits".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
+    positive(
+        s,
+        "0 records no logits; give K of 1 or more, or drop --top-logits",
+    )
 }
 
 /// `--max-body-bytes`: room for at least a small request.
 fn body_limit(s: &str) -> Result<usize, String> {
     const SMALLEST: usize = 1024;
-    match s.parse::<usize>() {
-        Ok(n) if n < SMALLEST => Err(format!(
+    match whole_usize(s)? {
+        n if n < SMALLEST => Err(format!(
             "{n} bytes would refuse nearly every request; give at least {SMALLEST}"
         )),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
+        n => Ok(n),
     }
 }
 
@@ -143,12 +138,12 @@ struct GenArgs {
     #[arg(long)]
     system: Option<String>,
     /// Comma-separated token ids instead of a prompt.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', allow_negative_numbers = true)]
     input_ids: Option<Vec<u32>>,
     #[command(flatten)]
     sampling: SamplingArgs,
     /// Record the K largest logits of every step (with --json).
-    #[arg(long, value_name = "K", value_parser = logits_to_record)]
+    #[arg(long, value_name = "K", value_parser = logits_to_record, allow_negative_numbers = true)]
     top_logits: Option<usize>,
     /// Print exactly one JSON object on stdout.
     #[arg(long)]
@@ -236,7 +231,7 @@ enum Cmd {
         #[arg(long, default_value = "127.0.0.1")]
         host: String,
         /// Port; 0 picks a free one (printed as `listening on http://…`).
-        #[arg(long, default_value_t = 8080)]
+        #[arg(long, default_value_t = 8080, allow_negative_numbers = true)]
         port: u16,
         /// The model's id in responses [default: the plan's file name
         /// without extension].
@@ -244,36 +239,36 @@ enum Cmd {
         model_name: Option<String>,
         /// Largest request body in bytes (at least 1024); larger ones get
         /// status 413.
-        #[arg(long, default_value_t = 1 << 20, value_parser = body_limit)]
+        #[arg(long, default_value_t = 1 << 20, value_parser = body_limit, allow_negative_numbers = true)]
         max_body_bytes: usize,
     },
     /// Measure prefill and decode speed and GPU memory.
     Bench {
         /// Prompt length.
-        #[arg(long, default_value_t = 128)]
+        #[arg(long, default_value_t = 128, allow_negative_numbers = true, value_parser = whole_usize)]
         prompt_tokens: usize,
         /// Tokens to decode.
-        #[arg(long, default_value_t = 128)]
+        #[arg(long, default_value_t = 128, allow_negative_numbers = true, value_parser = whole_usize)]
         new_tokens: usize,
         /// Time decode from D tokens of context (llama-bench's `-d`; 0 starts
         /// from an empty cache) instead of right after the prompt.
-        #[arg(long, value_name = "D")]
+        #[arg(long, value_name = "D", allow_negative_numbers = true, value_parser = whole_usize)]
         depth: Option<usize>,
         /// Time sampled decoding at this temperature (0: greedy).
-        #[arg(long, default_value_t = 0.0)]
+        #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
         temperature: f32,
         /// With --temperature: sample among the K most likely tokens [default: 0, all].
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = whole_usize)]
         top_k: Option<usize>,
         /// With --temperature: nucleus sampling threshold [default: 1, off].
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         top_p: Option<f32>,
         /// With --temperature: keep tokens at least this fraction as likely
         /// as the best [default: 0, off].
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true)]
         min_p: Option<f32>,
         /// Timed repetitions (median reported).
-        #[arg(long, default_value_t = 3, value_parser = at_least_one)]
+        #[arg(long, default_value_t = 3, value_parser = at_least_one, allow_negative_numbers = true)]
         repeats: usize,
         /// Print one JSON object.
         #[arg(long)]

@@ -5,6 +5,7 @@ use clap::{Parser, Subcommand};
 use gerbil_cli::graph_svg::{layer_graph, render_svg};
 use gerbil_cli::hub::{open_checkpoint, HubOptions};
 use gerbil_cli::inspect::{inspect, render};
+use gerbil_cli::numbers::{whole_u64, whole_usize};
 use gerbil_cli::passes::{bisect_note, pass_stats};
 use gerbil_cli::progress::Progress;
 use gerbil_cli::schedule::render_schedule;
@@ -50,13 +51,13 @@ enum Cmd {
         #[arg(short, long)]
         output: Option<PathBuf>,
         /// KV-cache capacity in tokens (default: max_position_embeddings, at most 4096).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = whole_u64)]
         max_context: Option<u64>,
         /// Most prompt tokens per prefill step; longer prompts run in chunks.
         /// Default: chosen by the target and memory — 1024 on targets with
         /// 1 GiB+ storage bindings (desktop), 256 on portable, halved while
         /// a step's activations exceed max(weights / 8, 64 MiB).
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = whole_u64)]
         max_tokens_per_step: Option<u64>,
         /// Skip a pass by name (repeatable).
         #[arg(long = "disable-pass", value_name = "NAME")]
@@ -73,7 +74,7 @@ enum Cmd {
         #[arg(long)]
         pass_stats: bool,
         /// Run only the first N passes and name the pass it stopped before.
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole_usize)]
         bisect: Option<usize>,
         /// Write every kernel's WGSL to this directory.
         #[arg(long, value_name = "DIR")]
@@ -83,7 +84,7 @@ enum Cmd {
         target: Box<Target>,
         /// Override the target's largest storage binding in bytes (weights
         /// larger than this are split into row shards).
-        #[arg(long, value_name = "BYTES")]
+        #[arg(long, value_name = "BYTES", allow_negative_numbers = true, value_parser = whole_u64)]
         max_storage_binding: Option<u64>,
         /// Use the prefill GEMM tiles `gerbilc tune` measured (a JSON file);
         /// shapes it lacks keep the built-in choice.
@@ -107,10 +108,10 @@ enum Cmd {
         #[arg(short, long)]
         output: PathBuf,
         /// KV-cache capacity in tokens, as `compile` takes it.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = whole_u64)]
         max_context: Option<u64>,
         /// Prefill chunk, as `compile` takes it: the tiles are timed at it.
-        #[arg(long)]
+        #[arg(long, allow_negative_numbers = true, value_parser = whole_u64)]
         max_tokens_per_step: Option<u64>,
         /// Device limits to compile for.
         #[arg(long, default_value = "portable", value_parser = parse_target)]
@@ -128,7 +129,7 @@ enum Cmd {
         #[arg(long)]
         pass_stats: bool,
         /// Run only the first N passes and name the pass it stopped before.
-        #[arg(long, value_name = "N")]
+        #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole_usize)]
         bisect: Option<usize>,
         /// Write Graphviz files of the graph as read and after each pass that changed it.
         #[arg(long, value_name = "DIR")]
