@@ -13,13 +13,14 @@
 
 use anyhow::{anyhow, Result};
 use gerbil_compiler::Checkpoint;
-use gerbil_runtime::text::{ChatMessage, TextCodec, TextError};
+use gerbil_runtime::text::{ChatMessage, TemplateSandbox, TextCodec, TextError};
 
 /// Fails when the checkpoint's `tokenizer.json` does not load or its chat
-/// template does not parse, render or tokenize a sample conversation.
-pub fn check_text_assets(ckpt: &Checkpoint) -> Result<()> {
+/// template does not parse, render (in `sandbox`, when given) or tokenize a
+/// sample conversation.
+pub fn check_text_assets(ckpt: &Checkpoint, sandbox: Option<TemplateSandbox>) -> Result<()> {
     let start = std::time::Instant::now();
-    check(ckpt)?;
+    check(ckpt, sandbox)?;
     tracing::info!(
         ms = start.elapsed().as_millis() as u64,
         "checked the tokenizer and chat template"
@@ -27,7 +28,7 @@ pub fn check_text_assets(ckpt: &Checkpoint) -> Result<()> {
     Ok(())
 }
 
-fn check(ckpt: &Checkpoint) -> Result<()> {
+fn check(ckpt: &Checkpoint, sandbox: Option<TemplateSandbox>) -> Result<()> {
     let text = &ckpt.text;
     let Some(json) = &text.tokenizer_json else {
         return Ok(());
@@ -42,7 +43,8 @@ fn check(ckpt: &Checkpoint) -> Result<()> {
     let fix = "fix chat_template.jinja (or `chat_template` in tokenizer_config.json)";
     let codec = codec
         .with_chat_template(template.clone())
-        .map_err(|e| anyhow!("{e}; {fix}"))?;
+        .map_err(|e| anyhow!("{e}; {fix}"))?
+        .with_sandbox(sandbox);
     let turns = [
         ChatMessage::new("user", "Hello! What is 2 + 2?"),
         ChatMessage::new("assistant", "2 + 2 is 4."),

@@ -189,6 +189,42 @@ fn broken_tokenizers_and_chat_templates_fail_the_compile() {
     assert!(o.status.success(), "{}", stderr(&o));
 }
 
+/// A `~` doubling loop: a terabyte of string after 40 steps, before any output.
+const DOUBLING: &str = "{% set ns = namespace(s='x') %}{% for i in range(40) %}\
+    {% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}";
+
+/// What a template that builds strings too large says.
+const TOO_MUCH_MEMORY: &str =
+    "the chat template needed more than 1024 MiB of memory: it builds strings too large; it is \
+     broken or hostile";
+
+#[test]
+fn templates_that_build_huge_strings_end_at_the_memory_limit() {
+    // At compile time: the sample conversation renders in the sandbox.
+    let repo = tiny_with_text(None, DOUBLING);
+    let out = repo.path().join("t.plan");
+    let o = gerbilc(&compile_args(repo.path(), &out));
+    assert_fails_with(&o, TOO_MUCH_MEMORY);
+    assert!(!out.exists());
+    // At run time: a template that doubles only for one message compiles,
+    // then that message is refused and the others render.
+    let template = format!(
+        "{{% if messages[-1].content == 'boom' %}}{DOUBLING}{{% endif %}}\
+         {{% for m in messages %}}a{{% endfor %}}"
+    );
+    let repo = tiny_with_text(None, &template);
+    let dir = temp("doubling");
+    let plan = dir.path().join("t.plan");
+    let o = gerbilc(&compile_args(repo.path(), &plan));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let plan = plan.to_str().unwrap();
+    let chat = |prompt| gerbil_run(&[plan, "--chat", "--prompt", prompt, "--max-new-tokens", "1"]);
+    let o = chat("boom");
+    assert_fails_with(&o, TOO_MUCH_MEMORY);
+    let o = chat("hi");
+    assert!(o.status.success(), "{}", stderr(&o));
+}
+
 #[test]
 fn a_plan_with_a_broken_tokenizer_still_runs_on_token_ids() {
     // gerbilc refuses such a plan now; the library still writes one (as an

@@ -47,7 +47,10 @@ impl Model {
     /// ([`RuntimeError::TextUnavailable`]).
     pub async fn load(plan: &PlanFile, opts: &SessionOptions) -> Result<Model, RuntimeError> {
         let (codec, codec_error) = match TextCodec::from_plan(plan) {
-            Ok(codec) => (codec.map(Arc::new), None),
+            Ok(codec) => (
+                codec.map(|c| Arc::new(c.with_sandbox(opts.template_sandbox.clone()))),
+                None,
+            ),
             Err(e) => (None, Some(e.to_string())),
         };
         let session = Session::open(plan, opts).await?;

@@ -178,6 +178,11 @@ pub struct SessionOptions {
     /// Told how the weight upload goes ([`Progress::Weights`]), and later
     /// how long prompts go ([`Progress::Prefill`]; see [`Session::set_progress`]).
     pub progress: Option<ProgressHook>,
+    /// Where [`Model::load`](crate::Model::load)'s chat template renders:
+    /// in a child process under memory and CPU-time limits
+    /// ([`TemplateSandbox`](crate::text::TemplateSandbox)), or in this
+    /// process (`None`, the default).
+    pub template_sandbox: Option<crate::text::TemplateSandbox>,
 }
 
 /// Where the time of [`Session::open`] went, and what the pipeline cache

@@ -11,6 +11,7 @@ use gerbil_cli::run::{bench, run, BenchOptions, BenchReport, Prompt, RunOptions}
 use gerbil_cli::serve::{serve, ServeOptions};
 use gerbil_cli::sweep::{run_sweep, SweepOptions};
 use gerbil_runtime::pipeline_cache::default_dir;
+use gerbil_runtime::text::{serve_if_child, TemplateSandbox};
 use gerbil_runtime::{PipelineCacheOptions, PrecisionChoice, SamplingParams, SessionOptions};
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Read};
@@ -84,6 +85,7 @@ impl Cli {
             context: self.ctx,
             adapter: self.device,
             progress: Progress::new(self.quiet).runtime_hook(),
+            template_sandbox: TemplateSandbox::this_program(),
             ..SessionOptions::default()
         }
     }
@@ -293,6 +295,8 @@ enum Cmd {
 }
 
 fn main() {
+    // A child started to render a chat template renders it and exits here.
+    serve_if_child();
     let cli = Cli::parse();
     gerbil_cli::logging::init(cli.verbose);
     console::exit(real_main(cli))

@@ -196,6 +196,8 @@ fn parse_target(s: &str) -> Result<Box<Target>, String> {
 }
 
 fn main() {
+    // A child started to render a chat template renders it and exits here.
+    gerbil_runtime::text::serve_if_child();
     let cli = Cli::parse();
     gerbil_cli::logging::init(cli.verbose);
     // Ctrl-C: delete the file being written (its target stays as it was)
@@ -271,7 +273,7 @@ fn real_main(cli: Cli) -> Result<()> {
         } => {
             let progress = Progress::new(hub.quiet);
             let ckpt = open_checkpoint(&repo, &hub.options())?;
-            check_text_assets(&ckpt)?;
+            check_text_assets(&ckpt, gerbil_runtime::text::TemplateSandbox::this_program())?;
             let tuning = tuning.map(|path| Tuning::read(&path)).transpose()?;
             if let Some(out) = &output {
                 // Again with the files a hub model resolved to.

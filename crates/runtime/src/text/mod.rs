@@ -27,6 +27,7 @@
 //! one, so [`TextCodec::encode_chat`] never adds a second one, while [`TextCodec::encode`]
 //! (plain text) lets the tokenizer's post-processor decide.
 
+mod sandbox;
 mod stream;
 mod template;
 
@@ -38,6 +39,7 @@ use std::fmt;
 use gerbil_plan::PlanFile;
 use serde::{Deserialize, Serialize};
 
+pub use sandbox::{serve_if_child, TemplateSandbox, CHILD_ENV};
 pub use stream::{StreamDecoder, StreamState};
 use template::ChatTemplate;
 
@@ -103,6 +105,13 @@ pub enum TextError {
         #[source]
         source: minijinja::Error,
     },
+    /// Rendering in the [`TemplateSandbox`] failed: the child's own error, or why the child
+    /// could not run.
+    #[error("{detail}")]
+    TemplateSandbox {
+        /// The error as the child wrote it, or what went wrong starting it.
+        detail: String,
+    },
 }
 
 /// One turn of a conversation, as `transformers` expects it: `{"role": ..., "content": ...}`.
@@ -130,6 +139,7 @@ pub struct TextCodec {
     template: Option<ChatTemplate>,
     bos_token: Option<String>,
     eos_token: Option<String>,
+    sandbox: Option<TemplateSandbox>,
 }
 
 impl fmt::Debug for TextCodec {
@@ -164,6 +174,7 @@ impl TextCodec {
             template: None,
             bos_token: None,
             eos_token: None,
+            sandbox: None,
         })
     }
 
@@ -172,6 +183,13 @@ impl TextCodec {
     pub fn with_chat_template(mut self, source: impl Into<String>) -> Result<Self, TextError> {
         self.template = Some(ChatTemplate::new(source.into())?);
         Ok(self)
+    }
+
+    /// Renders the chat template in `sandbox`, a child process under memory and CPU-time
+    /// limits, instead of in this process (`None`: in this process).
+    pub fn with_sandbox(mut self, sandbox: Option<TemplateSandbox>) -> Self {
+        self.sandbox = sandbox;
+        self
     }
 
     /// Sets the `bos_token` / `eos_token` strings the chat template sees.
@@ -236,12 +254,17 @@ impl TextCodec {
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
         let template = self.template.as_ref().ok_or(TextError::NoChatTemplate)?;
-        template.render(
-            messages,
-            add_generation_prompt,
-            self.bos_token.as_deref(),
-            self.eos_token.as_deref(),
-        )
+        let (bos_token, eos_token) = (self.bos_token.as_deref(), self.eos_token.as_deref());
+        match &self.sandbox {
+            Some(sandbox) => sandbox.render(&sandbox::RenderRequest {
+                template: template.source().into(),
+                messages: messages.into(),
+                add_generation_prompt,
+                bos_token: bos_token.map(Into::into),
+                eos_token: eos_token.map(Into::into),
+            }),
+            None => template.render(messages, add_generation_prompt, bos_token, eos_token),
+        }
     }
 
     /// `tokenizer.apply_chat_template(messages, tokenize=True, ...)`: the rendered text,

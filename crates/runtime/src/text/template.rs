@@ -12,9 +12,11 @@
 //! nested calls and blocks, and [`MAX_OUTPUT_BYTES`] of output, checked as it is written; our
 //! `tojson` stops at the same size and refuses an indent over [`MAX_TOJSON_INDENT`].
 //! minijinja itself refuses `range` over 100,000 items and strings repeated past 100 MB.
-//! Any of these ends in [`TextError::TemplateLimit`] naming the limit. Not bounded: a
+//! Any of these ends in [`TextError::TemplateLimit`] naming the limit. Not bounded here: a
 //! template that doubles a string with `~` in a short loop builds it in memory before any
-//! output (minijinja has no hook on concatenation).
+//! output (minijinja has no hook on concatenation); the binaries render in a
+//! [`TemplateSandbox`](super::TemplateSandbox), a child process whose memory and CPU time the
+//! operating system caps.
 
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{AutoEscape, Environment, Error, ErrorKind};
@@ -74,6 +76,7 @@ fn output_limit() -> TextError {
 
 pub(super) struct ChatTemplate {
     env: Environment<'static>,
+    source: String,
 }
 
 impl ChatTemplate {
@@ -95,9 +98,14 @@ impl ChatTemplate {
             },
         );
         env.add_filter("tojson", tojson);
-        env.add_template_owned(NAME, source)
+        env.add_template_owned(NAME, source.clone())
             .map_err(|source| TextError::TemplateSyntax { source })?;
-        Ok(Self { env })
+        Ok(Self { env, source })
+    }
+
+    /// The template's Jinja source.
+    pub(super) fn source(&self) -> &str {
+        &self.source
     }
 
     pub(super) fn render(
