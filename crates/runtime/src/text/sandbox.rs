@@ -54,7 +54,14 @@ impl TemplateSandbox {
         if !cfg!(unix) {
             return None;
         }
-        std::env::current_exe().ok().map(|program| Self { program })
+        // On Linux, the running binary even when its file was replaced (an upgrade under a
+        // running server), where `current_exe` names a deleted path.
+        let own = std::path::Path::new("/proc/self/exe");
+        let program = match cfg!(target_os = "linux") && own.exists() {
+            true => own.to_path_buf(),
+            false => std::env::current_exe().ok()?,
+        };
+        Some(Self { program })
     }
 
     /// Renders `template` for `request` in a child process.
