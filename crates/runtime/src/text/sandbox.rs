@@ -77,13 +77,14 @@ impl TemplateSandbox {
             .map_err(|e| {
                 sandbox_error(format!("could not start {}: {e}", self.program.display()))
             })?;
-        let mut stdin = child.stdin.take().expect("stdin is piped");
-        // A child that dies early closes the pipe; its exit status says why.
-        let writer = std::thread::spawn(move || drop(stdin.write_all(&input)));
+        // The child reads all of stdin before it writes, so no thread is needed; a child
+        // that dies early closes the pipe, and its exit status says why.
+        if let Some(mut stdin) = child.stdin.take() {
+            let _ = stdin.write_all(&input);
+        }
         let output = child
             .wait_with_output()
             .map_err(|e| sandbox_error(e.to_string()))?;
-        let _ = writer.join();
         if !output.status.success() {
             return Err(died(&output, memory));
         }
