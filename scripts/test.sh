@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # gerbil's test command (what CI runs): dependencies, the SmolLM2 fixture, fmt, clippy, tests,
-# and the runtime's browser build (wasm32 with WebGPU).
+# and the browser build of the runtime, text and facade crates (wasm32 with WebGPU).
 # Every check runs even when an earlier one fails; the summary says which failed.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,8 +29,8 @@ check() {
 
 check fmt cargo fmt --all -- --check
 check clippy cargo clippy --workspace --all-targets -- -D warnings
-check test cargo test --workspace
-check wasm cargo check -p gerbil-runtime --target wasm32-unknown-unknown
+check test python3 scripts/run-tests.py
+check wasm cargo check -p gerbil-runtime -p gerbil-text -p gerbil --target wasm32-unknown-unknown
 
 echo
 echo "=== summary"

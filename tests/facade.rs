@@ -3,18 +3,21 @@
 //! and the CPU's), KV-cache reuse between prompts and chat turns,
 //! cancellation, and a KV cache smaller than the plan's (`--ctx`).
 
+use gerbil::{
+    Chat, ChatMessage, FinishReason, Generation, GenerationDefaults, GenerationSettings, Model,
+    ModelOptions, Piece, SessionOptions, SettingsRequest,
+};
 use gerbil_e2e::*;
 use gerbil_plan::PlanFile;
-use gerbil_runtime::text::ChatMessage;
-use gerbil_runtime::{
-    Chat, FinishReason, Generation, GenerationSettings, Model, Piece, SessionOptions,
-};
 use pollster::block_on;
 
 fn load(plan: &PlanFile, context: Option<u64>) -> Model {
-    let opts = SessionOptions {
-        context,
-        ..SessionOptions::default()
+    let opts = ModelOptions {
+        session: SessionOptions {
+            context,
+            ..SessionOptions::default()
+        },
+        ..ModelOptions::default()
     };
     block_on(Model::load(plan, &opts)).expect("load")
 }
@@ -67,6 +70,49 @@ fn greedy_tokens_from_both_sources_match_the_reference() {
         let top = p.top.as_ref().expect("top logits");
         assert_eq!(top.len(), 3);
         assert_eq!(top[0].0, p.token);
+    }
+}
+
+/// Ten seeds through the library draw at least two different continuations, the same seed
+/// draws the same one, and the GPU's sampler and the CPU's (with top logits) draw the same
+/// tokens for a seed: a sampler that ignored its seed, or two samplers out of step, fail.
+#[test]
+fn seeds_choose_the_continuation_on_both_samplers() {
+    let case = &tiny_ref("llama").cases[1];
+    let plan_file = compile_plan(&tiny_model("llama"), |_| {});
+    let plan = PlanFile::open(&plan_file).expect("plan");
+    let _gpu = gpu_lock();
+    let mut model = load(&plan, None);
+    let mut sampled = |seed: u64, top_logits: Option<usize>| {
+        model.clear_cache();
+        let mut settings = SettingsRequest {
+            temperature: Some(0.8),
+            seed: Some(seed),
+            max_new_tokens: Some(12),
+            ignore_eos: true,
+            ..SettingsRequest::default()
+        }
+        .resolve(&GenerationDefaults::default(), 12, || unreachable!())
+        .settings;
+        settings.top_logits = top_logits;
+        tokens(&drain(
+            &mut model.generate(&case.input_ids, &settings).unwrap(),
+        ))
+    };
+    let gpu: Vec<Vec<u32>> = (0..10).map(|seed| sampled(seed, None)).collect();
+    let distinct: std::collections::BTreeSet<&Vec<u32>> = gpu.iter().collect();
+    assert!(distinct.len() >= 2, "ten seeds, one continuation: {gpu:?}");
+    for seed in [0, 3, 9] {
+        assert_eq!(
+            sampled(seed, None),
+            gpu[seed as usize],
+            "seed {seed} again (GPU)"
+        );
+        assert_eq!(
+            sampled(seed, Some(2)),
+            gpu[seed as usize],
+            "seed {seed} (CPU)"
+        );
     }
 }
 
@@ -176,9 +222,12 @@ fn a_smaller_context_holds_fewer_tokens_and_ends_with_length() {
             .contains("do not fit the context of 17 tokens"),
         "{e}"
     );
-    let opts = SessionOptions {
-        context: Some(65),
-        ..SessionOptions::default()
+    let opts = ModelOptions {
+        session: SessionOptions {
+            context: Some(65),
+            ..SessionOptions::default()
+        },
+        ..ModelOptions::default()
     };
     let e = block_on(Model::load(&plan, &opts)).err().expect("refused");
     assert!(e.to_string().contains("give --ctx at most 64"), "{e}");

@@ -9,11 +9,10 @@
 //! the tests hold the GPU lock, undo the hook when done, and a lost device is
 //! replaced by a fresh one at the next load.
 
+use gerbil::{Error, Generation, GenerationSettings, Model, ModelOptions, Piece};
 use gerbil_e2e::*;
 use gerbil_plan::{PlanFile, Requirements};
-use gerbil_runtime::{
-    Generation, GenerationSettings, Gpu, Model, Piece, RuntimeError, SessionOptions,
-};
+use gerbil_runtime::{Gpu, RuntimeError};
 use pollster::block_on;
 use std::sync::mpsc;
 use std::time::Duration;
@@ -51,7 +50,7 @@ fn greedy(n: usize) -> GenerationSettings {
 
 /// The pieces of `g` up to its first error, and the error (`None` when the
 /// generation ended without one).
-fn until_error(g: &mut Generation<'_>) -> (Vec<Piece>, Option<RuntimeError>) {
+fn until_error(g: &mut Generation<'_>) -> (Vec<Piece>, Option<Error>) {
     let mut pieces = Vec::new();
     while let Some(p) = block_on(g.next()) {
         match p {
@@ -80,11 +79,14 @@ fn a_plan_needing_more_than_the_adapter_allows_names_the_limit_and_both_values()
         for v in &mut plan.header.variants {
             v.requirements.max_storage_buffer_binding_size = needed;
         }
-        let err = match block_on(Model::load(&plan, &SessionOptions::default())) {
+        let err = match block_on(Model::load(&plan, &ModelOptions::default())) {
             Ok(_) => panic!("a plan over the adapter's limit loaded"),
             Err(e) => e,
         };
-        assert!(matches!(err, RuntimeError::NoVariant { .. }), "{err:?}");
+        assert!(
+            matches!(err, Error::Runtime(RuntimeError::NoVariant { .. })),
+            "{err:?}"
+        );
         let message = err.to_string();
         assert_mentions(
             &message,
@@ -139,11 +141,11 @@ fn running_out_of_memory_while_loading_names_the_buffer_the_bytes_and_the_remedi
         let gpu = block_on(Gpu::open(&Requirements::default())).expect("a GPU");
         let _undo = NoInjection(gpu.clone());
         gpu.inject_out_of_memory_over(Some(1024));
-        let err = match block_on(Model::load(&plan, &SessionOptions::default())) {
+        let err = match block_on(Model::load(&plan, &ModelOptions::default())) {
             Ok(_) => panic!("loaded with every buffer over 1 KiB refused"),
             Err(e) => e,
         };
-        let RuntimeError::OutOfMemory { bytes, .. } = &err else {
+        let Error::Runtime(RuntimeError::OutOfMemory { bytes, .. }) = &err else {
             panic!("not an out-of-memory error: {err:?}");
         };
         let bytes = bytes.expect("the bytes asked for");
@@ -164,7 +166,7 @@ fn running_out_of_memory_while_loading_names_the_buffer_the_bytes_and_the_remedi
 
         // Memory back, the same plan loads and runs.
         gpu.inject_out_of_memory_over(None);
-        let mut model = block_on(Model::load(&plan, &SessionOptions::default())).expect("load");
+        let mut model = block_on(Model::load(&plan, &ModelOptions::default())).expect("load");
         let case = &tiny_ref("llama").cases[0];
         let mut g = model.generate(&case.input_ids, &greedy(2)).expect("start");
         let (pieces, error) = until_error(&mut g);
@@ -179,7 +181,7 @@ fn running_out_of_memory_while_loading_names_the_buffer_the_bytes_and_the_remedi
 fn lose_the_device_mid_generation(top_logits: Option<usize>) {
     let (_file, plan) = tiny_plan();
     let case = &tiny_ref("llama").cases[1];
-    let mut model = block_on(Model::load(&plan, &SessionOptions::default())).expect("load");
+    let mut model = block_on(Model::load(&plan, &ModelOptions::default())).expect("load");
     let gpu = model.session().gpu().clone();
     let room = (model.context() as usize - case.input_ids.len()).min(64);
     let settings = GenerationSettings {
@@ -204,7 +206,10 @@ fn lose_the_device_mid_generation(top_logits: Option<usize>) {
     // The GPU sampler decodes a few batches ahead: tokens already read back
     // may still come, but not the whole generation.
     assert!(after + pieces.len() < room, "{} tokens", pieces.len());
-    assert!(matches!(err, RuntimeError::DeviceLost { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Runtime(RuntimeError::DeviceLost { .. })),
+        "{err:?}"
+    );
     assert_mentions(
         &err.to_string(),
         &[
@@ -223,12 +228,15 @@ fn lose_the_device_mid_generation(top_logits: Option<usize>) {
     let (pieces, error) = until_error(&mut g);
     assert!(pieces.is_empty(), "{pieces:?}");
     let err = error.expect("an error on a lost device");
-    assert!(matches!(err, RuntimeError::DeviceLost { .. }), "{err:?}");
+    assert!(
+        matches!(err, Error::Runtime(RuntimeError::DeviceLost { .. })),
+        "{err:?}"
+    );
     drop(g);
     drop(model);
 
     // Loading again opens a fresh device, which runs.
-    let mut model = block_on(Model::load(&plan, &SessionOptions::default())).expect("reload");
+    let mut model = block_on(Model::load(&plan, &ModelOptions::default())).expect("reload");
     assert!(model.session().gpu().lost().is_none());
     let n = case.greedy_ids.len();
     let mut g = model.generate(&case.input_ids, &greedy(n)).expect("start");

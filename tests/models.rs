@@ -377,7 +377,7 @@ fn check_real_at(name: &str, precision: Precision) {
         Precision::F16 => F16_TOL,
     };
     let plan = PlanFile::open(&plan_path).expect("open plan");
-    let codec = gerbil_runtime::text::TextCodec::from_plan(&plan)
+    let codec = gerbil_text::TextCodec::from_plan(&plan)
         .expect("codec")
         .expect("tokenizer in plan");
     let _gpu = gpu_lock();
@@ -385,7 +385,7 @@ fn check_real_at(name: &str, precision: Precision) {
     for p in &reference.prompts {
         let ids = match p.kind.as_str() {
             "chat" => {
-                let messages: Vec<gerbil_runtime::text::ChatMessage> = p
+                let messages: Vec<gerbil_text::ChatMessage> = p
                     .messages
                     .as_ref()
                     .expect("chat messages")

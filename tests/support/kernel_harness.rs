@@ -33,14 +33,20 @@ pub const TOL: f64 = 1e-4;
 fn gpu() -> &'static gerbil_runtime::Gpu {
     static GPU: OnceLock<gerbil_runtime::Gpu> = OnceLock::new();
     GPU.get_or_init(|| {
-        pollster::block_on(gerbil_runtime::Gpu::open(&Default::default()))
+        // Every capability the adapter has, tensor cores included, so the
+        // cooperative-matrix kernels run where the GPU can.
+        let opts = gerbil_runtime::device::DeviceOptions {
+            tensor_cores: true,
+            ..Default::default()
+        };
+        pollster::block_on(gerbil_runtime::Gpu::open_on(&Default::default(), &opts))
             .expect("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
     })
 }
 
 /// Whether the test device runs cooperative-matrix (tensor-core) kernels:
-/// the runtime opts into them where the adapter offers 16×16×16 f16 → f32
-/// (not lavapipe).
+/// the harness's device asks for them, and gets them where the adapter
+/// offers 16×16×16 f16 → f32 (not lavapipe).
 pub fn has_cooperative_matrix() -> bool {
     gpu()
         .device

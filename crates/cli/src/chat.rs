@@ -9,14 +9,14 @@
 //! chat` holds a two-turn conversation; the `> ` prompt appears only when
 //! standard input is a terminal.
 //!
-//! The conversation lives in a [`gerbil_runtime::Chat`]: each turn runs
+//! The conversation lives in a [`gerbil::Chat`]: each turn runs
 //! only its own tokens, the earlier turns stay in the KV cache.
 
 use crate::console::{note, timing_line, Stdout};
 use crate::gen_args::SamplingArgs;
 use anyhow::{bail, Result};
+use gerbil::{Chat, FinishReason, GenerationStats, Model, ModelOptions};
 use gerbil_plan::PlanFile;
-use gerbil_runtime::{Chat, FinishReason, GenerationStats, Model, SessionOptions};
 use std::io::{BufRead, IsTerminal, Write};
 
 /// Settings of `gerbil-run PLAN chat`.
@@ -27,7 +27,7 @@ pub struct ChatOptions {
     /// Token choice and limits, before the model's defaults fill them in.
     pub sampling: SamplingArgs,
     /// How the plan is loaded.
-    pub session: SessionOptions,
+    pub model: ModelOptions,
     /// No timing line after each answer.
     pub quiet: bool,
 }
@@ -52,7 +52,7 @@ pub async fn chat(plan_path: &std::path::Path, opts: &ChatOptions) -> Result<()>
         tracing::info!(seed, "sampling");
     }
     let settings = resolved.settings;
-    let model = Model::load(&plan, &opts.session).await?;
+    let model = Model::load(&plan, &opts.model).await?;
     drop(plan);
     let mut chat = Chat::new(model);
     chat.set_system(opts.system.clone());

@@ -7,7 +7,7 @@
 //! end and failing with "Broken pipe". Rust ignores SIGPIPE, so a closed
 //! pipe shows up here as a write error; `print!` would panic on it.
 
-use gerbil_runtime::{FinishReason, GenerationStats};
+use gerbil::{FinishReason, GenerationStats};
 use serde::Serialize;
 use std::io::{ErrorKind, Write};
 

@@ -1,6 +1,7 @@
 //! The generation flags `gerbil-run` shares between a plain run and `chat`
 //! (`--temperature`, `--top-k`, `--stop`, `--seed`, …), and how they combine
-//! with the model's own recommendations into [`GenerationSettings`].
+//! with the model's own recommendations into `GenerationSettings` (through
+//! the resolver the server uses too, [`SettingsRequest::resolve`]).
 //!
 //! A flag wins; a flag not given takes the plan's `generation_config.json`
 //! value; a value neither sets takes transformers' default — so a model
@@ -12,15 +13,12 @@
 use crate::numbers::{whole_u64, whole_usize};
 use anyhow::{bail, Result};
 use clap::Args;
+use gerbil::{ResolvedSettings, SettingsRequest};
 use gerbil_plan::GenerationDefaults;
-use gerbil_runtime::{GenerationSettings, SamplingParams};
 
 /// Tokens generated when neither `--max-new-tokens` nor the model's
 /// generation config says how many.
 pub const DEFAULT_MAX_NEW_TOKENS: usize = 128;
-
-/// transformers' `top_k` when sampling and the model does not set one.
-const HF_TOP_K: usize = 50;
 
 /// How tokens are chosen and when generation ends.
 #[derive(Args, Clone, Debug, Default, PartialEq)]
@@ -67,32 +65,35 @@ pub struct SamplingArgs {
     pub ignore_eos: bool,
 }
 
-/// The settings to run, and the seed when sampling.
-#[derive(Clone, Debug, PartialEq)]
-pub struct Resolved {
-    /// What the generation uses.
-    pub settings: GenerationSettings,
-    /// `Some(seed)` when sampling (whether given or drawn).
-    pub seed: Option<u64>,
-}
-
 impl SamplingArgs {
     /// Whether any flag was given (they do not apply to some commands).
     pub fn any_given(&self) -> bool {
         *self != SamplingArgs::default()
     }
 
-    /// Combines the flags with the model's `defaults`; errors name a flag
+    /// The flags as a request to the one settings resolver.
+    fn request(&self) -> SettingsRequest {
+        SettingsRequest {
+            max_new_tokens: self.max_new_tokens,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repetition_penalty: self.repetition_penalty,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            seed: self.seed,
+            stop: self.stop.clone(),
+            ignore_eos: self.ignore_eos,
+        }
+    }
+
+    /// Combines the flags with the model's `defaults`
+    /// ([`SettingsRequest::resolve`], as the server does); errors name a flag
     /// that would change nothing.
-    pub fn resolve(&self, defaults: &GenerationDefaults) -> Result<Resolved> {
-        let model_samples = defaults.do_sample == Some(true);
-        let temperature = match self.temperature {
-            Some(t) => t,
-            None if model_samples => defaults.temperature.unwrap_or(1.0),
-            None => 0.0,
-        };
-        let sampling = temperature != 0.0;
-        if !sampling {
+    pub fn resolve(&self, defaults: &GenerationDefaults) -> Result<ResolvedSettings> {
+        let request = self.request();
+        if request.temperature(defaults) == 0.0 {
             let only_when_sampling = [
                 ("--top-k", self.top_k.is_some()),
                 ("--top-p", self.top_p.is_some()),
@@ -108,45 +109,7 @@ impl SamplingArgs {
                 bail!("{flag} only applies when sampling, and {why}: add --temperature T (T > 0), or drop {flag}");
             }
         }
-        let seed = sampling.then(|| self.seed.unwrap_or_else(rand::random));
-        let hf_top_k = if model_samples || self.temperature.is_some() {
-            HF_TOP_K
-        } else {
-            0
-        };
-        let sampling_params = SamplingParams {
-            temperature,
-            top_k: self
-                .top_k
-                .or(defaults
-                    .top_k
-                    .map(|k| usize::try_from(k).unwrap_or(usize::MAX)))
-                .unwrap_or(hf_top_k),
-            top_p: self.top_p.or(defaults.top_p).unwrap_or(1.0),
-            min_p: self.min_p.or(defaults.min_p).unwrap_or(0.0),
-            seed: seed.unwrap_or(0),
-            repetition_penalty: self
-                .repetition_penalty
-                .or(defaults.repetition_penalty)
-                .unwrap_or(1.0),
-            presence_penalty: self.presence_penalty.unwrap_or(0.0),
-            frequency_penalty: self.frequency_penalty.unwrap_or(0.0),
-        };
-        let max_new_tokens = match (self.max_new_tokens, defaults.max_new_tokens) {
-            (Some(n), _) => n,
-            (None, Some(n)) => usize::try_from(n).unwrap_or(usize::MAX),
-            (None, None) => DEFAULT_MAX_NEW_TOKENS,
-        };
-        Ok(Resolved {
-            settings: GenerationSettings {
-                max_new_tokens,
-                sampling: sampling_params,
-                stop: self.stop.clone(),
-                ignore_eos: self.ignore_eos,
-                top_logits: None,
-            },
-            seed,
-        })
+        Ok(request.resolve(defaults, DEFAULT_MAX_NEW_TOKENS, rand::random))
     }
 }
 

@@ -4,25 +4,31 @@
 //! `gerbil-runtime`; this crate holds argument handling and output only:
 //! [`run`] drives generation, JSON output and benchmarks ([`gen_args`]
 //! turns the generation flags into settings, [`console`] streams to the
-//! terminal), [`chat`] holds a conversation, [`serve`] answers
-//! OpenAI-style HTTP requests, [`sweep`] times
-//! them across context lengths and [`plot`] charts a sweep; [`inspect`]
+//! terminal), [`chat`] holds a conversation, [`sweep`] times
+//! generation across context lengths and [`plot`] charts a sweep; [`inspect`]
 //! summarizes a plan, [`schedule`] lists its dispatches and [`graph_svg`]
 //! draws one layer of them (through [`svg_canvas`]); [`passes`]
-//! prints what the pass pipeline did; [`tune`] measures prefill GEMM tiles;
-//! [`hub`] finds a checkpoint: a local directory or a model downloaded from
-//! the Hugging Face hub; [`text_check`] tries the tokenizer and chat template
-//! at compile time; [`devices`] lists the GPUs; [`progress`] draws
-//! progress bars, [`logging`] sets up `-v` logs and [`numbers`] parses
-//! numeric flags. The binaries in `src/bin` parse
-//! arguments and call these. No other crate depends on this one.
+//! prints what the pass pipeline did; [`env`] maps gerbil's environment
+//! variables onto the libraries' typed options and [`hub_env`] reads the Hugging Face
+//! environment variables for the hub client; [`devices`] lists the GPUs;
+//! [`progress`] draws progress bars, [`logging`] sets up `-v` logs and
+//! [`numbers`] parses numeric flags. The binaries in `src/bin` parse
+//! arguments and call these.
+//!
+//! Libraries do the work: `gerbil-compiler` compiles (and checks a
+//! checkpoint's text assets), `gerbil-hub` fetches hub models,
+//! `gerbil-tune` measures GEMM tiles, `gerbil` (the facade over
+//! `gerbil-runtime` and `gerbil-text`) generates, and `gerbil-serve` is the
+//! HTTP server. No other crate depends on this one (`tests/architecture.rs`
+//! checks it).
 
 pub mod chat;
 pub mod console;
 pub mod devices;
+pub mod env;
 pub mod gen_args;
 pub mod graph_svg;
-pub mod hub;
+pub mod hub_env;
 pub mod inspect;
 pub mod logging;
 pub mod numbers;
@@ -31,11 +37,8 @@ pub mod plot;
 pub mod progress;
 pub mod run;
 pub mod schedule;
-pub mod serve;
 pub mod svg_canvas;
 pub mod sweep;
-pub mod text_check;
-pub mod tune;
 
 /// An error and its causes on one line, leaving out causes whose text an
 /// earlier message already includes (library errors often embed their source).

@@ -6,11 +6,10 @@
 use crate::console::{note, timing_line, Stdout, Timings};
 use crate::gen_args::SamplingArgs;
 use anyhow::{bail, Result};
+use gerbil::{ChatMessage, FinishReason, Model, ModelOptions};
 use gerbil_plan::PlanFile;
-use gerbil_runtime::text::ChatMessage;
 use gerbil_runtime::{
-    FinishReason, Model, PipelineCacheOptions, PrecisionChoice, SamplingParams, Session,
-    SessionOptions,
+    PipelineCacheOptions, PrecisionChoice, SamplingParams, Session, SessionOptions,
 };
 use serde::Serialize;
 use std::time::Instant;
@@ -42,8 +41,8 @@ pub struct RunOptions {
     pub top_logits: Option<usize>,
     /// Print one JSON object instead of streaming text.
     pub json: bool,
-    /// How the plan is loaded (precision, variant, device, context, caches).
-    pub session: SessionOptions,
+    /// How the plan is loaded (precision, variant, device, context, caches, template sandbox).
+    pub model: ModelOptions,
     /// No timing line on standard error.
     pub quiet: bool,
 }
@@ -124,7 +123,7 @@ pub async fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
     }
     let mut settings = resolved.settings;
     settings.top_logits = opts.top_logits;
-    let mut model = Model::load(&plan, &opts.session).await?;
+    let mut model = Model::load(&plan, &opts.model).await?;
     drop(plan);
     let input_ids = prompt_ids(&opts.prompt, &model)?;
     if input_ids.is_empty() {
@@ -456,7 +455,7 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         profiling: opts.profile,
         pipeline_cache: opts.pipeline_cache.clone(),
         adapter: opts.adapter,
-        ..SessionOptions::default()
+        ..crate::env::session_defaults()
     };
     let plan_s = start.elapsed().as_secs_f64();
     let mut session = Session::open(&plan, &session_opts).await?;

@@ -105,7 +105,7 @@ pub async fn sweep(plan_path: &std::path::Path, opts: &SweepOptions) -> Result<S
         variant: opts.variant.clone(),
         pipeline_cache: opts.pipeline_cache.clone(),
         adapter: opts.adapter,
-        ..SessionOptions::default()
+        ..crate::env::session_defaults()
     };
     let mut session = Session::open(&plan, &session_opts).await?;
     gerbil_runtime::Sampler::new(opts.sampling)?;

@@ -14,7 +14,8 @@
 //! format); this crate drives them ([`driver`]), turns weight sources into
 //! bytes ([`materialize`]), assembles the plan ([`assemble`]) and carries the
 //! dump hooks ([`dump`]); [`opt()`] runs passes on textual IR (`gerbilc
-//! opt`). Every failure is a [`CompileError`]. The surprising
+//! opt`); [`check_text_assets`] tries the checkpoint's tokenizer and chat
+//! template with the runtime's own text code (`gerbil-text`). Every failure is a [`CompileError`]. The surprising
 //! part: the plan borrows the checkpoint's tensor bytes (read once from the
 //! files), so the checkpoint must outlive it — writing a plan never copies
 //! weights that need no transform.
@@ -28,6 +29,7 @@ pub mod finite;
 pub mod materialize;
 pub mod opt;
 pub mod options;
+pub mod text_check;
 pub mod tuning;
 
 pub use assemble::{build_plan, Plan};
@@ -43,4 +45,5 @@ pub use gerbil_passes::PassReport;
 pub use materialize::{materialize, weight_buffer_bytes, TensorSource};
 pub use opt::{opt, OptOptions, Optimized, PassSelection};
 pub use options::{CompileOptions, Target, DEFAULT_MAX_CONTEXT_CAP};
+pub use text_check::{check_text_assets, TextAssetError};
 pub use tuning::{TunedGemm, Tuning, TUNING_FORMAT};

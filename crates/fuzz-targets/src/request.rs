@@ -3,10 +3,10 @@
 //! ([`parse_request`], the prompt of either endpoint, [`Request::settings`]
 //! under a greedy and a sampling model's defaults), without a model.
 //!
-//! [`Request::settings`]: gerbil_cli::serve::openai::Request::settings
+//! [`Request::settings`]: gerbil_serve::openai::Request::settings
 
-use gerbil_cli::serve::openai::parse_request;
 use gerbil_plan::GenerationDefaults;
+use gerbil_serve::openai::parse_request;
 
 /// Parses and checks the input as a request body for both endpoints.
 pub fn request(data: &[u8]) {

@@ -9,7 +9,7 @@
 //! UTF-8 is replaced, as a file read with `from_utf8_lossy` would be.
 
 use crate::frame::split_nul;
-use gerbil_runtime::text::{ChatMessage, TextCodec};
+use gerbil_text::{ChatMessage, TextCodec};
 
 /// A one-word tokenizer: the target renders templates, it does not tokenize.
 const TOKENIZER: &str = r#"{"version":"1.0","truncation":null,"padding":null,"added_tokens":[],

@@ -317,7 +317,9 @@ impl PlanHeader {
                 ));
             }
             // Counts grow with T, so the largest step has the most.
-            let n = (u64::from(w.per_token) * max_t + u64::from(w.constant))
+            let n = u64::from(w.per_token)
+                .saturating_mul(max_t)
+                .saturating_add(u64::from(w.constant))
                 .div_ceil(u64::from(w.divisor));
             within(
                 limits::WORKGROUPS_PER_DIMENSION,
@@ -389,7 +391,12 @@ fn check_kernel(i: usize, k: &Kernel) -> Result<(), String> {
             k.name, k.workgroup_size
         ));
     }
-    let invocations = k.workgroup_size.iter().map(|&n| u64::from(n)).product();
+    // Three u32 axes can multiply past u64: saturate, so an edited header fails the limit
+    // instead of wrapping to a small count (or panicking in a debug build).
+    let invocations = k
+        .workgroup_size
+        .iter()
+        .fold(1u64, |acc, &n| acc.saturating_mul(u64::from(n)));
     within(
         limits::WORKGROUP_INVOCATIONS,
         invocations,

@@ -452,6 +452,12 @@ fn kernels_and_dispatches_stay_within_the_limits() {
          gerbil supports (1024 invocations"
         )
     );
+    // 2^22 · 2^22 · 2^20 = 2^64: wrapped to 0 in u64 before, and passed the limit.
+    assert!(
+        error_after(|h| h.kernels[0].workgroup_size = [1 << 22, 1 << 22, 1 << 20]).starts_with(
+            "kernel 0 (attend): invocations per workgroup 18446744073709551615 exceeds"
+        )
+    );
     assert_eq!(
         error_after(|h| h.variants[0].decode[0].workgroups[0].divisor = 0),
         "portable decode dispatch 0 (k0) divides its workgroup count (axis 0) by 0"

@@ -116,21 +116,12 @@ pub enum RuntimeError {
         /// Vocabulary size.
         vocab: u64,
     },
-    /// Text in or out, but the plan has no tokenizer.
-    #[error("this plan has no tokenizer (the checkpoint had no tokenizer.json): pass token ids (--input-ids) instead of text")]
-    NoTokenizer,
-    /// Text in or out, but the plan's tokenizer or chat template does not load.
-    #[error("{0}; this plan still runs on token ids (--input-ids), or recompile it from a checkpoint with a working tokenizer")]
-    TextUnavailable(String),
     /// Nothing to run.
     #[error("the input has no tokens")]
     EmptyInput,
     /// GPU decoding on a plan compiled without the `next_token` output.
     #[error("the plan has no `next_token` output (compiled by an older gerbilc): recompile it to decode on the GPU")]
     NoGpuSampler,
-    /// Tokenization or chat-template failure.
-    #[error(transparent)]
-    Text(#[from] crate::text::TextError),
     /// Invalid generation settings.
     #[error("invalid sampling settings: {0}")]
     Sampling(String),

@@ -17,18 +17,19 @@
 //! groups — is created in [`Session::new`]; a step writes two small buffers
 //! (token ids, `T`/`P`), records one compute pass and submits once. The
 //! runtime never runs a compiler pass and knows nothing of HF configs.
+//!
+//! This is the GPU half only: device, session, residency, pipelines and their cache,
+//! decode-ahead, profiling and the kernel timer. Text (tokenizer, chat templates) is
+//! `gerbil-text`; the `gerbil` crate puts both behind `Model`, `Generation` and `Chat`.
 
 #![warn(missing_docs)]
 
-mod ahead;
-pub mod chat;
-mod clock;
+pub mod ahead;
+pub mod clock;
 pub mod device;
 pub mod error;
 pub mod generate;
-pub mod generation;
 pub mod kernel_timer;
-pub mod model;
 pub mod pipeline;
 pub mod pipeline_cache;
 pub mod profile;
@@ -36,18 +37,13 @@ pub mod progress;
 mod residency;
 pub mod sampling;
 pub mod session;
-pub mod stop;
-pub mod text;
 pub mod variant;
 
-pub use chat::{Chat, ChatReply};
+pub use ahead::AheadDecoder;
+pub use clock::Clock;
 pub use device::{AdapterSummary, Gpu};
 pub use error::RuntimeError;
 pub use generate::{generate, GenerateOptions, TokenEvent, DECODE_BATCH};
-pub use generation::{
-    CancelToken, FinishReason, Generation, GenerationSettings, GenerationStats, Piece,
-};
-pub use model::Model;
 pub use pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
 pub use profile::DispatchTime;
 pub use progress::{Progress, ProgressHook};

@@ -8,7 +8,8 @@
 //! positions below the context). So the runtime creates modules
 //! [`ShaderChecks::Unchecked`] by default: on NVIDIA wgpu's checks (index
 //! clamping, loop bounding, workgroup-memory zeroing) cost 2.5–40× on some
-//! kernels. `GERBIL_SHADER_CHECKS=1` turns them back on. The surprise: a plan
+//! kernels. `SessionOptions::shader_checks` turns them back on (`gerbil-run`
+//! maps `GERBIL_SHADER_CHECKS=1` onto it). The surprise: a plan
 //! is code — run only plans you trust, or with checks on; and the e2e kernel
 //! tests run every template both ways between poisoned guard bands, so an
 //! index the templates fail to guard shows up there.
@@ -41,23 +42,13 @@ fn binding_type(access: Access) -> wgpu::BufferBindingType {
 }
 
 /// Whether shader modules keep wgpu's runtime checks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum ShaderChecks {
     /// Bounds checks, loop bounding and zeroed workgroup memory (WebGPU's defaults).
     Checked,
     /// None of them: the kernels' own guards keep every index in range.
+    #[default]
     Unchecked,
-}
-
-impl ShaderChecks {
-    /// `Checked` when the environment sets `GERBIL_SHADER_CHECKS` to
-    /// anything but `0` or the empty string, `Unchecked` otherwise.
-    pub fn from_env() -> ShaderChecks {
-        match std::env::var("GERBIL_SHADER_CHECKS") {
-            Ok(v) if !v.is_empty() && v != "0" => ShaderChecks::Checked,
-            _ => ShaderChecks::Unchecked,
-        }
-    }
 }
 
 /// Creates the pipeline of `kernel` with an explicit layout built from its
@@ -137,17 +128,21 @@ const MAX_THREADS: usize = 16;
 
 /// Creates the pipelines of `kernels`, in their order, through `cache` when
 /// given; on native targets on up to [`MAX_THREADS`] threads (one per core,
-/// or `GERBIL_PIPELINE_THREADS`). Returns the pipelines and how many threads
-/// built them.
+/// or `threads` when given, at least 1). Returns the pipelines and how many
+/// threads built them.
 pub async fn create_pipelines(
     gpu: &Gpu,
     kernels: &[&Kernel],
     checks: ShaderChecks,
     cache: Option<&wgpu::PipelineCache>,
+    threads: Option<usize>,
 ) -> Result<(Vec<KernelPipeline>, usize), RuntimeError> {
+    #[cfg(target_arch = "wasm32")]
+    let _ = threads;
     #[cfg(not(target_arch = "wasm32"))]
     {
-        let threads = threads_from_env()
+        let threads = threads
+            .map(|n| n.max(1))
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .min(MAX_THREADS)
             .min(kernels.len());
@@ -166,17 +161,6 @@ pub async fn create_pipelines(
         pipelines.push(p);
     }
     Ok((pipelines, 1))
-}
-
-/// The thread count `GERBIL_PIPELINE_THREADS` asks for (at least 1), to
-/// compare serial and parallel creation; `None` when unset or not a number.
-#[cfg(not(target_arch = "wasm32"))]
-fn threads_from_env() -> Option<usize> {
-    let n: usize = std::env::var("GERBIL_PIPELINE_THREADS")
-        .ok()?
-        .parse()
-        .ok()?;
-    Some(n.max(1))
 }
 
 /// An error scope's result, awaited on the calling thread after a worker

@@ -10,8 +10,9 @@
 //!
 //! How to use it: put a [`PipelineCacheOptions`] in
 //! [`SessionOptions::pipeline_cache`](crate::SessionOptions) — `gerbil-run`
-//! passes [`default_dir`] unless `--no-pipeline-cache`. The library default
-//! is no cache (it never writes to disk unless asked).
+//! passes its user cache directory (`gerbil_cli::env`) unless
+//! `--no-pipeline-cache`. The library default is no cache (it never writes
+//! to disk unless asked, and reads no environment variable).
 //!
 //! One file per plan variant and adapter: its name is wgpu's
 //! [`pipeline_cache_key`](wgpu::util::pipeline_cache_key) (backend, vendor,
@@ -34,13 +35,6 @@ use crate::device::Gpu;
 use crate::pipeline::ShaderChecks;
 use gerbil_plan::Kernel;
 use std::path::{Path, PathBuf};
-
-/// Environment variable naming gerbil's cache directory (pipeline caches go
-/// to its `pipelines` subdirectory).
-pub const CACHE_DIR_ENV: &str = "GERBIL_CACHE_DIR";
-/// Environment variable that turns the pipeline cache off when `0`, `off`
-/// or `false`.
-pub const SWITCH_ENV: &str = "GERBIL_PIPELINE_CACHE";
 
 /// The wgpu major version the cache files are keyed by; a unit test keeps it
 /// equal to the workspace's wgpu dependency.
@@ -96,37 +90,6 @@ impl PipelineCacheState {
             PipelineCacheState::Warm => "warm",
         }
     }
-}
-
-/// The default cache directory: `$GERBIL_CACHE_DIR/pipelines`, else the
-/// platform's user cache directory plus `gerbil/pipelines`
-/// (`$XDG_CACHE_HOME`, else `~/.cache` on Linux and other Unixes;
-/// `~/Library/Caches` on macOS; `%LOCALAPPDATA%` on Windows). `None` when
-/// `GERBIL_PIPELINE_CACHE` is `0`, `off` or `false`, when no such variable
-/// is set, and always in a browser.
-pub fn default_dir() -> Option<PathBuf> {
-    if cfg!(target_arch = "wasm32") {
-        return None;
-    }
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
-    if let Some(v) = var(SWITCH_ENV) {
-        if matches!(v.to_str(), Some("0" | "off" | "false")) {
-            return None;
-        }
-    }
-    if let Some(root) = var(CACHE_DIR_ENV) {
-        return Some(PathBuf::from(root).join("pipelines"));
-    }
-    let user_cache = if cfg!(windows) {
-        var("LOCALAPPDATA").map(PathBuf::from)
-    } else if cfg!(target_os = "macos") {
-        var("HOME").map(|h| PathBuf::from(h).join("Library/Caches"))
-    } else {
-        var("XDG_CACHE_HOME")
-            .map(PathBuf::from)
-            .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")))
-    };
-    user_cache.map(|d| d.join("gerbil").join("pipelines"))
 }
 
 /// 64-bit FNV-1a, stable across builds and platforms (std's hashers are not

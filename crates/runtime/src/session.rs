@@ -5,8 +5,9 @@
 //! `Session::new(&plan).await` in a browser or a server,
 //! `pollster::block_on(Session::new(&plan))` in a command-line tool.
 
-use crate::device::Gpu;
+use crate::device::{DeviceOptions, Gpu};
 use crate::error::RuntimeError;
+use crate::pipeline::ShaderChecks;
 use crate::pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
 use crate::progress::{Progress, ProgressHook};
 use crate::residency::Residency;
@@ -70,16 +71,18 @@ struct VariantKernels {
 
 impl VariantKernels {
     /// Creates the variant's pipelines (in parallel where the platform has
-    /// threads) through the pipeline cache `opts` asks for, writes the cache
-    /// back, and records in `load` what the cache did.
+    /// threads) with the shader checks, threads and pipeline cache `opts`
+    /// ask for, writes the cache back, and records in `load` what the cache
+    /// did.
     async fn create(
         gpu: &Gpu,
         header: &PlanHeader,
         v: &Variant,
-        opts: Option<&PipelineCacheOptions>,
+        opts: &SessionOptions,
         load: &mut LoadReport,
     ) -> Result<Self, RuntimeError> {
-        let checks = crate::pipeline::ShaderChecks::from_env();
+        let checks = opts.shader_checks;
+        let cache = opts.pipeline_cache.as_ref();
         let mut used: Vec<u32> = v
             .prefill
             .iter()
@@ -90,10 +93,16 @@ impl VariantKernels {
         used.dedup();
         let kernels: Vec<&gerbil_plan::Kernel> =
             used.iter().map(|&i| &header.kernels[i as usize]).collect();
-        let store = crate::pipeline_cache::Store::open(gpu, opts, &kernels, checks).await;
+        let store = crate::pipeline_cache::Store::open(gpu, cache, &kernels, checks).await;
         tracing::debug!(?checks, cache = store.state.name(), "creating pipelines");
-        let (made, threads) =
-            crate::pipeline::create_pipelines(gpu, &kernels, checks, store.cache.as_ref()).await?;
+        let (made, threads) = crate::pipeline::create_pipelines(
+            gpu,
+            &kernels,
+            checks,
+            store.cache.as_ref(),
+            opts.pipeline_threads,
+        )
+        .await?;
         store.save();
         load.pipeline_cache = store.state;
         load.pipelines_created = made.len();
@@ -178,11 +187,16 @@ pub struct SessionOptions {
     /// Told how the weight upload goes ([`Progress::Weights`]), and later
     /// how long prompts go ([`Progress::Prefill`]; see [`Session::set_progress`]).
     pub progress: Option<ProgressHook>,
-    /// Where [`Model::load`](crate::Model::load)'s chat template renders:
-    /// in a child process under memory and CPU-time limits
-    /// ([`TemplateSandbox`](crate::text::TemplateSandbox)), or in this
-    /// process (`None`, the default).
-    pub template_sandbox: Option<crate::text::TemplateSandbox>,
+    /// Request tensor cores where the adapter has them, so the plan's
+    /// `tensor-f16` variant can run ([`DeviceOptions::tensor_cores`]: off by
+    /// default until that variant passes its checks).
+    pub tensor_cores: bool,
+    /// Keep wgpu's shader runtime checks ([`ShaderChecks`]; off by default:
+    /// they cost 2.5–40× on NVIDIA, and a plan is trusted code).
+    pub shader_checks: ShaderChecks,
+    /// Threads creating pipelines at load (`None`: one per core, at most 16;
+    /// one in a browser).
+    pub pipeline_threads: Option<usize>,
 }
 
 /// Where the time of [`Session::open`] went, and what the pipeline cache
@@ -293,7 +307,12 @@ impl Session {
     /// cache of `opts`.
     pub async fn open(plan: &PlanFile, opts: &SessionOptions) -> Result<Session, RuntimeError> {
         let mut clock = Stopwatch::start();
-        let gpu = Gpu::open_on(&Requirements::default(), opts.profiling, opts.adapter).await?;
+        let device = DeviceOptions {
+            timestamps: opts.profiling,
+            adapter: opts.adapter,
+            tensor_cores: opts.tensor_cores,
+        };
+        let gpu = Gpu::open_on(&Requirements::default(), &device).await?;
         let device = clock.lap();
         let mut session = Session::with_gpu(gpu, plan, opts).await?;
         session.load.device = device;
@@ -351,8 +370,7 @@ impl Session {
             .upload_weights(&gpu, plan, opts.progress.as_ref())
             .await?;
         load.weights = clock.lap();
-        let cache = opts.pipeline_cache.as_ref();
-        let kernels = VariantKernels::create(&gpu, &header, &variant, cache, &mut load).await?;
+        let kernels = VariantKernels::create(&gpu, &header, &variant, opts, &mut load).await?;
         load.pipelines = clock.lap();
         let prefill = make_steps(&gpu, &residency, &kernels, &variant.prefill, "prefill").await?;
         let decode = make_steps(&gpu, &residency, &kernels, &variant.decode, "decode").await?;

@@ -12,8 +12,9 @@ use gerbil_plan::{Feature, PlanHeader, Precision, Variant};
 
 /// The plan features this device has enabled. Cooperative matrices count
 /// only where the device opted into them, which it does only when
-/// `GERBIL_TENSOR_CORES=1` asks and the adapter offers the 16×16×16
-/// f16 → f32 configuration (`device.rs`).
+/// [`DeviceOptions::tensor_cores`](crate::device::DeviceOptions::tensor_cores)
+/// asks and the adapter offers the 16×16×16 f16 → f32 configuration
+/// (`device.rs`).
 pub fn device_features(gpu: &Gpu) -> Vec<Feature> {
     let have = gpu.device.features();
     [

@@ -2,17 +2,17 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
+use gerbil::ModelOptions;
 use gerbil_cli::chat::{chat, ChatOptions};
 use gerbil_cli::console;
+use gerbil_cli::env;
 use gerbil_cli::gen_args::SamplingArgs;
 use gerbil_cli::numbers::{positive, whole_u64, whole_usize};
 use gerbil_cli::progress::Progress;
 use gerbil_cli::run::{bench, run, BenchOptions, BenchReport, Prompt, RunOptions};
-use gerbil_cli::serve::{serve, ServeOptions};
 use gerbil_cli::sweep::{run_sweep, SweepOptions};
-use gerbil_runtime::pipeline_cache::default_dir;
-use gerbil_runtime::text::{serve_if_child, TemplateSandbox};
 use gerbil_runtime::{PipelineCacheOptions, PrecisionChoice, SamplingParams, SessionOptions};
+use gerbil_serve::{serve, ServeOptions};
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Read};
 use std::path::{Path, PathBuf};
@@ -77,16 +77,18 @@ impl Cli {
     }
 
     /// How to load the plan for generation (chat, serve, a plain run).
-    fn session_options(&self) -> SessionOptions {
-        SessionOptions {
-            precision: self.precision,
-            variant: self.variant.clone(),
-            pipeline_cache: self.pipeline_cache(false),
-            context: self.ctx,
-            adapter: self.device,
-            progress: Progress::new(self.quiet).runtime_hook(),
-            template_sandbox: TemplateSandbox::this_program(),
-            ..SessionOptions::default()
+    fn model_options(&self) -> ModelOptions {
+        ModelOptions {
+            session: SessionOptions {
+                precision: self.precision,
+                variant: self.variant.clone(),
+                pipeline_cache: self.pipeline_cache(false),
+                context: self.ctx,
+                adapter: self.device,
+                progress: Progress::new(self.quiet).runtime_hook(),
+                ..env::session_defaults()
+            },
+            template_sandbox: env::template_sandbox(),
         }
     }
 
@@ -95,7 +97,7 @@ impl Cli {
         if self.no_pipeline_cache {
             return None;
         }
-        default_dir().map(|dir| PipelineCacheOptions { dir, read: !cold })
+        env::pipeline_cache_dir().map(|dir| PipelineCacheOptions { dir, read: !cold })
     }
 }
 
@@ -296,7 +298,7 @@ enum Cmd {
 
 fn main() {
     // A child started to render a chat template renders it and exits here.
-    serve_if_child();
+    gerbil_cli::env::serve_template_child();
     let cli = Cli::parse();
     gerbil_cli::logging::init(cli.verbose);
     console::exit(real_main(cli))
@@ -398,7 +400,8 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 port,
                 model_name,
                 max_body_bytes,
-                session: cli.session_options(),
+                model: cli.model_options(),
+                notes: std::sync::Arc::new(console::note),
             };
             serve(cli.plan()?, &opts)?;
         }
@@ -421,7 +424,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
             let opts = ChatOptions {
                 system,
                 sampling,
-                session: cli.session_options(),
+                model: cli.model_options(),
                 quiet: cli.quiet,
             };
             pollster::block_on(chat(cli.plan()?, &opts))?;
@@ -432,7 +435,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 sampling: cli.gen.sampling.clone(),
                 top_logits: cli.gen.top_logits,
                 json: cli.gen.json,
-                session: cli.session_options(),
+                model: cli.model_options(),
                 quiet: cli.quiet,
             };
             pollster::block_on(run(cli.plan()?, &opts))?;

@@ -3,19 +3,19 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use gerbil_cli::graph_svg::{layer_graph, render_svg};
-use gerbil_cli::hub::{open_checkpoint, HubOptions};
+use gerbil_cli::hub_env::hub_options;
 use gerbil_cli::inspect::{inspect, render};
 use gerbil_cli::numbers::{whole_u64, whole_usize};
 use gerbil_cli::passes::{bisect_note, pass_stats};
 use gerbil_cli::progress::Progress;
 use gerbil_cli::schedule::render_schedule;
-use gerbil_cli::text_check::check_text_assets;
-use gerbil_cli::tune::tune;
 use gerbil_compiler::{
-    compile, opt, CompileOptions, DumpIr, Dumps, OptOptions, PassReport, PassSelection, Target,
-    Tuning,
+    check_text_assets, compile, opt, CompileOptions, DumpIr, Dumps, OptOptions, PassReport,
+    PassSelection, Target, Tuning,
 };
+use gerbil_hub::{open_checkpoint, HubOptions};
 use gerbil_plan::safe_file;
+use gerbil_tune::tune;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
@@ -165,10 +165,7 @@ struct HubArgs {
 
 impl HubArgs {
     fn options(self) -> HubOptions {
-        HubOptions {
-            revision: self.revision,
-            progress: gerbil_cli::progress::Progress::new(self.quiet),
-        }
+        hub_options(self.revision, Progress::new(self.quiet))
     }
 }
 
@@ -197,7 +194,7 @@ fn parse_target(s: &str) -> Result<Box<Target>, String> {
 
 fn main() {
     // A child started to render a chat template renders it and exits here.
-    gerbil_runtime::text::serve_if_child();
+    gerbil_cli::env::serve_template_child();
     let cli = Cli::parse();
     gerbil_cli::logging::init(cli.verbose);
     // Ctrl-C: delete the file being written (its target stays as it was)
@@ -273,7 +270,7 @@ fn real_main(cli: Cli) -> Result<()> {
         } => {
             let progress = Progress::new(hub.quiet);
             let ckpt = open_checkpoint(&repo, &hub.options())?;
-            check_text_assets(&ckpt, gerbil_runtime::text::TemplateSandbox::this_program())?;
+            check_text_assets(&ckpt, gerbil_cli::env::template_sandbox())?;
             let tuning = tuning.map(|path| Tuning::read(&path)).transpose()?;
             if let Some(out) = &output {
                 // Again with the files a hub model resolved to.

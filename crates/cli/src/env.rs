@@ -1,0 +1,103 @@
+//! The environment variables `gerbil-run` and `gerbilc` read, and the typed
+//! options they become: the libraries read none (`tests/architecture.rs`
+//! checks), so an embedder or a server chooses per model.
+//!
+//! | variable | option |
+//! |---|---|
+//! | `GERBIL_TENSOR_CORES=1` | `SessionOptions::tensor_cores` |
+//! | `GERBIL_SHADER_CHECKS=1` | `SessionOptions::shader_checks` |
+//! | `GERBIL_PIPELINE_THREADS=N` | `SessionOptions::pipeline_threads` |
+//! | `GERBIL_PIPELINE_CACHE=0`, `GERBIL_CACHE_DIR` | `SessionOptions::pipeline_cache` ([`pipeline_cache_dir`]) |
+//! | `GERBIL_TEMPLATE_CHILD` | a template-rendering child ([`serve_template_child`], [`template_sandbox`]) |
+//!
+//! The surprise: a variable set to the empty string counts as unset, and a
+//! switch counts as on for any value but `0` (and `off`/`false` for the
+//! cache).
+
+use gerbil_runtime::pipeline::ShaderChecks;
+use gerbil_runtime::SessionOptions;
+use std::ffi::OsString;
+use std::path::PathBuf;
+
+/// The variable, unless unset or empty.
+fn var(name: &str) -> Option<OsString> {
+    std::env::var_os(name).filter(|v| !v.is_empty())
+}
+
+/// Whether a switch variable is on: set to anything but `0`.
+fn switch(name: &str) -> bool {
+    var(name).is_some_and(|v| v != "0")
+}
+
+/// Session options with what the environment sets (tensor cores, shader
+/// checks, pipeline threads) and the library's defaults for the rest.
+pub fn session_defaults() -> SessionOptions {
+    SessionOptions {
+        tensor_cores: tensor_cores(),
+        shader_checks: shader_checks(),
+        pipeline_threads: pipeline_threads(),
+        ..SessionOptions::default()
+    }
+}
+
+/// `GERBIL_TENSOR_CORES`: request tensor cores where the adapter has them.
+pub fn tensor_cores() -> bool {
+    switch("GERBIL_TENSOR_CORES")
+}
+
+/// `GERBIL_SHADER_CHECKS`: keep wgpu's shader runtime checks.
+pub fn shader_checks() -> ShaderChecks {
+    match switch("GERBIL_SHADER_CHECKS") {
+        true => ShaderChecks::Checked,
+        false => ShaderChecks::Unchecked,
+    }
+}
+
+/// `GERBIL_PIPELINE_THREADS`: threads creating pipelines (to compare serial
+/// and parallel creation); `None` when unset or not a number.
+pub fn pipeline_threads() -> Option<usize> {
+    var("GERBIL_PIPELINE_THREADS")?.to_str()?.parse().ok()
+}
+
+/// The pipeline cache directory: `$GERBIL_CACHE_DIR/pipelines`, else the
+/// platform's user cache directory plus `gerbil/pipelines`
+/// (`$XDG_CACHE_HOME`, else `~/.cache` on Linux and other Unixes;
+/// `~/Library/Caches` on macOS; `%LOCALAPPDATA%` on Windows). `None` when
+/// `GERBIL_PIPELINE_CACHE` is `0`, `off` or `false`, or when no such
+/// variable is set.
+pub fn pipeline_cache_dir() -> Option<PathBuf> {
+    if let Some(v) = var("GERBIL_PIPELINE_CACHE") {
+        if matches!(v.to_str(), Some("0" | "off" | "false")) {
+            return None;
+        }
+    }
+    if let Some(root) = var("GERBIL_CACHE_DIR") {
+        return Some(PathBuf::from(root).join("pipelines"));
+    }
+    let user_cache = if cfg!(windows) {
+        var("LOCALAPPDATA").map(PathBuf::from)
+    } else if cfg!(target_os = "macos") {
+        var("HOME").map(|h| PathBuf::from(h).join("Library/Caches"))
+    } else {
+        var("XDG_CACHE_HOME")
+            .map(PathBuf::from)
+            .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")))
+    };
+    user_cache.map(|d| d.join("gerbil").join("pipelines"))
+}
+
+/// Chat templates render in children of this program
+/// ([`TemplateSandbox`](gerbil_text::TemplateSandbox)); `None` off Unix or
+/// when the program's path is unknown.
+pub fn template_sandbox() -> Option<gerbil_text::TemplateSandbox> {
+    gerbil_text::TemplateSandbox::new(std::env::current_exe().ok()?)
+}
+
+/// Call first in `main`: when this process was started to render a chat
+/// template (`GERBIL_TEMPLATE_CHILD` holds its limits), renders it and
+/// exits; otherwise returns.
+pub fn serve_template_child() {
+    if let Some(limits) = std::env::var_os(gerbil_text::CHILD_ENV) {
+        gerbil_text::serve_child(&limits);
+    }
+}

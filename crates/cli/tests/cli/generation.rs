@@ -1,0 +1,354 @@
+//! `gerbil-run` generation as people use it: the plain run, `chat` over a
+//! pipe, generation flags and their errors, `--ctx`, standard input as the
+//! prompt, and a reader that closes the pipe.
+
+use crate::common::*;
+use gerbil_text::TextCodec;
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::OnceLock;
+
+/// SmolLM2 compiled once for the whole file (a 256-token context keeps it
+/// quick on lavapipe).
+fn smollm2_plan() -> &'static PathBuf {
+    static PLAN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    &PLAN
+        .get_or_init(|| compile(&smollm2_dir(), "smollm2", &["--max-context", "256"]))
+        .1
+}
+
+fn codec() -> TextCodec {
+    let bytes = std::fs::read(smollm2_dir().join("tokenizer.json")).unwrap();
+    TextCodec::from_tokenizer_json(&bytes).unwrap()
+}
+
+fn ids(v: &serde_json::Value) -> Vec<u32> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as u32)
+        .collect()
+}
+
+/// The reference chat answer: the greedy tokens up to end-of-sequence, and
+/// its text.
+fn chat_answer() -> (Vec<u32>, String) {
+    let p = reference_prompt("chat_capital");
+    let greedy = ids(&p["greedy_ids"]);
+    let end = greedy.iter().position(|&t| t == 2).expect("an <|im_end|>");
+    let text = codec().decode(&greedy[..end], true).unwrap();
+    (greedy[..=end].to_vec(), text)
+}
+
+#[test]
+fn plain_and_chat_prompts_give_the_reference_continuations() {
+    let plan = smollm2_plan().to_str().unwrap();
+    // A raw prompt, 32 tokens, ignoring end-of-sequence as the reference did.
+    let raw = reference_prompt("raw_french_emoji");
+    let text = raw["text"].as_str().unwrap();
+    let o = gerbil_run(&[
+        plan,
+        "--prompt",
+        text,
+        "--max-new-tokens",
+        "32",
+        "--ignore-eos",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let want = codec().decode(&ids(&raw["greedy_ids"]), true).unwrap();
+    assert_eq!(stdout(&o), format!("{want}\n"));
+    let err = stderr(&o);
+    assert!(
+        err.contains("prompt 24 tokens") && err.contains("generated 32 tokens"),
+        "{err}"
+    );
+    assert!(err.contains("finish length"), "{err}");
+    // The chat prompt through --chat, and through --json.
+    let question = reference_prompt("chat_capital")["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (answer_ids, answer) = chat_answer();
+    let o = gerbil_run(&[plan, "--chat", "--prompt", &question, "--json"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(ids(&json["output_ids"]), answer_ids);
+    assert_eq!(json["text"], answer.as_str());
+    assert_eq!(json["finish_reason"], "stop");
+    assert_eq!(json["timings"]["generated_tokens"], answer_ids.len());
+    assert!(json.get("seed").is_none(), "greedy has no seed");
+}
+
+#[test]
+fn chat_over_a_pipe_keeps_history_and_reuses_the_cache() {
+    let plan = smollm2_plan().to_str().unwrap();
+    let question = reference_prompt("chat_capital")["messages"][0]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let (answer_ids, answer) = chat_answer();
+    let input = format!("{question}\n/stats\nAnd of Germany?\n/bogus\n/reset\n/exit\nnever read\n");
+    let o = gerbil_run_stdin(&[plan, "chat", "--max-new-tokens", "12"], &input);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let out = stdout(&o);
+    let lines: Vec<&str> = out.lines().collect();
+    assert_eq!(lines[0], answer, "first answer:\n{out}");
+    assert_eq!(lines.len(), 2, "two answers:\n{out}");
+    let err = stderr(&o);
+    let timing: Vec<&str> = err.lines().filter(|l| l.starts_with("prompt ")).collect();
+    assert_eq!(timing.len(), 2, "{err}");
+    // Turn two prefills only itself: the first prompt (42 tokens) and the
+    // answer but its last token are cached.
+    let cached = 42 + answer_ids.len() - 1;
+    assert!(
+        timing[1].contains(&format!("({cached} cached)")),
+        "{}",
+        timing[1]
+    );
+    assert!(err.contains("2 messages;"), "/stats: {err}");
+    assert!(err.contains("unknown command /bogus"), "{err}");
+    assert!(err.contains("(conversation forgotten)"), "{err}");
+}
+
+#[test]
+fn flags_that_would_do_nothing_are_errors() {
+    let (_d, tiny) = tiny_plan("flags", &["--max-context", "16"]);
+    let tiny = tiny.to_str().unwrap();
+    let plan = smollm2_plan().to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &[tiny, "--input-ids", "1,2", "--top-logits", "3"],
+            "--top-logits only shows in the JSON output: add --json",
+        ),
+        (
+            &[tiny, "--input-ids", "1,2", "--top-p", "0.9"],
+            "--top-p only applies when sampling",
+        ),
+        (
+            &[
+                tiny,
+                "--input-ids",
+                "1,2",
+                "--temperature",
+                "0",
+                "--seed",
+                "3",
+            ],
+            "--temperature 0 decodes greedily",
+        ),
+        (
+            &[tiny, "--input-ids", "1,2", "--stop", "x"],
+            "--stop matches text, and this plan has no tokenizer",
+        ),
+        (
+            &[tiny, "--input-ids", "1,2", "--chat"],
+            "cannot be used with",
+        ),
+        (&[tiny, "--prompt", "hi", "--system", "s"], "--chat"),
+        (
+            &[tiny, "chat"],
+            "this plan has no tokenizer, so it cannot chat",
+        ),
+        (
+            &[plan, "--temperature", "0.5", "chat"],
+            "`chat` takes its own flags",
+        ),
+        (
+            &[tiny, "--input-ids", "1", "--ctx", "17"],
+            "give --ctx at most 16",
+        ),
+        (
+            &[tiny, "--input-ids", "1", "--ctx", "0"],
+            "give --ctx at most 16",
+        ),
+        (
+            &[tiny, "--input-ids", "1", "--repetition-penalty", "0"],
+            "repetition",
+        ),
+        (&[tiny, "bench", "--ctx", "8"], "drop --ctx"),
+        (
+            &[tiny, "--input-ids", "1,2", "--system", "s"],
+            "--system is the system message of a chat prompt: add --chat",
+        ),
+        (
+            &[tiny, "bench", "--top-k", "3"],
+            "--top-k only applies to sampled decoding",
+        ),
+        (
+            &[tiny, "bench", "--min-p", "0.1", "--temperature", "0"],
+            "--min-p only applies to sampled decoding",
+        ),
+        (
+            &[tiny, "bench", "--repeats", "0"],
+            "0 repetitions time nothing; give at least 1",
+        ),
+        (
+            &[tiny, "serve", "--max-body-bytes", "100"],
+            "100 bytes would refuse nearly every request; give at least 1024",
+        ),
+        (&["devices", "--device", "0"], "drop it here"),
+        (
+            &[tiny, "--input-ids", "1", "--json", "--top-logits", "0"],
+            "0 records no logits",
+        ),
+        (
+            &[plan, "--prompt", "hi", "--stop", ""],
+            "a stop string is empty",
+        ),
+    ];
+    for (args, needle) in cases {
+        assert_fails_with(&gerbil_run(args), needle);
+    }
+}
+
+#[test]
+fn the_context_ends_a_generation_with_length() {
+    let (_d, tiny) = tiny_plan("ctx", &["--max-context", "16"]);
+    let tiny = tiny.to_str().unwrap();
+    // 4 prompt tokens in a 6-token context: 3 tokens fit (the last is never fed).
+    let o = gerbil_run(&[
+        tiny,
+        "--input-ids",
+        "1,2,3,4",
+        "--ctx",
+        "6",
+        "--max-new-tokens",
+        "50",
+        "--json",
+        "--ignore-eos",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let json: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(json["output_ids"].as_array().unwrap().len(), 3);
+    assert_eq!(json["finish_reason"], "length");
+    // The same tokens as with the whole context.
+    let o = gerbil_run(&[
+        tiny,
+        "--input-ids",
+        "1,2,3,4",
+        "--max-new-tokens",
+        "3",
+        "--json",
+        "--ignore-eos",
+    ]);
+    let full: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_eq!(full["output_ids"], json["output_ids"]);
+    assert_fails_with(
+        &gerbil_run(&[tiny, "--input-ids", "1,2,3,4,5,6,7", "--ctx", "6"]),
+        "7 tokens do not fit the context of 6 tokens",
+    );
+}
+
+#[test]
+fn seeds_and_penalties() {
+    let (_d, tiny) = tiny_plan("seeds", &["--max-context", "32"]);
+    let tiny = tiny.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            tiny,
+            "--input-ids",
+            "1,2,3",
+            "--max-new-tokens",
+            "12",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = gerbil_run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+    };
+    let a = run(&["--temperature", "1.5", "--seed", "11"]);
+    let b = run(&["--temperature", "1.5", "--seed", "11"]);
+    assert_eq!(
+        a["output_ids"], b["output_ids"],
+        "a seed reproduces the tokens"
+    );
+    assert_eq!(a["seed"], 11);
+    // Without a seed one is drawn and reported; two runs differ in it.
+    let c = run(&["--temperature", "1.5"]);
+    let d = run(&["--temperature", "1.5"]);
+    assert!(c["seed"].is_u64() && c["seed"] != d["seed"], "{c} {d}");
+    // The penalties change the greedy tokens (they run on the CPU sampler).
+    let greedy = run(&[]);
+    let penalized = run(&["--repetition-penalty", "3", "--frequency-penalty", "2"]);
+    assert_ne!(penalized["output_ids"], greedy["output_ids"]);
+}
+
+#[test]
+fn a_stop_string_cuts_the_text() {
+    let plan = smollm2_plan().to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            plan,
+            "--prompt",
+            "Once upon a time",
+            "--max-new-tokens",
+            "8",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = gerbil_run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+    };
+    let greedy = run(&[]);
+    let text = greedy["text"].as_str().unwrap().to_string();
+    let word: String = text.split_whitespace().nth(2).unwrap().to_string();
+    let stopped = run(&["--stop", &word]);
+    assert_eq!(stopped["finish_reason"], "stop");
+    let cut = &text[..text.find(&word).unwrap()];
+    assert_eq!(stopped["text"], cut);
+}
+
+#[test]
+fn the_prompt_from_standard_input() {
+    let plan = smollm2_plan().to_str().unwrap();
+    let direct = gerbil_run(&[
+        plan,
+        "--prompt",
+        "The capital of France is",
+        "--max-new-tokens",
+        "4",
+    ]);
+    let dash = gerbil_run_stdin(
+        &[plan, "--prompt", "-", "--max-new-tokens", "4"],
+        "The capital of France is\n",
+    );
+    let piped = gerbil_run_stdin(&[plan, "--max-new-tokens", "4"], "The capital of France is");
+    assert!(direct.status.success(), "{}", stderr(&direct));
+    assert_eq!(stdout(&dash), stdout(&direct), "{}", stderr(&dash));
+    assert_eq!(stdout(&piped), stdout(&direct), "{}", stderr(&piped));
+}
+
+#[test]
+fn a_closed_pipe_stops_generation_quietly() {
+    let plan = smollm2_plan().to_str().unwrap();
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let mut child = gerbil_run_command(&[
+        plan,
+        "--prompt",
+        "Once upon a time",
+        "--max-new-tokens",
+        "200",
+        "--ignore-eos",
+    ])
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    let mut first = [0u8; 3];
+    child
+        .stdout
+        .as_mut()
+        .unwrap()
+        .read_exact(&mut first)
+        .unwrap();
+    drop(child.stdout.take());
+    let o = child.wait_with_output().unwrap();
+    let err = stderr(&o);
+    assert!(o.status.success(), "exit {:?}: {err}", o.status);
+    assert!(!err.contains("error") && !err.contains("panicked"), "{err}");
+    // It stopped instead of finishing: no timing line for 200 tokens.
+    assert!(!err.contains("generated 200 tokens"), "{err}");
+}

@@ -1,0 +1,711 @@
+//! `gerbil-run PLAN serve` as a client sees it: the real binary on a real
+//! socket (`--port 0`, the port read from its `listening on` line), spoken
+//! to over raw HTTP/1.1. SmolLM2 answers the reference chat message with
+//! the reference text (whole and streamed); the tiny Llama, given a
+//! byte-level tokenizer and a chat template of the test's own, covers the
+//! rest: concurrent clients, a client that disconnects mid-stream, and an
+//! OpenAI error object for each kind of bad request.
+
+use crate::common::*;
+use gerbil_text::TextCodec;
+use serde_json::{json, Value};
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{Shutdown, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Mutex};
+use std::time::Duration;
+
+/// GPT-2's byte-to-character map of byte-level tokenizers.
+fn byte_chars() -> Vec<char> {
+    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
+    let mut next = 256;
+    (0..256u32)
+        .map(|b| {
+            if printable(b) {
+                char::from_u32(b).unwrap()
+            } else {
+                next += 1;
+                char::from_u32(next - 1).unwrap()
+            }
+        })
+        .collect()
+}
+
+/// A byte-level BPE `tokenizer.json` of exactly 512 ids for the tiny Llama:
+/// three special tokens (`<|im_end|>` is id 2, its end-of-sequence), the
+/// 256 bytes, and merges of letter pairs for the rest.
+fn tiny_tokenizer() -> Value {
+    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
+    let mut vocab = serde_json::Map::new();
+    for (i, s) in specials.iter().enumerate() {
+        vocab.insert(s.to_string(), json!(i));
+    }
+    for (b, c) in byte_chars().into_iter().enumerate() {
+        vocab.insert(c.to_string(), json!(specials.len() + b));
+    }
+    let letters: Vec<String> = "Ġetaoinshrdlcumwfgypbvk"
+        .chars()
+        .map(String::from)
+        .collect();
+    let mut merges = Vec::new();
+    'pairs: for a in &letters {
+        for b in &letters {
+            if vocab.len() == 512 {
+                break 'pairs;
+            }
+            let merged = format!("{a}{b}");
+            if !vocab.contains_key(&merged) {
+                vocab.insert(merged, json!(vocab.len()));
+                merges.push(json!([a, b]));
+            }
+        }
+    }
+    let added: Vec<Value> = specials
+        .iter()
+        .enumerate()
+        .map(|(i, s)| {
+            json!({"id": i, "content": s, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    json!({
+        "version": "1.0",
+        "truncation": null,
+        "padding": null,
+        "added_tokens": added,
+        "normalizer": null,
+        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
+        "post_processor": null,
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
+                  "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": vocab, "merges": merges},
+    })
+}
+
+/// The tiny Llama with [`tiny_tokenizer`] and a ChatML template, compiled
+/// into `dir` with `extra` flags.
+fn tiny_text_plan(dir: &Path, extra: &[&str]) -> PathBuf {
+    let model = dir.join("tiny-text");
+    std::fs::create_dir_all(&model).unwrap();
+    for f in ["config.json", "generation_config.json", "model.safetensors"] {
+        std::fs::copy(data("models/tiny/llama").join(f), model.join(f)).unwrap();
+    }
+    std::fs::write(model.join("tokenizer.json"), tiny_tokenizer().to_string()).unwrap();
+    let template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+    let config = json!({"chat_template": template, "eos_token": "<|im_end|>"});
+    std::fs::write(model.join("tokenizer_config.json"), config.to_string()).unwrap();
+    let plan = dir.join("tiny.plan");
+    compile_to(&model, &plan, extra);
+    plan
+}
+
+/// A running `gerbil-run PLAN serve --port 0`; killed when dropped.
+struct Server {
+    child: Child,
+    port: u16,
+    log: Arc<Mutex<String>>,
+}
+
+impl Server {
+    /// Starts the server with `-v` and waits for its `listening on` line.
+    fn start(plan: &Path, args: &[&str]) -> Server {
+        let mut child = clean_command(env!("CARGO_BIN_EXE_gerbil-run"), &[])
+            .arg(plan)
+            .args(["-v", "serve", "--port", "0"])
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn gerbil-run serve");
+        let stderr = child.stderr.take().unwrap();
+        let log = Arc::new(Mutex::new(String::new()));
+        let (port_tx, port_rx) = mpsc::channel();
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(addr) = line.strip_prefix("listening on http://") {
+                    let port = addr.rsplit(':').next().and_then(|p| p.parse::<u16>().ok());
+                    let _ = port_tx.send(port);
+                }
+                let mut log = sink.lock().unwrap();
+                log.push_str(&line);
+                log.push('\n');
+            }
+        });
+        let port = match port_rx.recv_timeout(Duration::from_secs(600)) {
+            Ok(Some(port)) => port,
+            _ => {
+                let _ = child.kill();
+                panic!("no `listening on` line: {}", log.lock().unwrap());
+            }
+        };
+        assert_ne!(port, 0, "--port 0 prints the port chosen");
+        Server { child, port, log }
+    }
+
+    /// Ctrl-C (SIGINT): the server shuts down gracefully and exits 0.
+    fn interrupt(&mut self) {
+        let pid = self.child.id().to_string();
+        let sent = Command::new("kill").args(["-INT", &pid]).status().unwrap();
+        assert!(sent.success());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "{status}: {}", self.log());
+        for _ in 0..100 {
+            if self.log().contains("shut down") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        panic!("no `shut down` line: {}", self.log());
+    }
+
+    fn log(&self) -> String {
+        self.log.lock().unwrap().clone()
+    }
+
+    /// Sends `body` with `method` to `path`; the response is read later.
+    fn send(&self, method: &str, path: &str, body: &[u8]) -> TcpStream {
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
+        s.set_read_timeout(Some(Duration::from_secs(900))).unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n",
+            body.len()
+        );
+        s.write_all(head.as_bytes()).unwrap();
+        s.write_all(body).unwrap();
+        s
+    }
+
+    /// A whole response: status and JSON body.
+    fn request(&self, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
+        let mut r = Response::read(self.send(method, path, body));
+        let mut text = String::new();
+        r.body.read_to_string(&mut text).unwrap();
+        let json = serde_json::from_str(&text)
+            .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {text:?}"));
+        (r.status, json)
+    }
+
+    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+        self.request("POST", path, body.to_string().as_bytes())
+    }
+
+    fn get(&self, path: &str) -> (u16, Value) {
+        self.request("GET", path, b"")
+    }
+
+    /// Starts a streamed request; asserts the SSE status and content type.
+    fn stream(&self, path: &str, body: &Value) -> Response {
+        let r = Response::read(self.send("POST", path, body.to_string().as_bytes()));
+        assert_eq!(r.status, 200, "{path} {body}");
+        assert_eq!(
+            r.header("content-type").as_deref(),
+            Some("text/event-stream")
+        );
+        r
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP/1.1 response with its body undone from chunked encoding.
+struct Response {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Box<dyn BufRead + Send>,
+}
+
+impl Response {
+    fn read(stream: TcpStream) -> Response {
+        let mut r = BufReader::new(stream);
+        let mut line = String::new();
+        r.read_line(&mut line).unwrap();
+        let status = line
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or_else(|| panic!("bad status line {line:?}"));
+        let mut headers = Vec::new();
+        loop {
+            line.clear();
+            r.read_line(&mut line).unwrap();
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            let (k, v) = l.split_once(':').unwrap();
+            headers.push((k.to_ascii_lowercase(), v.trim().to_string()));
+        }
+        let get = |k: &str| headers.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone());
+        let body: Box<dyn BufRead + Send> =
+            if get("transfer-encoding").as_deref() == Some("chunked") {
+                Box::new(BufReader::new(Dechunk {
+                    inner: r,
+                    left: 0,
+                    done: false,
+                }))
+            } else if let Some(n) = get("content-length") {
+                Box::new(r.take(n.parse().unwrap()))
+            } else {
+                Box::new(r)
+            };
+        Response {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    fn header(&self, name: &str) -> Option<String> {
+        self.headers
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// The next server-sent event's data, checking the `data: …` line is
+    /// followed by a blank line; `None` at the end of the body.
+    fn next_data(&mut self) -> Option<String> {
+        let mut line = String::new();
+        loop {
+            line.clear();
+            if self.body.read_line(&mut line).unwrap() == 0 {
+                return None;
+            }
+            if line == "\n" || line.starts_with(':') {
+                continue;
+            }
+            let data = line
+                .strip_prefix("data: ")
+                .and_then(|d| d.strip_suffix('\n'))
+                .unwrap_or_else(|| panic!("not a data line: {line:?}"))
+                .to_string();
+            line.clear();
+            self.body.read_line(&mut line).unwrap();
+            assert_eq!(line, "\n", "an event ends with a blank line");
+            return Some(data);
+        }
+    }
+
+    /// Every event's data to the end of the stream.
+    fn all_data(mut self) -> Vec<String> {
+        std::iter::from_fn(|| self.next_data()).collect()
+    }
+}
+
+/// The body of a `Transfer-Encoding: chunked` response.
+struct Dechunk<R> {
+    inner: R,
+    left: usize,
+    done: bool,
+}
+
+impl<R: BufRead> Read for Dechunk<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if self.done || buf.is_empty() {
+            return Ok(0);
+        }
+        if self.left == 0 {
+            let mut size = String::new();
+            self.inner.read_line(&mut size)?;
+            let hex = size.trim().split(';').next().unwrap_or("");
+            self.left = usize::from_str_radix(hex, 16).map_err(std::io::Error::other)?;
+            if self.left == 0 {
+                self.done = true;
+                return Ok(0);
+            }
+        }
+        let n = buf.len().min(self.left);
+        let n = self.inner.read(&mut buf[..n])?;
+        self.left -= n;
+        if self.left == 0 {
+            let mut crlf = [0u8; 2];
+            self.inner.read_exact(&mut crlf)?;
+        }
+        Ok(n)
+    }
+}
+
+/// The text and finish reason of a streamed answer, after checking the
+/// chunks' shape: one id, the object type, a chat's first chunk carrying the
+/// role, text chunks without a finish reason, one finish chunk, `[DONE]`.
+fn streamed_text(events: &[String], chat: bool) -> (String, String) {
+    assert_eq!(
+        events.last().map(String::as_str),
+        Some("[DONE]"),
+        "{events:?}"
+    );
+    let chunks: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect();
+    let object = if chat {
+        "chat.completion.chunk"
+    } else {
+        "text_completion"
+    };
+    let (last, rest) = chunks.split_last().expect("a finish chunk");
+    for c in &chunks {
+        assert_eq!(c["object"], object, "{c}");
+        assert_eq!(c["id"], chunks[0]["id"], "one id per stream");
+        assert_eq!(c["choices"][0]["index"], 0);
+    }
+    let mut text = String::new();
+    for (i, c) in rest.iter().enumerate() {
+        let choice = &c["choices"][0];
+        assert!(choice["finish_reason"].is_null(), "{c}");
+        if chat {
+            let delta = &choice["delta"];
+            assert_eq!(
+                delta.get("role").is_some(),
+                i == 0,
+                "role in the first chunk only: {c}"
+            );
+            text.push_str(delta["content"].as_str().unwrap());
+        } else {
+            text.push_str(choice["text"].as_str().unwrap());
+        }
+    }
+    let reason = last["choices"][0]["finish_reason"]
+        .as_str()
+        .expect("finish reason");
+    (text, reason.to_string())
+}
+
+fn error_of(status: u16, v: &Value, want_status: u16, param: Option<&str>) -> String {
+    assert_eq!(status, want_status, "{v}");
+    let e = &v["error"];
+    let message = e["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no error message: {v}"));
+    assert!(!message.is_empty());
+    assert_eq!(e["type"], "invalid_request_error", "{v}");
+    assert!(e.get("code").is_some() && e.get("param").is_some(), "{v}");
+    if let Some(p) = param {
+        assert_eq!(e["param"], p, "{v}");
+    }
+    message.to_string()
+}
+
+#[test]
+fn smollm2_chat_completion_is_the_reference_text() {
+    let reference: Value =
+        serde_json::from_slice(&std::fs::read(data("refs/smollm2-135m.json")).unwrap()).unwrap();
+    let prompts = reference["prompts"].as_array().unwrap();
+    let case = |id: &str| prompts.iter().find(|p| p["id"] == id).unwrap().clone();
+    let ids = |v: &Value| -> Vec<u32> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|x| x.as_u64().unwrap() as u32)
+            .collect()
+    };
+    let chat = case("chat_capital");
+    let raw = case("raw_french_emoji");
+    let codec = TextCodec::from_tokenizer_json(
+        &std::fs::read(smollm2_dir().join("tokenizer.json")).unwrap(),
+    )
+    .unwrap();
+    let greedy = ids(&chat["greedy_ids"]);
+    let eos = chat["stop_at"].as_u64().unwrap() as usize;
+    let want = codec.decode(&greedy[..eos], false).unwrap();
+    assert_eq!(want, "The capital of France is Paris.");
+
+    let dir = temp("smollm2");
+    let plan = dir.path().join("smollm2.plan");
+    compile_to(&smollm2_dir(), &plan, &["--max-context", "256"]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let server = Server::start(&plan, &[]);
+    let request = json!({
+        "model": "anything",
+        "messages": chat["messages"],
+        "temperature": 0,
+        "max_tokens": chat["max_new_tokens"],
+    });
+    let (status, v) = server.post("/v1/chat/completions", &request);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["model"], "smollm2", "the plan's file stem");
+    assert!(v["id"].as_str().unwrap().starts_with("chatcmpl-"));
+    assert!(v["created"].as_u64().unwrap() > 1_600_000_000);
+    let choice = &v["choices"][0];
+    assert_eq!(choice["message"]["role"], "assistant");
+    assert_eq!(choice["message"]["content"], want.as_str());
+    assert_eq!(choice["finish_reason"], "stop");
+    let prompt_tokens = chat["input_ids"].as_array().unwrap().len();
+    assert_eq!(v["usage"]["prompt_tokens"], prompt_tokens);
+    assert_eq!(
+        v["usage"]["completion_tokens"],
+        eos + 1,
+        "the answer and its end token"
+    );
+    assert_eq!(v["usage"]["total_tokens"], prompt_tokens + eos + 1);
+
+    let mut streamed = request.clone();
+    streamed["stream"] = json!(true);
+    let events = server.stream("/v1/chat/completions", &streamed).all_data();
+    assert_eq!(streamed_text(&events, true), (want, "stop".to_string()));
+
+    let n = 6;
+    let request = json!({"prompt": raw["text"], "max_tokens": n, "temperature": 0});
+    let (status, v) = server.post("/v1/completions", &request);
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "text_completion");
+    let want = codec.decode(&ids(&raw["greedy_ids"])[..n], false).unwrap();
+    assert_eq!(v["choices"][0]["text"], want.as_str());
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        v["usage"]["prompt_tokens"],
+        raw["input_ids"].as_array().unwrap().len()
+    );
+    assert_eq!(v["usage"]["completion_tokens"], n);
+
+    // A sampled request draws the same text through `gerbil-run` (one settings resolver
+    // behind both): SmolLM2's generation config has no `do_sample`, so both sample with
+    // transformers' top-k 50.
+    let prompt = raw["text"].as_str().unwrap();
+    let served = server_sampled_text(&server, prompt, 7);
+    assert_eq!(cli_sampled_text(&plan, prompt, 7), served);
+}
+
+/// `gerbil-run PLAN --prompt P --temperature 0.8 --seed S --max-new-tokens 24 --json`'s text
+/// (the caller holds the GPU lock).
+fn cli_sampled_text(plan: &Path, prompt: &str, seed: u64) -> String {
+    let seed = seed.to_string();
+    let args = [
+        plan.to_str().unwrap(),
+        "--prompt",
+        prompt,
+        "--temperature",
+        "0.8",
+    ];
+    let o = gerbil_run_command(&args)
+        .args(["--seed", &seed, "--max-new-tokens", "24", "--json"])
+        .output()
+        .expect("spawn gerbil-run");
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
+    assert_eq!(v["seed"], json!(seed.parse::<u64>().unwrap()));
+    v["text"].as_str().unwrap().to_string()
+}
+
+/// The same request as [`cli_sampled_text`] through `/v1/completions`.
+fn server_sampled_text(server: &Server, prompt: &str, seed: u64) -> String {
+    let request = json!({"prompt": prompt, "temperature": 0.8, "seed": seed, "max_tokens": 24});
+    let (status, v) = server.post("/v1/completions", &request);
+    assert_eq!(status, 200, "{v}");
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+/// One settings resolver behind both: a sampled request gives the same text through
+/// `gerbil-run` and through the server (SmolLM2 in the test above, the tiny Llama here); ten
+/// seeds draw at least two continuations, and a seed drawn twice gives the same one.
+#[test]
+fn the_cli_and_the_server_draw_the_same_text_for_a_seed() {
+    let dir = temp("same-text");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let server = Server::start(&plan, &[]);
+    let prompt = "alpha beta";
+    let texts: Vec<String> = (0..10)
+        .map(|seed| server_sampled_text(&server, prompt, seed))
+        .collect();
+    let distinct: std::collections::BTreeSet<&String> = texts.iter().collect();
+    assert!(distinct.len() >= 2, "ten seeds, one text: {texts:?}");
+    assert_eq!(server_sampled_text(&server, prompt, 3), texts[3]);
+    assert_eq!(cli_sampled_text(&plan, prompt, 3), texts[3]);
+    assert_eq!(cli_sampled_text(&plan, prompt, 7), texts[7]);
+}
+
+#[test]
+fn health_models_and_an_error_object_for_each_bad_request() {
+    let dir = temp("errors");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let mut server = Server::start(
+        &plan,
+        &["--model-name", "tiny-test", "--max-body-bytes", "4096"],
+    );
+    assert_eq!(server.get("/health"), (200, json!({"status": "ok"})));
+    let (status, models) = server.get("/v1/models");
+    assert_eq!(status, 200);
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"].as_array().unwrap().len(), 1);
+    assert_eq!(models["data"][0]["id"], "tiny-test");
+    assert_eq!(models["data"][0]["object"], "model");
+    assert!(models["data"][0]["created"].as_u64().unwrap() > 1_600_000_000);
+
+    let chat = "/v1/chat/completions";
+    let (s, v) = server.request("POST", chat, b"{\"messages\": [");
+    let m = error_of(s, &v, 400, None);
+    assert!(m.contains("not valid JSON"), "{m}");
+    let (s, v) = server.post(chat, &json!({"messages": 3}));
+    let m = error_of(s, &v, 400, Some("messages"));
+    assert!(m.contains("invalid type"), "{m}");
+    let hi = json!([{"role": "user", "content": "hi"}]);
+    let (s, v) = server.post(chat, &json!({"messages": hi, "max_tokens": "x"}));
+    error_of(s, &v, 400, Some("max_tokens"));
+    let (s, v) = server.post(chat, &json!({"messages": hi, "temperature": -1}));
+    error_of(s, &v, 400, Some("temperature"));
+    let (s, v) = server.post(chat, &json!({"prompt": "hi"}));
+    error_of(s, &v, 400, Some("prompt"));
+    // The tiny plan's context is 128 tokens; `zq` has no merge: 2 tokens.
+    let long = "zq".repeat(100);
+    for stream in [false, true] {
+        let body = json!({"messages": [{"role": "user", "content": long}], "stream": stream});
+        let (s, v) = server.post(chat, &body);
+        let m = error_of(s, &v, 400, Some("messages"));
+        assert!(m.contains("context of 128 tokens"), "{m}");
+        assert_eq!(v["error"]["code"], "context_length_exceeded");
+        let body = json!({"prompt": long, "stream": stream});
+        let (s, v) = server.post("/v1/completions", &body);
+        error_of(s, &v, 400, Some("prompt"));
+    }
+    let big = json!({"prompt": "a".repeat(5000)});
+    let (s, v) = server.post("/v1/completions", &big);
+    let m = error_of(s, &v, 413, None);
+    assert!(m.contains("--max-body-bytes"), "{m}");
+    let (s, v) = server.get("/v1/nothing");
+    error_of(s, &v, 404, None);
+    let (s, v) = server.get(chat);
+    error_of(s, &v, 405, None);
+
+    // Still serving, with the right answer, after every error.
+    let (s, v) = server.post(
+        chat,
+        &json!({"messages": hi, "max_tokens": 3, "temperature": 0}),
+    );
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["usage"]["completion_tokens"], 3);
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert!(!server.log().contains("panicked"), "{}", server.log());
+    server.interrupt();
+}
+
+/// A greedy completion request for `prompt`.
+fn greedy_completion(prompt: &str, max_tokens: usize, stream: bool) -> Value {
+    json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true,
+           "stream": stream})
+}
+
+#[test]
+fn concurrent_clients_each_get_their_own_answer() {
+    let dir = temp("concurrent");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let server = Arc::new(Server::start(&plan, &[]));
+    let prompts = ["alpha beta", "gamma delta epsilon", "zeta"];
+    let alone: Vec<Value> = prompts
+        .iter()
+        .map(|p| {
+            let (s, v) = server.post("/v1/completions", &greedy_completion(p, 24, false));
+            assert_eq!(s, 200, "{v}");
+            assert_eq!(v["usage"]["completion_tokens"], 24);
+            v["choices"][0]["text"].clone()
+        })
+        .collect();
+    assert!(alone[0] != alone[1] && alone[1] != alone[2], "{alone:?}");
+    let threads: Vec<_> = prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let server = Arc::clone(&server);
+            let p = p.to_string();
+            std::thread::spawn(move || {
+                // The middle client streams; the others wait for the whole answer.
+                if i == 1 {
+                    let events = server
+                        .stream("/v1/completions", &greedy_completion(&p, 24, true))
+                        .all_data();
+                    let (text, reason) = streamed_text(&events, false);
+                    assert_eq!(reason, "length");
+                    Value::String(text)
+                } else {
+                    let (s, v) = server.post("/v1/completions", &greedy_completion(&p, 24, false));
+                    assert_eq!(s, 200, "{v}");
+                    v["choices"][0]["text"].clone()
+                }
+            })
+        })
+        .collect();
+    let together: Vec<Value> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(together, alone);
+}
+
+#[test]
+fn a_client_that_disconnects_mid_stream_stops_its_generation() {
+    let dir = temp("disconnect");
+    let plan = tiny_text_plan(dir.path(), &["--max-context", "2048"]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let server = Arc::new(Server::start(&plan, &[]));
+    let waiting = greedy_completion("the one who waits", 16, false);
+    let (s, alone) = server.post("/v1/completions", &waiting);
+    assert_eq!(s, 200, "{alone}");
+
+    // No max_tokens: up to the end of the context, about 2,000 tokens.
+    let long = json!({"prompt": "the one who leaves", "temperature": 0, "ignore_eos": true,
+                      "stream": true});
+    let mut leaver = server.stream("/v1/completions", &long);
+    for _ in 0..2 {
+        let chunk: Value = serde_json::from_str(&leaver.next_data().unwrap()).unwrap();
+        assert_eq!(chunk["object"], "text_completion");
+    }
+    let queued = {
+        let server = Arc::clone(&server);
+        let waiting = waiting.clone();
+        std::thread::spawn(move || server.post("/v1/completions", &waiting))
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    drop(leaver);
+    let (s, v) = queued.join().unwrap();
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], alone["choices"][0]["text"]);
+    for n in ["prompt_tokens", "completion_tokens"] {
+        assert_eq!(v["usage"][n], alone["usage"][n]);
+    }
+    let log = server.log();
+    let cancelled: usize = log
+        .lines()
+        .find_map(|l| l.split("generation cancelled after ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no cancellation in the log:\n{log}"));
+    assert!(
+        cancelled < 1000,
+        "stopped after {cancelled} of ~2000 tokens"
+    );
+
+    // A client that stops waiting for a whole answer stops it too.
+    let quitter = server.send("POST", "/v1/completions", long_whole(&long).as_bytes());
+    std::thread::sleep(Duration::from_millis(500));
+    quitter.shutdown(Shutdown::Both).unwrap();
+    drop(quitter);
+    let (s, v) = server.post("/v1/completions", &waiting);
+    assert_eq!(
+        (s, &v["choices"][0]["text"]),
+        (200, &alone["choices"][0]["text"])
+    );
+    let log = server.log();
+    assert_eq!(
+        log.matches("generation cancelled after").count()
+            + log.matches("skipped a queued request").count(),
+        2,
+        "{log}"
+    );
+}
+
+/// `body` without streaming.
+fn long_whole(body: &Value) -> String {
+    let mut b = body.clone();
+    b["stream"] = json!(false);
+    b.to_string()
+}

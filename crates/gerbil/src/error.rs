@@ -1,0 +1,33 @@
+//! The facade's error type: what the GPU runtime and the text half can report, and the two
+//! ways a model can lack text.
+//!
+//! Match on [`Error::Runtime`] for GPU and plan failures (`RuntimeError::DeviceLost`,
+//! `RuntimeError::OutOfMemory`, ...) and on [`Error::Text`] for tokenizer and chat-template
+//! failures. The surprise: a plan whose tokenizer does not load still loads; its text calls
+//! return [`Error::TextUnavailable`] while token ids keep working.
+
+use gerbil_runtime::RuntimeError;
+use gerbil_text::TextError;
+
+/// Why loading a model or generating from it failed.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The GPU runtime or the plan failed.
+    #[error(transparent)]
+    Runtime(#[from] RuntimeError),
+    /// Tokenization or chat-template failure.
+    #[error(transparent)]
+    Text(#[from] TextError),
+    /// Text in or out, but the plan has no tokenizer.
+    #[error("this plan has no tokenizer (the checkpoint had no tokenizer.json): pass token ids (--input-ids) instead of text")]
+    NoTokenizer,
+    /// Text in or out, but the plan's tokenizer or chat template does not load.
+    #[error("{0}; this plan still runs on token ids (--input-ids), or recompile it from a checkpoint with a working tokenizer")]
+    TextUnavailable(String),
+}
+
+impl From<gerbil_plan::PlanError> for Error {
+    fn from(e: gerbil_plan::PlanError) -> Self {
+        Error::Runtime(e.into())
+    }
+}

@@ -1,0 +1,772 @@
+//! Models from the Hugging Face hub: `gerbilc compile ORG/NAME` and `gerbilc
+//! tune ORG/NAME` download the checkpoint into the standard hub cache and
+//! compile it from there; any program can do the same through this crate.
+//!
+//! [`open_checkpoint`] takes what the user typed. An existing path is a local
+//! checkpoint directory, used as it is; otherwise a hub id (`org/name`) is
+//! fetched: the repository's file list comes from the hub's API
+//! (`/api/models/{repo}/revision/{rev}`), then `config.json`, the weights
+//! (`model.safetensors`, or `model.safetensors.index.json` and every shard it
+//! names) and whichever text assets the repository has are downloaded with
+//! the `hf-hub` crate. The cache is [`HubSettings::cache_dir`], else `HOME/hub` for
+//! [`HubSettings::home`], else `~/.cache/huggingface/hub`, laid out as Python's
+//! `huggingface_hub` lays it out, so either can reuse the other's downloads;
+//! [`HubSettings::endpoint`] names another hub and [`HubSettings::token`] (else the token
+//! file, `HOME/token`) authenticates. The library reads no environment variable: `gerbilc`
+//! fills [`HubSettings`] from `HF_HUB_CACHE`, `HF_HOME`, `HF_ENDPOINT` and `HF_TOKEN`, as
+//! `huggingface_hub` does. Downloads report their bytes and notes to an optional
+//! [`HubHook`] ([`HubEvent`]); the library draws nothing.
+//!
+//! The surprising things: the revision is resolved to a commit once, and
+//! every file is then fetched at that commit, so a branch that moves during a
+//! download cannot mix two commits in one snapshot; a file already in that
+//! commit's snapshot is not requested again, and when the hub cannot be
+//! reached, a revision fetched completely before is used from the cache
+//! (with a note). `hf-hub` streams each file into
+//! `blobs/{etag}.part` and renames it only when complete, so an interrupted
+//! download is never seen under its final name: it is retried in the same
+//! run with a `Range` request from where it stopped, and if it still fails,
+//! the next run resumes the `.part` file. `hf-hub` does not check that a
+//! resumed request was answered with the rest of the file, so each file's
+//! size is checked against the size the API lists, and a file that does not
+//! match is deleted. Errors the hub explains (`X-Error-Code`: a missing repo,
+//! revision or file, a gated repo, a refused token) become [`HubError`]s that
+//! say what to do.
+
+use gerbil_frontend_hf::{Checkpoint, FrontendError};
+use hf_hub::api::sync::{Api, ApiBuilder, ApiError, ApiRepo};
+use hf_hub::api::Progress as DownloadProgress;
+use hf_hub::{Cache, Repo, RepoType};
+use serde::Deserialize;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The hub used when `HF_ENDPOINT` is not set.
+pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
+
+/// The revision fetched when none is given.
+pub const DEFAULT_REVISION: &str = "main";
+
+/// Times a dropped download is retried, each from where it stopped.
+const RETRIES: usize = 3;
+
+/// Files a checkpoint may have beside its config and weights; fetched when
+/// the repository lists them.
+const OPTIONAL_FILES: [&str; 5] = [
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "special_tokens_map.json",
+];
+const CONFIG_FILE: &str = "config.json";
+const SINGLE_WEIGHTS: &str = "model.safetensors";
+const WEIGHTS_INDEX: &str = "model.safetensors.index.json";
+
+/// How to fetch a hub model.
+#[derive(Clone, Default)]
+pub struct HubOptions {
+    /// Branch, tag or commit (default: `main`); an error for a local directory.
+    pub revision: Option<String>,
+    /// Which hub, which cache, which token.
+    pub settings: HubSettings,
+    /// Told of each file's bytes and of notes (`None`: nothing is reported).
+    pub hook: Option<HubHook>,
+}
+
+impl std::fmt::Debug for HubOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubOptions")
+            .field("revision", &self.revision)
+            .field("settings", &self.settings)
+            .field("hook", &self.hook.is_some())
+            .finish()
+    }
+}
+
+/// Where the hub and its cache are: what `huggingface_hub` reads from `HF_ENDPOINT`,
+/// `HF_HUB_CACHE`, `HF_HOME` and `HF_TOKEN` (empty values count as unset).
+#[derive(Clone, Default, PartialEq, Eq)]
+pub struct HubSettings {
+    /// The hub's address (default: [`DEFAULT_ENDPOINT`]).
+    pub endpoint: Option<String>,
+    /// The cache directory itself (default: `HOME/hub`).
+    pub cache_dir: Option<PathBuf>,
+    /// The Hugging Face home: the cache's parent and the token file's directory (default:
+    /// `~/.cache/huggingface`).
+    pub home: Option<PathBuf>,
+    /// The access token (default: the token file `HOME/token`, if there is one).
+    pub token: Option<String>,
+}
+
+impl std::fmt::Debug for HubSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HubSettings")
+            .field("endpoint", &self.endpoint)
+            .field("cache_dir", &self.cache_dir)
+            .field("home", &self.home)
+            .field("token", &self.token.as_ref().map(|_| "…"))
+            .finish()
+    }
+}
+
+/// What a fetch reports as it goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum HubEvent<'a> {
+    /// A file's download starts, or starts again after a dropped connection (a resumed
+    /// attempt then reports the bytes it already has as its first [`HubEvent::Bytes`]).
+    FileStart {
+        /// The file's name in the repository.
+        file: &'a str,
+        /// Its size in bytes.
+        size: u64,
+    },
+    /// More bytes of the file arrived.
+    Bytes {
+        /// The file's name in the repository.
+        file: &'a str,
+        /// Bytes since the last event.
+        bytes: u64,
+    },
+    /// The file is complete.
+    FileDone {
+        /// The file's name in the repository.
+        file: &'a str,
+    },
+    /// Something the user should read (the hub was unreachable and the cache served).
+    Note(&'a str),
+}
+
+/// Receives a fetch's [`HubEvent`]s.
+pub type HubHook = Arc<dyn Fn(HubEvent<'_>) + Send + Sync>;
+
+/// Why [`open_checkpoint`] failed: finding or fetching the directory, or reading it.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenError {
+    /// The directory could not be found or fetched.
+    #[error(transparent)]
+    Hub(#[from] HubError),
+    /// The directory is not a checkpoint gerbil reads.
+    #[error(transparent)]
+    Checkpoint(#[from] FrontendError),
+}
+
+/// Why a model could not be found or fetched.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("`{arg}` is neither a directory nor a hub model id (ORG/NAME): check the path, or give an id such as HuggingFaceTB/SmolLM2-135M-Instruct")]
+    NotFound { arg: String },
+    #[error("--revision selects a revision of a hub model, but `{}` is a local directory: leave --revision out", dir.display())]
+    RevisionOfLocalDir { dir: PathBuf },
+    #[error("repository `{repo}` was not found on {endpoint} (nor is it a local directory): check the name{}", token_hint(*.has_token))]
+    RepoNotFound {
+        repo: String,
+        endpoint: String,
+        has_token: bool,
+    },
+    #[error("revision `{revision}` was not found in `{repo}`: check the branch, tag or commit name given to --revision")]
+    RevisionNotFound { repo: String, revision: String },
+    #[error("`{repo}` has no `{file}` at revision `{revision}`: {why}")]
+    FileNotFound {
+        repo: String,
+        file: String,
+        revision: String,
+        why: &'static str,
+    },
+    #[error("`{repo}` has neither {SINGLE_WEIGHTS} nor {WEIGHTS_INDEX} at revision `{revision}`: gerbil reads safetensors checkpoints{}", found_weights(others))]
+    NoSafetensors {
+        repo: String,
+        revision: String,
+        others: Vec<String>,
+    },
+    #[error("`{repo}` is a gated model: accept its terms at {endpoint}/{repo} while logged in, then set HF_TOKEN to a read token of that account ({endpoint}/settings/tokens)")]
+    Gated { repo: String, endpoint: String },
+    #[error("`{repo}` is a gated model and the token ({token_source}) has no access to it: accept its terms at {endpoint}/{repo} with the token's account, or set HF_TOKEN to a token of an account that has")]
+    GatedDenied {
+        repo: String,
+        endpoint: String,
+        token_source: String,
+    },
+    #[error("the hub refused the token ({token_source}) for `{repo}` (HTTP {status}{}): check HF_TOKEN, or create a new read token at {endpoint}/settings/tokens", message_suffix(message))]
+    TokenRefused {
+        repo: String,
+        endpoint: String,
+        token_source: String,
+        status: u16,
+        message: String,
+    },
+    #[error("`{repo}` needs authentication (HTTP {status}{}): set HF_TOKEN to a read token ({endpoint}/settings/tokens)", message_suffix(message))]
+    AuthRequired {
+        repo: String,
+        endpoint: String,
+        status: u16,
+        message: String,
+    },
+    #[error("the hub answered HTTP {status} for {url}{}", message_suffix(message))]
+    Http {
+        url: String,
+        status: u16,
+        message: String,
+    },
+    #[error("could not reach the hub at {endpoint} ({detail}): check the network connection, or HF_ENDPOINT")]
+    Unreachable { endpoint: String, detail: String },
+    #[error("the hub's file list for `{repo}` ({url}) is not what the hub sends: {detail}")]
+    BadListing {
+        repo: String,
+        url: String,
+        detail: String,
+    },
+    #[error("downloading `{file}` of `{repo}` failed ({detail}): run the command again to resume it (the partial download is kept in the cache as blobs/*.part and is never used as the file)")]
+    Interrupted {
+        repo: String,
+        file: String,
+        detail: String,
+    },
+    #[error("downloaded `{file}` of `{repo}` has {got} bytes, but the hub lists {want}: the file was deleted from the cache; run the command again")]
+    SizeMismatch {
+        repo: String,
+        file: String,
+        got: u64,
+        want: u64,
+    },
+    #[error("the hub cache at {}: {source}", path.display())]
+    Cache {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+}
+
+fn token_hint(has_token: bool) -> &'static str {
+    if has_token {
+        "; if it is private, HF_TOKEN must be a token of an account that can read it"
+    } else {
+        ", or set HF_TOKEN if it is a private repository"
+    }
+}
+
+fn found_weights(others: &[String]) -> String {
+    if others.is_empty() {
+        String::new()
+    } else {
+        format!(" (the repository has: {})", others.join(", "))
+    }
+}
+
+fn message_suffix(message: &str) -> String {
+    if message.is_empty() {
+        String::new()
+    } else {
+        format!(": {message}")
+    }
+}
+
+/// Opens the checkpoint `arg` names: a local directory, or a hub id fetched
+/// into the cache first (see the module docs). A hub checkpoint is named
+/// after the repository (`NAME` of `ORG/NAME`), as its directory would be.
+pub fn open_checkpoint(arg: &Path, opts: &HubOptions) -> Result<Checkpoint, OpenError> {
+    let model = resolve(arg, opts)?;
+    let mut ckpt = Checkpoint::open(&model.dir)?;
+    if let Some(name) = model.repo.as_deref().and_then(|r| r.rsplit('/').next()) {
+        ckpt.name = name.to_string();
+    }
+    Ok(ckpt)
+}
+
+/// A checkpoint directory on disk.
+#[derive(Debug, Clone)]
+pub struct ModelDir {
+    /// The directory: the argument itself, or the snapshot in the hub cache.
+    pub dir: PathBuf,
+    /// The hub id it was fetched from (`None` for a local directory).
+    pub repo: Option<String>,
+}
+
+/// Finds the checkpoint directory `arg` names, downloading a hub model that
+/// is not in the cache yet: an existing path is used as it is, an `org/name`
+/// that is not a path is a hub id.
+pub fn resolve(arg: &Path, opts: &HubOptions) -> Result<ModelDir, HubError> {
+    if arg.exists() {
+        if opts.revision.is_some() {
+            return Err(HubError::RevisionOfLocalDir {
+                dir: arg.to_path_buf(),
+            });
+        }
+        return Ok(ModelDir {
+            dir: arg.to_path_buf(),
+            repo: None,
+        });
+    }
+    let Some(repo) = arg.to_str().filter(|s| is_repo_id(s)) else {
+        return Err(HubError::NotFound {
+            arg: arg.display().to_string(),
+        });
+    };
+    let revision = opts.revision.as_deref().unwrap_or(DEFAULT_REVISION);
+    let dir = Hub::new(&opts.settings, opts.hook.clone())?.fetch(repo, revision)?;
+    Ok(ModelDir {
+        dir,
+        repo: Some(repo.to_string()),
+    })
+}
+
+/// Whether `s` has the shape of a hub model id: `org/name`, each part made
+/// of ASCII letters, digits, `-`, `_` and `.`, neither starting nor ending
+/// with `-` or `.`, and no `..` or `--`.
+pub fn is_repo_id(s: &str) -> bool {
+    let part_ok = |p: &str| {
+        !p.is_empty()
+            && p.len() <= 96
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'))
+            && !p.starts_with(['-', '.'])
+            && !p.ends_with(['-', '.'])
+            && !p.contains("..")
+            && !p.contains("--")
+    };
+    matches!(s.split_once('/'), Some((org, name)) if part_ok(org) && part_ok(name))
+}
+
+/// The hub's description of one revision of a repository
+/// (`/api/models/{repo}/revision/{rev}?blobs=true`).
+#[derive(Debug, Deserialize)]
+struct RepoInfo {
+    /// The commit the revision resolves to.
+    sha: String,
+    siblings: Vec<Sibling>,
+}
+
+#[derive(Debug, Deserialize)]
+struct Sibling {
+    rfilename: String,
+    /// Present with `blobs=true`.
+    size: Option<u64>,
+}
+
+impl RepoInfo {
+    fn file(&self, name: &str) -> Option<&Sibling> {
+        self.siblings.iter().find(|s| s.rfilename == name)
+    }
+}
+
+/// The shard names of a `model.safetensors.index.json`.
+#[derive(Debug, Deserialize)]
+struct WeightIndex {
+    weight_map: std::collections::BTreeMap<String, String>,
+}
+
+/// The hub as [`HubSettings`] configure it.
+struct Hub {
+    api: Api,
+    cache: Cache,
+    endpoint: String,
+    /// Where the token came from (`HF_TOKEN` or the token file), if any.
+    token_source: Option<String>,
+    hook: Option<HubHook>,
+}
+
+impl Hub {
+    fn new(settings: &HubSettings, hook: Option<HubHook>) -> Result<Hub, HubError> {
+        let endpoint = settings
+            .endpoint
+            .as_deref()
+            .filter(|e| !e.is_empty())
+            .unwrap_or(DEFAULT_ENDPOINT)
+            .trim_end_matches('/')
+            .to_string();
+        // The home's cache knows the token file; `cache_dir` overrides only the cache.
+        let home_cache = match settings.home.as_ref().filter(|h| !h.as_os_str().is_empty()) {
+            Some(home) => Cache::new(home.join("hub")),
+            None => Cache::default(),
+        };
+        let cache = match settings
+            .cache_dir
+            .as_ref()
+            .filter(|c| !c.as_os_str().is_empty())
+        {
+            Some(dir) => Cache::new(dir.clone()),
+            None => home_cache.clone(),
+        };
+        let (token, token_source) = match settings.token.as_deref().map(str::trim) {
+            Some(t) if !t.is_empty() => (Some(t.to_string()), Some("HF_TOKEN".into())),
+            _ => match home_cache.token() {
+                Some(t) => {
+                    let source = format!("the token file {}", home_cache.token_path().display());
+                    (Some(t), Some(source))
+                }
+                None => (None, None),
+            },
+        };
+        let api = ApiBuilder::from_cache(cache.clone())
+            .with_endpoint(endpoint.clone())
+            .with_token(token)
+            .with_retries(RETRIES)
+            .with_progress(false)
+            .with_user_agent("gerbil", env!("CARGO_PKG_VERSION"))
+            .build()
+            .map_err(|e| HubError::Unreachable {
+                endpoint: endpoint.clone(),
+                detail: e.to_string(),
+            })?;
+        Ok(Hub {
+            api,
+            cache,
+            endpoint,
+            token_source,
+            hook,
+        })
+    }
+
+    /// Downloads what a checkpoint needs from `repo` at `revision` (files
+    /// already in the snapshot are kept) and returns the snapshot directory.
+    fn fetch(&self, repo: &str, revision: &str) -> Result<PathBuf, HubError> {
+        let info = match self.info(repo, revision) {
+            Ok(info) => info,
+            Err(HubError::Unreachable { endpoint, detail }) => {
+                let Some(dir) = self.cached(repo, revision) else {
+                    return Err(HubError::Unreachable { endpoint, detail });
+                };
+                if let Some(hook) = &self.hook {
+                    hook(HubEvent::Note(&format!(
+                        "note: the hub at {endpoint} is unreachable ({detail}); using the cached {repo} at `{revision}` ({})",
+                        dir.display()
+                    )));
+                }
+                return Ok(dir);
+            }
+            Err(e) => return Err(e),
+        };
+        let mut files = vec![CONFIG_FILE];
+        if info.file(CONFIG_FILE).is_none() {
+            return Err(self.missing(repo, revision, CONFIG_FILE));
+        }
+        let index = if info.file(SINGLE_WEIGHTS).is_some() {
+            files.push(SINGLE_WEIGHTS);
+            false
+        } else if info.file(WEIGHTS_INDEX).is_some() {
+            files.push(WEIGHTS_INDEX);
+            true
+        } else {
+            let others = info
+                .siblings
+                .iter()
+                .map(|s| s.rfilename.clone())
+                .filter(|f| {
+                    [".bin", ".gguf", ".pt", ".pth", ".h5"]
+                        .iter()
+                        .any(|e| f.ends_with(e))
+                })
+                .collect();
+            return Err(HubError::NoSafetensors {
+                repo: repo.to_string(),
+                revision: revision.to_string(),
+                others,
+            });
+        };
+        files.extend(OPTIONAL_FILES.iter().filter(|f| info.file(f).is_some()));
+
+        // Every file comes from the commit the revision named just now.
+        let pinned = self.api.repo(Repo::with_revision(
+            repo.to_string(),
+            RepoType::Model,
+            info.sha.clone(),
+        ));
+        let snapshot = self
+            .cache
+            .path()
+            .join(Repo::model(repo.to_string()).folder_name())
+            .join("snapshots")
+            .join(&info.sha);
+        tracing::info!(repo, revision, commit = %info.sha, snapshot = %snapshot.display(), "hub model");
+        for file in &files {
+            self.download(&pinned, &snapshot, repo, &info, file)?;
+        }
+        if index {
+            for shard in self.shards(repo, revision, &info, &snapshot.join(WEIGHTS_INDEX))? {
+                self.download(&pinned, &snapshot, repo, &info, &shard)?;
+            }
+        }
+        // Like huggingface_hub: refs/{revision} holds the commit it names.
+        self.cache
+            .repo(Repo::with_revision(
+                repo.to_string(),
+                RepoType::Model,
+                revision.to_string(),
+            ))
+            .create_ref(&info.sha)
+            .map_err(|source| HubError::Cache {
+                path: self.cache.path().clone(),
+                source,
+            })?;
+        Ok(snapshot)
+    }
+
+    /// The snapshot an earlier complete fetch of `repo` at `revision` left
+    /// (`refs/{revision}` is written only once every file is in).
+    fn cached(&self, repo: &str, revision: &str) -> Option<PathBuf> {
+        let repo = Repo::with_revision(repo.to_string(), RepoType::Model, revision.to_string());
+        let config = self.cache.repo(repo).get(CONFIG_FILE)?;
+        config.parent().map(Path::to_path_buf)
+    }
+
+    /// The file list of `repo` at `revision`, with sizes.
+    fn info(&self, repo: &str, revision: &str) -> Result<RepoInfo, HubError> {
+        let api_repo = self.api.repo(Repo::with_revision(
+            repo.to_string(),
+            RepoType::Model,
+            revision.to_string(),
+        ));
+        let request = api_repo.info_request().query("blobs", "true");
+        let url = request.url().to_string();
+        let response = request
+            .call()
+            .map_err(|e| self.explain(e, repo, revision, None))?;
+        let bad = |detail: String| HubError::BadListing {
+            repo: repo.to_string(),
+            url: url.clone(),
+            detail,
+        };
+        let text = response.into_string().map_err(|e| bad(e.to_string()))?;
+        serde_json::from_str(&text).map_err(|e| bad(e.to_string()))
+    }
+
+    /// The shard files a downloaded index names; each must be a plain file
+    /// name the repository lists.
+    fn shards(
+        &self,
+        repo: &str,
+        revision: &str,
+        info: &RepoInfo,
+        index: &Path,
+    ) -> Result<Vec<String>, HubError> {
+        let text = std::fs::read_to_string(index).map_err(|source| HubError::Cache {
+            path: index.to_path_buf(),
+            source,
+        })?;
+        let bad = |detail: String| HubError::BadListing {
+            repo: repo.to_string(),
+            url: index.display().to_string(),
+            detail,
+        };
+        let parsed: WeightIndex = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        let mut shards: Vec<String> = parsed.weight_map.into_values().collect();
+        shards.sort_unstable();
+        shards.dedup();
+        for shard in &shards {
+            if info.file(shard).is_none() || shard.contains(['/', '\\']) {
+                return Err(HubError::FileNotFound {
+                    repo: repo.to_string(),
+                    file: shard.clone(),
+                    revision: revision.to_string(),
+                    why: "model.safetensors.index.json names it as a shard, but the repository does not list it",
+                });
+            }
+        }
+        Ok(shards)
+    }
+
+    /// Downloads `file` into `snapshot` unless it is there, then checks its
+    /// size against the listing.
+    fn download(
+        &self,
+        pinned: &ApiRepo,
+        snapshot: &Path,
+        repo: &str,
+        info: &RepoInfo,
+        file: &str,
+    ) -> Result<(), HubError> {
+        let want = info.file(file).and_then(|s| s.size);
+        let local = snapshot.join(file);
+        let size_of = |p: &Path| std::fs::metadata(p).map(|m| m.len()).ok();
+        if local.is_file() && (want.is_none() || size_of(&local) == want) {
+            tracing::debug!(file, "in the hub cache");
+            return Ok(());
+        }
+        let bar = FileBar {
+            hook: self.hook.clone(),
+            file: file.to_string(),
+        };
+        let path = pinned
+            .download_with_progress(file, bar)
+            .map_err(|e| match e {
+                ApiError::RequestError(e) => self.explain(*e, repo, &info.sha, Some(file)),
+                other => HubError::Interrupted {
+                    repo: repo.to_string(),
+                    file: file.to_string(),
+                    detail: other.to_string(),
+                },
+            })?;
+        match (want, size_of(&path)) {
+            (Some(want), Some(got)) if got != want => {
+                // The blob the snapshot links to, then the link.
+                if let Ok(blob) = std::fs::canonicalize(&path) {
+                    let _ = std::fs::remove_file(blob);
+                }
+                let _ = std::fs::remove_file(&path);
+                Err(HubError::SizeMismatch {
+                    repo: repo.to_string(),
+                    file: file.to_string(),
+                    got,
+                    want,
+                })
+            }
+            (_, got) => {
+                tracing::info!(file, bytes = got, "downloaded");
+                Ok(())
+            }
+        }
+    }
+
+    fn missing(&self, repo: &str, revision: &str, file: &str) -> HubError {
+        HubError::FileNotFound {
+            repo: repo.to_string(),
+            file: file.to_string(),
+            revision: revision.to_string(),
+            why: "gerbil compiles transformers checkpoints (config.json and safetensors weights)",
+        }
+    }
+
+    /// Turns a failed request into the error that says what to do, from the
+    /// hub's `X-Error-Code` and the status.
+    fn explain(
+        &self,
+        error: ureq::Error,
+        repo: &str,
+        revision: &str,
+        file: Option<&str>,
+    ) -> HubError {
+        let response = match error {
+            ureq::Error::Status(_, response) => response,
+            ureq::Error::Transport(t) => {
+                return match file {
+                    // A connection that drops between requests of a download.
+                    Some(file) => HubError::Interrupted {
+                        repo: repo.to_string(),
+                        file: file.to_string(),
+                        detail: t.to_string(),
+                    },
+                    None => HubError::Unreachable {
+                        endpoint: self.endpoint.clone(),
+                        detail: t.to_string(),
+                    },
+                };
+            }
+        };
+        let status = response.status();
+        let code = response.header("x-error-code").unwrap_or("").to_string();
+        let message = response.header("x-error-message").unwrap_or("").to_string();
+        let url = response.get_url().to_string();
+        let (repo, endpoint) = (repo.to_string(), self.endpoint.clone());
+        match (code.as_str(), status) {
+            ("RepoNotFound", _) => HubError::RepoNotFound {
+                repo,
+                endpoint,
+                has_token: self.token_source.is_some(),
+            },
+            ("RevisionNotFound", _) => HubError::RevisionNotFound {
+                repo,
+                revision: revision.to_string(),
+            },
+            ("EntryNotFound", _) => HubError::FileNotFound {
+                repo,
+                file: file.unwrap_or("").to_string(),
+                revision: revision.to_string(),
+                why: "the hub lists it but answered 404 for it: try again, or give --revision a commit",
+            },
+            ("GatedRepo", _) => match &self.token_source {
+                None => HubError::Gated { repo, endpoint },
+                Some(source) => HubError::GatedDenied {
+                    repo,
+                    endpoint,
+                    token_source: source.clone(),
+                },
+            },
+            (_, 401 | 403) => match &self.token_source {
+                None => HubError::AuthRequired {
+                    repo,
+                    endpoint,
+                    status,
+                    message,
+                },
+                Some(source) => HubError::TokenRefused {
+                    repo,
+                    endpoint,
+                    token_source: source.clone(),
+                    status,
+                    message,
+                },
+            },
+            (_, 404) if file.is_none() => HubError::RepoNotFound {
+                repo,
+                endpoint,
+                has_token: self.token_source.is_some(),
+            },
+            _ => HubError::Http {
+                url,
+                status,
+                message,
+            },
+        }
+    }
+}
+
+/// One file's download, reported to the hook as [`HubEvent`]s.
+#[derive(Clone)]
+struct FileBar {
+    hook: Option<HubHook>,
+    file: String,
+}
+
+impl DownloadProgress for FileBar {
+    /// Called at the start of every attempt, a resumed one included (which
+    /// then reports the bytes it already has as its first update).
+    fn init(&mut self, size: usize, _filename: &str) {
+        if let Some(hook) = &self.hook {
+            hook(HubEvent::FileStart {
+                file: &self.file,
+                size: size as u64,
+            });
+        }
+    }
+
+    fn update(&mut self, size: usize) {
+        if let Some(hook) = &self.hook {
+            hook(HubEvent::Bytes {
+                file: &self.file,
+                bytes: size as u64,
+            });
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(hook) = &self.hook {
+            hook(HubEvent::FileDone { file: &self.file });
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_repo_id;
+
+    #[test]
+    fn repo_ids_have_one_slash_and_hub_characters() {
+        for ok in ["HuggingFaceTB/SmolLM2-135M-Instruct", "a/b", "org_1/m.v2"] {
+            assert!(is_repo_id(ok), "{ok}");
+        }
+        for bad in [
+            "gpt2",
+            "a/b/c",
+            "/abs",
+            "org/",
+            "./dir",
+            "../x",
+            "org/.hidden",
+            "org/name-",
+            "org/a..b",
+            "org/a--b",
+            "org/na me",
+        ] {
+            assert!(!is_repo_id(bad), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,332 @@
+//! An OpenAI-compatible HTTP server (axum on tokio) for editors, web UIs and
+//! scripts: the library behind `gerbil-run PLAN serve`.
+//!
+//! Routes: `POST /v1/chat/completions` (messages through the model's chat
+//! template), `POST /v1/completions` (a prompt string through the
+//! tokenizer), each answering with one JSON object or, with `"stream":
+//! true`, server-sent events ending in `data: [DONE]`; `GET /v1/models` (the
+//! one model) and `GET /health`. Every error is OpenAI's error object
+//! (`{"error": {"message", "type", "param", "code"}}`): 400 for a bad body,
+//! wrong field types or a prompt over the context, 404 for an unknown path,
+//! 405 for a wrong method, 413 for a body over `--max-body-bytes`.
+//!
+//! Call [`serve`]; it returns after Ctrl-C (or SIGTERM), once the requests
+//! in flight are answered. The model lives on one thread
+//! ([`worker`]); requests queue for it in arrival order, so concurrent
+//! clients are answered one after another, each exactly as if it were
+//! alone. The surprise: a streamed request's status is decided before the
+//! stream begins — the handler waits for the worker's first event, so a
+//! prompt over the context is a 400 even with `"stream": true`.
+
+pub mod openai;
+pub mod worker;
+
+use anyhow::{Context, Result};
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, State};
+use axum::http::{Method, StatusCode, Uri};
+use axum::response::sse::{Event as SseEvent, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use futures::stream::{self, Stream, StreamExt};
+use gerbil::{Error as ModelError, ModelOptions, RuntimeError};
+use openai::{parse_request, ApiError, ChunkPiece, Endpoint, Envelope, Request};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::Arc;
+use tokio::sync::mpsc::UnboundedReceiver;
+use worker::{Event, ModelInfo, Queue, Worker};
+
+/// Settings of `gerbil-run PLAN serve`.
+#[derive(Clone)]
+pub struct ServeOptions {
+    /// Address to listen on.
+    pub host: String,
+    /// Port (0: any free port; the one chosen is printed).
+    pub port: u16,
+    /// The model's id in responses and `/v1/models` (default: the plan's
+    /// file stem).
+    pub model_name: Option<String>,
+    /// Largest request body accepted; larger ones get 413.
+    pub max_body_bytes: usize,
+    /// How the plan is loaded.
+    pub model: ModelOptions,
+    /// Where the server's notes go (`listening on http://…`, shutting down).
+    pub notes: NoteHook,
+}
+
+/// Receives the server's notes for its user, one line each.
+pub type NoteHook = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// The error when a job's events end early (a bug: see the server's log).
+const STOPPED: &str = "the generation stopped unexpectedly; the server's log says why";
+
+/// What every handler shares.
+struct App {
+    queue: Queue,
+    info: ModelInfo,
+    model_name: String,
+    /// When the model was loaded (Unix seconds): `/v1/models`' `created`.
+    loaded_at: u64,
+}
+
+/// Loads the plan, listens, and serves until Ctrl-C. Prints `listening on
+/// http://HOST:PORT` to stderr once the socket is bound.
+pub fn serve(plan: &Path, opts: &ServeOptions) -> Result<()> {
+    let model_name = match &opts.model_name {
+        Some(n) => n.clone(),
+        None => plan
+            .file_stem()
+            .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned()),
+    };
+    let (worker, info) = Worker::start(plan.to_path_buf(), opts.model.clone())?;
+    let app = Arc::new(App {
+        queue: worker.queue(),
+        info,
+        model_name,
+        loaded_at: openai::unix_now(),
+    });
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    let served = runtime.block_on(listen(app, opts));
+    drop(runtime);
+    worker.join();
+    served
+}
+
+/// Binds, prints the address and serves until a shutdown signal.
+async fn listen(app: Arc<App>, opts: &ServeOptions) -> Result<()> {
+    let addr = (opts.host.as_str(), opts.port);
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("cannot listen on {}:{}", opts.host, opts.port))?;
+    let bound = listener.local_addr()?;
+    (opts.notes)(&format!("listening on http://{bound}"));
+    axum::serve(listener, router(app, opts.max_body_bytes))
+        .with_graceful_shutdown(shutdown_signal(opts.notes.clone()))
+        .await
+        .context("serving HTTP")?;
+    (opts.notes)("shut down");
+    Ok(())
+}
+
+/// The routes, the body limit, and JSON answers for unknown paths and
+/// methods.
+fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
+    Router::new()
+        .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/v1/models", get(models))
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
+        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .with_state(app)
+}
+
+/// Resolves on Ctrl-C or (on Unix) SIGTERM.
+async fn shutdown_signal(notes: NoteHook) {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {},
+        () = terminate => {},
+    }
+    notes("shutting down: finishing the requests in flight (Ctrl-C again to stop now)");
+    tokio::spawn(async move {
+        if tokio::signal::ctrl_c().await.is_ok() {
+            notes("stopped");
+            std::process::exit(130);
+        }
+    });
+}
+
+async fn not_found(method: Method, uri: Uri) -> ApiError {
+    ApiError::invalid(
+        format!("no route {method} {uri}; this server has POST /v1/chat/completions, POST /v1/completions, GET /v1/models and GET /health"),
+        None,
+    )
+    .with_status(StatusCode::NOT_FOUND)
+}
+
+async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
+    ApiError::invalid(format!("{uri} does not take {method}"), None)
+        .with_status(StatusCode::METHOD_NOT_ALLOWED)
+}
+
+async fn models(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!({
+        "object": "list",
+        "data": [{
+            "id": app.model_name,
+            "object": "model",
+            "created": app.loaded_at,
+            "owned_by": "gerbil",
+            "context_length": app.info.context,
+        }],
+    }))
+}
+
+async fn chat_completions(
+    State(app): State<Arc<App>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    complete(&app, Endpoint::Chat, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+    complete(&app, Endpoint::Completion, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+/// Both completion endpoints: parse, queue, then answer whole or streamed.
+async fn complete(
+    app: &App,
+    endpoint: Endpoint,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Response, ApiError> {
+    let body = body.map_err(body_error)?;
+    let request: Request = parse_request(&body)?;
+    let prompt = match endpoint {
+        Endpoint::Chat => request.chat_prompt()?,
+        Endpoint::Completion => request.completion_prompt()?,
+    };
+    let settings = request.settings(&app.info.defaults, rand::random())?;
+    let mut events = app
+        .queue
+        .submit(prompt, settings)
+        .ok_or_else(|| ApiError::server("the model thread has stopped"))?;
+    match events.recv().await {
+        Some(Event::Started) => {}
+        Some(Event::Rejected(e)) => return Err(rejected(e, endpoint)),
+        Some(Event::Failed(e)) => return Err(ApiError::server(e.to_string())),
+        Some(other) => return Err(ApiError::server(format!("unexpected {other:?}"))),
+        None => return Err(ApiError::server(STOPPED)),
+    }
+    let envelope = Envelope::new(endpoint, &app.model_name);
+    if request.streams() {
+        let stream = sse_stream(envelope, events, request.stream_usage());
+        return Ok(Sse::new(stream).into_response());
+    }
+    let mut text = String::new();
+    while let Some(event) = events.recv().await {
+        match event {
+            Event::Text(t) => text.push_str(&t),
+            Event::Finished { reason, stats } => {
+                let body = envelope.response(&text, reason.name(), &stats);
+                return Ok(Json(body).into_response());
+            }
+            Event::Failed(e) => return Err(ApiError::server(e.to_string())),
+            Event::Started | Event::Rejected(_) => break,
+        }
+    }
+    Err(ApiError::server(STOPPED))
+}
+
+/// The events of a started job as server-sent events: a chat's role chunk,
+/// a chunk per non-empty piece of text, the finish chunk, the usage chunk
+/// when asked, then `[DONE]`. A failure mid-stream becomes an error object
+/// and ends the stream without `[DONE]`.
+fn sse_stream(
+    envelope: Envelope,
+    events: UnboundedReceiver<Event>,
+    include_usage: bool,
+) -> impl Stream<Item = Result<SseEvent, Infallible>> {
+    let data = |v: &Value| SseEvent::default().data(v.to_string());
+    let head = match envelope.endpoint {
+        Endpoint::Chat => vec![data(&envelope.chunk(ChunkPiece::Start))],
+        Endpoint::Completion => Vec::new(),
+    };
+    let body = stream::unfold(Some(events), move |events| {
+        let envelope = envelope.clone();
+        async move {
+            let mut events = events?;
+            loop {
+                let Some(event) = events.recv().await else {
+                    let error = ApiError::server(STOPPED).body();
+                    return Some((vec![data(&error)], None));
+                };
+                let out = match event {
+                    Event::Text(t) if t.is_empty() => continue,
+                    Event::Text(t) => {
+                        vec![data(&envelope.chunk(ChunkPiece::Text(&t)))]
+                    }
+                    Event::Finished { reason, stats } => {
+                        let mut out =
+                            vec![data(&envelope.chunk(ChunkPiece::Finish(reason.name())))];
+                        if include_usage {
+                            out.push(data(&envelope.usage_chunk(&stats)));
+                        }
+                        out.push(SseEvent::default().data("[DONE]"));
+                        return Some((out, None));
+                    }
+                    Event::Failed(e) => {
+                        let error = ApiError::server(e.to_string()).body();
+                        return Some((vec![data(&error)], None));
+                    }
+                    Event::Started | Event::Rejected(_) => {
+                        let error = ApiError::server(STOPPED).body();
+                        return Some((vec![data(&error)], None));
+                    }
+                };
+                return Some((out, Some(events)));
+            }
+        }
+    });
+    stream::iter(head)
+        .chain(body.flat_map(stream::iter))
+        .map(Ok)
+}
+
+/// A worker's refusal as a 400 (`context_length_exceeded` for a prompt
+/// over the context).
+fn rejected(e: ModelError, endpoint: Endpoint) -> ApiError {
+    let overflow = matches!(e, ModelError::Runtime(RuntimeError::ContextOverflow { .. }));
+    let param = overflow.then_some(match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Completion => "prompt",
+    });
+    let error = ApiError::invalid(e.to_string(), param);
+    match overflow {
+        true => error.with_code("context_length_exceeded"),
+        false => error,
+    }
+}
+
+/// A body that could not be read: 413 over the limit, else 400.
+fn body_error(rejection: BytesRejection) -> ApiError {
+    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        ApiError::invalid(
+            "the request body is larger than this server accepts; shorten it, or start the server with a larger --max-body-bytes",
+            None,
+        )
+        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+    } else {
+        ApiError::invalid(
+            format!("could not read the request body: {rejection}"),
+            None,
+        )
+    }
+}

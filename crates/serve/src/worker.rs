@@ -1,0 +1,248 @@
+//! The one thread that owns the [`Model`]: it takes [`Job`]s from a FIFO
+//! queue, one at a time, and sends each job's [`Event`]s back to its HTTP
+//! handler.
+//!
+//! Start it with [`Worker::start`], which loads the plan on the new thread
+//! and returns once the model is ready; give it work with [`Worker::submit`]
+//! and read the events from the returned receiver. The first event is
+//! [`Event::Started`] or [`Event::Rejected`] (the prompt could not be
+//! tokenized, or does not fit the context, or the settings are wrong), then
+//! [`Event::Text`] per token and one [`Event::Finished`] (or
+//! [`Event::Failed`]).
+//!
+//! The surprise is why a thread and not a task: the runtime is `async`, but
+//! on native targets its futures block in `device.poll` while the GPU works,
+//! which would stall a tokio worker thread and every connection on it. So
+//! GPU work runs here under `pollster::block_on`, one token at a time, and
+//! the handlers only await channels. A job whose receiver is gone (the
+//! client disconnected: axum drops the response stream or the handler
+//! future) fails its next send, and the worker drops the generation — which
+//! cancels it and leaves the KV cache consistent — and takes the next job.
+//! A job that loses the GPU fails with a 500 naming the loss, and the worker
+//! loads the model again on a fresh device before the next job.
+
+use crate::openai::PromptInput;
+use anyhow::{Context, Result};
+use gerbil::{
+    Error as ModelError, FinishReason, GenerationSettings, GenerationStats, Model, ModelOptions,
+};
+use gerbil_plan::{GenerationDefaults, PlanFile};
+use std::path::PathBuf;
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
+
+/// One request for the model.
+pub struct Job {
+    /// What to tokenize.
+    pub prompt: PromptInput,
+    /// How to generate.
+    pub settings: GenerationSettings,
+    /// Where the events go.
+    events: UnboundedSender<Event>,
+}
+
+/// What the worker tells a handler about its job.
+#[derive(Debug)]
+pub enum Event {
+    /// The prompt is tokenized and fits; generation begins.
+    Started,
+    /// The job cannot run (a 400): tokenizer, chat template, settings or
+    /// context.
+    Rejected(ModelError),
+    /// One token's text (possibly empty: half a character, or text that
+    /// may begin a stop string, is held back).
+    Text(String),
+    /// The generation ended.
+    Finished {
+        reason: FinishReason,
+        stats: GenerationStats,
+    },
+    /// The GPU failed during the generation (a 500).
+    Failed(ModelError),
+}
+
+/// What the handlers need to know of the loaded model.
+#[derive(Clone, Debug)]
+pub struct ModelInfo {
+    /// The model's `generation_config.json` settings.
+    pub defaults: GenerationDefaults,
+    /// Positions of the KV cache.
+    pub context: u64,
+}
+
+/// The worker thread and its queue.
+pub struct Worker {
+    jobs: mpsc::Sender<Job>,
+    thread: JoinHandle<()>,
+}
+
+impl Worker {
+    /// Loads `plan` on a new thread and returns once it is ready (or why it
+    /// could not load).
+    pub fn start(plan: PathBuf, opts: ModelOptions) -> Result<(Worker, ModelInfo)> {
+        let (jobs, queue) = mpsc::channel::<Job>();
+        let (ready_tx, ready_rx) = mpsc::channel::<Result<ModelInfo>>();
+        let thread = std::thread::Builder::new()
+            .name("gerbil-model".into())
+            .spawn(move || {
+                let loaded = pollster::block_on(load(&plan, &opts));
+                let mut model = match loaded {
+                    Ok((model, info)) => {
+                        let _ = ready_tx.send(Ok(info));
+                        model
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
+                while let Ok(job) = queue.recv() {
+                    // A panic is a gerbil bug; it fails its own request (the
+                    // job's channel closes) and the server goes on.
+                    let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                        run_job(&mut model, job)
+                    }));
+                    if ran.is_err() {
+                        tracing::error!("a request panicked; the KV cache is cleared");
+                        model.clear_cache();
+                    }
+                    if let Some(why) = model.session().gpu().lost() {
+                        model = reload(&plan, &opts, model, &why);
+                    }
+                }
+            })
+            .context("starting the model thread")?;
+        let info = ready_rx
+            .recv()
+            .context("the model thread ended while loading")??;
+        Ok((Worker { jobs, thread }, info))
+    }
+
+    /// A handle that queues jobs (cloned into every handler).
+    pub fn queue(&self) -> Queue {
+        Queue(self.jobs.clone())
+    }
+
+    /// Waits for the jobs queued so far to finish, once every [`Queue`] is
+    /// dropped.
+    pub fn join(self) {
+        drop(self.jobs);
+        if self.thread.join().is_err() {
+            tracing::error!("the model thread panicked");
+        }
+    }
+}
+
+/// Queues jobs for the worker, in arrival order.
+#[derive(Clone)]
+pub struct Queue(mpsc::Sender<Job>);
+
+impl Queue {
+    /// Queues a job; its events arrive on the receiver. `None` when the
+    /// worker has stopped.
+    pub fn submit(
+        &self,
+        prompt: PromptInput,
+        settings: GenerationSettings,
+    ) -> Option<UnboundedReceiver<Event>> {
+        let (events, rx) = unbounded_channel();
+        let job = Job {
+            prompt,
+            settings,
+            events,
+        };
+        self.0.send(job).ok().map(|()| rx)
+    }
+}
+
+/// Opens the plan and loads the model.
+async fn load(plan: &std::path::Path, opts: &ModelOptions) -> Result<(Model, ModelInfo)> {
+    let plan = PlanFile::open(plan)?;
+    let model = Model::load(&plan, opts).await?;
+    let info = ModelInfo {
+        defaults: plan.header.text.generation,
+        context: model.context(),
+    };
+    Ok((model, info))
+}
+
+/// After the GPU was lost (its request failed with a 500), the model loaded
+/// again on a fresh device; `lost` again when that fails: the next request
+/// then fails with the device-lost error, and the load is tried again after it.
+fn reload(plan: &std::path::Path, opts: &ModelOptions, lost: Model, why: &str) -> Model {
+    tracing::error!("the GPU was lost ({why}); loading the model again");
+    match pollster::block_on(load(plan, opts)) {
+        Ok((model, _)) => {
+            tracing::info!("the model is loaded again");
+            model
+        }
+        Err(e) => {
+            tracing::error!(
+                "could not load the model again: {e:#}; trying again after the next request"
+            );
+            lost
+        }
+    }
+}
+
+/// Runs one job to its end, or until its client is gone.
+fn run_job(model: &mut Model, job: Job) {
+    if job.events.is_closed() {
+        tracing::info!("skipped a queued request: its client disconnected");
+        return;
+    }
+    let prompt = match &job.prompt {
+        PromptInput::Chat(messages) => model.encode_chat(messages),
+        PromptInput::Text(text) => model.encode(text),
+        PromptInput::Ids(ids) => Ok(ids.clone()),
+    };
+    let prompt = match prompt {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = job.events.send(Event::Rejected(e));
+            return;
+        }
+    };
+    let mut generation = match model.generate(&prompt, &job.settings) {
+        Ok(g) => g,
+        Err(e) => {
+            let _ = job.events.send(Event::Rejected(e));
+            return;
+        }
+    };
+    if job.events.send(Event::Started).is_err() {
+        return;
+    }
+    while let Some(piece) = pollster::block_on(generation.next()) {
+        let event = match piece {
+            Ok(piece) => Event::Text(piece.text),
+            Err(e) => {
+                tracing::error!("generation failed: {e}");
+                let _ = job.events.send(Event::Failed(e));
+                return;
+            }
+        };
+        if job.events.send(event).is_err() {
+            generation.cancel();
+            let stats = generation.stats();
+            tracing::info!(
+                "client disconnected: generation cancelled after {} tokens",
+                stats.generated_tokens
+            );
+            return;
+        }
+    }
+    let stats = generation.stats();
+    let reason = generation.finish_reason().unwrap_or(FinishReason::Stop);
+    tracing::info!(
+        "prompt {} tokens ({} cached, {:.1} tok/s), generated {} tokens ({:.1} tok/s), finish reason {}",
+        stats.prompt_tokens,
+        stats.cached_tokens,
+        stats.prefill_tokens_per_second(),
+        stats.generated_tokens,
+        stats.decode_tokens_per_second(),
+        reason.name()
+    );
+    let _ = job.events.send(Event::Finished { reason, stats });
+}
