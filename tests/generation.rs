@@ -1,12 +1,14 @@
-//! Generation controls end to end: `generate` with penalties on a tiny model
+//! Generation controls end to end: the facade's generation loop (the one
+//! `gerbil-run`, `chat` and the server run) with penalties on a tiny model
 //! against a step-by-step reference built from read-back logits, and a
 //! checkpoint's `generation_config.json` settings carried into the plan (or
 //! refused, naming the key).
 
+use gerbil::{GenerationSettings, Model, ModelOptions};
 use gerbil_compiler::Checkpoint;
 use gerbil_e2e::*;
 use gerbil_plan::{GenerationDefaults, PlanFile};
-use gerbil_runtime::{argmax, generate, GenerateOptions, Sampler, SamplingParams, Session};
+use gerbil_runtime::{argmax, Sampler, SamplingParams, Session};
 use pollster::block_on;
 use std::collections::HashMap;
 
@@ -68,17 +70,25 @@ fn reference(session: &mut Session, prompt: &[u32], p: &SamplingParams) -> Vec<u
     generated
 }
 
-fn generated(session: &mut Session, prompt: &[u32], sampling: SamplingParams) -> Vec<u32> {
-    let opts = GenerateOptions {
+/// `NEW_TOKENS` tokens of `prompt` through `Model::generate`, from a cleared
+/// KV cache.
+fn generated(model: &mut Model, prompt: &[u32], sampling: SamplingParams) -> Vec<u32> {
+    model.clear_cache();
+    let settings = GenerationSettings {
         max_new_tokens: NEW_TOKENS,
         sampling,
-        eos_token_ids: vec![],
-        keep_logits: false,
+        ignore_eos: true,
+        ..GenerationSettings::default()
     };
-    block_on(generate(session, prompt, &opts, |_| {})).expect("generate")
+    let mut g = model.generate(prompt, &settings).expect("generate");
+    let mut tokens = Vec::new();
+    while let Some(piece) = block_on(g.next()) {
+        tokens.push(piece.expect("a token").token);
+    }
+    tokens
 }
 
-/// `generate` honours penalties although it would otherwise decode on the
+/// Generation honours penalties although it would otherwise decode on the
 /// GPU: it falls back to the CPU loop and chooses exactly what the
 /// step-by-step reference chooses, and the penalty changes the text.
 #[test]
@@ -86,7 +96,7 @@ fn generate_applies_penalties_like_the_reference() {
     let _gpu = gpu_lock();
     let plan_path = compile_plan(&tiny_model("llama"), |_| {});
     let plan = PlanFile::open(&plan_path).expect("plan");
-    let mut session = block_on(Session::new(&plan)).expect("session");
+    let mut model = block_on(Model::load(&plan, &ModelOptions::default())).expect("model");
     let prompt = tiny_ref("llama")
         .cases
         .into_iter()
@@ -99,13 +109,16 @@ fn generate_applies_penalties_like_the_reference() {
         repetition_penalty: 1.3,
         ..greedy
     };
-    assert!(session.can_sample_on_gpu(&greedy));
-    assert!(!session.can_sample_on_gpu(&repetition));
+    assert!(model.session().can_sample_on_gpu(&greedy));
+    assert!(!model.session().can_sample_on_gpu(&repetition));
 
-    let plain = generated(&mut session, &prompt, greedy);
-    assert_eq!(plain, reference(&mut session, &prompt, &greedy));
-    let penalized = generated(&mut session, &prompt, repetition);
-    assert_eq!(penalized, reference(&mut session, &prompt, &repetition));
+    let plain = generated(&mut model, &prompt, greedy);
+    assert_eq!(plain, reference(model.session_mut(), &prompt, &greedy));
+    let penalized = generated(&mut model, &prompt, repetition);
+    assert_eq!(
+        penalized,
+        reference(model.session_mut(), &prompt, &repetition)
+    );
     assert_ne!(penalized, plain, "repetition penalty 1.3 changed nothing");
 
     // Sampling with every penalty at once, and a penalty below 1.
@@ -126,8 +139,8 @@ fn generate_applies_penalties_like_the_reference() {
         },
     ] {
         assert_eq!(
-            generated(&mut session, &prompt, p),
-            reference(&mut session, &prompt, &p),
+            generated(&mut model, &prompt, p),
+            reference(model.session_mut(), &prompt, &p),
             "{p:?}"
         );
     }

@@ -3,12 +3,11 @@
 //! real SmolLM2-135M-Instruct (teacher-forced top-10 logits, greedy tokens,
 //! tokenizer).
 
+use gerbil::{GenerationSettings, Model, ModelOptions};
 use gerbil_e2e::*;
 use gerbil_plan::PlanFile;
 use gerbil_plan::Precision;
-use gerbil_runtime::{
-    argmax, generate, GenerateOptions, PrecisionChoice, SamplingParams, Session, SessionOptions,
-};
+use gerbil_runtime::{argmax, PrecisionChoice, SamplingParams, Session, SessionOptions};
 use pollster::block_on;
 
 /// Random-weight variants of the tiny models (shared with the frontend's tests).
@@ -34,6 +33,57 @@ fn session_at(plan: &PlanFile, precision: Precision) -> Session {
     session
 }
 
+/// The facade's model on `plan` (f32 variants), for what generation does.
+fn model_at_f32(plan: &PlanFile) -> Model {
+    let opts = ModelOptions {
+        session: SessionOptions {
+            precision: PrecisionChoice::Only(Precision::F32),
+            ..SessionOptions::default()
+        },
+        ..ModelOptions::default()
+    };
+    let model = block_on(Model::load(plan, &opts)).expect("model");
+    assert_eq!(model.session().variant().precision, Precision::F32);
+    model
+}
+
+/// Sampling through the generation loop users run: the GPU's sampler
+/// (decode-ahead) draws what the CPU sampler draws from read-back logits
+/// (asking for top logits keeps the CPU in the loop).
+fn check_sampled(model: &mut Model, case: &TinyCase) -> Result<(), String> {
+    let sampling = SamplingParams {
+        temperature: 0.9,
+        top_k: 20,
+        top_p: 0.95,
+        min_p: 0.02,
+        seed: 42,
+        ..SamplingParams::default()
+    };
+    let mut sampled = |top_logits| -> Result<Vec<u32>, String> {
+        model.clear_cache();
+        let settings = GenerationSettings {
+            max_new_tokens: case.greedy_ids.len(),
+            sampling,
+            ignore_eos: true,
+            top_logits,
+            ..GenerationSettings::default()
+        };
+        let mut g = model
+            .generate(&case.input_ids, &settings)
+            .map_err(|e| e.to_string())?;
+        let mut tokens = Vec::new();
+        while let Some(piece) = block_on(g.next()) {
+            tokens.push(piece.map_err(|e| e.to_string())?.token);
+        }
+        Ok(tokens)
+    };
+    let (gpu, cpu) = (sampled(None)?, sampled(Some(1))?);
+    if gpu != cpu {
+        return Err(format!("sampled on the GPU: {gpu:?}, on the CPU: {cpu:?}"));
+    }
+    Ok(())
+}
+
 /// Every tiny model of `tests/data/models/tiny` and what it exercises
 /// (shared/models/README.md): the table the family tests run over.
 const TINY_MODELS: &[(&str, &str)] = &[
@@ -50,10 +100,17 @@ const TINY_MODELS: &[(&str, &str)] = &[
     ("phi3", "fused qkv_proj and gate_up_proj"),
 ];
 
-/// Checks one reference case on `session`: the last logits after a prefill,
+/// Checks one reference case on `model`: the last logits after a prefill,
 /// the logits of every position fed one token at a time through the decode
-/// path (when recorded), and the greedy tokens. Returns what differed.
-fn check_case(session: &mut Session, case: &TinyCase) -> Result<(), String> {
+/// path (when recorded), the greedy tokens, and sampling through both
+/// samplers. Returns what differed.
+fn check_case(model: &mut Model, case: &TinyCase) -> Result<(), String> {
+    check_logits(model.session_mut(), case)?;
+    check_sampled(model, case)
+}
+
+/// [`check_case`]'s logits and greedy tokens, on the session.
+fn check_logits(session: &mut Session, case: &TinyCase) -> Result<(), String> {
     session.reset();
     let last = block_on(session.forward(&case.input_ids)).map_err(|e| e.to_string())?;
     let d = max_abs_diff(&last, &case.last_logits);
@@ -110,28 +167,6 @@ fn check_gpu_greedy(session: &mut Session, case: &TinyCase) -> Result<(), String
             ));
         }
     }
-    // Sampling on the GPU draws what the CPU sampler draws from read-back logits.
-    let sampling = SamplingParams {
-        temperature: 0.9,
-        top_k: 20,
-        top_p: 0.95,
-        min_p: 0.02,
-        seed: 42,
-        ..SamplingParams::default()
-    };
-    let mut sampled = |keep_logits| {
-        let opts = GenerateOptions {
-            max_new_tokens: want.len(),
-            sampling,
-            eos_token_ids: vec![],
-            keep_logits,
-        };
-        block_on(generate(session, &case.input_ids, &opts, |_| {})).map_err(err)
-    };
-    let (gpu, cpu) = (sampled(false)?, sampled(true)?);
-    if gpu != cpu {
-        return Err(format!("sampled on the GPU: {gpu:?}, on the CPU: {cpu:?}"));
-    }
     if want.len() < 3 {
         return Ok(());
     }
@@ -176,12 +211,12 @@ fn tiny_failures(
     let plan_path = compile_plan(&tiny_model(name), tweak);
     let plan = PlanFile::open(&plan_path).expect("open plan");
     let _gpu = gpu_lock();
-    let mut session = session_at(&plan, Precision::F32);
+    let mut model = model_at_f32(&plan);
     reference
         .cases
         .iter()
         .filter_map(|case| {
-            check_case(&mut session, case)
+            check_case(&mut model, case)
                 .err()
                 .map(|e| format!("{name}/{} ({variant}): {e}", case.name))
         })

@@ -113,6 +113,14 @@ impl Model {
         self.session.reset();
     }
 
+    /// The GPU session itself, for work below generation (raw logits, a
+    /// step at a time). The caller may leave its KV cache in any state, so
+    /// the model forgets what its cache held first ([`Model::clear_cache`]).
+    pub fn session_mut(&mut self) -> &mut Session {
+        self.clear_cache();
+        &mut self.session
+    }
+
     /// `text` as `tokenizer(text)` tokenizes it.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, Error> {
         Ok(self.text_codec()?.encode(text)?)

@@ -25,6 +25,11 @@ use crate::sampling::SamplingParams;
 use crate::session::Session;
 use gerbil_plan::STEP_PARAMS_BYTES;
 
+/// Decode steps per submission when decoding on the GPU: enough that the
+/// round trip of a readback hides behind the next batch, few enough that
+/// tokens stream smoothly (a batch is ~10–30 ms on a fast GPU).
+pub const DECODE_BATCH: usize = 8;
+
 /// Buffers of one in-flight batch.
 struct Slot {
     /// Step parameters of each step, `STEP_PARAMS_BYTES` apart.

@@ -28,7 +28,6 @@ pub mod ahead;
 pub mod clock;
 pub mod device;
 pub mod error;
-pub mod generate;
 pub mod kernel_timer;
 pub mod pipeline;
 pub mod pipeline_cache;
@@ -39,11 +38,10 @@ pub mod sampling;
 pub mod session;
 pub mod variant;
 
-pub use ahead::AheadDecoder;
+pub use ahead::{AheadDecoder, DECODE_BATCH};
 pub use clock::Clock;
 pub use device::{AdapterSummary, Gpu};
 pub use error::RuntimeError;
-pub use generate::{generate, GenerateOptions, TokenEvent, DECODE_BATCH};
 pub use pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
 pub use profile::DispatchTime;
 pub use progress::{Progress, ProgressHook};
@@ -62,7 +60,7 @@ mod tests {
     #[test]
     fn runtime_futures_are_send() {
         fn send<T: Send>(_: T) {}
-        fn futures(plan: &PlanFile, session: &mut Session, opts: &GenerateOptions) {
+        fn futures(plan: &PlanFile, session: &mut Session) {
             send(Gpu::open(&plan.header.variants[0].requirements));
             send(Session::new(plan));
             send(Session::new_profiling(plan));
@@ -70,8 +68,8 @@ mod tests {
             send(session.read_logits());
             send(session.sync());
             send(session.profile(&[1]));
-            send(generate(session, &[1], opts, |_| {}));
+            send(session.decode_on_gpu(1, &[], DECODE_BATCH, |_| true));
         }
-        let _ = futures as fn(&PlanFile, &mut Session, &GenerateOptions);
+        let _ = futures as fn(&PlanFile, &mut Session);
     }
 }
