@@ -242,6 +242,27 @@ fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
     }
 }
 
+/// The names `code` defines as a function (`fn name`), a module (`mod name`)
+/// or a public field (`pub name:`).
+fn defined_names(code: &str) -> std::collections::HashSet<&str> {
+    let ident_end = |s: &str| {
+        s.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+            .unwrap_or(s.len())
+    };
+    let mut names = std::collections::HashSet::new();
+    for keyword in ["fn ", "mod ", "pub "] {
+        for (at, _) in code.match_indices(keyword) {
+            let rest = &code[at + keyword.len()..];
+            let name = &rest[..ident_end(rest)];
+            let field = rest[name.len()..].starts_with(':');
+            if !name.is_empty() && (keyword != "pub " || field) {
+                names.insert(name);
+            }
+        }
+    }
+    names
+}
+
 /// The files and functions `docs/architecture.md` names in backticks exist:
 /// a path (`crates/runtime/src/session.rs`, `tests/models.rs`) as that file
 /// or directory, a bare file name (`session.rs`) as some file of that name,
@@ -251,6 +272,7 @@ fn walk(dir: &Path, out: &mut Vec<std::path::PathBuf>) {
 fn every_file_and_function_docs_architecture_names_exists() {
     let doc = std::fs::read_to_string(root().join("docs/architecture.md")).expect("the doc");
     let (code, files) = sources();
+    let defined = defined_names(&code);
     let is_ident = |s: &str| {
         !s.is_empty()
             && s.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
@@ -302,14 +324,8 @@ fn every_file_and_function_docs_architecture_names_exists() {
             let named = (call.contains("::") || token.ends_with("()")) && snake;
             // A function, a field (`SessionOptions::progress`) or a module
             // (`runtime::residency`) of that name.
-            let found = [
-                format!("fn {last}"),
-                format!("pub {last}:"),
-                format!("mod {last}"),
-            ]
-            .iter()
-            .any(|n| code.contains(n.as_str()))
-                || files.iter().any(|f| f.ends_with(&format!("/{last}.rs")));
+            let found =
+                defined.contains(last) || files.iter().any(|f| f.ends_with(&format!("/{last}.rs")));
             if named && !external.contains(&first) && !found {
                 missing.push(format!("function `{token}`"));
             }

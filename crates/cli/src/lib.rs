@@ -8,7 +8,7 @@
 //! generation across context lengths and [`plot`] charts a sweep; [`inspect`]
 //! summarizes a plan, [`schedule`] lists its dispatches and [`graph_svg`]
 //! draws one layer of them (through [`svg_canvas`]); [`passes`]
-//! prints what the pass pipeline did; [`env`] maps gerbil's environment
+//! prints what the pass pipeline did; [`mod@env`] maps gerbil's environment
 //! variables onto the libraries' typed options and [`hub_env`] reads the Hugging Face
 //! environment variables for the hub client; [`devices`] lists the GPUs;
 //! [`progress`] draws progress bars, [`logging`] sets up `-v` logs and

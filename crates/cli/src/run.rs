@@ -1,6 +1,6 @@
 //! `gerbil-run`: generation, JSON output and benchmarks on a plan.
 //!
-//! [`run`] and [`bench`] are `async` like the runtime they drive; the
+//! [`run`] and [`bench()`] are `async` like the runtime they drive; the
 //! `gerbil-run` binary blocks on them at the top (`pollster::block_on`).
 
 use crate::console::{note, timing_line, Stdout, Timings};

@@ -6,7 +6,7 @@
 //! The result is a [`KernelSource`] whose bindings name IR ports; binding
 //! buffers to them is [`crate::dispatch`]'s job. The [`Phase`] says which
 //! schedule the kernel is for: prefill runs matmuls over `T` rows as tiled
-//! GEMMs (a [`GemmTile`] chosen per shape and target) and those over a fixed
+//! GEMMs (a [`GemmTile`](crate::kernels::gemm::GemmTile) chosen per shape and target) and those over a fixed
 //! row count with several rows per workgroup; decode runs GEMVs (one row;
 //! subgroup reductions in a variant with the `subgroups` feature) and split-K
 //! attention.

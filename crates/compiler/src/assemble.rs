@@ -1,4 +1,4 @@
-//! Plan assembly: a codegen [`Program`] plus materialized weights and the text
+//! Plan assembly: a codegen [`Program`](gerbil_codegen_wgsl::Program) plus materialized weights and the text
 //! assets become a [`Plan`] — a header and its data sections — ready to write.
 //!
 //! [`build_plan`] is the back half of the compiler, usable on any graph whose

@@ -12,7 +12,7 @@
 //! The stages live in their own crates (`frontend-hf` lowers, `passes`
 //! rewrites, `codegen-wgsl` generates kernels and schedules, `plan` is the file
 //! format); this crate drives them ([`driver`]), turns weight sources into
-//! bytes ([`materialize`]), assembles the plan ([`assemble`]) and carries the
+//! bytes ([`mod@materialize`]), assembles the plan ([`assemble`]) and carries the
 //! dump hooks ([`dump`]); [`opt()`] runs passes on textual IR (`gerbilc
 //! opt`); [`check_text_assets`] tries the checkpoint's tokenizer and chat
 //! template with the runtime's own text code (`gerbil-text`). Every failure is a [`CompileError`]. The surprising

@@ -11,7 +11,7 @@
 //! ```
 //!
 //! The workflow of LLVM's `opt` and Cranelift's `clif-util`: parse the text
-//! ([`gerbil_ir::parse`], which type-checks every node and verifies the
+//! ([`gerbil_ir::parse()`], which type-checks every node and verifies the
 //! graph), run the passes with the verifier after each, hand back the graph.
 //! `--passes default` is the compiler's own pipeline, so
 //! `gerbilc compile M --dump-ir lowered | gerbilc opt - --passes default`

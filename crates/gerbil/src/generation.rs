@@ -17,7 +17,7 @@
 //! learns of an end-of-sequence token from a readback); those only wrote
 //! KV-cache rows past the kept position, which later steps overwrite.
 //!
-//! Non-finite logits end the stream with [`RuntimeError::NonFiniteLogits`](gerbil_runtime::RuntimeError::NonFiniteLogits)
+//! Non-finite logits end the stream with [`RuntimeError::NonFiniteLogits`]
 //! naming the step: the CPU path checks every step's logits; the GPU path
 //! reads back and checks the prompt's (one row, once), which catches weights
 //! holding NaN/Inf, and afterwards relies on `sample_token`, which never
@@ -440,7 +440,7 @@ impl Drop for Generation<'_> {
     }
 }
 
-/// Fails with [`RuntimeError::NonFiniteLogits`](gerbil_runtime::RuntimeError::NonFiniteLogits) when a logit of `step` (at
+/// Fails with [`RuntimeError::NonFiniteLogits`] when a logit of `step` (at
 /// KV-cache `position`) is NaN or infinite.
 fn check_finite(logits: &[f32], step: usize, position: u64) -> Result<(), Error> {
     match logits.iter().position(|x| !x.is_finite()) {

@@ -75,7 +75,7 @@ impl ValueRef {
 pub const LOGITS: &str = "logits";
 
 /// Name of the graph output holding greedy decoding's next token, the
-/// [`Op::SampleToken`](crate::Op::SampleToken) of the logits; codegen maps it to the
+/// [`Op::SampleToken`] of the logits; codegen maps it to the
 /// plan's `Output(NextToken)` buffer.
 pub const NEXT_TOKEN: &str = "next_token";
 

@@ -99,10 +99,14 @@ pub fn create_pipeline_cached(
     };
     let module = match checks {
         ShaderChecks::Checked => device.create_shader_module(desc),
-        // SAFETY: generated kernels guard every index with the shape
-        // constants their bindings are sized by (the plan validator checks
-        // the sizes), data-dependent indices are checked by the session, and
-        // every loop is bounded by a constant or a step parameter.
+        // SAFETY: a plan is code, and this trusts it like a shared library:
+        // only plans from a trusted source may run unchecked (a plan edited
+        // by someone else can read or write any GPU memory its bindings
+        // reach). For plans gerbilc wrote, generated kernels guard every
+        // index with the shape constants their bindings are sized by (the
+        // plan validator checks the sizes), data-dependent indices are
+        // checked by the session, and every loop is bounded by a constant or
+        // a step parameter.
         ShaderChecks::Unchecked => unsafe {
             device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
         },

@@ -3,7 +3,7 @@
 //! handler.
 //!
 //! Start it with [`Worker::start`], which loads the plan on the new thread
-//! and returns once the model is ready; give it work with [`Worker::submit`]
+//! and returns once the model is ready; give it work with [`Queue::submit`]
 //! and read the events from the returned receiver. The first event is
 //! [`Event::Started`] or [`Event::Rejected`] (the prompt could not be
 //! tokenized, or does not fit the context, or the settings are wrong), then

@@ -70,7 +70,7 @@ pub struct CoopTile {
     pub bk: u32,
 }
 
-/// Rows (`T`) at which [`CoopTile::choose`] counts workgroups: a 512-token
+/// Rows (`T`) at which [`CoopGemm::choose`] counts workgroups: a 512-token
 /// prompt step.
 const REF_ROWS: u32 = 512;
 /// Workgroups [`CoopGemm::choose`] wants at [`REF_ROWS`]: about two per SM
