@@ -7,12 +7,17 @@ would, then the doctests (`cargo test --workspace --doc`), and ends with a table
 whether it passed, its passed/failed/ignored counts and its seconds, slowest first. Arguments
 after `--` go to every test binary (a name filter, `--ignored`, ...).
 
+Property tests get one `PROPTEST_RNG_SEED` per run (printed first, and again on failure; set it
+to replay a run), and `PROPTEST_CASES` scales every suite's case count (the suites read it through
+their configs: 256 is the default scale).
+
 The surprise: a binary's time includes lavapipe compiling its kernels, so the table says where a
 slow suite's time goes, which `cargo test`'s own output never does.
 """
 
 import json
 import os
+import random
 import re
 import shutil
 import subprocess
@@ -77,7 +82,10 @@ def main():
     args = sys.argv[1:]
     extra = args[args.index("--") + 1 :] if "--" in args else []
     cargo = os.environ.get("CARGO") or shutil.which("cargo")
-    env = dict(os.environ, CARGO=cargo)
+    # One proptest seed per run, printed, so that a failure reproduces with it.
+    seed = os.environ.get("PROPTEST_RNG_SEED") or str(random.getrandbits(63))
+    env = dict(os.environ, CARGO=cargo, PROPTEST_RNG_SEED=seed)
+    print(f"proptest seed: PROPTEST_RNG_SEED={seed}", flush=True)
     start = time.monotonic()
     binaries = build(cargo)
     built = time.monotonic() - start
@@ -102,6 +110,7 @@ def main():
           f"{sum(r[4] for r in rows):>4} {total:>6.1f}")
     if failed:
         print("FAILED: " + ", ".join(failed))
+        print(f"proptest cases reproduce with PROPTEST_RNG_SEED={seed}")
         sys.exit(1)
 
 

@@ -20,7 +20,7 @@ use gerbil_e2e::kernel_harness::{
     check_close, encode, f32_bytes, poison, run_output, run_outputs, to_f32, u32_bytes, widen, Rng,
     TOL,
 };
-use gerbil_e2e::reference;
+use gerbil_e2e::{proptest_config, reference};
 use gerbil_ir::rope_table::rope_table;
 use gerbil_ir::{
     Attention, BinaryOp, DType, Embedding, NormPrologue, QkNorm, QkvRope, RmsNorm, Rope, UnaryOp,
@@ -480,7 +480,7 @@ fn dtype_strategy() -> impl Strategy<Value = DType> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 64, ..ProptestConfig::default() })]
+    #![proptest_config(proptest_config(24, 64))]
 
     #[test]
     fn matmul_random_shapes(
@@ -634,7 +634,7 @@ fn gemv_workgroup_matches_reference() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 24, max_shrink_iters: 64, ..ProptestConfig::default() })]
+    #![proptest_config(proptest_config(24, 64))]
 
     #[test]
     fn gemv_random_shapes(
@@ -768,7 +768,7 @@ fn gemm_matches_reference() {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 6, max_shrink_iters: 64, ..ProptestConfig::default() })]
+    #![proptest_config(proptest_config(6, 64))]
 
     #[test]
     fn gemm_random_shapes(

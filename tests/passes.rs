@@ -15,7 +15,7 @@
 use gerbil_codegen_wgsl::CodegenOptions;
 use gerbil_compiler::{build_plan, TensorSource};
 use gerbil_e2e::interpreter::Interpreter;
-use gerbil_e2e::{gpu_lock, temp_dir};
+use gerbil_e2e::{gpu_lock, proptest_config, temp_dir};
 use gerbil_frontend_hf::{FrontendError, TensorView, TextAssets};
 use gerbil_ir::op::KvKind;
 use gerbil_ir::{
@@ -378,7 +378,7 @@ fn block_strategy() -> impl Strategy<Value = Block> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 8, max_shrink_iters: 16, ..ProptestConfig::default() })]
+    #![proptest_config(proptest_config(8, 16))]
 
     #[test]
     fn every_pass_preserves_results(
@@ -413,7 +413,7 @@ proptest! {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 96, max_shrink_iters: 32, ..ProptestConfig::default() })]
+    #![proptest_config(proptest_config(96, 32))]
 
     /// The same graphs without a GPU: the interpreter runs each optimized
     /// graph and the graph as built; a prefill split in two chunks (the

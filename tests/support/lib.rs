@@ -184,3 +184,22 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
 }
+
+/// proptest's configuration for a suite that runs `cases` cases at the default scale, shrinking at
+/// most `max_shrink_iters` times. `PROPTEST_CASES` (proptest's own variable; 256 when unset)
+/// scales every suite alike: `PROPTEST_CASES=2560` runs ten times the cases everywhere,
+/// `PROPTEST_CASES=32` an eighth (at least one). Failures persist beside the test's source
+/// (`tests/NAME.proptest-regressions`, committed so every later run replays them first), and
+/// `PROPTEST_RNG_SEED` (set and printed by `scripts/run-tests.py`) makes a run reproducible.
+pub fn proptest_config(cases: u32, max_shrink_iters: u32) -> proptest::test_runner::Config {
+    use proptest::test_runner::{Config, FileFailurePersistence};
+    let scale = Config::default().cases;
+    Config {
+        cases: (u64::from(cases) * u64::from(scale) / 256).clamp(1, u64::from(u32::MAX)) as u32,
+        max_shrink_iters,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..Config::default()
+    }
+}

@@ -378,7 +378,11 @@ mod tests {
     }
 
     proptest! {
-        #![proptest_config(ProptestConfig::with_cases(48))]
+        // 48 cases at proptest's default scale (256; `PROPTEST_CASES` scales it).
+        #![proptest_config(ProptestConfig {
+            cases: (48 * ProptestConfig::default().cases / 256).max(1),
+            ..ProptestConfig::default()
+        })]
         /// Random DAGs of a layer's size: edges only forward, as a schedule
         /// orders them; labels of random length.
         #[test]

@@ -7,6 +7,7 @@ mod common;
 use gerbil_ir::{parse, print::print, verify};
 use gerbil_passes::{default_pipeline, PassManager};
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use std::sync::OnceLock;
 
 /// Dumps of tiny Llama as lowered and after the default pipeline.
@@ -74,7 +75,14 @@ fn check(text: &str) -> Result<(), TestCaseError> {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(256))]
+    // proptest's default 256 cases (`PROPTEST_CASES` changes it); failures persist beside this
+    // file (`parse_fuzz.proptest-regressions`).
+    #![proptest_config(ProptestConfig {
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    })]
 
     #[test]
     fn random_strings_never_panic(text in "\\PC{0,200}") {

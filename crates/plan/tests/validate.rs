@@ -6,6 +6,7 @@
 
 use gerbil_plan::*;
 use proptest::prelude::*;
+use proptest::test_runner::FileFailurePersistence;
 use std::borrow::Cow;
 
 /// Positions of the KV cache, tokens per step and vocabulary of [`valid`].
@@ -640,8 +641,21 @@ fn edgy() -> impl Strategy<Value = u64> {
     ]
 }
 
+/// proptest's configuration for `cases` cases at the default scale: `PROPTEST_CASES` (256 when
+/// unset) scales it, and failures persist beside this file (`*.proptest-regressions`).
+fn scaled(cases: u32) -> ProptestConfig {
+    let scale = ProptestConfig::default().cases;
+    ProptestConfig {
+        cases: (u64::from(cases) * u64::from(scale) / 256).clamp(1, u64::from(u32::MAX)) as u32,
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        ..ProptestConfig::default()
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(4096))]
+    #![proptest_config(scaled(4096))]
 
     /// Any numeric edit of a valid header is refused, or leaves every slice
     /// the runtime uses in range; validate itself never panics.
