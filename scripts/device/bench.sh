@@ -23,7 +23,8 @@
 # PARTS (default decode,prefill,start,hf) picks what runs, to fit one device call: decode (the
 # precision benches, depth 4096, sampled), prefill (pp512 per variant), start (TTFT cold / warm),
 # hf (HF transformers). The checks against transformers always run. The tensor-core variant runs
-# only with GERBIL_TENSOR_CORES=1 in the environment (the runtime's opt-in).
+# only with GERBIL_TENSOR_CORES=1 in the environment (gerbil-run maps it onto
+# SessionOptions::tensor_cores, the runtime's opt-in).
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
