@@ -4,8 +4,12 @@
 `scripts/test.sh` calls this for its `test` check. It builds every test binary once
 (`cargo test --workspace --no-run`), runs each from its package's directory as `cargo test`
 would, then the doctests (`cargo test --workspace --doc`), and ends with a table: each binary,
-whether it passed, its passed/failed/ignored counts and its seconds, slowest first. Arguments
-after `--` go to every test binary (a name filter, `--ignored`, ...).
+whether it passed, its passed/failed/ignored/skipped counts and its seconds, slowest first.
+Arguments after `--` go to every test binary (a name filter, `--ignored`, ...).
+
+`--quick` is the edit loop's run: it skips the real-model tests (the SmolLM2 and Gemma 3 270M
+fixtures through every path, named by `QUICK_SKIP`) and the doctests, and runs an eighth of the
+property cases (`PROPTEST_CASES=32` unless set); each skipped test is counted in the table.
 
 Property tests get one `PROPTEST_RNG_SEED` per run (printed first, and again on failure; set it
 to replay a run), and `PROPTEST_CASES` scales every suite's case count (the suites read it through
@@ -54,14 +58,19 @@ def build(cargo):
     return binaries
 
 
+# Name fragments of the tests `--quick` leaves out: every test of a real checkpoint.
+QUICK_SKIP = ["smollm2", "gemma3_270m", "real_models", "chat_answers_like_transformers"]
+
+
 def counts(output):
-    """(passed, failed, ignored) summed over the output's `test result:` lines."""
-    passed = failed = ignored = 0
+    """(passed, failed, ignored, skipped) summed over the output's `test result:` lines."""
+    passed = failed = ignored = skipped = 0
     for m in RESULT.finditer(output):
         passed += int(m.group(2))
         failed += int(m.group(3))
         ignored += int(m.group(4))
-    return passed, failed, ignored
+        skipped += int(m.group(6))
+    return passed, failed, ignored, skipped
 
 
 def run(cmd, cwd, env):
@@ -81,10 +90,16 @@ def run(cmd, cwd, env):
 def main():
     args = sys.argv[1:]
     extra = args[args.index("--") + 1 :] if "--" in args else []
+    own = args[: args.index("--")] if "--" in args else args
+    quick = "--quick" in own
     cargo = os.environ.get("CARGO") or shutil.which("cargo")
     # One proptest seed per run, printed, so that a failure reproduces with it.
     seed = os.environ.get("PROPTEST_RNG_SEED") or str(random.getrandbits(63))
     env = dict(os.environ, CARGO=cargo, PROPTEST_RNG_SEED=seed)
+    if quick:
+        env.setdefault("PROPTEST_CASES", "32")
+        for fragment in QUICK_SKIP:
+            extra += ["--skip", fragment]
     print(f"proptest seed: PROPTEST_RNG_SEED={seed}", flush=True)
     start = time.monotonic()
     binaries = build(cargo)
@@ -94,20 +109,26 @@ def main():
         print(f"\n=== {name}", flush=True)
         ok, output, seconds = run([exe, *extra], cwd, env)
         rows.append((name, ok, *counts(output), seconds))
-    if not extra:
+    if not extra and not quick:
         print("\n=== doctests", flush=True)
         ok, output, seconds = run([cargo, "test", "--workspace", "--doc"], None, env)
         rows.append(("doctests (cargo test --doc)", ok, *counts(output), seconds))
 
     print(f"\n=== test binaries (build {built:.0f}s), slowest first")
-    print(f"{'binary':<52} {'status':<7} {'pass':>5} {'fail':>5} {'ign':>4} {'secs':>6}")
-    for name, ok, passed, failed, ignored, seconds in sorted(rows, key=lambda r: -r[-1]):
+    print(f"{'binary':<52} {'status':<7} {'pass':>5} {'fail':>5} {'ign':>4} {'skip':>4} {'secs':>6}")
+    for name, ok, passed, failed, ignored, skipped, seconds in sorted(rows, key=lambda r: -r[-1]):
         status = "ok" if ok else "FAILED"
-        print(f"{name:<52} {status:<7} {passed:>5} {failed:>5} {ignored:>4} {seconds:>6.1f}")
+        print(
+            f"{name:<52} {status:<7} {passed:>5} {failed:>5} {ignored:>4} {skipped:>4} "
+            f"{seconds:>6.1f}"
+        )
     total = sum(r[-1] for r in rows)
     failed = [r[0] for r in rows if not r[1]]
-    print(f"{'total':<52} {'':<7} {sum(r[2] for r in rows):>5} {sum(r[3] for r in rows):>5} "
-          f"{sum(r[4] for r in rows):>4} {total:>6.1f}")
+    sums = [sum(r[i] for r in rows) for i in (2, 3, 4, 5)]
+    print(
+        f"{'total':<52} {'':<7} {sums[0]:>5} {sums[1]:>5} {sums[2]:>4} {sums[3]:>4} "
+        f"{total:>6.1f}"
+    )
     if failed:
         print("FAILED: " + ", ".join(failed))
         print(f"proptest cases reproduce with PROPTEST_RNG_SEED={seed}")

@@ -3,8 +3,20 @@
 # binary with its wall time (scripts/run-tests.py), the API docs with warnings as errors, and the
 # browser build of the runtime, text and facade crates (wasm32 with WebGPU).
 # Every check runs even when an earlier one fails; the summary says which failed.
+#
+# `scripts/test.sh --quick` is the edit loop: the tests only, without the real-model ones, the
+# doctests and most property cases (scripts/run-tests.py --quick); no fmt, clippy, docs or wasm.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+quick=0
+case "${1:-}" in
+--quick) quick=1 ;;
+"") ;;
+*)
+    echo "usage: scripts/test.sh [--quick]" >&2
+    exit 2
+    ;;
+esac
 
 # Setup failures make the checks meaningless: stop right away.
 bash scripts/install-deps.sh
@@ -27,6 +39,12 @@ check() {
     if "$@"; then status=ok; else status=FAILED; failed=1; fi
     summary+=("$(printf '%-7s %-7s %4ds' "$name" "$status" $((SECONDS - start)))")
 }
+
+if [ "$quick" -eq 1 ]; then
+    check test python3 scripts/run-tests.py --quick
+    printf '%s\n' "${summary[@]}"
+    exit $failed
+fi
 
 check fmt cargo fmt --all -- --check
 check clippy cargo clippy --workspace --all-targets -- -D warnings
