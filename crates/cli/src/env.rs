@@ -20,7 +20,7 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 
 /// The variable, unless unset or empty.
-fn var(name: &str) -> Option<OsString> {
+pub(crate) fn var(name: &str) -> Option<OsString> {
     std::env::var_os(name).filter(|v| !v.is_empty())
 }
 

@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 
 /// The hub's settings from the environment.
 pub fn hub_settings() -> HubSettings {
-    let var = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty());
+    use crate::env::var;
     HubSettings {
         endpoint: var("HF_ENDPOINT").map(|v| v.to_string_lossy().into_owned()),
         cache_dir: var("HF_HUB_CACHE").map(Into::into),
