@@ -4,9 +4,11 @@
 //! The kernel's bindings name IR ports; [`Assembler::dispatch`] asks an
 //! operand resolver for the slice behind each port, records the slice's byte
 //! size in the kernel's binding declaration (the contract the plan reader
-//! checks), and stores each distinct kernel once — validated by naga with
-//! exactly the capabilities its variant's features allow. A kernel that
-//! exceeds the target's workgroup limits is an error here, at compile time.
+//! checks), and stores each distinct kernel once; [`Assembler::finish`]
+//! validates each with naga with exactly the capabilities its variant's
+//! features allow (a caller that wants the buffer table alone skips it). A
+//! kernel that exceeds the target's workgroup limits is an error here, at
+//! compile time.
 //!
 //! Scratch bindings name no operand: [`Assembler::place_scratch`] puts them
 //! all in one scratch buffer once every schedule is built, counters from
@@ -28,6 +30,8 @@ pub struct Assembler {
     /// Index the scratch buffer will have.
     scratch: u32,
     kernels: Vec<Kernel>,
+    /// The features of the variant each kernel belongs to.
+    features: Vec<Vec<Feature>>,
     /// Workgroup memory of each kernel, in bytes.
     workgroup_bytes: Vec<u32>,
     index: HashMap<Kernel, u32>,
@@ -55,6 +59,7 @@ impl Assembler {
         Assembler {
             scratch,
             kernels: Vec::new(),
+            features: Vec::new(),
             workgroup_bytes: Vec::new(),
             index: HashMap::new(),
         }
@@ -103,7 +108,7 @@ impl Assembler {
             bindings.push(slice);
         }
         let workgroups = src.workgroups;
-        let kernel = self.kernel(src, features)?;
+        let kernel = self.kernel(src, features);
         Ok(Dispatch {
             kernel,
             bindings,
@@ -114,7 +119,7 @@ impl Assembler {
         })
     }
 
-    fn kernel(&mut self, src: KernelSource, features: &[Feature]) -> Result<u32, CodegenError> {
+    fn kernel(&mut self, src: KernelSource, features: &[Feature]) -> u32 {
         let workgroup_bytes = src.workgroup_bytes;
         let mut kernel = Kernel {
             name: src.name,
@@ -128,22 +133,26 @@ impl Assembler {
         let mut key = kernel.clone();
         key.name = format!("{features:?}");
         if let Some(&i) = self.index.get(&key) {
-            return Ok(i);
+            return i;
         }
-        validate_with(&kernel.name, &kernel.wgsl, features)?;
         if self.kernels.iter().any(|k| k.name == kernel.name) {
             kernel.name = format!("{}_{}", kernel.name, self.kernels.len());
         }
         let i = self.kernels.len() as u32;
         self.kernels.push(kernel);
+        self.features.push(features.to_vec());
         self.workgroup_bytes.push(workgroup_bytes);
         self.index.insert(key, i);
-        Ok(i)
+        i
     }
 
-    /// The kernels, by index.
-    pub fn finish(self) -> Vec<Kernel> {
-        self.kernels
+    /// The kernels, by index, each validated by naga with its variant's
+    /// capabilities.
+    pub fn finish(self) -> Result<Vec<Kernel>, CodegenError> {
+        for (kernel, features) in self.kernels.iter().zip(&self.features) {
+            validate_with(&kernel.name, &kernel.wgsl, features)?;
+        }
+        Ok(self.kernels)
     }
 
     /// Places every scratch binding of `schedules` in the scratch buffer: in

@@ -15,17 +15,19 @@
 //! This crate opens no device: it is IR in, WGSL text and plan data out. The
 //! caller fills in weight bytes (see [`Program::weights`]).
 
+mod binder;
 mod dispatch;
 pub mod kernels;
 mod lower;
 pub mod planner;
 mod schedule;
+mod sources;
 mod target;
 pub mod tuning;
 mod validate;
 mod variant;
 
-pub use schedule::{generate, CodegenOptions, Program, WeightBuffer};
+pub use schedule::{buffers, generate, CodegenOptions, Program, WeightBuffer};
 pub use target::{Limits, SubgroupSizes, Target};
 pub use validate::{validate, validate_with};
 pub use variant::{variants_for, VariantSpec, TENSOR_WORKGROUP_STORAGE};

@@ -13,13 +13,14 @@
 //! weights, at least 64 MiB — or while one such buffer exceeds the target's
 //! largest binding. An explicit `--max-tokens-per-step` always wins.
 //!
-//! The surprise: the sizes come from generating the program at the
-//! candidate chunk (the buffer planner decides the arena), so a model that
-//! needs a smaller chunk is generated once per halving; the usual case is
-//! one extra generation, without weights.
+//! The surprise: the sizes come from the code generator's buffer table at
+//! the candidate chunk ([`gerbil_codegen_wgsl::buffers`]: the buffer planner
+//! decides the arena, the kernels the scratch), so a model that needs a
+//! smaller chunk is laid out once per halving — without weights, and without
+//! validating a kernel.
 
 use crate::error::CompileError;
-use gerbil_codegen_wgsl::{generate, CodegenOptions};
+use gerbil_codegen_wgsl::{buffers, CodegenOptions};
 use gerbil_ir::Graph;
 use gerbil_plan::BufferKind;
 
@@ -82,8 +83,7 @@ fn choose_within(
             max_tokens_per_step: chunk,
             ..base.clone()
         };
-        let program = generate(graph, &opts)?;
-        let (weights, activations, largest) = sizes(&program.buffers);
+        let (weights, activations, largest) = sizes(&buffers(graph, &opts)?);
         let budget = budget(weights);
         let fits = activations <= budget && largest <= base.target.limits.max_storage_binding;
         if fits || chunk / 2 < MIN_CHUNK {
@@ -102,6 +102,7 @@ fn choose_within(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use gerbil_codegen_wgsl::generate;
     use gerbil_frontend_hf::{lower_with, Checkpoint, LowerOptions};
     use gerbil_passes::{default_pipeline, PassManager};
 
@@ -150,7 +151,10 @@ mod tests {
                 max_tokens_per_step: chunk,
                 ..base.clone()
             };
-            sizes(&generate(&graph, &opts).unwrap().buffers).1
+            let table = buffers(&graph, &opts).unwrap();
+            // The table without validation is the generated program's.
+            assert_eq!(table, generate(&graph, &opts).unwrap().buffers);
+            sizes(&table).1
         };
         // Activations grow with the chunk, so a budget of what 128 tokens
         // take stops the halving at 128, and one byte less at 64.

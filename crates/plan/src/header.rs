@@ -350,7 +350,7 @@ impl OutputKind {
 pub const STEP_PARAMS_BYTES: u64 = 16;
 
 /// Size of the sampling-parameter uniform: seed (two words), temperature,
-/// top-k, top-p, min-p, two zero words (`gerbil_runtime::SamplingParams::to_words`).
+/// top-k, top-p, min-p, two zero words ([`crate::sampling::SamplingUniform`]).
 pub const SAMPLING_PARAMS_BYTES: u64 = 32;
 
 /// A GPU buffer.

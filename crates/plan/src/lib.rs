@@ -22,6 +22,7 @@ mod file;
 mod header;
 pub mod limits;
 pub mod safe_file;
+pub mod sampling;
 mod validate;
 
 pub use file::{

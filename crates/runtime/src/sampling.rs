@@ -24,6 +24,7 @@
 //! when they are on and generation reads every step's logits back.
 
 use crate::error::RuntimeError;
+use gerbil_plan::sampling::{pcg, SamplingUniform};
 use std::collections::HashMap;
 
 /// How to pick tokens.
@@ -84,21 +85,19 @@ impl SamplingParams {
     /// word), temperature (0 when greedy), top-k (0 = all; saturated to
     /// `u32::MAX`), top-p, min-p, two zero words. Penalties are not in it.
     pub fn to_words(&self) -> [u32; 8] {
-        let t = if self.is_greedy() {
+        let temperature = if self.is_greedy() {
             0.0
         } else {
             self.temperature
         };
-        [
-            self.seed as u32,
-            (self.seed >> 32) as u32,
-            t.to_bits(),
-            u32::try_from(self.top_k).unwrap_or(u32::MAX),
-            self.top_p.to_bits(),
-            self.min_p.to_bits(),
-            0,
-            0,
-        ]
+        SamplingUniform {
+            seed: self.seed,
+            temperature,
+            top_k: u32::try_from(self.top_k).unwrap_or(u32::MAX),
+            top_p: self.top_p,
+            min_p: self.min_p,
+        }
+        .to_words()
     }
 }
 
@@ -134,11 +133,6 @@ pub fn top_logits(logits: &[f32], k: usize) -> Vec<(u32, f32)> {
 /// 32 well-mixed bits of `(seed, position, id)`: the kernel's `mix`, word
 /// for word (a PCG output permutation over a running state).
 pub fn hash(seed: u64, position: u32, id: u32) -> u32 {
-    fn pcg(v: u32) -> u32 {
-        let s = v.wrapping_mul(747_796_405).wrapping_add(2_891_336_453);
-        let w = ((s >> ((s >> 28) + 4)) ^ s).wrapping_mul(277_803_737);
-        (w >> 22) ^ w
-    }
     let mut h = pcg(seed as u32);
     h = pcg(h ^ (seed >> 32) as u32);
     h = pcg(h ^ position);

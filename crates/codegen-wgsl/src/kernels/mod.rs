@@ -212,11 +212,11 @@ impl Bindings {
         let n = self.push(name, Port::Sampling, Access::Uniform, Elem::U32);
         let _ = writeln!(
             out,
-            "struct Sampling {{ seed_lo: u32, seed_hi: u32, temperature: f32, top_k: u32, \
-             top_p: f32, min_p: f32, pad0: u32, pad1: u32 }}\n\
-             @group(0) @binding({n}) var<uniform> {name}: Sampling;"
+            "{}\n@group(0) @binding({n}) var<uniform> {name}: Sampling;",
+            gerbil_plan::sampling::SamplingUniform::wgsl_struct()
         );
     }
+
     /// Token ids, `array<u32>`, written (a chosen next token).
     pub fn ids_out(&mut self, out: &mut String, port: Port, name: &str) {
         let n = self.push(name, port, Access::ReadWrite, Elem::U32);

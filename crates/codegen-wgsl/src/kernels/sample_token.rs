@@ -90,12 +90,7 @@ fn beats(v: f32, i: u32, bv: f32, bi: u32) -> bool {
   if (is_nan(bv)) { return true; }
   return v > bv || (v == bv && i < bi);
 }
-fn pcg(v: u32) -> u32 {
-  let s = v * 747796405u + 2891336453u;
-  let w = ((s >> ((s >> 28u) + 4u)) ^ s) * 277803737u;
-  return (w >> 22u) ^ w;
-}
-fn gumbel(pos: u32, id: u32) -> f32 {
+{pcg}fn gumbel(pos: u32, id: u32) -> f32 {
   var h = pcg(sp.seed_lo);
   h = pcg(h ^ sp.seed_hi);
   h = pcg(h ^ pos);
@@ -473,6 +468,7 @@ pub fn kernel(rows: Rows, vocab: u32) -> KernelSource {
     w.push_str(
         &BODY
             .replace("{rows}", &rows.wgsl())
+            .replace("{pcg}", &gerbil_plan::sampling::pcg_wgsl())
             .replace("{search_x}", &search("x", "V", "x[base + i]", "i"))
             .replace(
                 "{search_c}",

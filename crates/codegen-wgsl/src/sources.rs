@@ -1,0 +1,363 @@
+//! Sources: the buffers that exist before any activation is planned.
+//!
+//! [`place`] walks the graph once and gives a buffer of its own to every
+//! value the runtime fills or reads by name — the step parameters, token
+//! ids, each weight (or its row shards, when it exceeds one binding), each
+//! KV cache (and its f16 twin when a variant stores caches in f16), each
+//! graph output and the sampling parameters — checking every size against
+//! the target's binding limit. What is left, the activations, is the
+//! planner's ([`crate::planner`]).
+//!
+//! The surprise: a weight too large for one binding is split by leading rows
+//! into shards of a multiple of 4 rows, so every shard starts on a 4-byte
+//! boundary whatever the dtype; templates pick the shard by row.
+
+use crate::schedule::{CodegenOptions, WeightBuffer};
+use crate::variant::VariantSpec;
+use crate::CodegenError;
+use gerbil_ir::op::KvKind;
+use gerbil_ir::{DType, Dim, Graph, NodeId, Op, Sym, TensorType, ValueRef, WeightSource};
+use gerbil_plan::{
+    BufferDecl, BufferKind, BufferSlice, KvHalf, OutputKind, Precision, SectionRef,
+    BINDING_OFFSET_ALIGN, SAMPLING_PARAMS_BYTES, STEP_PARAMS_BYTES,
+};
+use std::collections::HashMap;
+
+/// Where a value with a buffer of its own lives.
+#[derive(Clone, Debug)]
+pub(crate) enum Own {
+    Whole(u32),
+    /// A weight split by leading rows over several buffers.
+    Shards(Vec<u32>),
+}
+
+/// `n` rounded up to a multiple of 4 (saturating: an oversized value stays
+/// oversized for the binding checks to refuse).
+fn round4(n: u64) -> u64 {
+    n.div_ceil(4).saturating_mul(4)
+}
+
+/// Rows per shard for a weight of `shape` that exceeds one binding of
+/// `max_binding` bytes, or `None` if it fits. Shards hold a multiple of 4
+/// rows so every shard starts on a 4-byte boundary whatever the dtype.
+fn shard_plan(shape: &[u64], elem_bytes: u64, max_binding: u64) -> Option<u64> {
+    // Saturating: a product past u64 is "too large", never a small wrapped size.
+    let bytes = |dims: &[u64]| dims.iter().fold(elem_bytes, |n, &d| n.saturating_mul(d));
+    let total = bytes(shape);
+    if total <= max_binding || shape.len() < 2 {
+        return None;
+    }
+    let row_bytes = bytes(&shape[1..]);
+    let rows = (max_binding / row_bytes.max(1)) / 4 * 4;
+    (rows > 0).then_some(rows)
+}
+
+/// Buffers with a known home, before arenas are placed.
+pub(crate) struct Buffers<'o> {
+    opts: &'o CodegenOptions,
+    /// The buffer table so far.
+    pub decls: Vec<BufferDecl>,
+    /// Values with a buffer of their own.
+    pub own: HashMap<ValueRef, Own>,
+    /// Rows per shard of every sharded weight.
+    pub shard_rows: HashMap<ValueRef, u32>,
+    /// Weight buffers to fill.
+    pub weights: Vec<WeightBuffer>,
+}
+
+impl<'o> Buffers<'o> {
+    /// What the target allows and how large the steps are.
+    pub(crate) fn opts(&self) -> &'o CodegenOptions {
+        self.opts
+    }
+
+    pub(crate) fn push(&mut self, size: u64, kind: BufferKind) -> u32 {
+        self.decls.push(BufferDecl {
+            size: round4(size.max(4)),
+            kind,
+        });
+        (self.decls.len() - 1) as u32
+    }
+
+    pub(crate) fn whole(&self, b: u32) -> BufferSlice {
+        BufferSlice {
+            buffer: b,
+            offset: 0,
+            size: self.decls[b as usize].size,
+        }
+    }
+
+    fn check_binding(
+        &self,
+        what: String,
+        size: u64,
+        hint: &'static str,
+    ) -> Result<(), CodegenError> {
+        let limit = self.opts.target.limits.max_storage_binding;
+        if size > limit {
+            return Err(CodegenError::Limit {
+                what,
+                needed: size,
+                limit,
+                limit_name: "max_storage_buffer_binding_size",
+                hint,
+            });
+        }
+        Ok(())
+    }
+
+    fn resolved(&self, ty: &TensorType) -> TensorType {
+        let (t, l) = (self.opts.max_tokens_per_step, self.opts.max_context);
+        TensorType::new(
+            ty.dtype,
+            ty.shape.iter().map(|d| Dim::Const(d.resolve(t, l))),
+        )
+    }
+
+    pub(crate) fn value_bytes(&self, ty: &TensorType) -> u64 {
+        round4(ty.size_bytes(self.opts.max_tokens_per_step, self.opts.max_context))
+    }
+
+    /// Bytes of an operand of type `ty` as bound: the whole value, or row
+    /// shard `shard` of a weight split into shards of `shard_rows` rows.
+    pub(crate) fn operand_bytes(
+        &self,
+        ty: &TensorType,
+        shard_rows: Option<&u32>,
+        shard: u32,
+    ) -> Option<u64> {
+        let Some(&per) = shard_rows else {
+            return (shard == 0).then(|| self.value_bytes(ty));
+        };
+        let resolved = self.resolved(ty);
+        let rows = resolved.shape.first()?.as_const()?;
+        let first = u64::from(shard) * u64::from(per);
+        let count = u64::from(per).min(rows.checked_sub(first).filter(|&n| n > 0)?);
+        Some(round4(resolved.size_bytes(0, 0) / rows * count))
+    }
+
+    /// A weight: one buffer, or row shards when it exceeds a binding.
+    fn weight(
+        &mut self,
+        v: ValueRef,
+        label: &str,
+        source: &WeightSource,
+        ty: &TensorType,
+    ) -> Result<(), CodegenError> {
+        let resolved = self.resolved(ty);
+        let shape: Vec<u64> = resolved.shape.iter().filter_map(|d| d.as_const()).collect();
+        let limit = self.opts.target.limits.max_storage_binding;
+        let Some(rows_per_shard) = shard_plan(&shape, resolved.dtype.size_bytes(), limit) else {
+            let bytes = round4(resolved.size_bytes(0, 0));
+            self.check_binding(
+                format!("weight `{label}`"),
+                bytes,
+                "it cannot be split into shards of 4 rows each within one binding; use a target with a larger binding limit (--target desktop)",
+            )?;
+            // A table of `Lmax` rows is indexed by position (the RoPE table).
+            let position_rows = ty.shape.first() == Some(&Dim::Sym(Sym::Lmax));
+            let kind = weight_kind(label.to_string(), &resolved, shape, position_rows);
+            let i = self.push(bytes, kind);
+            self.weights.push(WeightBuffer {
+                buffer: i,
+                source: source.clone(),
+                ty: resolved,
+                rows: None,
+            });
+            self.own.insert(v, Own::Whole(i));
+            return Ok(());
+        };
+        let mut buffers = Vec::new();
+        let mut start = 0;
+        while start < shape[0] {
+            let count = rows_per_shard.min(shape[0] - start);
+            let mut shard_shape = shape.clone();
+            shard_shape[0] = count;
+            let ty = TensorType::fixed(resolved.dtype, &shard_shape);
+            let name = format!("{label}[{start}..{}]", start + count);
+            let i = self.push(
+                round4(ty.size_bytes(0, 0)),
+                weight_kind(name, &ty, shard_shape, false),
+            );
+            self.weights.push(WeightBuffer {
+                buffer: i,
+                source: source.clone(),
+                ty,
+                rows: Some((start, count)),
+            });
+            buffers.push(i);
+            start += count;
+        }
+        self.own.insert(v, Own::Shards(buffers));
+        self.shard_rows.insert(v, rows_per_shard as u32);
+        Ok(())
+    }
+}
+
+fn weight_kind(name: String, ty: &TensorType, shape: Vec<u64>, position_rows: bool) -> BufferKind {
+    BufferKind::Weight {
+        section: SectionRef { offset: 0, len: 0 },
+        name,
+        dtype: ty.dtype.to_string(),
+        shape,
+        position_rows,
+    }
+}
+
+/// The graph output a named output stands for.
+fn output_kind(name: &str) -> Result<OutputKind, CodegenError> {
+    match name {
+        gerbil_ir::LOGITS => Ok(OutputKind::Logits),
+        gerbil_ir::NEXT_TOKEN => Ok(OutputKind::NextToken),
+        _ => Err(CodegenError::Graph(format!(
+            "graph output `{name}` has no runtime meaning; the runtime reads `{}` and `{}`",
+            gerbil_ir::LOGITS,
+            gerbil_ir::NEXT_TOKEN
+        ))),
+    }
+}
+
+/// The buffers [`place`] gave out, and what each stands for.
+pub(crate) struct Sources<'o> {
+    /// The buffer table and the values that own buffers.
+    pub buffers: Buffers<'o>,
+    /// The step-parameter uniform.
+    pub step_params: u32,
+    /// The token ids.
+    pub token_ids: u32,
+    /// The f16 buffer of each KV cache, for variants that store caches in f16.
+    pub f16_caches: HashMap<ValueRef, u32>,
+    /// The logits buffer and whether it holds every row (`[T, vocab]`).
+    pub logits: (u32, bool),
+    /// The chosen next token, if the graph samples on the GPU.
+    pub next_token: Option<BufferSlice>,
+    /// The sampling-parameter uniform, with `next_token`.
+    pub sampling_params: Option<u32>,
+}
+
+/// Gives every source and output of `graph` (in topological `order`) its
+/// buffer; `specs` are the variants to be built (an f16 one adds f16 caches).
+pub(crate) fn place<'o>(
+    graph: &Graph,
+    order: &[NodeId],
+    opts: &'o CodegenOptions,
+    specs: &[VariantSpec],
+) -> Result<Sources<'o>, CodegenError> {
+    let mut b = Buffers {
+        opts,
+        decls: Vec::new(),
+        own: HashMap::new(),
+        shard_rows: HashMap::new(),
+        weights: Vec::new(),
+    };
+    let align = opts.target.limits.binding_align;
+    if align == 0 || !align.is_multiple_of(BINDING_OFFSET_ALIGN) {
+        return Err(CodegenError::Limit {
+            what: format!("target `{}`'s binding alignment", opts.target.name),
+            needed: BINDING_OFFSET_ALIGN,
+            limit: align,
+            limit_name: "min_storage_buffer_offset_alignment",
+            hint: "plans align binding offsets to a multiple of 256, WebGPU's default",
+        });
+    }
+    let step_params = b.push(STEP_PARAMS_BYTES, BufferKind::StepParams);
+    let mut token_ids = None;
+    let mut caches = Vec::new();
+    for &id in order {
+        let node = graph.node(id);
+        let v = ValueRef::of(id);
+        let ty = &node.outputs[0];
+        match &node.op {
+            Op::Input(_) => {
+                let i = b.push(b.value_bytes(ty), BufferKind::TokenIds);
+                token_ids = Some(i);
+                b.own.insert(v, Own::Whole(i));
+            }
+            Op::Weight(w) => b.weight(v, &node.label, &w.source, ty)?,
+            Op::KvCache { layer, kind, .. } => {
+                let bytes = b.value_bytes(ty);
+                b.check_binding(
+                    format!("KV cache `{}`", node.label),
+                    bytes,
+                    "use a smaller --max-context",
+                )?;
+                let half = match kind {
+                    KvKind::K => KvHalf::K,
+                    KvKind::V => KvHalf::V,
+                };
+                let kind = BufferKind::KvCache {
+                    layer: *layer,
+                    half,
+                    row_bytes: Some(ty.size_bytes(1, 1)),
+                };
+                let i = b.push(bytes, kind.clone());
+                b.own.insert(v, Own::Whole(i));
+                caches.push((v, ty, kind));
+            }
+            _ => {}
+        }
+    }
+    let token_ids =
+        token_ids.ok_or_else(|| CodegenError::Graph("the graph reads no token ids".into()))?;
+    // f16 variants bind KV caches of their own, half the size.
+    let mut f16_caches = HashMap::new();
+    if specs.iter().any(|s| s.precision == Precision::F16) {
+        for (v, ty, kind) in caches {
+            let ty = TensorType::new(DType::F16, ty.shape.iter().cloned());
+            let kind = match kind {
+                BufferKind::KvCache { layer, half, .. } => BufferKind::KvCache {
+                    layer,
+                    half,
+                    row_bytes: Some(ty.size_bytes(1, 1)),
+                },
+                other => other,
+            };
+            f16_caches.insert(v, b.push(b.value_bytes(&ty), kind));
+        }
+    }
+    let mut logits = None;
+    let mut next_token = None;
+    let mut sampling_params = None;
+    for (name, v) in &graph.outputs {
+        let output = output_kind(name)?;
+        let ty = graph.value_type(*v);
+        let bytes = b.value_bytes(ty);
+        b.check_binding(
+            format!("output `{name}`"),
+            bytes,
+            "use a smaller --max-tokens-per-step",
+        )?;
+        let i = b.push(bytes, BufferKind::Output { output });
+        b.own.insert(*v, Own::Whole(i));
+        if output == OutputKind::NextToken {
+            next_token = Some(BufferSlice {
+                buffer: i,
+                offset: 0,
+                size: bytes,
+            });
+            sampling_params = Some(b.push(SAMPLING_PARAMS_BYTES, BufferKind::SamplingParams));
+            continue;
+        }
+        let all_rows = match ty.shape.first() {
+            Some(Dim::Const(1)) => false,
+            Some(Dim::Sym(_)) => true,
+            _ => {
+                return Err(CodegenError::Graph(format!(
+                    "logits must be [1, vocab] or [T, vocab], got {ty}"
+                )))
+            }
+        };
+        logits = Some((i, all_rows));
+    }
+    let logits =
+        logits.ok_or_else(|| CodegenError::Graph("the graph has no `logits` output".into()))?;
+    Ok(Sources {
+        buffers: b,
+        step_params,
+        token_ids,
+        f16_caches,
+        logits,
+        next_token,
+        sampling_params,
+    })
+}
