@@ -21,7 +21,6 @@
 //! two dispatches that share an arena range only by reuse are not connected,
 //! because the later write cuts the earlier writer out of the range.
 
-use crate::run::without_layers;
 use crate::svg_canvas::Canvas;
 use anyhow::{bail, Context, Result};
 use gerbil_plan::{Access, BufferKind, Dispatch, PlanHeader, Port};
@@ -144,8 +143,8 @@ impl Writers {
 /// Where a dispatch outside the layer sits, for its small node's label.
 fn outside_label(d: &Dispatch, prefix: &str) -> String {
     match d.layer {
-        Some(l) => format!("{prefix} layer {l}: {}", without_layers(&d.label)),
-        None => format!("{prefix} {}", without_layers(&d.label)),
+        Some(l) => format!("{prefix} layer {l}: {}", d.group_or_label()),
+        None => format!("{prefix} {}", d.group_or_label()),
     }
 }
 
@@ -194,7 +193,7 @@ pub fn layer_graph(h: &PlanHeader) -> Result<LayerGraph> {
         .map(|&i| {
             let d = &schedule[i];
             GraphNode {
-                label: without_layers(&d.label),
+                label: d.group_or_label().to_string(),
                 kernel: Some(
                     h.kernels
                         .get(d.kernel as usize)

@@ -245,32 +245,10 @@ pub struct ProfileRow {
     pub tflop_s: f64,
 }
 
-/// A label with every `layers.N.` removed, so a fused node of every layer
-/// (`layers.6.mlp.residual+layers.7.input_norm`) falls in one group
-/// (`mlp.residual+input_norm`).
-pub(crate) fn without_layers(label: &str) -> String {
-    let mut out = String::with_capacity(label.len());
-    let mut rest = label;
-    while let Some(i) = rest.find("layers.") {
-        let after = &rest[i + "layers.".len()..];
-        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
-        let at_start = i == 0 || !rest.as_bytes()[i - 1].is_ascii_alphanumeric();
-        if digits > 0 && at_start && after[digits..].starts_with('.') {
-            out.push_str(&rest[..i]);
-            rest = &after[digits + 1..];
-        } else {
-            out.push_str(&rest[..i + "layers.".len()]);
-            rest = after;
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
 fn summarize(times: &[gerbil_runtime::DispatchTime], copy_gb_s: f64) -> Vec<ProfileRow> {
     let mut by: std::collections::BTreeMap<String, (usize, f64, u64, u64)> = Default::default();
     for t in times {
-        let what = without_layers(&t.label);
+        let what = t.group.clone();
         let e = by.entry(what).or_default();
         e.0 += 1;
         e.1 += t.nanos / 1000.0;
@@ -544,25 +522,4 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         copy_gb_s,
         decode_profile,
     })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::without_layers;
-
-    #[test]
-    fn profile_groups_drop_every_layer_number() {
-        assert_eq!(without_layers("layers.3.attn.sdpa"), "attn.sdpa");
-        assert_eq!(
-            without_layers("layers.6.mlp.residual+layers.7.input_norm"),
-            "mlp.residual+input_norm"
-        );
-        assert_eq!(
-            without_layers("embed+layers.0.input_norm"),
-            "embed+input_norm"
-        );
-        assert_eq!(without_layers("lm_head"), "lm_head");
-        assert_eq!(without_layers("model.layers.x.w"), "model.layers.x.w");
-        assert_eq!(without_layers("sublayers.2.x"), "sublayers.2.x");
-    }
 }

@@ -20,8 +20,8 @@ use crate::target::Limits;
 use crate::validate::validate_with;
 use crate::CodegenError;
 use gerbil_plan::{
-    BufferDecl, BufferKind, BufferSlice, Dispatch, Feature, FlopCount, Kernel, Port, Requirements,
-    BINDING_OFFSET_ALIGN,
+    BufferDecl, BufferKind, BufferSlice, Dispatch, Feature, FlopCount, Kernel, KernelOp, Port,
+    Requirements, BINDING_OFFSET_ALIGN,
 };
 use std::collections::HashMap;
 
@@ -52,6 +52,15 @@ pub struct Operands<'a> {
     pub flops: FlopCount,
 }
 
+/// A node's kernel as [`crate::lower`] made it: the source and what it
+/// computes (recorded in the plan for tools).
+pub struct Lowered {
+    /// The specialized kernel.
+    pub source: KernelSource,
+    /// What it computes.
+    pub op: KernelOp,
+}
+
 impl Assembler {
     /// An assembler whose dispatches bind scratch in buffer `scratch` (the
     /// caller declares it with what [`Assembler::place_scratch`] returns).
@@ -69,12 +78,16 @@ impl Assembler {
     /// `features` on a target with `limits`; `max_t` is the largest step.
     pub fn dispatch(
         &mut self,
-        mut src: KernelSource,
+        lowered: Lowered,
         ops: &Operands<'_>,
         features: &[Feature],
         limits: &Limits,
         max_t: u32,
     ) -> Result<Dispatch, CodegenError> {
+        let Lowered {
+            source: mut src,
+            op,
+        } = lowered;
         check_limits(&src, limits, max_t)?;
         let mut bindings = Vec::with_capacity(src.bindings.len());
         for decl in &mut src.bindings {
@@ -108,18 +121,19 @@ impl Assembler {
             bindings.push(slice);
         }
         let workgroups = src.workgroups;
-        let kernel = self.kernel(src, features);
+        let kernel = self.kernel(src, op, features);
         Ok(Dispatch {
             kernel,
             bindings,
             workgroups,
             label: ops.label.to_string(),
             layer: ops.layer,
+            group: gerbil_ir::without_layers(ops.label),
             flops: ops.flops,
         })
     }
 
-    fn kernel(&mut self, src: KernelSource, features: &[Feature]) -> u32 {
+    fn kernel(&mut self, src: KernelSource, op: KernelOp, features: &[Feature]) -> u32 {
         let workgroup_bytes = src.workgroup_bytes;
         let mut kernel = Kernel {
             name: src.name,
@@ -127,6 +141,7 @@ impl Assembler {
             entry: "main".into(),
             workgroup_size: src.workgroup_size,
             bindings: src.bindings,
+            op,
         };
         // A kernel is shared only by variants with the same features, so every
         // kernel was validated with exactly the capabilities of its variant.

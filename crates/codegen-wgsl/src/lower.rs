@@ -3,14 +3,17 @@
 //!
 //! [`Lowering::kernel`] is the one match over [`Op`] in codegen: a new op or
 //! a new fused op gets its arm here and its template in [`crate::kernels`].
-//! The result is a [`KernelSource`] whose bindings name IR ports; binding
-//! buffers to them is [`crate::dispatch`]'s job. The [`Phase`] says which
+//! The result is a [`Lowered`] kernel: its source, whose bindings name IR
+//! ports (binding buffers to them is [`crate::dispatch`]'s job), and what it
+//! computes ([`KernelOp`]: a matmul's shape and template), which the plan
+//! records for the tuner and the profiler. The [`Phase`] says which
 //! schedule the kernel is for: prefill runs matmuls over `T` rows as tiled
 //! GEMMs (a [`GemmTile`](crate::kernels::gemm::GemmTile) chosen per shape and target) and those over a fixed
 //! row count with several rows per workgroup; decode runs GEMVs (one row;
 //! subgroup reductions in a variant with the `subgroups` feature) and split-K
 //! attention.
 
+use crate::dispatch::Lowered;
 use crate::kernels::gemm_coop::CoopGemm;
 use crate::kernels::{
     attention::{self, AttentionSpec},
@@ -22,14 +25,14 @@ use crate::kernels::{
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
     rope::{self, RopeSpec},
-    sample_token, KernelSource, Rows,
+    sample_token, Rows,
 };
 use crate::target::Target;
 use crate::tuning::{tile_for, GemmShape, GemmTiles};
 use crate::variant::VariantSpec;
 use crate::CodegenError;
 use gerbil_ir::{DType, Dim, Graph, MatMul, MatMulGlu, NodeId, Op, TensorType, ValueRef};
-use gerbil_plan::{Feature, FlopCount, Precision};
+use gerbil_plan::{Feature, FlopCount, KernelOp, MatMulTemplate, Precision};
 use std::collections::HashMap;
 
 fn rows_of(ty: &TensorType) -> Rows {
@@ -130,7 +133,7 @@ impl Lowering<'_> {
         id: NodeId,
         phase: Phase,
         variant: &VariantSpec,
-    ) -> Result<KernelSource, CodegenError> {
+    ) -> Result<Lowered, CodegenError> {
         let tt = match phase {
             Phase::Prefill(rows) => rows.max(1),
             Phase::Decode => 1,
@@ -149,7 +152,7 @@ impl Lowering<'_> {
             label: node.label.clone(),
             reason: reason.to_string(),
         };
-        Ok(match &node.op {
+        let source = match &node.op {
             Op::EmbeddingRmsNorm(e, n) => embedding::kernel_with_norm(
                 self.embedding_spec(ins[0], in_ty(0), e.scale, &node.label)?,
                 embedding::NormSpec {
@@ -196,7 +199,7 @@ impl Lowering<'_> {
                     last_row,
                 };
                 let workgroup_bytes = variant.limits(self.target).max_workgroup_storage;
-                match phase {
+                let (source, template) = match phase {
                     Phase::Prefill(_)
                         if rows == Rows::Tokens
                             && variant.features.contains(&Feature::CooperativeMatrix) =>
@@ -208,7 +211,7 @@ impl Lowering<'_> {
                             self.max_tokens,
                             workgroup_bytes,
                         );
-                        gemm_coop::kernel(spec, gemm)
+                        (gemm_coop::kernel(spec, gemm), MatMulTemplate::GemmCoop)
                     }
                     Phase::Prefill(_) if rows == Rows::Tokens && !last_row => {
                         let shape = GemmShape {
@@ -218,14 +221,23 @@ impl Lowering<'_> {
                             wdtype: spec.wdtype,
                         };
                         let tile = tile_for(self.gemm_tiles, shape, workgroup_bytes);
-                        gemm::kernel(&spec, tile)
+                        let template = MatMulTemplate::Gemm { tile: tile.tag() };
+                        (gemm::kernel(&spec, tile), template)
                     }
-                    Phase::Prefill(_) => matmul::kernel(spec),
+                    Phase::Prefill(_) => (matmul::kernel(spec), MatMulTemplate::Rows),
                     Phase::Decode if variant.features.contains(&Feature::Subgroups) => {
-                        gemv::kernel(&spec, Reduce::Subgroup)
+                        (gemv::kernel(&spec, Reduce::Subgroup), MatMulTemplate::Gemv)
                     }
-                    Phase::Decode => gemv::kernel(&spec, Reduce::Workgroup),
-                }
+                    Phase::Decode => (gemv::kernel(&spec, Reduce::Workgroup), MatMulTemplate::Gemv),
+                };
+                let op = KernelOp::MatMul {
+                    k: spec.k,
+                    n: spec.n,
+                    glu: glu.is_some(),
+                    wdtype: spec.wdtype.to_string(),
+                    template,
+                };
+                return Ok(Lowered { source, op });
             }
             Op::AddRmsNorm(n) | Op::AddRmsNormLastRow(n) => {
                 let spec = RmsNormSpec {
@@ -287,6 +299,10 @@ impl Lowering<'_> {
             Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
                 return Err(unsupported("source nodes have no kernel"))
             }
+        };
+        Ok(Lowered {
+            source,
+            op: KernelOp::Other,
         })
     }
 }

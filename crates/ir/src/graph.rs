@@ -36,8 +36,31 @@ impl Node {
     }
 }
 
+/// A label with every `layers.N.` removed, so a fused node of every layer
+/// (`layers.6.mlp.residual+layers.7.input_norm`) has one name
+/// (`mlp.residual+input_norm`): what a profile groups dispatches by.
+pub fn without_layers(label: &str) -> String {
+    let mut out = String::with_capacity(label.len());
+    let mut rest = label;
+    while let Some(i) = rest.find("layers.") {
+        let after = &rest[i + "layers.".len()..];
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        let at_start = i == 0 || !rest.as_bytes()[i - 1].is_ascii_alphanumeric();
+        if digits > 0 && at_start && after[digits..].starts_with('.') {
+            out.push_str(&rest[..i]);
+            rest = &after[digits + 1..];
+        } else {
+            out.push_str(&rest[..i + "layers.".len()]);
+            rest = after;
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// The label prefix of layer `layer`'s nodes, `layers.{layer}`: frontends
-/// build labels with it and [`Node::layer`] reads it back.
+/// build labels with it, [`Node::layer`] reads it back and [`without_layers`]
+/// removes it.
 pub fn layer_prefix(layer: impl std::fmt::Display) -> String {
     format!("layers.{layer}")
 }
@@ -272,5 +295,21 @@ mod tests {
         assert_eq!(node("layers.x.y").layer(), None);
         assert_eq!(node("layers.4").layer(), None);
         assert_eq!(node("lm_head").layer(), None);
+    }
+
+    #[test]
+    fn profile_groups_drop_every_layer_number() {
+        assert_eq!(without_layers("layers.3.attn.sdpa"), "attn.sdpa");
+        assert_eq!(
+            without_layers("layers.6.mlp.residual+layers.7.input_norm"),
+            "mlp.residual+input_norm"
+        );
+        assert_eq!(
+            without_layers("embed+layers.0.input_norm"),
+            "embed+input_norm"
+        );
+        assert_eq!(without_layers("lm_head"), "lm_head");
+        assert_eq!(without_layers("model.layers.x.w"), "model.layers.x.w");
+        assert_eq!(without_layers("sublayers.2.x"), "sublayers.2.x");
     }
 }

@@ -22,7 +22,9 @@ pub mod rope_table;
 pub mod types;
 pub mod verify;
 
-pub use graph::{layer_prefix, Edge, Graph, Node, NodeId, ValueRef, LOGITS, NEXT_TOKEN};
+pub use graph::{
+    layer_prefix, without_layers, Edge, Graph, Node, NodeId, ValueRef, LOGITS, NEXT_TOKEN,
+};
 pub use op::{
     Attention, BinaryOp, Embedding, Input, MatMul, MatMulGlu, MatMulPorts, NormPrologue, Op,
     QkNorm, QkvRope, RmsNorm, Rope, UnaryOp, Weight, WeightSource,

@@ -375,6 +375,59 @@ pub struct Kernel {
     pub workgroup_size: [u32; 3],
     /// Bindings of group 0, by binding number.
     pub bindings: Vec<BindingDecl>,
+    /// What it computes, for the tools that rank and group kernels (absent
+    /// in older plans, and for kernels other than matmuls: `Other`).
+    #[serde(default, skip_serializing_if = "KernelOp::is_other")]
+    pub op: KernelOp,
+}
+
+/// What a kernel computes, typed, so `gerbilc tune` and `bench --profile`
+/// read it here instead of out of a kernel's name.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "op")]
+pub enum KernelOp {
+    /// A matmul `y = x · wᵀ` with `x` of `k` columns and `n` outputs (gated:
+    /// `2·n` weight rows), weights of `wdtype`, run by `template`.
+    MatMul {
+        /// Inner dimension.
+        k: u32,
+        /// Output columns.
+        n: u32,
+        /// Gated (GLU) epilogue.
+        glu: bool,
+        /// Weight dtype (`f32`, `f16`, `bf16`).
+        wdtype: String,
+        /// The template.
+        template: MatMulTemplate,
+    },
+    /// Any other kernel.
+    #[default]
+    Other,
+}
+
+impl KernelOp {
+    /// Whether this is [`KernelOp::Other`].
+    pub fn is_other(&self) -> bool {
+        *self == KernelOp::Other
+    }
+}
+
+/// Which matmul template a kernel was built from.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum MatMulTemplate {
+    /// A fixed number of rows per workgroup (`matmul`).
+    Rows,
+    /// One row per workgroup row, for decode (`gemv`).
+    Gemv,
+    /// The register-tiled GEMM over the step's rows, with its tile's tag
+    /// (`gemm`).
+    Gemm {
+        /// The tile (`GemmTile::tag`, e.g. `64x64x16_4x4`).
+        tile: String,
+    },
+    /// The tensor-core GEMM (`gemm_coop`).
+    GemmCoop,
 }
 
 /// One binding of a kernel (group 0, binding number = its index): what the
@@ -519,10 +572,26 @@ pub struct Dispatch {
     /// The transformer layer the node belongs to, if any.
     #[serde(default)]
     pub layer: Option<u32>,
+    /// The label without its layer numbers (`mlp.down_proj` for
+    /// `layers.3.mlp.down_proj`): the same op of every layer shares it, so
+    /// profiles group by it. Empty in older plans (tools use the label).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub group: String,
     /// Its arithmetic, for `bench --profile`'s TFLOP/s (zero where not
     /// counted; absent in older plans).
     #[serde(default)]
     pub flops: FlopCount,
+}
+
+impl Dispatch {
+    /// [`Dispatch::group`], or the label in a plan written before groups.
+    pub fn group_or_label(&self) -> &str {
+        if self.group.is_empty() {
+            &self.label
+        } else {
+            &self.group
+        }
+    }
 }
 
 /// Floating-point operations of a dispatch as a function of `T`:

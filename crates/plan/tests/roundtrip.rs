@@ -37,6 +37,7 @@ fn copy(weight_len: u64) -> Dispatch {
         workgroups: [WorkgroupCount::fixed(1); 3],
         label: "copy".into(),
         layer: None,
+        group: String::new(),
         flops: FlopCount::default(),
     }
 }
@@ -83,6 +84,7 @@ fn header(weight: SectionRef) -> PlanHeader {
             },
         ],
         kernels: vec![Kernel {
+            op: Default::default(),
             name: "copy".into(),
             wgsl: String::new(),
             entry: "main".into(),

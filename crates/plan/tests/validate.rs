@@ -45,6 +45,7 @@ fn dispatch(kernel: u32, bindings: Vec<BufferSlice>, workgroups: WorkgroupCount)
         ],
         label: format!("k{kernel}"),
         layer: Some(0),
+        group: String::new(),
         flops: FlopCount::default(),
     }
 }
@@ -139,6 +140,7 @@ fn valid(w: SectionRef) -> PlanHeader {
         ],
         kernels: vec![
             Kernel {
+                op: Default::default(),
                 name: "attend".into(),
                 wgsl: String::new(),
                 entry: "main".into(),
@@ -156,6 +158,7 @@ fn valid(w: SectionRef) -> PlanHeader {
                 ],
             },
             Kernel {
+                op: Default::default(),
                 name: "sample".into(),
                 wgsl: String::new(),
                 entry: "main".into(),

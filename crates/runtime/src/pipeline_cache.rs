@@ -354,6 +354,7 @@ mod tests {
 
     fn kernel(wgsl: &str) -> Kernel {
         Kernel {
+            op: Default::default(),
             name: "k".into(),
             wgsl: wgsl.into(),
             entry: "main".into(),

@@ -21,6 +21,9 @@ pub struct DispatchTime {
     pub label: String,
     /// The node's transformer layer, if any.
     pub layer: Option<u32>,
+    /// The label without layer numbers: what a profile groups by
+    /// ([`gerbil_plan::Dispatch::group`]).
+    pub group: String,
     /// Kernel name.
     pub kernel: String,
     /// Nanoseconds between the timestamps around the dispatch.
@@ -112,6 +115,7 @@ impl Session {
                 DispatchTime {
                     label: d.label.clone(),
                     layer: d.layer,
+                    group: d.group_or_label().to_string(),
                     kernel: self.header.kernels[d.kernel as usize].name.clone(),
                     nanos: stamps[i + 1].saturating_sub(stamps[i]) as f64 * period,
                     bytes: self.dispatch_bytes(d, t, needed),

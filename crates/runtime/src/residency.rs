@@ -442,6 +442,7 @@ mod tests {
             workgroups: [WorkgroupCount::fixed(1); 3],
             label: "nothing".into(),
             layer: None,
+            group: String::new(),
             flops: Default::default(),
         };
         let header = PlanHeader {
@@ -460,6 +461,7 @@ mod tests {
             compile: CompileInfo::default(),
             buffers,
             kernels: vec![Kernel {
+                op: Default::default(),
                 name: "nothing".into(),
                 wgsl: String::new(),
                 entry: "main".into(),

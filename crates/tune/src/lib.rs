@@ -7,8 +7,9 @@
 //! can serve. In each plan it times, alone on the GPU, every distinct GEMM
 //! kernel of the prefill schedule of the plan's last variant (`portable`,
 //! whose tiled GEMM every variant without tensor cores shares) at the plan's
-//! full prefill chunk, and adds up, per shape, the time of every dispatch of
-//! that shape in one step. The fastest per shape goes into the [`Tuning`],
+//! full prefill chunk (found by the [`KernelOp`] the plan records for each
+//! kernel: its shape and template), and adds up, per shape, the time of
+//! every dispatch of that shape in one step. The fastest per shape goes into the [`Tuning`],
 //! with the untuned time beside it; the untuned tile competes with its own
 //! time, so a tuning never picks a tile that measured slower than it. The surprise: nothing is
 //! timed inside a real step — a kernel alone on synthetic operands
@@ -17,9 +18,9 @@
 
 use anyhow::{bail, Context, Result};
 use gerbil_codegen_wgsl::kernels::gemm::GemmTile;
-use gerbil_codegen_wgsl::tuning::{gemm_shape, gemm_shapes, tile_for, GemmShape, GemmTiles};
+use gerbil_codegen_wgsl::tuning::{gemm_shapes, tile_for, GemmShape, GemmTiles};
 use gerbil_compiler::{compile, Checkpoint, CompileOptions, TunedGemm, Tuning, TUNING_FORMAT};
-use gerbil_plan::Requirements;
+use gerbil_plan::{KernelOp, MatMulTemplate, Requirements};
 use gerbil_runtime::kernel_timer::time_kernel;
 use gerbil_runtime::Gpu;
 use std::collections::HashMap;
@@ -48,28 +49,30 @@ async fn gemm_micros(
     let rows = u32::try_from(header.model.max_tokens_per_step)
         .context("the prefill chunk does not fit in u32")?;
     let variant = header.variants.last().context("the plan has no variant")?;
-    let nodes: HashMap<&str, _> = graph
-        .topo_order()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|id| (graph.node(id).label.as_str(), id))
-        .collect();
-    let tag = tile.map(|t| format!("_{}", t.tag()));
+    let shapes = gemm_shapes(graph);
     let mut kernel_micros: HashMap<u32, f64> = HashMap::new();
     let mut totals: HashMap<GemmShape, f64> = HashMap::new();
     for d in &variant.prefill {
         let kernel = &header.kernels[d.kernel as usize];
-        let Some(shape) = nodes
-            .get(d.label.as_str())
-            .and_then(|id| gemm_shape(graph, *id))
+        let KernelOp::MatMul {
+            k,
+            n,
+            glu,
+            wdtype,
+            template: MatMulTemplate::Gemm { tile: used },
+        } = &kernel.op
         else {
             continue;
         };
-        if !kernel.name.starts_with("gemm")
-            || tag.as_ref().is_some_and(|t| !kernel.name.contains(t))
-        {
+        if tile.is_some_and(|t| t.tag() != *used) {
             continue;
         }
+        let Some(&shape) = shapes
+            .iter()
+            .find(|s| s.k == *k && s.n == *n && s.glu == *glu && s.wdtype.to_string() == *wdtype)
+        else {
+            continue;
+        };
         let micros = match kernel_micros.get(&d.kernel) {
             Some(m) => *m,
             None => {
@@ -84,7 +87,7 @@ async fn gemm_micros(
     }
     Ok(Timed {
         rows,
-        shapes: gemm_shapes(graph),
+        shapes,
         micros: totals,
     })
 }

@@ -31,8 +31,9 @@
 //! the then idle `x` tile after the loop, and applied to the sums as each
 //! row's `1 / sqrt(Σx²/K + eps)`.
 
-use super::gemv::{bind_operands, chunk_type, elems_per_load, shard_loader};
-use super::matmul::{name_parts, MatMulSpec};
+use super::gemv::{bind_operands, shard_loader};
+use super::linear::{chunk_type, elems_per_load, name_parts, store};
+use super::matmul::MatMulSpec;
 use super::{prelude, split_groups, KernelSource};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
@@ -189,8 +190,8 @@ pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
         kt = s.k.div_ceil(bk),
         tx = bn / tn,
     );
-    let (b, names) = bind_operands(s, e, &mut w);
-    shard_loader(&mut w, s, &names, e);
+    let (b, shards) = bind_operands(s, e, &mut w);
+    shard_loader(&mut w, &shards, e);
     let _ = writeln!(
         w,
         "var<workgroup> As: array<vec4<f32>, {}>;\nvar<workgroup> Bs: array<vec4<f32>, {}>;",
@@ -386,30 +387,12 @@ pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
             for gj in 0..out_groups {
                 for c4 in 0..4 {
                     let cl = LANE[c4 as usize];
-                    let res = if s.residual {
-                        " + res[row * N + n]"
-                    } else {
-                        ""
-                    };
-                    let store = match s.glu {
-                        None => {
-                            let bias = if s.bias { " + load_b(n)" } else { "" };
-                            format!("y[row * N + n] = acc{r}_{gj}.{cl}{scale}{bias}{res};")
-                        }
-                        Some(act) => {
-                            let (gb, ub) = if s.bias {
-                                (" + load_b(n)", " + load_b(N + n)")
-                            } else {
-                                ("", "")
-                            };
-                            format!(
-                                "let gv = acc{r}_{gj}.{cl}{scale}{gb}; let uv = acc{r}_{u}.{cl}{scale}{ub}; \
-                                 y[row * N + n] = ({a}) * uv{res};",
-                                u = gj + gn / 2,
-                                a = super::elementwise::unary_expr(act, "gv"),
-                            )
-                        }
-                    };
+                    let store = store(
+                        s,
+                        "row",
+                        &format!("acc{r}_{gj}.{cl}{scale}"),
+                        &format!("acc{r}_{}.{cl}{scale}", gj + gn / 2),
+                    );
                     let _ = writeln!(
                         body,
                         "      {{ let n = n0 + tx * 4u + {}u; if (n < N) {{ {store} }} }}",
@@ -429,7 +412,7 @@ pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
          \x20 let rows = {rows};\n{body}}}\n",
         rows = s.rows.wgsl(),
     );
-    let (glu_tag, options) = name_parts(s, names.len());
+    let (glu_tag, options) = name_parts(s, shards.len());
     KernelSource {
         name: format!(
             "gemm{glu_tag}_{}_r{}_k{}_n{}_{}{options}",

@@ -39,9 +39,9 @@
 //! NVIDIA's driver (580) put every `coopStoreT` into workgroup memory one
 //! element before where the kernel's own loads looked for it.
 
-use super::elementwise::unary_expr;
-use super::matmul::{bind_after_weight, name_parts, MatMulSpec};
-use super::{enable_f16, input, input_shard, prelude, split_groups, Bindings, KernelSource};
+use super::linear::{self, bind_after_weight, bind_weight, name_parts, row_loader, WeightRead};
+use super::matmul::MatMulSpec;
+use super::{enable_f16, input, prelude, split_groups, Bindings, KernelSource};
 use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
@@ -208,37 +208,6 @@ impl CoopGemm {
     }
 }
 
-/// The shards of a weight of `rows` rows split `shard_rows` at a time:
-/// `(first row, binding name)`.
-fn shards(rows: u32, shard_rows: Option<u32>) -> Vec<(u32, String)> {
-    match shard_rows {
-        Some(r) if r > 0 && r < rows => (0..rows.div_ceil(r))
-            .map(|i| (i * r, format!("w{i}")))
-            .collect(),
-        _ => vec![(0, "w".to_string())],
-    }
-}
-
-/// `fn {name}(row: u32, i: u32) -> {ret}`: element (or packed pair) `i` of
-/// weight row `row`, from whichever shard holds the row.
-fn row_loader(
-    name: &str,
-    ret: &str,
-    per_row: &str,
-    loader: &str,
-    shards: &[(u32, String)],
-) -> String {
-    let mut f = format!("fn {name}(row: u32, i: u32) -> {ret} {{\n");
-    for (s, (start, w)) in shards.iter().enumerate() {
-        let load = format!("return {loader}_{w}((row - {start}u) * {per_row} + i);");
-        match shards.get(s + 1) {
-            Some((end, _)) => f += &format!("  if (row < {end}u) {{ {load} }}\n"),
-            None => f += &format!("  {load}\n"),
-        }
-    }
-    f + "}\n"
-}
-
 /// Builds the kernel. `s.rows` must be [`super::Rows::Tokens`] (lowering
 /// picks this template only for prefill matmuls over the step's tokens).
 pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
@@ -279,17 +248,18 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
     );
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
-    let starts = shards(if glu { 2 * s.n } else { s.n }, s.shard_rows);
-    for (i, (_, name)) in starts.iter().enumerate() {
-        b.weight(&mut w, input_shard(1, i as u32), name, s.wdtype);
-    }
+    let shards = bind_weight(&s, &mut b, &mut w, WeightRead::Elements);
     bind_after_weight(&s, &mut b, &mut w, |b, w, port, gdtype| {
         b.weight(w, port, "gamma", gdtype)
     });
     if packed {
-        w += &row_loader("wpair", "vec2<f32>", "(K / 2u)", "pair", &starts);
+        row_loader(&mut w, "wpair", "vec2<f32>", &shards, |shard, local| {
+            format!("pair_{}({local} * (K / 2u) + i)", shard.name)
+        });
     } else {
-        w += &row_loader("wload", "f32", "K", "load", &starts);
+        row_loader(&mut w, "wload", "f32", &shards, |shard, local| {
+            format!("load_{}({local} * K + i)", shard.name)
+        });
     }
     let norm = s.norm.is_some();
     if split {
@@ -470,28 +440,9 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
             }
         }
     }
-    // The epilogue of element `e` of a stored accumulator: row `e / cols`,
-    // column `e % cols` (gated: its gate at column `c`, its up at `c + 8`).
-    let bias = |n: &str| {
-        if s.bias {
-            format!(" + load_b({n})")
-        } else {
-            String::new()
-        }
-    };
-    let res = if s.residual { " + res[m * N + n]" } else { "" };
     // The epilogue of one output `(m, n)` from its sum `v` (gated: and the
     // up projection's sum `u`), as WGSL expressions.
-    let write_y = |v: &str, u: &str| match s.glu {
-        Some(act) => format!(
-            "            let v = {v}{};\n            let u = {u}{};\n            \
-             y[m * N + n] = ({}) * u{res};\n",
-            bias("n"),
-            bias("N + n"),
-            unary_expr(act, "v"),
-        ),
-        None => format!("            y[m * N + n] = {v}{}{res};\n", bias("n")),
-    };
+    let write_y = |v: &str, u: &str| format!("            {}\n", linear::store(&s, "m", v, u));
     // Unsplit: the epilogue of element `e` of a stored accumulator, row
     // `e / cols`, column `e % cols` (gated: its gate at column `c`, its up
     // at `c + 8`). Split: the element's partial sum, all 16 columns.
@@ -657,7 +608,7 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
          \x20 }}\n{combine}}}\n",
         wn = t.warps_n,
     );
-    let (glu_tag, options) = name_parts(&s, starts.len());
+    let (glu_tag, options) = name_parts(&s, shards.len());
     KernelSource {
         name: format!(
             "gemm_coop{glu_tag}_{}_rT_k{}_n{}_{}{options}",

@@ -23,10 +23,13 @@
 //! word), so `x` and the norm weight are loaded in that same permuted order;
 //! the dot product does not mind.
 
-use super::matmul::{bind_after_weight, MatMulSpec};
-use super::{input, input_shard, prelude, split_groups, Bindings, KernelSource, F16_DECODE};
+use super::linear::{
+    self, bind_after_weight, bind_weight, chunk_binding, chunk_type, elems_per_load, name_parts,
+    row_loader, Shard, WeightRead,
+};
+use super::matmul::MatMulSpec;
+use super::{input, prelude, split_groups, Bindings, KernelSource};
 use gerbil_ir::DType;
-use gerbil_plan::Port;
 use std::fmt::Write;
 
 /// How a workgroup reduces its threads' partial sums.
@@ -49,126 +52,6 @@ const MAX_ROW_LOADS: u32 = 16;
 const WORKGROUP_FLOATS: u32 = 4096;
 /// WebGPU's smallest subgroup size: bounds the subgroups of a workgroup.
 const MIN_SUBGROUP_SIZE: u32 = 4;
-
-/// Elements per load: 8 packed 16-bit values or 4 f32 where `K` is a
-/// multiple, else the widest that divides `K`.
-pub(super) fn elems_per_load(wdtype: DType, k: u32) -> u32 {
-    let widest = if is_packed(wdtype) { 8 } else { 4 };
-    [8, 4, 2]
-        .into_iter()
-        .find(|&e| e <= widest && k.is_multiple_of(e))
-        .unwrap_or(1)
-}
-
-fn is_packed(dtype: DType) -> bool {
-    matches!(dtype, DType::BF16 | DType::F16)
-}
-
-/// The WGSL type of one chunk of `e` elements, widened to f32.
-pub(super) fn chunk_type(e: u32) -> &'static str {
-    match e {
-        1 => "f32",
-        2 => "vec2<f32>",
-        4 => "vec4<f32>",
-        _ => "mat2x4<f32>",
-    }
-}
-
-/// The low and high value of a packed word `w`, widened to f32.
-fn halves(dtype: DType, w: &str) -> (String, String) {
-    if dtype == DType::BF16 {
-        (
-            format!("bitcast<f32>({w} << 16u)"),
-            format!("bitcast<f32>({w} & 0xffff0000u)"),
-        )
-    } else {
-        (
-            format!("f16_bits_to_f32({w} & 0xffffu)"),
-            format!("f16_bits_to_f32({w} >> 16u)"),
-        )
-    }
-}
-
-/// Declares binding `name`, a `dtype` tensor whose rows are whole chunks of
-/// `e` elements, as an array of its loads, with `fn {name}_chunk(i: u32)`
-/// returning chunk `i` widened to f32 (8-element chunks: even elements in
-/// column 0, odd ones in column 1).
-fn chunk_binding(
-    b: &mut Bindings,
-    w: &mut String,
-    port: Port,
-    name: &str,
-    dtype: DType,
-    e: u32,
-    writable: bool,
-) {
-    let (array_of, body) = match (is_packed(dtype), e) {
-        (false, 8) => (
-            "vec4<f32>",
-            format!(
-                "let a = {name}[2u * i];\n  let b = {name}[2u * i + 1u];\n  \
-                 return mat2x4<f32>(vec4<f32>(a.x, a.z, b.x, b.z), vec4<f32>(a.y, a.w, b.y, b.w));"
-            ),
-        ),
-        (false, _) => (chunk_type(e), format!("return {name}[i];")),
-        (true, 1) => (
-            "u32",
-            if dtype == DType::BF16 {
-                format!(
-                    "let v = {name}[i >> 1u];\n  \
-                     return bitcast<f32>(select(v << 16u, v & 0xffff0000u, (i & 1u) == 1u));"
-                )
-            } else {
-                format!("return f16_bits_to_f32(({name}[i >> 1u] >> ((i & 1u) * 16u)) & 0xffffu);")
-            },
-        ),
-        (true, 2) => {
-            let (lo, hi) = halves(dtype, "v");
-            (
-                "u32",
-                format!("let v = {name}[i];\n  return vec2<f32>({lo}, {hi});"),
-            )
-        }
-        (true, 4) => {
-            let ((l0, h0), (l1, h1)) = (halves(dtype, "v.x"), halves(dtype, "v.y"));
-            (
-                "vec2<u32>",
-                format!("let v = {name}[i];\n  return vec4<f32>({l0}, {h0}, {l1}, {h1});"),
-            )
-        }
-        (true, _) => (
-            "vec4<u32>",
-            if dtype == DType::BF16 {
-                format!(
-                    "let v = {name}[i];\n  return mat2x4<f32>(bitcast<vec4<f32>>(v << vec4<u32>(16u)), \
-                     bitcast<vec4<f32>>(v & vec4<u32>(0xffff0000u)));"
-                )
-            } else {
-                format!(
-                    "let v = {name}[i];\n  return mat2x4<f32>(f16x4(v & vec4<u32>(0xffffu)), \
-                     f16x4(v >> vec4<u32>(16u)));"
-                )
-            },
-        ),
-    };
-    b.vectors(w, port, name, dtype, writable, array_of);
-    let _ = writeln!(
-        w,
-        "fn {name}_chunk(i: u32) -> {c} {{\n  {body}\n}}",
-        c = chunk_type(e)
-    );
-    if dtype == DType::F16 {
-        if !w.contains(F16_DECODE) {
-            w.push_str(F16_DECODE);
-        }
-        if e == 8 && !w.contains("fn f16x4(") {
-            w.push_str(
-                "fn f16x4(h: vec4<u32>) -> vec4<f32> {\n  return vec4<f32>(f16_bits_to_f32(h.x), \
-                 f16_bits_to_f32(h.y), f16_bits_to_f32(h.z), f16_bits_to_f32(h.w));\n}\n",
-            );
-        }
-    }
-}
 
 /// `cdot` (dot product of two chunks) and, with a norm, `cmul`
 /// (elementwise product) and `cplus` (plus a scalar).
@@ -212,69 +95,27 @@ fn outputs_per_group(s: &MatMulSpec, threads: u32, reduce: Reduce) -> u32 {
     r
 }
 
-/// First rows of the weight's shards (with `glu`, they split the `2·N` rows).
-fn shard_starts(s: &MatMulSpec) -> Vec<u32> {
-    let weight_rows = s.n * if s.glu.is_some() { 2 } else { 1 };
-    match s.shard_rows {
-        Some(per) if per > 0 && per < weight_rows => {
-            (0..weight_rows.div_ceil(per)).map(|i| i * per).collect()
-        }
-        _ => vec![0],
-    }
-}
-
 /// Declares the operands of a matmul read in chunks of `e` elements (also
-/// the [`gemm`](super::gemm) template's): `x` and `w` (or its shards `w0`,
-/// `w1`, …) with `x_chunk`/`w_chunk` loaders, then the bias `b`, the norm
-/// weight `gamma` with `EPS` and `OFFSET`, the residual `res` and the output
-/// `y`, as `s` asks. Returns the bindings and the weight bindings' names.
-pub(super) fn bind_operands(s: &MatMulSpec, e: u32, w: &mut String) -> (Bindings, Vec<String>) {
+/// the [`gemm`](super::gemm) template's): `x` with its `x_chunk` loader, the
+/// weight ([`bind_weight`]), then what [`bind_after_weight`] binds, the norm
+/// weight `gamma` with a `gamma_chunk` loader. Returns the bindings and the
+/// weight's shards.
+pub(super) fn bind_operands(s: &MatMulSpec, e: u32, w: &mut String) -> (Bindings, Vec<Shard>) {
     let mut b = Bindings::new();
     chunk_binding(&mut b, w, input(0), "x", DType::F32, e, true);
-    let shards = shard_starts(s).len();
-    let names: Vec<String> = if shards == 1 {
-        vec!["w".to_string()]
-    } else {
-        (0..shards).map(|i| format!("w{i}")).collect()
-    };
-    for (i, name) in names.iter().enumerate() {
-        chunk_binding(
-            &mut b,
-            w,
-            input_shard(1, i as u32),
-            name,
-            s.wdtype,
-            e,
-            false,
-        );
-    }
+    let shards = bind_weight(s, &mut b, w, WeightRead::Chunks(e));
     bind_after_weight(s, &mut b, w, |b, w, port, gdtype| {
         chunk_binding(b, w, port, "gamma", gdtype, e, false)
     });
-    (b, names)
+    (b, shards)
 }
 
-/// `fn wrow(row: u32, c: u32)`: chunk `c` of weight row `row`, from the
-/// shard `names` holds it in (a module constant `KC` is the chunks per row).
-pub(super) fn shard_loader(w: &mut String, s: &MatMulSpec, names: &[String], e: u32) {
-    let starts = shard_starts(s);
-    let _ = writeln!(w, "fn wrow(row: u32, c: u32) -> {} {{", chunk_type(e));
-    for (i, (name, start)) in names.iter().zip(&starts).enumerate() {
-        let local = if *start == 0 {
-            "row".to_string()
-        } else {
-            format!("(row - {start}u)")
-        };
-        let load = format!("return {name}_chunk({local} * KC + c);");
-        match starts.get(i + 1) {
-            Some(end) => {
-                let _ = writeln!(w, "  if (row < {end}u) {{ {load} }}");
-            }
-            None => {
-                let _ = writeln!(w, "  {load}\n}}");
-            }
-        }
-    }
+/// `fn wrow(row: u32, i: u32)`: chunk `i` of weight row `row`, from the
+/// shard that holds it (a module constant `KC` is the chunks per row).
+pub(super) fn shard_loader(w: &mut String, shards: &[Shard], e: u32) {
+    row_loader(w, "wrow", chunk_type(e), shards, |shard, local| {
+        format!("{}_chunk({local} * KC + i)", shard.name)
+    });
 }
 
 /// Builds the kernel (`s.tt` is ignored: one row of `x` per workgroup row).
@@ -304,10 +145,10 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
         k = s.k,
         n = s.n,
     );
-    let (b, names) = bind_operands(s, e, &mut w);
+    let (b, shards) = bind_operands(s, e, &mut w);
     w += &chunk_ops(e, norm);
 
-    shard_loader(&mut w, s, &names, e);
+    shard_loader(&mut w, &shards, e);
 
     // The K loop, unrolled over the R outputs (a last workgroup past N
     // reloads row N - 1 and stores nothing for it).
@@ -404,30 +245,15 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
     }
 
     let scale = if norm { " * inv" } else { "" };
-    let res = if s.residual { " + res[t * N + n]" } else { "" };
     let mut store = String::new();
     if norm {
         store += "    let inv = 1.0f / sqrt(sq / f32(K) + EPS);\n";
     }
-    match s.glu {
-        None => {
-            let bias = if s.bias { " + load_b(n)" } else { "" };
-            let _ = writeln!(store, "    y[t * N + n] = sum{scale}{bias}{res};");
-        }
-        Some(act) => {
-            let (gb, ub) = if s.bias {
-                (" + load_b(n)", " + load_b(N + n)")
-            } else {
-                ("", "")
-            };
-            let _ = write!(
-                store,
-                "    let gv = sum{scale}{gb};\n    let uv = upsum{scale}{ub};\n\
-                 \x20   y[t * N + n] = ({e}) * uv{res};\n",
-                e = super::elementwise::unary_expr(act, "gv"),
-            );
-        }
-    }
+    let _ = writeln!(
+        store,
+        "    {}",
+        linear::store(s, "t", &format!("sum{scale}"), &format!("upsum{scale}"))
+    );
     // A constant trip count, so the compiler can unroll the loop and issue
     // every load of a thread at once; chunks past KC only where THREADS does
     // not divide KC.
@@ -460,7 +286,7 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
          \x20 let n = n0 + tid;\n\
          \x20 if (tid < R && n < N) {{\n{total}{store}  }}\n}}\n"
     );
-    let (glu, options) = super::matmul::name_parts(s, names.len());
+    let (glu, options) = name_parts(s, shards.len());
     KernelSource {
         name: format!(
             "gemv{glu}_{}_r{}_k{}_n{}{options}_{}",

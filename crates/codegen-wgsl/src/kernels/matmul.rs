@@ -25,11 +25,10 @@
 //! [`MatMulSpec::last_row`], the one output row is computed from row `T − 1`
 //! of an `x` of `T` rows (the LM head after `fuse-last-row-matmul`).
 
-use super::{
-    f32_lit, input, input_shard, output, prelude, split_groups, Bindings, KernelSource, Rows,
-};
-use gerbil_ir::{DType, MatMulPorts, UnaryOp};
-use gerbil_plan::{Port, WorkgroupCount};
+use super::linear::{bind_after_weight, bind_weight, name_parts, row_loader, store, WeightRead};
+use super::{input, prelude, split_groups, Bindings, KernelSource, Rows};
+use gerbil_ir::{DType, UnaryOp};
+use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
 /// Threads per workgroup.
@@ -73,14 +72,6 @@ pub struct MatMulSpec {
     /// `x` has `T` rows (`params.t`) and only its last is read, for the one
     /// output row (`rows` must be `Fixed(1)`): `matmul{last_row}`.
     pub last_row: bool,
-}
-
-/// The weight's shards as `(first row, binding name suffix)`.
-fn shards(n: u32, shard_rows: Option<u32>) -> Vec<u32> {
-    match shard_rows {
-        Some(r) if r > 0 && r < n => (0..n.div_ceil(r)).map(|i| i * r).collect(),
-        _ => vec![0],
-    }
 }
 
 /// The K loop of one output column: `loads` are the expressions of its
@@ -167,63 +158,6 @@ fn loads(packed: bool, w: &str, row: &str, glu: bool) -> Vec<String> {
     out
 }
 
-/// The parts of a matmul or GEMV kernel's name around its schedule: the
-/// gated epilogue's tag before the shape, and the options after it (bias,
-/// norm, residual, last row, weight shards).
-pub(super) fn name_parts(s: &MatMulSpec, shards: usize) -> (String, String) {
-    let glu = match s.glu {
-        None => String::new(),
-        Some(UnaryOp::Silu) => "_swiglu".to_string(),
-        Some(UnaryOp::GeluTanh) => "_geglu".to_string(),
-        Some(UnaryOp::Softcap(c)) => format!("_glu_softcap{}", c.to_bits()),
-    };
-    let options = format!(
-        "{}{}{}{}{}",
-        if s.bias { "_bias" } else { "" },
-        match s.norm {
-            Some((_, _, gdtype)) => format!("_norm_{gdtype}"),
-            None => String::new(),
-        },
-        if s.residual { "_residual" } else { "" },
-        if s.last_row { "_last_row" } else { "" },
-        if shards > 1 {
-            format!("_shards{shards}")
-        } else {
-            String::new()
-        }
-    );
-    (glu, options)
-}
-
-/// Declares what a matmul template binds after its weight, in binding order:
-/// the bias `b` (f32), the norm weight `gamma` (declared by `gamma`, the
-/// template's own way, then the constants `EPS` and `OFFSET`), the residual
-/// `res` and the output `y`.
-pub(super) fn bind_after_weight(
-    s: &MatMulSpec,
-    b: &mut Bindings,
-    w: &mut String,
-    gamma: impl FnOnce(&mut Bindings, &mut String, Port, DType),
-) {
-    let ports = MatMulPorts::new(s.bias, s.norm.is_some(), s.residual);
-    if let Some(port) = ports.bias {
-        b.weight(w, input(port as u32), "b", DType::F32);
-    }
-    if let (Some((eps, offset, gdtype)), Some(port)) = (s.norm, ports.norm) {
-        gamma(b, w, input(port as u32), gdtype);
-        let _ = writeln!(
-            w,
-            "const EPS: f32 = {};\nconst OFFSET: f32 = {};",
-            f32_lit(eps),
-            f32_lit(offset)
-        );
-    }
-    if let Some(port) = ports.residual {
-        b.activation(w, input(port as u32), "res");
-    }
-    b.activation(w, output(0), "y");
-}
-
 /// Builds the kernel.
 pub fn kernel(s: MatMulSpec) -> KernelSource {
     let packed = s.wdtype != DType::F32 && s.k.is_multiple_of(2);
@@ -242,22 +176,12 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
     let glu = s.glu.is_some();
-    let starts = shards(if glu { 2 * s.n } else { s.n }, s.shard_rows);
-    let names: Vec<String> = if starts.len() == 1 {
-        vec!["w".to_string()]
-    } else {
-        (0..starts.len()).map(|i| format!("w{i}")).collect()
-    };
-    for (i, name) in names.iter().enumerate() {
-        b.weight(&mut w, input_shard(1, i as u32), name, s.wdtype);
-    }
-    let ports = MatMulPorts::new(s.bias, s.norm.is_some(), s.residual);
-    if let Some(port) = ports.bias {
-        b.weight(&mut w, input(port as u32), "b", DType::F32);
-    }
-    if let (Some((eps, offset, gdtype)), Some(port)) = (s.norm, ports.norm) {
-        // `g` is the gate sums' name: the norm weight is `gamma`.
-        b.weight(&mut w, input(port as u32), "gamma", gdtype);
+    let shards = bind_weight(&s, &mut b, &mut w, WeightRead::Elements);
+    // `g` is the gate sums' name: the norm weight is `gamma`.
+    bind_after_weight(&s, &mut b, &mut w, |b, w, port, gdtype| {
+        b.weight(w, port, "gamma", gdtype)
+    });
+    if let Some((_, _, gdtype)) = s.norm {
         let pair = if gdtype == DType::F32 {
             "vec2<f32>(load_gamma(2u * wi), load_gamma(2u * wi + 1u))"
         } else {
@@ -265,17 +189,10 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         };
         let _ = writeln!(
             w,
-            "const EPS: f32 = {eps};\nconst OFFSET: f32 = {offset};\n\
-             fn gain(k: u32) -> f32 {{ return load_gamma(k) + OFFSET; }}\n\
-             fn gain2(wi: u32) -> vec2<f32> {{ return {pair} + vec2<f32>(OFFSET); }}",
-            eps = f32_lit(eps),
-            offset = f32_lit(offset),
+            "fn gain(k: u32) -> f32 {{ return load_gamma(k) + OFFSET; }}\n\
+             fn gain2(wi: u32) -> vec2<f32> {{ return {pair} + vec2<f32>(OFFSET); }}"
         );
     }
-    if let Some(port) = ports.residual {
-        b.activation(&mut w, input(port as u32), "res");
-    }
-    b.activation(&mut w, output(0), "y");
     let norm = s.norm.is_some();
     let xrow = if s.last_row {
         "(params.t - 1u)"
@@ -283,51 +200,38 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         "(t0 + tt)"
     };
     let mut inner = String::new();
-    if glu && names.len() > 1 {
+    if glu && shards.len() > 1 {
         // Gate row `n` and up row `N + n` may lie in different shards: load
         // through a helper that picks the shard by row.
-        let mut f = "fn load_row(row: u32, k: u32) -> f32 {\n".to_string();
-        for (i, (name, start)) in names.iter().zip(&starts).enumerate() {
-            let load = format!("return load_{name}((row - {start}u) * K + k);");
-            match starts.get(i + 1) {
-                Some(end) => f += &format!("  if (row < {end}u) {{ {load} }}\n"),
-                None => f += &format!("  {load}\n"),
-            }
-        }
-        f += "}\n";
-        w.push_str(&f);
+        row_loader(&mut w, "load_row", "f32", &shards, |shard, local| {
+            format!("load_{}({local} * K + i)", shard.name)
+        });
         let rows = [
             "load_row(n, k)".to_string(),
             "load_row(n + N, k)".to_string(),
         ];
         inner = k_loop(false, &rows, norm, xrow);
     }
-    for (i, (name, start)) in names
+    for (i, shard) in shards
         .iter()
-        .zip(&starts)
         .enumerate()
-        .filter(|_| !(glu && names.len() > 1))
+        .filter(|_| !(glu && shards.len() > 1))
     {
-        let row = if *start == 0 {
+        let (name, start) = (&shard.name, shard.start);
+        let row = if start == 0 {
             "n".to_string()
         } else {
             format!("n - {start}u")
         };
         let body = k_loop(packed, &loads(packed, name, &row, glu), norm, xrow);
-        match (i, starts.get(i + 1)) {
-            (_, None) if names.len() == 1 => inner = body,
+        match (i, shards.get(i + 1).map(|next| next.start)) {
+            (_, None) if shards.len() == 1 => inner = body,
             (0, Some(end)) => inner += &format!("  if (n < {end}u) {{\n{body}  }}"),
             (_, Some(end)) => inner += &format!(" else if (n < {end}u) {{\n{body}  }}"),
             (_, None) => inner += &format!(" else {{\n{body}  }}\n"),
         }
     }
-    let bias = if s.bias { " + load_b(n)" } else { "" };
     let scale = if norm { " * inv[r]" } else { "" };
-    let res = if s.residual {
-        " + res[(t0 + r) * N + n]"
-    } else {
-        ""
-    };
     let reduce = "  workgroupBarrier();\n\
          \x20 for (var s = LANES / 2u; s > 0u; s = s >> 1u) {\n\
          \x20   if (lane < s) {\n\
@@ -335,22 +239,17 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
          \x20       let i = (col * TT + tt) * LANES + lane;\n\
          \x20       red[i] = red[i] + red[i + s];\n\
          \x20     }\n    }\n    workgroupBarrier();\n  }\n";
+    // The last reduction leaves each column's sum (gated: the up sums,
+    // after the gate sums were kept in `g`) in `red`.
+    let sum = format!("red[(col * TT + r) * LANES]{scale}");
     let (acc2, store) = match s.glu {
-        None => (
-            String::new(),
-            format!("      y[(t0 + r) * N + n] = red[(col * TT + r) * LANES]{scale}{bias}{res};\n"),
-        ),
-        Some(act) => (
+        None => (String::new(), store(&s, "(t0 + r)", &sum, "")),
+        Some(_) => (
             "  var acc2: array<f32, TT>;\n".to_string(),
-            format!(
-                "      let gv = g[r]{scale}{gb};\n      let uv = red[(col * TT + r) * LANES]{scale}{ub};\n\
-                 \x20     y[(t0 + r) * N + n] = ({e}) * uv{res};\n",
-                gb = bias,
-                ub = if s.bias { " + load_b(N + n)" } else { "" },
-                e = super::elementwise::unary_expr(act, "gv"),
-            ),
+            store(&s, "(t0 + r)", &format!("g[r]{scale}"), &sum),
         ),
     };
+    let store = format!("      {store}\n");
     // With a norm prologue, the sums of squares are reduced first and
     // turned into each row's inverse RMS, `inv`.
     let (ssq, norm_phase) = if norm {
@@ -407,7 +306,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         },
         Rows::Fixed(r) => WorkgroupCount::fixed(r.div_ceil(s.tt)),
     };
-    let (glu, options) = name_parts(&s, names.len());
+    let (glu, options) = name_parts(&s, shards.len());
     KernelSource {
         name: format!(
             "matmul{glu}_{}_r{}_k{}_n{}_tt{}{options}",

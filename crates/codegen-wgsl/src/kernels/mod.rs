@@ -18,6 +18,7 @@ pub mod embedding;
 pub mod gemm;
 pub mod gemm_coop;
 pub mod gemv;
+mod linear;
 pub mod matmul;
 pub mod qkv_rope;
 pub mod rms_norm;
