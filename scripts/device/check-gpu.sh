@@ -3,7 +3,7 @@
 #
 # Expects, in the carried, git-ignored folder .device/:
 #   bin/gerbilc, bin/gerbil-run     release builds (cargo build --release -p gerbil-cli)
-#   bin/models, bin/passes          the e2e test binaries (cargo test --release -p gerbil-e2e --test models --test passes --no-run)
+#   bin/e2e                         the e2e test binary (cargo test --release -p gerbil-e2e --test e2e --no-run)
 #   random_ref.py                   makes a random-weight HF model + its transformers reference (torch there)
 # and .gl/ with the Vulkan loader .debs (see docs/gpu-checks.md).
 #
@@ -22,9 +22,9 @@ bin=.device/bin
 status=0
 
 echo "=== tiny models (e2e tests) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
-$bin/models tiny chunked sharded disabled odd --test-threads=1 2>&1 | tee "$out/tiny.log" | grep -E "^test |test result" || status=1
+$bin/e2e models::tiny models::chunked models::sharded models::disabled models::odd --test-threads=1 2>&1 | tee "$out/tiny.log" | grep -E "^test |test result" || status=1
 echo "=== random graphs: every pass preserves results"
-$bin/passes 2>&1 | tee "$out/passes.log" | grep -E "^test |test result" || status=1
+$bin/e2e passes:: 2>&1 | tee "$out/passes.log" | grep -E "^test |test result" || status=1
 
 configs=("$@")
 [ ${#configs[@]} -eq 0 ] && configs=(tests/data/models/smollm2-135m/config.json)

@@ -1,5 +1,5 @@
 //! The environment variables `gerbil-run` and `gerbilc` read, and the typed
-//! options they become: the libraries read none (`tests/architecture.rs`
+//! options they become: the libraries read none (`tests/e2e/architecture.rs`
 //! checks), so an embedder or a server chooses per model.
 //!
 //! | variable | option |

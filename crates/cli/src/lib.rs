@@ -19,7 +19,7 @@
 //! checkpoint's text assets), `gerbil-hub` fetches hub models,
 //! `gerbil-tune` measures GEMM tiles, `gerbil` (the facade over
 //! `gerbil-runtime` and `gerbil-text`) generates, and `gerbil-serve` is the
-//! HTTP server. No other crate depends on this one (`tests/architecture.rs`
+//! HTTP server. No other crate depends on this one (`tests/e2e/architecture.rs`
 //! checks it).
 
 pub mod chat;

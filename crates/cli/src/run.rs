@@ -222,6 +222,9 @@ pub struct BenchOptions {
     pub pipeline_cache: Option<PipelineCacheOptions>,
     /// Run on this adapter of `gerbil-run devices` (`None`: the default).
     pub adapter: Option<usize>,
+    /// Use the tensor-core variant where the adapter has cooperative
+    /// matrices ([`SessionOptions::tensor_cores`]).
+    pub tensor_cores: bool,
 }
 
 /// GPU time of one kind of dispatch in a step.
@@ -433,6 +436,7 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         profiling: opts.profile,
         pipeline_cache: opts.pipeline_cache.clone(),
         adapter: opts.adapter,
+        tensor_cores: opts.tensor_cores,
         ..crate::env::session_defaults()
     };
     let plan_s = start.elapsed().as_secs_f64();

@@ -43,6 +43,9 @@ pub struct SweepOptions {
     pub pipeline_cache: Option<PipelineCacheOptions>,
     /// Adapter index of `gerbil-run devices` (`None`: the default one).
     pub adapter: Option<usize>,
+    /// Use the tensor-core variant where the adapter has cooperative
+    /// matrices (`SessionOptions::tensor_cores`).
+    pub tensor_cores: bool,
 }
 
 /// Speed at one context length.
@@ -105,6 +108,7 @@ pub async fn sweep(plan_path: &std::path::Path, opts: &SweepOptions) -> Result<S
         variant: opts.variant.clone(),
         pipeline_cache: opts.pipeline_cache.clone(),
         adapter: opts.adapter,
+        tensor_cores: opts.tensor_cores,
         ..crate::env::session_defaults()
     };
     let mut session = Session::open(&plan, &session_opts).await?;

@@ -58,6 +58,12 @@ struct Cli {
     /// turns it off).
     #[arg(long, global = true)]
     no_pipeline_cache: bool,
+    /// Use the tensor-core (cooperative-matrix) variant where the adapter
+    /// has it: the fastest prefill, still experimental (its logits drift a
+    /// little more from transformers'); `GERBIL_TENSOR_CORES=1` does the
+    /// same.
+    #[arg(long, global = true)]
+    tensor_cores: bool,
     /// KV-cache size in tokens, up to the plan's --max-context (the
     /// default): a smaller context takes less GPU memory.
     #[arg(long, global = true, value_name = "N", allow_negative_numbers = true, value_parser = whole_u64)]
@@ -85,11 +91,17 @@ impl Cli {
                 pipeline_cache: self.pipeline_cache(false),
                 context: self.ctx,
                 adapter: self.device,
+                tensor_cores: self.tensor_cores(),
                 progress: Progress::new(self.quiet).runtime_hook(),
                 ..env::session_defaults()
             },
             template_sandbox: env::template_sandbox(),
         }
+    }
+
+    /// Whether to use tensor cores: the flag or `GERBIL_TENSOR_CORES`.
+    fn tensor_cores(&self) -> bool {
+        self.tensor_cores || env::tensor_cores()
     }
 
     /// The pipeline cache to use; `cold` ignores what is stored.
@@ -362,6 +374,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     variant: cli.variant.clone(),
                     pipeline_cache: cli.pipeline_cache(cold),
                     adapter: cli.device,
+                    tensor_cores: cli.tensor_cores(),
                 };
                 let plot = plot.as_deref();
                 return pollster::block_on(run_sweep(cli.plan()?, &opts, json, plot));
@@ -380,6 +393,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     variant: cli.variant.clone(),
                     pipeline_cache,
                     adapter: cli.device,
+                    tensor_cores: cli.tensor_cores(),
                 },
             ))?;
             let text = if json {

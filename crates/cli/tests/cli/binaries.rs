@@ -308,6 +308,23 @@ fn variant_flag_picks_a_variant_by_name() {
     assert_eq!(v["precision"], "f32", "{v}");
     assert_fails_with(&bench("warp-drive"), "no variant `warp-drive`");
     assert_fails_with(&bench("warp-drive"), "portable-f16");
+    // `--tensor-cores` asks for cooperative matrices, which lavapipe lacks:
+    // the best variant the device runs is still chosen, not `tensor-f16`.
+    let o = gerbil_run(&[
+        plan.to_str().unwrap(),
+        "--tensor-cores",
+        "bench",
+        "--prompt-tokens",
+        "8",
+        "--new-tokens",
+        "2",
+        "--repeats",
+        "1",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    assert_ne!(v["variant"], "tensor-f16", "{v}");
 }
 
 /// `inspect --json` on a desktop plan lists the tensor-core variant first,

@@ -2,7 +2,7 @@
 //! than the adapter allows fails with exit status 1 and one error line that
 //! names the GPU, the limit, both values and where to go, without a panic.
 //! (Out of memory and a lost device are injected through the library, in
-//! `tests/gpu_faults.rs` of the e2e crate: a binary has no hook for them.)
+//! `tests/e2e/gpu_faults.rs` of the e2e crate: a binary has no hook for them.)
 
 use crate::common::*;
 

@@ -5,7 +5,7 @@
 //! The tensors written are exactly those lowering reads
 //! (`gerbil_frontend_hf::required_weights`), so a variant needs no list of
 //! tensor names. Shared by the frontend's lowering tests and the end-to-end
-//! tests in `tests/models.rs`, which include this file by path.
+//! tests in `tests/e2e/models.rs`, which include this file by path.
 
 #![allow(dead_code)]
 

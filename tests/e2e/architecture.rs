@@ -264,7 +264,7 @@ fn defined_names(code: &str) -> std::collections::HashSet<&str> {
 }
 
 /// The files and functions `docs/architecture.md` names in backticks exist:
-/// a path (`crates/runtime/src/session.rs`, `tests/models.rs`) as that file
+/// a path (`crates/runtime/src/session.rs`, `tests/e2e/models.rs`) as that file
 /// or directory, a bare file name (`session.rs`) as some file of that name,
 /// and a function (`Session::truncate`, `default_pipeline()`) as an `fn` of
 /// that name somewhere in the workspace.

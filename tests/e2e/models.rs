@@ -11,7 +11,7 @@ use gerbil_runtime::{argmax, PrecisionChoice, SamplingParams, Session, SessionOp
 use pollster::block_on;
 
 /// Random-weight variants of the tiny models (shared with the frontend's tests).
-#[path = "../crates/frontend-hf/tests/common/random_checkpoint.rs"]
+#[path = "../../crates/frontend-hf/tests/common/random_checkpoint.rs"]
 mod random_checkpoint;
 
 /// Tolerance on tiny-model logits in f32 compute (shared/models/README.md).
