@@ -15,6 +15,9 @@ Property tests get one `PROPTEST_RNG_SEED` per run (printed first, and again on 
 to replay a run), and `PROPTEST_CASES` scales every suite's case count (the suites read it through
 their configs: 256 is the default scale).
 
+A test binary folded from several suites (the e2e and CLI binaries: one module per former
+binary) runs once per top-level module, so the table still names each suite's time.
+
 The surprise: a binary's time includes lavapipe compiling its kernels, so the table says where a
 slow suite's time goes, which `cargo test`'s own output never does.
 """
@@ -101,6 +104,38 @@ def run(cmd, cwd, env):
     return proc.returncode == 0, "".join(lines), time.monotonic() - start
 
 
+def has_filter(args):
+    """Whether test-binary `args` name a test filter: a word that is not an option and not the
+    value of `--skip` (an option's value, such as `--test-threads 1`'s, counts as a filter too:
+    it only keeps a folded binary in one run)."""
+    after_skip = False
+    for a in args:
+        if after_skip:
+            after_skip = False
+        elif a == "--skip":
+            after_skip = True
+        elif not a.startswith("-"):
+            return True
+    return False
+
+
+def suites(exe, cwd, env):
+    """The top-level modules of an integration-test binary whose tests all live in two or more
+    of them (the folded e2e and CLI binaries), each as (module, the filter that selects exactly
+    its tests, how many tests the filter leaves out); an empty list for any other binary."""
+    proc = subprocess.run(
+        [exe, "--list", "--format", "terse"], cwd=cwd, env=env, stdout=subprocess.PIPE, text=True
+    )
+    names = [line.rsplit(": ", 1)[0] for line in proc.stdout.splitlines() if ": " in line]
+    if proc.returncode != 0 or not names or any("::" not in n for n in names):
+        return []
+    modules = sorted({n.split("::", 1)[0] for n in names})
+    picks = [(m, f"{m}::", sum(not n.startswith(f"{m}::") for n in names)) for m in modules]
+    # A filter is a substring: it must not also pick a test of another module.
+    exact = all(n.startswith(f) for _, f, _ in picks for n in names if f in n)
+    return picks if len(modules) > 1 and exact else []
+
+
 def main():
     args = sys.argv[1:]
     extra = args[args.index("--") + 1 :] if "--" in args else []
@@ -119,10 +154,17 @@ def main():
     binaries = build(cargo)
     built = time.monotonic() - start
     rows = []
+    # With a name filter of the caller's, each binary runs once, filtered.
+    filtered = has_filter(extra)
     for name, exe, cwd in binaries:
-        print(f"\n=== {name}", flush=True)
-        ok, output, seconds = run([exe, *extra], cwd, env)
-        rows.append((name, ok, *counts(output), seconds))
+        parts = [] if filtered or name.endswith("unit)") else suites(exe, cwd, env)
+        runs = [(f"{name} {m}", [f], others) for m, f, others in parts] or [(name, [], 0)]
+        for label, args, others in runs:
+            print(f"\n=== {label}", flush=True)
+            ok, output, seconds = run([exe, *args, *extra], cwd, env)
+            passed, failed, ignored, skipped = counts(output)
+            # The other modules' tests are filtered out by design, not skipped.
+            rows.append((label, ok, passed, failed, ignored, skipped - others, seconds))
     if not extra and not quick:
         print("\n=== doctests", flush=True)
         ok, output, seconds = run([cargo, "test", "--workspace", "--doc"], None, env)

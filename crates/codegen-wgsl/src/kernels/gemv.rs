@@ -16,7 +16,10 @@
 //! output spreads over every SM without split-K or a second dispatch. The
 //! partial sums are then reduced across the workgroup: by `subgroupAdd` and
 //! one workgroup-memory slot per subgroup ([`Reduce::Subgroup`], any subgroup
-//! size), or by a workgroup-memory tree ([`Reduce::Workgroup`]).
+//! size), or in two levels through workgroup memory ([`Reduce::Workgroup`]:
+//! two barriers, where a tree takes one per halving — on a CPU driver such
+//! as lavapipe every barrier switches each invocation, and a decode step of
+//! SmolLM2 spent most of its time in them).
 //!
 //! The surprise: a chunk of 8 packed 16-bit values decodes into a
 //! `mat2x4<f32>` of its even and its odd elements (one shift or mask per
@@ -38,7 +41,8 @@ pub enum Reduce {
     /// `subgroupAdd`, then one slot per subgroup in workgroup memory: needs
     /// the `subgroups` feature; works with any subgroup size.
     Subgroup,
-    /// A tree in workgroup memory: runs everywhere.
+    /// Two levels in workgroup memory (16 partial sums per output, then
+    /// their total; two barriers): runs everywhere.
     Workgroup,
 }
 
@@ -79,14 +83,14 @@ fn chunk_ops(e: u32, norm: bool) -> String {
 
 /// Outputs per workgroup: the largest power of two that leaves at least
 /// [`TARGET_GROUPS`] workgroups, keeps a thread's loads per chunk within
-/// [`MAX_ROW_LOADS`] and (workgroup-memory tree) the reduction slots within
+/// [`MAX_ROW_LOADS`] and (workgroup reduction) the reduction slots and partials within
 /// [`WORKGROUP_FLOATS`].
 fn outputs_per_group(s: &MatMulSpec, threads: u32, reduce: Reduce) -> u32 {
     let rows_per_output = if s.glu.is_some() { 2 } else { 1 };
     let fits = |r: u32| {
         let slots = r * rows_per_output + u32::from(s.norm.is_some());
         r * rows_per_output <= MAX_ROW_LOADS
-            && (reduce == Reduce::Subgroup || slots * threads <= WORKGROUP_FLOATS)
+            && (reduce == Reduce::Subgroup || slots * (threads + 16) <= WORKGROUP_FLOATS)
     };
     let mut r = 1;
     while fits(2 * r) && s.n.div_ceil(2 * r) >= TARGET_GROUPS {
@@ -224,24 +228,41 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
             for (slot, v) in &parts {
                 let _ = writeln!(code, "  red[{slot}u * THREADS + tid] = {v};");
             }
+            // Two levels, two barriers (a tree takes one per halving, and on a CPU
+            // driver each barrier switches every invocation): 16 partial sums per
+            // slot, each of every 16th value (neighbouring threads read neighbouring
+            // words), stored past the slots at `PARTS`; then each output's 16.
             code += "  workgroupBarrier();\n\
-                     \x20 for (var s = THREADS / 2u; s > 0u; s = s >> 1u) {\n\
-                     \x20   if (tid < s) {\n\
-                     \x20     for (var j = 0u; j < SLOTS; j = j + 1u) {\n\
-                     \x20       red[j * THREADS + tid] = red[j * THREADS + tid] + red[j * THREADS + tid + s];\n\
-                     \x20     }\n    }\n    workgroupBarrier();\n  }\n";
-            let mut total = "    let sum = red[tid * THREADS];\n".to_string();
+                     \x20 for (var w = tid; w < SLOTS * 16u; w = w + THREADS) {\n\
+                     \x20   let base = (w / 16u) * THREADS + w % 16u;\n\
+                     \x20   var p = 0.0f;\n\
+                     \x20   for (var i = 0u; i < THREADS / 16u; i = i + 1u) { p = p + red[base + 16u * i]; }\n\
+                     \x20   red[PARTS + w] = p;\n\
+                     \x20 }\n  workgroupBarrier();\n";
+            let mut total = "    var sum = 0.0f;\n".to_string();
+            let mut adds = "      sum = sum + red[PARTS + tid * 16u + q];\n".to_string();
             if glu {
-                total += "    let upsum = red[(R + tid) * THREADS];\n";
+                total += "    var upsum = 0.0f;\n";
+                adds += "      upsum = upsum + red[PARTS + (R + tid) * 16u + q];\n";
             }
             if norm {
-                let _ = writeln!(total, "    let sq = red[{sq_slot}u * THREADS];");
+                total += "    var sq = 0.0f;\n";
+                let _ = writeln!(adds, "      sq = sq + red[PARTS + {sq_slot}u * 16u + q];");
             }
-            (slots * threads, "", code, total)
+            let _ = write!(
+                total,
+                "    for (var q = 0u; q < 16u; q = q + 1u) {{\n{adds}    }}\n"
+            );
+            (slots * (threads + 16), "", code, total)
         }
     };
-    if reduce == Reduce::Subgroup {
-        let _ = writeln!(w, "const MAX_SUBGROUPS: u32 = {max_subgroups}u;");
+    match reduce {
+        Reduce::Subgroup => {
+            let _ = writeln!(w, "const MAX_SUBGROUPS: u32 = {max_subgroups}u;");
+        }
+        Reduce::Workgroup => {
+            let _ = writeln!(w, "const PARTS: u32 = {}u;", slots * threads);
+        }
     }
 
     let scale = if norm { " * inv" } else { "" };

@@ -199,7 +199,8 @@ pub(super) fn name_parts(s: &MatMulSpec, shards: usize) -> (String, String) {
     (glu, options)
 }
 
-pub(super) fn is_packed(dtype: DType) -> bool {
+/// Whether `dtype` packs two values per 32-bit word.
+fn is_packed(dtype: DType) -> bool {
     matches!(dtype, DType::BF16 | DType::F16)
 }
 
