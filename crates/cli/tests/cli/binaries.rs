@@ -286,11 +286,10 @@ fn precision_the_plan_lacks_is_a_clear_error() {
 #[test]
 fn variant_flag_picks_a_variant_by_name() {
     let (_plan_dir, plan) = tiny_plan("variant", &["--target", "desktop"]);
-    let bench = |variant: &str| {
-        gerbil_run(&[
-            plan.to_str().unwrap(),
-            "--variant",
-            variant,
+    let bench = |flags: &[&str]| {
+        let mut args = vec![plan.to_str().unwrap()];
+        args.extend_from_slice(flags);
+        args.extend([
             "bench",
             "--prompt-tokens",
             "8",
@@ -299,29 +298,22 @@ fn variant_flag_picks_a_variant_by_name() {
             "--repeats",
             "1",
             "--json",
-        ])
+        ]);
+        gerbil_run(&args)
     };
-    let o = bench("portable");
+    let o = bench(&["--variant", "portable"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_eq!(v["variant"], "portable", "{v}");
     assert_eq!(v["precision"], "f32", "{v}");
-    assert_fails_with(&bench("warp-drive"), "no variant `warp-drive`");
-    assert_fails_with(&bench("warp-drive"), "portable-f16");
+    assert_fails_with(
+        &bench(&["--variant", "warp-drive"]),
+        "no variant `warp-drive`",
+    );
+    assert_fails_with(&bench(&["--variant", "warp-drive"]), "portable-f16");
     // `--tensor-cores` asks for cooperative matrices, which lavapipe lacks:
     // the best variant the device runs is still chosen, not `tensor-f16`.
-    let o = gerbil_run(&[
-        plan.to_str().unwrap(),
-        "--tensor-cores",
-        "bench",
-        "--prompt-tokens",
-        "8",
-        "--new-tokens",
-        "2",
-        "--repeats",
-        "1",
-        "--json",
-    ]);
+    let o = bench(&["--tensor-cores"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_ne!(v["variant"], "tensor-f16", "{v}");
