@@ -9,6 +9,7 @@ use gerbil_plan::PlanFile;
 use gerbil_plan::Precision;
 use gerbil_runtime::{argmax, PrecisionChoice, SamplingParams, Session, SessionOptions};
 use pollster::block_on;
+use std::path::Path;
 
 /// Random-weight variants of the tiny models (shared with the frontend's tests).
 #[path = "../../crates/frontend-hf/tests/common/random_checkpoint.rs"]
@@ -207,9 +208,14 @@ fn tiny_failures(
     variant: &str,
     tweak: impl FnOnce(&mut gerbil_compiler::CompileOptions),
 ) -> Vec<String> {
-    let reference = tiny_ref(name);
-    let plan_path = compile_plan(&tiny_model(name), tweak);
-    let plan = PlanFile::open(&plan_path).expect("open plan");
+    let plan = compile_plan(&tiny_model(name), tweak);
+    plan_failures(name, variant, &plan, &tiny_ref(name))
+}
+
+/// Checks every case of `reference` on the plan at `path`; returns one line
+/// per failed case.
+fn plan_failures(name: &str, variant: &str, path: &Path, reference: &TinyRef) -> Vec<String> {
+    let plan = PlanFile::open(path).expect("open plan");
     let _gpu = gpu_lock();
     let mut model = model_at_f32(&plan);
     reference
@@ -303,6 +309,9 @@ fn desktop_target_matches_transformers() {
 
 /// Every pass of the default pipeline is optional for correctness: each
 /// tiny model still matches transformers with any one of them disabled.
+/// A pass that rewrites nothing in a model's full pipeline leaves every
+/// later graph, and so the plan, as they are without it: that plan is the
+/// full pipeline's, checked once per model rather than once per such pass.
 #[test]
 fn every_optional_pass_can_be_disabled() {
     let passes: Vec<&str> = gerbil_passes::default_pipeline()
@@ -310,17 +319,35 @@ fn every_optional_pass_can_be_disabled() {
         .map(|p| p.name())
         .collect();
     assert!(passes.contains(&"fuse-residual-norm"), "{passes:?}");
+    let chunk_8 = |o: &mut gerbil_compiler::CompileOptions| o.max_tokens_per_step = Some(8);
     let mut failures = Vec::new();
     let mut total = 0;
-    for pass in &passes {
-        for &(name, _) in TINY_MODELS {
-            total += tiny_ref(name).cases.len();
+    let mut idle = 0;
+    for &(name, _) in TINY_MODELS {
+        let reference = tiny_ref(name);
+        let (full, report) = compile_plan_reporting(&tiny_model(name), chunk_8);
+        total += reference.cases.len();
+        failures.extend(plan_failures(name, "every pass", &full, &reference));
+        for pass in &passes {
+            let run = report.ran.iter().find(|r| r.name == *pass);
+            if !run
+                .unwrap_or_else(|| panic!("{pass} did not run"))
+                .changed()
+            {
+                idle += 1;
+                continue;
+            }
+            total += reference.cases.len();
             failures.extend(tiny_failures(name, &format!("without {pass}"), |o| {
+                chunk_8(o);
                 o.disabled_passes = vec![pass.to_string()];
-                o.max_tokens_per_step = Some(8);
             }));
         }
     }
+    eprintln!(
+        "{idle} of {} (pass, model) pairs rewrite nothing",
+        passes.len() * TINY_MODELS.len()
+    );
     assert_none_failed(failures, total);
 }
 
@@ -334,6 +361,50 @@ fn weights_larger_than_a_binding_are_sharded() {
         o.max_tokens_per_step = Some(16);
         o.max_context = Some(64);
     });
+}
+
+/// A plan compiled without `slice-last-row` keeps every position's logits:
+/// after one prefill of the 13-token prompts, `read_step_logits` returns a
+/// row per token, each within the tiny tolerance of transformers' logits at
+/// that position, in chunks of 5 (the last chunk's 3 rows) and in one step.
+#[test]
+fn every_position_logits_match_transformers() {
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for &(name, _) in TINY_MODELS {
+        let reference = tiny_ref(name);
+        for chunk in [5usize, 16] {
+            let plan_path = compile_plan(&tiny_model(name), |o| {
+                o.disabled_passes = vec!["slice-last-row".into()];
+                o.max_tokens_per_step = Some(chunk as u64);
+            });
+            let plan = PlanFile::open(&plan_path).expect("open plan");
+            assert!(plan.header.io.logits_all_rows, "{name}: all rows kept");
+            let _gpu = gpu_lock();
+            let mut session = session_at(&plan, Precision::F32);
+            for case in &reference.cases {
+                let Some(all) = &case.logits else { continue };
+                total += 1;
+                session.reset();
+                block_on(session.forward_no_readback(&case.input_ids)).expect("prefill");
+                let rows = block_on(session.read_step_logits()).expect("logits");
+                let first = (case.input_ids.len() - 1) / chunk * chunk;
+                let last = block_on(session.read_logits()).expect("last logits");
+                let worst = rows
+                    .iter()
+                    .zip(&all[first..])
+                    .map(|(got, want)| max_abs_diff(got, want))
+                    .fold(0f32, f32::max);
+                if rows.len() != case.input_ids.len() - first {
+                    failures.push(format!("{name} chunk {chunk}: {} rows", rows.len()));
+                } else if worst > TINY_TOL || rows.last() != Some(&last) {
+                    failures.push(format!("{name} chunk {chunk}: rows differ by {worst}"));
+                }
+            }
+        }
+    }
+    assert!(total >= TINY_MODELS.len() * 2, "{total} cases");
+    assert_none_failed(failures, total);
 }
 
 /// Largest difference allowed between two f32 computations of the same
@@ -397,10 +468,19 @@ fn check_real(name: &str) {
 /// [`F16_TOL`], and a step's argmax may differ from the reference token only
 /// at a near-tie: where the reference margin is below twice the step's
 /// measured logit error.
+///
+/// The plan keeps every position's logits (no `slice-last-row`), so the 32
+/// steps take three forwards that cover all three paths at full scale: the
+/// prompt's prefill (step 0, its last row), one decode step (step 1), and the
+/// other 30 reference tokens as one prefill that extends the cache (steps
+/// 2..32, one per row). Step by step they took 32 forwards, on lavapipe most of
+/// the suite's time.
 fn check_real_at(name: &str, precision: Precision) {
     let reference = real_ref(name);
     let plan_path = compile_plan(&fixture(name), |o| {
         o.max_context = Some(256);
+        o.max_tokens_per_step = Some(64);
+        o.disabled_passes = vec!["slice-last-row".into()];
         if precision == Precision::F16 {
             // lavapipe's bindings hold 128 MiB: shard larger weights.
             o.target = gerbil_codegen_wgsl::Target::desktop();
@@ -437,10 +517,24 @@ fn check_real_at(name: &str, precision: Precision) {
         assert_eq!(ids, p.input_ids, "{}: prompt ids", p.id);
 
         session.reset();
-        let mut logits = block_on(session.forward(&p.input_ids)).expect("prefill");
+        let steps = p.greedy_ids.len();
+        assert!(steps >= 3, "{}: {steps} reference steps", p.id);
+        let mut step_logits = Vec::with_capacity(steps);
+        let prefill = forward_rows(&mut session, &p.input_ids);
+        step_logits.extend(prefill.into_iter().last());
+        step_logits.extend(forward_rows(&mut session, &p.greedy_ids[..1]));
+        step_logits.extend(forward_rows(&mut session, &p.greedy_ids[1..steps - 1]));
+        assert_eq!(step_logits.len(), steps, "{}: logit rows", p.id);
+
         let mut worst = 0f32;
         let mut ties = 0;
-        for (step, (&want, top)) in p.greedy_ids.iter().zip(&p.top10).enumerate() {
+        for (step, ((&want, top), logits)) in p
+            .greedy_ids
+            .iter()
+            .zip(&p.top10)
+            .zip(&step_logits)
+            .enumerate()
+        {
             let mut step_err = 0f32;
             for &(id, l) in top {
                 let d = (logits[id as usize] - l).abs();
@@ -455,27 +549,32 @@ fn check_real_at(name: &str, precision: Precision) {
             worst = worst.max(step_err);
             let margin = p.greedy_margins[step];
             if precision == Precision::F16 && margin < 2.0 * step_err {
-                ties += usize::from(argmax(&logits) != want);
+                ties += usize::from(argmax(logits) != want);
             } else {
                 assert_eq!(
-                    argmax(&logits),
+                    argmax(logits),
                     want,
                     "{}: step {step} argmax (margin {margin}, logit error {step_err})",
                     p.id
                 );
-            }
-            if step + 1 < p.greedy_ids.len() {
-                logits = block_on(session.forward(&[want])).expect("decode");
             }
         }
         eprintln!(
             "{name}/{} ({}): {}/{} tokens, max |Δlogit| over top-10 = {worst:.2e}",
             p.id,
             precision.name(),
-            p.greedy_ids.len() - ties,
-            p.greedy_ids.len()
+            steps - ties,
+            steps
         );
     }
+}
+
+/// Runs `tokens` in one step and returns the logits of each of them.
+fn forward_rows(session: &mut Session, tokens: &[u32]) -> Vec<Vec<f32>> {
+    block_on(session.forward_no_readback(tokens)).expect("forward");
+    let rows = block_on(session.read_step_logits()).expect("logits");
+    assert_eq!(rows.len(), tokens.len(), "one row of logits per token");
+    rows
 }
 
 /// SmolLM2-135M-Instruct (Llama family).

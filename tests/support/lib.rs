@@ -8,6 +8,7 @@ pub mod kernel_harness;
 pub mod reference;
 
 use gerbil_compiler::{compile, Checkpoint, CompileOptions};
+use gerbil_passes::PassReport;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
@@ -87,6 +88,14 @@ impl AsRef<Path> for TempFile {
 /// Compiles `repo` to a plan in a temp dir, letting `tweak` adjust the
 /// options; the plan is deleted when the returned value is dropped.
 pub fn compile_plan(repo: &Path, tweak: impl FnOnce(&mut CompileOptions)) -> TempFile {
+    compile_plan_reporting(repo, tweak).0
+}
+
+/// [`compile_plan`], with what each pass did.
+pub fn compile_plan_reporting(
+    repo: &Path,
+    tweak: impl FnOnce(&mut CompileOptions),
+) -> (TempFile, PassReport) {
     let dir = temp_dir("plan");
     let out = dir.path().join("model.plan");
     let mut opts = CompileOptions::default();
@@ -98,10 +107,11 @@ pub fn compile_plan(repo: &Path, tweak: impl FnOnce(&mut CompileOptions)) -> Tem
         .plan
         .write(&out)
         .unwrap_or_else(|e| panic!("writing {}: {e}", out.display()));
-    TempFile {
+    let plan = TempFile {
         path: out,
         _dir: dir,
-    }
+    };
+    (plan, compiled.passes)
 }
 
 /// One case of a `tiny-ref-v1` reference.

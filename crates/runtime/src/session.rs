@@ -586,13 +586,53 @@ impl Session {
 
     /// Copies the last step's logits to the CPU.
     pub async fn read_logits(&self) -> Result<Vec<f32>, RuntimeError> {
+        let rows = self.kept_rows();
+        let mut last = self.read_logit_rows(rows - 1, 1, &self.readback).await?;
+        Ok(last.pop().unwrap_or_default())
+    }
+
+    /// Copies the logits of every token of the last step to the CPU, one row
+    /// per token, when the plan keeps them (compiled without the
+    /// `slice-last-row` pass: perplexity, checking a model teacher-forced in
+    /// one step); else the one row the plan keeps, the last token's. Of a
+    /// forward split into chunks, the last chunk's.
+    pub async fn read_step_logits(&self) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        let rows = self.kept_rows();
+        if rows == 1 {
+            return Ok(vec![self.read_logits().await?]);
+        }
+        let desc = wgpu::BufferDescriptor {
+            label: Some("step logits readback"),
+            // rows ≤ max_tokens_per_step and vocab_size are validated: no overflow.
+            size: rows * self.vocab_size() * 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        };
+        let readback = self
+            .gpu
+            .create_buffer("allocating the step logits readback buffer", &desc)
+            .await?;
+        self.read_logit_rows(0, rows, &readback).await
+    }
+
+    /// Rows of logits the plan keeps for the last step (at least one).
+    fn kept_rows(&self) -> u64 {
+        if self.header.io.logits_all_rows {
+            self.last_step_tokens.max(1)
+        } else {
+            1
+        }
+    }
+
+    /// Copies logit rows `first..first + rows` through `readback`.
+    async fn read_logit_rows(
+        &self,
+        first: u64,
+        rows: u64,
+        readback: &wgpu::Buffer,
+    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
         let io = self.header.io.logits;
         let row_bytes = self.vocab_size() * 4;
-        let row = if self.header.io.logits_all_rows {
-            self.last_step_tokens.saturating_sub(1)
-        } else {
-            0
-        };
         let enc = self
             .gpu
             .scoped("copying the logits", || {
@@ -604,10 +644,10 @@ impl Session {
                         });
                 enc.copy_buffer_to_buffer(
                     self.buffer(io.buffer),
-                    io.offset + row * row_bytes,
-                    &self.readback,
+                    io.offset + first * row_bytes,
+                    readback,
                     0,
-                    row_bytes,
+                    rows * row_bytes,
                 );
                 enc.finish()
             })
@@ -615,9 +655,12 @@ impl Session {
         self.gpu.queue.submit([enc]);
         let vocab = self.vocab_size() as usize;
         self.gpu
-            .read_mapped(&self.readback, |bytes| {
+            .read_mapped(readback, |bytes| {
                 let all: &[f32] = bytemuck::cast_slice(bytes);
-                all[..vocab.min(all.len())].to_vec()
+                all.chunks(vocab)
+                    .take(rows as usize)
+                    .map(<[f32]>::to_vec)
+                    .collect()
             })
             .await
     }
