@@ -18,6 +18,14 @@ their configs: 256 is the default scale).
 A test binary folded from several suites (the e2e and CLI binaries: one module per former
 binary) runs once per top-level module, so the table still names each suite's time.
 
+Two runs go at once (`--jobs N` changes it; `--jobs 1` echoes each run's output as it comes):
+lavapipe keeps about 1.6 of the 2 CI cores busy, and the rest of a suite's time is one core
+compiling, validating or starting processes, so a second run fills the gaps. The longest suites
+start first (`LONG_FIRST`), then the other suites of the folded binaries (they hold the GPU work),
+then the rest; each run's output is printed whole when it ends.
+A run's seconds are its wall time on the shared machine; the table's last line is the wall time of
+all of them together.
+
 The surprise: a binary's time includes lavapipe compiling its kernels, so the table says where a
 slow suite's time goes, which `cargo test`'s own output never does.
 """
@@ -29,7 +37,9 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 RESULT = re.compile(
     r"test result: (\w+)\. (\d+) passed; (\d+) failed; (\d+) ignored; (\d+) measured; (\d+) filtered out"
@@ -79,6 +89,17 @@ QUICK_SKIP = [
 ]
 
 
+# The suites that run longest on lavapipe (the real checkpoints), longest first: started first, so
+# that none of them is left running alone at the end.
+LONG_FIRST = ["e2e real_models", "cli generation", "cli serve", "e2e models"]
+
+
+def order(label, folded):
+    """Sort key of a run: `LONG_FIRST`'s suites in its order, then folded suites, then the rest."""
+    long = [i for i, suite in enumerate(LONG_FIRST) if label.endswith(f"::{suite}")]
+    return (long[0] if long else len(LONG_FIRST), not folded)
+
+
 def counts(output):
     """(passed, failed, ignored, skipped) summed over the output's `test result:` lines."""
     passed = failed = ignored = skipped = 0
@@ -90,15 +111,16 @@ def counts(output):
     return passed, failed, ignored, skipped
 
 
-def run(cmd, cwd, env):
-    """Runs `cmd`, echoing its output; returns (ok, output, seconds)."""
+def run(cmd, cwd, env, echo):
+    """Runs `cmd`; returns (ok, output, seconds). With `echo`, its output shows as it comes."""
     start = time.monotonic()
     proc = subprocess.Popen(
         cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
     )
     lines = []
     for line in proc.stdout:
-        sys.stdout.write(line)
+        if echo:
+            sys.stdout.write(line)
         lines.append(line)
     proc.wait()
     return proc.returncode == 0, "".join(lines), time.monotonic() - start
@@ -141,6 +163,7 @@ def main():
     extra = args[args.index("--") + 1 :] if "--" in args else []
     own = args[: args.index("--")] if "--" in args else args
     quick = "--quick" in own
+    jobs = int(own[own.index("--jobs") + 1]) if "--jobs" in own else 2
     cargo = os.environ.get("CARGO") or shutil.which("cargo")
     # One proptest seed per run, printed, so that a failure reproduces with it.
     seed = os.environ.get("PROPTEST_RNG_SEED") or str(random.getrandbits(63))
@@ -153,22 +176,35 @@ def main():
     start = time.monotonic()
     binaries = build(cargo)
     built = time.monotonic() - start
-    rows = []
     # With a name filter of the caller's, each binary runs once, filtered.
     filtered = has_filter(extra)
+    planned = []
     for name, exe, cwd in binaries:
         parts = [] if filtered or name.endswith("unit)") else suites(exe, cwd, env)
-        runs = [(f"{name} {m}", [f], others) for m, f, others in parts] or [(name, [], 0)]
-        for label, args, others in runs:
-            print(f"\n=== {label}", flush=True)
-            ok, output, seconds = run([exe, *args, *extra], cwd, env)
-            passed, failed, ignored, skipped = counts(output)
-            # The other modules' tests are filtered out by design, not skipped.
-            rows.append((label, ok, passed, failed, ignored, skipped - others, seconds))
+        runs = [(f"{name} {m}", [exe, f, *extra], cwd, others, True) for m, f, others in parts]
+        planned += runs or [(name, [exe, *extra], cwd, 0, False)]
     if not extra and not quick:
-        print("\n=== doctests", flush=True)
-        ok, output, seconds = run([cargo, "test", "--workspace", "--doc"], None, env)
-        rows.append(("doctests (cargo test --doc)", ok, *counts(output), seconds))
+        doc = [cargo, "test", "--workspace", "--doc"]
+        planned.append(("doctests (cargo test --doc)", doc, None, 0, False))
+    planned.sort(key=lambda r: order(r[0], r[4]))
+
+    printing = threading.Lock()
+
+    def one(label, cmd, cwd, others, _folded):
+        if jobs == 1:
+            print(f"\n=== {label}", flush=True)
+        ok, output, seconds = run(cmd, cwd, env, echo=jobs == 1)
+        if jobs > 1:
+            with printing:
+                print(f"\n=== {label} ({seconds:.0f}s)\n{output}", end="", flush=True)
+        passed, failed, ignored, skipped = counts(output)
+        # The other modules' tests are filtered out by design, not skipped.
+        return (label, ok, passed, failed, ignored, skipped - others, seconds)
+
+    tests_start = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        rows = list(pool.map(lambda r: one(*r), planned))
+    wall = time.monotonic() - tests_start
 
     print(f"\n=== test binaries (build {built:.0f}s), slowest first")
     print(f"{'binary':<52} {'status':<7} {'pass':>5} {'fail':>5} {'ign':>4} {'skip':>4} {'secs':>6}")
@@ -178,12 +214,11 @@ def main():
             f"{name:<52} {status:<7} {passed:>5} {failed:>5} {ignored:>4} {skipped:>4} "
             f"{seconds:>6.1f}"
         )
-    total = sum(r[-1] for r in rows)
     failed = [r[0] for r in rows if not r[1]]
     sums = [sum(r[i] for r in rows) for i in (2, 3, 4, 5)]
     print(
-        f"{'total':<52} {'':<7} {sums[0]:>5} {sums[1]:>5} {sums[2]:>4} {sums[3]:>4} "
-        f"{total:>6.1f}"
+        f"{f'total ({jobs} at once, wall time)':<52} {'':<7} {sums[0]:>5} {sums[1]:>5} "
+        f"{sums[2]:>4} {sums[3]:>4} {wall:>6.1f}"
     )
     if failed:
         print("FAILED: " + ", ".join(failed))

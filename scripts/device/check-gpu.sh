@@ -22,7 +22,7 @@ bin=.device/bin
 status=0
 
 echo "=== tiny models (e2e tests) on $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
-$bin/e2e models::tiny models::chunked models::sharded models::disabled models::odd --test-threads=1 2>&1 | tee "$out/tiny.log" | grep -E "^test |test result" || status=1
+$bin/e2e models::tiny models::chunked models::weights_larger models::every_optional models::every_position models::odd --test-threads=1 2>&1 | tee "$out/tiny.log" | grep -E "^test |test result" || status=1
 echo "=== random graphs: every pass preserves results"
 $bin/e2e passes:: 2>&1 | tee "$out/passes.log" | grep -E "^test |test result" || status=1
 
