@@ -5,7 +5,10 @@
 (`cargo test --workspace --no-run`), runs each from its package's directory as `cargo test`
 would, then the doctests (`cargo test --workspace --doc`), and ends with a table: each binary,
 whether it passed, its passed/failed/ignored/skipped counts and its seconds, slowest first.
-Arguments after `--` go to every test binary (a name filter, `--ignored`, ...).
+Arguments after `--` go to every test binary (a name filter, `--ignored`, ...). `--check
+NAME=COMMAND` (repeatable) runs COMMAND beside the tests, after their build, as a row of its own
+(`scripts/test.sh` runs the API docs and the browser build so: they fill the cores lavapipe leaves
+idle).
 
 `--quick` is the edit loop's run: it skips the real-model tests (the SmolLM2 and Gemma 3 270M
 fixtures through every path, named by `QUICK_SKIP`) and the doctests, and runs an eighth of the
@@ -34,6 +37,7 @@ import json
 import os
 import random
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -91,7 +95,7 @@ QUICK_SKIP = [
 
 # The suites that run longest on lavapipe (the real checkpoints), longest first: started first, so
 # that none of them is left running alone at the end.
-LONG_FIRST = ["e2e real_models", "cli generation", "cli serve", "e2e models"]
+LONG_FIRST = ["e2e real_checkpoints", "cli generation", "cli serve", "e2e models"]
 
 
 def order(label, folded):
@@ -155,6 +159,12 @@ def suites(exe, cwd, env):
     picks = [(m, f"{m}::", sum(not n.startswith(f"{m}::") for n in names)) for m in modules]
     # A filter is a substring: it must not also pick a test of another module.
     exact = all(n.startswith(f) for _, f, _ in picks for n in names if f in n)
+    if len(modules) > 1 and not exact:
+        print(
+            f"warning: a module name of {os.path.basename(exe)} is part of another's "
+            f"({', '.join(modules)}): it runs whole, in one run",
+            flush=True,
+        )
     return picks if len(modules) > 1 and exact else []
 
 
@@ -164,6 +174,7 @@ def main():
     own = args[: args.index("--")] if "--" in args else args
     quick = "--quick" in own
     jobs = int(own[own.index("--jobs") + 1]) if "--jobs" in own else 2
+    checks = [own[i + 1].split("=", 1) for i, a in enumerate(own) if a == "--check"]
     cargo = os.environ.get("CARGO") or shutil.which("cargo")
     # One proptest seed per run, printed, so that a failure reproduces with it.
     seed = os.environ.get("PROPTEST_RNG_SEED") or str(random.getrandbits(63))
@@ -186,6 +197,8 @@ def main():
     if not extra and not quick:
         doc = [cargo, "test", "--workspace", "--doc"]
         planned.append(("doctests (cargo test --doc)", doc, None, 0, False))
+    # Beside the long suites, before the short ones.
+    planned += [(name, shlex.split(cmd), None, 0, True) for name, cmd in checks]
     planned.sort(key=lambda r: order(r[0], r[4]))
 
     printing = threading.Lock()

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gerbil's test command (what CI runs): dependencies, the SmolLM2 fixture, fmt, clippy, every test
-# binary with its wall time (scripts/run-tests.py), the API docs with warnings as errors, and the
-# browser build of the runtime, text and facade crates (wasm32 with WebGPU).
+# binary with its wall time (scripts/run-tests.py), and beside the tests the API docs with warnings
+# as errors and the browser build of the runtime, text and facade crates (wasm32 with WebGPU).
 # Every check runs even when an earlier one fails; the summary says which failed.
 #
 # `scripts/test.sh --quick` is the edit loop: the tests only, without the real-model ones, the
@@ -48,12 +48,13 @@ fi
 
 check fmt cargo fmt --all -- --check
 check clippy cargo clippy --workspace --all-targets -- -D warnings
-check test python3 scripts/run-tests.py
-# The API docs, private items included (module docs link the helpers they explain), with every
-# other rustdoc warning (a broken or ambiguous link) an error.
-check doc env RUSTDOCFLAGS="-D warnings -A rustdoc::private_intra_doc_links" \
-    cargo doc --workspace --no-deps --document-private-items
-check wasm cargo check -p gerbil-runtime -p gerbil-text -p gerbil --target wasm32-unknown-unknown
+# The tests, and beside them (rows of run-tests.py's table, after the test build) the API docs,
+# private items included (module docs link the helpers they explain), with every other rustdoc
+# warning (a broken or ambiguous link) an error, and the browser build of the runtime, text and
+# facade crates.
+check test python3 scripts/run-tests.py \
+    --check "doc=env RUSTDOCFLAGS='-D warnings -A rustdoc::private_intra_doc_links' cargo doc --workspace --no-deps --document-private-items" \
+    --check "wasm=cargo check -p gerbil-runtime -p gerbil-text -p gerbil --target wasm32-unknown-unknown"
 
 echo
 echo "=== summary"

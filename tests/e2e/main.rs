@@ -3,7 +3,7 @@
 //! run. Each module is what was its own suite — the crate-dependency picture
 //! (`architecture`), passes against the interpreter (`passes`,
 //! `interpreter`), model families against transformers (`models` on the tiny models,
-//! `real_models` on the real checkpoints), the
+//! `real_checkpoints` on the real checkpoints), the
 //! kernel templates against CPU references (`kernels`), the generation loop
 //! and the facade (`generation`, `facade`), and GPU faults (`gpu_faults`).
 //! Tests that use the GPU hold `gerbil_e2e::gpu_lock` (lavapipe already uses
@@ -17,4 +17,4 @@ mod interpreter;
 mod kernels;
 mod models;
 mod passes;
-mod real_models;
+mod real_checkpoints;

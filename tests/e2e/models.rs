@@ -1,7 +1,7 @@
 //! Model families against HF transformers reference outputs on the tiny
 //! random-weight models: every recorded logit, greedy continuations and
 //! sampling, through every variant, pass set, chunking and sharding (the
-//! real checkpoints are [`crate::real_models`]'s).
+//! real checkpoints are [`crate::real_checkpoints`]'s).
 
 use gerbil::{GenerationSettings, Model, ModelOptions};
 use gerbil_e2e::*;
