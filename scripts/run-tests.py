@@ -93,9 +93,17 @@ QUICK_SKIP = [
 ]
 
 
-# The suites that run longest on lavapipe (the real checkpoints), longest first: started first, so
+# The suites that run longest on lavapipe (the real checkpoints; the kernel cases, each a pipeline
+# lavapipe compiles when its shader cache is cold), longest first: started first, so
 # that none of them is left running alone at the end.
-LONG_FIRST = ["e2e real_checkpoints", "cli generation", "cli serve", "e2e models"]
+LONG_FIRST = [
+    "e2e real_checkpoints",
+    "e2e kernels",
+    "cli generation",
+    "cli serve",
+    "e2e models",
+    "e2e passes",
+]
 
 
 def order(label, folded):
