@@ -10,6 +10,12 @@ NAME=COMMAND` (repeatable) runs COMMAND beside the tests, after their build, as 
 (`scripts/test.sh` runs the API docs and the browser build so: they fill the cores lavapipe leaves
 idle).
 
+`--clippy` builds the workspace's crates through clippy-driver (as `cargo clippy` does), so the
+lints of every target `cargo clippy --workspace --all-targets` checks run inside the one test
+build; any warning (rustc's or clippy's) fails the table's clippy row. That spares a second,
+check-only build of every dependency (about 4 of CI's 20 minutes), and the tests still run when
+a lint fails.
+
 `--quick` is the edit loop's run: it skips the real-model tests (the SmolLM2 and Gemma 3 270M
 fixtures through every path, named by `QUICK_SKIP`) and the doctests, and runs an eighth of the
 property cases (`PROPTEST_CASES=32` unless set); each skipped test is counted in the table.
@@ -50,15 +56,42 @@ RESULT = re.compile(
 )
 
 
-def build(cargo):
-    """Builds the test binaries; returns (name, executable, package dir) for each."""
-    cmd = [cargo, "test", "--workspace", "--no-run", "--message-format=json-render-diagnostics"]
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"building the tests failed ({' '.join(cmd)})")
+def clippy_driver():
+    """The clippy-driver of the toolchain cargo uses (`rustup which`), else the one on PATH."""
+    try:
+        found = subprocess.run(
+            ["rustup", "which", "clippy-driver"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        if found.returncode == 0 and found.stdout.strip():
+            return found.stdout.strip()
+    except FileNotFoundError:
+        pass
+    return shutil.which("clippy-driver")
+
+
+def build(cargo, env):
+    """Builds the test binaries; returns ((name, executable, package dir) for each, lint count).
+
+    With a clippy-driver as `env`'s `RUSTC_WORKSPACE_WRAPPER` (as `cargo clippy` sets it),
+    the workspace's crates compile through it: the lints run inside the one build of
+    every target `cargo clippy --all-targets` checks, instead of a second, check-only build of the
+    whole dependency tree. The lint count is every warning of the build (rustc's and clippy's:
+    what `-D warnings` would refuse); each is printed as cargo would print it."""
+    form = "json-diagnostic-rendered-ansi" if sys.stderr.isatty() else "json"
+    cmd = [cargo, "test", "--workspace", "--no-run", f"--message-format={form}"]
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, env=env)
     binaries = []
+    lints = 0
     for line in proc.stdout.splitlines():
         msg = json.loads(line)
+        if msg.get("reason") == "compiler-message":
+            diagnostic = msg["message"]
+            sys.stderr.write(diagnostic.get("rendered") or "")
+            # "N warnings emitted" is a summary, not a warning of its own.
+            if diagnostic["level"] == "warning" and diagnostic["spans"]:
+                lints += 1
+            continue
         if msg.get("reason") != "compiler-artifact" or not msg.get("executable"):
             continue
         if not msg["profile"]["test"]:
@@ -72,7 +105,9 @@ def build(cargo):
         kind = "unit" if target["kind"] != ["test"] else target["name"]
         name = f"{pkg_name}::{kind}" if kind != "unit" else f"{pkg_name} ({target['name']}, unit)"
         binaries.append((name, msg["executable"], os.path.dirname(msg["manifest_path"])))
-    return binaries
+    if proc.returncode != 0:
+        sys.exit(f"building the tests failed ({' '.join(cmd)})")
+    return binaries, lints
 
 
 # Name fragments of the tests `--quick` leaves out: every test of a real checkpoint (the CLI's
@@ -183,6 +218,7 @@ def main():
     quick = "--quick" in own
     jobs = int(own[own.index("--jobs") + 1]) if "--jobs" in own else 2
     checks = [own[i + 1].split("=", 1) for i, a in enumerate(own) if a == "--check"]
+    lint = "--clippy" in own
     cargo = os.environ.get("CARGO") or shutil.which("cargo")
     # One proptest seed per run, printed, so that a failure reproduces with it.
     seed = os.environ.get("PROPTEST_RNG_SEED") or str(random.getrandbits(63))
@@ -193,7 +229,10 @@ def main():
             extra += ["--skip", fragment]
     print(f"proptest seed: PROPTEST_RNG_SEED={seed}", flush=True)
     start = time.monotonic()
-    binaries = build(cargo)
+    clippy = clippy_driver() if lint else None
+    # The doctests build the libraries again unless cargo sees the same wrapper.
+    cargo_env = dict(env, RUSTC_WORKSPACE_WRAPPER=clippy, CLIPPY_ARGS="") if clippy else env
+    binaries, lints = build(cargo, cargo_env)
     built = time.monotonic() - start
     # With a name filter of the caller's, each binary runs once, filtered.
     filtered = has_filter(extra)
@@ -204,6 +243,8 @@ def main():
         planned += runs or [(name, [exe, *extra], cwd, 0, False)]
     if not extra and not quick:
         doc = [cargo, "test", "--workspace", "--doc"]
+        if clippy:
+            doc = ["env", f"RUSTC_WORKSPACE_WRAPPER={clippy}", "CLIPPY_ARGS=", *doc]
         planned.append(("doctests (cargo test --doc)", doc, None, 0, False))
     # Beside the long suites, before the short ones.
     planned += [(name, shlex.split(cmd), None, 0, True) for name, cmd in checks]
@@ -226,6 +267,12 @@ def main():
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         rows = list(pool.map(lambda r: one(*r), planned))
     wall = time.monotonic() - tests_start
+    if lint:
+        # The lints ran inside the build: a row of their own, its count in the fail column.
+        if not clippy:
+            print("clippy-driver not found: rustup component add clippy", flush=True)
+        label = f"clippy (in the build, {lints} warnings)"
+        rows.append((label, bool(clippy) and lints == 0, 0, lints, 0, 0, 0.0))
 
     print(f"\n=== test binaries (build {built:.0f}s), slowest first")
     print(f"{'binary':<52} {'status':<7} {'pass':>5} {'fail':>5} {'ign':>4} {'skip':>4} {'secs':>6}")

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
-# gerbil's test command (what CI runs): dependencies, the SmolLM2 fixture, fmt, clippy, every test
-# binary with its wall time (scripts/run-tests.py), and beside the tests the API docs with warnings
-# as errors and the browser build of the runtime, text and facade crates (wasm32 with WebGPU).
+# gerbil's test command (what CI runs): dependencies, the SmolLM2 fixture, fmt, every test binary
+# with its wall time (scripts/run-tests.py) built through clippy (any lint or rustc warning fails
+# its row), and beside the tests the API docs with warnings as errors and the browser build of the
+# runtime, text and facade crates (wasm32 with WebGPU).
 # Every check runs even when an earlier one fails; the summary says which failed.
 #
 # `scripts/test.sh --quick` is the edit loop: the tests only, without the real-model ones, the
-# doctests and most property cases (scripts/run-tests.py --quick); no fmt, clippy, docs or wasm.
+# doctests and most property cases (scripts/run-tests.py --quick), still linted (the same build);
+# no fmt, docs or wasm.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 quick=0
@@ -41,18 +43,19 @@ check() {
 }
 
 if [ "$quick" -eq 1 ]; then
-    check test python3 scripts/run-tests.py --quick
+    check test python3 scripts/run-tests.py --quick --clippy
     printf '%s\n' "${summary[@]}"
     exit $failed
 fi
 
 check fmt cargo fmt --all -- --check
-check clippy cargo clippy --workspace --all-targets -- -D warnings
-# The tests, and beside them (rows of run-tests.py's table, after the test build) the API docs,
+# The tests, built through clippy-driver (the lints of `cargo clippy --workspace --all-targets`
+# without a second, check-only build of every dependency; a warning fails the clippy row), and
+# beside them (rows of run-tests.py's table, after the test build) the API docs,
 # private items included (module docs link the helpers they explain), with every other rustdoc
 # warning (a broken or ambiguous link) an error, and the browser build of the runtime, text and
 # facade crates.
-check test python3 scripts/run-tests.py \
+check test python3 scripts/run-tests.py --clippy \
     --check "doc=env RUSTDOCFLAGS='-D warnings -A rustdoc::private_intra_doc_links' cargo doc --workspace --no-deps --document-private-items" \
     --check "wasm=cargo check -p gerbil-runtime -p gerbil-text -p gerbil --target wasm32-unknown-unknown"
 
