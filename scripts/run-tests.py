@@ -239,23 +239,21 @@ def main():
     planned = []
     for name, exe, cwd in binaries:
         parts = [] if filtered or name.endswith("unit)") else suites(exe, cwd, env)
-        runs = [(f"{name} {m}", [exe, f, *extra], cwd, others, True) for m, f, others in parts]
-        planned += runs or [(name, [exe, *extra], cwd, 0, False)]
+        runs = [(f"{name} {m}", [exe, f, *extra], cwd, others, True, env) for m, f, others in parts]
+        planned += runs or [(name, [exe, *extra], cwd, 0, False, env)]
     if not extra and not quick:
         doc = [cargo, "test", "--workspace", "--doc"]
-        if clippy:
-            doc = ["env", f"RUSTC_WORKSPACE_WRAPPER={clippy}", "CLIPPY_ARGS=", *doc]
-        planned.append(("doctests (cargo test --doc)", doc, None, 0, False))
+        planned.append(("doctests (cargo test --doc)", doc, None, 0, False, cargo_env))
     # Beside the long suites, before the short ones.
-    planned += [(name, shlex.split(cmd), None, 0, True) for name, cmd in checks]
+    planned += [(name, shlex.split(cmd), None, 0, True, env) for name, cmd in checks]
     planned.sort(key=lambda r: order(r[0], r[4]))
 
     printing = threading.Lock()
 
-    def one(label, cmd, cwd, others, _folded):
+    def one(label, cmd, cwd, others, _folded, run_env):
         if jobs == 1:
             print(f"\n=== {label}", flush=True)
-        ok, output, seconds = run(cmd, cwd, env, echo=jobs == 1)
+        ok, output, seconds = run(cmd, cwd, run_env, echo=jobs == 1)
         if jobs > 1:
             with printing:
                 print(f"\n=== {label} ({seconds:.0f}s)\n{output}", end="", flush=True)
