@@ -118,11 +118,6 @@ QUICK_SKIP = [
     "real_models",
     "chat_answers_like_transformers",
     "generation::plain_and_chat_prompts_give_the_reference_continuations",
-    "generation::chat_over_a_pipe_keeps_history_and_reuses_the_cache",
-    "generation::flags_that_would_do_nothing_are_errors",
-    "generation::a_stop_string_cuts_the_text",
-    "generation::the_prompt_from_standard_input",
-    "generation::a_closed_pipe_stops_generation_quietly",
     "ctrl_c_while_writing_removes_the_temporary_and_keeps_the_old_plan",
     "lowered_ir_through_opt_equals_the_final_ir",
 ]

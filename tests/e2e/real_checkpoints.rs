@@ -56,7 +56,14 @@ fn check_real_at(name: &str, precision: Precision) {
         .expect("tokenizer in plan");
     let _gpu = gpu_lock();
     let mut session = session_at(&plan, precision);
-    for p in &reference.prompts {
+    // At f16 the raw prompt alone: the f32 run has checked the tokenizer and
+    // chat template on every prompt, and one prompt's 32 steps show the f16
+    // variants' error at full scale (each prompt costs a minute on lavapipe).
+    let prompts = reference
+        .prompts
+        .iter()
+        .filter(|p| precision == Precision::F32 || p.kind == "raw");
+    for p in prompts {
         let ids = match p.kind.as_str() {
             "chat" => {
                 let messages: Vec<gerbil_text::ChatMessage> = p
@@ -150,7 +157,8 @@ fn gemma3_270m_matches_transformers() {
 }
 
 /// `--precision f16` on the real models: logits within 5e-2 of
-/// transformers, greedy tokens identical but at near-ties.
+/// transformers, greedy tokens identical but at near-ties (the raw prompt
+/// of each).
 #[test]
 fn real_models_f16_match_transformers() {
     check_real_at("smollm2-135m", Precision::F16);

@@ -1,6 +1,9 @@
 //! `gerbil-run` generation as people use it: the plain run, `chat` over a
 //! pipe, generation flags and their errors, `--ctx`, standard input as the
-//! prompt, and a reader that closes the pipe.
+//! prompt, stop strings, and a reader that closes the pipe. SmolLM2 gives
+//! the reference continuations (a real tokenizer and chat template); the
+//! other text paths run on the tiny Llama with text of the tests' own
+//! ([`tiny_text_plan`]), a thousand times faster on lavapipe.
 
 use crate::common::*;
 use gerbil_text::TextCodec;
@@ -44,7 +47,9 @@ fn chat_answer() -> (Vec<u32>, String) {
 #[test]
 fn plain_and_chat_prompts_give_the_reference_continuations() {
     let plan = smollm2_plan().to_str().unwrap();
-    // A raw prompt, 32 tokens, ignoring end-of-sequence as the reference did.
+    // A raw prompt, the reference's first 8 tokens (a decode step costs a
+    // second on lavapipe; the real-model suite checks all 32), ignoring
+    // end-of-sequence as the reference did.
     let raw = reference_prompt("raw_french_emoji");
     let text = raw["text"].as_str().unwrap();
     let o = gerbil_run(&[
@@ -52,15 +57,15 @@ fn plain_and_chat_prompts_give_the_reference_continuations() {
         "--prompt",
         text,
         "--max-new-tokens",
-        "32",
+        "8",
         "--ignore-eos",
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
-    let want = codec().decode(&ids(&raw["greedy_ids"]), true).unwrap();
+    let want = codec().decode(&ids(&raw["greedy_ids"])[..8], true).unwrap();
     assert_eq!(stdout(&o), format!("{want}\n"));
     let err = stderr(&o);
     assert!(
-        err.contains("prompt 24 tokens") && err.contains("generated 32 tokens"),
+        err.contains("prompt 24 tokens") && err.contains("generated 8 tokens"),
         "{err}"
     );
     assert!(err.contains("finish length"), "{err}");
@@ -80,32 +85,53 @@ fn plain_and_chat_prompts_give_the_reference_continuations() {
     assert!(json.get("seed").is_none(), "greedy has no seed");
 }
 
+/// The number before `word` in a timing line (`prompt 25 tokens (12 cached) … generated 30
+/// tokens …`).
+fn count_before(line: &str, word: &str) -> usize {
+    let at = line
+        .find(word)
+        .unwrap_or_else(|| panic!("`{word}` in `{line}`"));
+    line[at + word.len()..]
+        .split_whitespace()
+        .next()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("a count after `{word}` in `{line}`"))
+}
+
 #[test]
 fn chat_over_a_pipe_keeps_history_and_reuses_the_cache() {
-    let plan = smollm2_plan().to_str().unwrap();
-    let question = reference_prompt("chat_capital")["messages"][0]["content"]
-        .as_str()
-        .unwrap()
-        .to_string();
-    let (answer_ids, answer) = chat_answer();
-    let input = format!("{question}\n/stats\nAnd of Germany?\n/bogus\n/reset\n/exit\nnever read\n");
+    let dir = temp("chat-pipe");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let plan = plan.to_str().unwrap();
+    let question = "what is the capital of france";
+    let solo = gerbil_run(&[
+        plan,
+        "--chat",
+        "--prompt",
+        question,
+        "--max-new-tokens",
+        "12",
+    ]);
+    assert!(solo.status.success(), "{}", stderr(&solo));
+    let input = format!("{question}\n/stats\nand of germany\n/bogus\n/reset\n/exit\nnever read\n");
     let o = gerbil_run_stdin(&[plan, "chat", "--max-new-tokens", "12"], &input);
     assert!(o.status.success(), "{}", stderr(&o));
     let out = stdout(&o);
-    let lines: Vec<&str> = out.lines().collect();
-    assert_eq!(lines[0], answer, "first answer:\n{out}");
-    assert_eq!(lines.len(), 2, "two answers:\n{out}");
+    // The first turn answers as the one-shot `--chat` run does.
+    assert!(out.starts_with(&stdout(&solo)), "first answer:\n{out}");
     let err = stderr(&o);
     let timing: Vec<&str> = err.lines().filter(|l| l.starts_with("prompt ")).collect();
-    assert_eq!(timing.len(), 2, "{err}");
-    // Turn two prefills only itself: the first prompt (42 tokens) and the
-    // answer but its last token are cached.
-    let cached = 42 + answer_ids.len() - 1;
-    assert!(
-        timing[1].contains(&format!("({cached} cached)")),
-        "{}",
-        timing[1]
+    assert_eq!(timing.len(), 2, "two answers, none after /exit: {err}");
+    // Turn two reuses the cache: at least turn one's prompt. (How much of
+    // the answer also: the random model's answer need not tokenize again
+    // as it was drawn; the facade's `chat_answers_like_transformers_and_reuses_earlier_turns`
+    // counts it exactly on SmolLM2.)
+    let (first, second) = (
+        count_before(timing[0], "prompt "),
+        count_before(timing[1], "prompt "),
     );
+    let cached = count_before(timing[1], "(");
+    assert!(first <= cached && cached < second, "{}", timing[1]);
     assert!(err.contains("2 messages;"), "/stats: {err}");
     assert!(err.contains("unknown command /bogus"), "{err}");
     assert!(err.contains("(conversation forgotten)"), "{err}");
@@ -113,9 +139,10 @@ fn chat_over_a_pipe_keeps_history_and_reuses_the_cache() {
 
 #[test]
 fn flags_that_would_do_nothing_are_errors() {
-    let (_d, tiny) = tiny_plan("flags", &["--max-context", "16"]);
+    let (d, tiny) = tiny_plan("flags", &["--max-context", "16"]);
     let tiny = tiny.to_str().unwrap();
-    let plan = smollm2_plan().to_str().unwrap();
+    let text = tiny_text_plan(d.path(), &[]);
+    let plan = text.to_str().unwrap();
     let cases: &[(&[&str], &str)] = &[
         (
             &[tiny, "--input-ids", "1,2", "--top-logits", "3"],
@@ -277,14 +304,17 @@ fn seeds_and_penalties() {
 
 #[test]
 fn a_stop_string_cuts_the_text() {
-    let plan = smollm2_plan().to_str().unwrap();
+    let dir = temp("stop");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let plan = plan.to_str().unwrap();
     let run = |extra: &[&str]| {
         let mut args = vec![
             plan,
             "--prompt",
-            "Once upon a time",
+            "once upon a time",
             "--max-new-tokens",
-            "8",
+            "16",
+            "--ignore-eos",
             "--json",
         ];
         args.extend_from_slice(extra);
@@ -294,7 +324,13 @@ fn a_stop_string_cuts_the_text() {
     };
     let greedy = run(&[]);
     let text = greedy["text"].as_str().unwrap().to_string();
-    let word: String = text.split_whitespace().nth(2).unwrap().to_string();
+    // Two letters from the middle of the text: the stop string may start
+    // inside one token and end in the next.
+    let chars: Vec<(usize, char)> = text.char_indices().collect();
+    let word = (3..chars.len().saturating_sub(1))
+        .map(|i| format!("{}{}", chars[i].1, chars[i + 1].1))
+        .find(|w| w.chars().all(|c| c.is_ascii_alphabetic()))
+        .unwrap_or_else(|| panic!("two letters in the greedy text {text:?}"));
     let stopped = run(&["--stop", &word]);
     assert_eq!(stopped["finish_reason"], "stop");
     let cut = &text[..text.find(&word).unwrap()];
@@ -303,34 +339,41 @@ fn a_stop_string_cuts_the_text() {
 
 #[test]
 fn the_prompt_from_standard_input() {
-    let plan = smollm2_plan().to_str().unwrap();
+    let dir = temp("stdin");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let plan = plan.to_str().unwrap();
     let direct = gerbil_run(&[
         plan,
         "--prompt",
-        "The capital of France is",
+        "the capital of france is",
         "--max-new-tokens",
-        "4",
+        "8",
     ]);
     let dash = gerbil_run_stdin(
-        &[plan, "--prompt", "-", "--max-new-tokens", "4"],
-        "The capital of France is\n",
+        &[plan, "--prompt", "-", "--max-new-tokens", "8"],
+        "the capital of france is\n",
     );
-    let piped = gerbil_run_stdin(&[plan, "--max-new-tokens", "4"], "The capital of France is");
+    let piped = gerbil_run_stdin(&[plan, "--max-new-tokens", "8"], "the capital of france is");
     assert!(direct.status.success(), "{}", stderr(&direct));
+    assert!(!stdout(&direct).trim().is_empty(), "{}", stderr(&direct));
     assert_eq!(stdout(&dash), stdout(&direct), "{}", stderr(&dash));
     assert_eq!(stdout(&piped), stdout(&direct), "{}", stderr(&piped));
 }
 
 #[test]
 fn a_closed_pipe_stops_generation_quietly() {
-    let plan = smollm2_plan().to_str().unwrap();
+    // A context far past the tiny model's 128 positions (it only warns), so
+    // the generation outlasts the reader by seconds.
+    let dir = temp("closed-pipe");
+    let plan = tiny_text_plan(dir.path(), &["--max-context", "1024"]);
+    let plan = plan.to_str().unwrap();
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let mut child = gerbil_run_command(&[
         plan,
         "--prompt",
-        "Once upon a time",
+        "once upon a time",
         "--max-new-tokens",
-        "200",
+        "1000",
         "--ignore-eos",
     ])
     .stdout(Stdio::piped())
@@ -349,6 +392,6 @@ fn a_closed_pipe_stops_generation_quietly() {
     let err = stderr(&o);
     assert!(o.status.success(), "exit {:?}: {err}", o.status);
     assert!(!err.contains("error") && !err.contains("panicked"), "{err}");
-    // It stopped instead of finishing: no timing line for 200 tokens.
-    assert!(!err.contains("generated 200 tokens"), "{err}");
+    // It stopped instead of finishing: no timing line for 1000 tokens.
+    assert!(!err.contains("generated 1000 tokens"), "{err}");
 }

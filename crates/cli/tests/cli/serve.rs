@@ -2,8 +2,9 @@
 //! socket (`--port 0`, the port read from its `listening on` line), spoken
 //! to over raw HTTP/1.1. SmolLM2 answers the reference chat message with
 //! the reference text (whole and streamed); the tiny Llama, given a
-//! byte-level tokenizer and a chat template of the test's own, covers the
-//! rest: concurrent clients, a client that disconnects mid-stream, and an
+//! byte-level tokenizer and a chat template of the tests' own
+//! ([`tiny_text_plan`]), covers the rest: seeded sampling equal to the
+//! CLI's, concurrent clients, a client that disconnects mid-stream, and an
 //! OpenAI error object for each kind of bad request.
 
 use crate::common::*;
@@ -11,95 +12,10 @@ use gerbil_text::TextCodec;
 use serde_json::{json, Value};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{Shutdown, TcpStream};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
-
-/// GPT-2's byte-to-character map of byte-level tokenizers.
-fn byte_chars() -> Vec<char> {
-    let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || b >= 0xae;
-    let mut next = 256;
-    (0..256u32)
-        .map(|b| {
-            if printable(b) {
-                char::from_u32(b).unwrap()
-            } else {
-                next += 1;
-                char::from_u32(next - 1).unwrap()
-            }
-        })
-        .collect()
-}
-
-/// A byte-level BPE `tokenizer.json` of exactly 512 ids for the tiny Llama:
-/// three special tokens (`<|im_end|>` is id 2, its end-of-sequence), the
-/// 256 bytes, and merges of letter pairs for the rest.
-fn tiny_tokenizer() -> Value {
-    let specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"];
-    let mut vocab = serde_json::Map::new();
-    for (i, s) in specials.iter().enumerate() {
-        vocab.insert(s.to_string(), json!(i));
-    }
-    for (b, c) in byte_chars().into_iter().enumerate() {
-        vocab.insert(c.to_string(), json!(specials.len() + b));
-    }
-    let letters: Vec<String> = "Ġetaoinshrdlcumwfgypbvk"
-        .chars()
-        .map(String::from)
-        .collect();
-    let mut merges = Vec::new();
-    'pairs: for a in &letters {
-        for b in &letters {
-            if vocab.len() == 512 {
-                break 'pairs;
-            }
-            let merged = format!("{a}{b}");
-            if !vocab.contains_key(&merged) {
-                vocab.insert(merged, json!(vocab.len()));
-                merges.push(json!([a, b]));
-            }
-        }
-    }
-    let added: Vec<Value> = specials
-        .iter()
-        .enumerate()
-        .map(|(i, s)| {
-            json!({"id": i, "content": s, "single_word": false, "lstrip": false,
-                   "rstrip": false, "normalized": false, "special": true})
-        })
-        .collect();
-    json!({
-        "version": "1.0",
-        "truncation": null,
-        "padding": null,
-        "added_tokens": added,
-        "normalizer": null,
-        "pre_tokenizer": {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true},
-        "post_processor": null,
-        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
-        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": "",
-                  "end_of_word_suffix": "", "fuse_unk": false, "byte_fallback": false,
-                  "ignore_merges": false, "vocab": vocab, "merges": merges},
-    })
-}
-
-/// The tiny Llama with [`tiny_tokenizer`] and a ChatML template, compiled
-/// into `dir` with `extra` flags.
-fn tiny_text_plan(dir: &Path, extra: &[&str]) -> PathBuf {
-    let model = dir.join("tiny-text");
-    std::fs::create_dir_all(&model).unwrap();
-    for f in ["config.json", "generation_config.json", "model.safetensors"] {
-        std::fs::copy(data("models/tiny/llama").join(f), model.join(f)).unwrap();
-    }
-    std::fs::write(model.join("tokenizer.json"), tiny_tokenizer().to_string()).unwrap();
-    let template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
-    let config = json!({"chat_template": template, "eos_token": "<|im_end|>"});
-    std::fs::write(model.join("tokenizer_config.json"), config.to_string()).unwrap();
-    let plan = dir.join("tiny.plan");
-    compile_to(&model, &plan, extra);
-    plan
-}
 
 /// A running `gerbil-run PLAN serve --port 0`; killed when dropped.
 struct Server {
@@ -468,13 +384,6 @@ fn smollm2_chat_completion_is_the_reference_text() {
         raw["input_ids"].as_array().unwrap().len()
     );
     assert_eq!(v["usage"]["completion_tokens"], n);
-
-    // A sampled request draws the same text through `gerbil-run` (one settings resolver
-    // behind both): SmolLM2's generation config has no `do_sample`, so both sample with
-    // transformers' top-k 50.
-    let prompt = raw["text"].as_str().unwrap();
-    let served = server_sampled_text(&server, prompt, 7);
-    assert_eq!(cli_sampled_text(&plan, prompt, 7), served);
 }
 
 /// `gerbil-run PLAN --prompt P --temperature 0.8 --seed S --max-new-tokens 24 --json`'s text
@@ -507,8 +416,9 @@ fn server_sampled_text(server: &Server, prompt: &str, seed: u64) -> String {
 }
 
 /// One settings resolver behind both: a sampled request gives the same text through
-/// `gerbil-run` and through the server (SmolLM2 in the test above, the tiny Llama here); ten
-/// seeds draw at least two continuations, and a seed drawn twice gives the same one.
+/// `gerbil-run` and through the server (the tiny Llama's generation config, like SmolLM2's, has
+/// no `do_sample`, so both sample with transformers' top-k 50 of its 512 tokens); ten seeds draw
+/// at least two continuations, and a seed drawn twice gives the same one.
 #[test]
 fn the_cli_and_the_server_draw_the_same_text_for_a_seed() {
     let dir = temp("same-text");

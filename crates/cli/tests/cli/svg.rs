@@ -1,8 +1,9 @@
 //! The pictures the tools draw, rendered as a viewer would: `gerbilc inspect
 //! --svg` (one layer's fused graph) and `gerbil-run bench --sweep --plot`
 //! (speed against context) on the tiny Llama, each SVG parsed by usvg and
-//! rasterized to PNG by resvg. Text needs a system font to show; without
-//! one the boxes, lines and markers still must paint the image.
+//! rasterized to PNG by resvg. resvg is built without text support (the
+//! font stack cost a minute of every test build), so the text is checked in
+//! the SVG's source and the boxes, lines and markers must paint the image.
 
 use crate::common::*;
 use gerbil_cli::graph_svg::layer_graph;
@@ -12,19 +13,7 @@ use std::path::Path;
 /// Parses `svg`, renders it on white and round-trips the PNG; returns the
 /// size and how many pixels are not white.
 fn render_png(svg: &str, png: &Path) -> (u32, u32, usize) {
-    let mut opt = usvg::Options::default();
-    let fonts = opt.fontdb_mut();
-    fonts.load_system_fonts();
-    // The SVGs ask for `sans-serif`; fontdb maps it to Arial, which a Linux
-    // machine may lack: any installed family will do.
-    let family = fonts
-        .faces()
-        .next()
-        .and_then(|f| f.families.first())
-        .map(|(name, _)| name.clone());
-    if let Some(family) = family {
-        fonts.set_sans_serif_family(family);
-    }
+    let opt = usvg::Options::default();
     let tree = usvg::Tree::from_str(svg, &opt).expect("the SVG parses");
     let size = tree.size().to_int_size();
     let mut pixmap = tiny_skia::Pixmap::new(size.width(), size.height()).expect("a canvas");

@@ -1,6 +1,9 @@
 //! Helpers the command-line tests share: running the real binaries, temp
-//! directories, compiling the tiny Llama and the SmolLM2 fixture, and the
-//! transformers references.
+//! directories, compiling the tiny Llama (with text of the tests' own: [`tiny_text_plan`]) and
+//! the SmolLM2 fixture, and the transformers references.
+
+mod tiny_text;
+pub use tiny_text::tiny_text_plan;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
