@@ -127,11 +127,12 @@ QUICK_SKIP = [
 # lavapipe compiles when its shader cache is cold), longest first: started first, so
 # that none of them is left running alone at the end.
 LONG_FIRST = [
-    "e2e real_checkpoints",
     "e2e kernels",
-    "cli generation",
-    "cli serve",
+    "e2e real_checkpoints",
     "e2e models",
+    "e2e facade",
+    "cli serve",
+    "cli generation",
     "e2e passes",
 ]
 
