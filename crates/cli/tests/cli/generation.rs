@@ -21,6 +21,19 @@ fn smollm2_plan() -> &'static PathBuf {
         .1
 }
 
+/// The tiny Llama with text of the tests' own, compiled once for the whole
+/// file, its context far past the model's 128 positions (it only warns) so
+/// that a long generation outlasts a reader by seconds.
+fn tiny_text() -> &'static str {
+    static PLAN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
+    let (_, plan) = PLAN.get_or_init(|| {
+        let dir = temp("tiny-text");
+        let plan = tiny_text_plan(dir.path(), &["--max-context", "1024"]);
+        (dir, plan)
+    });
+    plan.to_str().unwrap()
+}
+
 fn codec() -> TextCodec {
     let bytes = std::fs::read(smollm2_dir().join("tokenizer.json")).unwrap();
     TextCodec::from_tokenizer_json(&bytes).unwrap()
@@ -100,9 +113,7 @@ fn count_before(line: &str, word: &str) -> usize {
 
 #[test]
 fn chat_over_a_pipe_keeps_history_and_reuses_the_cache() {
-    let dir = temp("chat-pipe");
-    let plan = tiny_text_plan(dir.path(), &[]);
-    let plan = plan.to_str().unwrap();
+    let plan = tiny_text();
     let question = "what is the capital of france";
     let solo = gerbil_run(&[
         plan,
@@ -139,10 +150,9 @@ fn chat_over_a_pipe_keeps_history_and_reuses_the_cache() {
 
 #[test]
 fn flags_that_would_do_nothing_are_errors() {
-    let (d, tiny) = tiny_plan("flags", &["--max-context", "16"]);
+    let (_d, tiny) = tiny_plan("flags", &["--max-context", "16"]);
     let tiny = tiny.to_str().unwrap();
-    let text = tiny_text_plan(d.path(), &[]);
-    let plan = text.to_str().unwrap();
+    let plan = tiny_text();
     let cases: &[(&[&str], &str)] = &[
         (
             &[tiny, "--input-ids", "1,2", "--top-logits", "3"],
@@ -304,9 +314,7 @@ fn seeds_and_penalties() {
 
 #[test]
 fn a_stop_string_cuts_the_text() {
-    let dir = temp("stop");
-    let plan = tiny_text_plan(dir.path(), &[]);
-    let plan = plan.to_str().unwrap();
+    let plan = tiny_text();
     let run = |extra: &[&str]| {
         let mut args = vec![
             plan,
@@ -339,9 +347,7 @@ fn a_stop_string_cuts_the_text() {
 
 #[test]
 fn the_prompt_from_standard_input() {
-    let dir = temp("stdin");
-    let plan = tiny_text_plan(dir.path(), &[]);
-    let plan = plan.to_str().unwrap();
+    let plan = tiny_text();
     let direct = gerbil_run(&[
         plan,
         "--prompt",
@@ -362,11 +368,7 @@ fn the_prompt_from_standard_input() {
 
 #[test]
 fn a_closed_pipe_stops_generation_quietly() {
-    // A context far past the tiny model's 128 positions (it only warns), so
-    // the generation outlasts the reader by seconds.
-    let dir = temp("closed-pipe");
-    let plan = tiny_text_plan(dir.path(), &["--max-context", "1024"]);
-    let plan = plan.to_str().unwrap();
+    let plan = tiny_text();
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let mut child = gerbil_run_command(&[
         plan,
