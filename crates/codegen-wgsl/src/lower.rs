@@ -220,7 +220,8 @@ impl Lowering<'_> {
                             glu: glu.is_some(),
                             wdtype: spec.wdtype,
                         };
-                        let tile = tile_for(self.gemm_tiles, shape, workgroup_bytes);
+                        let tile =
+                            tile_for(self.gemm_tiles, shape, self.max_tokens, workgroup_bytes);
                         let template = MatMulTemplate::Gemm { tile: tile.tag() };
                         (gemm::kernel(&spec, tile), template)
                     }

@@ -65,12 +65,18 @@ pub fn gemm_shapes(graph: &Graph) -> Vec<GemmShape> {
     shapes
 }
 
-/// The tile for `shape` within `max_workgroup_bytes`: the tuned one when
-/// `tiles` has one the target can run, else [`GemmTile::choose`]'s.
-pub fn tile_for(tiles: &GemmTiles, shape: GemmShape, max_workgroup_bytes: u32) -> GemmTile {
+/// The tile for `shape` in steps of at most `max_rows` rows within
+/// `max_workgroup_bytes`: the tuned one when `tiles` has one the target can
+/// run, else [`GemmTile::choose`]'s.
+pub fn tile_for(
+    tiles: &GemmTiles,
+    shape: GemmShape,
+    max_rows: u32,
+    max_workgroup_bytes: u32,
+) -> GemmTile {
     tiles
         .get(&shape)
         .copied()
         .filter(|t| t.supports(shape.glu) && t.workgroup_bytes() <= max_workgroup_bytes)
-        .unwrap_or_else(|| GemmTile::choose(shape.n, shape.glu, max_workgroup_bytes))
+        .unwrap_or_else(|| GemmTile::choose(shape.n, shape.glu, max_rows, max_workgroup_bytes))
 }

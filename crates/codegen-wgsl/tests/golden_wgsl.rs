@@ -475,9 +475,15 @@ fn golden_gemm_kernels() {
         false,
         None,
     );
-    golden(gemm::kernel(&gate_up, GemmTile::choose(1536, true, limit)));
+    golden(gemm::kernel(
+        &gate_up,
+        GemmTile::choose(1536, true, 256, limit),
+    ));
     let down = spec(1536, 576, DType::BF16, None, None, true, false, None);
-    golden(gemm::kernel(&down, GemmTile::choose(576, false, limit)));
+    golden(gemm::kernel(
+        &down,
+        GemmTile::choose(576, false, 256, limit),
+    ));
     let odd = spec(
         7,
         37,

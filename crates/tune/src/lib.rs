@@ -125,7 +125,7 @@ pub async fn tune(
     let mut best: HashMap<GemmShape, (GemmTile, f64)> = shapes
         .iter()
         .filter_map(|s| {
-            let tile = tile_for(&GemmTiles::new(), *s, room);
+            let tile = tile_for(&GemmTiles::new(), *s, rows, room);
             defaults.get(s).map(|m| (*s, (tile, *m)))
         })
         .collect();

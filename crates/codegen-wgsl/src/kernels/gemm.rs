@@ -110,14 +110,25 @@ impl GemmTile {
     }
 
     /// The tile for `n` outputs (a gated matmul's `n`, not its `2n` weight
-    /// rows) within `max_workgroup_bytes`: the largest candidate that still
-    /// gives [`TARGET_GROUPS`] workgroups at [`REF_ROWS`] rows (large tiles
-    /// reuse each load more; small ones fill the GPU when `n` is small), else
-    /// the smallest that fits.
-    pub fn choose(n: u32, glu: bool, max_workgroup_bytes: u32) -> GemmTile {
+    /// rows) of steps of at most `max_rows` rows, within
+    /// `max_workgroup_bytes`: among the tiles no taller than such a step
+    /// needs (`max_rows` rounded up to a power of two, at least the 32 rows
+    /// of the smallest tile), the largest candidate that still gives
+    /// [`TARGET_GROUPS`] workgroups at [`REF_ROWS`] rows (large tiles reuse
+    /// each load more; small ones fill the GPU when `n` is small), else the
+    /// smallest that fits. Plans with steps of 128 rows or more (every
+    /// default) choose among all candidates; one whose steps hold at most 32
+    /// rows runs 32-row blocks, not 128-row ones three quarters empty.
+    pub fn choose(n: u32, glu: bool, max_rows: u32, max_workgroup_bytes: u32) -> GemmTile {
+        let tallest = max_rows
+            .max(1)
+            .checked_next_power_of_two()
+            .map_or(u32::MAX, |r| r.max(32));
         let fitting: Vec<GemmTile> = Self::CANDIDATES
             .into_iter()
-            .filter(|t| t.supports(glu) && t.workgroup_bytes() <= max_workgroup_bytes)
+            .filter(|t| {
+                t.supports(glu) && t.workgroup_bytes() <= max_workgroup_bytes && t.bm <= tallest
+            })
             .collect();
         let groups = |t: &GemmTile| REF_ROWS.div_ceil(t.bm) * n.div_ceil(t.out_cols(glu));
         fitting
@@ -431,5 +442,35 @@ pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
             s.rows.count(1, bm),
         ],
         workgroup_bytes: tile.workgroup_bytes(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GemmTile;
+
+    /// Steps of 128 rows or more choose among every candidate, as every
+    /// default plan did before the row bound; shorter steps never get a
+    /// block taller than they need.
+    #[test]
+    fn short_steps_choose_short_blocks() {
+        let bytes = 16 << 10;
+        for n in [64, 576, 1536, 8192, 49_152, 262_144] {
+            for glu in [false, true] {
+                let any = GemmTile::choose(n, glu, 128, bytes);
+                assert_eq!(GemmTile::choose(n, glu, 4096, bytes), any);
+                assert_eq!(GemmTile::choose(n, glu, u32::MAX, bytes), any);
+                for rows in [0, 1, 30, 32, 33, 64, 100] {
+                    let t = GemmTile::choose(n, glu, rows, bytes);
+                    let tallest = rows.max(1).next_power_of_two().max(32);
+                    assert!(
+                        t.bm <= tallest && t.supports(glu),
+                        "{n} {glu} {rows}: {t:?}"
+                    );
+                }
+            }
+        }
+        assert_eq!(GemmTile::choose(262_144, false, 512, bytes).bm, 128);
+        assert_eq!(GemmTile::choose(262_144, false, 30, bytes).bm, 32);
     }
 }
