@@ -2293,13 +2293,13 @@ fn emulate_coop(src: &KernelSource) -> KernelSource {
 /// takes lavapipe seconds to compile), with 64 × 64 blocks, unsplit and
 /// split 2 or 3 ways; leaving those whose emulated products would take it
 /// long, and the larger blocks, to [`gemm_coop_matches_reference`]:
-/// lavapipe gives NaN in the emulation of blocks with 8 or more
-/// accumulators per subgroup from about 10 K tiles on (as it does for
-/// 64 × 64 blocks from the 15th K tile: K = 448 passes, 480 is off by about
-/// one tile, 512 gives wrong sums or NaN — a lavapipe miscompile of the
-/// emulation, not the kernel's, so the cases with `K > 448` are not emulated
-/// here), while every block shape and every K (up to 8192) passes for real
-/// on the H100 (docs/performance.md).
+/// lavapipe gave NaN in the first emulation (accumulators passed as array
+/// values) of blocks with 8 or more accumulators per subgroup from about 10
+/// K tiles on (as it did for 64 × 64 blocks from the 15th K tile: K = 448
+/// passed, 480 was off by about one tile, 512 gave wrong sums or NaN — a
+/// lavapipe miscompile of the emulation, not the kernel's, so the cases
+/// with `K > 448` are not emulated here), while every block shape and every
+/// K (up to 8192) passes for real on the H100 (docs/performance.md).
 #[test]
 fn gemm_coop_emulated_matches_reference() {
     check_emulated(|c| c.k <= 448);
