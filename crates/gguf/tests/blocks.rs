@@ -1,0 +1,48 @@
+//! Every block type gerbil decodes, against gguf-py's dequantization of the
+//! same random blocks (`tests/data/blocks.gguf`, made by
+//! `scripts/make-gguf-blocks.py`): equal bit for bit.
+
+use gerbil_gguf::{GgufFile, TensorType};
+use std::path::Path;
+
+fn blocks() -> GgufFile {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/blocks.gguf");
+    GgufFile::open(&path).unwrap()
+}
+
+#[test]
+fn every_supported_type_decodes_like_gguf_py() {
+    let gguf = blocks();
+    for ty in TensorType::SUPPORTED {
+        if ty == TensorType::F32 {
+            continue; // the references are F32 themselves
+        }
+        let q = gguf.tensor(&format!("{ty}.q")).unwrap();
+        let want = gguf.tensor(&format!("{ty}.want")).unwrap();
+        assert_eq!(q.ty, ty);
+        assert_eq!(q.shape(), want.shape(), "{ty}");
+        let (got, want) = (gguf.read_f32(q).unwrap(), gguf.read_f32(want).unwrap());
+        assert!(want.iter().any(|&v| v != 0.0), "{ty}: a reference of zeros");
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{ty} value {i}: {g} != {w}");
+        }
+    }
+}
+
+#[test]
+fn unsupported_types_are_named() {
+    let q2k = TensorType::from_name("q2_k").unwrap();
+    let err = q2k.dequantize(&[0; 84], &mut [0.0; 256]).unwrap_err();
+    assert!(
+        err.contains("Q2_K is not supported") && err.contains("Q4_K"),
+        "{err}"
+    );
+}
+
+#[test]
+fn lengths_that_are_not_whole_blocks_are_refused() {
+    let err = TensorType::Q4_0
+        .dequantize(&[0; 19], &mut [0.0; 32])
+        .unwrap_err();
+    assert!(err.contains("19 bytes"), "{err}");
+}
