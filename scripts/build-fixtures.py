@@ -14,7 +14,8 @@ For each model:
      header, `{"format":"pt"}` metadata, tensors sorted by name, header space-padded to 8 bytes);
   3. copy the small files kept in tests/data/models/<name>/ (config, generation config, tokenizer,
      tokenizer config, chat template, fixture.json); `tokenizer.json.gz` is unpacked to tokenizer.json;
-  4. check model.safetensors against the sha256 recorded in fixture.json (made by transformers 5.23
+  4. link the GGUF into OUT/<name>/gguf/ (the GGUF loader's tests compare it with the weights);
+  5. check model.safetensors against the sha256 recorded in fixture.json (made by transformers 5.23
      from the same GGUF), so a change in any dependency fails loudly instead of shipping other weights.
 
 Idempotent: a model whose output already has the recorded sha256 and identical small files is
@@ -269,6 +270,7 @@ def build(name, out_root, cache, force):
     dest = os.path.join(out_root, name)
     if not force and is_built(name, dest, manifest):
         log(f"{name}: already built at {dest} (sha256 matches), skipping")
+        link_gguf(name, spec, manifest, cache, dest)
         return
     t0 = time.time()
     os.makedirs(dest, exist_ok=True)
@@ -288,7 +290,21 @@ def build(name, out_root, cache, force):
     if got != manifest["model_safetensors_sha256"]:
         fail(f"{name}: model.safetensors sha256 {got} != recorded {manifest['model_safetensors_sha256']} "
              "(a different gguf or numpy version? the hashes were made with gguf 0.19.0)")
+    link_gguf(name, spec, manifest, cache, dest, gguf_path)
     log(f"{name}: OK sha256 {got} ({time.time() - t0:.1f}s)")
+
+
+def link_gguf(name, spec, manifest, cache, dest, gguf_path=None):
+    """DEST/gguf/<file>: a link to the cached GGUF the fixture was built from (the GGUF loader's tests
+    read it next to the weights transformers made from it)."""
+    link = os.path.join(dest, "gguf", spec["gguf_file"])
+    if os.path.isfile(link):
+        return
+    target = gguf_path or fetch_gguf(name, spec, manifest, cache)
+    os.makedirs(os.path.dirname(link), exist_ok=True)
+    if os.path.lexists(link):
+        os.unlink(link)
+    os.symlink(os.path.abspath(target), link)
 
 
 def main():

@@ -20,7 +20,7 @@
 
 use crate::config::HfConfig;
 use crate::error::{FrontendError, Result};
-use crate::safetensors_store::{SafetensorsStore, TensorView};
+use crate::weights::{WeightStore, TensorView};
 use crate::text::TextAssets;
 use serde_json::Value;
 use std::path::{Path, PathBuf};
@@ -40,7 +40,7 @@ pub struct Checkpoint {
     /// The keys every decoder family shares, normalized across transformers versions.
     pub config: HfConfig,
     /// The weights (empty when the directory has none).
-    pub weights: SafetensorsStore,
+    pub weights: WeightStore,
     /// Whether weight files were found.
     pub has_weights: bool,
     /// Tokenizer, chat template and special tokens.
@@ -48,24 +48,33 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    /// Opens a checkpoint directory: parses `config.json`, maps
-    /// `model.safetensors` (or the shards of `model.safetensors.index.json`)
-    /// and reads the optional text assets.
+    /// Opens a checkpoint: a directory (parses `config.json`, opens
+    /// `model.safetensors` or the shards of `model.safetensors.index.json`
+    /// and reads the optional text assets), a GGUF file ([`crate::gguf`]),
+    /// or a directory without `config.json` that holds exactly one GGUF file.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
         let meta = std::fs::metadata(dir).map_err(|source| FrontendError::Io {
             path: dir.to_path_buf(),
             source,
         })?;
+        if meta.is_file() && crate::gguf::is_gguf(dir) {
+            return crate::gguf::open(dir);
+        }
         if !meta.is_dir() {
             return Err(FrontendError::Io {
                 path: dir.to_path_buf(),
                 source: std::io::Error::new(
                     std::io::ErrorKind::NotADirectory,
-                    "expected a HuggingFace model directory",
+                    "expected a HuggingFace model directory or a GGUF file",
                 ),
             });
         }
         let config_path = dir.join(CONFIG_FILE);
+        if !config_path.exists() {
+            if let Some(gguf) = single_gguf(dir)? {
+                return crate::gguf::open(&gguf);
+            }
+        }
         check_regular(&config_path)?;
         let text = std::fs::read_to_string(&config_path).map_err(|source| FrontendError::Io {
             path: config_path.clone(),
@@ -77,9 +86,9 @@ impl Checkpoint {
                 source,
             })?;
         let config = HfConfig::from_json_str(&text, &config_path)?;
-        let (weights, has_weights) = match SafetensorsStore::open_dir(dir)? {
+        let (weights, has_weights) = match WeightStore::open_dir(dir)? {
             Some(store) => (store, true),
-            None => (SafetensorsStore::empty(), false),
+            None => (WeightStore::empty(), false),
         };
         let text = TextAssets::load_with_config(dir, Some(&config_json))?;
         Ok(Checkpoint {
@@ -93,7 +102,7 @@ impl Checkpoint {
         })
     }
 
-    /// The tensor called `name` (see [`SafetensorsStore::tensor`]).
+    /// The tensor called `name` (see [`WeightStore::tensor`]).
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
         self.weights.tensor(name)
     }
@@ -106,6 +115,41 @@ impl Checkpoint {
     /// Path of `config.json`, for error messages.
     pub fn config_path(&self) -> PathBuf {
         self.dir.join(CONFIG_FILE)
+    }
+}
+
+/// The one `.gguf` file in `dir`, `None` when there is none, an error
+/// naming them when there are several (the user picks one by its path).
+fn single_gguf(dir: &Path) -> Result<Option<PathBuf>> {
+    let entries = std::fs::read_dir(dir).map_err(|source| FrontendError::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut found: Vec<PathBuf> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")))
+        .collect();
+    found.sort();
+    match found.len() {
+        0 => Ok(None),
+        1 => Ok(found.pop()),
+        _ => {
+            let names: Vec<String> = found
+                .iter()
+                .filter_map(|p| p.file_name().map(|n| n.to_string_lossy().into_owned()))
+                .collect();
+            Err(FrontendError::Io {
+                path: dir.to_path_buf(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!(
+                        "no config.json, and {} GGUF files ({}): name the one to compile",
+                        names.len(),
+                        names.join(", ")
+                    ),
+                ),
+            })
+        }
     }
 }
 

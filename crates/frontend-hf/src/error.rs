@@ -37,6 +37,23 @@ pub enum FrontendError {
         /// What is wrong with it.
         why: String,
     },
+    /// A GGUF file could not be read (the message names the key or tensor).
+    #[error(transparent)]
+    Gguf(#[from] gerbil_gguf::GgufError),
+    /// A GGUF file's `general.architecture` is not one gerbil lowers.
+    #[error(
+        "{}: GGUF architecture `{found}` (`general.architecture`) is not supported; supported: {}",
+        path.display(),
+        supported.join(", ")
+    )]
+    UnsupportedGgufArchitecture {
+        /// The file.
+        path: PathBuf,
+        /// The architecture in the file.
+        found: String,
+        /// Architectures gerbil reads from GGUF.
+        supported: Vec<String>,
+    },
     /// `architectures[0]` names a model class no family builder handles.
     #[error(
         "unsupported architecture `{found}` (config.json `architectures[0]`); supported: {}",

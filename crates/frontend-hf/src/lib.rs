@@ -11,7 +11,7 @@
 //!
 //! [`Checkpoint::open`] parses `config.json` ([`HfConfig`], v4 and v5 key
 //! spellings alike), opens the safetensors files and checks their headers
-//! ([`SafetensorsStore`], which reads a tensor's bytes when it is asked for) and captures the tokenizer and chat template
+//! ([`WeightStore`], which reads a tensor's bytes when it is asked for) and captures the tokenizer and chat template
 //! ([`TextAssets`]). [`lower()`] picks the family builder from
 //! `architectures[0]` and emits the graph; every weight is checked against
 //! the shape the config implies, and keeps the checkpoint's dtype (bf16
@@ -27,9 +27,10 @@ pub mod config;
 pub mod error;
 pub(crate) mod families;
 pub mod generation;
+pub mod gguf;
 pub mod lower;
 pub mod rope;
-pub mod safetensors_store;
+pub mod weights;
 pub mod text;
 
 pub use checkpoint::Checkpoint;
@@ -41,5 +42,5 @@ pub use lower::{
     ModelFacts, RequiredWeight,
 };
 pub use rope::{RopeContext, RopeFrequencies};
-pub use safetensors_store::{SafetensorsStore, TensorView};
+pub use weights::{WeightStore, TensorView};
 pub use text::TextAssets;

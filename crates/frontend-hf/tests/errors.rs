@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use gerbil_frontend_hf::{lower, Checkpoint, FrontendError, SafetensorsStore};
+use gerbil_frontend_hf::{lower, Checkpoint, FrontendError, WeightStore};
 use serde_json::json;
 use std::path::Path;
 
@@ -214,9 +214,9 @@ fn safetensors_files_and_bytes_are_checked_alike() {
     cases.extend([garbage, longer, bytes.clone()]);
     for case in cases {
         std::fs::write(&path, &case).unwrap();
-        let from_file = SafetensorsStore::open_files(std::slice::from_ref(&path));
-        let from_bytes = SafetensorsStore::from_bytes(&[(path.clone(), &case[..])]);
-        let verdict = |r: &Result<SafetensorsStore, FrontendError>| match r {
+        let from_file = WeightStore::open_files(std::slice::from_ref(&path));
+        let from_bytes = WeightStore::from_bytes(&[(path.clone(), &case[..])]);
+        let verdict = |r: &Result<WeightStore, FrontendError>| match r {
             Ok(store) => Ok(store.names().len()),
             Err(e) => Err(e.to_string()),
         };

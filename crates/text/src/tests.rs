@@ -33,7 +33,11 @@ fn s(v: &Json) -> &str {
 
 /// The codec of an HF checkpoint directory, through the frontend's reader of its text assets.
 fn from_hf_dir(dir: &Path) -> TextCodec {
-    let assets = gerbil_frontend_hf::TextAssets::load(dir).unwrap();
+    from_assets(gerbil_frontend_hf::TextAssets::load(dir).unwrap())
+}
+
+/// The codec built from text assets: tokenizer, special tokens, template.
+fn from_assets(assets: gerbil_frontend_hf::TextAssets) -> TextCodec {
     let tokenizer = assets.tokenizer_json.as_deref().expect("tokenizer.json");
     let codec = TextCodec::from_tokenizer_json(tokenizer)
         .unwrap()
@@ -42,6 +46,20 @@ fn from_hf_dir(dir: &Path) -> TextCodec {
         Some(t) => codec.with_chat_template(t).unwrap(),
         None => codec,
     }
+}
+
+/// The codec of the GGUF file a real fixture was made from
+/// (`$GERBIL_FIXTURES/<name>/gguf/<file>`, linked by build-fixtures.py),
+/// through the frontend's GGUF reader.
+fn from_gguf(name: &str, file: &str) -> Option<TextCodec> {
+    let Some(root) = std::env::var_os("GERBIL_FIXTURES") else {
+        eprintln!("skipping: GERBIL_FIXTURES is not set (scripts/build-fixtures.py --out DIR all)");
+        return None;
+    };
+    let path = PathBuf::from(root).join(name).join("gguf").join(file);
+    let ckpt = gerbil_frontend_hf::Checkpoint::open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    Some(from_assets(ckpt.text))
 }
 
 fn smollm2() -> TextCodec {
@@ -185,6 +203,23 @@ fn smollm2_tokenizer_matches_transformers() {
 #[test]
 fn smollm2_prompts_match_transformers() {
     check_model_ref(&smollm2(), "refs/smollm2-135m.json");
+}
+
+#[test]
+fn smollm2_gguf_tokenizer_matches_transformers() {
+    if let Some(codec) = from_gguf("smollm2-135m", "SmolLM2-135M-Instruct.Q4_1.gguf") {
+        check_tokenizer_ref(&codec, "refs/tokenizer_smollm2-135m.json");
+        check_model_ref(&codec, "refs/smollm2-135m.json");
+    }
+}
+
+#[test]
+fn gemma3_gguf_tokenizer_matches_transformers() {
+    if let Some(codec) = from_gguf("gemma3-270m", "gemma-3-270m-q4_k_m.gguf") {
+        assert_eq!(codec.bos_token(), Some("<bos>"));
+        check_tokenizer_ref(&codec, "refs/tokenizer_gemma3-270m.json");
+        check_model_ref(&codec, "refs/gemma3-270m.json");
+    }
 }
 
 #[test]

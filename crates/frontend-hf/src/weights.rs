@@ -1,16 +1,16 @@
 //! Reading a checkpoint's safetensors files.
 //!
-//! [`SafetensorsStore::open_dir`] finds `model.safetensors` (preferred, as
+//! [`WeightStore::open_dir`] finds `model.safetensors` (preferred, as
 //! transformers does) or the shards listed in `model.safetensors.index.json`,
 //! keeps each file open, reads its header and validates it with the
 //! `safetensors` crate (offsets cover the file exactly, sizes match shapes).
-//! [`SafetensorsStore::tensor`] reads a tensor's bytes with one positional
+//! [`WeightStore::tensor`] reads a tensor's bytes with one positional
 //! read the first time it is asked for and keeps them for the store's
 //! lifetime (the plan borrows them until it is written), so a file that
 //! another program truncates meanwhile is [`FrontendError::Changed`], never
 //! a fault: a memory map of the file, as before, died with SIGBUS there. The
 //! price is the tensors read, held in memory rather than in the page cache.
-//! [`SafetensorsStore::from_bytes`] and [`SafetensorsStore::from_index_json`]
+//! [`WeightStore::from_bytes`] and [`WeightStore::from_index_json`]
 //! run the same checks on files already in memory (tests, fuzzing).
 //!
 //! The surprise: unsupported dtypes (I64, U8, F8...) are accepted when the
@@ -18,6 +18,8 @@
 //! error comes only when such a tensor is asked for.
 
 use crate::error::{FrontendError, Result};
+use crate::gguf::names::{self, Fixup};
+use gerbil_gguf::{GgufFile, TensorInfo, TensorType};
 use gerbil_ir::DType;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
@@ -59,6 +61,16 @@ enum ShardBytes {
         len: u64,
     },
     Memory(Vec<u8>),
+    /// A GGUF file: tensors are read, decoded and fixed up by
+    /// [`GgufTensor`].
+    Gguf(GgufFile),
+}
+
+/// A tensor in a GGUF file and what loading it must undo.
+#[derive(Clone, Debug)]
+struct GgufTensor {
+    info: TensorInfo,
+    fixup: Fixup,
 }
 
 /// Where one tensor lives.
@@ -72,6 +84,8 @@ struct Entry {
     end: usize,
     /// The bytes, once read from a file.
     read: OnceLock<Vec<u8>>,
+    /// Set for a tensor of a GGUF file (`start` and `end` are then unused).
+    gguf: Option<GgufTensor>,
 }
 
 /// Largest safetensors header the `safetensors` crate accepts (its
@@ -80,14 +94,14 @@ const MAX_HEADER_LEN: u64 = 100_000_000;
 
 /// The tensors of one checkpoint, over its files kept open for the store's
 /// lifetime.
-pub struct SafetensorsStore {
+pub struct WeightStore {
     shards: Vec<Shard>,
     tensors: HashMap<String, Entry>,
 }
 
-impl std::fmt::Debug for SafetensorsStore {
+impl std::fmt::Debug for WeightStore {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SafetensorsStore")
+        f.debug_struct("WeightStore")
             .field("files", &self.files())
             .field("tensors", &self.tensors.len())
             .finish()
@@ -106,10 +120,10 @@ fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> FrontendError + '_ {
     }
 }
 
-impl SafetensorsStore {
+impl WeightStore {
     /// A store with no files and no tensors.
     pub fn empty() -> Self {
-        SafetensorsStore {
+        WeightStore {
             shards: Vec::new(),
             tensors: HashMap::new(),
         }
@@ -212,6 +226,53 @@ impl SafetensorsStore {
         Ok(store)
     }
 
+    /// A store over the tensors of GGUF file `g` of architecture `arch`
+    /// (with `heads` query and `kv_heads` key/value heads), under their
+    /// HuggingFace names ([`crate::gguf::names`]); tensors no family reads
+    /// are left out. Quantized tensors, and norms stored as `1 + w`, read
+    /// as F32; plain F32, F16 and BF16 tensors keep their type.
+    pub fn from_gguf(g: GgufFile, arch: &str, heads: u64, kv_heads: u64) -> Result<Self> {
+        let path = g.path().to_path_buf();
+        let mut tensors = HashMap::new();
+        for info in g.tensors() {
+            let Some(name) = names::hf_name(arch, &info.name) else {
+                continue;
+            };
+            let fixup = names::fixup(arch, &info.name, heads, kv_heads);
+            let dtype = match info.ty {
+                TensorType::F32 => Dtype::F32,
+                TensorType::F16 if fixup != Fixup::SubtractOne => Dtype::F16,
+                TensorType::BF16 if fixup != Fixup::SubtractOne => Dtype::BF16,
+                _ => Dtype::F32,
+            };
+            let entry = Entry {
+                shard: 0,
+                dtype,
+                shape: info.shape(),
+                start: 0,
+                end: 0,
+                read: OnceLock::new(),
+                gguf: Some(GgufTensor {
+                    info: info.clone(),
+                    fixup,
+                }),
+            };
+            if tensors.insert(name.clone(), entry).is_some() {
+                return Err(FrontendError::Safetensors {
+                    path,
+                    msg: format!("two tensors map to `{name}`"),
+                });
+            }
+        }
+        Ok(WeightStore {
+            shards: vec![Shard {
+                path,
+                bytes: ShardBytes::Gguf(g),
+            }],
+            tensors,
+        })
+    }
+
     /// Validates one file's header and adds its tensors.
     fn add_shard(&mut self, path: &Path, bytes: ShardBytes) -> Result<()> {
         let shard = self.shards.len();
@@ -227,6 +288,7 @@ impl SafetensorsStore {
             ShardBytes::Memory(bytes) => {
                 SafeTensors::read_metadata(bytes).map_err(|e| (e, bytes.len() as u64))
             }
+            ShardBytes::Gguf(_) => unreachable!("GGUF files are added by from_gguf"),
         }
         .map_err(|(e, len)| {
             corrupt(format!(
@@ -243,6 +305,7 @@ impl SafetensorsStore {
                 start: data_start + s,
                 end: data_start + e,
                 read: OnceLock::new(),
+                gguf: None,
             };
             if self.tensors.insert(name.clone(), entry).is_some() {
                 return Err(corrupt(format!(
@@ -301,13 +364,18 @@ impl SafetensorsStore {
     /// the first time they are asked for.
     fn data<'s>(&'s self, e: &'s Entry) -> Result<&'s [u8]> {
         let shard = &self.shards[e.shard];
-        let (file, len) = match &shard.bytes {
-            ShardBytes::Memory(bytes) => return Ok(&bytes[e.start..e.end]),
-            ShardBytes::File { file, len } => (file, *len),
-        };
         if let Some(bytes) = e.read.get() {
             return Ok(bytes);
         }
+        let (file, len) = match &shard.bytes {
+            ShardBytes::Memory(bytes) => return Ok(&bytes[e.start..e.end]),
+            ShardBytes::File { file, len } => (file, *len),
+            ShardBytes::Gguf(g) => {
+                let t = e.gguf.as_ref().unwrap_or_else(|| unreachable!("a GGUF entry"));
+                let bytes = read_gguf(g, t, e.dtype)?;
+                return Ok(e.read.get_or_init(|| bytes));
+            }
+        };
         let mut bytes = vec![0u8; e.end - e.start];
         read_exact_at(&shard.path, file, len, e.start as u64, &mut bytes)?;
         Ok(e.read.get_or_init(|| bytes))
@@ -344,6 +412,43 @@ impl SafetensorsStore {
     pub fn files(&self) -> Vec<&Path> {
         self.shards.iter().map(|s| s.path.as_path()).collect()
     }
+}
+
+/// The bytes of GGUF tensor `t` as `dtype`: as stored for a plain type,
+/// else dequantized to f32; then llama.cpp's transform undone.
+fn read_gguf(g: &GgufFile, t: &GgufTensor, dtype: Dtype) -> Result<Vec<u8>> {
+    let info = &t.info;
+    let mut bytes = if dtype == Dtype::F32 && info.ty != TensorType::F32 {
+        let mut values = g.read_f32(info)?;
+        if t.fixup == Fixup::SubtractOne {
+            values.iter_mut().for_each(|v| *v -= 1.0);
+        }
+        values.iter().flat_map(|v| v.to_le_bytes()).collect()
+    } else {
+        g.read(info)?
+    };
+    if t.fixup == Fixup::SubtractOne && info.ty == TensorType::F32 {
+        for chunk in bytes.chunks_exact_mut(4) {
+            let v = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]) - 1.0;
+            chunk.copy_from_slice(&v.to_le_bytes());
+        }
+    }
+    if let Fixup::Unpermute { heads } = t.fixup {
+        let rows = info.shape().first().copied().unwrap_or(1);
+        if heads == 0 || rows % (2 * heads) != 0 {
+            return Err(FrontendError::Safetensors {
+                path: g.path().to_path_buf(),
+                msg: format!(
+                    "tensor `{}` has {rows} rows, which do not split into {heads} heads \
+                     of rotary pairs (do the head counts belong to this file?)",
+                    info.name
+                ),
+            });
+        }
+        let row_bytes = bytes.len() / rows as usize;
+        bytes = names::unpermute_rows(&bytes, rows as usize, row_bytes, heads as usize);
+    }
+    Ok(bytes)
 }
 
 /// Reads and checks the header of the safetensors file `file` of `len`

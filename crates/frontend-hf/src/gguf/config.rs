@@ -1,0 +1,170 @@
+//! A HuggingFace `config.json` written from GGUF metadata.
+//!
+//! llama.cpp stores hyper-parameters under `<arch>.<key>` (`llama.block_count`);
+//! [`hf_config`] maps them onto the keys the family builders read, as
+//! transformers' GGUF loader does, and fills what GGUF leaves out with the
+//! value llama.cpp itself assumes (Gemma 3's sliding-window pattern of 6 and
+//! local RoPE base of 10,000, its query scale). The result is plain JSON,
+//! so a GGUF model runs through the same [`HfConfig`](crate::HfConfig)
+//! checks and family builders as a checkpoint directory. The surprise:
+//! the vocabulary size comes from the embedding's shape, not from metadata
+//! (many files omit `<arch>.vocab_size`).
+
+use gerbil_gguf::{GgufError, GgufFile};
+use serde_json::{json, Map, Value};
+
+/// GGUF architectures gerbil lowers, with the HuggingFace class and
+/// `model_type` each becomes.
+pub const ARCHITECTURES: &[(&str, &str, &str)] = &[
+    ("llama", "LlamaForCausalLM", "llama"),
+    ("qwen2", "Qwen2ForCausalLM", "qwen2"),
+    ("qwen3", "Qwen3ForCausalLM", "qwen3"),
+    ("gemma3", "Gemma3ForCausalLM", "gemma3_text"),
+    ("phi3", "Phi3ForCausalLM", "phi3"),
+];
+
+/// RoPE base when the file has none (each HuggingFace config class's default).
+fn default_rope_theta(arch: &str) -> f64 {
+    match arch {
+        "gemma3" => 1_000_000.0,
+        _ => 10_000.0,
+    }
+}
+
+/// The configuration of `g`, whose architecture is `arch` (one of
+/// [`ARCHITECTURES`]).
+pub fn hf_config(g: &GgufFile, arch: &str) -> Result<Value, GgufError> {
+    let (_, class, model_type) = ARCHITECTURES
+        .iter()
+        .find(|a| a.0 == arch)
+        .copied()
+        .unwrap_or_else(|| unreachable!("{arch} is checked by the caller"));
+    let key = |k: &str| format!("{arch}.{k}");
+    let need = |k: &str| g.require(&key(k), GgufFile::u64);
+    let hidden = need("embedding_length")?;
+    let heads = need("attention.head_count")?;
+    let kv_heads = g.u64(&key("attention.head_count_kv"))?.unwrap_or(heads);
+    let embedding = g.tensor("token_embd.weight").ok_or_else(|| {
+        g.key_error(
+            "token_embd.weight",
+            "the file has no token embedding tensor, so it is not a complete model",
+        )
+    })?;
+    let vocab = embedding.dims.get(1).copied().unwrap_or(1);
+    let mut c = Map::new();
+    c.insert("architectures".into(), json!([class]));
+    c.insert("model_type".into(), json!(model_type));
+    c.insert("hidden_size".into(), json!(hidden));
+    c.insert("num_hidden_layers".into(), json!(need("block_count")?));
+    c.insert("intermediate_size".into(), json!(need("feed_forward_length")?));
+    c.insert("num_attention_heads".into(), json!(heads));
+    c.insert("num_key_value_heads".into(), json!(kv_heads));
+    c.insert("max_position_embeddings".into(), json!(need("context_length")?));
+    c.insert("vocab_size".into(), json!(vocab));
+    let eps = g.require(&key("attention.layer_norm_rms_epsilon"), GgufFile::f64)?;
+    c.insert("rms_norm_eps".into(), json!(eps));
+    let head_dim = match g.u64(&key("attention.key_length"))? {
+        Some(d) => Some(d),
+        None if arch == "llama" => g.u64(&key("rope.dimension_count"))?,
+        None => None,
+    };
+    if let Some(d) = head_dim {
+        c.insert("head_dim".into(), json!(d));
+    }
+    if arch == "llama" {
+        // Llama's biases are optional (Qwen 2's are not: its class has no key).
+        let has = |t: &str| g.tensor(t).is_some();
+        c.insert("attention_bias".into(), json!(has("blk.0.attn_q.bias")));
+        c.insert("mlp_bias".into(), json!(has("blk.0.ffn_up.bias")));
+    }
+    let tied = g.tensor("output.weight").is_none();
+    c.insert("tie_word_embeddings".into(), json!(tied));
+    for (gguf_key, hf_key) in [
+        ("bos_token_id", "bos_token_id"),
+        ("eos_token_id", "eos_token_id"),
+        ("padding_token_id", "pad_token_id"),
+    ] {
+        if let Some(id) = g.u64(&format!("tokenizer.ggml.{gguf_key}"))? {
+            c.insert(hf_key.into(), json!(id));
+        }
+    }
+    let theta = g
+        .f64(&key("rope.freq_base"))?
+        .unwrap_or_else(|| default_rope_theta(arch));
+    let rope = json!({"rope_type": "default", "rope_theta": theta});
+    let rope = scaled_rope(g, arch, rope)?;
+    if arch == "gemma3" {
+        gemma3(g, &mut c, rope, head_dim.unwrap_or(hidden / heads.max(1)))?;
+    } else {
+        c.insert("rope_parameters".into(), rope);
+        if let Some(w) = g.u64(&key("attention.sliding_window"))? {
+            c.insert("sliding_window".into(), json!(w));
+        }
+    }
+    Ok(Value::Object(c))
+}
+
+/// `rope` with the file's linear scaling applied; other scaling kinds and
+/// llama.cpp's frequency-factor tensor are refused by name rather than
+/// silently run at the wrong positions.
+fn scaled_rope(g: &GgufFile, arch: &str, mut rope: Value) -> Result<Value, GgufError> {
+    if g.tensor("rope_freqs.weight").is_some() {
+        return Err(g.key_error(
+            "rope_freqs.weight",
+            "per-dimension RoPE frequency factors (Llama 3.1+ style) are not supported \
+             from GGUF yet; compile the HuggingFace checkpoint instead",
+        ));
+    }
+    let kind_key = format!("{arch}.rope.scaling.type");
+    match g.str(&kind_key)? {
+        None | Some("none") => {}
+        Some("linear") => {
+            let factor = g.require(&format!("{arch}.rope.scaling.factor"), GgufFile::f64)?;
+            rope["rope_type"] = json!("linear");
+            rope["factor"] = json!(factor);
+        }
+        Some(other) => {
+            return Err(g.key_error(
+                &kind_key,
+                format!("RoPE scaling `{other}` is not supported from GGUF (none and linear are)"),
+            ))
+        }
+    }
+    Ok(rope)
+}
+
+/// Gemma 3's keys: per-layer attention types (five sliding layers to one
+/// full, llama.cpp's fixed pattern), a local RoPE base of 10,000, the query
+/// scale llama.cpp uses (the head width, except the 62-layer 27B model's
+/// `hidden / heads`) and the optional final logit soft-cap.
+fn gemma3(g: &GgufFile, c: &mut Map<String, Value>, full_rope: Value, head_dim: u64) -> Result<(), GgufError> {
+    let layers = c["num_hidden_layers"].as_u64().unwrap_or(0);
+    let types: Vec<&str> = (0..layers)
+        .map(|i| {
+            if (i + 1) % 6 == 0 {
+                "full_attention"
+            } else {
+                "sliding_attention"
+            }
+        })
+        .collect();
+    c.insert("layer_types".into(), json!(types));
+    let window = g.require("gemma3.attention.sliding_window", GgufFile::u64)?;
+    c.insert("sliding_window".into(), json!(window));
+    let hidden = c["hidden_size"].as_u64().unwrap_or(0);
+    let heads = c["num_attention_heads"].as_u64().unwrap_or(1).max(1);
+    let scalar = if layers == 62 { hidden / heads } else { head_dim };
+    c.insert("query_pre_attn_scalar".into(), json!(scalar));
+    c.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
+    c.insert("attention_bias".into(), json!(false));
+    let softcap = g.f64("gemma3.final_logit_softcapping")?;
+    c.insert("final_logit_softcapping".into(), json!(softcap));
+    c.insert(
+        "rope_parameters".into(),
+        json!({
+            "full_attention": full_rope,
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10_000.0},
+        }),
+    );
+    Ok(())
+}
