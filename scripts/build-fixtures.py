@@ -322,6 +322,9 @@ def main():
     t0 = time.time()
     for name in (list(MODELS) if a.which == "all" else [a.which]):
         build(name, a.out, cache, a.force)
+    # The tiny models as GGUF files (about a second).
+    subprocess.check_call([sys.executable, os.path.join(REPO, "scripts", "make-tiny-gguf.py"),
+                           "--out", os.path.join(a.out, "tiny-gguf")])
     log(f"done in {time.time() - t0:.1f}s")
 
 

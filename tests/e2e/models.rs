@@ -283,6 +283,23 @@ fn tiny_models_match_transformers() {
     assert_none_failed(failures, total);
 }
 
+/// The tiny models as GGUF files written the way llama.cpp's converter
+/// writes them (`scripts/make-tiny-gguf.py`: gguf-py's key and tensor names,
+/// Llama's permuted query and key rows, f32 data): the plan of each file
+/// gives the logits transformers gives for the original checkpoint.
+#[test]
+fn tiny_gguf_files_match_transformers() {
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for name in ["llama", "qwen2", "qwen3", "phi3"] {
+        let plan = compile_plan(&tiny_gguf(name), |_| {});
+        let reference = tiny_ref(name);
+        total += reference.cases.len();
+        failures.extend(plan_failures(name, "gguf", &plan, &reference, check_logits));
+    }
+    assert_none_failed(failures, total);
+}
+
 #[test]
 fn the_table_covers_every_tiny_model() {
     let mut on_disk: Vec<String> = std::fs::read_dir(data_dir().join("models/tiny"))

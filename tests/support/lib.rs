@@ -47,6 +47,22 @@ pub fn fixture(name: &str) -> PathBuf {
     dir
 }
 
+/// Tiny model `name` as a GGUF file (`$GERBIL_FIXTURES/tiny-gguf/<name>.gguf`,
+/// written by `scripts/make-tiny-gguf.py` from build-fixtures.py). Panics
+/// with the command to run if absent.
+pub fn tiny_gguf(name: &str) -> PathBuf {
+    let base = std::env::var_os("GERBIL_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("fixtures"));
+    let path = base.join("tiny-gguf").join(format!("{name}.gguf"));
+    assert!(
+        path.is_file(),
+        "{} is missing: run `python3 scripts/build-fixtures.py --out fixtures all` (or scripts/test.sh)",
+        path.display()
+    );
+    path
+}
+
 static GPU: Mutex<()> = Mutex::new(());
 
 /// Serializes GPU work across the tests of one binary.

@@ -20,8 +20,8 @@
 
 use crate::config::HfConfig;
 use crate::error::{FrontendError, Result};
-use crate::weights::{WeightStore, TensorView};
 use crate::text::TextAssets;
+use crate::weights::{TensorView, WeightStore};
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 
@@ -127,7 +127,10 @@ fn single_gguf(dir: &Path) -> Result<Option<PathBuf>> {
     })?;
     let mut found: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")))
+        .filter(|p| {
+            p.extension()
+                .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+        })
         .collect();
     found.sort();
     match found.len() {

@@ -30,8 +30,8 @@ pub mod generation;
 pub mod gguf;
 pub mod lower;
 pub mod rope;
-pub mod weights;
 pub mod text;
+pub mod weights;
 
 pub use checkpoint::Checkpoint;
 pub use config::{HfConfig, RopeConfig, RopeParameters};
@@ -42,5 +42,5 @@ pub use lower::{
     ModelFacts, RequiredWeight,
 };
 pub use rope::{RopeContext, RopeFrequencies};
-pub use weights::{WeightStore, TensorView};
 pub use text::TextAssets;
+pub use weights::{TensorView, WeightStore};

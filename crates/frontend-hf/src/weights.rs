@@ -371,7 +371,10 @@ impl WeightStore {
             ShardBytes::Memory(bytes) => return Ok(&bytes[e.start..e.end]),
             ShardBytes::File { file, len } => (file, *len),
             ShardBytes::Gguf(g) => {
-                let t = e.gguf.as_ref().unwrap_or_else(|| unreachable!("a GGUF entry"));
+                let t = e
+                    .gguf
+                    .as_ref()
+                    .unwrap_or_else(|| unreachable!("a GGUF entry"));
                 let bytes = read_gguf(g, t, e.dtype)?;
                 return Ok(e.read.get_or_init(|| bytes));
             }

@@ -20,7 +20,7 @@
 use crate::frame::{take_u64, take_u8};
 use gerbil_compiler::{CompileError, CompileOptions, Observer, Target};
 use gerbil_frontend_hf::{
-    required_weights, Checkpoint, HfConfig, LowerOptions, SafetensorsStore, TextAssets,
+    required_weights, Checkpoint, HfConfig, LowerOptions, TextAssets, WeightStore,
 };
 use gerbil_ir::Graph;
 use std::collections::HashSet;
@@ -75,7 +75,7 @@ fn run(mut data: &[u8], codegen: bool) -> Option<Result<(), CompileError>> {
     let required = required_weights(&ckpt, &lower).ok()?;
     let weights = random_weights(&required, data)?;
     let file = (ckpt.dir.join("model.safetensors"), weights.as_slice());
-    ckpt.weights = SafetensorsStore::from_bytes(&[file]).expect("generated weights are valid");
+    ckpt.weights = WeightStore::from_bytes(&[file]).expect("generated weights are valid");
     let compiled = if codegen {
         gerbil_compiler::compile(&ckpt, &options, &mut ())
     } else {
@@ -95,7 +95,7 @@ fn checkpoint(config: &[u8]) -> Option<Checkpoint> {
         name: "fuzz".into(),
         config_json,
         config,
-        weights: SafetensorsStore::empty(),
+        weights: WeightStore::empty(),
         has_weights: true,
         text: TextAssets::default(),
     })

@@ -1,20 +1,20 @@
 //! Targets `safetensors` and `shard_index`: bytes as a `model.safetensors`
 //! file, and as a `model.safetensors.index.json` with its shards, through the
-//! frontend's readers ([`SafetensorsStore::from_bytes`] and
-//! [`SafetensorsStore::from_index_json`], the checks `Checkpoint::open` runs
+//! frontend's readers ([`WeightStore::from_bytes`] and
+//! [`WeightStore::from_index_json`], the checks `Checkpoint::open` runs
 //! on files), then every tensor looked up as lowering looks them up.
 //!
 //! `shard_index` splits its input at the first NUL byte: the index JSON,
 //! then the bytes every shard it names holds (so an index naming one shard
 //! can succeed, and one naming two fails on the repeated tensors).
 
-use gerbil_frontend_hf::SafetensorsStore;
+use gerbil_frontend_hf::WeightStore;
 use std::path::{Path, PathBuf};
 
 /// Opens the input as a safetensors file and reads every tensor in it.
 pub fn safetensors(data: &[u8]) {
     let file = (PathBuf::from("/fuzz/model.safetensors"), data);
-    if let Ok(store) = SafetensorsStore::from_bytes(&[file]) {
+    if let Ok(store) = WeightStore::from_bytes(&[file]) {
         read_all(&store);
     }
 }
@@ -29,9 +29,9 @@ pub fn shard_index(data: &[u8]) {
         return;
     };
     let path = Path::new("/fuzz/model.safetensors.index.json");
-    let store = SafetensorsStore::from_index_json(path, index, |paths| {
+    let store = WeightStore::from_index_json(path, index, |paths| {
         let files: Vec<(PathBuf, &[u8])> = paths.iter().map(|p| (p.clone(), shard)).collect();
-        SafetensorsStore::from_bytes(&files)
+        WeightStore::from_bytes(&files)
     });
     if let Ok(store) = store {
         read_all(&store);
@@ -39,7 +39,7 @@ pub fn shard_index(data: &[u8]) {
 }
 
 /// Looks up every tensor: shape, dtype and bytes.
-fn read_all(store: &SafetensorsStore) {
+fn read_all(store: &WeightStore) {
     for name in store.names() {
         let _ = store.shape(name);
         if let Ok(view) = store.tensor(name) {

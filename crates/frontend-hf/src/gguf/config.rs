@@ -56,10 +56,16 @@ pub fn hf_config(g: &GgufFile, arch: &str) -> Result<Value, GgufError> {
     c.insert("model_type".into(), json!(model_type));
     c.insert("hidden_size".into(), json!(hidden));
     c.insert("num_hidden_layers".into(), json!(need("block_count")?));
-    c.insert("intermediate_size".into(), json!(need("feed_forward_length")?));
+    c.insert(
+        "intermediate_size".into(),
+        json!(need("feed_forward_length")?),
+    );
     c.insert("num_attention_heads".into(), json!(heads));
     c.insert("num_key_value_heads".into(), json!(kv_heads));
-    c.insert("max_position_embeddings".into(), json!(need("context_length")?));
+    c.insert(
+        "max_position_embeddings".into(),
+        json!(need("context_length")?),
+    );
     c.insert("vocab_size".into(), json!(vocab));
     let eps = g.require(&key("attention.layer_norm_rms_epsilon"), GgufFile::f64)?;
     c.insert("rms_norm_eps".into(), json!(eps));
@@ -137,7 +143,12 @@ fn scaled_rope(g: &GgufFile, arch: &str, mut rope: Value) -> Result<Value, GgufE
 /// full, llama.cpp's fixed pattern), a local RoPE base of 10,000, the query
 /// scale llama.cpp uses (the head width, except the 62-layer 27B model's
 /// `hidden / heads`) and the optional final logit soft-cap.
-fn gemma3(g: &GgufFile, c: &mut Map<String, Value>, full_rope: Value, head_dim: u64) -> Result<(), GgufError> {
+fn gemma3(
+    g: &GgufFile,
+    c: &mut Map<String, Value>,
+    full_rope: Value,
+    head_dim: u64,
+) -> Result<(), GgufError> {
     let layers = c["num_hidden_layers"].as_u64().unwrap_or(0);
     let types: Vec<&str> = (0..layers)
         .map(|i| {
@@ -153,7 +164,11 @@ fn gemma3(g: &GgufFile, c: &mut Map<String, Value>, full_rope: Value, head_dim: 
     c.insert("sliding_window".into(), json!(window));
     let hidden = c["hidden_size"].as_u64().unwrap_or(0);
     let heads = c["num_attention_heads"].as_u64().unwrap_or(1).max(1);
-    let scalar = if layers == 62 { hidden / heads } else { head_dim };
+    let scalar = if layers == 62 {
+        hidden / heads
+    } else {
+        head_dim
+    };
     c.insert("query_pre_attn_scalar".into(), json!(scalar));
     c.insert("hidden_activation".into(), json!("gelu_pytorch_tanh"));
     c.insert("attention_bias".into(), json!(false));

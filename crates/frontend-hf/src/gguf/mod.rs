@@ -33,7 +33,10 @@ use std::path::Path;
 
 /// Whether `path` names a GGUF file (by extension, or by its first bytes).
 pub fn is_gguf(path: &Path) -> bool {
-    if path.extension().is_some_and(|e| e.eq_ignore_ascii_case("gguf")) {
+    if path
+        .extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case("gguf"))
+    {
         return true;
     }
     let mut magic = [0u8; 4];
@@ -50,7 +53,10 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
         .require("general.architecture", GgufFile::str)?
         .to_string();
     if !config::ARCHITECTURES.iter().any(|a| a.0 == arch) {
-        let supported = config::ARCHITECTURES.iter().map(|a| a.0.to_string()).collect();
+        let supported = config::ARCHITECTURES
+            .iter()
+            .map(|a| a.0.to_string())
+            .collect();
         return Err(FrontendError::UnsupportedGgufArchitecture {
             path: path.to_path_buf(),
             found: arch,
@@ -60,8 +66,8 @@ pub fn open(path: &Path) -> Result<Checkpoint> {
     let config_json = config::hf_config(&g, &arch)?;
     let text = serde_json::to_string(&config_json).unwrap_or_default();
     let config = HfConfig::from_json_str(&text, path)?;
-    let tokenizer_json = tokenizer::tokenizer_json(&g, &arch)?
-        .map(|t| serde_json::to_vec(&t).unwrap_or_default());
+    let tokenizer_json =
+        tokenizer::tokenizer_json(&g, &arch)?.map(|t| serde_json::to_vec(&t).unwrap_or_default());
     let token = |key: &str| -> Result<Option<String>> {
         let id = g.u64(key)?;
         let tokens = g.array("tokenizer.ggml.tokens")?.unwrap_or_default();

@@ -87,7 +87,10 @@ fn read_vocab(g: &GgufFile) -> Result<Vocab<'_>, GgufError> {
     let tokens = g
         .require(key, GgufFile::array)?
         .iter()
-        .map(|v| v.as_str().ok_or_else(|| g.key_error(key, "expected strings")))
+        .map(|v| {
+            v.as_str()
+                .ok_or_else(|| g.key_error(key, "expected strings"))
+        })
         .collect::<Result<Vec<&str>, _>>()?;
     let numbers = |key: &str, get: fn(&GgufValue) -> Option<f64>| -> Result<Vec<f64>, GgufError> {
         let Some(items) = g.array(key)? else {
@@ -101,10 +104,16 @@ fn read_vocab(g: &GgufFile) -> Result<Vocab<'_>, GgufError> {
         }
         items
             .iter()
-            .map(|v| get(v).ok_or_else(|| g.key_error(key, format!("expected numbers, found {}", v.kind()))))
+            .map(|v| {
+                get(v).ok_or_else(|| {
+                    g.key_error(key, format!("expected numbers, found {}", v.kind()))
+                })
+            })
             .collect()
     };
-    let types = numbers("tokenizer.ggml.token_type", |v| v.as_i64().map(|i| i as f64))?;
+    let types = numbers("tokenizer.ggml.token_type", |v| {
+        v.as_i64().map(|i| i as f64)
+    })?;
     Ok(Vocab {
         types: types.into_iter().map(|t| t as i64).collect(),
         scores: numbers("tokenizer.ggml.scores", GgufValue::as_f64)?,
@@ -115,7 +124,8 @@ fn read_vocab(g: &GgufFile) -> Result<Vocab<'_>, GgufError> {
 /// GPT-2's table from bytes to the printable characters byte-level
 /// vocabularies spell them with.
 fn bytes_to_unicode() -> [char; 256] {
-    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let printable =
+        |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
     let mut table = ['\0'; 256];
     let mut next = 256u32;
     for b in 0..256u32 {
@@ -156,7 +166,9 @@ fn byte_level(g: &GgufFile, vocab: &Vocab) -> Result<Value, GgufError> {
         .require(key, GgufFile::array)?
         .iter()
         .map(|m| {
-            let m = m.as_str().ok_or_else(|| g.key_error(key, "expected strings"))?;
+            let m = m
+                .as_str()
+                .ok_or_else(|| g.key_error(key, "expected strings"))?;
             let (a, b) = m
                 .split_once(' ')
                 .ok_or_else(|| g.key_error(key, format!("merge {m:?} is not two tokens")))?;
@@ -169,7 +181,9 @@ fn byte_level(g: &GgufFile, vocab: &Vocab) -> Result<Value, GgufError> {
             {"type": "Split", "pattern": {"Regex": re}, "behavior": "Isolated", "invert": false},
             {"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": false},
         ]}),
-        None => json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true}),
+        None => {
+            json!({"type": "ByteLevel", "add_prefix_space": false, "trim_offsets": true, "use_regex": true})
+        }
     };
     Ok(json!({
         "version": "1.0",
@@ -206,7 +220,11 @@ fn sentencepiece(vocab: &Vocab, arch: &str) -> Value {
             }
         })
         .collect();
-    let index: HashMap<&str, usize> = tokens.iter().enumerate().map(|(i, t)| (t.as_str(), i)).collect();
+    let index: HashMap<&str, usize> = tokens
+        .iter()
+        .enumerate()
+        .map(|(i, t)| (t.as_str(), i))
+        .collect();
     // Scores in dict order: each token's first position, its last score.
     let mut order: Vec<&str> = Vec::new();
     let mut score: HashMap<&str, f64> = HashMap::new();
@@ -221,7 +239,12 @@ fn sentencepiece(vocab: &Vocab, arch: &str) -> Value {
         }
     }
     let merges = generate_merges(&order, &score, &index);
-    let vocab_json = dict(tokens.iter().enumerate().map(|(i, t)| (t.clone(), json!(i))));
+    let vocab_json = dict(
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, t)| (t.clone(), json!(i))),
+    );
     let model = json!({
         "type": "BPE", "dropout": null,
         "unk_token": if gemma { json!("<unk>") } else { Value::Null },
@@ -231,7 +254,11 @@ fn sentencepiece(vocab: &Vocab, arch: &str) -> Value {
         "merges": merges.into_iter().map(|(a, b)| json!([a, b])).collect::<Vec<_>>(),
     });
     let replace = |from: &str, to: &str| json!({"type": "Replace", "pattern": {"String": from}, "content": to});
-    let mut decoders = vec![replace("\u{2581}", " "), json!({"type": "ByteFallback"}), json!({"type": "Fuse"})];
+    let mut decoders = vec![
+        replace("\u{2581}", " "),
+        json!({"type": "ByteFallback"}),
+        json!({"type": "Fuse"}),
+    ];
     let (normalizer, pre_tokenizer) = if gemma {
         (
             replace(" ", "\u{2581}"),
@@ -306,7 +333,10 @@ fn added_tokens(vocab: &Vocab, model_vocab: &Value, byte_level: bool) -> Value {
             USER_DEFINED if model_vocab.get(*t).is_some() => false,
             _ => continue,
         };
-        let id = model_vocab.get(*t).and_then(Value::as_u64).unwrap_or(i as u64);
+        let id = model_vocab
+            .get(*t)
+            .and_then(Value::as_u64)
+            .unwrap_or(i as u64);
         added.push((id, t, special));
     }
     added.sort_by_key(|a| a.0);
