@@ -197,9 +197,78 @@ def request_seeds():
         write("request", name, json.dumps(body))
 
 
+def gguf_file(arch, tokenizer, tensors):
+    """A GGUF file: one-layer `arch` hyper-parameters, a 6-token vocabulary of `tokenizer` kind
+    (gpt2 or llama), and `tensors` as (name, numpy array or raw blocks, ggml type)."""
+    import gguf
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "m.gguf")
+        w = gguf.GGUFWriter(path, arch)
+        w.add_context_length(32)
+        w.add_embedding_length(32)
+        w.add_block_count(1)
+        w.add_feed_forward_length(32)
+        w.add_head_count(2)
+        w.add_head_count_kv(1)
+        w.add_layer_norm_rms_eps(1e-6)
+        if arch == "gemma3":
+            w.add_sliding_window(4)
+        w.add_tokenizer_model(tokenizer)
+        w.add_token_list(["<s>", "</s>", "a", "b", "ab", "\u2581ab"])
+        w.add_token_types([3, 3, 1, 1, 1, 4])
+        w.add_token_scores([0.0, 0.0, -1.0, -2.0, -3.0, -4.0])
+        if tokenizer == "gpt2":
+            w.add_token_merges(["a b"])
+        w.add_bos_token_id(0)
+        w.add_eos_token_id(1)
+        w.add_chat_template("{{ messages[0]['content'] }}")
+        for name, data, ty in tensors:
+            w.add_tensor(name, data, raw_dtype=ty)
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return read(path)
+
+
+def gguf_seeds():
+    import numpy as np
+    import gguf
+    T = gguf.GGMLQuantizationType
+    rng = np.random.default_rng(7)
+
+    def blocks(ty, rows, cols):
+        n, size = gguf.GGML_QUANT_SIZES[ty]
+        b = rng.integers(0, 256, size=(rows, cols // n * size), dtype=np.uint8)
+        return b
+
+    def f32(*shape):
+        return rng.standard_normal(shape).astype(np.float32)
+
+    layer = [("blk.0.attn_norm.weight", f32(32), T.F32),
+             ("blk.0.attn_q.weight", blocks(T.Q8_0, 32, 32), T.Q8_0),
+             ("blk.0.attn_k.weight", blocks(T.Q4_0, 16, 32), T.Q4_0),
+             ("blk.0.attn_v.weight", f32(16, 32).astype(np.float16), T.F16),
+             ("blk.0.attn_output.weight", blocks(T.Q5_1, 32, 32), T.Q5_1),
+             ("blk.0.ffn_norm.weight", f32(32), T.F32),
+             ("blk.0.ffn_gate.weight", blocks(T.Q4_1, 32, 32), T.Q4_1),
+             ("blk.0.ffn_up.weight", blocks(T.Q5_0, 32, 32), T.Q5_0),
+             ("blk.0.ffn_down.weight", f32(32, 32), T.F32)]
+    head = [("token_embd.weight", blocks(T.Q8_0, 6, 32), T.Q8_0),
+            ("output_norm.weight", f32(32), T.F32)]
+    write("gguf", "llama-gpt2", gguf_file("llama", "gpt2", head + layer))
+    write("gguf", "llama-spm", gguf_file("llama", "llama", head + layer))
+    k_quants = [("token_embd.weight", blocks(T.Q6_K, 6, 256), T.Q6_K),
+                ("output.weight", blocks(T.Q4_K, 6, 256), T.Q4_K),
+                ("blk.0.attn_q.weight", blocks(T.Q5_K, 2, 256), T.Q5_K)]
+    write("gguf", "gemma3-kquants", gguf_file("gemma3", "llama", k_quants))
+    write("gguf", "blocks", read(os.path.join(ROOT, "crates/gguf/tests/data/blocks.gguf")))
+
+
 if __name__ == "__main__":
     plan_seeds(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "target/release/gerbilc"))
     compile_seeds()
     safetensors_seeds()
+    gguf_seeds()
     template_seeds()
     request_seeds()

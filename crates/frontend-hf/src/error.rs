@@ -75,7 +75,7 @@ pub enum FrontendError {
         dir: PathBuf,
     },
     /// A tensor the architecture needs is not in the checkpoint.
-    #[error("tensor `{name}` is missing from the checkpoint's safetensors files")]
+    #[error("tensor `{name}` is missing from the checkpoint's weights")]
     MissingTensor {
         /// Tensor name.
         name: String,

@@ -438,7 +438,13 @@ fn read_gguf(g: &GgufFile, t: &GgufTensor, dtype: Dtype) -> Result<Vec<u8>> {
     }
     if let Fixup::Unpermute { heads } = t.fixup {
         let rows = info.shape().first().copied().unwrap_or(1);
-        if heads == 0 || rows % (2 * heads) != 0 {
+        if rows == 0 {
+            return Ok(bytes);
+        }
+        if heads
+            .checked_mul(2)
+            .is_none_or(|pairs| pairs == 0 || !rows.is_multiple_of(pairs))
+        {
             return Err(FrontendError::Safetensors {
                 path: g.path().to_path_buf(),
                 msg: format!(

@@ -18,6 +18,7 @@
 
 pub mod compile;
 pub mod frame;
+pub mod gguf;
 pub mod plan;
 pub mod request;
 pub mod safetensors;
@@ -34,6 +35,7 @@ pub const TARGETS: &[(&str, Target)] = &[
     ("codegen", compile::codegen),
     ("safetensors", safetensors::safetensors),
     ("shard_index", safetensors::shard_index),
+    ("gguf", gguf::gguf),
     ("template", template::template),
     ("request", request::request),
 ];

@@ -203,6 +203,11 @@ fn safetensors() {
 }
 
 #[test]
+fn gguf() {
+    fuzz_target("gguf");
+}
+
+#[test]
 fn shard_index() {
     fuzz_target("shard_index");
 }

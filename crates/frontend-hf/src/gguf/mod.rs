@@ -48,7 +48,14 @@ pub fn is_gguf(path: &Path) -> bool {
 /// Opens the GGUF file at `path` as a checkpoint.
 pub fn open(path: &Path) -> Result<Checkpoint> {
     crate::checkpoint::check_regular(path)?;
-    let g = GgufFile::open(path)?;
+    checkpoint(GgufFile::open(path)?)
+}
+
+/// The checkpoint an opened GGUF file describes (for files in memory:
+/// [`GgufFile::from_bytes`]).
+pub fn checkpoint(g: GgufFile) -> Result<Checkpoint> {
+    let path = g.path().to_path_buf();
+    let path = path.as_path();
     let arch = g
         .require("general.architecture", GgufFile::str)?
         .to_string();

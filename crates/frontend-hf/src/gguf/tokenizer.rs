@@ -56,7 +56,7 @@ pub fn tokenizer_json(g: &GgufFile, arch: &str) -> Result<Option<Value>, GgufErr
     let add_eos = g.bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
     let mut tok = match model {
         "gpt2" => byte_level(g, &vocab)?,
-        "llama" => sentencepiece(&vocab, arch),
+        "llama" => sentencepiece(g, &vocab, arch)?,
         other => {
             return Err(g.key_error(
                 "tokenizer.ggml.model",
@@ -207,7 +207,26 @@ fn python_space(c: char) -> bool {
     c.is_whitespace() || ('\u{1c}'..='\u{1f}').contains(&c)
 }
 
-fn sentencepiece(vocab: &Vocab, arch: &str) -> Value {
+/// Longest token a SentencePiece vocabulary may hold: rebuilding merges
+/// looks up every split of every token, so the work grows with the square
+/// of the length (real vocabularies stay under a few dozen bytes).
+const MAX_TOKEN_BYTES: usize = 4096;
+
+fn sentencepiece(g: &GgufFile, vocab: &Vocab, arch: &str) -> Result<Value, GgufError> {
+    if let Some((i, t)) = vocab
+        .tokens
+        .iter()
+        .enumerate()
+        .find(|(_, t)| t.len() > MAX_TOKEN_BYTES)
+    {
+        return Err(g.key_error(
+            "tokenizer.ggml.tokens",
+            format!(
+                "token {i} is {} bytes long; gerbil reads tokens of up to {MAX_TOKEN_BYTES}",
+                t.len()
+            ),
+        ));
+    }
     let gemma = arch.starts_with("gemma");
     let tokens: Vec<String> = vocab
         .tokens
@@ -280,7 +299,7 @@ fn sentencepiece(vocab: &Vocab, arch: &str) -> Value {
             )
         }
     };
-    json!({
+    Ok(json!({
         "version": "1.0",
         "truncation": null,
         "padding": null,
@@ -288,7 +307,7 @@ fn sentencepiece(vocab: &Vocab, arch: &str) -> Value {
         "pre_tokenizer": pre_tokenizer,
         "decoder": {"type": "Sequence", "decoders": decoders},
         "model": model,
-    })
+    }))
 }
 
 /// transformers' `generate_merges` with scores: for each token in `order`,
