@@ -98,7 +98,13 @@ pub fn hf_config(g: &GgufFile, arch: &str) -> Result<Value, GgufError> {
         .f64(&key("rope.freq_base"))?
         .unwrap_or_else(|| default_rope_theta(arch));
     let rope = json!({"rope_type": "default", "rope_theta": theta});
-    let rope = scaled_rope(g, arch, rope)?;
+    let rope = scaled_rope(
+        g,
+        arch,
+        rope,
+        theta,
+        head_dim.unwrap_or(hidden / heads.max(1)),
+    )?;
     if arch == "gemma3" {
         gemma3(g, &mut c, rope, head_dim.unwrap_or(hidden / heads.max(1)))?;
     } else {
@@ -110,16 +116,65 @@ pub fn hf_config(g: &GgufFile, arch: &str) -> Result<Value, GgufError> {
     Ok(Value::Object(c))
 }
 
-/// `rope` with the file's linear scaling applied; other scaling kinds and
-/// llama.cpp's frequency-factor tensor are refused by name rather than
-/// silently run at the wrong positions.
-fn scaled_rope(g: &GgufFile, arch: &str, mut rope: Value) -> Result<Value, GgufError> {
-    if g.tensor("rope_freqs.weight").is_some() {
-        return Err(g.key_error(
-            "rope_freqs.weight",
-            "per-dimension RoPE frequency factors (Llama 3.1+ style) are not supported \
-             from GGUF yet; compile the HuggingFace checkpoint instead",
-        ));
+/// Llama 3's RoPE constants (every Llama 3.1 and 3.2 model): only `factor`
+/// differs between them.
+const LLAMA3_LOW_FREQ_FACTOR: f64 = 1.0;
+const LLAMA3_HIGH_FREQ_FACTOR: f64 = 4.0;
+const LLAMA3_ORIGINAL_CONTEXT: u64 = 8192;
+
+/// The `llama3` RoPE parameters whose per-dimension factors are `factors`
+/// (what llama.cpp's converter stores as `rope_freqs.weight`: each default
+/// frequency divided by its factor), or `None` when no such parameters give
+/// them. GGUF keeps the factors, not the parameters, so the parameters are
+/// Llama 3's constants with the largest factor, checked against every value.
+pub fn llama3_from_factors(factors: &[f32], theta: f64, head_dim: u64) -> Option<Value> {
+    let factor = f64::from(factors.iter().copied().fold(f32::NAN, f32::max));
+    if factor.is_nan() || factor < 1.0 || factors.len() as u64 * 2 != head_dim {
+        return None;
+    }
+    let plain = crate::rope::default_inv_freq(theta, head_dim as u32);
+    let scaled = crate::rope::llama3_inv_freq(
+        &plain,
+        factor,
+        LLAMA3_LOW_FREQ_FACTOR,
+        LLAMA3_HIGH_FREQ_FACTOR,
+        LLAMA3_ORIGINAL_CONTEXT,
+    );
+    let agrees = plain.iter().zip(&scaled).zip(factors).all(|((p, s), f)| {
+        let implied = p / s;
+        (implied - f).abs() <= 1e-4 * f.abs()
+    });
+    agrees.then(|| {
+        json!({
+            "rope_type": "llama3",
+            "rope_theta": theta,
+            "factor": factor,
+            "low_freq_factor": LLAMA3_LOW_FREQ_FACTOR,
+            "high_freq_factor": LLAMA3_HIGH_FREQ_FACTOR,
+            "original_max_position_embeddings": LLAMA3_ORIGINAL_CONTEXT,
+        })
+    })
+}
+
+/// `rope` with the file's scaling applied: linear scaling, or Llama 3's
+/// per-dimension factors (`rope_freqs.weight`); other kinds are refused by
+/// name rather than silently run at the wrong positions.
+fn scaled_rope(
+    g: &GgufFile,
+    arch: &str,
+    mut rope: Value,
+    theta: f64,
+    head_dim: u64,
+) -> Result<Value, GgufError> {
+    if let Some(t) = g.tensor("rope_freqs.weight") {
+        let factors = g.read_f32(t)?;
+        return llama3_from_factors(&factors, theta, head_dim).ok_or_else(|| GgufError::Tensor {
+            path: g.path().to_path_buf(),
+            tensor: t.name.clone(),
+            why: "these per-dimension RoPE factors are not Llama 3's (factor, 1, 4, 8192), \
+                  the only ones gerbil reads from GGUF: compile the HuggingFace checkpoint"
+                .into(),
+        });
     }
     let kind_key = format!("{arch}.rope.scaling.type");
     match g.str(&kind_key)? {
@@ -182,4 +237,50 @@ fn gemma3(
         }),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// llama.cpp's `LlamaModel.generate_extra_tensors`: the factor of each
+    /// frequency, in f64 as Python computes it.
+    fn llama_cpp_factors(theta: f64, dim: u64, factor: f64) -> Vec<f32> {
+        let (low, high, old) = (1.0, 4.0, 8192.0);
+        (0..dim / 2)
+            .map(|i| {
+                let freq = 1.0 / theta.powf(2.0 * i as f64 / dim as f64);
+                let wavelen = 2.0 * std::f64::consts::PI / freq;
+                let f = if wavelen < old / high {
+                    1.0
+                } else if wavelen > old / low {
+                    factor
+                } else {
+                    let smooth = (old / wavelen - low) / (high - low);
+                    1.0 / ((1.0 - smooth) / factor + smooth)
+                };
+                f as f32
+            })
+            .collect()
+    }
+
+    #[test]
+    fn llama3_parameters_are_recovered_from_the_factors() {
+        for (factor, dim) in [(32.0, 64), (8.0, 128)] {
+            let factors = llama_cpp_factors(500_000.0, dim, factor);
+            let rope = llama3_from_factors(&factors, 500_000.0, dim).expect("llama3");
+            assert_eq!(rope["rope_type"], "llama3");
+            assert_eq!(rope["factor"], factor);
+            assert_eq!(rope["original_max_position_embeddings"], 8192);
+        }
+    }
+
+    #[test]
+    fn other_factors_are_not_llama3() {
+        let mut factors = llama_cpp_factors(500_000.0, 64, 32.0);
+        factors[20] *= 1.01;
+        assert_eq!(llama3_from_factors(&factors, 500_000.0, 64), None);
+        assert_eq!(llama3_from_factors(&[1.0; 8], 500_000.0, 64), None);
+        assert_eq!(llama3_from_factors(&[f32::NAN; 32], 500_000.0, 64), None);
+    }
 }
