@@ -300,6 +300,32 @@ fn tiny_gguf_files_match_transformers() {
     assert_none_failed(failures, total);
 }
 
+/// The tiny models quantized to every block type gguf-py writes (Q8_0,
+/// Q4_0, Q4_1, Q5_0, Q5_1; `scripts/make-tiny-gguf.py`) against
+/// transformers loading each file itself: logits within the tiny tolerance,
+/// greedy tokens identical. (transformers cannot run the Qwen 3 files: its
+/// GGUF loader ignores `attention.key_length`, which Qwen 3's head width
+/// needs; their dequantization is the other families'.)
+#[test]
+fn quantized_tiny_gguf_files_match_transformers_on_the_same_file() {
+    let mut failures = Vec::new();
+    let mut total = 0;
+    let names = tiny_gguf_refs();
+    for block in ["Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1"] {
+        for family in ["llama", "qwen2", "phi3"] {
+            let name = format!("{family}-{block}");
+            assert!(names.contains(&name), "no reference for {name}");
+        }
+    }
+    for name in names {
+        let plan = compile_plan(&tiny_gguf(&name), |_| {});
+        let reference = tiny_gguf_ref(&name);
+        total += reference.cases.len();
+        failures.extend(plan_failures(&name, "gguf", &plan, &reference, check_logits));
+    }
+    assert_none_failed(failures, total);
+}
+
 #[test]
 fn the_table_covers_every_tiny_model() {
     let mut on_disk: Vec<String> = std::fs::read_dir(data_dir().join("models/tiny"))

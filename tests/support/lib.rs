@@ -163,6 +163,28 @@ pub fn tiny_ref(name: &str) -> TinyRef {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
 
+/// Loads `tests/data/refs/tiny-gguf/<name>.json`: transformers on the
+/// quantized tiny GGUF `<name>.gguf` (scripts/device/gguf_refs.py).
+pub fn tiny_gguf_ref(name: &str) -> TinyRef {
+    let path = data_dir().join(format!("refs/tiny-gguf/{name}.json"));
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+}
+
+/// The names of the references in `tests/data/refs/tiny-gguf/`, sorted.
+pub fn tiny_gguf_refs() -> Vec<String> {
+    let dir = data_dir().join("refs/tiny-gguf");
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| {
+            let name = e.ok()?.file_name().to_string_lossy().into_owned();
+            name.strip_suffix(".json").map(str::to_string)
+        })
+        .collect();
+    names.sort();
+    names
+}
+
 /// One prompt of a `real-ref-v1` reference.
 #[derive(Debug, Deserialize)]
 pub struct RealPrompt {
