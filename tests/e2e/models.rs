@@ -321,7 +321,13 @@ fn quantized_tiny_gguf_files_match_transformers_on_the_same_file() {
         let plan = compile_plan(&tiny_gguf(&name), |_| {});
         let reference = tiny_gguf_ref(&name);
         total += reference.cases.len();
-        failures.extend(plan_failures(&name, "gguf", &plan, &reference, check_logits));
+        failures.extend(plan_failures(
+            &name,
+            "gguf",
+            &plan,
+            &reference,
+            check_logits,
+        ));
     }
     assert_none_failed(failures, total);
 }

@@ -24,12 +24,17 @@ pub fn hub_settings() -> HubSettings {
     }
 }
 
-/// Options to fetch `revision` with the environment's settings, drawing a
-/// bar per downloaded file (hidden when `progress` is quiet) and printing
-/// the hub's notes.
-pub fn hub_options(revision: Option<String>, progress: Progress) -> HubOptions {
+/// Options to fetch `revision` (and the GGUF file `gguf` chooses) with the
+/// environment's settings, drawing a bar per downloaded file (hidden when
+/// `progress` is quiet) and printing the hub's notes.
+pub fn hub_options(
+    revision: Option<String>,
+    gguf: Option<String>,
+    progress: Progress,
+) -> HubOptions {
     HubOptions {
         revision,
+        gguf,
         settings: hub_settings(),
         hook: Some(download_bars(progress)),
     }

@@ -68,6 +68,10 @@ const WEIGHTS_INDEX: &str = "model.safetensors.index.json";
 pub struct HubOptions {
     /// Branch, tag or commit (default: `main`); an error for a local directory.
     pub revision: Option<String>,
+    /// Which GGUF file of a repository or directory to compile: its file
+    /// name, or a quantization name (`Q4_K_M`) that names exactly one (see
+    /// [`select_gguf`]). `ORG/NAME:QUANT` sets it too.
+    pub gguf: Option<String>,
     /// Which hub, which cache, which token.
     pub settings: HubSettings,
     /// Told of each file's bytes and of notes (`None`: nothing is reported).
@@ -78,6 +82,7 @@ impl std::fmt::Debug for HubOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("HubOptions")
             .field("revision", &self.revision)
+            .field("gguf", &self.gguf)
             .field("settings", &self.settings)
             .field("hook", &self.hook.is_some())
             .finish()
@@ -179,6 +184,21 @@ pub enum HubError {
         revision: String,
         others: Vec<String>,
     },
+    #[error("{}", gguf_choice(repo, want.as_deref(), found, *several))]
+    GgufChoice {
+        /// The repository or directory.
+        repo: String,
+        /// What was asked for (`None`: nothing, and there is no other checkpoint).
+        want: Option<String>,
+        /// The GGUF files that match (several) or that there are (none match).
+        found: Vec<String>,
+        /// Whether several files matched (else none did).
+        several: bool,
+    },
+    #[error("`{file}` of `{repo}` is one part of a split GGUF model; gerbil reads single-file GGUF models (merge the parts with llama.cpp's `llama-gguf-split --merge`)")]
+    SplitGguf { repo: String, file: String },
+    #[error("--gguf chooses a GGUF file of a directory or repository, but `{}` is a file: leave --gguf out", path.display())]
+    GgufOfFile { path: PathBuf },
     #[error("`{repo}` is a gated model: accept its terms at {endpoint}/{repo} while logged in, then set HF_TOKEN to a read token of that account ({endpoint}/settings/tokens)")]
     Gated { repo: String, endpoint: String },
     #[error("`{repo}` is a gated model and the token ({token_source}) has no access to it: accept its terms at {endpoint}/{repo} with the token's account, or set HF_TOKEN to a token of an account that has")]
@@ -236,6 +256,21 @@ pub enum HubError {
     },
 }
 
+fn gguf_choice(repo: &str, want: Option<&str>, found: &[String], several: bool) -> String {
+    let list = found.join(", ");
+    match want {
+        Some(w) if several => format!(
+            "`{w}` matches several GGUF files of `{repo}` ({list}): give the whole file name with --gguf"
+        ),
+        Some(w) if found.is_empty() => format!("`{repo}` has no GGUF file matching `{w}`"),
+        Some(w) => format!("`{repo}` has no GGUF file matching `{w}`; it has {list}"),
+        None => format!(
+            "`{repo}` has no config.json and {} GGUF files ({list}): choose one with `{repo}:QUANT` (e.g. Q4_K_M) or --gguf FILE",
+            found.len()
+        ),
+    }
+}
+
 fn token_hint(has_token: bool) -> &'static str {
     if has_token {
         "; if it is private, HF_TOKEN must be a token of an account that can read it"
@@ -247,6 +282,14 @@ fn token_hint(has_token: bool) -> &'static str {
 fn found_weights(others: &[String]) -> String {
     if others.is_empty() {
         String::new()
+    } else if others
+        .iter()
+        .any(|f| f.to_ascii_lowercase().ends_with(".gguf"))
+    {
+        format!(
+            " (the repository has: {}; choose a GGUF file with ORG/NAME:QUANT or --gguf)",
+            others.join(", ")
+        )
     } else {
         format!(" (the repository has: {})", others.join(", "))
     }
@@ -272,6 +315,78 @@ pub fn open_checkpoint(arg: &Path, opts: &HubOptions) -> Result<Checkpoint, Open
     Ok(ckpt)
 }
 
+/// The GGUF file of `files` (names in a repository or directory) that
+/// `want` chooses: the file called `want`, else the one whose name holds
+/// `want` as a quantization name (`Q4_K_M` in `model-q4_k_m.gguf` or
+/// `Model.Q4_K_M.gguf`: any case, after `-`, `.` or `_` and before `-` or
+/// `.`, so `Q4_K` does not choose `q4_k_m`). With no `want`, the only GGUF
+/// file. Parts of split models (`-00001-of-00003.gguf`) are refused.
+pub fn select_gguf(repo: &str, files: &[String], want: Option<&str>) -> Result<String, HubError> {
+    let ggufs: Vec<&String> = files
+        .iter()
+        .filter(|f| f.to_ascii_lowercase().ends_with(".gguf"))
+        .collect();
+    let matches: Vec<&String> = match want {
+        Some(w) => match ggufs
+            .iter()
+            .find(|f| f.as_str() == w || f.rsplit('/').next() == Some(w))
+        {
+            Some(exact) => vec![*exact],
+            None => ggufs
+                .iter()
+                .copied()
+                .filter(|f| names_quant(f, w))
+                .collect(),
+        },
+        None => ggufs.clone(),
+    };
+    match matches.as_slice() {
+        [one] if is_split_part(one) => Err(HubError::SplitGguf {
+            repo: repo.to_string(),
+            file: one.to_string(),
+        }),
+        [one] => Ok(one.to_string()),
+        _ => {
+            let several = matches.len() > 1;
+            let found = if several { &matches } else { &ggufs };
+            Err(HubError::GgufChoice {
+                repo: repo.to_string(),
+                want: want.map(str::to_string),
+                found: found.iter().map(|f| f.to_string()).collect(),
+                several,
+            })
+        }
+    }
+}
+
+/// Whether file name `f` holds quantization name `q` (see [`select_gguf`]).
+fn names_quant(f: &str, q: &str) -> bool {
+    let (f, q) = (f.to_ascii_lowercase(), q.to_ascii_lowercase());
+    let name = f.rsplit('/').next().unwrap_or(&f);
+    name.match_indices(&q).any(|(at, _)| {
+        let before = name[..at].chars().next_back();
+        let after = name[at + q.len()..].chars().next();
+        matches!(before, Some('-' | '.' | '_')) && matches!(after, Some('-' | '.'))
+    })
+}
+
+/// Whether `f` is one part of a split GGUF (`…-00001-of-00003.gguf`).
+fn is_split_part(f: &str) -> bool {
+    let stem = f.trim_end_matches(".gguf");
+    let parts: Vec<&str> = stem.rsplitn(4, '-').collect();
+    matches!(parts.as_slice(), [total, "of", part, _]
+        if total.len() == 5 && part.len() == 5
+            && total.bytes().chain(part.bytes()).all(|b| b.is_ascii_digit()))
+}
+
+/// `org/name:QUANT` split into the id and the quantization name.
+fn split_quant(arg: &str) -> (&str, Option<&str>) {
+    match arg.rsplit_once(':') {
+        Some((repo, quant)) if is_repo_id(repo) && !quant.is_empty() => (repo, Some(quant)),
+        _ => (arg, None),
+    }
+}
+
 /// A checkpoint directory on disk.
 #[derive(Debug, Clone)]
 pub struct ModelDir {
@@ -291,22 +406,50 @@ pub fn resolve(arg: &Path, opts: &HubOptions) -> Result<ModelDir, HubError> {
                 dir: arg.to_path_buf(),
             });
         }
-        return Ok(ModelDir {
-            dir: arg.to_path_buf(),
-            repo: None,
-        });
+        let dir = match opts.gguf.as_deref() {
+            Some(_) if !arg.is_dir() => {
+                return Err(HubError::GgufOfFile {
+                    path: arg.to_path_buf(),
+                })
+            }
+            Some(want) => arg.join(select_gguf(
+                &arg.display().to_string(),
+                &dir_files(arg)?,
+                Some(want),
+            )?),
+            None => arg.to_path_buf(),
+        };
+        return Ok(ModelDir { dir, repo: None });
     }
-    let Some(repo) = arg.to_str().filter(|s| is_repo_id(s)) else {
+    let (id, quant) = arg.to_str().map_or((None, None), |s| {
+        let (id, quant) = split_quant(s);
+        (Some(id), quant)
+    });
+    let Some(repo) = id.filter(|s| is_repo_id(s)) else {
         return Err(HubError::NotFound {
             arg: arg.display().to_string(),
         });
     };
     let revision = opts.revision.as_deref().unwrap_or(DEFAULT_REVISION);
-    let dir = Hub::new(&opts.settings, opts.hook.clone())?.fetch(repo, revision)?;
+    let want = opts.gguf.as_deref().or(quant);
+    let dir = Hub::new(&opts.settings, opts.hook.clone())?.fetch(repo, revision, want)?;
     Ok(ModelDir {
         dir,
         repo: Some(repo.to_string()),
     })
+}
+
+/// The names of the files in directory `dir`.
+fn dir_files(dir: &Path) -> Result<Vec<String>, HubError> {
+    let entries = std::fs::read_dir(dir).map_err(|source| HubError::Cache {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut names: Vec<String> = entries
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    names.sort();
+    Ok(names)
 }
 
 /// Whether `s` has the shape of a hub model id: `org/name`, each part made
@@ -417,12 +560,14 @@ impl Hub {
     }
 
     /// Downloads what a checkpoint needs from `repo` at `revision` (files
-    /// already in the snapshot are kept) and returns the snapshot directory.
-    fn fetch(&self, repo: &str, revision: &str) -> Result<PathBuf, HubError> {
+    /// already in the snapshot are kept) and returns the snapshot directory,
+    /// or the GGUF file `gguf` chooses ([`select_gguf`]; also the only GGUF
+    /// file of a repository without `config.json`).
+    fn fetch(&self, repo: &str, revision: &str, gguf: Option<&str>) -> Result<PathBuf, HubError> {
         let info = match self.info(repo, revision) {
             Ok(info) => info,
             Err(HubError::Unreachable { endpoint, detail }) => {
-                let Some(dir) = self.cached(repo, revision) else {
+                let Some(dir) = self.cached(repo, revision, gguf) else {
                     return Err(HubError::Unreachable { endpoint, detail });
                 };
                 if let Some(hook) = &self.hook {
@@ -435,6 +580,18 @@ impl Hub {
             }
             Err(e) => return Err(e),
         };
+        let names: Vec<String> = info.siblings.iter().map(|s| s.rfilename.clone()).collect();
+        let has_gguf = names
+            .iter()
+            .any(|f| f.to_ascii_lowercase().ends_with(".gguf"));
+        if gguf.is_some() || (info.file(CONFIG_FILE).is_none() && has_gguf) {
+            let file = select_gguf(repo, &names, gguf)?;
+            let snapshot = self.snapshot(repo, &info.sha);
+            let pinned = self.pinned(repo, &info.sha);
+            self.download(&pinned, &snapshot, repo, &info, &file)?;
+            self.create_ref(repo, revision, &info.sha)?;
+            return Ok(snapshot.join(file));
+        }
         let mut files = vec![CONFIG_FILE];
         if info.file(CONFIG_FILE).is_none() {
             return Err(self.missing(repo, revision, CONFIG_FILE));
@@ -464,18 +621,8 @@ impl Hub {
         };
         files.extend(OPTIONAL_FILES.iter().filter(|f| info.file(f).is_some()));
 
-        // Every file comes from the commit the revision named just now.
-        let pinned = self.api.repo(Repo::with_revision(
-            repo.to_string(),
-            RepoType::Model,
-            info.sha.clone(),
-        ));
-        let snapshot = self
-            .cache
-            .path()
-            .join(Repo::model(repo.to_string()).folder_name())
-            .join("snapshots")
-            .join(&info.sha);
+        let pinned = self.pinned(repo, &info.sha);
+        let snapshot = self.snapshot(repo, &info.sha);
         tracing::info!(repo, revision, commit = %info.sha, snapshot = %snapshot.display(), "hub model");
         for file in &files {
             self.download(&pinned, &snapshot, repo, &info, file)?;
@@ -485,27 +632,65 @@ impl Hub {
                 self.download(&pinned, &snapshot, repo, &info, &shard)?;
             }
         }
-        // Like huggingface_hub: refs/{revision} holds the commit it names.
+        self.create_ref(repo, revision, &info.sha)?;
+        Ok(snapshot)
+    }
+
+    /// The repository at `commit`: every file comes from the commit the
+    /// revision named when the fetch began.
+    fn pinned(&self, repo: &str, commit: &str) -> ApiRepo {
+        self.api.repo(Repo::with_revision(
+            repo.to_string(),
+            RepoType::Model,
+            commit.to_string(),
+        ))
+    }
+
+    /// The snapshot directory of `repo` at `commit` in the cache.
+    fn snapshot(&self, repo: &str, commit: &str) -> PathBuf {
+        self.cache
+            .path()
+            .join(Repo::model(repo.to_string()).folder_name())
+            .join("snapshots")
+            .join(commit)
+    }
+
+    /// Like huggingface_hub: `refs/{revision}` holds the commit it names,
+    /// written once every file is in.
+    fn create_ref(&self, repo: &str, revision: &str, commit: &str) -> Result<(), HubError> {
         self.cache
             .repo(Repo::with_revision(
                 repo.to_string(),
                 RepoType::Model,
                 revision.to_string(),
             ))
-            .create_ref(&info.sha)
+            .create_ref(commit)
             .map_err(|source| HubError::Cache {
                 path: self.cache.path().clone(),
                 source,
-            })?;
-        Ok(snapshot)
+            })
     }
 
-    /// The snapshot an earlier complete fetch of `repo` at `revision` left
-    /// (`refs/{revision}` is written only once every file is in).
-    fn cached(&self, repo: &str, revision: &str) -> Option<PathBuf> {
-        let repo = Repo::with_revision(repo.to_string(), RepoType::Model, revision.to_string());
-        let config = self.cache.repo(repo).get(CONFIG_FILE)?;
-        config.parent().map(Path::to_path_buf)
+    /// What an earlier complete fetch of `repo` at `revision` left: the
+    /// snapshot with its `config.json`, or the GGUF file `gguf` chooses in it.
+    fn cached(&self, repo: &str, revision: &str, gguf: Option<&str>) -> Option<PathBuf> {
+        let cache_repo =
+            Repo::with_revision(repo.to_string(), RepoType::Model, revision.to_string());
+        let refs = self
+            .cache
+            .path()
+            .join(cache_repo.folder_name())
+            .join("refs")
+            .join(revision);
+        let commit = std::fs::read_to_string(refs).ok()?;
+        let snapshot = self.snapshot(repo, commit.trim());
+        if gguf.is_none() && snapshot.join(CONFIG_FILE).is_file() {
+            return Some(snapshot);
+        }
+        let files = dir_files(&snapshot).ok()?;
+        select_gguf(repo, &files, gguf)
+            .ok()
+            .map(|f| snapshot.join(f))
     }
 
     /// The file list of `repo` at `revision`, with sizes.
@@ -746,7 +931,49 @@ impl DownloadProgress for FileBar {
 
 #[cfg(test)]
 mod tests {
-    use super::is_repo_id;
+    use super::{is_repo_id, select_gguf, split_quant, HubError};
+
+    fn files(names: &[&str]) -> Vec<String> {
+        names.iter().map(|n| n.to_string()).collect()
+    }
+
+    #[test]
+    fn a_quantization_name_chooses_one_gguf_file() {
+        let repo = files(&[
+            "README.md",
+            "smollm2-135m-instruct-q4_k_m.gguf",
+            "smollm2-135m-instruct-q4_k_s.gguf",
+            "SmolLM2.Q8_0.gguf",
+            "model-q5_1-00001-of-00002.gguf",
+            "model-q5_1-00002-of-00002.gguf",
+        ]);
+        let pick = |w: Option<&str>| select_gguf("r", &repo, w);
+        assert_eq!(pick(Some("Q4_K_M")).unwrap(), repo[1]);
+        assert_eq!(pick(Some("q8_0")).unwrap(), repo[3]);
+        assert_eq!(pick(Some("SmolLM2.Q8_0.gguf")).unwrap(), repo[3]);
+        // `Q4_K` is not `q4_k_m` or `q4_k_s`.
+        let e = pick(Some("Q4_K")).unwrap_err().to_string();
+        assert!(e.contains("no GGUF file matching `Q4_K`"), "{e}");
+        let e = pick(None).unwrap_err().to_string();
+        assert!(e.contains("5 GGUF files") && e.contains(":QUANT"), "{e}");
+        let e = pick(Some("q5_1")).unwrap_err().to_string();
+        assert!(e.contains("`q5_1` matches several GGUF files"), "{e}");
+        assert!(matches!(
+            select_gguf("r", &repo[4..5], None),
+            Err(HubError::SplitGguf { .. })
+        ));
+        assert_eq!(
+            select_gguf("r", &files(&["config.json", "m.gguf"]), None).unwrap(),
+            "m.gguf"
+        );
+    }
+
+    #[test]
+    fn a_quantization_after_the_id() {
+        assert_eq!(split_quant("org/m:Q4_K_M"), ("org/m", Some("Q4_K_M")));
+        assert_eq!(split_quant("org/m"), ("org/m", None));
+        assert_eq!(split_quant("c:/dir"), ("c:/dir", None));
+    }
 
     #[test]
     fn repo_ids_have_one_slash_and_hub_characters() {

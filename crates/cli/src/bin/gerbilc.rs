@@ -158,6 +158,10 @@ struct HubArgs {
     /// Branch, tag or commit of a hub model (default: main).
     #[arg(long, value_name = "REV")]
     revision: Option<String>,
+    /// Which GGUF file of a repository or directory: its name, or a
+    /// quantization such as Q4_K_M (`ORG/NAME:Q4_K_M` says the same).
+    #[arg(long, value_name = "FILE|QUANT")]
+    gguf: Option<String>,
     /// No progress bars (they are off anyway when standard error is not a terminal).
     #[arg(short, long)]
     quiet: bool,
@@ -165,7 +169,7 @@ struct HubArgs {
 
 impl HubArgs {
     fn options(self) -> HubOptions {
-        hub_options(self.revision, Progress::new(self.quiet))
+        hub_options(self.revision, self.gguf, Progress::new(self.quiet))
     }
 }
 

@@ -80,6 +80,27 @@ fn sharded_files() -> Vec<(String, Vec<u8>)> {
 }
 const WEIGHTS_INDEX: &str = "model.safetensors.index.json";
 
+/// A repository of GGUF files only, as llama.cpp users publish them: the
+/// tiny Llama at two quantizations (`$GERBIL_FIXTURES/tiny-gguf/`, written
+/// by build-fixtures.py).
+fn gguf_files() -> Vec<(String, Vec<u8>)> {
+    let base = std::env::var_os("GERBIL_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../fixtures"));
+    let mut files = vec![("README.md".to_string(), b"# tiny".to_vec())];
+    for quant in ["Q8_0", "Q4_0"] {
+        let path = base.join(format!("tiny-gguf/llama-{quant}.gguf"));
+        let bytes = std::fs::read(&path).unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}: run scripts/build-fixtures.py --out fixtures all",
+                path.display()
+            )
+        });
+        files.push((format!("tiny-llama-{quant}.gguf"), bytes));
+    }
+    files
+}
+
 fn fixture_repos() -> Vec<FakeRepo> {
     vec![
         FakeRepo {
@@ -92,6 +113,12 @@ fn fixture_repos() -> Vec<FakeRepo> {
             id: "test-org/tiny-llama-sharded",
             revisions: vec![("main", MAIN_SHA)],
             files: sharded_files(),
+            gated: false,
+        },
+        FakeRepo {
+            id: "test-org/tiny-llama-GGUF",
+            revisions: vec![("main", MAIN_SHA)],
+            files: gguf_files(),
             gated: false,
         },
         FakeRepo {
@@ -484,6 +511,63 @@ fn a_sharded_hub_model_fetches_every_shard_its_index_names() {
     assert!(hub.file_requests(0).iter().any(|s| s.path.ends_with(shard)));
     let local = compile(&hub, home.path(), data(TINY).to_str().unwrap(), &[], &[]);
     assert_eq!(output_ids(&plan), output_ids(&local));
+}
+
+#[test]
+fn a_gguf_repository_compiles_the_file_a_quantization_names() {
+    let hub = FakeHub::start(0);
+    let home = temp("gguf");
+    let repo = "test-org/tiny-llama-GGUF";
+    let plan = compile(&hub, home.path(), &format!("{repo}:Q4_0"), &[], &[]);
+    // Only that file was fetched (metadata, then body).
+    let mut files: Vec<String> = hub
+        .file_requests(0)
+        .iter()
+        .map(|s| s.path.clone())
+        .collect();
+    files.dedup();
+    assert_eq!(
+        files,
+        [format!("/{repo}/resolve/{MAIN_SHA}/tiny-llama-Q4_0.gguf")]
+    );
+    let snapshot = repo_cache(home.path(), repo)
+        .join("snapshots")
+        .join(MAIN_SHA);
+    let local = compile(
+        &hub,
+        home.path(),
+        snapshot.join("tiny-llama-Q4_0.gguf").to_str().unwrap(),
+        &[],
+        &[],
+    );
+    assert_eq!(output_ids(&plan), output_ids(&local));
+
+    // By file name; and from the cache when the hub cannot be reached.
+    compile(
+        &hub,
+        home.path(),
+        repo,
+        &["--gguf", "tiny-llama-Q8_0.gguf"],
+        &[],
+    );
+    let offline = [("HF_ENDPOINT", UNREACHABLE)];
+    compile(&hub, home.path(), repo, &["--gguf", "q8_0"], &offline);
+
+    // Without a choice, the files are named; so is a choice that matches none.
+    let out = home.path().join("x.plan");
+    let out = out.to_str().unwrap();
+    let o = gerbilc(&hub, home.path(), &["compile", repo, "-o", out], &[]);
+    assert_fails_with(&o, &["2 GGUF files", "tiny-llama-Q8_0.gguf", ":QUANT"]);
+    let o = gerbilc(
+        &hub,
+        home.path(),
+        &["compile", &format!("{repo}:Q5_K_M"), "-o", out],
+        &[],
+    );
+    assert_fails_with(
+        &o,
+        &["no GGUF file matching `Q5_K_M`", "tiny-llama-Q4_0.gguf"],
+    );
 }
 
 #[test]
