@@ -55,7 +55,16 @@ pub fn hf_config(g: &GgufFile, arch: &str) -> Result<Value, GgufError> {
     c.insert("architectures".into(), json!([class]));
     c.insert("model_type".into(), json!(model_type));
     c.insert("hidden_size".into(), json!(hidden));
-    c.insert("num_hidden_layers".into(), json!(need("block_count")?));
+    // Each layer has tensors, so a count past the file's tensors is corrupt
+    // (and must not size anything built per layer).
+    let layers = need("block_count")?;
+    if layers > g.tensors().len() as u64 {
+        return Err(g.key_error(
+            &key("block_count"),
+            format!("{layers} layers, but the file holds {} tensors", g.tensors().len()),
+        ));
+    }
+    c.insert("num_hidden_layers".into(), json!(layers));
     c.insert(
         "intermediate_size".into(),
         json!(need("feed_forward_length")?),
