@@ -378,7 +378,7 @@ fn block_strategy() -> impl Strategy<Value = Block> {
 }
 
 proptest! {
-    #![proptest_config(proptest_config(8, 16))]
+    #![proptest_config(proptest_config(6, 16))]
 
     #[test]
     fn every_pass_preserves_results(

@@ -112,9 +112,10 @@ impl Checkpoint {
         self.weights.contains(name)
     }
 
-    /// Path of `config.json`, for error messages.
+    /// Where the configuration came from, for error messages: `config.json`,
+    /// or the GGUF file whose metadata it was written from.
     pub fn config_path(&self) -> PathBuf {
-        self.dir.join(CONFIG_FILE)
+        self.config.path.clone()
     }
 }
 

@@ -61,7 +61,10 @@ pub fn hf_config(g: &GgufFile, arch: &str) -> Result<Value, GgufError> {
     if layers > g.tensors().len() as u64 {
         return Err(g.key_error(
             &key("block_count"),
-            format!("{layers} layers, but the file holds {} tensors", g.tensors().len()),
+            format!(
+                "{layers} layers, but the file holds {} tensors",
+                g.tensors().len()
+            ),
         ));
     }
     c.insert("num_hidden_layers".into(), json!(layers));
