@@ -39,54 +39,55 @@ fn values(dtype: DType, data: &[u8]) -> Vec<f32> {
     }
 }
 
+/// Each file opened once: its weights are transformers' bit for bit (after
+/// its bf16 rounding), its configuration and graph are those of the
+/// directory transformers wrote, and so are its end-of-sequence ids and
+/// chat template.
 #[test]
-fn gguf_weights_are_what_transformers_loads() {
+fn gguf_files_are_what_transformers_loads() {
     for (name, file) in MODELS {
         let Some((dir, gguf)) = fixture(name, file) else {
             return;
         };
         let hf = Checkpoint::open(&dir).unwrap();
         let g = Checkpoint::open(&gguf).unwrap();
-        assert_eq!(g.weights.names(), hf.weights.names(), "{name}");
-        for tensor in hf.weights.names() {
-            let want = hf.tensor(tensor).unwrap();
-            let got = g.tensor(tensor).unwrap();
-            assert_eq!(got.shape, want.shape, "{name} {tensor}");
-            // transformers rounds the f32 it dequantized to bf16, nearest even.
-            let got = values(got.dtype, got.data);
-            let want = values(want.dtype, want.data);
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                let g = half::bf16::from_f32(*g).to_f32();
-                assert_eq!(g.to_bits(), w.to_bits(), "{name} {tensor}[{i}]: {g} != {w}");
-            }
+        check_weights(name, &g, &hf);
+        check_config(name, &g, &hf);
+    }
+}
+
+fn check_weights(name: &str, g: &Checkpoint, hf: &Checkpoint) {
+    assert_eq!(g.weights.names(), hf.weights.names(), "{name}");
+    for tensor in hf.weights.names() {
+        let want = hf.tensor(tensor).unwrap();
+        let got = g.tensor(tensor).unwrap();
+        assert_eq!(got.shape, want.shape, "{name} {tensor}");
+        // transformers rounds the f32 it dequantized to bf16, nearest even.
+        let got = values(got.dtype, got.data);
+        let want = values(want.dtype, want.data);
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            let g = half::bf16::from_f32(*g).to_f32();
+            assert_eq!(g.to_bits(), w.to_bits(), "{name} {tensor}[{i}]: {g} != {w}");
         }
     }
 }
 
-#[test]
-fn gguf_config_is_what_transformers_reads() {
-    for (name, file) in MODELS {
-        let Some((dir, gguf)) = fixture(name, file) else {
-            return;
-        };
-        let hf = Checkpoint::open(&dir).unwrap();
-        let g = Checkpoint::open(&gguf).unwrap();
-        // Only the file and the storage dtype may differ.
-        let normalize = |c: &HfConfig| HfConfig {
-            path: PathBuf::new(),
-            dtype: None,
-            hidden_act: None,
-            ..c.clone()
-        };
-        assert_eq!(normalize(&g.config), normalize(&hf.config), "{name}");
-        assert_eq!(g.text.eos_token_ids, hf.text.eos_token_ids, "{name}");
-        assert_eq!(g.text.chat_template, hf.text.chat_template, "{name}");
-        // The same graph but for its name and the weights' dtype.
-        let body = |c: &Checkpoint| {
-            let text = gerbil_ir::print::print(&gerbil_frontend_hf::lower(c).unwrap().graph);
-            let (_, body) = text.split_once('\n').unwrap();
-            body.replace("bf16", "f32")
-        };
-        assert_eq!(body(&g), body(&hf), "{name}: the graphs differ");
-    }
+fn check_config(name: &str, g: &Checkpoint, hf: &Checkpoint) {
+    // Only the file and the storage dtype may differ.
+    let normalize = |c: &HfConfig| HfConfig {
+        path: PathBuf::new(),
+        dtype: None,
+        hidden_act: None,
+        ..c.clone()
+    };
+    assert_eq!(normalize(&g.config), normalize(&hf.config), "{name}");
+    assert_eq!(g.text.eos_token_ids, hf.text.eos_token_ids, "{name}");
+    assert_eq!(g.text.chat_template, hf.text.chat_template, "{name}");
+    // The same graph but for its name and the weights' dtype.
+    let body = |c: &Checkpoint| {
+        let text = gerbil_ir::print::print(&gerbil_frontend_hf::lower(c).unwrap().graph);
+        let (_, body) = text.split_once('\n').unwrap();
+        body.replace("bf16", "f32")
+    };
+    assert_eq!(body(g), body(hf), "{name}: the graphs differ");
 }
