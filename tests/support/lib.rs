@@ -35,10 +35,7 @@ pub fn tiny_model(name: &str) -> PathBuf {
 /// A real model built by `scripts/build-fixtures.py`: `$GERBIL_FIXTURES/<name>`
 /// or `<repo>/fixtures/<name>`. Panics with the command to run if absent.
 pub fn fixture(name: &str) -> PathBuf {
-    let base = std::env::var_os("GERBIL_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("fixtures"));
-    let dir = base.join(name);
+    let dir = fixtures_root().join(name);
     assert!(
         dir.join("model.safetensors").is_file(),
         "{} is missing: run `python3 scripts/build-fixtures.py --out fixtures {name}` (or scripts/test.sh)",
@@ -51,16 +48,23 @@ pub fn fixture(name: &str) -> PathBuf {
 /// written by `scripts/make-tiny-gguf.py` from build-fixtures.py). Panics
 /// with the command to run if absent.
 pub fn tiny_gguf(name: &str) -> PathBuf {
-    let base = std::env::var_os("GERBIL_FIXTURES")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| repo_root().join("fixtures"));
-    let path = base.join("tiny-gguf").join(format!("{name}.gguf"));
+    let path = fixtures_root()
+        .join("tiny-gguf")
+        .join(format!("{name}.gguf"));
     assert!(
         path.is_file(),
         "{} is missing: run `python3 scripts/build-fixtures.py --out fixtures all` (or scripts/test.sh)",
         path.display()
     );
     path
+}
+
+/// Where `scripts/build-fixtures.py` wrote the fixtures: `$GERBIL_FIXTURES`,
+/// else `<repo>/fixtures`.
+fn fixtures_root() -> PathBuf {
+    std::env::var_os("GERBIL_FIXTURES")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("fixtures"))
 }
 
 static GPU: Mutex<()> = Mutex::new(());
@@ -158,7 +162,12 @@ pub struct TinyRef {
 
 /// Loads `tests/data/refs/tiny/<name>.json`.
 pub fn tiny_ref(name: &str) -> TinyRef {
-    let path = data_dir().join(format!("refs/tiny/{name}.json"));
+    read_tiny_ref(&format!("refs/tiny/{name}.json"))
+}
+
+/// Parses the `tiny-ref-v1` file at `rel` under `tests/data`.
+fn read_tiny_ref(rel: &str) -> TinyRef {
+    let path = data_dir().join(rel);
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
 }
@@ -166,9 +175,7 @@ pub fn tiny_ref(name: &str) -> TinyRef {
 /// Loads `tests/data/refs/tiny-gguf/<name>.json`: transformers on the
 /// quantized tiny GGUF `<name>.gguf` (scripts/device/gguf_refs.py).
 pub fn tiny_gguf_ref(name: &str) -> TinyRef {
-    let path = data_dir().join(format!("refs/tiny-gguf/{name}.json"));
-    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    read_tiny_ref(&format!("refs/tiny-gguf/{name}.json"))
 }
 
 /// The names of the references in `tests/data/refs/tiny-gguf/`, sorted.

@@ -34,11 +34,12 @@ fn default_rope_theta(arch: &str) -> f64 {
 /// The configuration of `g`, whose architecture is `arch` (one of
 /// [`ARCHITECTURES`]).
 pub fn hf_config(g: &GgufFile, arch: &str) -> Result<Value, GgufError> {
-    let (_, class, model_type) = ARCHITECTURES
-        .iter()
-        .find(|a| a.0 == arch)
-        .copied()
-        .unwrap_or_else(|| unreachable!("{arch} is checked by the caller"));
+    let Some(&(_, class, model_type)) = ARCHITECTURES.iter().find(|a| a.0 == arch) else {
+        return Err(g.key_error(
+            "general.architecture",
+            format!("`{arch}` is not a GGUF architecture gerbil reads"),
+        ));
+    };
     let key = |k: &str| format!("{arch}.{k}");
     let need = |k: &str| g.require(&key(k), GgufFile::u64);
     let hidden = need("embedding_length")?;

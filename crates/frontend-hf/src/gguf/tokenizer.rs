@@ -17,7 +17,7 @@
 
 use gerbil_gguf::{GgufError, GgufFile, Value as GgufValue};
 use serde_json::{json, Map, Value};
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Control tokens (`tokenizer.ggml.token_type`).
 const CONTROL: i64 = 3;
@@ -150,11 +150,16 @@ fn dict(pairs: impl Iterator<Item = (String, Value)>) -> Map<String, Value> {
     m
 }
 
+/// Whether every character of `t` is in the byte-level alphabet `alphabet`.
+fn in_alphabet(alphabet: &HashSet<char>, t: &str) -> bool {
+    t.chars().all(|c| alphabet.contains(&c))
+}
+
 fn byte_level(g: &GgufFile, vocab: &Vocab) -> Result<Value, GgufError> {
     let table = bytes_to_unicode();
-    let in_alphabet = |t: &str| t.chars().all(|c| table.contains(&c));
+    let alphabet: HashSet<char> = table.into_iter().collect();
     let spelled = vocab.tokens.iter().enumerate().map(|(i, t)| {
-        let t = if in_alphabet(t) {
+        let t = if in_alphabet(&alphabet, t) {
             t.to_string()
         } else {
             t.bytes().map(|b| table[b as usize]).collect()
@@ -344,11 +349,11 @@ fn generate_merges<'a>(
 /// those spelled in its alphabet), then user-defined tokens found in the
 /// vocabulary as plain ones, in id order.
 fn added_tokens(vocab: &Vocab, model_vocab: &Value, byte_level: bool) -> Value {
-    let table = bytes_to_unicode();
+    let alphabet: HashSet<char> = bytes_to_unicode().into_iter().collect();
     let mut added = Vec::new();
     for (i, (t, &ty)) in vocab.tokens.iter().zip(&vocab.types).enumerate() {
         let special = match ty {
-            CONTROL if !byte_level || t.chars().all(|c| table.contains(&c)) => true,
+            CONTROL if !byte_level || in_alphabet(&alphabet, t) => true,
             USER_DEFINED if model_vocab.get(*t).is_some() => false,
             _ => continue,
         };
