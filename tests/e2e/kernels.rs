@@ -93,9 +93,10 @@ fn expect_all(
 }
 
 /// Splits a `[rows, width]` tensor's bytes into shards of `shard_rows` rows
-/// (the last may be shorter), as codegen does for weights above the binding limit.
-fn shard_bytes(bytes: Vec<u8>, rows: usize, shard_rows: Option<u32>) -> Vec<Vec<u8>> {
-    match shard_rows {
+/// (the last may be shorter), as codegen does for weights above the binding limit;
+/// quantized shards are then laid out as the plan stores them.
+fn shard_bytes(bytes: Vec<u8>, rows: usize, shard_rows: Option<u32>, dtype: DType) -> Vec<Vec<u8>> {
+    let shards = match shard_rows {
         Some(r) if (r as usize) < rows => {
             let row_bytes = bytes.len() / rows;
             bytes
@@ -104,7 +105,14 @@ fn shard_bytes(bytes: Vec<u8>, rows: usize, shard_rows: Option<u32>) -> Vec<Vec<
                 .collect()
         }
         _ => vec![bytes],
+    };
+    if !dtype.is_quantized() {
+        return shards;
     }
+    shards
+        .iter()
+        .map(|s| kernels::quant::gpu_layout(dtype, s))
+        .collect()
 }
 
 // ---------------------------------------------------------------- matmul
@@ -229,7 +237,7 @@ fn matmul_inputs(c: &MatMulCase) -> MatMulInputs {
     let (w_bytes, w) = encode(&rng.vec(wn * k), c.wdtype);
     let b = rng.vec(wn);
     let mut inputs = vec![f32_bytes(&x)];
-    inputs.extend(shard_bytes(w_bytes, wn, c.shard_rows));
+    inputs.extend(shard_bytes(w_bytes, wn, c.shard_rows, c.wdtype));
     if c.bias {
         inputs.push(f32_bytes(&b));
     }
@@ -950,7 +958,7 @@ fn check_embedding(c: &EmbeddingCase) -> Result<(), String> {
         ids[t - 1] = c.vocab + 3;
     }
     let lookup = Embedding { scale: c.scale };
-    let mut inputs = shard_bytes(table_bytes, v, c.shard_rows);
+    let mut inputs = shard_bytes(table_bytes, v, c.shard_rows, c.wdtype);
     inputs.push(u32_bytes(&ids));
     let Some((offset, wdtype)) = c.norm else {
         let want = reference::embedding(&table, h, &ids, &lookup);
@@ -1027,6 +1035,80 @@ fn embedding_cases() -> Vec<EmbeddingCase> {
 #[test]
 fn embedding_matches_reference() {
     check_all(embedding_cases(), check_embedding);
+}
+
+// ------------------------------------------------------------ quantized
+
+/// A kernel of every weight-reading template for one quantized weight.
+#[derive(Clone, Copy, Debug)]
+enum QuantCase {
+    Gemv(MatMulCase, kernels::gemv::Reduce),
+    Gemm(MatMulCase, GemmTile),
+    /// The rows template (prefill's LM head: the last row), which reads
+    /// packed pairs.
+    Rows(MatMulCase),
+    Embedding(EmbeddingCase),
+}
+
+/// Every ggml block type through every template that reads weights, at
+/// `K` = 512 (two K-quant super-blocks, sixteen 32-value blocks), the
+/// matmul options rotating over the types: gated, normed, biased, residual,
+/// row shards whose edges fall inside a pair of blocks, both reductions.
+fn quant_cases() -> Vec<QuantCase> {
+    let mut cases = Vec::new();
+    for (i, wdtype) in gerbil_ir::QUANTIZED.into_iter().enumerate() {
+        let glu = (i % 2 == 1).then_some(UnaryOp::Silu);
+        let base = MatMulCase {
+            rows: Rows::Tokens,
+            t: 1,
+            k: 512,
+            n: 37 + 8 * i as u32,
+            wdtype,
+            bias: i % 3 == 0,
+            tt: 1,
+            shard_rows: (i % 4 == 2).then_some(12),
+            glu,
+            norm: (i % 3 == 1).then_some(([0.0, 1.0][i % 2], DType::F32)),
+            residual: i % 2 == 0,
+            last_row: false,
+        };
+        let reduce = [
+            kernels::gemv::Reduce::Workgroup,
+            kernels::gemv::Reduce::Subgroup,
+        ][i % 2];
+        cases.push(QuantCase::Gemv(base, reduce));
+        cases.push(QuantCase::Gemm(
+            MatMulCase { t: 70, ..base },
+            gemm_tile(i, glu.is_some()),
+        ));
+        cases.push(QuantCase::Rows(MatMulCase {
+            rows: Rows::Fixed(1),
+            t: 5,
+            glu: None,
+            last_row: true,
+            ..base
+        }));
+        cases.push(QuantCase::Embedding(EmbeddingCase {
+            vocab: 41,
+            width: 256,
+            t: 6,
+            wdtype,
+            scale: (i % 2 == 0).then_some(2.5),
+            shard_rows: (i % 3 == 0).then_some(9),
+            norm: (i % 2 == 1).then_some((1.0, DType::F32)),
+        }));
+    }
+    cases
+}
+
+#[test]
+fn quantized_weights_match_reference() {
+    check_all(quant_cases(), |c| match c {
+        QuantCase::Gemv(m, reduce) => check_gemv(m, *reduce),
+        QuantCase::Gemm(m, tile) => check_gemm(m, *tile),
+        QuantCase::Rows(m) => check_matmul(m),
+        QuantCase::Embedding(e) => check_embedding(e),
+    });
 }
 
 // ------------------------------------------------------------------ rope

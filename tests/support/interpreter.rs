@@ -125,7 +125,8 @@ fn width(ty: &TensorType) -> usize {
     ty.last_const().unwrap_or(1) as usize
 }
 
-/// Little-endian values of `dtype`, widened exactly to f64.
+/// Little-endian values of `dtype` (ggml blocks for a quantized one),
+/// widened exactly to f64.
 fn decode(bytes: &[u8], dtype: DType) -> Option<Vec<f64>> {
     let pairs = || {
         bytes
@@ -140,6 +141,13 @@ fn decode(bytes: &[u8], dtype: DType) -> Option<Vec<f64>> {
         DType::BF16 => pairs().map(|b| half::bf16::from_bits(b).to_f64()).collect(),
         DType::F16 => pairs().map(|b| half::f16::from_bits(b).to_f64()).collect(),
         DType::U32 => return None,
+        _ => {
+            let ty = gerbil_gguf::TensorType::from_name(dtype.name())?;
+            let values = bytes.len() as u64 / dtype.block().1 * dtype.block().0;
+            let mut out = vec![0f32; values as usize];
+            ty.dequantize(bytes, &mut out).ok()?;
+            out.into_iter().map(f64::from).collect()
+        }
     })
 }
 

@@ -407,7 +407,9 @@ pub fn f16_to_f32(bytes: &[u8]) -> Vec<f32> {
 }
 
 /// `v` stored as `dtype` (bf16/f16: raw little-endian halves, so two per
-/// `u32`, low half first) and the stored values decoded exactly.
+/// `u32`, low half first; a quantized dtype: blocks drawn from `v`, see
+/// [`encode_blocks`], in ggml's layout — `gpu_layout` makes a buffer of
+/// them) and the stored values decoded exactly.
 pub fn encode(v: &[f32], dtype: DType) -> (Vec<u8>, Vec<f64>) {
     match dtype {
         DType::F32 => (f32_bytes(v), v.iter().map(|&x| f64::from(x)).collect()),
@@ -426,7 +428,55 @@ pub fn encode(v: &[f32], dtype: DType) -> (Vec<u8>, Vec<f64>) {
             )
         }
         DType::U32 => panic!("encode: U32 is not a float dtype"),
+        _ => encode_blocks(v, dtype),
     }
+}
+
+/// Whole blocks of quantized `dtype` drawn from `v` (one block per
+/// `dtype.block().0` values: random quants, and scales and minimums that
+/// keep the values near ±1), in ggml's layout, and their values as
+/// gguf-py dequantizes them.
+fn encode_blocks(v: &[f32], dtype: DType) -> (Vec<u8>, Vec<f64>) {
+    let (per, block_bytes) = dtype.block();
+    // The scale that brings a block's largest quant near 1, and its minimum.
+    let (scale, min) = match dtype {
+        DType::Q8_0 => (1.0 / 127.0, 0.0),
+        DType::Q4_0 => (1.0 / 8.0, 0.0),
+        DType::Q4_1 => (1.0 / 8.0, -0.9),
+        DType::Q5_0 => (1.0 / 16.0, 0.0),
+        DType::Q5_1 => (1.0 / 16.0, -0.9),
+        DType::Q4K => (1.0 / 900.0, 1.0 / 60.0),
+        DType::Q5K => (1.0 / 1800.0, 1.0 / 60.0),
+        _ => (1.0 / 4000.0, 0.0),
+    };
+    let mut bytes = Vec::new();
+    for (i, block) in v.chunks(per as usize).enumerate() {
+        // splitmix64 seeded by the block's first value.
+        let mut state = u64::from(block[0].to_bits()) ^ ((i as u64) << 32);
+        let mut b: Vec<u8> = (0..block_bytes)
+            .map(|_| {
+                state = state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                let mut z = state;
+                z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                (z ^ (z >> 31)) as u8
+            })
+            .collect();
+        let jitter = 0.5 + block[1].abs();
+        for (j, &at) in dtype.block_f16_fields().iter().enumerate() {
+            let x = if j == 0 { scale * jitter } else { min * jitter };
+            let h = half::f16::from_f32(x).to_le_bytes();
+            b[at as usize..at as usize + 2].copy_from_slice(&h);
+        }
+        bytes.extend(b);
+    }
+    let ty = gerbil_gguf::TensorType::from_name(dtype.name())
+        .unwrap_or_else(|| panic!("{dtype} is not a GGUF type"));
+    let mut values = vec![0f32; v.len()];
+    if let Err(e) = ty.dequantize(&bytes, &mut values) {
+        panic!("dequantizing {dtype}: {e}");
+    }
+    (bytes, values.iter().map(|&x| f64::from(x)).collect())
 }
 
 /// Widens f32s for the reference.

@@ -39,10 +39,14 @@ fn round4(n: u64) -> u64 {
 
 /// Rows per shard for a weight of `shape` that exceeds one binding of
 /// `max_binding` bytes, or `None` if it fits. Shards hold a multiple of 4
-/// rows so every shard starts on a 4-byte boundary whatever the dtype.
-fn shard_plan(shape: &[u64], elem_bytes: u64, max_binding: u64) -> Option<u64> {
+/// rows so every shard starts on a 4-byte boundary whatever the dtype (a
+/// quantized row is whole blocks).
+fn shard_plan(shape: &[u64], dtype: DType, max_binding: u64) -> Option<u64> {
     // Saturating: a product past u64 is "too large", never a small wrapped size.
-    let bytes = |dims: &[u64]| dims.iter().fold(elem_bytes, |n, &d| n.saturating_mul(d));
+    let bytes = |dims: &[u64]| {
+        let values = dims.iter().fold(1u64, |n, &d| n.saturating_mul(d));
+        dtype.bytes_for(values).unwrap_or(u64::MAX)
+    };
     let total = bytes(shape);
     if total <= max_binding || shape.len() < 2 {
         return None;
@@ -147,7 +151,7 @@ impl<'o> Buffers<'o> {
         let resolved = self.resolved(ty);
         let shape: Vec<u64> = resolved.shape.iter().filter_map(|d| d.as_const()).collect();
         let limit = self.opts.target.limits.max_storage_binding;
-        let Some(rows_per_shard) = shard_plan(&shape, resolved.dtype.size_bytes(), limit) else {
+        let Some(rows_per_shard) = shard_plan(&shape, resolved.dtype, limit) else {
             let bytes = round4(resolved.size_bytes(0, 0));
             self.check_binding(
                 format!("weight `{label}`"),

@@ -539,3 +539,42 @@ fn every_gemm_tile_validates() {
         }
     }
 }
+
+/// The decode GEMV of every ggml block type (SmolLM2's `down_proj` shape,
+/// `K` = 1536: whole K-quant super-blocks), and the embedding of one: the
+/// decoders the quantized loaders are built on.
+#[test]
+fn golden_quantized_kernels() {
+    for wdtype in gerbil_ir::QUANTIZED {
+        let src = gemv::kernel(
+            &MatMulSpec {
+                shard_rows: None,
+                rows: Rows::Tokens,
+                k: 1536,
+                n: 576,
+                wdtype,
+                bias: false,
+                tt: 1,
+                glu: None,
+                norm: None,
+                residual: true,
+                last_row: false,
+            },
+            Reduce::Subgroup,
+        );
+        validate_with(&src.name, &src.wgsl, &[Feature::Subgroups])
+            .unwrap_or_else(|e| panic!("{e}"));
+        let header = format!(
+            "// {} @workgroup_size({:?}) workgroups {:?}\n",
+            src.name, src.workgroup_size, src.workgroups
+        );
+        insta::assert_snapshot!(src.name.clone(), header + &src.wgsl);
+    }
+    golden(embedding::kernel(EmbeddingSpec {
+        shard_rows: None,
+        vocab: 49152,
+        width: 576,
+        wdtype: DType::Q8_0,
+        scale: None,
+    }));
+}

@@ -10,7 +10,8 @@
 //! is refused here, where the tensor's name is still known. The scan only
 //! looks at exponent bits (all ones means NaN or Inf in f32, f16 and bf16),
 //! block by block with a branch-free fold the compiler vectorizes; it costs
-//! one read of the weights, which the plan writer reads anyway.
+//! one read of the weights, which the plan writer reads anyway. Quantized
+//! blocks are integers but for their f16 scales, so only those are read.
 
 use crate::error::CompileError;
 use crate::materialize::TensorSource;
@@ -86,7 +87,23 @@ pub fn first_non_finite(data: &[u8], dtype: DType) -> Option<(usize, String)> {
             (x & 0x7f80 == 0x7f80, f32::from_bits(u32::from(x) << 16))
         }),
         DType::U32 => None,
+        _ => block_scales_non_finite(data, dtype),
     }
+}
+
+/// [`first_non_finite`] of ggml blocks: only their f16 scales can be NaN
+/// or infinite; the index is the first value of the block.
+fn block_scales_non_finite(data: &[u8], dtype: DType) -> Option<(usize, String)> {
+    let (values, bytes) = dtype.block();
+    data.chunks_exact(bytes as usize)
+        .enumerate()
+        .find_map(|(b, block)| {
+            dtype.block_f16_fields().iter().find_map(|&at| {
+                let at = at as usize;
+                let field = block.get(at..at + 2)?;
+                first_non_finite(field, DType::F16).map(|(_, v)| (b * values as usize, v))
+            })
+        })
 }
 
 /// `bad` says whether an element is non-finite and what it is worth.

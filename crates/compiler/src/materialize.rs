@@ -6,13 +6,14 @@
 //! so compiling a 1 GB model does not copy those 1 GB again; concatenations
 //! and RoPE tables are built in memory. A weight that codegen split into row
 //! shards is cut here, after materialization, so a shard of a concatenation
-//! is exact too.
+//! is exact too. Quantized weights are concatenated and cut as ggml's
+//! blocks, then each buffer is repacked into the GPU layout last.
 //!
 //! [`TensorSource`] is the seam that lets tests build plans from tensors made
 //! in memory instead of a checkpoint directory.
 
 use crate::error::CompileError;
-use gerbil_codegen_wgsl::WeightBuffer;
+use gerbil_codegen_wgsl::{kernels::quant, WeightBuffer};
 use gerbil_frontend_hf::{Checkpoint, FrontendError, TensorView};
 use gerbil_ir::{rope_table::rope_table, DType, WeightSource};
 use std::borrow::Cow;
@@ -101,7 +102,9 @@ pub fn materialize<'a>(
 }
 
 /// The bytes of one weight buffer: its source materialized, cut to its row
-/// shard if it is one, and padded to a multiple of 4 bytes.
+/// shard if it is one, and padded to a multiple of 4 bytes; quantized
+/// blocks are then laid out as the kernels read them
+/// ([`quant::gpu_layout`]).
 pub fn weight_buffer_bytes<'a>(
     tensors: &'a dyn TensorSource,
     w: &WeightBuffer,
@@ -129,7 +132,9 @@ pub fn weight_buffer_bytes<'a>(
             }
         }
     };
-    if !bytes.len().is_multiple_of(4) {
+    if w.ty.dtype.is_quantized() {
+        bytes = Cow::Owned(quant::gpu_layout(w.ty.dtype, &bytes));
+    } else if !bytes.len().is_multiple_of(4) {
         let mut v = bytes.into_owned();
         v.resize(v.len().div_ceil(4) * 4, 0);
         bytes = Cow::Owned(v);

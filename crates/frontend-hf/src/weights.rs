@@ -42,7 +42,8 @@ pub struct TensorView<'a> {
     pub dtype: DType,
     /// Shape, outermost first.
     pub shape: Vec<u64>,
-    /// The bytes, `shape.product() * dtype.size_bytes()` of them.
+    /// The bytes, `dtype.bytes_for(shape.product())` of them (ggml blocks
+    /// for a quantized dtype).
     pub data: &'a [u8],
 }
 
@@ -71,6 +72,24 @@ enum ShardBytes {
 struct GgufTensor {
     info: TensorInfo,
     fixup: Fixup,
+    /// The block type it keeps, read as ggml's blocks (a matrix of a type
+    /// the kernels decode); `None`: read as F32, F16 or BF16.
+    quantized: Option<DType>,
+}
+
+/// The IR dtype of GGUF tensor type `ty` when the kernels decode its blocks.
+fn block_dtype(ty: TensorType) -> Option<DType> {
+    Some(match ty {
+        TensorType::Q8_0 => DType::Q8_0,
+        TensorType::Q4_0 => DType::Q4_0,
+        TensorType::Q4_1 => DType::Q4_1,
+        TensorType::Q5_0 => DType::Q5_0,
+        TensorType::Q5_1 => DType::Q5_1,
+        TensorType::Q4_K => DType::Q4K,
+        TensorType::Q5_K => DType::Q5K,
+        TensorType::Q6_K => DType::Q6K,
+        _ => return None,
+    })
 }
 
 /// Where one tensor lives.
@@ -229,8 +248,9 @@ impl WeightStore {
     /// A store over the tensors of GGUF file `g` of architecture `arch`
     /// (with `heads` query and `kv_heads` key/value heads), under their
     /// HuggingFace names ([`crate::gguf::names`]); tensors no family reads
-    /// are left out. Quantized tensors, and norms stored as `1 + w`, read
-    /// as F32; plain F32, F16 and BF16 tensors keep their type.
+    /// are left out. Quantized matrices keep their blocks (the kernels
+    /// decode them); other quantized tensors, and norms stored as `1 + w`,
+    /// read as F32; plain F32, F16 and BF16 tensors keep their type.
     pub fn from_gguf(g: GgufFile, arch: &str, heads: u64, kv_heads: u64) -> Result<Self> {
         let path = g.path().to_path_buf();
         let mut tensors = HashMap::new();
@@ -255,6 +275,8 @@ impl WeightStore {
                 gguf: Some(GgufTensor {
                     info: info.clone(),
                     fixup,
+                    quantized: block_dtype(info.ty)
+                        .filter(|_| info.dims.len() == 2 && fixup != Fixup::SubtractOne),
                 }),
             };
             if tensors.insert(name.clone(), entry).is_some() {
@@ -346,6 +368,9 @@ impl WeightStore {
             .ok_or_else(|| FrontendError::MissingTensor {
                 name: name.to_string(),
             })?;
+        if let Some(q) = e.gguf.as_ref().and_then(|t| t.quantized) {
+            return Ok((e, q));
+        }
         let dtype = match e.dtype {
             Dtype::BF16 => DType::BF16,
             Dtype::F16 => DType::F16,
@@ -417,11 +442,12 @@ impl WeightStore {
     }
 }
 
-/// The bytes of GGUF tensor `t` as `dtype`: as stored for a plain type,
-/// else dequantized to f32; then llama.cpp's transform undone.
+/// The bytes of GGUF tensor `t` as `dtype`: as stored for a plain type or
+/// kept blocks, else dequantized to f32; then llama.cpp's transform undone
+/// (row by row: a row of blocks moves as a whole).
 fn read_gguf(g: &GgufFile, t: &GgufTensor, dtype: Dtype) -> Result<Vec<u8>> {
     let info = &t.info;
-    let mut bytes = if dtype == Dtype::F32 && info.ty != TensorType::F32 {
+    let mut bytes = if t.quantized.is_none() && dtype == Dtype::F32 && info.ty != TensorType::F32 {
         let mut values = g.read_f32(info)?;
         if t.fixup == Fixup::SubtractOne {
             values.iter_mut().for_each(|v| *v -= 1.0);

@@ -24,8 +24,15 @@ fn fixture(name: &str, file: &str) -> Option<(PathBuf, PathBuf)> {
     Some((dir, gguf))
 }
 
-/// The values of a tensor as f32, from F32 or BF16 bytes.
+/// The values of a tensor as f32, from F32 or BF16 bytes or ggml blocks.
 fn values(dtype: DType, data: &[u8]) -> Vec<f32> {
+    if dtype.is_quantized() {
+        let (per, bytes) = dtype.block();
+        let mut out = vec![0f32; data.len() / bytes as usize * per as usize];
+        let ty = gerbil_gguf::TensorType::from_name(dtype.name()).unwrap();
+        ty.dequantize(data, &mut out).unwrap();
+        return out;
+    }
     match dtype {
         DType::F32 => data
             .chunks_exact(4)
@@ -39,8 +46,8 @@ fn values(dtype: DType, data: &[u8]) -> Vec<f32> {
     }
 }
 
-/// Each file opened once: its weights are transformers' bit for bit (after
-/// its bf16 rounding), its configuration and graph are those of the
+/// Each file opened once: its weights, dequantized, are transformers' bit
+/// for bit (after its bf16 rounding), its configuration and graph are those of the
 /// directory transformers wrote, and so are its end-of-sequence ids and
 /// chat template.
 #[test]
@@ -83,11 +90,16 @@ fn check_config(name: &str, g: &Checkpoint, hf: &Checkpoint) {
     assert_eq!(normalize(&g.config), normalize(&hf.config), "{name}");
     assert_eq!(g.text.eos_token_ids, hf.text.eos_token_ids, "{name}");
     assert_eq!(g.text.chat_template, hf.text.chat_template, "{name}");
-    // The same graph but for its name and the weights' dtype.
+    // The same graph but for its name and the weights' dtypes (the GGUF's
+    // matrices keep their blocks).
     let body = |c: &Checkpoint| {
         let text = gerbil_ir::print::print(&gerbil_frontend_hf::lower(c).unwrap().graph);
         let (_, body) = text.split_once('\n').unwrap();
-        body.replace("bf16", "f32")
+        gerbil_ir::QUANTIZED
+            .iter()
+            .fold(body.replace("bf16", "f32"), |b, q| {
+                b.replace(&format!("{q}["), "f32[")
+            })
     };
     assert_eq!(body(g), body(hf), "{name}: the graphs differ");
 }

@@ -23,7 +23,7 @@ pub fn gguf(data: &[u8]) {
     for name in ckpt.weights.names() {
         if let Ok(view) = ckpt.tensor(name) {
             let values: u64 = view.shape.iter().product();
-            assert_eq!(values * view.dtype.size_bytes(), view.data.len() as u64);
+            assert_eq!(view.dtype.bytes_for(values), Some(view.data.len() as u64));
         }
     }
 }

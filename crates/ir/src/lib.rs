@@ -30,5 +30,5 @@ pub use op::{
     QkNorm, QkvRope, RmsNorm, Rope, UnaryOp, Weight, WeightSource,
 };
 pub use parse::{parse, ParseError};
-pub use types::{DType, Dim, Sym, TensorType};
+pub use types::{DType, Dim, Sym, TensorType, QUANTIZED};
 pub use verify::{verify, VerifyError};

@@ -20,31 +20,143 @@ pub enum DType {
     BF16,
     /// Unsigned 32-bit integer (token ids).
     U32,
+    /// ggml `Q8_0`: blocks of 32 int8 values and an f16 scale.
+    #[serde(rename = "q8_0")]
+    Q8_0,
+    /// ggml `Q4_0`: blocks of 32 4-bit values (offset 8) and an f16 scale.
+    #[serde(rename = "q4_0")]
+    Q4_0,
+    /// ggml `Q4_1`: blocks of 32 4-bit values, an f16 scale and an f16 minimum.
+    #[serde(rename = "q4_1")]
+    Q4_1,
+    /// ggml `Q5_0`: blocks of 32 5-bit values (offset 16) and an f16 scale.
+    #[serde(rename = "q5_0")]
+    Q5_0,
+    /// ggml `Q5_1`: blocks of 32 5-bit values, an f16 scale and an f16 minimum.
+    #[serde(rename = "q5_1")]
+    Q5_1,
+    /// ggml `Q4_K`: super-blocks of 256 4-bit values in 8 sub-blocks with
+    /// 6-bit scales and minimums.
+    #[serde(rename = "q4_k")]
+    Q4K,
+    /// ggml `Q5_K`: as [`DType::Q4K`] with 5-bit values.
+    #[serde(rename = "q5_k")]
+    Q5K,
+    /// ggml `Q6_K`: super-blocks of 256 6-bit values in 16 sub-blocks with
+    /// 8-bit scales.
+    #[serde(rename = "q6_k")]
+    Q6K,
 }
 
+/// The dtypes of ggml's block quantizations, in [`DType::name`] order of
+/// the documentation.
+pub const QUANTIZED: [DType; 8] = [
+    DType::Q8_0,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
+
 impl DType {
-    /// Size of one element in bytes.
-    pub fn size_bytes(self) -> u64 {
+    /// Values per block and bytes per block in ggml's layout: one value of
+    /// its own size for the plain types.
+    pub fn block(self) -> (u64, u64) {
         match self {
-            DType::F32 | DType::U32 => 4,
-            DType::F16 | DType::BF16 => 2,
+            DType::F32 | DType::U32 => (1, 4),
+            DType::F16 | DType::BF16 => (1, 2),
+            DType::Q8_0 => (32, 34),
+            DType::Q4_0 => (32, 18),
+            DType::Q4_1 => (32, 20),
+            DType::Q5_0 => (32, 22),
+            DType::Q5_1 => (32, 24),
+            DType::Q4K => (256, 144),
+            DType::Q5K => (256, 176),
+            DType::Q6K => (256, 210),
         }
     }
 
-    /// Whether this is a floating-point type.
+    /// Whether this is one of ggml's block quantizations.
+    pub fn is_quantized(self) -> bool {
+        self.block().0 > 1
+    }
+
+    /// Byte offsets of the f16 scales (and minimums) within one of its
+    /// blocks: the only fields of a block that can hold a NaN or an infinity.
+    pub fn block_f16_fields(self) -> &'static [u64] {
+        match self {
+            DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => &[0],
+            DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => &[0, 2],
+            DType::Q6K => &[208],
+            DType::F32 | DType::U32 | DType::F16 | DType::BF16 => &[],
+        }
+    }
+
+    /// Size of one element in bytes, for the plain types; a quantized
+    /// type's size is per block ([`DType::bytes_for`]), and this is its
+    /// block's bytes.
+    pub fn size_bytes(self) -> u64 {
+        self.block().1
+    }
+
+    /// Bytes of `values` values in ggml's layout, or `None` if `values` is
+    /// not a whole number of blocks or the size overflows.
+    pub fn bytes_for(self, values: u64) -> Option<u64> {
+        let (per, bytes) = self.block();
+        values
+            .is_multiple_of(per)
+            .then(|| (values / per).checked_mul(bytes))
+            .flatten()
+    }
+
+    /// Whether this is a floating-point type (quantized types decode to
+    /// floats).
     pub fn is_float(self) -> bool {
         !matches!(self, DType::U32)
+    }
+
+    /// Every dtype's name as [`fmt::Display`] writes it and the IR text
+    /// parses it.
+    pub const NAMES: [&'static str; 12] = [
+        "f32", "f16", "bf16", "u32", "q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k", "q5_k", "q6_k",
+    ];
+
+    /// The dtype called `name` (see [`DType::NAMES`]).
+    pub fn from_name(name: &str) -> Option<DType> {
+        Some(match name {
+            "f32" => DType::F32,
+            "f16" => DType::F16,
+            "bf16" => DType::BF16,
+            "u32" => DType::U32,
+            _ => return QUANTIZED.into_iter().find(|d| d.name() == name),
+        })
+    }
+
+    /// Its name, e.g. `bf16` or `q4_k`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::U32 => "u32",
+            DType::Q8_0 => "q8_0",
+            DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
+            DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
+            DType::Q4K => "q4_k",
+            DType::Q5K => "q5_k",
+            DType::Q6K => "q6_k",
+        }
     }
 }
 
 impl fmt::Display for DType {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            DType::F32 => "f32",
-            DType::F16 => "f16",
-            DType::BF16 => "bf16",
-            DType::U32 => "u32",
-        })
+        f.write_str(self.name())
     }
 }
 
@@ -150,10 +262,11 @@ impl TensorType {
             .try_fold(1u64, |n, d| n.checked_mul(d.resolve(t, lmax)))
     }
 
-    /// Size in bytes given `T` and `Lmax`, or `None` if it overflows `u64`.
+    /// Size in bytes given `T` and `Lmax` in ggml's layout, or `None` if
+    /// it overflows `u64` or a quantized tensor is not a whole number of
+    /// blocks.
     pub fn checked_size_bytes(&self, t: u64, lmax: u64) -> Option<u64> {
-        self.checked_numel(t, lmax)?
-            .checked_mul(self.dtype.size_bytes())
+        self.dtype.bytes_for(self.checked_numel(t, lmax)?)
     }
 
     /// Number of elements given `T` and `Lmax`, saturating at `u64::MAX`

@@ -514,6 +514,8 @@ pub enum Elem {
     Bf16x2,
     /// Two f16 values packed in a `u32`, low half first.
     F16x2,
+    /// Words of a block-quantized weight (ggml's blocks, word-aligned).
+    Blocks,
 }
 
 /// A slice of a buffer bound to one kernel binding.

@@ -20,12 +20,13 @@ use wgpu::util::DeviceExt;
 const RUNS: u32 = 6;
 
 /// One element-type's filler word: 1.0 (f32), 1 (ids), a pair of 1.0s
-/// (f16), a pair of 1/128s (bf16 halves read as `0x3c00`).
+/// (f16), a pair of 1/128s (bf16 halves read as `0x3c00`); quantized
+/// blocks get scales of 1.0 and quants of 0 and 3.
 fn filler(elem: Elem) -> u32 {
     match elem {
         Elem::F32 => 1.0f32.to_bits(),
         Elem::U32 => 1,
-        Elem::Bf16x2 | Elem::F16x2 => 0x3c00_3c00,
+        Elem::Bf16x2 | Elem::F16x2 | Elem::Blocks => 0x3c00_3c00,
     }
 }
 

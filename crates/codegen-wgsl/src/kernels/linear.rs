@@ -14,14 +14,15 @@
 //! - the kernel-name options: [`name_parts`].
 //!
 //! A new weight format is an arm of [`chunk_binding`] and of the element
-//! loaders ([`Bindings::weight`]); a new epilogue is a [`MatMulSpec`] field
+//! loaders ([`Bindings::weight`]) — the block-quantized ones share a decoder
+//! of four values ([`quant`]); a new epilogue is a [`MatMulSpec`] field
 //! and this file — not an edit per template. The surprise: every template
 //! hands [`store`] its sums already scaled by the norm prologue's inverse
 //! RMS, so the epilogue never knows whether a norm ran.
 
 use super::elementwise::unary_expr;
 use super::matmul::MatMulSpec;
-use super::{f32_lit, input, input_shard, output, Bindings, F16_DECODE};
+use super::{f32_lit, input, input_shard, output, quant, Bindings, F16_DECODE};
 use gerbil_ir::{DType, MatMulPorts, UnaryOp};
 use gerbil_plan::Port;
 use std::fmt::Write;
@@ -204,10 +205,14 @@ fn is_packed(dtype: DType) -> bool {
     matches!(dtype, DType::BF16 | DType::F16)
 }
 
-/// Elements per load: 8 packed 16-bit values or 4 f32 where `K` is a
-/// multiple, else the widest that divides `K`.
+/// Elements per load: 8 packed 16-bit or quantized values or 4 f32 where
+/// `K` is a multiple, else the widest that divides `K`.
 pub(super) fn elems_per_load(wdtype: DType, k: u32) -> u32 {
-    let widest = if is_packed(wdtype) { 8 } else { 4 };
+    let widest = if is_packed(wdtype) || wdtype.is_quantized() {
+        8
+    } else {
+        4
+    };
     [8, 4, 2]
         .into_iter()
         .find(|&e| e <= widest && k.is_multiple_of(e))
@@ -252,6 +257,9 @@ pub(super) fn chunk_binding(
     e: u32,
     writable: bool,
 ) {
+    if dtype.is_quantized() {
+        return quant_chunk_binding(b, w, port, name, dtype, e);
+    }
     let (array_of, body) = match (is_packed(dtype), e) {
         (false, 8) => (
             "vec4<f32>",
@@ -318,4 +326,32 @@ pub(super) fn chunk_binding(
             );
         }
     }
+}
+
+/// [`chunk_binding`] of a quantized weight: chunks built from the four
+/// values [`quant::decoder`] decodes at a time.
+fn quant_chunk_binding(
+    b: &mut Bindings,
+    w: &mut String,
+    port: Port,
+    name: &str,
+    dtype: DType,
+    e: u32,
+) {
+    b.vectors(w, port, name, dtype, false, "u32");
+    quant::decoder(w, name, dtype);
+    let body = match e {
+        8 => format!(
+            "let a = {name}_q4(2u * i);\n  let b = {name}_q4(2u * i + 1u);\n  \
+             return mat2x4<f32>(vec4<f32>(a.x, a.z, b.x, b.z), vec4<f32>(a.y, a.w, b.y, b.w));"
+        ),
+        4 => format!("return {name}_q4(i);"),
+        2 => format!("let q = {name}_q4(i >> 1u);\n  return select(q.xy, q.zw, (i & 1u) == 1u);"),
+        _ => format!("return {name}_q4(i >> 2u)[i & 3u];"),
+    };
+    let _ = writeln!(
+        w,
+        "fn {name}_chunk(i: u32) -> {c} {{\n  {body}\n}}",
+        c = chunk_type(e)
+    );
 }

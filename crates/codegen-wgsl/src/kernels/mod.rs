@@ -21,6 +21,7 @@ pub mod gemv;
 mod linear;
 pub mod matmul;
 pub mod qkv_rope;
+pub mod quant;
 pub mod rms_norm;
 pub mod rope;
 pub mod sample_token;
@@ -248,13 +249,7 @@ impl Bindings {
 
     /// A weight of `dtype`, with `load_NAME(i) -> f32` and (packed dtypes) `pair_NAME(word)` loaders.
     pub fn weight(&mut self, out: &mut String, port: Port, name: &str, dtype: DType) {
-        let elem = match dtype {
-            DType::F32 => Elem::F32,
-            DType::U32 => Elem::U32,
-            DType::BF16 => Elem::Bf16x2,
-            DType::F16 => Elem::F16x2,
-        };
-        let n = self.push(name, port, Access::Read, elem);
+        let n = self.push(name, port, Access::Read, elem_of(dtype));
         weight_binding(out, n, name, dtype);
     }
 
@@ -271,12 +266,7 @@ impl Bindings {
         writable: bool,
         array_of: &str,
     ) {
-        let elem = match dtype {
-            DType::F32 => Elem::F32,
-            DType::U32 => Elem::U32,
-            DType::BF16 => Elem::Bf16x2,
-            DType::F16 => Elem::F16x2,
-        };
+        let elem = elem_of(dtype);
         let (access, wgsl_access) = if writable {
             (Access::ReadWrite, "read_write")
         } else {
@@ -292,6 +282,17 @@ impl Bindings {
     /// The declarations, binding 0 first.
     pub fn finish(self) -> Vec<BindingDecl> {
         self.decls
+    }
+}
+
+/// The element a binding of `dtype` declares.
+fn elem_of(dtype: DType) -> Elem {
+    match dtype {
+        DType::F32 => Elem::F32,
+        DType::U32 => Elem::U32,
+        DType::BF16 => Elem::Bf16x2,
+        DType::F16 => Elem::F16x2,
+        _ => Elem::Blocks,
     }
 }
 
@@ -313,7 +314,8 @@ pub(crate) const F16_DECODE: &str = "fn f16_bits_to_f32(h: u32) -> f32 {
 
 /// Declares a read-only weight binding of `dtype` and a loader
 /// `fn load_{name}(i: u32) -> f32` returning element `i` widened to f32
-/// (bf16 and f16 are packed two per `u32`, low half first).
+/// (bf16 and f16 are packed two per `u32`, low half first; quantized types
+/// are decoded by [`quant::decoder`]).
 fn weight_binding(out: &mut String, binding: u32, name: &str, dtype: DType) {
     match dtype {
         DType::F32 | DType::U32 => {
@@ -341,6 +343,16 @@ fn weight_binding(out: &mut String, binding: u32, name: &str, dtype: DType) {
             if !out.contains(F16_DECODE) {
                 out.push_str(F16_DECODE);
             }
+        }
+        _ => {
+            let _ = writeln!(
+                out,
+                "@group(0) @binding({binding}) var<storage, read> {name}: array<u32>;\n\
+                 fn load_{name}(i: u32) -> f32 {{ return {name}_q4(i >> 2u)[i & 3u]; }}\n\
+                 fn pair_{name}(word: u32) -> vec2<f32> {{\n  let q = {name}_q4(word >> 1u);\n  \
+                 return select(q.xy, q.zw, (word & 1u) == 1u);\n}}"
+            );
+            quant::decoder(out, name, dtype);
         }
     }
 }

@@ -261,17 +261,12 @@ impl Cursor {
     pub(super) fn tensor_type(&mut self) -> Result<TensorType, ParseError> {
         self.skip_ws();
         let col = self.col();
-        let dtype = match self.ident().as_str() {
-            "f32" => DType::F32,
-            "f16" => DType::F16,
-            "bf16" => DType::BF16,
-            "u32" => DType::U32,
-            _ => {
-                self.pos = col - 1;
-                return Err(self.err_here(
-                    self.expected_msg("a type such as f32[T,64] (dtypes: f32, f16, bf16, u32)"),
-                ));
-            }
+        let Some(dtype) = DType::from_name(&self.ident()) else {
+            self.pos = col - 1;
+            return Err(self.err_here(self.expected_msg(&format!(
+                "a type such as f32[T,64] (dtypes: {})",
+                DType::NAMES.join(", ")
+            ))));
         };
         self.expect('[')?;
         let mut shape = Vec::new();
