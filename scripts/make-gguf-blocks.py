@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Write crates/gguf/tests/data/blocks.gguf: for every block type gerbil decodes, random blocks
 (`<TYPE>.q`) and the values gguf-py dequantizes them to (`<TYPE>.want`, F32), the reference the
-Rust tests compare against bit for bit (transformers loads GGUF through the same gguf-py code).
+Rust tests compare against bit for bit (transformers loads GGUF through the same gguf-py code);
+and for every type gguf-py quantizes, float rows (`<TYPE>.src`) and its blocks of them
+(`<TYPE>.quantized`).
 
     python3 scripts/make-gguf-blocks.py      # needs numpy and gguf==0.19.0
 
@@ -39,6 +41,18 @@ def main():
         raw = x.astype(np.float16) if ty == T.F16 else gguf.quants.quantize(x, ty)
         w.add_tensor(f"{ty.name}.q", raw, raw_dtype=ty)
         w.add_tensor(f"{ty.name}.want", dequantize(raw, ty).astype(np.float32))
+    # The quantizers: float rows (random, plus a zero block, a constant block and a block of
+    # exact half-steps, where rounding ties) and what gguf-py's quantize makes of them,
+    # bit-exact with ggml's reference quantizers.
+    qrng = np.random.default_rng(21)
+    for ty in [T.Q8_0, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1]:
+        x = (qrng.standard_normal((ROWS, 4 * 32)) * 0.05).astype(np.float32)
+        x[0, :32] = 0.0
+        x[1, :32] = 0.25
+        x[2, :32] = np.arange(32, dtype=np.float32) * 0.5 - 8.0
+        x[2, 32:64] *= 1e4
+        w.add_tensor(f"{ty.name}.src", x)
+        w.add_tensor(f"{ty.name}.quantized", gguf.quants.quantize(x, ty), raw_dtype=ty)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -1,6 +1,8 @@
 //! Every block type gerbil decodes, against gguf-py's dequantization of the
 //! same random blocks (`tests/data/blocks.gguf`, made by
-//! `scripts/make-gguf-blocks.py`): equal bit for bit.
+//! `scripts/make-gguf-blocks.py`): equal bit for bit; and every type gerbil
+//! quantizes to, against gguf-py's quantization of the same rows: the same
+//! bytes.
 
 use gerbil_gguf::{GgufFile, TensorType};
 use std::path::Path;
@@ -8,6 +10,25 @@ use std::path::Path;
 fn blocks() -> GgufFile {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/blocks.gguf");
     GgufFile::open(&path).unwrap()
+}
+
+#[test]
+fn every_quantizable_type_quantizes_like_gguf_py() {
+    let gguf = blocks();
+    for ty in TensorType::QUANTIZABLE {
+        let src = gguf.tensor(&format!("{ty}.src")).unwrap();
+        let want = gguf.tensor(&format!("{ty}.quantized")).unwrap();
+        assert_eq!(want.ty, ty);
+        let got = ty.quantize(&gguf.read_f32(src).unwrap()).unwrap();
+        let want = gguf.read(want).unwrap();
+        assert_eq!(got.len(), want.len(), "{ty}");
+        let block = ty.block_bytes() as usize;
+        for (i, (g, w)) in got.chunks(block).zip(want.chunks(block)).enumerate() {
+            assert_eq!(g, w, "{ty} block {i}");
+        }
+    }
+    assert!(TensorType::Q4_K.quantize(&[0.0; 256]).is_err());
+    assert!(TensorType::Q8_0.quantize(&[0.0; 31]).is_err());
 }
 
 #[test]
