@@ -332,6 +332,33 @@ fn quantized_tiny_gguf_files_match_transformers_on_the_same_file() {
     assert_none_failed(failures, total);
 }
 
+/// `--quantize q8_0` of the tiny float models (every matrix whose rows are
+/// whole blocks, the tied LM head included) makes the blocks gguf-py makes,
+/// so each plan matches transformers loading the family's Q8_0 GGUF: the
+/// quantizer and the retyping, through Llama's fused Q/K/V, Qwen 2's biases
+/// and Phi-3's row-sliced `qkv_proj` and `gate_up_proj`.
+#[test]
+fn quantized_checkpoints_match_transformers_on_the_gguf_of_their_blocks() {
+    let mut failures = Vec::new();
+    let mut total = 0;
+    for family in ["llama", "qwen2", "phi3"] {
+        let plan = compile_plan(&data_dir().join("models/tiny").join(family), |o| {
+            o.quantize = Some(gerbil_compiler::Quantization::Q8_0);
+        });
+        let name = format!("{family}-Q8_0");
+        let reference = tiny_gguf_ref(&name);
+        total += reference.cases.len();
+        failures.extend(plan_failures(
+            &name,
+            "--quantize q8_0",
+            &plan,
+            &reference,
+            check_logits,
+        ));
+    }
+    assert_none_failed(failures, total);
+}
+
 #[test]
 fn the_table_covers_every_tiny_model() {
     let mut on_disk: Vec<String> = std::fs::read_dir(data_dir().join("models/tiny"))

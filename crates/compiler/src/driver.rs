@@ -1,7 +1,7 @@
 //! The compiler driver: a checkpoint in, a [`Plan`] out.
 //!
 //! [`compile`] runs every stage in order — lower the checkpoint with the
-//! family builder, run the pass pipeline (verifying after each pass), generate
+//! family builder, retype the matrices `--quantize` asks for, run the pass pipeline (verifying after each pass), generate
 //! kernels and schedules, materialize the weights — and returns the plan with
 //! the final graph. Nothing here prints or writes files on its own: dumps go
 //! through the [`Observer`], and the caller decides whether to
@@ -15,6 +15,7 @@ use crate::dump::Observer;
 use crate::error::CompileError;
 use crate::finite::check_weights_finite;
 use crate::options::{CompileOptions, DEFAULT_MAX_CONTEXT_CAP};
+use crate::quantize;
 use gerbil_codegen_wgsl::CodegenOptions;
 use gerbil_frontend_hf::{lower_with, Checkpoint, LowerOptions, ModelFacts};
 use gerbil_ir::Graph;
@@ -178,6 +179,14 @@ pub fn compile<'a>(
     )?;
     let mut graph = lowered.graph;
     let facts = lowered.facts;
+    if let Some(scheme) = opts.quantize {
+        let weights = quantize::retype(&mut graph, scheme);
+        tracing::info!(
+            scheme = scheme.name(),
+            weights,
+            "chose the weights to quantize"
+        );
+    }
     if !opts.allow_non_finite {
         let scan_start = std::time::Instant::now();
         check_weights_finite(&graph, ckpt)?;

@@ -29,6 +29,7 @@ pub mod finite;
 pub mod materialize;
 pub mod opt;
 pub mod options;
+pub mod quantize;
 pub mod text_check;
 pub mod tuning;
 
@@ -45,5 +46,6 @@ pub use gerbil_passes::PassReport;
 pub use materialize::{materialize, weight_buffer_bytes, TensorSource};
 pub use opt::{opt, OptOptions, Optimized, PassSelection};
 pub use options::{CompileOptions, Target, DEFAULT_MAX_CONTEXT_CAP};
+pub use quantize::Quantization;
 pub use text_check::{check_text_assets, TextAssetError};
 pub use tuning::{TunedGemm, Tuning, TUNING_FORMAT};

@@ -7,12 +7,15 @@
 //! and RoPE tables are built in memory. A weight that codegen split into row
 //! shards is cut here, after materialization, so a shard of a concatenation
 //! is exact too. Quantized weights are concatenated and cut as ggml's
-//! blocks, then each buffer is repacked into the GPU layout last.
+//! blocks, then each buffer is repacked into the GPU layout last; a float
+//! tensor the graph wants quantized (`--quantize`) is quantized as it is
+//! materialized.
 //!
 //! [`TensorSource`] is the seam that lets tests build plans from tensors made
 //! in memory instead of a checkpoint directory.
 
 use crate::error::CompileError;
+use crate::quantize::quantize_tensor;
 use gerbil_codegen_wgsl::{kernels::quant, WeightBuffer};
 use gerbil_frontend_hf::{Checkpoint, FrontendError, TensorView};
 use gerbil_ir::{rope_table::rope_table, DType, WeightSource};
@@ -37,23 +40,30 @@ fn weight_error(source: &WeightSource, reason: String) -> CompileError {
     }
 }
 
+/// Tensor `name` as `dtype`: as stored, or a float tensor quantized to the
+/// block type `--quantize` gave it (its shape, its bytes now blocks).
 fn checked<'a>(
     tensors: &'a dyn TensorSource,
     source: &WeightSource,
     name: &str,
     dtype: DType,
-) -> Result<TensorView<'a>, CompileError> {
+) -> Result<(Vec<u64>, Cow<'a, [u8]>), CompileError> {
     let view = tensors.tensor(name)?;
-    if view.dtype != dtype {
-        return Err(weight_error(
-            source,
-            format!(
-                "tensor `{name}` is {} but the graph expects {dtype}",
-                view.dtype
-            ),
-        ));
+    if view.dtype == dtype {
+        return Ok((view.shape, Cow::Borrowed(view.data)));
     }
-    Ok(view)
+    if dtype.is_quantized() && !view.dtype.is_quantized() {
+        let blocks = quantize_tensor(&view, dtype)
+            .map_err(|e| weight_error(source, format!("tensor `{name}`: {e}")))?;
+        return Ok((view.shape, Cow::Owned(blocks)));
+    }
+    Err(weight_error(
+        source,
+        format!(
+            "tensor `{name}` is {} but the graph expects {dtype}",
+            view.dtype
+        ),
+    ))
 }
 
 /// The bytes of a whole weight of `dtype` whose leading dimension is `rows`
@@ -65,13 +75,11 @@ pub fn materialize<'a>(
     rows: u64,
 ) -> Result<Cow<'a, [u8]>, CompileError> {
     Ok(match source {
-        WeightSource::Checkpoint { tensor } => {
-            Cow::Borrowed(checked(tensors, source, tensor, dtype)?.data)
-        }
+        WeightSource::Checkpoint { tensor } => checked(tensors, source, tensor, dtype)?.1,
         WeightSource::Concat { tensors: names } => {
             let mut v = Vec::new();
             for t in names {
-                v.extend_from_slice(checked(tensors, source, t, dtype)?.data);
+                v.extend_from_slice(&checked(tensors, source, t, dtype)?.1);
             }
             Cow::Owned(v)
         }
@@ -80,8 +88,8 @@ pub fn materialize<'a>(
             start,
             count,
         } => {
-            let view = checked(tensors, source, tensor, dtype)?;
-            let total = view.shape.first().copied().unwrap_or(0);
+            let (shape, data) = checked(tensors, source, tensor, dtype)?;
+            let total = shape.first().copied().unwrap_or(0);
             let end = start
                 .checked_add(*count)
                 .filter(|&e| e <= total && total > 0);
@@ -91,8 +99,12 @@ pub fn materialize<'a>(
                     format!("tensor `{tensor}` has {total} rows"),
                 ));
             };
-            let row_bytes = view.data.len() as u64 / total;
-            Cow::Borrowed(&view.data[(start * row_bytes) as usize..(end * row_bytes) as usize])
+            let row_bytes = data.len() as u64 / total;
+            let rows = (start * row_bytes) as usize..(end * row_bytes) as usize;
+            match data {
+                Cow::Borrowed(all) => Cow::Borrowed(&all[rows]),
+                Cow::Owned(all) => Cow::Owned(all[rows].to_vec()),
+            }
         }
         WeightSource::RopeTable {
             inv_freq,

@@ -7,6 +7,7 @@
 //! [`Observer`](crate::Observer). That keeps the compiler usable from tests,
 //! a server or a build script, not only from `gerbilc`.
 
+use crate::quantize::Quantization;
 use crate::tuning::Tuning;
 pub use gerbil_codegen_wgsl::Target;
 
@@ -38,6 +39,9 @@ pub struct CompileOptions {
     /// Compile weights holding NaN or infinities instead of refusing them
     /// (`--allow-non-finite`, [`crate::finite`]).
     pub allow_non_finite: bool,
+    /// Store float matrices in a ggml block type (`--quantize`,
+    /// [`crate::quantize`]); `None`: as the checkpoint stores them.
+    pub quantize: Option<Quantization>,
 }
 
 impl Default for CompileOptions {
@@ -51,6 +55,7 @@ impl Default for CompileOptions {
             max_storage_binding: None,
             tuning: None,
             allow_non_finite: false,
+            quantize: None,
         }
     }
 }

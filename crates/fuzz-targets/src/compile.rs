@@ -61,6 +61,7 @@ fn run(mut data: &[u8], codegen: bool) -> Option<Result<(), CompileError>> {
     let options = CompileOptions {
         max_context: (flags & 2 != 0).then_some(max_context),
         max_tokens_per_step: (flags & 4 != 0).then_some(max_tokens_per_step),
+        quantize: (flags & 8 != 0).then_some(gerbil_compiler::Quantization::Q4_0),
         target: if flags & 1 != 0 {
             Target::desktop()
         } else {

@@ -11,7 +11,7 @@ use gerbil_cli::progress::Progress;
 use gerbil_cli::schedule::render_schedule;
 use gerbil_compiler::{
     check_text_assets, compile, opt, CompileOptions, DumpIr, Dumps, OptOptions, PassReport,
-    PassSelection, Target, Tuning,
+    PassSelection, Quantization, Target, Tuning,
 };
 use gerbil_hub::{open_checkpoint, HubOptions};
 use gerbil_plan::safe_file;
@@ -94,6 +94,11 @@ enum Cmd {
         /// them (the plan will likely print garbage: for debugging only).
         #[arg(long)]
         allow_non_finite: bool,
+        /// Store the float matrices in a ggml block type: `q8_0`, `q4_0`,
+        /// `q4_1`, `q5_0` or `q5_1` (the LM head in q8_0); a GGUF's
+        /// quantized tensors keep theirs.
+        #[arg(long, value_name = "TYPE", value_parser = parse_quantization)]
+        quantize: Option<Quantization>,
     },
     /// Time the prefill GEMM tiles of a checkpoint on this machine's GPU and
     /// write the fastest per shape, for `gerbilc compile --tuning`.
@@ -196,6 +201,15 @@ fn parse_target(s: &str) -> Result<Box<Target>, String> {
     })
 }
 
+fn parse_quantization(s: &str) -> Result<Quantization, String> {
+    Quantization::named(s).ok_or_else(|| {
+        format!(
+            "unknown quantization `{s}`; expected one of: {}",
+            Quantization::NAMES.join(", ")
+        )
+    })
+}
+
 fn main() {
     // A child started to render a chat template renders it and exits here.
     gerbil_cli::env::serve_template_child();
@@ -271,6 +285,7 @@ fn real_main(cli: Cli) -> Result<()> {
             bisect,
             tuning,
             allow_non_finite,
+            quantize,
         } => {
             let progress = Progress::new(hub.quiet);
             let ckpt = open_checkpoint(&repo, &hub.options())?;
@@ -297,6 +312,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 bisect,
                 tuning,
                 allow_non_finite,
+                quantize,
             };
             let mut dumps = Dumps::new(dump_ir, dump_dot, gerbil_cli::console::StdoutWriter::new());
             let compiled = compile(&ckpt, &opts, &mut dumps)?;
