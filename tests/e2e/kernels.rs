@@ -2146,8 +2146,8 @@ fn check_coop(c: &MatMulCase, src: &KernelSource, tol: f64) -> Result<(), String
 /// Every third matmul case over `T` rows (each kernel builds two ~0.5 s
 /// cooperative-matrix pipelines, checked and unchecked), plus shapes that
 /// cross the coop tiles: `T` past one 64-row block, partial last blocks of
-/// rows and columns, K not a multiple of 32 or 16, and the gated, norm,
-/// residual and sharded forms at those shapes.
+/// rows and columns, K not a multiple of 32 or 16, the gated, norm,
+/// residual and sharded forms at those shapes, and quantized weights.
 fn coop_cases() -> Vec<MatMulCase> {
     let mut cases: Vec<MatMulCase> = matmul_cases()
         .into_iter()
@@ -2200,6 +2200,22 @@ fn coop_cases() -> Vec<MatMulCase> {
             residual: true,
             ..case(200, 64, 4100, DType::F32)
         },
+        // Quantized weights, dequantized while the tile is staged.
+        MatMulCase {
+            glu: Some(UnaryOp::Silu),
+            norm: Some((1.0, DType::F32)),
+            ..case(70, 256, 100, DType::Q4_0)
+        },
+        MatMulCase {
+            residual: true,
+            bias: true,
+            ..case(65, 256, 130, DType::Q4K)
+        },
+        MatMulCase {
+            shard_rows: Some(64),
+            ..case(129, 512, 200, DType::Q6K)
+        },
+        case(66, 256, 70, DType::Q8_0),
     ]);
     cases
 }
