@@ -20,9 +20,10 @@
 # $OUT (or /tmp/gerbil-bench) and prints one markdown table with llama.cpp's H100 figures (from
 # issue 8/9, same shapes, F16) beside ours.
 #
-# PARTS (default decode,prefill,start,hf) picks what runs, to fit one device call: decode (the
+# PARTS (default decode,prefill,start,hf,quant) picks what runs, to fit one device call: decode (the
 # precision benches, depth 4096, sampled), prefill (pp512 per variant), start (TTFT cold / warm),
-# hf (HF transformers). The checks against transformers always run. The tensor-core variant runs
+# hf (HF transformers), quant (the same weights compiled with `--quantize` for each of QUANTS,
+# default "q8_0 q4_0": pp512, tg128 and GPU memory in f16 compute beside the bf16 plan's). The checks against transformers always run. The tensor-core variant runs
 # only with GERBIL_TENSOR_CORES=1 in the environment (gerbil-run maps it onto
 # SessionOptions::tensor_cores, the runtime's opt-in).
 set -uo pipefail
@@ -33,7 +34,8 @@ out=${OUT:-/tmp/gerbil-bench}
 mkdir -p "$out"
 bin=.device/bin
 status=0
-parts=",${PARTS:-decode,prefill,start,hf},"
+parts=",${PARTS:-decode,prefill,start,hf,quant},"
+quants=${QUANTS:-q8_0 q4_0}
 part() { [[ $parts == *",$1,"* ]]; }
 shapes=("$@")
 [ ${#shapes[@]} -eq 0 ] && shapes=(tests/data/models/smollm2-135m/config.json
@@ -115,12 +117,27 @@ for cfg in "${shapes[@]}"; do
             --prompt-tokens 512 --new-tokens 4 --repeats 1 --json > "$out/ttft-$name-$run.json" \
             2>>"$out/bench-$name.log" || status=1
     done
+    # The same weights quantized (--quantize each of QUANTS), beside the bf16 plan in f16 compute:
+    # pp512 and tg128 at depth 0 with the driver's GPU memory.
+    for q in $quants; do
+        part quant || continue
+        if [ ! -s "$out/bench-$name-f16-d0.json" ]; then
+            $bin/gerbil-run "$work/model.plan" bench --precision f16 --prompt-tokens 512 --new-tokens 128 \
+                --depth 0 --repeats 5 --json > "$out/bench-$name-f16-d0.json" 2>>"$out/bench-$name.log" || status=1
+        fi
+        $bin/gerbilc compile "$work/model" -o "$work/model-$q.plan" --target desktop --max-context 4608 \
+            --quantize "$q" 2>>"$out/bench-$name.log" || { echo "$name $q: compile failed"; status=1; continue; }
+        with_memory "$out/mem-$name-$q.json" "$work/model-$q.plan" bench --precision f16 --prompt-tokens 512 \
+            --new-tokens 128 --depth 0 --repeats 5 --json > "$out/bench-$name-$q.json" \
+            2>>"$out/bench-$name.log" || status=1
+        $bin/gerbilc inspect "$work/model-$q.plan" | grep '^weights' > "$out/weights-$name-$q.txt"
+    done
     hf_flags=""
     [ "${HF_COMPILE:-0}" = 1 ] && hf_flags=--compile
     part hf && { python3 scripts/device/hf-bench.py "$work/model" $hf_flags > "$out/hf-$name.json" \
         2>"$out/hf-$name.log" || echo "{}" > "$out/hf-$name.json"; }
 done
-python3 - "$out" "${shapes[@]}" <<'PY'
+QUANTS="$quants" python3 - "$out" "${shapes[@]}" <<'PY'
 import json, os, sys
 out, shapes = sys.argv[1], sys.argv[2:]
 # llama.cpp on the same H100, F16 (issue 8 and 9): pp512, tg128.
@@ -183,6 +200,28 @@ for cfg in shapes:
             continue
         print(f"| {name} | {v} ({r.get('precision', '?')}) | {r['prefill_tok_s']:.0f} | {r.get('load_ms', 0):.0f} | "
               f"{r.get('first_token_ms', 0):.0f} | {ref} |")
+print()
+# Quantized plans (--quantize) beside the bf16 plan, f16 compute, depth 0.
+quants = os.environ.get("QUANTS", "").split()
+if quants:
+    print("| shape | weights | weight MiB | pp512 (× bf16) | tg128 (× bf16) | GPU memory: driver − baseline / plan |")
+    print("|---|---|---|---|---|---|")
+for cfg in shapes if quants else []:
+    name = os.path.basename(os.path.dirname(cfg))
+    bf = load(f"{out}/bench-{name}-f16-d0.json")
+    for q in ["bf16"] + quants:
+        r = bf if q == "bf16" else load(f"{out}/bench-{name}-{q}.json")
+        if not r:
+            print(f"| {name} | {q} | failed | | | |")
+            continue
+        mem = load(f"{out}/mem-{name}-{q}.json")
+        plan_mib = sum(r.get(k, 0) for k in ("weights_bytes", "kv_cache_bytes", "activation_bytes")) / 2**20
+        last = mem.get("driver_last_mib", 0)
+        m = f"{last - base:.0f} / {plan_mib:.0f} MiB ({(last - base) / plan_mib - 1:+.1%})" if last and plan_mib else "–"
+        pp, tg = r["prefill_tok_s"], r["decode_tok_s"]
+        rel = lambda v, k: f" ({v / bf[k]:.2f})" if bf and q != "bf16" else ""
+        print(f"| {name} | {q} | {r.get('weights_bytes', 0) / 2**20:.0f} | {pp:.0f}{rel(pp, 'prefill_tok_s')} | "
+              f"{tg:.1f}{rel(tg, 'decode_tok_s')} | {m} |")
 print()
 # Start-up: load and time to first token of a 512-token prompt, cold and warm pipeline cache.
 print("| shape | variant | pipelines (threads) | load ms cold / warm | of which pipelines ms cold / warm | TTFT 512 ms cold / warm (median of 3) |")

@@ -50,11 +50,26 @@ pub struct Inspection {
     pub kv_cache_bytes: u64,
     /// Weight bytes by dtype.
     pub weight_bytes_by_dtype: BTreeMap<String, u64>,
+    /// Every weight buffer, in buffer order (`--weights` lists them).
+    pub weights: Vec<WeightSummary>,
     /// Kernels: name and workgroup size.
     pub kernels: Vec<(String, [u32; 3])>,
     /// The plan's variants, best first; the `*_dispatches*` and
     /// `kv_cache_bytes` fields above are those of the first.
     pub variants: Vec<VariantSummary>,
+}
+
+/// One weight buffer of a plan.
+#[derive(Clone, Debug, Serialize)]
+pub struct WeightSummary {
+    /// The tensor (or its derivation, or a row shard of it).
+    pub name: String,
+    /// Its dtype as stored: `bf16`, `q4_k`, …
+    pub dtype: String,
+    /// Its shape as stored.
+    pub shape: Vec<u64>,
+    /// Its bytes in the plan.
+    pub bytes: u64,
 }
 
 /// One variant of a plan.
@@ -108,13 +123,22 @@ fn summarize(h: &PlanHeader, v: &Variant) -> VariantSummary {
 /// Summarizes a plan header.
 pub fn inspect(h: &PlanHeader) -> Inspection {
     let mut weight_bytes_by_dtype = BTreeMap::new();
+    let mut weights = Vec::new();
     let mut arena = 0u64;
     let mut arena_sizes = Vec::new();
     for b in &h.buffers {
         match &b.kind {
-            BufferKind::Weight { dtype, .. } => {
+            BufferKind::Weight {
+                dtype, name, shape, ..
+            } => {
                 let sum: &mut u64 = weight_bytes_by_dtype.entry(dtype.clone()).or_default();
                 *sum = sum.saturating_add(b.size);
+                weights.push(WeightSummary {
+                    name: name.clone(),
+                    dtype: dtype.clone(),
+                    shape: shape.clone(),
+                    bytes: b.size,
+                });
             }
             BufferKind::Arena => {
                 arena = arena.saturating_add(b.size);
@@ -147,6 +171,7 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
         activation_naive_bytes: h.compile.activation_naive_bytes,
         kv_cache_bytes: kv_bytes(h, best),
         weight_bytes_by_dtype,
+        weights,
         kernels: h
             .kernels
             .iter()
@@ -154,6 +179,23 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
             .collect(),
         variants: h.variants.iter().map(|v| summarize(h, v)).collect(),
     }
+}
+
+/// `--weights`: one line per weight buffer (name, dtype, shape, bytes).
+pub fn render_weights(i: &Inspection) -> String {
+    let width = i.weights.iter().map(|w| w.name.len()).max().unwrap_or(0);
+    let mut s = String::new();
+    for w in &i.weights {
+        let shape: Vec<String> = w.shape.iter().map(u64::to_string).collect();
+        s += &format!(
+            "{:<width$}  {:<5} [{}]  {} bytes\n",
+            w.name,
+            w.dtype,
+            shape.join(", "),
+            w.bytes
+        );
+    }
+    s
 }
 
 /// Human-readable rendering of an inspection.

@@ -4,7 +4,7 @@ use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use gerbil_cli::graph_svg::{layer_graph, render_svg};
 use gerbil_cli::hub_env::hub_options;
-use gerbil_cli::inspect::{inspect, render};
+use gerbil_cli::inspect::{inspect, render, render_weights};
 use gerbil_cli::numbers::{whole_u64, whole_usize};
 use gerbil_cli::passes::{bisect_note, pass_stats};
 use gerbil_cli::progress::Progress;
@@ -150,6 +150,9 @@ enum Cmd {
         /// List every dispatch of each schedule in order, with its IR label and kernel.
         #[arg(long)]
         schedule: bool,
+        /// List every weight buffer: its tensor, dtype (`bf16`, `q4_k`, …), shape and bytes.
+        #[arg(long, conflicts_with_all = ["json", "schedule"])]
+        weights: bool,
         /// Draw the middle transformer layer's decode dispatches and the data
         /// flowing between them to this SVG file.
         #[arg(long, value_name = "FILE", conflicts_with_all = ["json", "schedule"])]
@@ -401,6 +404,7 @@ fn real_main(cli: Cli) -> Result<()> {
             plan,
             json,
             schedule,
+            weights,
             svg,
         } => {
             let plan = gerbil_plan::PlanFile::open(&plan)?;
@@ -416,7 +420,9 @@ fn real_main(cli: Cli) -> Result<()> {
                 return Ok(());
             }
             let i = inspect(&plan.header);
-            if json {
+            if weights {
+                gerbil_cli::console::print(&render_weights(&i))?;
+            } else if json {
                 gerbil_cli::console::print(&format!("{}\n", serde_json::to_string_pretty(&i)?))?;
             } else {
                 gerbil_cli::console::print(&render(&i))?;

@@ -118,6 +118,31 @@ fn dump_ir_inspect_and_emit_wgsl() {
     assert!(stdout(&o).contains("dispatches"), "{}", stdout(&o));
 }
 
+/// `--quantize` stores the matrices in the scheme's blocks (the tied LM head
+/// in q8_0, norms and the 176-wide down projections as they were),
+/// `inspect --weights` lists each buffer's dtype, and the plan generates.
+#[test]
+fn quantize_and_inspect_the_weights() {
+    let (_plan_dir, plan) = tiny_plan("quantized", &["--quantize", "Q4_0"]);
+    let o = gerbilc(&["inspect", plan.to_str().unwrap(), "--weights"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let listing = stdout(&o);
+    let dtype_of = |tensor: &str| {
+        let line = listing.lines().find(|l| l.starts_with(tensor)).unwrap();
+        line.split_whitespace().nth(1).unwrap().to_string()
+    };
+    assert_eq!(dtype_of("model.embed_tokens.weight"), "q8_0", "{listing}");
+    assert_eq!(dtype_of("model.layers.0.self_attn.o_proj.weight"), "q4_0");
+    assert_eq!(dtype_of("model.layers.0.mlp.down_proj.weight"), "f32");
+    assert_eq!(dtype_of("model.layers.0.input_layernorm.weight"), "f32");
+    let o = gerbil_run(&[plan.to_str().unwrap(), "--input-ids", "1,2", "--max-new-tokens", "3"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert_eq!(stdout(&o).split_whitespace().count(), 3, "{}", stdout(&o));
+    let repo = data("models/tiny/llama");
+    let o = gerbilc(&["compile", repo.to_str().unwrap(), "--quantize", "q3_k"]);
+    assert_fails_with(&o, "unknown quantization `q3_k`; expected one of: q8_0, q4_0");
+}
+
 #[test]
 fn bench_reports_speed_and_memory() {
     let (_plan_dir, plan) = tiny_plan("bench", &[]);
