@@ -135,12 +135,21 @@ fn quantize_and_inspect_the_weights() {
     assert_eq!(dtype_of("model.layers.0.self_attn.o_proj.weight"), "q4_0");
     assert_eq!(dtype_of("model.layers.0.mlp.down_proj.weight"), "f32");
     assert_eq!(dtype_of("model.layers.0.input_layernorm.weight"), "f32");
-    let o = gerbil_run(&[plan.to_str().unwrap(), "--input-ids", "1,2", "--max-new-tokens", "3"]);
+    let o = gerbil_run(&[
+        plan.to_str().unwrap(),
+        "--input-ids",
+        "1,2",
+        "--max-new-tokens",
+        "3",
+    ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).split_whitespace().count(), 3, "{}", stdout(&o));
     let repo = data("models/tiny/llama");
     let o = gerbilc(&["compile", repo.to_str().unwrap(), "--quantize", "q3_k"]);
-    assert_fails_with(&o, "unknown quantization `q3_k`; expected one of: q8_0, q4_0");
+    assert_fails_with(
+        &o,
+        "unknown quantization `q3_k`; expected one of: q8_0, q4_0",
+    );
 }
 
 #[test]

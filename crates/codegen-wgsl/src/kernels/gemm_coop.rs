@@ -253,11 +253,11 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
         b.weight(w, port, "gamma", gdtype)
     });
     if packed {
-        row_loader(&mut w, "wpair", "vec2<f32>", &shards, |shard, local| {
+        row_loader(&mut w, "wpair", "", "vec2<f32>", &shards, |shard, local| {
             format!("pair_{}({local} * (K / 2u) + i)", shard.name)
         });
     } else {
-        row_loader(&mut w, "wload", "f32", &shards, |shard, local| {
+        row_loader(&mut w, "wload", "", "f32", &shards, |shard, local| {
             format!("load_{}({local} * K + i)", shard.name)
         });
     }

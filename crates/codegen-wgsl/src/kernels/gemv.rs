@@ -28,10 +28,10 @@
 
 use super::linear::{
     self, bind_after_weight, bind_weight, chunk_binding, chunk_type, elems_per_load, name_parts,
-    row_loader, Shard, WeightRead,
+    row_loader, weight_shards, Shard, WeightRead,
 };
 use super::matmul::MatMulSpec;
-use super::{input, prelude, split_groups, Bindings, KernelSource};
+use super::{input, input_shard, prelude, quant, split_groups, Bindings, KernelSource};
 use gerbil_ir::DType;
 use std::fmt::Write;
 
@@ -117,14 +117,89 @@ pub(super) fn bind_operands(s: &MatMulSpec, e: u32, w: &mut String) -> (Bindings
 /// `fn wrow(row: u32, i: u32)`: chunk `i` of weight row `row`, from the
 /// shard that holds it (a module constant `KC` is the chunks per row).
 pub(super) fn shard_loader(w: &mut String, shards: &[Shard], e: u32) {
-    row_loader(w, "wrow", chunk_type(e), shards, |shard, local| {
+    row_loader(w, "wrow", "", chunk_type(e), shards, |shard, local| {
         format!("{}_chunk({local} * KC + i)", shard.name)
     });
 }
 
+/// [`bind_operands`] of a quantized weight, read in 32-value units: `x`
+/// and the norm weight as [`quant::UNIT`]s (`x_chunk`, `gamma_chunk`), the
+/// weight's shards with their `_qdot` block dot products, and `cdot`,
+/// `cmul`, `cplus` over units; then `fn wdot(row, i, x)`: the dot product of
+/// unit `i` of weight row `row` with `x`, from the shard that holds it.
+fn bind_quantized(s: &MatMulSpec, norm: bool, w: &mut String) -> (Bindings, Vec<Shard>) {
+    let unit = quant::UNIT;
+    let mut b = Bindings::new();
+    b.vectors(w, input(0), "x", DType::F32, true, "vec4<f32>");
+    let loads: Vec<String> = (0..8).map(|k| format!("x[8u * i + {k}u]")).collect();
+    let _ = writeln!(
+        w,
+        "fn x_chunk(i: u32) -> {unit} {{ return {unit}({}); }}",
+        loads.join(", ")
+    );
+    let shards = weight_shards(s);
+    for (i, shard) in shards.iter().enumerate() {
+        b.vectors(
+            w,
+            input_shard(1, i as u32),
+            &shard.name,
+            s.wdtype,
+            false,
+            "u32",
+        );
+        quant::dot_decoder(w, &shard.name, s.wdtype);
+    }
+    bind_after_weight(s, &mut b, w, |b, w, port, gdtype| {
+        chunk_binding(b, w, port, "gamma4", gdtype, 4, false);
+        let loads: Vec<String> = (0..8)
+            .map(|k| format!("gamma4_chunk(8u * i + {k}u)"))
+            .collect();
+        let _ = writeln!(
+            w,
+            "fn gamma_chunk(i: u32) -> {unit} {{ return {unit}({}); }}",
+            loads.join(", ")
+        );
+    });
+    let _ = writeln!(
+        w,
+        "fn cdot(a: {unit}, b: {unit}) -> f32 {{
+  return dot(a[0], b[0]) + dot(a[1], b[1]) + dot(a[2], b[2]) + dot(a[3], b[3])
+             + dot(a[4], b[4]) + dot(a[5], b[5]) + dot(a[6], b[6]) + dot(a[7], b[7]);
+}}"
+    );
+    if norm {
+        let mul: Vec<String> = (0..8).map(|k| format!("a[{k}] * b[{k}]")).collect();
+        let plus: Vec<String> = (0..8).map(|k| format!("a[{k}] + vec4<f32>(s)")).collect();
+        let _ = writeln!(
+            w,
+            "fn cmul(a: {unit}, b: {unit}) -> {unit} {{ return {unit}({}); }}
+             fn cplus(a: {unit}, s: f32) -> {unit} {{ return {unit}({}); }}",
+            mul.join(", "),
+            plus.join(", ")
+        );
+    }
+    row_loader(
+        w,
+        "wdot",
+        &format!(", x: {unit}"),
+        "f32",
+        &shards,
+        |shard, local| format!("{}_qdot({local} * KC + i, x)", shard.name),
+    );
+    (b, shards)
+}
+
 /// Builds the kernel (`s.tt` is ignored: one row of `x` per workgroup row).
+/// A quantized weight is read a 32-value unit at a time and dotted with
+/// `x` block by block ([`quant::dot_decoder`]): one multiply-add per value,
+/// the scales applied once per block.
 pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
-    let e = elems_per_load(s.wdtype, s.k);
+    let quantized = s.wdtype.is_quantized();
+    let e = if quantized {
+        32
+    } else {
+        elems_per_load(s.wdtype, s.k)
+    };
     let kc = s.k / e;
     let threads = match reduce {
         Reduce::Subgroup => (kc.div_ceil(32) * 32).clamp(32, 256),
@@ -149,10 +224,22 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
         k = s.k,
         n = s.n,
     );
-    let (b, shards) = bind_operands(s, e, &mut w);
-    w += &chunk_ops(e, norm);
-
-    shard_loader(&mut w, &shards, e);
+    let (b, shards) = if quantized {
+        bind_quantized(s, norm, &mut w)
+    } else {
+        let bound = bind_operands(s, e, &mut w);
+        w += &chunk_ops(e, norm);
+        shard_loader(&mut w, &bound.1, e);
+        bound
+    };
+    // Weight row `row`'s chunk `c` times `xv`.
+    let term = |row: &str| {
+        if quantized {
+            format!("wdot({row}, c, xv)")
+        } else {
+            format!("cdot(wrow({row}, c), xv)")
+        }
+    };
 
     // The K loop, unrolled over the R outputs (a last workgroup past N
     // reloads row N - 1 and stores nothing for it).
@@ -171,12 +258,14 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
     for i in 0..r {
         let _ = writeln!(
             body,
-            "    let row{i} = min(n0 + {i}u, N - 1u);\n    acc[{i}] = acc[{i}] + cdot(wrow(row{i}, c), xv);"
+            "    let row{i} = min(n0 + {i}u, N - 1u);\n    acc[{i}] = acc[{i}] + {};",
+            term(&format!("row{i}"))
         );
         if glu {
             let _ = writeln!(
                 body,
-                "    up[{i}] = up[{i}] + cdot(wrow(row{i} + N, c), xv);"
+                "    up[{i}] = up[{i}] + {};",
+                term(&format!("row{i} + N"))
             );
         }
     }

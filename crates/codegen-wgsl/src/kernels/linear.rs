@@ -85,17 +85,19 @@ pub(super) fn bind_weight(
     shards
 }
 
-/// `fn {name}(row: u32, i: u32) -> {ret}`: item `i` of weight row `row`
-/// from whichever of `shards` holds the row, where `load(shard, local)` is
-/// the WGSL reading item `i` of local row `local` of one shard.
+/// `fn {name}(row: u32, i: u32{params}) -> {ret}`: item `i` of weight row
+/// `row` from whichever of `shards` holds the row, where `load(shard,
+/// local)` is the WGSL reading item `i` of local row `local` of one shard
+/// (`params`, e.g. `, x: T`, are further parameters it may use).
 pub(super) fn row_loader(
     w: &mut String,
     name: &str,
+    params: &str,
     ret: &str,
     shards: &[Shard],
     load: impl Fn(&Shard, &str) -> String,
 ) {
-    let _ = writeln!(w, "fn {name}(row: u32, i: u32) -> {ret} {{");
+    let _ = writeln!(w, "fn {name}(row: u32, i: u32{params}) -> {ret} {{");
     for (i, shard) in shards.iter().enumerate() {
         let local = if shard.start == 0 {
             "row".to_string()

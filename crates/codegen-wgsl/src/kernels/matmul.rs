@@ -203,7 +203,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
     if glu && shards.len() > 1 {
         // Gate row `n` and up row `N + n` may lie in different shards: load
         // through a helper that picks the shard by row.
-        row_loader(&mut w, "load_row", "f32", &shards, |shard, local| {
+        row_loader(&mut w, "load_row", "", "f32", &shards, |shard, local| {
             format!("load_{}({local} * K + i)", shard.name)
         });
         let rows = [

@@ -168,6 +168,140 @@ pub(super) fn decoder(out: &mut String, name: &str, dtype: DType) {
     }
 }
 
+/// The WGSL type of one 32-value unit of `x` in [`dot_decoder`]'s dot
+/// products: eight `vec4`s in order.
+pub(super) const UNIT: &str = "array<vec4<f32>, 8>";
+
+/// Helpers of the block dot products (emitted once per module).
+const DOT_HELPERS: &str = "fn q_signed(w: u32) -> vec4<f32> {
+  return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+fn q_xsum(x: array<vec4<f32>, 8>) -> f32 {
+  let s = x[0] + x[1] + x[2] + x[3] + x[4] + x[5] + x[6] + x[7];
+  return s.x + s.y + s.z + s.w;
+}
+";
+
+/// `n` lines `f(k)`, `k = 0..n`, each indented and ended.
+fn unrolled(n: u32, f: impl Fn(u32) -> String) -> String {
+    (0..n).map(|k| format!("  {}\n", f(k))).collect()
+}
+
+/// The fifth bits of four values as f32 `16`s: bits `shift..shift + 4` of `qh`.
+fn fifth_bits(qh: &str, shift: &str) -> String {
+    format!("vec4<f32>((((vec4<u32>({qh} >> ({shift})) >> vec4<u32>(0u, 1u, 2u, 3u)) & vec4<u32>(1u)) << vec4<u32>(4u)))")
+}
+
+/// `fn {name}_qdot(u: u32, x: array<vec4<f32>, 8>) -> f32`: the dot product
+/// of 32-value unit `u` of binding `name` (quantized `dtype` in
+/// [`gpu_layout`]) with `x`, for the decode GEMV. Where [`decoder`] scales
+/// every value, this sums the unit's quants times `x` once per scale and
+/// scales the sum, `a · Σ q·x + b · Σ x` for a format whose values are
+/// `a · q + b` (the offset of the symmetric formats is taken from `q`
+/// first, so their sums do not cancel): one multiply-add per value. A unit
+/// is a 32-value block, a sub-block of Q4_K and Q5_K, or a quarter of a
+/// Q6_K half (two 16-value scales). Appends nothing for a plain dtype.
+pub(super) fn dot_decoder(out: &mut String, name: &str, dtype: DType) {
+    let body = match dtype {
+        DType::Q8_0 => format!(
+            "  let b = u;\n{}  var acc = 0.0f;\n{}  return d * acc;\n",
+            paired(name, 8),
+            unrolled(8, |k| format!(
+                "acc = acc + dot(q_signed({name}[body + {k}u]), x[{k}]);"
+            ))
+        ),
+        DType::Q4_0 => format!(
+            "  let b = u;\n{}  var acc = 0.0f;\n{}  return d * acc;\n",
+            paired(name, 4),
+            unrolled(4, |k| format!(
+                "let qw{k} = {name}[body + {k}u];\n  acc = acc + dot(q_nibbles(qw{k}, 0u) - vec4<f32>(8.0f), x[{k}]) + dot(q_nibbles(qw{k}, 4u) - vec4<f32>(8.0f), x[{}]);",
+                k + 4
+            ))
+        ),
+        DType::Q5_0 => format!(
+            "  let b = u;\n{}  let qh = {name}[body];\n  var acc = 0.0f;\n{}  return d * acc;\n",
+            paired(name, 5),
+            unrolled(4, |k| format!(
+                "let qw{k} = {name}[body + {}u];\n  acc = acc + dot(q_nibbles(qw{k}, 0u) + {} - vec4<f32>(16.0f), x[{k}]) + dot(q_nibbles(qw{k}, 4u) + {} - vec4<f32>(16.0f), x[{}]);",
+                k + 1,
+                fifth_bits("qh", &format!("{}u", 4 * k)),
+                fifth_bits("qh", &format!("{}u", 16 + 4 * k)),
+                k + 4
+            ))
+        ),
+        DType::Q4_1 | DType::Q5_1 => {
+            let (words, qs) = if dtype == DType::Q4_1 { (5, 1) } else { (6, 2) };
+            let high = |shift: u32| {
+                if dtype == DType::Q5_1 {
+                    format!(" + {}", fifth_bits("qh", &format!("{shift}u")))
+                } else {
+                    String::new()
+                }
+            };
+            format!(
+                "  let base = u * {words}u;\n  let dm = {name}[base];\n{}  var acc = 0.0f;\n{}  \
+                 return q_half(dm, 0u) * acc + q_half(dm, 1u) * q_xsum(x);\n",
+                if dtype == DType::Q5_1 {
+                    format!("  let qh = {name}[base + 1u];\n")
+                } else {
+                    String::new()
+                },
+                unrolled(4, |k| format!(
+                    "let qw{k} = {name}[base + {}u];\n  acc = acc + dot(q_nibbles(qw{k}, 0u){}, x[{k}]) + dot(q_nibbles(qw{k}, 4u){}, x[{}]);",
+                    k + qs,
+                    high(4 * k),
+                    high(16 + 4 * k),
+                    k + 4
+                ))
+            )
+        }
+        DType::Q4K | DType::Q5K => {
+            let (words, qs) = if dtype == DType::Q4K { (36, 4) } else { (44, 12) };
+            let high = |k: u32| {
+                if dtype == DType::Q5K {
+                    format!(" + vec4<f32>(q_bits({name}[base + {}u], sb, 1u) << vec4<u32>(4u))", 4 + k)
+                } else {
+                    String::new()
+                }
+            };
+            format!(
+                "  let base = (u >> 3u) * {words}u;\n  let sb = u & 7u;\n{}  let qs = base + {qs}u + (sb >> 1u) * 8u;\n  \
+                 let shift = (sb & 1u) * 4u;\n  var acc = 0.0f;\n{}  return scale * acc - minimum * q_xsum(x);\n",
+                k_scales(name),
+                unrolled(8, |k| format!(
+                    "acc = acc + dot(q_nibbles({name}[qs + {k}u], shift){}, x[{k}]);",
+                    high(k)
+                ))
+            )
+        }
+        DType::Q6K => format!(
+            "  let b = u >> 3u;\n  let v = u & 7u;\n{}  let h = v >> 2u;\n  \
+             let ql = body + 16u * h + 8u * (v & 1u);\n  let lo_shift = 4u * ((v & 3u) >> 1u);\n  \
+             let qh = body + 32u + 8u * h;\n  let hi_shift = 2u * (v & 3u);\n  \
+             let sw = {name}[body + 48u + (v >> 1u)];\n  let sh = 16u * (v & 1u);\n  \
+             let sc0 = f32(bitcast<i32>(sw << (24u - sh)) >> 24u);\n  \
+             let sc1 = f32(bitcast<i32>(sw << (16u - sh)) >> 24u);\n  var s0 = 0.0f;\n  var s1 = 0.0f;\n{}  \
+             return (d * sc0) * s0 + (d * sc1) * s1;\n",
+            paired(name, 52),
+            unrolled(8, |k| format!(
+                "{} = {} + dot(vec4<f32>(q_bits({name}[ql + {k}u], lo_shift, 15u) | (q_bits({name}[qh + {k}u], hi_shift, 3u) << vec4<u32>(4u))) - vec4<f32>(32.0f), x[{k}]);",
+                if k < 4 { "s0" } else { "s1" },
+                if k < 4 { "s0" } else { "s1" },
+            ))
+        ),
+        DType::F32 | DType::F16 | DType::BF16 | DType::U32 => return,
+    };
+    let _ = write!(
+        out,
+        "fn {name}_qdot(u: u32, x: {UNIT}) -> f32 {{\n{body}}}\n"
+    );
+    for helpers in [HELPERS, DOT_HELPERS, super::F16_DECODE] {
+        if !out.contains(helpers) {
+            out.push_str(helpers);
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
