@@ -12,6 +12,7 @@
 //! into shards of a multiple of 4 rows, so every shard starts on a 4-byte
 //! boundary whatever the dtype; templates pick the shard by row.
 
+use crate::kernels::quant;
 use crate::schedule::{CodegenOptions, WeightBuffer};
 use crate::variant::VariantSpec;
 use crate::CodegenError;
@@ -35,6 +36,18 @@ pub(crate) enum Own {
 /// oversized for the binding checks to refuse).
 fn round4(n: u64) -> u64 {
     n.div_ceil(4).saturating_mul(4)
+}
+
+/// Bytes of a buffer holding a value of `ty` at `T = t`, `Lmax = lmax`:
+/// its bytes padded to 4, or to 16 for quantized blocks (bound as
+/// `vec4<u32>`s, [`quant::stored_bytes`]). Saturates like
+/// [`TensorType::size_bytes`].
+fn buffer_bytes(ty: &TensorType, t: u64, lmax: u64) -> u64 {
+    if ty.dtype.is_quantized() {
+        quant::stored_bytes(ty.dtype, ty.numel(t, lmax)).unwrap_or(u64::MAX)
+    } else {
+        round4(ty.size_bytes(t, lmax))
+    }
 }
 
 /// Rows per shard for a weight of `shape` that exceeds one binding of
@@ -119,7 +132,7 @@ impl<'o> Buffers<'o> {
     }
 
     pub(crate) fn value_bytes(&self, ty: &TensorType) -> u64 {
-        round4(ty.size_bytes(self.opts.max_tokens_per_step, self.opts.max_context))
+        buffer_bytes(ty, self.opts.max_tokens_per_step, self.opts.max_context)
     }
 
     /// Bytes of an operand of type `ty` as bound: the whole value, or row
@@ -137,7 +150,9 @@ impl<'o> Buffers<'o> {
         let rows = resolved.shape.first()?.as_const()?;
         let first = u64::from(shard) * u64::from(per);
         let count = u64::from(per).min(rows.checked_sub(first).filter(|&n| n > 0)?);
-        Some(round4(resolved.size_bytes(0, 0) / rows * count))
+        let mut shard = resolved.clone();
+        shard.shape[0] = Dim::Const(count);
+        Some(buffer_bytes(&shard, 0, 0))
     }
 
     /// A weight: one buffer, or row shards when it exceeds a binding.
@@ -152,7 +167,7 @@ impl<'o> Buffers<'o> {
         let shape: Vec<u64> = resolved.shape.iter().filter_map(|d| d.as_const()).collect();
         let limit = self.opts.target.limits.max_storage_binding;
         let Some(rows_per_shard) = shard_plan(&shape, resolved.dtype, limit) else {
-            let bytes = round4(resolved.size_bytes(0, 0));
+            let bytes = buffer_bytes(&resolved, 0, 0);
             self.check_binding(
                 format!("weight `{label}`"),
                 bytes,
@@ -180,7 +195,7 @@ impl<'o> Buffers<'o> {
             let ty = TensorType::fixed(resolved.dtype, &shard_shape);
             let name = format!("{label}[{start}..{}]", start + count);
             let i = self.push(
-                round4(ty.size_bytes(0, 0)),
+                buffer_bytes(&ty, 0, 0),
                 weight_kind(name, &ty, shard_shape, false),
             );
             self.weights.push(WeightBuffer {

@@ -59,8 +59,10 @@ fn header(s: &EmbeddingSpec) -> (String, Bindings, String) {
         s.vocab, s.width
     );
     let mut b = Bindings::new();
-    for (i, name) in names.iter().enumerate() {
-        b.weight(&mut w, input_shard(0, i as u32), name, s.wdtype);
+    for (i, (name, start)) in names.iter().zip(&starts).enumerate() {
+        let rows = starts.get(i + 1).unwrap_or(&s.vocab) - start;
+        let values = u64::from(rows) * u64::from(s.width);
+        b.matrix(&mut w, input_shard(0, i as u32), name, s.wdtype, values);
     }
     b.ids(&mut w, input(1), "ids");
     let scale = s

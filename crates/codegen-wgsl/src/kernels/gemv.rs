@@ -139,15 +139,16 @@ fn bind_quantized(s: &MatMulSpec, norm: bool, w: &mut String) -> (Bindings, Vec<
     );
     let shards = weight_shards(s);
     for (i, shard) in shards.iter().enumerate() {
-        b.vectors(
+        let values = u64::from(shard.rows) * u64::from(s.k);
+        quant::declare(
+            &mut b,
             w,
             input_shard(1, i as u32),
             &shard.name,
             s.wdtype,
-            false,
-            "u32",
+            values,
         );
-        quant::dot_decoder(w, &shard.name, s.wdtype);
+        quant::dot_decoder(w, &shard.name, s.wdtype, values);
     }
     bind_after_weight(s, &mut b, w, |b, w, port, gdtype| {
         chunk_binding(b, w, port, "gamma4", gdtype, 4, false);

@@ -32,6 +32,8 @@ use std::fmt::Write;
 pub(super) struct Shard {
     /// The first weight row it holds.
     pub start: u32,
+    /// How many rows it holds.
+    pub rows: u32,
     /// Its binding's name: `w`, or `w0`, `w1`, … when split.
     pub name: String,
 }
@@ -45,11 +47,13 @@ pub(super) fn weight_shards(s: &MatMulSpec) -> Vec<Shard> {
         Some(per) if per > 0 && per < rows => (0..rows.div_ceil(per))
             .map(|i| Shard {
                 start: i * per,
+                rows: per.min(rows - i * per),
                 name: format!("w{i}"),
             })
             .collect(),
         _ => vec![Shard {
             start: 0,
+            rows,
             name: "w".to_string(),
         }],
     }
@@ -77,8 +81,12 @@ pub(super) fn bind_weight(
     let shards = weight_shards(s);
     for (i, shard) in shards.iter().enumerate() {
         let port = input_shard(1, i as u32);
+        let values = u64::from(shard.rows) * u64::from(s.k);
         match read {
-            WeightRead::Elements => b.weight(w, port, &shard.name, s.wdtype),
+            WeightRead::Elements => b.matrix(w, port, &shard.name, s.wdtype, values),
+            WeightRead::Chunks(e) if s.wdtype.is_quantized() => {
+                quant_chunk_binding(b, w, port, &shard.name, s.wdtype, e, values)
+            }
             WeightRead::Chunks(e) => chunk_binding(b, w, port, &shard.name, s.wdtype, e, false),
         }
     }
@@ -259,9 +267,6 @@ pub(super) fn chunk_binding(
     e: u32,
     writable: bool,
 ) {
-    if dtype.is_quantized() {
-        return quant_chunk_binding(b, w, port, name, dtype, e);
-    }
     let (array_of, body) = match (is_packed(dtype), e) {
         (false, 8) => (
             "vec4<f32>",
@@ -330,8 +335,8 @@ pub(super) fn chunk_binding(
     }
 }
 
-/// [`chunk_binding`] of a quantized weight: chunks built from the four
-/// values [`quant::decoder`] decodes at a time.
+/// [`chunk_binding`] of a quantized weight of `values` values: chunks built
+/// from the four values [`quant::declare`]'s decoder returns at a time.
 fn quant_chunk_binding(
     b: &mut Bindings,
     w: &mut String,
@@ -339,9 +344,9 @@ fn quant_chunk_binding(
     name: &str,
     dtype: DType,
     e: u32,
+    values: u64,
 ) {
-    b.vectors(w, port, name, dtype, false, "u32");
-    quant::decoder(w, name, dtype);
+    quant::declare(b, w, port, name, dtype, values);
     let body = match e {
         8 => format!(
             "let a = {name}_q4(2u * i);\n  let b = {name}_q4(2u * i + 1u);\n  \

@@ -248,9 +248,25 @@ impl Bindings {
     }
 
     /// A weight of `dtype`, with `load_NAME(i) -> f32` and (packed dtypes) `pair_NAME(word)` loaders.
+    /// A matrix that may be quantized is bound through [`Bindings::matrix`],
+    /// which knows its size: the lowering gives quantized weights only to
+    /// matmuls and embeddings, which do.
     pub fn weight(&mut self, out: &mut String, port: Port, name: &str, dtype: DType) {
+        if dtype.is_quantized() {
+            return quant::declare(self, out, port, name, dtype, 0);
+        }
         let n = self.push(name, port, Access::Read, elem_of(dtype));
         weight_binding(out, n, name, dtype);
+    }
+
+    /// [`Bindings::weight`] of a matrix of `values` values, which may be
+    /// quantized ([`quant::declare`]: its layout depends on its size).
+    pub fn matrix(&mut self, out: &mut String, port: Port, name: &str, dtype: DType, values: u64) {
+        if dtype.is_quantized() {
+            quant::declare(self, out, port, name, dtype, values);
+        } else {
+            self.weight(out, port, name, dtype);
+        }
     }
 
     /// A tensor of `dtype` declared as `array<{array_of}>` (e.g. `vec4<u32>`,
@@ -314,14 +330,9 @@ pub(crate) const F16_DECODE: &str = "fn f16_bits_to_f32(h: u32) -> f32 {
 
 /// Declares a read-only weight binding of `dtype` and a loader
 /// `fn load_{name}(i: u32) -> f32` returning element `i` widened to f32
-/// (bf16 and f16 are packed two per `u32`, low half first; quantized types
-/// are decoded by [`quant::decoder`]).
+/// (bf16 and f16 are packed two per `u32`, low half first).
 fn weight_binding(out: &mut String, binding: u32, name: &str, dtype: DType) {
     match dtype {
-        DType::F32 | DType::U32 => {
-            f32_binding(out, binding, name, false);
-            let _ = writeln!(out, "fn load_{name}(i: u32) -> f32 {{ return {name}[i]; }}");
-        }
         DType::BF16 => {
             let _ = writeln!(
                 out,
@@ -344,15 +355,11 @@ fn weight_binding(out: &mut String, binding: u32, name: &str, dtype: DType) {
                 out.push_str(F16_DECODE);
             }
         }
+        // F32 and U32 (quantized weights never get here: `Bindings::weight`
+        // hands them to `quant::declare`).
         _ => {
-            let _ = writeln!(
-                out,
-                "@group(0) @binding({binding}) var<storage, read> {name}: array<u32>;\n\
-                 fn load_{name}(i: u32) -> f32 {{ return {name}_q4(i >> 2u)[i & 3u]; }}\n\
-                 fn pair_{name}(word: u32) -> vec2<f32> {{\n  let q = {name}_q4(word >> 1u);\n  \
-                 return select(q.xy, q.zw, (word & 1u) == 1u);\n}}"
-            );
-            quant::decoder(out, name, dtype);
+            f32_binding(out, binding, name, false);
+            let _ = writeln!(out, "fn load_{name}(i: u32) -> f32 {{ return {name}[i]; }}");
         }
     }
 }
