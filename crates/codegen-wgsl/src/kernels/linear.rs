@@ -354,7 +354,7 @@ fn quant_chunk_binding(
         ),
         4 => format!("return {name}_q4(i);"),
         2 => format!("let q = {name}_q4(i >> 1u);\n  return select(q.xy, q.zw, (i & 1u) == 1u);"),
-        _ => format!("return {name}_q4(i >> 2u)[i & 3u];"),
+        _ => format!("return q_pickf({name}_q4(i >> 2u), i & 3u);"),
     };
     let _ = writeln!(
         w,

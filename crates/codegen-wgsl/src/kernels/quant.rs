@@ -28,7 +28,9 @@
 //! The repacking runs once, when the plan is written, on each weight buffer
 //! after its rows are cut, so row shards and concatenations work on ggml's
 //! blocks as on any rows; the decoders know each binding's block count
-//! ([`Bindings::matrix`](super::Bindings::matrix)).
+//! ([`Bindings::matrix`](super::Bindings::matrix)). No decoder indexes a
+//! vector with a run-time index (`v[i & 3]`), which NVIDIA's compiler may
+//! keep in local memory: `q_pick` selects instead.
 
 use super::{Bindings, F16_DECODE};
 use gerbil_ir::DType;
@@ -102,6 +104,12 @@ fn q_half(w: u32, hi: u32) -> f32 { return f16_bits_to_f32((w >> (16u * hi)) & 0
 fn q_signed(w: u32) -> vec4<f32> {
   return vec4<f32>(bitcast<vec4<i32>>(vec4<u32>(w) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
 }
+fn q_pick(v: vec4<u32>, k: u32) -> u32 {
+  return select(select(v.x, v.y, k == 1u), select(v.z, v.w, k == 3u), k >= 2u);
+}
+fn q_pickf(v: vec4<f32>, k: u32) -> f32 {
+  return select(select(v.x, v.y, k == 1u), select(v.z, v.w, k == 3u), k >= 2u);
+}
 fn q_xsum(x: array<vec4<f32>, 8>) -> f32 {
   let s = x[0] + x[1] + x[2] + x[3] + x[4] + x[5] + x[6] + x[7];
   return s.x + s.y + s.z + s.w;
@@ -120,11 +128,11 @@ fn helpers(out: &mut String) {
 /// The K types' scale and minimum of sub-block `sb` (0..8) from their
 /// 16-byte header `hdr` (`vec4<u32>`: `d | dmin << 16`, then the 12 bytes
 /// of 6-bit scales and minimums).
-const K_SCALES: &str =
-    "  let s0 = q_bytes(hdr.y);\n  let s1 = q_bytes(hdr.z);\n  let s2 = q_bytes(hdr.w);\n  \
-     let k = sb & 3u;\n  var sc = s0[k] & 63u;\n  var mn = s1[k] & 63u;\n  \
-     if (sb >= 4u) {\n    sc = (s2[k] & 15u) | ((s0[k] >> 6u) << 4u);\n    \
-     mn = (s2[k] >> 4u) | ((s1[k] >> 6u) << 4u);\n  }\n  \
+const K_SCALES: &str = "  let kb = 8u * (sb & 3u);\n  let s0 = (hdr.y >> kb) & 0xffu;\n  \
+     let s1 = (hdr.z >> kb) & 0xffu;\n  let s2 = (hdr.w >> kb) & 0xffu;\n  \
+     var sc = s0 & 63u;\n  var mn = s1 & 63u;\n  \
+     if (sb >= 4u) {\n    sc = (s2 & 15u) | ((s0 >> 6u) << 4u);\n    \
+     mn = (s2 >> 4u) | ((s1 >> 6u) << 4u);\n  }\n  \
      let scale = q_half(hdr.x, 0u) * f32(sc);\n  let minimum = q_half(hdr.x, 1u) * f32(mn);\n";
 
 /// The fifth bits of four values as f32 `16`s: bits `shift..shift + 4` of `qh`.
@@ -203,9 +211,9 @@ pub(super) fn declare(
     let _ = write!(
         out,
         "@group(0) @binding({n}) var<storage, read> {name}: array<vec4<u32>>;\n\
-         fn {name}_w(i: u32) -> u32 {{ return {name}[i >> 2u][i & 3u]; }}\n\
+         fn {name}_w(i: u32) -> u32 {{ return q_pick({name}[i >> 2u], i & 3u); }}\n\
          fn {name}_q4(c: u32) -> vec4<f32> {{\n{body}}}\n\
-         fn load_{name}(i: u32) -> f32 {{ return {name}_q4(i >> 2u)[i & 3u]; }}\n\
+         fn load_{name}(i: u32) -> f32 {{ return q_pickf({name}_q4(i >> 2u), i & 3u); }}\n\
          fn pair_{name}(word: u32) -> vec2<f32> {{\n  let q = {name}_q4(word >> 1u);\n  \
          return select(q.xy, q.zw, (word & 1u) == 1u);\n}}\n"
     );
