@@ -13,8 +13,8 @@
 //!
 //! [`GgufFile`] ([`mod@file`]) reads the header and directory; [`TensorType`]
 //! ([`types`]) knows every ggml type's block geometry and decodes the ones
-//! gerbil supports, and [`quantize`] writes the 32-value block types as
-//! ggml's reference quantizers do; [`Value`] is one metadata value. This crate knows
+//! gerbil supports, and [`quantize`] writes the block types as ggml's
+//! reference quantizers do; [`Value`] is one metadata value. This crate knows
 //! nothing about model families: mapping GGUF names and keys onto a
 //! HuggingFace configuration is the frontend's job. Written here rather than
 //! taken from crates.io because the readers there lose information (text
@@ -25,6 +25,7 @@
 
 pub mod error;
 pub mod file;
+mod kquant;
 pub mod quantize;
 pub mod types;
 pub mod value;

@@ -1,5 +1,6 @@
-//! ggml's reference quantizers for the 32-value block types: f32 values in,
-//! blocks out ([`TensorType::quantize`]).
+//! ggml's reference quantizers: f32 values in, blocks out
+//! ([`TensorType::quantize`]). The 32-value block types are here; the K
+//! types' searches are in [`crate::kquant`].
 //!
 //! ```
 //! use gerbil_gguf::TensorType;
@@ -19,20 +20,24 @@
 //! magnitude *with its sign* (`d = max / −8`), so the extreme value is
 //! exactly `−8 · d` and the other end gets the one spare level.
 
+use crate::kquant;
 use crate::types::TensorType;
 use half::f16;
 
-/// The block of `x` (32 values) appended to `out` for each type.
+/// The block of `x` (one block's values) appended to `out` for each type.
 type Quantizer = fn(&[f32], &mut Vec<u8>);
 
 impl TensorType {
     /// The types [`Self::quantize`] writes.
-    pub const QUANTIZABLE: [TensorType; 5] = [
+    pub const QUANTIZABLE: [TensorType; 8] = [
         TensorType::Q8_0,
         TensorType::Q4_0,
         TensorType::Q4_1,
         TensorType::Q5_0,
         TensorType::Q5_1,
+        TensorType::Q4_K,
+        TensorType::Q5_K,
+        TensorType::Q6_K,
     ];
 
     /// `values` (a whole number of blocks) quantized to blocks of this type
@@ -45,6 +50,9 @@ impl TensorType {
             Self::Q4_1 => |x, out| affine(x, 4, out),
             Self::Q5_0 => |x, out| symmetric(x, 5, out),
             Self::Q5_1 => |x, out| affine(x, 5, out),
+            Self::Q4_K => |x, out| kquant::affine_k(x, 4, out),
+            Self::Q5_K => |x, out| kquant::affine_k(x, 5, out),
+            Self::Q6_K => kquant::q6_k,
             other => return Err(format!("gerbil does not quantize to {}", other.name())),
         };
         let len = self.block_len() as usize;
