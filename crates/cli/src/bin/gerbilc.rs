@@ -94,9 +94,9 @@ enum Cmd {
         /// them (the plan will likely print garbage: for debugging only).
         #[arg(long)]
         allow_non_finite: bool,
-        /// Store the float matrices in a ggml block type: `q8_0`, `q4_0`,
-        /// `q4_1`, `q5_0` or `q5_1` (the LM head in q8_0); a GGUF's
-        /// quantized tensors keep theirs.
+        /// Store the float matrices in ggml blocks as llama-quantize would:
+        /// `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1` or `q4_k_m` (the LM head in
+        /// Q6_K but for q8_0); a GGUF's quantized tensors keep theirs.
         #[arg(long, value_name = "TYPE", value_parser = parse_quantization)]
         quantize: Option<Quantization>,
     },
