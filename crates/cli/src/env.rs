@@ -7,7 +7,7 @@
 //! | `GERBIL_TENSOR_CORES=1` | `SessionOptions::tensor_cores` |
 //! | `GERBIL_SHADER_CHECKS=1` | `SessionOptions::shader_checks` |
 //! | `GERBIL_PIPELINE_THREADS=N` | `SessionOptions::pipeline_threads` |
-//! | `GERBIL_PIPELINE_CACHE=0`, `GERBIL_CACHE_DIR` | `SessionOptions::pipeline_cache` ([`pipeline_cache_dir`]) |
+//! | `GERBIL_PIPELINE_CACHE=0`, `GERBIL_CACHE_DIR` | `SessionOptions::pipeline_cache` ([`pipeline_cache_dir`]); `GERBIL_CACHE_DIR` also holds the plans `gerbil-run ORG/NAME` compiles ([`cache_root`]) |
 //! | `GERBIL_TEMPLATE_CHILD` | a template-rendering child ([`serve_template_child`], [`template_sandbox`]) |
 //!
 //! The surprise: a variable set to the empty string counts as unset, and a
@@ -71,8 +71,16 @@ pub fn pipeline_cache_dir() -> Option<PathBuf> {
             return None;
         }
     }
+    cache_root().map(|root| root.join("pipelines"))
+}
+
+/// gerbil's cache directory: `$GERBIL_CACHE_DIR`, else the platform's user
+/// cache directory plus `gerbil` (see [`pipeline_cache_dir`]); it holds
+/// `pipelines/` and `plans/` (`gerbil-run ORG/NAME`). `None` when no such
+/// variable is set.
+pub fn cache_root() -> Option<PathBuf> {
     if let Some(root) = var("GERBIL_CACHE_DIR") {
-        return Some(PathBuf::from(root).join("pipelines"));
+        return Some(PathBuf::from(root));
     }
     let user_cache = if cfg!(windows) {
         var("LOCALAPPDATA").map(PathBuf::from)
@@ -83,7 +91,7 @@ pub fn pipeline_cache_dir() -> Option<PathBuf> {
             .map(PathBuf::from)
             .or_else(|| var("HOME").map(|h| PathBuf::from(h).join(".cache")))
     };
-    user_cache.map(|d| d.join("gerbil").join("pipelines"))
+    user_cache.map(|d| d.join("gerbil"))
 }
 
 /// Chat templates render in children of this program

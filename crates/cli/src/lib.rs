@@ -33,6 +33,7 @@ pub mod inspect;
 pub mod logging;
 pub mod numbers;
 pub mod passes;
+pub mod plan_cache;
 pub mod plot;
 pub mod progress;
 pub mod run;

@@ -8,6 +8,7 @@ use gerbil_cli::console;
 use gerbil_cli::env;
 use gerbil_cli::gen_args::SamplingArgs;
 use gerbil_cli::numbers::{positive, whole_u64, whole_usize};
+use gerbil_cli::plan_cache;
 use gerbil_cli::progress::Progress;
 use gerbil_cli::run::{bench, run, BenchOptions, BenchReport, Prompt, RunOptions};
 use gerbil_cli::sweep::{run_sweep, SweepOptions};
@@ -15,7 +16,7 @@ use gerbil_runtime::{PipelineCacheOptions, PrecisionChoice, SamplingParams, Sess
 use gerbil_serve::{serve, ServeOptions};
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Read};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 #[derive(Parser)]
 #[command(
@@ -25,7 +26,10 @@ use std::path::{Path, PathBuf};
 )]
 struct Cli {
     /// The plan compiled by `gerbilc compile` (every command but `devices`
-    /// needs one).
+    /// needs one), or a hub model ORG/NAME[:QUANT], compiled on first use
+    /// into the plan cache ($GERBIL_CACHE_DIR/plans, else ~/.cache/gerbil/plans)
+    /// and reused afterwards.
+    #[arg(value_name = "PLAN|ORG/NAME[:QUANT]")]
     plan: Option<PathBuf>,
     #[command(subcommand)]
     cmd: Option<Cmd>,
@@ -71,10 +75,14 @@ struct Cli {
 }
 
 impl Cli {
-    /// The plan argument, or an error saying it is missing.
-    fn plan(&self) -> Result<&Path> {
+    /// The plan argument (a hub model's cached plan, compiled first if the
+    /// cache lacks it), or an error saying it is missing.
+    fn plan(&self) -> Result<PathBuf> {
         match &self.plan {
-            Some(p) => Ok(p),
+            Some(p) if plan_cache::is_hub_model(p) => {
+                plan_cache::plan_for(p, Progress::new(self.quiet))
+            }
+            Some(p) => Ok(p.clone()),
             None => bail!(
                 "no plan given: run `gerbil-run PLAN --prompt TEXT` (or `gerbil-run PLAN bench`), \
                  or `gerbil-run devices` to list the GPUs"
@@ -377,11 +385,11 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     tensor_cores: cli.tensor_cores(),
                 };
                 let plot = plot.as_deref();
-                return pollster::block_on(run_sweep(cli.plan()?, &opts, json, plot));
+                return pollster::block_on(run_sweep(&cli.plan()?, &opts, json, plot));
             }
             let pipeline_cache = cli.pipeline_cache(cold);
             let r = pollster::block_on(bench(
-                cli.plan()?,
+                &cli.plan()?,
                 BenchOptions {
                     prompt_tokens,
                     new_tokens,
@@ -417,7 +425,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 model: cli.model_options(),
                 notes: std::sync::Arc::new(console::note),
             };
-            serve(cli.plan()?, &opts)?;
+            serve(&cli.plan()?, &opts)?;
         }
         Some(Cmd::Devices { json }) => {
             if let Some(plan) = &cli.plan {
@@ -441,7 +449,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 model: cli.model_options(),
                 quiet: cli.quiet,
             };
-            pollster::block_on(chat(cli.plan()?, &opts))?;
+            pollster::block_on(chat(&cli.plan()?, &opts))?;
         }
         None => {
             let opts = RunOptions {
@@ -452,7 +460,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 model: cli.model_options(),
                 quiet: cli.quiet,
             };
-            pollster::block_on(run(cli.plan()?, &opts))?;
+            pollster::block_on(run(&cli.plan()?, &opts))?;
         }
     }
     Ok(())

@@ -513,6 +513,43 @@ fn a_sharded_hub_model_fetches_every_shard_its_index_names() {
     assert_eq!(output_ids(&plan), output_ids(&local));
 }
 
+/// `gerbil-run ORG/NAME:QUANT` compiles the file the quantization names into
+/// the plan cache on first use and runs it; the next run takes the cached
+/// plan (no compile, and no hub: it is unreachable then) and answers the same
+/// as the plan `gerbilc` compiles from that file.
+#[test]
+fn gerbil_run_compiles_a_hub_model_once_into_the_plan_cache() {
+    let hub = FakeHub::start(0);
+    let home = temp("plan-cache");
+    let repo = "test-org/tiny-llama-GGUF";
+    let cache = home.path().join("gerbil");
+    let run = |endpoint: &str| {
+        let o = Command::new(env!("CARGO_BIN_EXE_gerbil-run"))
+            .args([&format!("{repo}:Q8_0"), "--input-ids", "1,2,3"])
+            .args(["--max-new-tokens", "2", "--json"])
+            .env("HF_ENDPOINT", endpoint)
+            .env("HF_HOME", home.path().join("hf"))
+            .env("GERBIL_CACHE_DIR", &cache)
+            .env_remove("HF_HUB_CACHE")
+            .env_remove("HF_TOKEN")
+            .output()
+            .unwrap();
+        assert_ok(&o);
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        (v["output_ids"].clone(), stderr(&o))
+    };
+    let (first, log) = run(&hub.url);
+    assert!(log.contains("compiling test-org/tiny-llama-GGUF:Q8_0 for the first time"), "{log}");
+    let plans: Vec<PathBuf> = files_under(&cache.join("plans"));
+    assert_eq!(plans.len(), 1, "{plans:?}");
+    let (again, log) = run(UNREACHABLE);
+    assert!(!log.contains("compiling"), "{log}");
+    assert_eq!(again, first);
+    let compiled = compile(&hub, home.path(), &format!("{repo}:Q8_0"), &[], &[]);
+    assert_eq!(output_ids(&compiled), first);
+    assert_eq!(files_under(&cache.join("plans")), plans);
+}
+
 #[test]
 fn a_gguf_repository_compiles_the_file_a_quantization_names() {
     let hub = FakeHub::start(0);
