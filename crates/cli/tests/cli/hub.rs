@@ -539,7 +539,10 @@ fn gerbil_run_compiles_a_hub_model_once_into_the_plan_cache() {
         (v["output_ids"].clone(), stderr(&o))
     };
     let (first, log) = run(&hub.url);
-    assert!(log.contains("compiling test-org/tiny-llama-GGUF:Q8_0 for the first time"), "{log}");
+    assert!(
+        log.contains("compiling test-org/tiny-llama-GGUF:Q8_0 for the first time"),
+        "{log}"
+    );
     let plans: Vec<PathBuf> = files_under(&cache.join("plans"));
     assert_eq!(plans.len(), 1, "{plans:?}");
     let (again, log) = run(UNREACHABLE);
