@@ -1,6 +1,6 @@
 //! ggml's reference quantizers for the K types Q4_K, Q5_K and Q6_K: 256
 //! values a super-block, searched scales per sub-block, the scales themselves
-//! quantized against the super-block's largest ([`TensorType::quantize`]
+//! quantized against the super-block's largest ([`TensorType::quantize`](crate::TensorType::quantize)
 //! dispatches here).
 //!
 //! Each is `quantize_row_q*_K_ref` of ggml-quants.c, operation for operation

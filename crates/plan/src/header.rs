@@ -514,7 +514,8 @@ pub enum Elem {
     Bf16x2,
     /// Two f16 values packed in a `u32`, low half first.
     F16x2,
-    /// Words of a block-quantized weight (ggml's blocks, word-aligned).
+    /// Words of a block-quantized weight (ggml's bytes in planes, bound as
+    /// `vec4<u32>`).
     Blocks,
 }
 

@@ -26,9 +26,9 @@ use std::path::PathBuf;
 )]
 struct Cli {
     /// The plan compiled by `gerbilc compile` (every command but `devices`
-    /// needs one), or a hub model ORG/NAME[:QUANT], compiled on first use
-    /// into the plan cache ($GERBIL_CACHE_DIR/plans, else ~/.cache/gerbil/plans)
-    /// and reused afterwards.
+    /// needs one), or a hub model ORG/NAME or ORG/NAME:QUANT, compiled on
+    /// first use into the plan cache ($GERBIL_CACHE_DIR/plans, else
+    /// ~/.cache/gerbil/plans) and reused afterwards.
     #[arg(value_name = "PLAN|ORG/NAME[:QUANT]")]
     plan: Option<PathBuf>,
     #[command(subcommand)]
