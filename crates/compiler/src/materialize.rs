@@ -40,22 +40,40 @@ fn weight_error(source: &WeightSource, reason: String) -> CompileError {
     }
 }
 
-/// Tensor `name` as `dtype`: as stored, or a float tensor quantized to the
-/// block type `--quantize` gave it (its shape, its bytes now blocks).
+/// Rows `rows` (all of them for `None`) of tensor `name` as `dtype`: as
+/// stored, or a float tensor quantized to the block type `--quantize` gave
+/// it. The rows are cut before quantizing, so a tensor read as several row
+/// ranges (Phi-3's `qkv_proj`) is quantized once per range, not whole each time.
 fn checked<'a>(
     tensors: &'a dyn TensorSource,
     source: &WeightSource,
     name: &str,
     dtype: DType,
-) -> Result<(Vec<u64>, Cow<'a, [u8]>), CompileError> {
-    let view = tensors.tensor(name)?;
+    rows: Option<(u64, u64)>,
+) -> Result<Cow<'a, [u8]>, CompileError> {
+    let mut view = tensors.tensor(name)?;
+    if let Some((start, count)) = rows {
+        let total = view.shape.first().copied().unwrap_or(0);
+        let end = start
+            .checked_add(count)
+            .filter(|&e| e <= total && total > 0);
+        let Some(end) = end else {
+            return Err(weight_error(
+                source,
+                format!("tensor `{name}` has {total} rows"),
+            ));
+        };
+        let row_bytes = view.data.len() as u64 / total;
+        view.data = &view.data[(start * row_bytes) as usize..(end * row_bytes) as usize];
+        view.shape[0] = count;
+    }
     if view.dtype == dtype {
-        return Ok((view.shape, Cow::Borrowed(view.data)));
+        return Ok(Cow::Borrowed(view.data));
     }
     if dtype.is_quantized() && !view.dtype.is_quantized() {
         let blocks = quantize_tensor(&view, dtype)
             .map_err(|e| weight_error(source, format!("tensor `{name}`: {e}")))?;
-        return Ok((view.shape, Cow::Owned(blocks)));
+        return Ok(Cow::Owned(blocks));
     }
     Err(weight_error(
         source,
@@ -75,11 +93,11 @@ pub fn materialize<'a>(
     rows: u64,
 ) -> Result<Cow<'a, [u8]>, CompileError> {
     Ok(match source {
-        WeightSource::Checkpoint { tensor } => checked(tensors, source, tensor, dtype)?.1,
+        WeightSource::Checkpoint { tensor } => checked(tensors, source, tensor, dtype, None)?,
         WeightSource::Concat { tensors: names } => {
             let mut v = Vec::new();
             for t in names {
-                v.extend_from_slice(&checked(tensors, source, t, dtype)?.1);
+                v.extend_from_slice(&checked(tensors, source, t, dtype, None)?);
             }
             Cow::Owned(v)
         }
@@ -87,25 +105,7 @@ pub fn materialize<'a>(
             tensor,
             start,
             count,
-        } => {
-            let (shape, data) = checked(tensors, source, tensor, dtype)?;
-            let total = shape.first().copied().unwrap_or(0);
-            let end = start
-                .checked_add(*count)
-                .filter(|&e| e <= total && total > 0);
-            let Some(end) = end else {
-                return Err(weight_error(
-                    source,
-                    format!("tensor `{tensor}` has {total} rows"),
-                ));
-            };
-            let row_bytes = data.len() as u64 / total;
-            let rows = (start * row_bytes) as usize..(end * row_bytes) as usize;
-            match data {
-                Cow::Borrowed(all) => Cow::Borrowed(&all[rows]),
-                Cow::Owned(all) => Cow::Owned(all[rows].to_vec()),
-            }
-        }
+        } => checked(tensors, source, tensor, dtype, Some((*start, *count)))?,
         WeightSource::RopeTable {
             inv_freq,
             attention_scaling,

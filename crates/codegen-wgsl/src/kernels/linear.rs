@@ -254,6 +254,11 @@ fn halves(dtype: DType, w: &str) -> (String, String) {
     }
 }
 
+/// The return of an 8-element chunk from its two halves `a` and `b`: the
+/// even elements in column 0, the odd ones in column 1.
+const EVEN_ODD: &str =
+    "return mat2x4<f32>(vec4<f32>(a.x, a.z, b.x, b.z), vec4<f32>(a.y, a.w, b.y, b.w));";
+
 /// Declares binding `name`, a `dtype` tensor whose rows are whole chunks of
 /// `e` elements, as an array of its loads, with `fn {name}_chunk(i: u32)`
 /// returning chunk `i` widened to f32 (8-element chunks: even elements in
@@ -270,10 +275,7 @@ pub(super) fn chunk_binding(
     let (array_of, body) = match (is_packed(dtype), e) {
         (false, 8) => (
             "vec4<f32>",
-            format!(
-                "let a = {name}[2u * i];\n  let b = {name}[2u * i + 1u];\n  \
-                 return mat2x4<f32>(vec4<f32>(a.x, a.z, b.x, b.z), vec4<f32>(a.y, a.w, b.y, b.w));"
-            ),
+            format!("let a = {name}[2u * i];\n  let b = {name}[2u * i + 1u];\n  {EVEN_ODD}"),
         ),
         (false, _) => (chunk_type(e), format!("return {name}[i];")),
         (true, 1) => (
@@ -348,10 +350,7 @@ fn quant_chunk_binding(
 ) {
     quant::declare(b, w, port, name, dtype, values);
     let body = match e {
-        8 => format!(
-            "let a = {name}_q4(2u * i);\n  let b = {name}_q4(2u * i + 1u);\n  \
-             return mat2x4<f32>(vec4<f32>(a.x, a.z, b.x, b.z), vec4<f32>(a.y, a.w, b.y, b.w));"
-        ),
+        8 => format!("let a = {name}_q4(2u * i);\n  let b = {name}_q4(2u * i + 1u);\n  {EVEN_ODD}"),
         4 => format!("return {name}_q4(i);"),
         2 => format!("let q = {name}_q4(i >> 1u);\n  return select(q.xy, q.zw, (i & 1u) == 1u);"),
         _ => format!("return q_pickf({name}_q4(i >> 2u), i & 3u);"),
