@@ -4,7 +4,8 @@
 //! `gerbil-runtime`; this crate holds argument handling and output only:
 //! [`run`] drives generation, JSON output and benchmarks ([`gen_args`]
 //! turns the generation flags into settings, [`console`] streams to the
-//! terminal), [`chat`] holds a conversation, [`sweep`] times
+//! terminal), [`chat`] holds a conversation, [`perplexity`] scores a text (and
+//! compares two plans on it), [`sweep`] times
 //! generation across context lengths and [`plot`] charts a sweep; [`inspect`]
 //! summarizes a plan, [`schedule`] lists its dispatches and [`graph_svg`]
 //! draws one layer of them (through [`svg_canvas`]); [`passes`]
@@ -33,6 +34,7 @@ pub mod inspect;
 pub mod logging;
 pub mod numbers;
 pub mod passes;
+pub mod perplexity;
 pub mod plan_cache;
 pub mod plot;
 pub mod progress;

@@ -8,6 +8,7 @@ use gerbil_cli::console;
 use gerbil_cli::env;
 use gerbil_cli::gen_args::SamplingArgs;
 use gerbil_cli::numbers::{positive, whole_u64, whole_usize};
+use gerbil_cli::perplexity::{perplexity, report_text, PerplexityOptions};
 use gerbil_cli::plan_cache;
 use gerbil_cli::progress::Progress;
 use gerbil_cli::run::{bench, run, BenchOptions, BenchReport, Prompt, RunOptions};
@@ -266,6 +267,29 @@ enum Cmd {
         #[arg(long, default_value_t = 1 << 20, value_parser = body_limit, allow_negative_numbers = true)]
         max_body_bytes: usize,
     },
+    /// Score a text: perplexity, and with --against another plan of the
+    /// same model the KL divergence and top-1 agreement of their next-token
+    /// distributions (llama-perplexity's method: windows of --window tokens,
+    /// the second half of each scored). A plan compiled with `--disable-pass
+    /// slice-last-row` scores many tokens per step, otherwise one.
+    Perplexity {
+        /// The text file (UTF-8); `data/moby-dick.txt` in gerbil's
+        /// repository is a public-domain one.
+        file: PathBuf,
+        /// Tokens per window; the second half of each is scored.
+        #[arg(long, default_value_t = 512, allow_negative_numbers = true, value_parser = whole_usize)]
+        window: usize,
+        /// Score only the first N windows.
+        #[arg(long, value_name = "N", value_parser = at_least_one, allow_negative_numbers = true)]
+        max_windows: Option<usize>,
+        /// A plan of the same model (e.g. its bf16 or q8_0 compile) to
+        /// compare against: KL(base ‖ plan) and top-1 agreement.
+        #[arg(long, value_name = "BASE_PLAN")]
+        against: Option<PathBuf>,
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure prefill and decode speed and GPU memory.
     Bench {
         /// Prompt length.
@@ -426,6 +450,37 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 notes: std::sync::Arc::new(console::note),
             };
             serve(&cli.plan()?, &opts)?;
+        }
+        Some(Cmd::Perplexity {
+            file,
+            window,
+            max_windows,
+            against,
+            json,
+        }) => {
+            let text =
+                std::fs::read(&file).with_context(|| format!("reading {}", file.display()))?;
+            let text = String::from_utf8(text).map_err(|e| {
+                anyhow::anyhow!(
+                    "{} is not UTF-8 text (invalid byte at offset {}): give a UTF-8 text file",
+                    file.display(),
+                    e.utf8_error().valid_up_to()
+                )
+            })?;
+            let opts = PerplexityOptions {
+                window,
+                max_windows,
+                against,
+                model: cli.model_options(),
+                quiet: cli.quiet,
+            };
+            let r = pollster::block_on(perplexity(&cli.plan()?, &text, &opts))?;
+            let out = if json {
+                format!("{}\n", serde_json::to_string(&r)?)
+            } else {
+                report_text(&r)
+            };
+            console::print(&out)?;
         }
         Some(Cmd::Devices { json }) => {
             if let Some(plan) = &cli.plan {

@@ -397,3 +397,65 @@ fn a_closed_pipe_stops_generation_quietly() {
     // It stopped instead of finishing: no timing line for 1000 tokens.
     assert!(!err.contains("generated 1000 tokens"), "{err}");
 }
+
+/// `perplexity` on the shipped text: a plan that returns every row of
+/// logits (prefill-sized steps) and one that returns the last (a token per
+/// step, the decode kernels) score the same; a plan against itself diverges
+/// by nothing, and against its q8_0 compile by a little.
+#[test]
+fn perplexity_scores_a_text_and_compares_two_plans() {
+    let dir = temp("perplexity");
+    let plan = |name: &str, extra: &[&str]| {
+        let sub = dir.path().join(name);
+        tiny_text_plan(&sub, extra).to_str().unwrap().to_string()
+    };
+    let last = plan("last", &[]);
+    let all = plan("all", &["--disable-pass", "slice-last-row"]);
+    let q8 = plan(
+        "q8",
+        &["--quantize", "q8_0", "--disable-pass", "slice-last-row"],
+    );
+    let text = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../data/moby-dick.txt");
+    let text = text.to_str().unwrap();
+    let score = |plan: &str, extra: &[&str]| {
+        let mut args = vec![
+            plan,
+            "perplexity",
+            text,
+            "--window",
+            "48",
+            "--max-windows",
+            "3",
+            "--json",
+        ];
+        args.extend_from_slice(extra);
+        let o = gerbil_run(&args);
+        assert!(o.status.success(), "{}", stderr(&o));
+        serde_json::from_str::<serde_json::Value>(&stdout(&o)).unwrap()
+    };
+    let by_rows = score(&all, &[]);
+    let by_tokens = score(&last, &[]);
+    assert_eq!(by_rows["scored_tokens"], 72, "{by_rows}");
+    assert_eq!(by_rows["windows"], 3);
+    let ppl = by_rows["perplexity"].as_f64().unwrap();
+    // Random weights over 512 ids with confident logits: worse than a uniform guess (512).
+    assert!(ppl > 512.0 && ppl.is_finite(), "{by_rows}");
+    let other = by_tokens["perplexity"].as_f64().unwrap();
+    assert!((ppl - other).abs() < 1e-4 * ppl, "{by_rows} vs {by_tokens}");
+
+    let itself = score(&all, &["--against", &last]);
+    assert!(
+        itself["against"]["kld_max"].as_f64().unwrap() < 1e-6,
+        "{itself}"
+    );
+    assert_eq!(itself["against"]["top1_agreement"], 1.0);
+    let quantized = score(&q8, &["--against", &all]);
+    let c = &quantized["against"];
+    let kld = c["kld_mean"].as_f64().unwrap();
+    assert!(kld > 1e-7 && kld < 1e-2, "{quantized}");
+    assert!((c["base_perplexity"].as_f64().unwrap() - ppl).abs() < 1e-4 * ppl);
+    assert!(c["top1_agreement"].as_f64().unwrap() > 0.8, "{quantized}");
+
+    let o = gerbil_run(&[&all, "perplexity", text, "--window", "4096"]);
+    assert_fails_with(&o, "--window 4096 is longer than");
+}
