@@ -13,7 +13,7 @@
 //! with the interpreter's.
 
 use gerbil_codegen_wgsl::CodegenOptions;
-use gerbil_compiler::{build_plan, TensorSource};
+use gerbil_compiler::{build_plan, Rounding, TensorSource};
 use gerbil_e2e::interpreter::Interpreter;
 use gerbil_e2e::{gpu_lock, proptest_config, temp_dir};
 use gerbil_frontend_hf::{FrontendError, TensorView, TextAssets};
@@ -342,8 +342,16 @@ fn run(
         ..CodegenOptions::default()
     };
     let text = TextAssets::default();
-    let built = build_plan(&g, tensors, model, &text, CompileInfo::default(), &codegen)
-        .unwrap_or_else(|e| panic!("build (disabled {disabled:?}): {e:#}"));
+    let built = build_plan(
+        &g,
+        tensors,
+        model,
+        &text,
+        CompileInfo::default(),
+        &codegen,
+        Rounding::Ggml,
+    )
+    .unwrap_or_else(|e| panic!("build (disabled {disabled:?}): {e:#}"));
     let dir = temp_dir("passes");
     let path = dir.path().join("random.plan");
     write_plan(&path, &built.header, &built.data).expect("write plan");

@@ -17,7 +17,7 @@
 //! which is what sharing the buffer does on the GPU.
 
 use crate::reference as r;
-use gerbil_compiler::{materialize, CompileError, TensorSource};
+use gerbil_compiler::{materialize, CompileError, Rounding, TensorSource};
 use gerbil_ir::{DType, Graph, NodeId, Op, TensorType, ValueRef};
 use std::collections::HashMap;
 use std::fmt;
@@ -169,13 +169,11 @@ impl<'g> Interpreter<'g> {
                         w.ty.shape
                             .first()
                             .map_or(1, |d| d.resolve(0, max_context as u64));
-                    let bytes =
-                        materialize(tensors, &w.source, w.ty.dtype, rows).map_err(|source| {
-                            InterpretError::Weight {
-                                label: node.label.clone(),
-                                source: Box::new(source),
-                            }
-                        })?;
+                    let bytes = materialize(tensors, &w.source, w.ty.dtype, rows, Rounding::Ggml)
+                        .map_err(|source| InterpretError::Weight {
+                        label: node.label.clone(),
+                        source: Box::new(source),
+                    })?;
                     let values =
                         decode(&bytes, w.ty.dtype).ok_or_else(|| InterpretError::WeightDType {
                             label: node.label.clone(),

@@ -9,6 +9,7 @@
 
 use crate::error::CompileError;
 use crate::materialize::{weight_buffer_bytes, TensorSource};
+use crate::quantize::Rounding;
 use gerbil_codegen_wgsl::{generate, CodegenOptions};
 use gerbil_frontend_hf::{GenerationConfig, TextAssets};
 use gerbil_ir::Graph;
@@ -65,7 +66,8 @@ impl Plan<'_> {
 
 /// Generates code for a graph whose passes have run, materializes its
 /// weights from `tensors` and assembles the plan. `model`'s context fields
-/// are taken from `codegen`.
+/// are taken from `codegen`; float weights the graph gives a block type are
+/// quantized by `rounding`'s quantizer.
 pub fn build_plan<'a>(
     graph: &Graph,
     tensors: &'a dyn TensorSource,
@@ -73,6 +75,7 @@ pub fn build_plan<'a>(
     text: &'a TextAssets,
     mut compile: CompileInfo,
     codegen: &CodegenOptions,
+    rounding: Rounding,
 ) -> Result<Plan<'a>, CompileError> {
     let program = generate(graph, codegen)?;
     model.max_context = codegen.max_context;
@@ -82,7 +85,7 @@ pub fn build_plan<'a>(
     let mut buffers = program.buffers;
     let mut weight_bytes = 0;
     for w in &program.weights {
-        let bytes = weight_buffer_bytes(tensors, w)?;
+        let bytes = weight_buffer_bytes(tensors, w, rounding)?;
         let decl = &mut buffers[w.buffer as usize];
         if bytes.len() as u64 != decl.size {
             return Err(CompileError::Weight {

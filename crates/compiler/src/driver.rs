@@ -267,7 +267,16 @@ pub fn compile<'a>(
         tuned_on: opts.tuning.as_ref().map(|t| t.measured_on()),
     };
     let codegen_start = std::time::Instant::now();
-    let plan = build_plan(&graph, ckpt, model, &ckpt.text, compile_info, &codegen)?;
+    let rounding = opts.quantize.map(|q| q.rounding()).unwrap_or_default();
+    let plan = build_plan(
+        &graph,
+        ckpt,
+        model,
+        &ckpt.text,
+        compile_info,
+        &codegen,
+        rounding,
+    )?;
     tracing::info!(
         target = %codegen.target.name,
         max_tokens_per_step,

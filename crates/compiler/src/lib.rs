@@ -46,6 +46,6 @@ pub use gerbil_passes::PassReport;
 pub use materialize::{materialize, weight_buffer_bytes, TensorSource};
 pub use opt::{opt, OptOptions, Optimized, PassSelection};
 pub use options::{CompileOptions, Target, DEFAULT_MAX_CONTEXT_CAP};
-pub use quantize::Quantization;
+pub use quantize::{Quantization, Rounding};
 pub use text_check::{check_text_assets, TextAssetError};
 pub use tuning::{TunedGemm, Tuning, TUNING_FORMAT};

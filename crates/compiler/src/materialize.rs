@@ -15,7 +15,7 @@
 //! in memory instead of a checkpoint directory.
 
 use crate::error::CompileError;
-use crate::quantize::quantize_tensor;
+use crate::quantize::{quantize_tensor, Rounding};
 use gerbil_codegen_wgsl::{kernels::quant, WeightBuffer};
 use gerbil_frontend_hf::{Checkpoint, FrontendError, TensorView};
 use gerbil_ir::{rope_table::rope_table, DType, WeightSource};
@@ -50,6 +50,7 @@ fn checked<'a>(
     name: &str,
     dtype: DType,
     rows: Option<(u64, u64)>,
+    rounding: Rounding,
 ) -> Result<Cow<'a, [u8]>, CompileError> {
     let mut view = tensors.tensor(name)?;
     if let Some((start, count)) = rows {
@@ -71,7 +72,7 @@ fn checked<'a>(
         return Ok(Cow::Borrowed(view.data));
     }
     if dtype.is_quantized() && !view.dtype.is_quantized() {
-        let blocks = quantize_tensor(&view, dtype)
+        let blocks = quantize_tensor(&view, dtype, rounding)
             .map_err(|e| weight_error(source, format!("tensor `{name}`: {e}")))?;
         return Ok(Cow::Owned(blocks));
     }
@@ -85,19 +86,23 @@ fn checked<'a>(
 }
 
 /// The bytes of a whole weight of `dtype` whose leading dimension is `rows`
-/// (the RoPE table's row count is the plan's context).
+/// (the RoPE table's row count is the plan's context); a float tensor that
+/// `dtype` wants quantized is quantized by `rounding`'s quantizer.
 pub fn materialize<'a>(
     tensors: &'a dyn TensorSource,
     source: &WeightSource,
     dtype: DType,
     rows: u64,
+    rounding: Rounding,
 ) -> Result<Cow<'a, [u8]>, CompileError> {
     Ok(match source {
-        WeightSource::Checkpoint { tensor } => checked(tensors, source, tensor, dtype, None)?,
+        WeightSource::Checkpoint { tensor } => {
+            checked(tensors, source, tensor, dtype, None, rounding)?
+        }
         WeightSource::Concat { tensors: names } => {
             let mut v = Vec::new();
             for t in names {
-                v.extend_from_slice(&checked(tensors, source, t, dtype, None)?);
+                v.extend_from_slice(&checked(tensors, source, t, dtype, None, rounding)?);
             }
             Cow::Owned(v)
         }
@@ -105,7 +110,14 @@ pub fn materialize<'a>(
             tensor,
             start,
             count,
-        } => checked(tensors, source, tensor, dtype, Some((*start, *count)))?,
+        } => checked(
+            tensors,
+            source,
+            tensor,
+            dtype,
+            Some((*start, *count)),
+            rounding,
+        )?,
         WeightSource::RopeTable {
             inv_freq,
             attention_scaling,
@@ -120,16 +132,17 @@ pub fn materialize<'a>(
 pub fn weight_buffer_bytes<'a>(
     tensors: &'a dyn TensorSource,
     w: &WeightBuffer,
+    rounding: Rounding,
 ) -> Result<Cow<'a, [u8]>, CompileError> {
     let mut bytes = match w.rows {
         None => {
             let rows = w.ty.shape.first().and_then(|d| d.as_const()).unwrap_or(0);
-            materialize(tensors, &w.source, w.ty.dtype, rows)?
+            materialize(tensors, &w.source, w.ty.dtype, rows, rounding)?
         }
         Some((start, count)) => {
             // A shard: materialize the whole tensor, then keep its rows.
             let whole_rows = start + count;
-            let all = materialize(tensors, &w.source, w.ty.dtype, whole_rows)?;
+            let all = materialize(tensors, &w.source, w.ty.dtype, whole_rows, rounding)?;
             let row_bytes = (w.ty.size_bytes(0, 0) / count.max(1)) as usize;
             let (a, b) = (start as usize * row_bytes, whole_rows as usize * row_bytes);
             if b > all.len() {

@@ -8,7 +8,9 @@
 //! matrix a matmul reads with as many rows as the embedding table, so a tied
 //! embedding too — Q6_K in every scheme but `q8_0`; in `q4_k_m`, Q4_K but
 //! for `v_proj` and `down_proj` in the first and last eighths of the layers
-//! and every third layer between (Q6_K), and a fused `qkv_proj` (Q5_K). A
+//! and every third layer between (Q6_K), and a fused `qkv_proj` (Q5_K);
+//! in `q4f16_1` (MLC's), every matrix Q4_0, quantized by
+//! [`Rounding::SymmetricInt4`] instead of ggml's quantizer. A
 //! matrix whose rows are not whole blocks of its type falls back as
 //! llama.cpp does (Q4_K → Q5_0, Q5_K → Q5_1, Q6_K → Q8_0) and keeps its
 //! dtype if even 32-value blocks do not fit. Tensors already quantized (a
@@ -39,6 +41,23 @@ pub enum Quantization {
     Q5_1,
     /// llama.cpp's Q4_K_M mix (see the module documentation).
     Q4KM,
+    /// MLC's `q4f16_1`: every matrix, LM head and embedding included, in
+    /// symmetric int4 groups of 32 with an f16 scale ([`Rounding::SymmetricInt4`]),
+    /// stored as Q4_0 blocks.
+    Q4F16,
+}
+
+/// Which quantizer makes a block type's blocks.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Rounding {
+    /// ggml's reference quantizers ([`TensorType::quantize`]), as llama.cpp's.
+    #[default]
+    Ggml,
+    /// MLC's group quantization into Q4_0 blocks: scale `d = max|x| / 7`
+    /// (rounded to f16), `q = clamp(round(x / d), −7, 7)` rounding half to
+    /// even, stored as the nibble `q + 8` (Q4_0 reads `(nibble − 8) · d`).
+    /// Symmetric, so zero stays exactly zero and the level −8 is unused.
+    SymmetricInt4,
 }
 
 /// What a matrix is, for the rules of a scheme.
@@ -56,7 +75,8 @@ pub enum Role {
 
 impl Quantization {
     /// Every scheme's name, as `--quantize` takes it.
-    pub const NAMES: [&'static str; 6] = ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m"];
+    pub const NAMES: [&'static str; 7] =
+        ["q8_0", "q4_0", "q4_1", "q5_0", "q5_1", "q4_k_m", "q4f16_1"];
 
     /// The scheme called `name` (any case).
     pub fn named(name: &str) -> Option<Self> {
@@ -67,6 +87,7 @@ impl Quantization {
             "q5_0" => Self::Q5_0,
             "q5_1" => Self::Q5_1,
             "q4_k_m" => Self::Q4KM,
+            "q4f16_1" | "q4f16" => Self::Q4F16,
             _ => return None,
         })
     }
@@ -75,7 +96,16 @@ impl Quantization {
     pub fn name(self) -> &'static str {
         match self {
             Self::Q4KM => "q4_k_m",
+            Self::Q4F16 => "q4f16_1",
             other => other.base().name(),
+        }
+    }
+
+    /// The quantizer of its blocks.
+    pub fn rounding(self) -> Rounding {
+        match self {
+            Self::Q4F16 => Rounding::SymmetricInt4,
+            _ => Rounding::Ggml,
         }
     }
 
@@ -83,7 +113,7 @@ impl Quantization {
     pub fn base(self) -> DType {
         match self {
             Self::Q8_0 => DType::Q8_0,
-            Self::Q4_0 => DType::Q4_0,
+            Self::Q4_0 | Self::Q4F16 => DType::Q4_0,
             Self::Q4_1 => DType::Q4_1,
             Self::Q5_0 => DType::Q5_0,
             Self::Q5_1 => DType::Q5_1,
@@ -96,6 +126,7 @@ impl Quantization {
     pub fn choose(self, role: Role, k: u64) -> Option<DType> {
         let wanted = match (self, role) {
             (Self::Q8_0, _) => DType::Q8_0,
+            (Self::Q4F16, _) => DType::Q4_0,
             (_, Role::Output) | (Self::Q4KM, Role::MoreBits) => DType::Q6K,
             (Self::Q4KM, Role::FusedQkv) => DType::Q5K,
             (scheme, _) => scheme.base(),
@@ -202,9 +233,13 @@ pub fn retype(graph: &mut Graph, scheme: Quantization) -> usize {
     changed.len()
 }
 
-/// The blocks of `dtype` (a type [`TensorType::quantize`] writes) of the
-/// float tensor `view`, or why not.
-pub fn quantize_tensor(view: &TensorView<'_>, dtype: DType) -> Result<Vec<u8>, String> {
+/// The blocks of `dtype` (a type [`TensorType::quantize`] writes, or Q4_0
+/// for [`Rounding::SymmetricInt4`]) of the float tensor `view`, or why not.
+pub fn quantize_tensor(
+    view: &TensorView<'_>,
+    dtype: DType,
+    rounding: Rounding,
+) -> Result<Vec<u8>, String> {
     let ty = TensorType::from_name(dtype.name())
         .filter(|t| TensorType::QUANTIZABLE.contains(t))
         .ok_or_else(|| format!("gerbil does not quantize to {dtype}"))?;
@@ -214,7 +249,45 @@ pub fn quantize_tensor(view: &TensorView<'_>, dtype: DType) -> Result<Vec<u8>, S
     let values = view.data.len() as u64 / view.dtype.size_bytes();
     let mut floats = vec![0f32; values as usize];
     source.dequantize(view.data, &mut floats)?;
-    ty.quantize(&floats)
+    match (rounding, ty) {
+        (Rounding::Ggml, _) => ty.quantize(&floats),
+        (Rounding::SymmetricInt4, TensorType::Q4_0) => symmetric_int4(&floats),
+        (Rounding::SymmetricInt4, _) => Err(format!(
+            "symmetric int4 groups are stored as q4_0 blocks, not {dtype}"
+        )),
+    }
+}
+
+/// [`Rounding::SymmetricInt4`]: `values` (whole groups of 32) as Q4_0 blocks.
+fn symmetric_int4(values: &[f32]) -> Result<Vec<u8>, String> {
+    if !values.len().is_multiple_of(32) {
+        return Err(format!(
+            "{} values are not whole groups of 32",
+            values.len()
+        ));
+    }
+    let mut out = Vec::with_capacity(values.len() / 32 * 18);
+    for group in values.chunks_exact(32) {
+        let max = group.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = half::f16::from_f32(max / 7.0);
+        let scale = d.to_f32();
+        let nibble = |v: f32| {
+            let q = if scale == 0.0 {
+                0.0
+            } else {
+                (v / scale).round_ties_even()
+            };
+            (q.clamp(-7.0, 7.0) as i8 + 8) as u8
+        };
+        out.extend(d.to_le_bytes());
+        let (lo, hi) = group.split_at(16);
+        out.extend(
+            lo.iter()
+                .zip(hi)
+                .map(|(&a, &b)| nibble(a) | (nibble(b) << 4)),
+        );
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -299,12 +372,47 @@ mod tests {
             shape: vec![2, 32],
             data: &values,
         };
-        assert_eq!(quantize_tensor(&view, DType::Q8_0).unwrap().len(), 68);
-        assert_eq!(quantize_tensor(&view, DType::Q4_1).unwrap().len(), 40);
+        let ggml = Rounding::Ggml;
+        assert_eq!(quantize_tensor(&view, DType::Q8_0, ggml).unwrap().len(), 68);
+        assert_eq!(quantize_tensor(&view, DType::Q4_1, ggml).unwrap().len(), 40);
         let blocks = TensorView {
             dtype: DType::Q8_0,
             ..view.clone()
         };
-        assert!(quantize_tensor(&blocks, DType::Q4_0).is_err());
+        assert!(quantize_tensor(&blocks, DType::Q4_0, ggml).is_err());
+        let int4 = Rounding::SymmetricInt4;
+        assert!(quantize_tensor(&view, DType::Q8_0, int4).is_err());
+    }
+
+    #[test]
+    fn symmetric_int4_groups_read_back_as_q4_0() {
+        // A group with its largest magnitude negative, a tie at ±0.5 levels, and zeros.
+        let mut values: Vec<f32> = (0..32).map(|i| (i as f32 - 13.0) * 0.37).collect();
+        values[3] = -7.0; // d = 1: x = 2.5 rounds to 2 (ties to even), -7 to -7
+        values[4] = 2.5;
+        values[5] = 0.0;
+        values.extend([0.0; 32]); // an all-zero group: d = 0, every value 0
+        let blocks = symmetric_int4(&values).unwrap();
+        assert_eq!(blocks.len(), 36);
+        let mut back = vec![0f32; 64];
+        TensorType::Q4_0.dequantize(&blocks, &mut back).unwrap();
+        let d = half::f16::from_le_bytes([blocks[0], blocks[1]]).to_f32();
+        assert_eq!(d, 1.0);
+        assert_eq!(back[3], -7.0);
+        assert_eq!(back[4], 2.0);
+        assert_eq!(back[5], 0.0);
+        for (b, v) in back.iter().zip(&values) {
+            assert!((b - v).abs() <= d / 2.0 + 1e-6, "{b} vs {v}");
+        }
+        assert!(back[32..].iter().all(|&b| b == 0.0));
+        // The spare level −8 is never used: every nibble is 1..=15.
+        assert!(blocks[2..18].iter().all(|&b| b & 0x0f != 0 && b >> 4 != 0));
+        assert!(symmetric_int4(&values[..31]).is_err());
+        let scheme = Quantization::named("Q4F16_1").unwrap();
+        assert_eq!(
+            (scheme.name(), scheme.rounding()),
+            ("q4f16_1", Rounding::SymmetricInt4)
+        );
+        assert_eq!(scheme.choose(Role::Output, 576), Some(DType::Q4_0));
     }
 }

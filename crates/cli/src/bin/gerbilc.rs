@@ -96,7 +96,9 @@ enum Cmd {
         allow_non_finite: bool,
         /// Store the float matrices in ggml blocks as llama-quantize would:
         /// `q8_0`, `q4_0`, `q4_1`, `q5_0`, `q5_1` or `q4_k_m` (the LM head in
-        /// Q6_K but for q8_0); a GGUF's quantized tensors keep theirs.
+        /// Q6_K but for q8_0); or `q4f16_1`, MLC's symmetric int4 groups with
+        /// f16 scales for every matrix, LM head included (in Q4_0 blocks). A
+        /// GGUF's quantized tensors keep theirs.
         #[arg(long, value_name = "TYPE", value_parser = parse_quantization)]
         quantize: Option<Quantization>,
     },

@@ -144,6 +144,24 @@ fn quantize_and_inspect_the_weights() {
     ]);
     assert!(o.status.success(), "{}", stderr(&o));
     assert_eq!(stdout(&o).split_whitespace().count(), 3, "{}", stdout(&o));
+    // MLC's scheme: the tied embedding and LM head int4 too, in Q4_0 blocks.
+    let (_int4_dir, int4) = tiny_plan("int4", &["--quantize", "q4f16_1"]);
+    let o = gerbilc(&["inspect", int4.to_str().unwrap(), "--weights"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let listing = stdout(&o);
+    let line = listing
+        .lines()
+        .find(|l| l.starts_with("model.embed_tokens.weight"))
+        .unwrap();
+    assert_eq!(line.split_whitespace().nth(1), Some("q4_0"), "{listing}");
+    let o = gerbil_run(&[
+        int4.to_str().unwrap(),
+        "--input-ids",
+        "1,2",
+        "--max-new-tokens",
+        "3",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
     let repo = data("models/tiny/llama");
     let o = gerbilc(&["compile", repo.to_str().unwrap(), "--quantize", "q3_k"]);
     assert_fails_with(
