@@ -19,7 +19,7 @@ const REAL_TOL: f32 = 2e-2;
 /// reference logits are within 2e-2 and the argmax is the reference token —
 /// so free-running greedy decoding reproduces all 32.
 fn check_real(name: &str) {
-    check_real_at(name, Precision::F32);
+    check_real_at(name, &fixture(name), Precision::F32);
 }
 
 /// [`check_real`] for the variant of `precision` (f16: compiled for the
@@ -34,9 +34,9 @@ fn check_real(name: &str) {
 /// other 30 reference tokens as one prefill that extends the cache (steps
 /// 2..32, one per row). Step by step they took 32 forwards, on lavapipe most of
 /// the suite's time.
-fn check_real_at(name: &str, precision: Precision) {
+fn check_real_at(name: &str, checkpoint: &std::path::Path, precision: Precision) {
     let reference = real_ref(name);
-    let plan_path = compile_plan(&fixture(name), |o| {
+    let plan_path = compile_plan(checkpoint, |o| {
         o.max_context = Some(256);
         // Each step (a prompt of 21 or 24 tokens, the 30 reference tokens)
         // fits one 32-row GEMM block: the 262144-row LM head is the longest
@@ -163,6 +163,32 @@ fn gemma3_270m_matches_transformers() {
 /// transformers, greedy tokens identical but at near-ties.
 #[test]
 fn real_models_f16_match_transformers() {
-    check_real_at("smollm2-135m", Precision::F16);
-    check_real_at("gemma3-270m", Precision::F16);
+    for name in ["smollm2-135m", "gemma3-270m"] {
+        check_real_at(name, &fixture(name), Precision::F16);
+    }
+}
+
+/// The real GGUF files people download, their blocks decoded in the
+/// kernels, against transformers loading the same file (references by
+/// `scripts/make-gguf-real-refs.py`): SmolLM2's Q4_1 (every matrix Q4_1,
+/// the tied embedding Q8_0) and Gemma 3's Q4_K_M (Q4_K, Q5_0, Q6_K and Q8_0
+/// matrices, the tied embedding Q8_0), its tokenizer and template from the
+/// file's metadata.
+#[test]
+fn real_gguf_files_match_transformers() {
+    for (name, model, file) in [
+        (
+            "smollm2-135m-q4_1",
+            "smollm2-135m",
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
+        ),
+        (
+            "gemma3-270m-q4_k_m",
+            "gemma3-270m",
+            "gemma-3-270m-q4_k_m.gguf",
+        ),
+    ] {
+        let gguf = fixture(model).join("gguf").join(file);
+        check_real_at(name, &gguf, Precision::F32);
+    }
 }

@@ -359,8 +359,9 @@ fn quantile(sorted: &[f64], q: f64) -> f64 {
 
 /// The report as `gerbil-run perplexity` prints it.
 pub fn report_text(r: &PerplexityReport) -> String {
+    let plural = if r.windows == 1 { "" } else { "s" };
     let mut s = format!(
-        "{} tokens in {} windows of {}, {} scored\nperplexity {:.4} ± {:.4}\n",
+        "{} tokens in {} window{plural} of {}, {} scored\nperplexity {:.4} ± {:.4}\n",
         r.text_tokens, r.windows, r.window, r.scored_tokens, r.perplexity, r.perplexity_error
     );
     if let Some(c) = &r.against {
