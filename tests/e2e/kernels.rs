@@ -167,6 +167,17 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
 /// Runs `src`, a kernel for case `c` (the matmul or the gemv template), on
 /// `c`'s inputs and checks it against the reference.
 fn check_matmul_kernel(c: &MatMulCase, src: &KernelSource) -> Result<(), String> {
+    check_matmul_kernel_seeing(c, src, |x| x.to_vec())
+}
+
+/// [`check_matmul_kernel`] against the reference on `seen(x)`: what the
+/// kernel makes of `x` before its products (int8 units, for the GEMV's
+/// integer dot products).
+fn check_matmul_kernel_seeing(
+    c: &MatMulCase,
+    src: &KernelSource,
+    seen: impl Fn(&[f32]) -> Vec<f32>,
+) -> Result<(), String> {
     let (m, k, n) = (row_count(c.rows, c.t), c.k as usize, c.n as usize);
     let MatMulInputs {
         inputs,
@@ -176,7 +187,7 @@ fn check_matmul_kernel(c: &MatMulCase, src: &KernelSource) -> Result<(), String>
         g,
         res,
     } = matmul_inputs(c);
-    let (mut x, b, res) = (widen(&x), widen(&b), widen(&res));
+    let (mut x, b, res) = (widen(&seen(&x)), widen(&b), widen(&res));
     if c.last_row {
         x = reference::slice_last_row(&x, k);
     }
@@ -636,7 +647,27 @@ fn gemv_cases() -> Vec<MatMulCase> {
 
 /// `c` run through the gemv template with `reduce`.
 fn check_gemv(c: &MatMulCase, reduce: kernels::gemv::Reduce) -> Result<(), String> {
-    check_matmul_kernel(c, &kernels::gemv::kernel(&matmul_spec(c), reduce))
+    let src = kernels::gemv::kernel(&matmul_spec(c), reduce, kernels::gemv::Dots::Float);
+    check_matmul_kernel(c, &src)
+}
+
+/// The GEMV with integer dot products, against the reference on `x` as the
+/// kernel quantizes it: each 32-value unit to int8 with scale `max|x| / 127`,
+/// rounded half to even, in f32 as the shader computes it (a case without a
+/// norm: with one the kernel quantizes `x` times the norm weight).
+fn check_gemv_int8(c: &MatMulCase, reduce: kernels::gemv::Reduce) -> Result<(), String> {
+    assert!(c.norm.is_none() && c.k % 32 == 0, "{c:?}");
+    let src = kernels::gemv::kernel(&matmul_spec(c), reduce, kernels::gemv::Dots::Int8);
+    check_matmul_kernel_seeing(c, &src, |x| {
+        x.chunks(32)
+            .flat_map(|unit| {
+                let amax = unit.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if amax > 0.0 { 1.0 / d } else { 0.0 };
+                unit.iter().map(move |v| (v * id).round_ties_even() * d)
+            })
+            .collect()
+    })
 }
 
 #[test]
@@ -1043,6 +1074,8 @@ fn embedding_matches_reference() {
 #[derive(Clone, Copy, Debug)]
 enum QuantCase {
     Gemv(MatMulCase, kernels::gemv::Reduce),
+    /// The GEMV with integer dot products (no norm: see [`check_gemv_int8`]).
+    GemvInt8(MatMulCase, kernels::gemv::Reduce),
     Gemm(MatMulCase, GemmTile),
     /// The rows template (prefill's LM head: the last row), which reads
     /// packed pairs.
@@ -1077,6 +1110,17 @@ fn quant_cases() -> Vec<QuantCase> {
             kernels::gemv::Reduce::Subgroup,
         ][i % 2];
         cases.push(QuantCase::Gemv(base, reduce));
+        // t = 2: a second row of x, each row its own units.
+        let int8 = MatMulCase {
+            t: 2,
+            norm: None,
+            ..base
+        };
+        let other = [
+            kernels::gemv::Reduce::Subgroup,
+            kernels::gemv::Reduce::Workgroup,
+        ][i % 2];
+        cases.push(QuantCase::GemvInt8(int8, other));
         cases.push(QuantCase::Gemm(
             MatMulCase { t: 70, ..base },
             gemm_tile(i, glu.is_some()),
@@ -1105,6 +1149,7 @@ fn quant_cases() -> Vec<QuantCase> {
 fn quantized_weights_match_reference() {
     check_all(quant_cases(), |c| match c {
         QuantCase::Gemv(m, reduce) => check_gemv(m, *reduce),
+        QuantCase::GemvInt8(m, reduce) => check_gemv_int8(m, *reduce),
         QuantCase::Gemm(m, tile) => check_gemm(m, *tile),
         QuantCase::Rows(m) => check_matmul(m),
         QuantCase::Embedding(e) => check_embedding(e),

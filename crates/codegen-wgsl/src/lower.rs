@@ -20,7 +20,7 @@ use crate::kernels::{
     attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
     gemm, gemm_coop,
-    gemv::{self, Reduce},
+    gemv::{self, Dots, Reduce},
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
@@ -226,10 +226,19 @@ impl Lowering<'_> {
                         (gemm::kernel(&spec, tile), template)
                     }
                     Phase::Prefill(_) => (matmul::kernel(spec), MatMulTemplate::Rows),
-                    Phase::Decode if variant.features.contains(&Feature::Subgroups) => {
-                        (gemv::kernel(&spec, Reduce::Subgroup), MatMulTemplate::Gemv)
+                    Phase::Decode => {
+                        let reduce = if variant.features.contains(&Feature::Subgroups) {
+                            Reduce::Subgroup
+                        } else {
+                            Reduce::Workgroup
+                        };
+                        let dots = if variant.int8_dots {
+                            Dots::Int8
+                        } else {
+                            Dots::Float
+                        };
+                        (gemv::kernel(&spec, reduce, dots), MatMulTemplate::Gemv)
                     }
-                    Phase::Decode => (gemv::kernel(&spec, Reduce::Workgroup), MatMulTemplate::Gemv),
                 };
                 let op = KernelOp::MatMul {
                     k: spec.k,

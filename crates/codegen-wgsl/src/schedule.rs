@@ -20,7 +20,7 @@ use crate::target::Target;
 use crate::tuning::GemmTiles;
 use crate::variant::{variants_for, VariantSpec};
 use crate::CodegenError;
-use gerbil_ir::{Graph, NodeId, TensorType, WeightSource};
+use gerbil_ir::{Graph, NodeId, Op, TensorType, WeightSource};
 use gerbil_plan::{BufferDecl, BufferSlice, Dispatch, IoBindings, Variant};
 
 /// What the target allows and how large the plan's steps are.
@@ -122,7 +122,11 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
     let order = graph
         .topo_order()
         .ok_or_else(|| CodegenError::Graph("the graph has a cycle".into()))?;
-    let specs = variants_for(&opts.target, opts.prefill_rows_per_workgroup);
+    let quantized = graph.g.node_weights().any(|n| match &n.op {
+        Op::Weight(w) => w.ty.dtype.is_quantized(),
+        _ => false,
+    });
+    let specs = variants_for(&opts.target, opts.prefill_rows_per_workgroup, quantized);
     let sources = sources::place(graph, &order, opts, &specs)?;
     let steps: Vec<NodeId> = order
         .iter()

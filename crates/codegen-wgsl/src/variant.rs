@@ -13,7 +13,12 @@
 //! `subgroups-f16`, but prefill matmuls on tensor cores through cooperative
 //! matrices, f16 operands and f32 sums), `subgroups-f16` and `portable-f16`
 //! (KV cache in f16; they need `shader-f16`), then `subgroups` and
-//! `portable` (f32 throughout). The `subgroups` ones reduce decode GEMVs with
+//! `portable` (f32 throughout). A plan with quantized weights also carries
+//! `subgroups-f16-i8` after the other f16 ones: `subgroups-f16` whose decode
+//! GEMVs dot the blocks with `x` rounded to int8
+//! ([`gemv::Dots::Int8`](crate::kernels::gemv::Dots)); it runs only when
+//! asked for (`--variant`) until the H100 says it is faster, since its
+//! logits are further from f32 than the f16 variants' 5e-2. The `subgroups` ones reduce decode GEMVs with
 //! `subgroupAdd` (any subgroup size); the `portable` ones need no optional
 //! feature beyond their precision's, and `portable` none at all, so every
 //! plan runs on every WebGPU adapter that meets its limits.
@@ -42,6 +47,9 @@ pub struct VariantSpec {
     /// Workgroup memory its kernels may use when its features promise more
     /// than the target's limit; `None`: the target's.
     pub workgroup_storage: Option<u32>,
+    /// Decode GEMVs of quantized weights use integer dot products with
+    /// int8 activations.
+    pub int8_dots: bool,
 }
 
 impl VariantSpec {
@@ -60,6 +68,17 @@ impl VariantSpec {
             precision,
             prefill_rows_per_workgroup,
             workgroup_storage: None,
+            int8_dots: false,
+        }
+    }
+
+    /// [`VariantSpec::subgroups`] at f16 with integer dot products in the
+    /// decode GEMVs of quantized weights.
+    pub fn subgroups_int8(prefill_rows_per_workgroup: u32) -> Self {
+        VariantSpec {
+            name: "subgroups-f16-i8",
+            int8_dots: true,
+            ..Self::subgroups(Precision::F16, prefill_rows_per_workgroup)
         }
     }
 
@@ -77,6 +96,7 @@ impl VariantSpec {
             precision: Precision::F16,
             prefill_rows_per_workgroup,
             workgroup_storage: Some(TENSOR_WORKGROUP_STORAGE),
+            int8_dots: false,
         }
     }
 
@@ -92,6 +112,7 @@ impl VariantSpec {
             precision,
             prefill_rows_per_workgroup,
             workgroup_storage: None,
+            int8_dots: false,
         }
     }
 }
@@ -109,16 +130,26 @@ impl VariantSpec {
     }
 }
 
-/// The variants to emit for `target`, best first. The portable f32 variant
-/// is always last, so every plan runs on every adapter that meets its limits.
-pub fn variants_for(target: &Target, prefill_rows_per_workgroup: u32) -> Vec<VariantSpec> {
-    std::iter::once(VariantSpec::tensor(prefill_rows_per_workgroup))
-        .chain([Precision::F16, Precision::F32].into_iter().flat_map(|p| {
-            [
-                VariantSpec::subgroups(p, prefill_rows_per_workgroup),
-                VariantSpec::portable(p, prefill_rows_per_workgroup),
-            ]
-        }))
+/// The variants to emit for `target`, best first (`subgroups-f16-i8` only
+/// for a graph with `quantized` weights). The portable f32 variant is always
+/// last, so every plan runs on every adapter that meets its limits.
+pub fn variants_for(
+    target: &Target,
+    prefill_rows_per_workgroup: u32,
+    quantized: bool,
+) -> Vec<VariantSpec> {
+    let rows = prefill_rows_per_workgroup;
+    let int8 = quantized.then(|| VariantSpec::subgroups_int8(rows));
+    std::iter::once(VariantSpec::tensor(rows))
+        .chain([
+            VariantSpec::subgroups(Precision::F16, rows),
+            VariantSpec::portable(Precision::F16, rows),
+        ])
+        .chain(int8)
+        .chain([
+            VariantSpec::subgroups(Precision::F32, rows),
+            VariantSpec::portable(Precision::F32, rows),
+        ])
         .filter(|v| v.features.iter().all(|f| target.has(*f)))
         .collect()
 }

@@ -6,7 +6,7 @@ use gerbil_codegen_wgsl::kernels::{
     attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
     gemm::{self, GemmTile},
-    gemv::{self, Reduce},
+    gemv::{self, Dots, Reduce},
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
@@ -390,6 +390,7 @@ fn golden_gemv_kernels() {
         golden(gemv::kernel(
             &spec(576, 960, DType::BF16, None, bf16_norm, false, None),
             reduce,
+            Dots::Float,
         ));
         golden(gemv::kernel(
             &spec(
@@ -402,10 +403,12 @@ fn golden_gemv_kernels() {
                 None,
             ),
             reduce,
+            Dots::Float,
         ));
         golden(gemv::kernel(
             &spec(1536, 576, DType::BF16, None, None, true, None),
             reduce,
+            Dots::Float,
         ));
         // The LM head: the final norm, the last row of the stream.
         golden(gemv::kernel(
@@ -415,6 +418,7 @@ fn golden_gemv_kernels() {
                 ..spec(576, 49152, DType::BF16, None, bf16_norm, false, None)
             },
             reduce,
+            Dots::Float,
         ));
         // f16 pairs (K even, not a multiple of 4), odd f32 with a sharded
         // GeGLU weight.
@@ -429,6 +433,7 @@ fn golden_gemv_kernels() {
                 None,
             ),
             reduce,
+            Dots::Float,
         ));
         golden(gemv::kernel(
             &spec(
@@ -441,6 +446,7 @@ fn golden_gemv_kernels() {
                 Some(48),
             ),
             reduce,
+            Dots::Float,
         ));
     }
 }
@@ -545,7 +551,10 @@ fn every_gemm_tile_validates() {
 /// decoders the quantized loaders are built on.
 #[test]
 fn golden_quantized_kernels() {
-    for wdtype in gerbil_ir::QUANTIZED {
+    for (wdtype, dots) in gerbil_ir::QUANTIZED
+        .into_iter()
+        .flat_map(|w| [(w, Dots::Float), (w, Dots::Int8)])
+    {
         let src = gemv::kernel(
             &MatMulSpec {
                 shard_rows: None,
@@ -561,6 +570,7 @@ fn golden_quantized_kernels() {
                 last_row: false,
             },
             Reduce::Subgroup,
+            dots,
         );
         validate_with(&src.name, &src.wgsl, &[Feature::Subgroups])
             .unwrap_or_else(|e| panic!("{e}"));

@@ -46,6 +46,17 @@ pub enum Reduce {
     Workgroup,
 }
 
+/// How a quantized weight's units are dotted with `x` (dense weights ignore it).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dots {
+    /// In f32: each value dequantized in registers (exact against
+    /// transformers; the f32 variants).
+    Float,
+    /// In integers: `x` quantized to int8 per 32 values, four products an
+    /// instruction ([`quant::int_dot_decoder`]; the f16 variants).
+    Int8,
+}
+
 /// Workgroups a dispatch aims for: four per SM of a 132-SM GPU (on the
 /// H100, 4 beat 2 by 2–5% on the Llama-3.2-1B shapes). Outputs per workgroup
 /// double only while at least this many workgroups remain.
@@ -127,7 +138,12 @@ pub(super) fn shard_loader(w: &mut String, shards: &[Shard], e: u32) {
 /// weight's shards with their `_qdot` block dot products, and `cdot`,
 /// `cmul`, `cplus` over units; then `fn wdot(row, i, x)`: the dot product of
 /// unit `i` of weight row `row` with `x`, from the shard that holds it.
-fn bind_quantized(s: &MatMulSpec, norm: bool, w: &mut String) -> (Bindings, Vec<Shard>) {
+fn bind_quantized(
+    s: &MatMulSpec,
+    norm: bool,
+    dots: Dots,
+    w: &mut String,
+) -> (Bindings, Vec<Shard>) {
     let unit = quant::UNIT;
     let mut b = Bindings::new();
     b.vectors(w, input(0), "x", DType::F32, true, "vec4<f32>");
@@ -148,7 +164,10 @@ fn bind_quantized(s: &MatMulSpec, norm: bool, w: &mut String) -> (Bindings, Vec<
             s.wdtype,
             values,
         );
-        quant::dot_decoder(w, &shard.name, s.wdtype, values);
+        match dots {
+            Dots::Float => quant::dot_decoder(w, &shard.name, s.wdtype, values),
+            Dots::Int8 => quant::int_dot_decoder(w, &shard.name, s.wdtype, values),
+        }
     }
     bind_after_weight(s, &mut b, w, |b, w, port, gdtype| {
         chunk_binding(b, w, port, "gamma4", gdtype, 4, false);
@@ -179,23 +198,30 @@ fn bind_quantized(s: &MatMulSpec, norm: bool, w: &mut String) -> (Bindings, Vec<
             plus.join(", ")
         );
     }
+    let (x_type, dot) = match dots {
+        Dots::Float => (unit, "qdot"),
+        Dots::Int8 => (quant::QX, "idot"),
+    };
     row_loader(
         w,
         "wdot",
-        &format!(", x: {unit}"),
+        &format!(", x: {x_type}"),
         "f32",
         &shards,
-        |shard, local| format!("{}_qdot({local} * KC + i, x)", shard.name),
+        |shard, local| format!("{}_{dot}({local} * KC + i, x)", shard.name),
     );
     (b, shards)
 }
 
 /// Builds the kernel (`s.tt` is ignored: one row of `x` per workgroup row).
 /// A quantized weight is read a 32-value unit at a time and dotted with
-/// `x` block by block ([`quant::dot_decoder`]): one multiply-add per value,
-/// the scales applied once per block.
-pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
+/// `x` block by block as `dots` says ([`quant::dot_decoder`]: one
+/// multiply-add per value; [`quant::int_dot_decoder`]: `x` quantized to
+/// int8 once per unit, four products an instruction), the scales applied
+/// once per block.
+pub fn kernel(s: &MatMulSpec, reduce: Reduce, dots: Dots) -> KernelSource {
     let quantized = s.wdtype.is_quantized();
+    let int8 = quantized && dots == Dots::Int8;
     let e = if quantized {
         32
     } else {
@@ -226,7 +252,7 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
         n = s.n,
     );
     let (b, shards) = if quantized {
-        bind_quantized(s, norm, &mut w)
+        bind_quantized(s, norm, dots, &mut w)
     } else {
         let bound = bind_operands(s, e, &mut w);
         w += &chunk_ops(e, norm);
@@ -235,7 +261,9 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
     };
     // Weight row `row`'s chunk `c` times `xv`.
     let term = |row: &str| {
-        if quantized {
+        if int8 {
+            format!("wdot({row}, c, xq)")
+        } else if quantized {
             format!("wdot({row}, c, xv)")
         } else {
             format!("cdot(wrow({row}, c), xv)")
@@ -255,6 +283,9 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
         );
     } else {
         body += &format!("    let xv = x_chunk({xt} * KC + c);\n");
+    }
+    if int8 {
+        body += "    let xq = q_x8(xv);\n";
     }
     for i in 0..r {
         let _ = writeln!(
@@ -400,8 +431,9 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce) -> KernelSource {
     let (glu, options) = name_parts(s, shards.len());
     KernelSource {
         name: format!(
-            "gemv{glu}_{}_r{}_k{}_n{}{options}_{}",
+            "gemv{glu}_{}{}_r{}_k{}_n{}{options}_{}",
             s.wdtype,
+            if int8 { "_i8" } else { "" },
             s.rows.tag(),
             s.k,
             s.n,

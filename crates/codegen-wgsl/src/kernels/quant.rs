@@ -1,6 +1,7 @@
 //! Block-quantized weights on the GPU: the layout a plan stores ggml's
 //! blocks in ([`gpu_layout`]) and the WGSL that decodes them in registers
-//! ([`declare`], [`dot_decoder`]).
+//! ([`declare`], [`dot_decoder`], and with int8 activations
+//! [`int_dot_decoder`]).
 //!
 //! Every kernel that reads a weight reads a quantized one through the same
 //! loaders as a dense one (`load_`, `pair_` and the matmul templates' chunk
@@ -31,6 +32,10 @@
 //! ([`Bindings::matrix`](super::Bindings::matrix)). No decoder indexes a
 //! vector with a run-time index (`v[i & 3]`), which NVIDIA's compiler may
 //! keep in local memory: `q_pick` selects instead.
+
+mod int_dot;
+
+pub(super) use int_dot::{int_dot_decoder, QX};
 
 use super::{Bindings, F16_DECODE};
 use gerbil_ir::DType;
