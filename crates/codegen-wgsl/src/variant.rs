@@ -17,7 +17,7 @@
 //! `subgroups-f16-i8` after the other f16 ones: `subgroups-f16` whose decode
 //! GEMVs dot the blocks with `x` rounded to int8
 //! ([`gemv::Dots::Int8`](crate::kernels::gemv::Dots)); it runs only when
-//! asked for (`--variant`) until the H100 says it is faster, since its
+//! asked for (`--variant`): 1.17× faster decode at q4_0 on an H200, but its
 //! logits are further from f32 than the f16 variants' 5e-2. The `subgroups` ones reduce decode GEMVs with
 //! `subgroupAdd` (any subgroup size); the `portable` ones need no optional
 //! feature beyond their precision's, and `portable` none at all, so every
