@@ -27,8 +27,9 @@ pub struct SamplingArgs {
     /// 128]; fewer when the context ends first (finish reason `length`).
     #[arg(long, value_name = "N", allow_negative_numbers = true, value_parser = whole_usize)]
     pub max_new_tokens: Option<usize>,
-    /// Sampling temperature; 0 is greedy [default: the model's generation
-    /// config: its temperature when it samples (`do_sample`), else greedy].
+    /// Sampling temperature; 0 (or anything below 1e-4) is greedy [default:
+    /// the model's generation config: its temperature when it samples
+    /// (`do_sample`), else greedy].
     #[arg(long, value_name = "T", allow_negative_numbers = true)]
     pub temperature: Option<f32>,
     /// When sampling: only the K most likely tokens (0: all) [default: the
@@ -101,10 +102,13 @@ impl SamplingArgs {
                 ("--seed", self.seed.is_some()),
             ];
             if let Some((flag, _)) = only_when_sampling.iter().find(|(_, given)| *given) {
-                let why = if self.temperature.is_some() {
-                    "--temperature 0 decodes greedily"
-                } else {
-                    "the model's generation config does not sample, so decoding is greedy"
+                let why = match self.temperature {
+                    Some(t) => format!(
+                        "--temperature {t} decodes greedily (as any below {})",
+                        gerbil::GREEDY_BELOW
+                    ),
+                    None => "the model's generation config does not sample, so decoding is greedy"
+                        .to_string(),
                 };
                 bail!("{flag} only applies when sampling, and {why}: add --temperature T (T > 0), or drop {flag}");
             }

@@ -36,7 +36,9 @@ pub use generation::{
     CancelToken, FinishReason, Generation, GenerationSettings, GenerationStats, Piece,
 };
 pub use model::{Model, ModelOptions};
-pub use settings::{ResolvedSettings, SettingsRequest, HF_TOP_K};
+pub use settings::{
+    effective_temperature, ResolvedSettings, SettingsRequest, GREEDY_BELOW, HF_TOP_K,
+};
 
 pub use gerbil_plan::GenerationDefaults;
 pub use gerbil_runtime::{PrecisionChoice, RuntimeError, SamplingParams, Session, SessionOptions};

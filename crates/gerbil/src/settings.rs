@@ -24,6 +24,23 @@ use gerbil_runtime::SamplingParams;
 /// transformers' `top_k` when sampling and neither the caller nor the model sets one.
 pub const HF_TOP_K: usize = 50;
 
+/// Temperatures above 0 but below this decode greedily, as 0 does: dividing
+/// the logits by them would overflow f32 (at 1e-40, `1 / T` is infinite and
+/// the sampler would draw garbage), and well before that they pick the most
+/// likely token anyway (at 1e-4 a logit 0.01 ahead is e^100 times likelier).
+pub const GREEDY_BELOW: f32 = 1e-4;
+
+/// `temperature` as generation runs it: 0 (greedy) for one below
+/// [`GREEDY_BELOW`], else unchanged (a negative or non-finite one is the
+/// caller's to refuse).
+pub fn effective_temperature(temperature: f32) -> f32 {
+    if temperature > 0.0 && temperature < GREEDY_BELOW {
+        0.0
+    } else {
+        temperature
+    }
+}
+
 /// What a caller asks of one generation; `None` leaves a setting to the model's defaults.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct SettingsRequest {
@@ -62,13 +79,13 @@ pub struct ResolvedSettings {
 
 impl SettingsRequest {
     /// The temperature the generation runs at: the caller's, else the model's when its config
-    /// samples, else 0 (greedy).
+    /// samples, else 0 (greedy); below [`GREEDY_BELOW`], 0.
     pub fn temperature(&self, defaults: &GenerationDefaults) -> f32 {
-        match self.temperature {
+        effective_temperature(match self.temperature {
             Some(t) => t,
             None if defaults.do_sample == Some(true) => defaults.temperature.unwrap_or(1.0),
             None => 0.0,
-        }
+        })
     }
 
     /// Fills what the request leaves out from `defaults` (the model's), then transformers'
@@ -172,6 +189,22 @@ mod tests {
         assert_eq!((s.temperature, s.top_k, s.seed), (0.8, HF_TOP_K, 7));
         let r = SettingsRequest::default().resolve(&GenerationDefaults::default(), 99, || 0);
         assert_eq!(r.settings.max_new_tokens, 99, "the caller's fallback");
+    }
+
+    #[test]
+    fn temperatures_too_small_to_divide_by_are_greedy() {
+        for t in [1e-40, 1e-30, 5e-5] {
+            let asked = SettingsRequest {
+                temperature: Some(t),
+                ..SettingsRequest::default()
+            };
+            let r = asked.resolve(&sampling_model(), 8, || unreachable!());
+            assert!(r.settings.sampling.is_greedy(), "{t}");
+            assert_eq!(r.seed, None);
+        }
+        assert_eq!(effective_temperature(GREEDY_BELOW), GREEDY_BELOW);
+        assert_eq!(effective_temperature(-1.0), -1.0, "refused by the caller");
+        assert!(effective_temperature(f32::NAN).is_nan());
     }
 
     #[test]

@@ -5,9 +5,10 @@
 //! template), `POST /v1/completions` (a prompt string through the
 //! tokenizer), each answering with one JSON object or, with `"stream":
 //! true`, server-sent events ending in `data: [DONE]`; `GET /v1/models` (the
-//! one model) and `GET /health`. Every error is OpenAI's error object
+//! one model), `GET /v1/models/{id}` and `GET /health`. Every error is OpenAI's error object
 //! (`{"error": {"message", "type", "param", "code"}}`): 400 for a bad body,
-//! wrong field types or a prompt over the context, 404 for an unknown path,
+//! wrong field types, a field it cannot honour (`tools`, `response_format`
+//! other than text, …) or a prompt over the context, 404 for an unknown path or model,
 //! 405 for a wrong method, 413 for a body over `--max-body-bytes`.
 //!
 //! Call [`serve`]; it returns after Ctrl-C (or SIGTERM), once the requests
@@ -24,7 +25,7 @@ pub mod worker;
 use anyhow::{Context, Result};
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, State};
+use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
@@ -121,6 +122,7 @@ fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/v1/models", get(models))
+        .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .fallback(not_found)
@@ -162,7 +164,7 @@ async fn shutdown_signal(notes: NoteHook) {
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
     ApiError::invalid(
-        format!("no route {method} {uri}; this server has POST /v1/chat/completions, POST /v1/completions, GET /v1/models and GET /health"),
+        format!("no route {method} {uri}; this server has POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{{id}} and GET /health"),
         None,
     )
     .with_status(StatusCode::NOT_FOUND)
@@ -176,14 +178,33 @@ async fn method_not_allowed(method: Method, uri: Uri) -> ApiError {
 async fn models(State(app): State<Arc<App>>) -> Json<Value> {
     Json(json!({
         "object": "list",
-        "data": [{
-            "id": app.model_name,
-            "object": "model",
-            "created": app.loaded_at,
-            "owned_by": "gerbil",
-            "context_length": app.info.context,
-        }],
+        "data": [model_object(&app)],
     }))
+}
+
+/// `GET /v1/models/{id}` (the OpenAI client's `models.retrieve`): the model
+/// of that id, or a 404 naming the one this server has.
+async fn model(State(app): State<Arc<App>>, UrlPath(id): UrlPath<String>) -> Response {
+    if id == app.model_name {
+        return Json(model_object(&app)).into_response();
+    }
+    ApiError::invalid(
+        format!("no model `{id}`; this server has `{}`", app.model_name),
+        Some("model"),
+    )
+    .with_status(StatusCode::NOT_FOUND)
+    .into_response()
+}
+
+/// The model object of `/v1/models`.
+fn model_object(app: &App) -> Value {
+    json!({
+        "id": app.model_name,
+        "object": "model",
+        "created": app.loaded_at,
+        "owned_by": "gerbil",
+        "context_length": app.info.context,
+    })
 }
 
 async fn chat_completions(

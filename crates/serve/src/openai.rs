@@ -9,7 +9,9 @@
 //! field). Fields a client may send that change nothing here (`user`,
 //! `stream_options` other than `include_usage`, …) are accepted and ignored,
 //! as OpenAI's own server does; fields that would change the answer and that
-//! gerbil cannot honour (`n` above 1, `logprobs`) are errors.
+//! gerbil cannot honour (`n` above 1, `logprobs`, `response_format` other
+//! than text, `tools`, `tool_choice` other than `none`, `functions`,
+//! `function_call`) are errors naming the field.
 //!
 //! The surprise is the defaults: a field the request leaves out takes the
 //! model's `generation_config.json` value (as `model.generate()` would), so a
@@ -194,6 +196,21 @@ pub struct Request {
     /// Not supported when true.
     #[serde(default)]
     pub logprobs: Option<Value>,
+    /// Only `{"type": "text"}` (structured output is not supported yet).
+    #[serde(default)]
+    pub response_format: Option<Value>,
+    /// Not supported (tool calls).
+    #[serde(default)]
+    pub tools: Option<Value>,
+    /// Only `"none"`.
+    #[serde(default)]
+    pub tool_choice: Option<Value>,
+    /// Not supported (the deprecated form of `tools`).
+    #[serde(default)]
+    pub functions: Option<Value>,
+    /// Only `"none"` (the deprecated form of `tool_choice`).
+    #[serde(default)]
+    pub function_call: Option<Value>,
 }
 
 /// Parses a request body; a syntax error or a field of the wrong type is a
@@ -332,6 +349,7 @@ impl Request {
                 Some("logprobs"),
             ));
         }
+        self.refuse_what_changes_the_answer()?;
         let max_new_tokens = match (self.max_completion_tokens, self.max_tokens) {
             (Some(n), _) => positive(n, "max_completion_tokens")?,
             (None, Some(n)) => positive(n, "max_tokens")?,
@@ -385,6 +403,45 @@ impl Request {
             |p| (-2.0..=2.0).contains(&p),
         )?;
         Ok(settings)
+    }
+}
+
+impl Request {
+    /// Structured output and tool calls, which the server cannot honour yet:
+    /// an error naming the field, rather than an answer that ignores it.
+    /// What asks for plain text (`response_format` of type `text`,
+    /// `tool_choice` or `function_call` of `"none"`, null) passes.
+    fn refuse_what_changes_the_answer(&self) -> Result<(), ApiError> {
+        let plain = |v: &Value| match v {
+            Value::Null => true,
+            Value::String(s) => s == "none",
+            _ => false,
+        };
+        let text_format = |v: &Value| v.is_null() || v.get("type") == Some(&json!("text"));
+        let given = [
+            ("response_format", &self.response_format),
+            ("tools", &self.tools),
+            ("tool_choice", &self.tool_choice),
+            ("functions", &self.functions),
+            ("function_call", &self.function_call),
+        ];
+        for (field, value) in given {
+            let honoured = |v: &Value| match field {
+                "response_format" => text_format(v),
+                "tool_choice" | "function_call" => plain(v),
+                _ => v.is_null(),
+            };
+            if let Some(v) = value.as_ref().filter(|v| !honoured(v)) {
+                return Err(ApiError::invalid(
+                    format!(
+                        "`{field}` ({v}) is not supported by this server yet: it answers in \
+                         plain text without tool calls; leave `{field}` out"
+                    ),
+                    Some(field),
+                ));
+            }
+        }
+        Ok(())
     }
 }
 
@@ -651,6 +708,14 @@ mod tests {
             (r#"{"stop": ["a", ""]}"#, "stop"),
             (r#"{"n": 2}"#, "n"),
             (r#"{"logprobs": true}"#, "logprobs"),
+            (
+                r#"{"response_format": {"type": "json_object"}}"#,
+                "response_format",
+            ),
+            (r#"{"tools": [{"type": "function"}]}"#, "tools"),
+            (r#"{"tool_choice": "auto"}"#, "tool_choice"),
+            (r#"{"functions": []}"#, "functions"),
+            (r#"{"function_call": {"name": "f"}}"#, "function_call"),
         ] {
             let e = req(body).unwrap().settings(&d, 0).unwrap_err();
             assert_eq!(e.param.as_deref(), Some(param), "{body}: {e:?}");
@@ -659,6 +724,15 @@ mod tests {
             .unwrap()
             .settings(&d, 0)
             .is_ok());
+        let plain = r#"{"response_format": {"type": "text"}, "tool_choice": "none", "tools": null,
+                        "function_call": "none"}"#;
+        assert!(req(plain).unwrap().settings(&d, 0).is_ok());
+        // A temperature too small to divide by decodes greedily, as on the command line.
+        let s = req(r#"{"temperature": 1e-40}"#)
+            .unwrap()
+            .settings(&d, 0)
+            .unwrap();
+        assert!(s.sampling.is_greedy());
     }
 
     #[test]

@@ -126,6 +126,12 @@ fn parse_precision(s: &str) -> Result<PrecisionChoice, String> {
     s.parse()
 }
 
+/// `bench --temperature`: as generation runs it ([`gerbil::effective_temperature`]).
+fn to_effective_temperature(s: &str) -> Result<f32, String> {
+    let t: f32 = s.parse().map_err(|e| format!("{e}"))?;
+    Ok(gerbil::effective_temperature(t))
+}
+
 /// `--repeats`: a positive count.
 fn at_least_one(s: &str) -> Result<usize, String> {
     positive(s, "0 repetitions time nothing; give at least 1")
@@ -302,8 +308,8 @@ enum Cmd {
         /// from an empty cache) instead of right after the prompt.
         #[arg(long, value_name = "D", allow_negative_numbers = true, value_parser = whole_usize)]
         depth: Option<usize>,
-        /// Time sampled decoding at this temperature (0: greedy).
-        #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+        /// Time sampled decoding at this temperature (0, or below 1e-4: greedy).
+        #[arg(long, default_value_t = 0.0, allow_negative_numbers = true, value_parser = to_effective_temperature)]
         temperature: f32,
         /// With --temperature: sample among the K most likely tokens [default: 0, all].
         #[arg(long, allow_negative_numbers = true, value_parser = whole_usize)]

@@ -444,6 +444,13 @@ fn health_models_and_an_error_object_for_each_bad_request() {
     assert_eq!(models["data"][0]["id"], "tiny-test");
     assert_eq!(models["data"][0]["object"], "model");
     assert!(models["data"][0]["created"].as_u64().unwrap() > 1_600_000_000);
+    assert_eq!(
+        server.get("/v1/models/tiny-test"),
+        (200, models["data"][0].clone())
+    );
+    let (s, v) = server.get("/v1/models/other");
+    let m = error_of(s, &v, 404, Some("model"));
+    assert!(m.contains("this server has `tiny-test`"), "{m}");
 
     let chat = "/v1/chat/completions";
     let (s, v) = server.request("POST", chat, b"{\"messages\": [");
@@ -459,6 +466,13 @@ fn health_models_and_an_error_object_for_each_bad_request() {
     error_of(s, &v, 400, Some("temperature"));
     let (s, v) = server.post(chat, &json!({"prompt": "hi"}));
     error_of(s, &v, 400, Some("prompt"));
+    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    let (s, v) = server.post(chat, &json!({"messages": hi, "tools": tools}));
+    let m = error_of(s, &v, 400, Some("tools"));
+    assert!(m.contains("not supported"), "{m}");
+    let json_mode = json!({"type": "json_object"});
+    let (s, v) = server.post(chat, &json!({"messages": hi, "response_format": json_mode}));
+    error_of(s, &v, 400, Some("response_format"));
     // The tiny plan's context is 128 tokens; `zq` has no merge: 2 tokens.
     let long = "zq".repeat(100);
     for stream in [false, true] {
@@ -488,6 +502,12 @@ fn health_models_and_an_error_object_for_each_bad_request() {
     assert_eq!(s, 200, "{v}");
     assert_eq!(v["usage"]["completion_tokens"], 3);
     assert_eq!(v["choices"][0]["finish_reason"], "length");
+    // A temperature too small to divide by is greedy: the same answer.
+    let tiny_t = json!({"messages": hi, "max_tokens": 3, "temperature": 1e-40,
+                        "response_format": {"type": "text"}});
+    let (s, w) = server.post(chat, &tiny_t);
+    assert_eq!(s, 200, "{w}");
+    assert_eq!(w["choices"][0]["message"], v["choices"][0]["message"]);
     assert!(!server.log().contains("panicked"), "{}", server.log());
     server.interrupt();
 }
