@@ -10,14 +10,75 @@
 //! standard input is a terminal.
 //!
 //! The conversation lives in a [`gerbil::Chat`]: each turn runs
-//! only its own tokens, the earlier turns stay in the KV cache.
+//! only its own tokens, the earlier turns stay in the KV cache. A turn the
+//! context cannot hold, a line longer than [`MAX_LINE_BYTES`] or one the
+//! chat template refuses is set aside with a note, and the conversation goes
+//! on as it was; bytes that are not UTF-8 are read as U+FFFD. Only a GPU or
+//! input failure ends the session.
 
 use crate::console::{note, timing_line, Stdout};
 use crate::gen_args::SamplingArgs;
 use anyhow::{bail, Result};
-use gerbil::{Chat, FinishReason, GenerationStats, Model, ModelOptions};
+use gerbil::{Chat, Error, FinishReason, GenerationStats, Model, ModelOptions, RuntimeError};
 use gerbil_plan::PlanFile;
 use std::io::{BufRead, IsTerminal, Write};
+
+/// The longest line `chat` takes as a message, in bytes; a longer one is
+/// skipped whole (the bytes past this are read and dropped, never kept).
+pub const MAX_LINE_BYTES: usize = 1 << 20;
+
+/// One line of input.
+#[derive(Debug, PartialEq, Eq)]
+enum Line {
+    /// The line without its newline, invalid UTF-8 replaced by U+FFFD.
+    Text(String),
+    /// A line longer than [`MAX_LINE_BYTES`], dropped.
+    TooLong,
+    /// The end of the input.
+    End,
+}
+
+/// Reads one line of at most [`MAX_LINE_BYTES`] from `input`.
+fn read_line(input: &mut impl BufRead) -> std::io::Result<Line> {
+    let mut bytes = Vec::new();
+    let mut too_long = false;
+    loop {
+        let buf = input.fill_buf()?;
+        if buf.is_empty() {
+            return Ok(match (too_long, bytes.is_empty()) {
+                (true, _) => Line::TooLong,
+                (false, true) => Line::End,
+                (false, false) => Line::Text(String::from_utf8_lossy(&bytes).into_owned()),
+            });
+        }
+        let newline = buf.iter().position(|&b| b == b'\n');
+        let part = &buf[..newline.unwrap_or(buf.len())];
+        if !too_long && bytes.len() + part.len() <= MAX_LINE_BYTES {
+            bytes.extend_from_slice(part);
+        } else {
+            too_long = true;
+            bytes = Vec::new();
+        }
+        let used = newline.map_or(buf.len(), |i| i + 1);
+        input.consume(used);
+        if newline.is_some() {
+            return Ok(if too_long {
+                Line::TooLong
+            } else {
+                Line::Text(String::from_utf8_lossy(&bytes).into_owned())
+            });
+        }
+    }
+}
+
+/// Whether `e` refuses only this turn (too long for the context, or refused
+/// by the chat template), so the conversation can go on.
+fn refuses_the_turn(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::Runtime(RuntimeError::ContextOverflow { .. }) | Error::Text(_)
+    )
+}
 
 /// Settings of `gerbil-run PLAN chat`.
 #[derive(Clone, Debug)]
@@ -63,14 +124,23 @@ pub async fn chat(plan_path: &std::path::Path, opts: &ChatOptions) -> Result<()>
     }
     let mut out = Stdout::new();
     let mut last: Option<(GenerationStats, Option<FinishReason>)> = None;
-    let mut lines = stdin.lock().lines();
+    let mut input = stdin.lock();
     loop {
         if interactive {
             let _ = write!(std::io::stderr(), "> ");
             let _ = std::io::stderr().flush();
         }
-        let Some(line) = lines.next() else { break };
-        let line = line?;
+        let line = match read_line(&mut input)? {
+            Line::End => break,
+            Line::TooLong => {
+                note(&format!(
+                    "(that line is longer than {MAX_LINE_BYTES} bytes and was skipped; the \
+                     conversation goes on)"
+                ));
+                continue;
+            }
+            Line::Text(line) => line,
+        };
         let line = line.trim();
         if line.is_empty() {
             continue;
@@ -97,7 +167,17 @@ pub async fn chat(plan_path: &std::path::Path, opts: &ChatOptions) -> Result<()>
             }
             continue;
         }
-        let mut reply = chat.send(line, &settings)?;
+        let mut reply = match chat.send(line, &settings) {
+            Ok(reply) => reply,
+            Err(e) if refuses_the_turn(&e) => {
+                note(&format!(
+                    "(this turn was not sent: {e}; the conversation goes on without it, and \
+                     /reset starts a new one with the whole context)"
+                ));
+                continue;
+            }
+            Err(e) => return Err(e.into()),
+        };
         while let Some(piece) = reply.next().await {
             if !out.write(&piece?.text)? {
                 return Ok(());
@@ -130,4 +210,42 @@ fn stats_text(chat: &Chat, last: Option<&(GenerationStats, Option<FinishReason>)
         text.push_str(&format!("\nlast turn: {}", timing_line(stats, *finish)));
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn lines(input: &[u8]) -> Vec<Line> {
+        let mut reader = std::io::BufReader::with_capacity(7, input);
+        let mut out = Vec::new();
+        loop {
+            match read_line(&mut reader).unwrap() {
+                Line::End => return out,
+                line => out.push(line),
+            }
+        }
+    }
+
+    #[test]
+    fn lines_are_bounded_and_read_lossily() {
+        let long = vec![b'a'; MAX_LINE_BYTES + 1];
+        let mut input = b"hi\n\xff\xfeok\n".to_vec();
+        input.extend(&long);
+        input.extend(b"\nafter\nlast");
+        let text = |s: &str| Line::Text(s.to_string());
+        assert_eq!(
+            lines(&input),
+            [
+                text("hi"),
+                text("\u{fffd}\u{fffd}ok"),
+                Line::TooLong,
+                text("after"),
+                text("last")
+            ]
+        );
+        let exactly = vec![b'b'; MAX_LINE_BYTES];
+        assert_eq!(lines(&exactly), [Line::Text("b".repeat(MAX_LINE_BYTES))]);
+        assert_eq!(lines(b""), []);
+    }
 }

@@ -148,6 +148,30 @@ fn chat_over_a_pipe_keeps_history_and_reuses_the_cache() {
     assert!(err.contains("(conversation forgotten)"), "{err}");
 }
 
+/// `chat` keeps the conversation through a turn the context cannot hold,
+/// a line longer than 1 MiB and bytes that are not UTF-8 (each with a note),
+/// and answers the turns around them.
+#[test]
+fn chat_goes_on_past_what_it_cannot_send() {
+    let plan = tiny_text();
+    let mut input = b"hello there\n".to_vec();
+    input.extend("zq".repeat(600).as_bytes()); // 1,200 tokens: past the 1,024-token context
+    input.push(b'\n');
+    input.extend(vec![b'a'; (1 << 20) + 1]);
+    input.extend(b"\n\xff\xfe and then\n/stats\n");
+    let o = gerbil_run_stdin(&[plan, "chat", "--max-new-tokens", "4"], &input);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let err = stderr(&o);
+    assert!(
+        err.contains("this turn was not sent") && err.contains("context"),
+        "{err}"
+    );
+    assert!(err.contains("longer than 1048576 bytes"), "{err}");
+    let answers = err.lines().filter(|l| l.starts_with("prompt ")).count();
+    assert_eq!(answers, 2, "{err}");
+    assert!(err.contains("4 messages;"), "/stats: {err}");
+}
+
 #[test]
 fn flags_that_would_do_nothing_are_errors() {
     let (_d, tiny) = tiny_plan("flags", &["--max-context", "16"]);

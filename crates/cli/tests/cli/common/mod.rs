@@ -84,7 +84,7 @@ pub fn gerbil_run_clean(args: &[&str]) -> Output {
 }
 
 /// Runs `gerbil-run` with `input` on standard input.
-pub fn gerbil_run_stdin(args: &[&str], input: &str) -> Output {
+pub fn gerbil_run_stdin(args: &[&str], input: impl AsRef<[u8]>) -> Output {
     use std::io::Write;
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let mut child = gerbil_run_command(args)
@@ -94,7 +94,7 @@ pub fn gerbil_run_stdin(args: &[&str], input: &str) -> Output {
         .spawn()
         .expect("spawn gerbil-run");
     let mut stdin = child.stdin.take().unwrap();
-    stdin.write_all(input.as_bytes()).unwrap();
+    stdin.write_all(input.as_ref()).unwrap();
     drop(stdin);
     child.wait_with_output().expect("gerbil-run output")
 }
