@@ -24,7 +24,9 @@
 //!
 //! The surprise: the file is never trusted blindly. It carries gerbil's own
 //! header (magic, length, checksum) around wgpu's data, and a file that fails
-//! it — truncated, corrupt, someone else's — is ignored with a debug log;
+//! it — truncated, corrupt, someone else's, not a regular file, longer or
+//! shorter than its header says (read no further than that) — is ignored
+//! with a debug log;
 //! wgpu then checks its own header (backend, adapter, driver's cache UUID)
 //! and a mismatch there is ignored the same way. A bad file costs a cold
 //! load, never an error. The cache only guards against accidents, not
@@ -273,7 +275,7 @@ impl Store {
 /// The payload stored at `path`, or `None` (logged) when there is none or
 /// it is unusable.
 fn read(path: &Path) -> Option<Vec<u8>> {
-    let file = match std::fs::read(path) {
+    let file = match read_bounded(path) {
         Ok(f) => f,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return None,
         Err(e) => {
@@ -288,6 +290,39 @@ fn read(path: &Path) -> Option<Vec<u8>> {
             None
         }
     }
+}
+
+/// The bytes of the regular file at `path`, read only as far as its header
+/// says it reaches (and never past the size the file system reports): a
+/// FIFO, a device or a directory put there is refused before it is opened
+/// for reading (opening a FIFO would wait for a writer), and a file that
+/// claims more than it holds is refused before anything of that size is
+/// allocated.
+fn read_bounded(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::{Error, ErrorKind, Read};
+    let not_regular = || Error::new(ErrorKind::InvalidData, "not a regular file");
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(not_regular());
+    }
+    let mut file = std::fs::File::open(path)?;
+    let size = file.metadata()?;
+    if !size.is_file() {
+        return Err(not_regular());
+    }
+    let mut header = vec![0u8; HEADER_BYTES];
+    file.read_exact(&mut header)?;
+    let mut length = [0u8; 8];
+    length.copy_from_slice(&header[12..20]);
+    let declared = u64::from_le_bytes(length);
+    if declared != size.len().saturating_sub(HEADER_BYTES as u64) {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            "its header's length is not the file's",
+        ));
+    }
+    let mut bytes = header;
+    file.take(declared).read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// A wgpu pipeline cache with `data` (or empty), inside error scopes: wgpu
@@ -361,6 +396,27 @@ mod tests {
             workgroup_size: [64, 1, 1],
             bindings: vec![],
         }
+    }
+
+    #[test]
+    fn only_regular_files_of_their_declared_length_are_read() {
+        let dir = std::env::temp_dir().join(format!("gerbil-pc-read-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let good = dir.join("good");
+        let file = wrap(b"payload");
+        std::fs::write(&good, &file).unwrap();
+        assert_eq!(read(&good), Some(b"payload".to_vec()));
+        // A header claiming more than the file holds, a directory, a device.
+        let mut long = file.clone();
+        long[12..20].copy_from_slice(&(1u64 << 40).to_le_bytes());
+        let claims = dir.join("claims");
+        std::fs::write(&claims, &long).unwrap();
+        assert!(read_bounded(&claims).is_err());
+        assert_eq!(read(&dir), None);
+        #[cfg(unix)]
+        assert!(read_bounded(Path::new("/dev/zero")).is_err());
+        assert_eq!(read(&dir.join("missing")), None);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
