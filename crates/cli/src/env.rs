@@ -8,7 +8,7 @@
 //! | `GERBIL_SHADER_CHECKS=1` | `SessionOptions::shader_checks` |
 //! | `GERBIL_PIPELINE_THREADS=N` | `SessionOptions::pipeline_threads` |
 //! | `GERBIL_PIPELINE_CACHE=0`, `GERBIL_CACHE_DIR` | `SessionOptions::pipeline_cache` ([`pipeline_cache_dir`]); `GERBIL_CACHE_DIR` also holds the plans `gerbil-run ORG/NAME` compiles ([`cache_root`]) |
-//! | `GERBIL_TEMPLATE_CHILD` | a template-rendering child ([`serve_template_child`], [`template_sandbox`]) |
+//! | `GERBIL_TEMPLATE_CHILD` | with the one argument `--gerbil-template-child`, a template-rendering child ([`serve_template_child`], [`template_sandbox`]); alone, nothing |
 //!
 //! The surprise: a variable set to the empty string counts as unset, and a
 //! switch counts as on for any value but `0` (and `off`/`false` for the
@@ -102,9 +102,16 @@ pub fn template_sandbox() -> Option<gerbil_text::TemplateSandbox> {
 }
 
 /// Call first in `main`: when this process was started to render a chat
-/// template (`GERBIL_TEMPLATE_CHILD` holds its limits), renders it and
-/// exits; otherwise returns.
+/// template (its one argument `--gerbil-template-child`, and
+/// `GERBIL_TEMPLATE_CHILD` holding its limits), renders it and exits;
+/// otherwise returns. The variable alone changes nothing.
 pub fn serve_template_child() {
+    let mut args = std::env::args_os().skip(1);
+    let as_child =
+        args.next().is_some_and(|a| a == gerbil_text::CHILD_ARG) && args.next().is_none();
+    if !as_child {
+        return;
+    }
     if let Some(limits) = std::env::var_os(gerbil_text::CHILD_ENV) {
         gerbil_text::serve_child(&limits);
     }

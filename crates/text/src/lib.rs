@@ -46,7 +46,7 @@ use std::fmt;
 use gerbil_plan::PlanFile;
 use serde::{Deserialize, Serialize};
 
-pub use sandbox::{serve_child, TemplateSandbox, CHILD_ENV};
+pub use sandbox::{serve_child, TemplateSandbox, CHILD_ARG, CHILD_ENV};
 pub use stop::StopText;
 pub use stream::{StreamDecoder, StreamState};
 use template::ChatTemplate;

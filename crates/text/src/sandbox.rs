@@ -6,14 +6,14 @@
 //! terabyte before it writes a byte, and minijinja has no hook on concatenation (Jinja's own
 //! maintainers answer the same question with "set resource limits in the OS"). So a
 //! [`TemplateSandbox`] renders in a child of this program instead: it starts the program again
-//! with [`CHILD_ENV`] set, and the program's `main` hands that variable's value to
-//! [`serve_child`] before anything else. The child caps its address space and CPU time with `setrlimit`, reads one request
+//! with [`CHILD_ARG`] as its argument and [`CHILD_ENV`] set, and the program's `main` hands that
+//! variable's value to [`serve_child`] before anything else. The child caps its address space and CPU time with `setrlimit`, reads one request
 //! (template, messages, special tokens) as JSON on stdin, renders it with the in-process
 //! renderer and writes the outcome as JSON on stdout. A child that runs out of memory aborts,
 //! one that runs out of CPU time is killed, and either way the parent reports
 //! [`TextError::TemplateLimit`] instead of the machine swapping or the process dying.
 //!
-//! Usage: `gerbilc` and `gerbil-run` check [`CHILD_ENV`] first in `main` (and call
+//! Usage: `gerbilc` and `gerbil-run` check [`CHILD_ARG`] and [`CHILD_ENV`] first in `main` (and call
 //! [`serve_child`] when it is set), and hand [`TemplateSandbox::new`] with their own executable
 //! to the codecs they build. The library reads no environment variable itself. The surprise: it costs one
 //! process start per render (a few milliseconds, against hundreds for the prompt's prefill),
@@ -30,9 +30,14 @@ use serde::{Deserialize, Serialize};
 use super::template::ChatTemplate;
 use super::{ChatMessage, TextError};
 
-/// The environment variable that makes a program started by [`TemplateSandbox`] a renderer:
-/// its value is the child's limits, `MEMORY_BYTES,CPU_SECONDS`.
+/// The environment variable that, with [`CHILD_ARG`] as the only argument, makes a program
+/// started by [`TemplateSandbox`] a renderer: its value is the child's limits,
+/// `MEMORY_BYTES,CPU_SECONDS`.
 pub const CHILD_ENV: &str = "GERBIL_TEMPLATE_CHILD";
+
+/// The one argument a renderer is started with: the variable alone, exported by accident,
+/// does not turn a program into a renderer.
+pub const CHILD_ARG: &str = "--gerbil-template-child";
 
 /// Address space a render may use beyond eight times its request: the program's own mappings
 /// and the largest output the renderer writes (64 MiB) with room to spare.
@@ -70,6 +75,7 @@ impl TemplateSandbox {
         let input = serde_json::to_vec(request).map_err(|e| sandbox_error(e.to_string()))?;
         let memory = BASE_MEMORY_BYTES.saturating_add((input.len() as u64).saturating_mul(8));
         let mut child = Command::new(&self.program)
+            .arg(CHILD_ARG)
             .env(CHILD_ENV, format!("{memory},{CPU_SECONDS}"))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -171,9 +177,11 @@ fn died(output: &std::process::Output, memory: u64) -> TextError {
     ))
 }
 
-/// In a program started by [`TemplateSandbox`], with `limits` the value of its [`CHILD_ENV`]:
-/// applies the limits, renders the request on stdin, writes the outcome on stdout and exits.
-/// Call it first in `main`, before any thread or allocation of size.
+/// In a program started by [`TemplateSandbox`] (its only argument [`CHILD_ARG`]), with
+/// `limits` the value of its [`CHILD_ENV`]: applies the limits, renders the request on stdin,
+/// writes the outcome on stdout and exits. On Linux it also asks to be killed when its parent
+/// dies, so a render outlives no server. Call it first in `main`, before any thread or
+/// allocation of size.
 pub fn serve_child(limits: &std::ffi::OsStr) -> ! {
     let code = match child(&limits.to_string_lossy()) {
         Ok(()) => 0,
@@ -214,10 +222,13 @@ fn child(limits: &str) -> Result<(), String> {
 }
 
 /// Caps this process's address space at `memory` bytes and its CPU time at `seconds` (then
-/// `SIGXCPU`, and `SIGKILL` a second later).
+/// `SIGXCPU`, and `SIGKILL` a second later); on Linux, `SIGKILL` when its parent dies.
 #[cfg(unix)]
 fn limit(memory: u64, seconds: u64) -> Result<(), String> {
     use rustix::process::{setrlimit, Resource, Rlimit};
+    #[cfg(target_os = "linux")]
+    rustix::process::set_parent_process_death_signal(Some(rustix::process::Signal::KILL))
+        .map_err(|e| format!("prctl(PR_SET_PDEATHSIG): {e}"))?;
     let cap = |n: u64| Rlimit {
         current: Some(n),
         maximum: Some(n),

@@ -245,3 +245,58 @@ fn a_plan_with_a_broken_tokenizer_still_runs_on_token_ids() {
     assert_fails_with(&o, "invalid tokenizer.json: ");
     assert_fails_with(&o, "this plan still runs on token ids (--input-ids)");
 }
+
+/// The template renderer is entered only as the sandbox starts it (its one
+/// argument `--gerbil-template-child` and the limits in
+/// `GERBIL_TEMPLATE_CHILD`): the variable exported by accident changes
+/// nothing. A renderer dies with its parent (Linux: `PR_SET_PDEATHSIG`),
+/// even while it still waits for its request.
+#[test]
+fn the_template_child_is_entered_only_on_purpose_and_dies_with_its_parent() {
+    let limits = std::ffi::OsStr::new("4000000000,10");
+    let o = gerbil_run_with(&["--version"], &[("GERBIL_TEMPLATE_CHILD", limits)]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(stdout(&o).starts_with("gerbil-run "), "{}", stdout(&o));
+    #[cfg(target_os = "linux")]
+    {
+        use std::io::BufRead;
+        // sh starts the renderer on sh's own stdin (a pipe this test keeps
+        // open, so the renderer waits for its request), prints its pid, and
+        // becomes `sleep`; killing that process kills the renderer's parent.
+        let script = format!(
+            "exec 3<&0; GERBIL_TEMPLATE_CHILD=4000000000,10 '{}' --gerbil-template-child <&3 & \
+             echo $!; exec sleep 60",
+            env!("CARGO_BIN_EXE_gerbil-run")
+        );
+        let mut parent = std::process::Command::new("sh")
+            .args(["-c", &script])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(parent.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let pid: u32 = line.trim().parse().unwrap();
+        // Held to the end: `wait` would close it, and the renderer would end
+        // on the end of its input rather than on its parent's death.
+        let _input = parent.stdin.take();
+        let alive = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+                stat.rsplit(')')
+                    .next()
+                    .is_some_and(|s| !s.starts_with(" Z"))
+            })
+        };
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert!(alive(), "the renderer waits for its request");
+        parent.kill().unwrap();
+        parent.wait().unwrap();
+        let start = std::time::Instant::now();
+        while alive() && start.elapsed() < std::time::Duration::from_secs(5) {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        assert!(!alive(), "the renderer outlived its parent");
+    }
+}
