@@ -5,11 +5,13 @@
 //! keeps each file open, reads its header and validates it with the
 //! `safetensors` crate (offsets cover the file exactly, sizes match shapes).
 //! [`WeightStore::tensor`] reads a tensor's bytes with one positional
-//! read the first time it is asked for and keeps them for the store's
-//! lifetime (the plan borrows them until it is written), so a file that
-//! another program truncates meanwhile is [`FrontendError::Changed`], never
-//! a fault: a memory map of the file, as before, died with SIGBUS there. The
-//! price is the tensors read, held in memory rather than in the page cache.
+//! read each time it is asked for and hands them over: the store keeps
+//! nothing, so a caller that drops each tensor after use (the compiler
+//! writes a plan one weight at a time) holds one tensor in memory, never
+//! the checkpoint. A file that another program truncates meanwhile is
+//! [`FrontendError::Changed`], never a fault: a memory map of the file, as
+//! before, died with SIGBUS there. A tensor asked for twice is read twice
+//! (from the page cache, as a rule).
 //! [`WeightStore::from_bytes`] and [`WeightStore::from_index_json`]
 //! run the same checks on files already in memory (tests, fuzzing).
 //!
@@ -24,18 +26,19 @@ use gerbil_ir::DType;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde::Deserialize;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 /// Name of a single-file checkpoint.
 pub const SINGLE_FILE: &str = "model.safetensors";
 /// Name of the index of a sharded checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// A borrowed view of one tensor: dtype, shape and the raw little-endian bytes
-/// exactly as stored in the file.
+/// One tensor: dtype, shape and the raw little-endian bytes exactly as
+/// stored in the file, borrowed from a file in memory or read (owned), to be
+/// dropped once used.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorView<'a> {
     /// Element type.
@@ -44,7 +47,7 @@ pub struct TensorView<'a> {
     pub shape: Vec<u64>,
     /// The bytes, `dtype.bytes_for(shape.product())` of them (ggml blocks
     /// for a quantized dtype).
-    pub data: &'a [u8],
+    pub data: Cow<'a, [u8]>,
 }
 
 /// One safetensors file.
@@ -101,8 +104,6 @@ struct Entry {
     /// Byte range within the shard's file.
     start: usize,
     end: usize,
-    /// The bytes, once read from a file.
-    read: OnceLock<Vec<u8>>,
     /// Set for a tensor of a GGUF file (`start` and `end` are then unused).
     gguf: Option<GgufTensor>,
 }
@@ -271,7 +272,6 @@ impl WeightStore {
                 shape: info.shape(),
                 start: 0,
                 end: 0,
-                read: OnceLock::new(),
                 gguf: Some(GgufTensor {
                     info: info.clone(),
                     fixup,
@@ -326,7 +326,6 @@ impl WeightStore {
                 shape: info.shape.iter().map(|&d| d as u64).collect(),
                 start: data_start + s,
                 end: data_start + e,
-                read: OnceLock::new(),
                 gguf: None,
             };
             if self.tensors.insert(name.clone(), entry).is_some() {
@@ -343,7 +342,8 @@ impl WeightStore {
     }
 
     /// The tensor called `name`, or an error if it is absent or its dtype is
-    /// not BF16, F16 or F32. Its bytes are read from the file the first time.
+    /// not BF16, F16 or F32. Its bytes are read from the file on every call
+    /// and belong to the caller.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
         let (e, dtype) = self.entry(name)?;
         Ok(TensorView {
@@ -386,27 +386,23 @@ impl WeightStore {
     }
 
     /// The bytes of `e`: a slice of a file in memory, or read from the file
-    /// the first time they are asked for.
-    fn data<'s>(&'s self, e: &'s Entry) -> Result<&'s [u8]> {
+    /// (for the caller to keep or drop).
+    fn data<'s>(&'s self, e: &'s Entry) -> Result<Cow<'s, [u8]>> {
         let shard = &self.shards[e.shard];
-        if let Some(bytes) = e.read.get() {
-            return Ok(bytes);
-        }
         let (file, len) = match &shard.bytes {
-            ShardBytes::Memory(bytes) => return Ok(&bytes[e.start..e.end]),
+            ShardBytes::Memory(bytes) => return Ok(Cow::Borrowed(&bytes[e.start..e.end])),
             ShardBytes::File { file, len } => (file, *len),
             ShardBytes::Gguf(g) => {
                 let t = e
                     .gguf
                     .as_ref()
                     .unwrap_or_else(|| unreachable!("a GGUF entry"));
-                let bytes = read_gguf(g, t, e.dtype)?;
-                return Ok(e.read.get_or_init(|| bytes));
+                return Ok(Cow::Owned(read_gguf(g, t, e.dtype)?));
             }
         };
         let mut bytes = vec![0u8; e.end - e.start];
         read_exact_at(&shard.path, file, len, e.start as u64, &mut bytes)?;
-        Ok(e.read.get_or_init(|| bytes))
+        Ok(Cow::Owned(bytes))
     }
 
     /// Whether the store holds a tensor called `name` (of any dtype).
