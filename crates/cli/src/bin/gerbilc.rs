@@ -326,6 +326,11 @@ fn real_main(cli: Cli) -> Result<()> {
             if let Some(dir) = &emit_wgsl {
                 plan.emit_wgsl(dir)?;
             }
+            if output.is_none() {
+                // Without -o the weights are still read and checked, one at
+                // a time, as writing would.
+                plan.check_weights()?;
+            }
             if let Some(out) = output {
                 let mut bar = None;
                 plan.write_with_progress(&out, &mut |done, total| {
