@@ -12,12 +12,15 @@
 //! so compiling holds one weight buffer and the tensors it is made of, not
 //! the model.
 //!
-//! The surprise: rows are cut *before* anything else is done to them. A
-//! weight that codegen split into row shards reads only the parts of a
-//! concatenation its rows come from, and quantizes only its own rows, so an
-//! LM head split in nine is quantized once, not nine times over; this gives
-//! the bytes cutting the whole would give because ggml's blocks never cross
-//! a row. [`TensorSource`] is the seam that lets tests build plans from
+//! The surprise: rows are cut *before* anything else is done to them, as
+//! they are read. A weight that codegen split into row shards reads only its
+//! own rows ([`TensorSource::tensor_rows`]: one positional read of them from
+//! a safetensors file) of only the parts of a concatenation they come from,
+//! and quantizes only those, so an LM head split in nine is read and
+//! quantized once, not nine times over; this gives the bytes cutting the
+//! whole would give because ggml's blocks never cross a row. The NaN scan
+//! covers what is read, and names an element by its index in the whole
+//! tensor. [`TensorSource`] is the seam that lets tests build plans from
 //! tensors made in memory instead of a checkpoint directory (and count what
 //! is read).
 
@@ -40,6 +43,20 @@ pub trait TensorSource {
     fn rows(&self, name: &str) -> Result<u64, FrontendError> {
         Ok(self.tensor(name)?.shape.first().copied().unwrap_or(1))
     }
+
+    /// Rows `start..start + count` of the tensor, which holds them (the
+    /// caller checked with [`TensorSource::rows`]). The default reads the
+    /// whole tensor and cuts it; a source that can read rows alone (a
+    /// checkpoint) overrides it.
+    fn tensor_rows(
+        &self,
+        name: &str,
+        start: u64,
+        count: u64,
+    ) -> Result<TensorView<'_>, FrontendError> {
+        let view = self.tensor(name)?;
+        Ok(keep_rows(view, start, count))
+    }
 }
 
 impl TensorSource for Checkpoint {
@@ -51,6 +68,38 @@ impl TensorSource for Checkpoint {
         let (_, shape) = self.weights.tensor_type(name)?;
         Ok(shape.first().copied().unwrap_or(1))
     }
+
+    fn tensor_rows(
+        &self,
+        name: &str,
+        start: u64,
+        count: u64,
+    ) -> Result<TensorView<'_>, FrontendError> {
+        Checkpoint::tensor_rows(self, name, start, count)
+    }
+}
+
+/// Rows `start..start + count` of `view` (as many of them as it holds);
+/// bytes it owns are cut in place.
+fn keep_rows(mut view: TensorView<'_>, start: u64, count: u64) -> TensorView<'_> {
+    let total = view.shape.first().copied().unwrap_or(1).max(1);
+    let row_bytes = view.data.len() as u64 / total;
+    let len = view.data.len() as u64;
+    let a = (start.saturating_mul(row_bytes)).min(len) as usize;
+    let b = (start.saturating_add(count).saturating_mul(row_bytes)).min(len) as usize;
+    view.data = match view.data {
+        Cow::Borrowed(all) => Cow::Borrowed(&all[a..b]),
+        Cow::Owned(mut all) => {
+            all.truncate(b);
+            all.drain(..a);
+            all.shrink_to_fit();
+            Cow::Owned(all)
+        }
+    };
+    if let Some(rows) = view.shape.first_mut() {
+        *rows = count;
+    }
+    view
 }
 
 /// How weights are materialized.
@@ -70,56 +119,39 @@ fn weight_error(source: &WeightSource, reason: String) -> CompileError {
     }
 }
 
-/// Tensor `name`, scanned for NaN and infinities unless `options` allow
-/// them (the whole tensor, so the index named is the tensor's own).
+/// Rows `rows` (all of them for `None`) of tensor `name`, read alone where
+/// the source can, and scanned for NaN and infinities unless `options`
+/// allow them (the index named is the element's in the whole tensor).
 fn read<'a>(
     tensors: &'a dyn TensorSource,
+    source: &WeightSource,
     name: &str,
+    rows: Option<(u64, u64)>,
     options: WeightOptions,
 ) -> Result<TensorView<'a>, CompileError> {
-    let view = tensors.tensor(name)?;
+    let (view, first_row) = match rows {
+        None => (tensors.tensor(name)?, 0),
+        Some((start, count)) => {
+            let total = tensors.rows(name)?;
+            if start.checked_add(count).is_none_or(|end| end > total) || total == 0 {
+                return Err(weight_error(
+                    source,
+                    format!("tensor `{name}` has {total} rows, not {start}..{start}+{count}"),
+                ));
+            }
+            (tensors.tensor_rows(name, start, count)?, start)
+        }
+    };
     if !options.allow_non_finite {
         if let Some((index, value)) = first_non_finite(&view.data, view.dtype) {
+            let row_values: u64 = view.shape.iter().skip(1).product();
             return Err(CompileError::NonFiniteWeight {
                 tensor: name.to_owned(),
-                index: index as u64,
+                index: first_row * row_values + index as u64,
                 value,
             });
         }
     }
-    Ok(view)
-}
-
-/// Rows `start..start + count` of `view` (tensor `name`); bytes it owns
-/// are cut in place.
-fn cut_rows<'a>(
-    mut view: TensorView<'a>,
-    (start, count): (u64, u64),
-    source: &WeightSource,
-    name: &str,
-) -> Result<TensorView<'a>, CompileError> {
-    let total = view.shape.first().copied().unwrap_or(0);
-    let end = start
-        .checked_add(count)
-        .filter(|&e| e <= total && total > 0);
-    let Some(end) = end else {
-        return Err(weight_error(
-            source,
-            format!("tensor `{name}` has {total} rows, not {start}..{start}+{count}"),
-        ));
-    };
-    let row_bytes = view.data.len() as u64 / total;
-    let (a, b) = ((start * row_bytes) as usize, (end * row_bytes) as usize);
-    view.data = match view.data {
-        Cow::Borrowed(all) => Cow::Borrowed(&all[a..b]),
-        Cow::Owned(mut all) => {
-            all.truncate(b);
-            all.drain(..a);
-            all.shrink_to_fit();
-            Cow::Owned(all)
-        }
-    };
-    view.shape[0] = count;
     Ok(view)
 }
 
@@ -149,9 +181,10 @@ fn converted<'a>(
     ))
 }
 
-/// Rows `rows` (all of them for `None`) of tensor `name` as `dtype`. The
-/// rows are cut before quantizing, so a tensor read as several row ranges
-/// (Phi-3's `qkv_proj`) is quantized once per range, not whole each time.
+/// Rows `rows` (all of them for `None`) of tensor `name` as `dtype`. Only
+/// the rows are read and quantized, so a tensor read as several row ranges
+/// (Phi-3's `qkv_proj`, a sharded LM head) is read and quantized once per
+/// range, not whole each time.
 fn checked<'a>(
     tensors: &'a dyn TensorSource,
     source: &WeightSource,
@@ -160,10 +193,7 @@ fn checked<'a>(
     rows: Option<(u64, u64)>,
     options: WeightOptions,
 ) -> Result<Cow<'a, [u8]>, CompileError> {
-    let mut view = read(tensors, name, options)?;
-    if let Some(rows) = rows {
-        view = cut_rows(view, rows, source, name)?;
-    }
+    let view = read(tensors, source, name, rows, options)?;
     converted(view, dtype, options.rounding, source, name)
 }
 
@@ -333,6 +363,27 @@ mod tests {
                 data: Cow::Owned(data.clone()),
             })
         }
+
+        fn rows(&self, name: &str) -> Result<u64, FrontendError> {
+            let (shape, _) = self
+                .tensors
+                .get(name)
+                .ok_or_else(|| FrontendError::MissingTensor { name: name.into() })?;
+            Ok(shape[0])
+        }
+
+        fn tensor_rows(
+            &self,
+            name: &str,
+            start: u64,
+            count: u64,
+        ) -> Result<TensorView<'_>, FrontendError> {
+            let view = self.tensor(name)?;
+            self.reads
+                .borrow_mut()
+                .push(format!("rows {start}+{count}"));
+            Ok(keep_rows(view, start, count))
+        }
     }
 
     fn shard(source: WeightSource, dtype: DType, cols: u64, rows: (u64, u64)) -> WeightBuffer {
@@ -393,15 +444,12 @@ mod tests {
                 }
             }
         }
-        // Only the parts of a concatenation a shard's rows come from are read.
+        // Only the rows a shard holds, of the parts of a concatenation they
+        // come from, are read.
         tensors.reads.borrow_mut().clear();
         let w = shard(concat.clone(), DType::Q8_0, cols, (7, 3));
         weight_buffer_bytes(&tensors, &w, WeightOptions::default()).unwrap();
-        assert_eq!(
-            *tensors.reads.borrow(),
-            ["a", "b", "b"],
-            "a's rows, then b's bytes"
-        );
+        assert_eq!(*tensors.reads.borrow(), ["b", "rows 1+3"]);
         let w = shard(concat, DType::Q8_0, cols, (14, 3));
         let e = weight_buffer_bytes(&tensors, &w, WeightOptions::default()).unwrap_err();
         assert!(

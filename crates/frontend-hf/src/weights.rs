@@ -12,6 +12,9 @@
 //! [`FrontendError::Changed`], never a fault: a memory map of the file, as
 //! before, died with SIGBUS there. A tensor asked for twice is read twice
 //! (from the page cache, as a rule).
+//! [`WeightStore::tensor_rows`] reads only some of a tensor's rows (a row
+//! shard of a large LM head), from a safetensors file with one positional
+//! read of just those bytes.
 //! [`WeightStore::from_bytes`] and [`WeightStore::from_index_json`]
 //! run the same checks on files already in memory (tests, fuzzing).
 //!
@@ -353,6 +356,41 @@ impl WeightStore {
         })
     }
 
+    /// Rows `start..start + count` of tensor `name` (rows of its leading
+    /// dimension), with the errors of [`Self::tensor`]: a tensor stored as
+    /// is (a safetensors file) reads those rows alone; a GGUF tensor, whose
+    /// fix-ups move rows, is read whole and cut. Rows beyond the tensor are
+    /// [`FrontendError::TensorShape`].
+    pub fn tensor_rows(&self, name: &str, start: u64, count: u64) -> Result<TensorView<'_>> {
+        let (e, dtype) = self.entry(name)?;
+        let total = e.shape.first().copied().unwrap_or(1);
+        if start.checked_add(count).is_none_or(|end| end > total) {
+            let mut expected = e.shape.clone();
+            if let Some(rows) = expected.first_mut() {
+                *rows = start.saturating_add(count);
+            }
+            return Err(FrontendError::TensorShape {
+                name: name.to_string(),
+                expected,
+                found: e.shape.clone(),
+            });
+        }
+        let mut shape = e.shape.clone();
+        if let Some(rows) = shape.first_mut() {
+            *rows = count;
+        }
+        let data = if e.gguf.is_some() || total == 0 {
+            let all = self.data(e)?;
+            let row_bytes = all.len() / total.max(1) as usize;
+            cut(all, start as usize * row_bytes, count as usize * row_bytes)
+        } else {
+            let row_bytes = ((e.end - e.start) as u64 / total) as usize;
+            let from = e.start + start as usize * row_bytes;
+            self.range(e, from, from + count as usize * row_bytes)?
+        };
+        Ok(TensorView { dtype, shape, data })
+    }
+
     /// The dtype and shape of tensor `name`, with the errors of
     /// [`Self::tensor`], without reading its bytes.
     pub fn tensor_type(&self, name: &str) -> Result<(DType, &[u64])> {
@@ -388,21 +426,29 @@ impl WeightStore {
     /// The bytes of `e`: a slice of a file in memory, or read from the file
     /// (for the caller to keep or drop).
     fn data<'s>(&'s self, e: &'s Entry) -> Result<Cow<'s, [u8]>> {
+        if let ShardBytes::Gguf(g) = &self.shards[e.shard].bytes {
+            let t = e
+                .gguf
+                .as_ref()
+                .unwrap_or_else(|| unreachable!("a GGUF entry"));
+            return Ok(Cow::Owned(read_gguf(g, t, e.dtype)?));
+        }
+        self.range(e, e.start, e.end)
+    }
+
+    /// Bytes `from..to` of the safetensors file of `e`: borrowed from a
+    /// file in memory, or read.
+    fn range<'s>(&'s self, e: &Entry, from: usize, to: usize) -> Result<Cow<'s, [u8]>> {
         let shard = &self.shards[e.shard];
-        let (file, len) = match &shard.bytes {
-            ShardBytes::Memory(bytes) => return Ok(Cow::Borrowed(&bytes[e.start..e.end])),
-            ShardBytes::File { file, len } => (file, *len),
-            ShardBytes::Gguf(g) => {
-                let t = e
-                    .gguf
-                    .as_ref()
-                    .unwrap_or_else(|| unreachable!("a GGUF entry"));
-                return Ok(Cow::Owned(read_gguf(g, t, e.dtype)?));
+        match &shard.bytes {
+            ShardBytes::Memory(bytes) => Ok(Cow::Borrowed(&bytes[from..to])),
+            ShardBytes::File { file, len } => {
+                let mut bytes = vec![0u8; to - from];
+                read_exact_at(&shard.path, file, *len, from as u64, &mut bytes)?;
+                Ok(Cow::Owned(bytes))
             }
-        };
-        let mut bytes = vec![0u8; e.end - e.start];
-        read_exact_at(&shard.path, file, len, e.start as u64, &mut bytes)?;
-        Ok(Cow::Owned(bytes))
+            ShardBytes::Gguf(_) => unreachable!("GGUF tensors are read by read_gguf"),
+        }
     }
 
     /// Whether the store holds a tensor called `name` (of any dtype).
@@ -435,6 +481,20 @@ impl WeightStore {
     /// The files, in the order they were opened.
     pub fn files(&self) -> Vec<&Path> {
         self.shards.iter().map(|s| s.path.as_path()).collect()
+    }
+}
+
+/// Bytes `from..from + len` of `bytes` (which hold them), cut in place when
+/// owned.
+fn cut(bytes: Cow<'_, [u8]>, from: usize, len: usize) -> Cow<'_, [u8]> {
+    match bytes {
+        Cow::Borrowed(all) => Cow::Borrowed(&all[from..from + len]),
+        Cow::Owned(mut all) => {
+            all.truncate(from + len);
+            all.drain(..from);
+            all.shrink_to_fit();
+            Cow::Owned(all)
+        }
     }
 }
 

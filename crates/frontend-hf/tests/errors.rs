@@ -287,7 +287,7 @@ fn checkpoint_truncated_while_open_is_an_error_not_a_fault() {
 /// The store keeps no tensor: each read hands its bytes over (owned) and a
 /// tensor asked for again is read from the file again, so a compiler that
 /// drops each tensor after use holds one at a time. (A store that cached the
-/// first read would return the old bytes here.)
+/// first read would return the old bytes here.) Rows can be read alone.
 #[test]
 fn a_tensor_is_read_from_its_file_each_time_and_handed_over() {
     let tmp = TempDir::new("no-cache");
@@ -309,6 +309,17 @@ fn a_tensor_is_read_from_its_file_each_time_and_handed_over() {
     let again = ckpt.tensor(name).unwrap();
     assert_eq!(again.data, &changed[..]);
     assert_ne!(again.data, first.data);
+    // Some rows alone: the bytes of those rows of the whole.
+    let emb = "model.embed_tokens.weight";
+    let whole = ckpt.tensor(emb).unwrap();
+    let rows = ckpt.tensor_rows(emb, 3, 5).unwrap();
+    assert_eq!(rows.shape, [5, 64]);
+    assert_eq!(rows.data, &whole.data[3 * 256..8 * 256]);
+    let err = ckpt.tensor_rows(emb, 510, 5).unwrap_err().to_string();
+    assert!(
+        err.contains("has shape [512, 64] but the config implies [515, 64]"),
+        "{err}"
+    );
 }
 
 #[test]
