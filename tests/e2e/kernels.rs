@@ -656,7 +656,7 @@ fn check_gemv(c: &MatMulCase, reduce: kernels::gemv::Reduce) -> Result<(), Strin
 /// rounded half to even, in f32 as the shader computes it (a case without a
 /// norm: with one the kernel quantizes `x` times the norm weight).
 fn check_gemv_int8(c: &MatMulCase, reduce: kernels::gemv::Reduce) -> Result<(), String> {
-    assert!(c.norm.is_none() && c.k % 32 == 0, "{c:?}");
+    assert!(c.norm.is_none() && c.k.is_multiple_of(32), "{c:?}");
     let src = kernels::gemv::kernel(&matmul_spec(c), reduce, kernels::gemv::Dots::Int8);
     check_matmul_kernel_seeing(c, &src, |x| {
         x.chunks(32)

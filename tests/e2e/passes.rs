@@ -13,7 +13,7 @@
 //! with the interpreter's.
 
 use gerbil_codegen_wgsl::CodegenOptions;
-use gerbil_compiler::{build_plan, Rounding, TensorSource};
+use gerbil_compiler::{build_plan, TensorSource, WeightOptions};
 use gerbil_e2e::interpreter::Interpreter;
 use gerbil_e2e::{gpu_lock, proptest_config, temp_dir};
 use gerbil_frontend_hf::{FrontendError, TensorView, TextAssets};
@@ -23,7 +23,7 @@ use gerbil_ir::{
     UnaryOp, ValueRef, Weight, WeightSource,
 };
 use gerbil_passes::{default_pipeline, PassManager};
-use gerbil_plan::{write_plan, CompileInfo, ModelInfo, PlanFile};
+use gerbil_plan::{CompileInfo, ModelInfo, PlanFile};
 use gerbil_runtime::Session;
 use pollster::block_on;
 use proptest::prelude::*;
@@ -42,7 +42,7 @@ impl TensorSource for Tensors {
         Ok(TensorView {
             dtype: DType::F32,
             shape: shape.clone(),
-            data,
+            data: data.into(),
         })
     }
 }
@@ -349,12 +349,12 @@ fn run(
         &text,
         CompileInfo::default(),
         &codegen,
-        Rounding::Ggml,
+        WeightOptions::default(),
     )
     .unwrap_or_else(|e| panic!("build (disabled {disabled:?}): {e:#}"));
     let dir = temp_dir("passes");
     let path = dir.path().join("random.plan");
-    write_plan(&path, &built.header, &built.data).expect("write plan");
+    built.write(&path).expect("write plan");
     let plan = PlanFile::open(&path).expect("open plan");
     let _gpu = gpu_lock();
     let mut session = block_on(Session::new(&plan)).expect("session");

@@ -17,11 +17,18 @@
 //! which is what sharing the buffer does on the GPU.
 
 use crate::reference as r;
-use gerbil_compiler::{materialize, CompileError, Rounding, TensorSource};
+use gerbil_compiler::{materialize, CompileError, Rounding, TensorSource, WeightOptions};
 use gerbil_ir::{DType, Graph, NodeId, Op, TensorType, ValueRef};
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
+
+/// How the interpreter materializes weights: as the plan would, but a NaN
+/// is computed with, not refused (the interpreter checks what it is given).
+const ALLOW_NON_FINITE: WeightOptions = WeightOptions {
+    rounding: Rounding::Ggml,
+    allow_non_finite: true,
+};
 
 /// Why the interpreter could not run a graph.
 #[derive(Debug)]
@@ -169,11 +176,11 @@ impl<'g> Interpreter<'g> {
                         w.ty.shape
                             .first()
                             .map_or(1, |d| d.resolve(0, max_context as u64));
-                    let bytes = materialize(tensors, &w.source, w.ty.dtype, rows, Rounding::Ggml)
+                    let bytes = materialize(tensors, &w.source, w.ty.dtype, rows, ALLOW_NON_FINITE)
                         .map_err(|source| InterpretError::Weight {
-                        label: node.label.clone(),
-                        source: Box::new(source),
-                    })?;
+                            label: node.label.clone(),
+                            source: Box::new(source),
+                        })?;
                     let values =
                         decode(&bytes, w.ty.dtype).ok_or_else(|| InterpretError::WeightDType {
                             label: node.label.clone(),

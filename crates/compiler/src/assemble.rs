@@ -1,40 +1,56 @@
-//! Plan assembly: a codegen [`Program`](gerbil_codegen_wgsl::Program) plus materialized weights and the text
-//! assets become a [`Plan`] — a header and its data sections — ready to write.
+//! Plan assembly: a codegen [`Program`](gerbil_codegen_wgsl::Program) plus the
+//! text assets become a [`Plan`] — a header and the layout of its data
+//! sections — whose weights are materialized only as the plan is written.
 //!
 //! [`build_plan`] is the back half of the compiler, usable on any graph whose
 //! passes have run and any [`TensorSource`]; the pass-equivalence tests build
 //! random graphs with in-memory weights and go through it. The header is
 //! checked with `PlanHeader::validate` before it is returned, so a plan this
 //! crate hands out is one the runtime accepts.
+//!
+//! The surprise: building a plan reads no weights. Every weight buffer's
+//! size is known from codegen (`BufferDecl::size`), so the header, with
+//! every section's offset, is complete before any weight exists;
+//! [`Plan::write`] then materializes each buffer, writes it and drops it
+//! before the next (`gerbil_plan::write_plan_streaming`), and that is when
+//! a weight's errors (a NaN, a file changed under it) come out.
+//! [`Plan::check_weights`] runs the same materialization without writing.
 
 use crate::error::CompileError;
-use crate::materialize::{weight_buffer_bytes, TensorSource};
-use crate::quantize::Rounding;
-use gerbil_codegen_wgsl::{generate, CodegenOptions};
+use crate::materialize::{weight_buffer_bytes, TensorSource, WeightOptions};
+use gerbil_codegen_wgsl::{generate, CodegenOptions, WeightBuffer};
 use gerbil_frontend_hf::{GenerationConfig, TextAssets};
 use gerbil_ir::Graph;
 use gerbil_plan::{
-    write_plan, write_plan_with_progress, BufferKind, CompileInfo, DataLayout, GenerationDefaults,
-    ModelInfo, PlanHeader, TextInfo,
+    write_plan_streaming, BufferKind, CompileInfo, DataLayout, GenerationDefaults, ModelInfo,
+    PlanHeader, SectionData, TextInfo,
 };
 use std::borrow::Cow;
 use std::path::Path;
 
-/// A plan ready to write: its header and data sections, which borrow from
-/// the tensor source (the checkpoint's tensor bytes) where they can.
+/// A plan ready to write: its header, and the layout of its data sections,
+/// whose weights are read from the tensor source (the checkpoint) as they
+/// are written.
 pub struct Plan<'a> {
     /// The header.
     pub header: PlanHeader,
-    /// Weight and tokenizer sections.
-    pub data: DataLayout<'a>,
     /// Bytes of weight data.
     pub weight_bytes: u64,
+    /// The data region: a reserved section per weight buffer, in the order
+    /// of `weights`, then the tokenizer.
+    data: DataLayout<'a>,
+    /// The weight buffers, each made when its section is written.
+    weights: Vec<WeightBuffer>,
+    tensors: &'a dyn TensorSource,
+    options: WeightOptions,
 }
 
-impl Plan<'_> {
-    /// Writes the plan file (to a temporary name, then renamed into place).
+impl<'a> Plan<'a> {
+    /// Writes the plan file (to a temporary name, then renamed into place),
+    /// materializing one weight buffer at a time; on an error, such as a
+    /// weight that cannot be made, nothing is left at `path`.
     pub fn write(&self, path: &Path) -> Result<(), CompileError> {
-        Ok(write_plan(path, &self.header, &self.data)?)
+        self.write_with_progress(path, &mut |_, _| {})
     }
 
     /// Like [`Plan::write`], calling `progress(done, total)` as the data
@@ -44,12 +60,28 @@ impl Plan<'_> {
         path: &Path,
         progress: &mut dyn FnMut(u64, u64),
     ) -> Result<(), CompileError> {
-        Ok(write_plan_with_progress(
-            path,
-            &self.header,
-            &self.data,
-            progress,
-        )?)
+        write_plan_streaming(path, &self.header, &self.data, |k| self.weight(k), progress)
+    }
+
+    /// Materializes every weight buffer and drops it: the checks writing
+    /// makes (NaN and infinities unless allowed, sizes, readable tensors),
+    /// without writing.
+    pub fn check_weights(&self) -> Result<(), CompileError> {
+        (0..self.weights.len()).try_for_each(|k| self.weight(k).map(drop))
+    }
+
+    /// The bytes of weight buffer `k`, of the size the header gives it.
+    fn weight(&self, k: usize) -> Result<SectionData<'a>, CompileError> {
+        let w = &self.weights[k];
+        let bytes = weight_buffer_bytes(self.tensors, w, self.options)?;
+        let size = self.header.buffers[w.buffer as usize].size;
+        if bytes.len() as u64 != size {
+            return Err(CompileError::Weight {
+                weight: w.source.to_string(),
+                reason: format!("{} bytes materialized, {size} expected", bytes.len()),
+            });
+        }
+        Ok(bytes)
     }
 
     /// Writes every kernel's WGSL to `dir/<kernel>.wgsl`.
@@ -64,10 +96,11 @@ impl Plan<'_> {
     }
 }
 
-/// Generates code for a graph whose passes have run, materializes its
-/// weights from `tensors` and assembles the plan. `model`'s context fields
-/// are taken from `codegen`; float weights the graph gives a block type are
-/// quantized by `rounding`'s quantizer.
+/// Generates code for a graph whose passes have run and lays out the plan,
+/// its weights to be materialized from `tensors` as it is written
+/// ([`Plan::write`]). `model`'s context fields are taken from `codegen`;
+/// float weights the graph gives a block type are quantized by `options`'
+/// quantizer.
 pub fn build_plan<'a>(
     graph: &Graph,
     tensors: &'a dyn TensorSource,
@@ -75,7 +108,7 @@ pub fn build_plan<'a>(
     text: &'a TextAssets,
     mut compile: CompileInfo,
     codegen: &CodegenOptions,
-    rounding: Rounding,
+    options: WeightOptions,
 ) -> Result<Plan<'a>, CompileError> {
     let program = generate(graph, codegen)?;
     model.max_context = codegen.max_context;
@@ -85,16 +118,9 @@ pub fn build_plan<'a>(
     let mut buffers = program.buffers;
     let mut weight_bytes = 0;
     for w in &program.weights {
-        let bytes = weight_buffer_bytes(tensors, w, rounding)?;
         let decl = &mut buffers[w.buffer as usize];
-        if bytes.len() as u64 != decl.size {
-            return Err(CompileError::Weight {
-                weight: w.source.to_string(),
-                reason: format!("{} bytes materialized, {} expected", bytes.len(), decl.size),
-            });
-        }
         weight_bytes += decl.size;
-        let section = data.push(bytes);
+        let section = data.reserve(decl.size);
         if let BufferKind::Weight { section: s, .. } = &mut decl.kind {
             *s = section;
         }
@@ -124,8 +150,11 @@ pub fn build_plan<'a>(
         .map_err(CompileError::Inconsistent)?;
     Ok(Plan {
         header,
-        data,
         weight_bytes,
+        data,
+        weights: program.weights,
+        tensors,
+        options,
     })
 }
 

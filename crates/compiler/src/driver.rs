@@ -2,10 +2,12 @@
 //!
 //! [`compile`] runs every stage in order — lower the checkpoint with the
 //! family builder, retype the matrices `--quantize` asks for, run the pass pipeline (verifying after each pass), generate
-//! kernels and schedules, materialize the weights — and returns the plan with
+//! kernels and schedules, lay out the plan — and returns the plan with
 //! the final graph. Nothing here prints or writes files on its own: dumps go
 //! through the [`Observer`], and the caller decides whether to
-//! [`write`](Plan::write) the plan.
+//! [`write`](Plan::write) the plan, which is when the weights are read,
+//! scanned for NaN and infinities, quantized and written, one buffer at a
+//! time ([`Plan::check_weights`] does all but the writing).
 //!
 //! The context size is an input of lowering, not only of codegen: LongRoPE
 //! picks its short or long factors by it.
@@ -13,7 +15,8 @@
 use crate::assemble::{build_plan, Plan};
 use crate::dump::Observer;
 use crate::error::CompileError;
-use crate::finite::check_weights_finite;
+use crate::finite::check_rope_tables_finite;
+use crate::materialize::WeightOptions;
 use crate::options::{CompileOptions, DEFAULT_MAX_CONTEXT_CAP};
 use crate::quantize;
 use gerbil_codegen_wgsl::CodegenOptions;
@@ -29,7 +32,8 @@ pub struct Compiled<'a> {
     pub graph: Graph,
     /// What the pass pipeline did.
     pub passes: PassReport,
-    /// The plan, borrowing weights from the checkpoint.
+    /// The plan, which reads its weights from the checkpoint as it is
+    /// written.
     pub plan: Plan<'a>,
 }
 
@@ -188,12 +192,8 @@ pub fn compile<'a>(
         );
     }
     if !opts.allow_non_finite {
-        let scan_start = std::time::Instant::now();
-        check_weights_finite(&graph, ckpt)?;
-        tracing::info!(
-            ms = scan_start.elapsed().as_millis() as u64,
-            "checked the weights for NaN and infinities"
-        );
+        // The tensors are scanned as the plan writer reads them.
+        check_rope_tables_finite(&graph)?;
     }
     check_model_sizes(&facts)?;
     check_value_sizes(&graph, max_context)?;
@@ -267,7 +267,10 @@ pub fn compile<'a>(
         tuned_on: opts.tuning.as_ref().map(|t| t.measured_on()),
     };
     let codegen_start = std::time::Instant::now();
-    let rounding = opts.quantize.map(|q| q.rounding()).unwrap_or_default();
+    let weights = WeightOptions {
+        rounding: opts.quantize.map(|q| q.rounding()).unwrap_or_default(),
+        allow_non_finite: opts.allow_non_finite,
+    };
     let plan = build_plan(
         &graph,
         ckpt,
@@ -275,7 +278,7 @@ pub fn compile<'a>(
         &ckpt.text,
         compile_info,
         &codegen,
-        rounding,
+        weights,
     )?;
     tracing::info!(
         target = %codegen.target.name,
@@ -284,7 +287,7 @@ pub fn compile<'a>(
         variants = plan.header.variants.len(),
         weight_bytes = plan.weight_bytes,
         ms = codegen_start.elapsed().as_millis() as u64,
-        "generated the kernels and assembled the plan"
+        "generated the kernels and laid out the plan"
     );
     Ok(Compiled {
         graph,

@@ -1,16 +1,21 @@
 //! The non-finite weight check: every checkpoint tensor a graph reads is
-//! scanned for NaN and ±Inf before anything is generated.
+//! scanned for NaN and ±Inf, and so is every RoPE table's input.
 //!
-//! Call [`check_weights_finite`] on a lowered graph; it returns the first
-//! tensor (in graph order) holding a NaN or an infinity, with the index of its
-//! first bad element. `gerbilc compile --allow-non-finite` skips it.
+//! `gerbilc compile` scans each tensor as the plan writer reads it
+//! ([`crate::materialize`], unless `--allow-non-finite`), so the weights are
+//! read once; before that, [`check_rope_tables_finite`] checks what the
+//! RoPE tables are built from, which needs no tensor. [`check_weights_finite`]
+//! is the whole check on its own, for a caller that builds no plan: it reads
+//! the tensors one at a time (each dropped once scanned) and returns the
+//! first (in graph order) holding a NaN or an infinity, with the index of
+//! its first bad element.
 //!
 //! The surprise: a non-finite weight is not a crash but silent garbage — the
 //! NaN spreads through every activation and the plan prints token 0 — so it
-//! is refused here, where the tensor's name is still known. The scan only
+//! is refused where the tensor's name is still known. The scan only
 //! looks at exponent bits (all ones means NaN or Inf in f32, f16 and bf16),
-//! block by block with a branch-free fold the compiler vectorizes; it costs
-//! one read of the weights, which the plan writer reads anyway. Quantized
+//! block by block with a branch-free fold the compiler vectorizes, over
+//! bytes the writer reads anyway. Quantized
 //! blocks are integers but for their f16 scales, so only those are read.
 
 use crate::error::CompileError;
@@ -23,8 +28,10 @@ use std::collections::HashSet;
 const BLOCK: usize = 4096;
 
 /// Fails on the first checkpoint tensor that `graph` reads and that holds a
-/// NaN or an infinity. RoPE tables built from the config are checked too.
+/// NaN or an infinity, reading one tensor at a time. RoPE tables built from
+/// the config are checked too.
 pub fn check_weights_finite(graph: &Graph, tensors: &dyn TensorSource) -> Result<(), CompileError> {
+    check_rope_tables_finite(graph)?;
     let mut seen = HashSet::new();
     for node in graph.g.node_weights() {
         let Op::Weight(w) = &node.op else { continue };
@@ -33,33 +40,45 @@ pub fn check_weights_finite(graph: &Graph, tensors: &dyn TensorSource) -> Result
                 vec![tensor]
             }
             WeightSource::Concat { tensors } => tensors.iter().map(String::as_str).collect(),
-            WeightSource::RopeTable {
-                inv_freq,
-                attention_scaling,
-            } => {
-                let values = inv_freq.iter().chain(std::iter::once(attention_scaling));
-                if let Some((index, value)) = values.enumerate().find(|(_, v)| !v.is_finite()) {
-                    return Err(CompileError::NonFiniteWeight {
-                        tensor: "the RoPE table (rope_theta, rope_scaling)".into(),
-                        index: index as u64,
-                        value: value.to_string(),
-                    });
-                }
-                continue;
-            }
+            WeightSource::RopeTable { .. } => continue,
         };
         for name in names {
             if !seen.insert(name.to_owned()) {
                 continue;
             }
             let view = tensors.tensor(name)?;
-            if let Some((index, value)) = first_non_finite(view.data, view.dtype) {
+            if let Some((index, value)) = first_non_finite(&view.data, view.dtype) {
                 return Err(CompileError::NonFiniteWeight {
                     tensor: name.to_owned(),
                     index: index as u64,
                     value,
                 });
             }
+        }
+    }
+    Ok(())
+}
+
+/// Fails on the first RoPE table of `graph` whose inverse frequencies or
+/// attention scaling (from `rope_theta` and `rope_scaling`) are NaN or
+/// infinite. Reads no tensor.
+pub fn check_rope_tables_finite(graph: &Graph) -> Result<(), CompileError> {
+    for node in graph.g.node_weights() {
+        let Op::Weight(w) = &node.op else { continue };
+        let WeightSource::RopeTable {
+            inv_freq,
+            attention_scaling,
+        } = &w.source
+        else {
+            continue;
+        };
+        let values = inv_freq.iter().chain(std::iter::once(attention_scaling));
+        if let Some((index, value)) = values.enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(CompileError::NonFiniteWeight {
+                tensor: "the RoPE table (rope_theta, rope_scaling)".into(),
+                index: index as u64,
+                value: value.to_string(),
+            });
         }
     }
     Ok(())

@@ -233,8 +233,15 @@ pub fn retype(graph: &mut Graph, scheme: Quantization) -> usize {
     changed.len()
 }
 
+/// Values converted to f32 and quantized at a time by [`quantize_tensor`]
+/// (whole rows of them): 16 MiB of f32, however large the tensor.
+const QUANTIZE_CHUNK_VALUES: u64 = 4 << 20;
+
 /// The blocks of `dtype` (a type [`TensorType::quantize`] writes, or Q4_0
 /// for [`Rounding::SymmetricInt4`]) of the float tensor `view`, or why not.
+/// The tensor is converted to f32 and quantized a few rows at a time (the
+/// blocks never cross a row, so the blocks are those of the whole), so a
+/// 1 GB bf16 embedding does not take 2 GB of f32 on top of itself.
 pub fn quantize_tensor(
     view: &TensorView<'_>,
     dtype: DType,
@@ -246,16 +253,49 @@ pub fn quantize_tensor(
     let source = TensorType::from_name(view.dtype.name())
         .filter(|_| view.dtype.is_float() && !view.dtype.is_quantized())
         .ok_or_else(|| format!("a {} tensor cannot be quantized", view.dtype))?;
-    let values = view.data.len() as u64 / view.dtype.size_bytes();
-    let mut floats = vec![0f32; values as usize];
-    source.dequantize(view.data, &mut floats)?;
-    match (rounding, ty) {
-        (Rounding::Ggml, _) => ty.quantize(&floats),
-        (Rounding::SymmetricInt4, TensorType::Q4_0) => symmetric_int4(&floats),
-        (Rounding::SymmetricInt4, _) => Err(format!(
+    if rounding == Rounding::SymmetricInt4 && ty != TensorType::Q4_0 {
+        return Err(format!(
             "symmetric int4 groups are stored as q4_0 blocks, not {dtype}"
-        )),
+        ));
     }
+    let chunk_values = quantize_chunk_values(&view.shape, ty.block_len(), QUANTIZE_CHUNK_VALUES);
+    quantize_chunks(view, source, ty, rounding, chunk_values)
+}
+
+/// [`quantize_tensor`] of `view`, stored as `source`, into `ty`,
+/// `chunk_values` values at a time.
+fn quantize_chunks(
+    view: &TensorView<'_>,
+    source: TensorType,
+    ty: TensorType,
+    rounding: Rounding,
+    chunk_values: u64,
+) -> Result<Vec<u8>, String> {
+    let elem = view.dtype.size_bytes();
+    let mut blocks = Vec::new();
+    let mut floats = Vec::new();
+    for chunk in view.data.chunks((chunk_values * elem).max(1) as usize) {
+        floats.resize(chunk.len() / elem as usize, 0f32);
+        source.dequantize(chunk, &mut floats)?;
+        blocks.extend(match rounding {
+            Rounding::Ggml => ty.quantize(&floats)?,
+            Rounding::SymmetricInt4 => symmetric_int4(&floats)?,
+        });
+    }
+    Ok(blocks)
+}
+
+/// Values per chunk of [`quantize_tensor`] for a tensor of `shape`: whole
+/// rows, about `target` values of them, when a row is whole blocks of
+/// `block_len` values; else the whole tensor, so that the error is the
+/// whole tensor's.
+fn quantize_chunk_values(shape: &[u64], block_len: u64, target: u64) -> u64 {
+    let row = shape.last().copied().unwrap_or(1);
+    let values = shape.iter().product::<u64>();
+    if shape.len() < 2 || row == 0 || !row.is_multiple_of(block_len.max(1)) {
+        return values;
+    }
+    (target / row).max(1) * row
 }
 
 /// [`Rounding::SymmetricInt4`]: `values` (whole groups of 32) as Q4_0 blocks.
@@ -370,7 +410,7 @@ mod tests {
         let view = TensorView {
             dtype: DType::BF16,
             shape: vec![2, 32],
-            data: &values,
+            data: values.as_slice().into(),
         };
         let ggml = Rounding::Ggml;
         assert_eq!(quantize_tensor(&view, DType::Q8_0, ggml).unwrap().len(), 68);
@@ -382,6 +422,37 @@ mod tests {
         assert!(quantize_tensor(&blocks, DType::Q4_0, ggml).is_err());
         let int4 = Rounding::SymmetricInt4;
         assert!(quantize_tensor(&view, DType::Q8_0, int4).is_err());
+    }
+
+    #[test]
+    fn quantizing_a_few_rows_at_a_time_gives_the_blocks_of_the_whole() {
+        let (rows, cols) = (7u64, 512u64);
+        let values: Vec<u8> = (0..rows * cols)
+            .flat_map(|i| {
+                half::bf16::from_f32(((i * 7919) % 1013) as f32 / 97.0 - 5.0).to_le_bytes()
+            })
+            .collect();
+        let view = TensorView {
+            dtype: DType::BF16,
+            shape: vec![rows, cols],
+            data: values.as_slice().into(),
+        };
+        for (ty, rounding) in [
+            (TensorType::Q4_K, Rounding::Ggml),
+            (TensorType::Q6_K, Rounding::Ggml),
+            (TensorType::Q4_0, Rounding::SymmetricInt4),
+        ] {
+            let whole = quantize_chunks(&view, TensorType::BF16, ty, rounding, rows * cols);
+            for target in [1, cols, 3 * cols + 5] {
+                let chunk = quantize_chunk_values(&view.shape, ty.block_len(), target);
+                assert_eq!(chunk % cols, 0, "{ty:?}: whole rows");
+                let chunked = quantize_chunks(&view, TensorType::BF16, ty, rounding, chunk);
+                assert_eq!(chunked, whole, "{ty:?} by {chunk} values");
+            }
+        }
+        // Rows that are not whole blocks are quantized (and refused) whole.
+        assert_eq!(quantize_chunk_values(&[4, 48], 32, 48), 192);
+        assert_eq!(quantize_chunk_values(&[4096], 32, 64), 4096);
     }
 
     #[test]

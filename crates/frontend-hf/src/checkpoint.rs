@@ -107,6 +107,12 @@ impl Checkpoint {
         self.weights.tensor(name)
     }
 
+    /// Rows `start..start + count` of tensor `name` (see
+    /// [`WeightStore::tensor_rows`]).
+    pub fn tensor_rows(&self, name: &str, start: u64, count: u64) -> Result<TensorView<'_>> {
+        self.weights.tensor_rows(name, start, count)
+    }
+
     /// Whether the checkpoint holds a tensor called `name`.
     pub fn contains(&self, name: &str) -> bool {
         self.weights.contains(name)

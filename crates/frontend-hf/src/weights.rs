@@ -5,11 +5,16 @@
 //! keeps each file open, reads its header and validates it with the
 //! `safetensors` crate (offsets cover the file exactly, sizes match shapes).
 //! [`WeightStore::tensor`] reads a tensor's bytes with one positional
-//! read the first time it is asked for and keeps them for the store's
-//! lifetime (the plan borrows them until it is written), so a file that
-//! another program truncates meanwhile is [`FrontendError::Changed`], never
-//! a fault: a memory map of the file, as before, died with SIGBUS there. The
-//! price is the tensors read, held in memory rather than in the page cache.
+//! read each time it is asked for and hands them over: the store keeps
+//! nothing, so a caller that drops each tensor after use (the compiler
+//! writes a plan one weight at a time) holds one tensor in memory, never
+//! the checkpoint. A file that another program truncates meanwhile is
+//! [`FrontendError::Changed`], never a fault: a memory map of the file, as
+//! before, died with SIGBUS there. A tensor asked for twice is read twice
+//! (from the page cache, as a rule).
+//! [`WeightStore::tensor_rows`] reads only some of a tensor's rows (a row
+//! shard of a large LM head), from a safetensors file with one positional
+//! read of just those bytes.
 //! [`WeightStore::from_bytes`] and [`WeightStore::from_index_json`]
 //! run the same checks on files already in memory (tests, fuzzing).
 //!
@@ -24,18 +29,19 @@ use gerbil_ir::DType;
 use safetensors::tensor::Metadata;
 use safetensors::{Dtype, SafeTensorError, SafeTensors};
 use serde::Deserialize;
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
 
 /// Name of a single-file checkpoint.
 pub const SINGLE_FILE: &str = "model.safetensors";
 /// Name of the index of a sharded checkpoint.
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
 
-/// A borrowed view of one tensor: dtype, shape and the raw little-endian bytes
-/// exactly as stored in the file.
+/// One tensor: dtype, shape and the raw little-endian bytes exactly as
+/// stored in the file, borrowed from a file in memory or read (owned), to be
+/// dropped once used.
 #[derive(Clone, Debug, PartialEq)]
 pub struct TensorView<'a> {
     /// Element type.
@@ -44,7 +50,7 @@ pub struct TensorView<'a> {
     pub shape: Vec<u64>,
     /// The bytes, `dtype.bytes_for(shape.product())` of them (ggml blocks
     /// for a quantized dtype).
-    pub data: &'a [u8],
+    pub data: Cow<'a, [u8]>,
 }
 
 /// One safetensors file.
@@ -101,8 +107,6 @@ struct Entry {
     /// Byte range within the shard's file.
     start: usize,
     end: usize,
-    /// The bytes, once read from a file.
-    read: OnceLock<Vec<u8>>,
     /// Set for a tensor of a GGUF file (`start` and `end` are then unused).
     gguf: Option<GgufTensor>,
 }
@@ -271,7 +275,6 @@ impl WeightStore {
                 shape: info.shape(),
                 start: 0,
                 end: 0,
-                read: OnceLock::new(),
                 gguf: Some(GgufTensor {
                     info: info.clone(),
                     fixup,
@@ -326,7 +329,6 @@ impl WeightStore {
                 shape: info.shape.iter().map(|&d| d as u64).collect(),
                 start: data_start + s,
                 end: data_start + e,
-                read: OnceLock::new(),
                 gguf: None,
             };
             if self.tensors.insert(name.clone(), entry).is_some() {
@@ -343,7 +345,8 @@ impl WeightStore {
     }
 
     /// The tensor called `name`, or an error if it is absent or its dtype is
-    /// not BF16, F16 or F32. Its bytes are read from the file the first time.
+    /// not BF16, F16 or F32. Its bytes are read from the file on every call
+    /// and belong to the caller.
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
         let (e, dtype) = self.entry(name)?;
         Ok(TensorView {
@@ -351,6 +354,41 @@ impl WeightStore {
             shape: e.shape.clone(),
             data: self.data(e)?,
         })
+    }
+
+    /// Rows `start..start + count` of tensor `name` (rows of its leading
+    /// dimension), with the errors of [`Self::tensor`]: a tensor stored as
+    /// is (a safetensors file) reads those rows alone; a GGUF tensor, whose
+    /// fix-ups move rows, is read whole and cut. Rows beyond the tensor are
+    /// [`FrontendError::TensorShape`].
+    pub fn tensor_rows(&self, name: &str, start: u64, count: u64) -> Result<TensorView<'_>> {
+        let (e, dtype) = self.entry(name)?;
+        let total = e.shape.first().copied().unwrap_or(1);
+        if start.checked_add(count).is_none_or(|end| end > total) {
+            let mut expected = e.shape.clone();
+            if let Some(rows) = expected.first_mut() {
+                *rows = start.saturating_add(count);
+            }
+            return Err(FrontendError::TensorShape {
+                name: name.to_string(),
+                expected,
+                found: e.shape.clone(),
+            });
+        }
+        let mut shape = e.shape.clone();
+        if let Some(rows) = shape.first_mut() {
+            *rows = count;
+        }
+        let data = if e.gguf.is_some() || total == 0 {
+            let all = self.data(e)?;
+            let row_bytes = all.len() / total.max(1) as usize;
+            cut(all, start as usize * row_bytes, count as usize * row_bytes)
+        } else {
+            let row_bytes = ((e.end - e.start) as u64 / total) as usize;
+            let from = e.start + start as usize * row_bytes;
+            self.range(e, from, from + count as usize * row_bytes)?
+        };
+        Ok(TensorView { dtype, shape, data })
     }
 
     /// The dtype and shape of tensor `name`, with the errors of
@@ -386,27 +424,31 @@ impl WeightStore {
     }
 
     /// The bytes of `e`: a slice of a file in memory, or read from the file
-    /// the first time they are asked for.
-    fn data<'s>(&'s self, e: &'s Entry) -> Result<&'s [u8]> {
-        let shard = &self.shards[e.shard];
-        if let Some(bytes) = e.read.get() {
-            return Ok(bytes);
+    /// (for the caller to keep or drop).
+    fn data<'s>(&'s self, e: &'s Entry) -> Result<Cow<'s, [u8]>> {
+        if let ShardBytes::Gguf(g) = &self.shards[e.shard].bytes {
+            let t = e
+                .gguf
+                .as_ref()
+                .unwrap_or_else(|| unreachable!("a GGUF entry"));
+            return Ok(Cow::Owned(read_gguf(g, t, e.dtype)?));
         }
-        let (file, len) = match &shard.bytes {
-            ShardBytes::Memory(bytes) => return Ok(&bytes[e.start..e.end]),
-            ShardBytes::File { file, len } => (file, *len),
-            ShardBytes::Gguf(g) => {
-                let t = e
-                    .gguf
-                    .as_ref()
-                    .unwrap_or_else(|| unreachable!("a GGUF entry"));
-                let bytes = read_gguf(g, t, e.dtype)?;
-                return Ok(e.read.get_or_init(|| bytes));
+        self.range(e, e.start, e.end)
+    }
+
+    /// Bytes `from..to` of the safetensors file of `e`: borrowed from a
+    /// file in memory, or read.
+    fn range<'s>(&'s self, e: &Entry, from: usize, to: usize) -> Result<Cow<'s, [u8]>> {
+        let shard = &self.shards[e.shard];
+        match &shard.bytes {
+            ShardBytes::Memory(bytes) => Ok(Cow::Borrowed(&bytes[from..to])),
+            ShardBytes::File { file, len } => {
+                let mut bytes = vec![0u8; to - from];
+                read_exact_at(&shard.path, file, *len, from as u64, &mut bytes)?;
+                Ok(Cow::Owned(bytes))
             }
-        };
-        let mut bytes = vec![0u8; e.end - e.start];
-        read_exact_at(&shard.path, file, len, e.start as u64, &mut bytes)?;
-        Ok(e.read.get_or_init(|| bytes))
+            ShardBytes::Gguf(_) => unreachable!("GGUF tensors are read by read_gguf"),
+        }
     }
 
     /// Whether the store holds a tensor called `name` (of any dtype).
@@ -439,6 +481,20 @@ impl WeightStore {
     /// The files, in the order they were opened.
     pub fn files(&self) -> Vec<&Path> {
         self.shards.iter().map(|s| s.path.as_path()).collect()
+    }
+}
+
+/// Bytes `from..from + len` of `bytes` (which hold them), cut in place when
+/// owned.
+fn cut(bytes: Cow<'_, [u8]>, from: usize, len: usize) -> Cow<'_, [u8]> {
+    match bytes {
+        Cow::Borrowed(all) => Cow::Borrowed(&all[from..from + len]),
+        Cow::Owned(mut all) => {
+            all.truncate(from + len);
+            all.drain(..from);
+            all.shrink_to_fit();
+            Cow::Owned(all)
+        }
     }
 }
 

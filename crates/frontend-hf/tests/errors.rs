@@ -284,6 +284,44 @@ fn checkpoint_truncated_while_open_is_an_error_not_a_fault() {
     }
 }
 
+/// The store keeps no tensor: each read hands its bytes over (owned) and a
+/// tensor asked for again is read from the file again, so a compiler that
+/// drops each tensor after use holds one at a time. (A store that cached the
+/// first read would return the old bytes here.) Rows can be read alone.
+#[test]
+fn a_tensor_is_read_from_its_file_each_time_and_handed_over() {
+    let tmp = TempDir::new("no-cache");
+    let dir = copy_model(&tmp, "tiny/llama", "llama");
+    let path = dir.join("model.safetensors");
+    let ckpt = Checkpoint::open(&dir).unwrap();
+    let name = "model.norm.weight";
+    let first = ckpt.tensor(name).unwrap();
+    assert!(matches!(first.data, std::borrow::Cow::Owned(_)));
+    // Rewrite the tensor's bytes in place (the open file sees them).
+    let mut bytes = std::fs::read(&path).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let meta: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header]).unwrap();
+    let at = |i: usize| 8 + header + meta[name]["data_offsets"][i].as_u64().unwrap() as usize;
+    let (start, end) = (at(0), at(1));
+    bytes[start..end].iter_mut().for_each(|b| *b ^= 0x55);
+    let changed = bytes[start..end].to_vec();
+    std::fs::write(&path, &bytes).unwrap();
+    let again = ckpt.tensor(name).unwrap();
+    assert_eq!(again.data, &changed[..]);
+    assert_ne!(again.data, first.data);
+    // Some rows alone: the bytes of those rows of the whole.
+    let emb = "model.embed_tokens.weight";
+    let whole = ckpt.tensor(emb).unwrap();
+    let rows = ckpt.tensor_rows(emb, 3, 5).unwrap();
+    assert_eq!(rows.shape, [5, 64]);
+    assert_eq!(rows.data, &whole.data[3 * 256..8 * 256]);
+    let err = ckpt.tensor_rows(emb, 510, 5).unwrap_err().to_string();
+    assert!(
+        err.contains("has shape [512, 64] but the config implies [515, 64]"),
+        "{err}"
+    );
+}
+
 #[test]
 fn unsupported_dtype() {
     let tmp = TempDir::new("dtype");

@@ -70,8 +70,8 @@ fn check_weights(name: &str, g: &Checkpoint, hf: &Checkpoint) {
         let got = g.tensor(tensor).unwrap();
         assert_eq!(got.shape, want.shape, "{name} {tensor}");
         // transformers rounds the f32 it dequantized to bf16, nearest even.
-        let got = values(got.dtype, got.data);
-        let want = values(want.dtype, want.data);
+        let got = values(got.dtype, &got.data);
+        let want = values(want.dtype, &want.data);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let g = half::bf16::from_f32(*g).to_f32();
             assert_eq!(g.to_bits(), w.to_bits(), "{name} {tensor}[{i}]: {g} != {w}");

@@ -82,7 +82,8 @@ fn run(mut data: &[u8], codegen: bool) -> Option<Result<(), CompileError>> {
     } else {
         gerbil_compiler::compile(&ckpt, &options, &mut StopAfterPasses)
     };
-    Some(compiled.map(|_| ()))
+    // Writing the plan would materialize every weight: so does this.
+    Some(compiled.and_then(|c| c.plan.check_weights()))
 }
 
 /// A checkpoint of the input's config, without weights yet.

@@ -22,6 +22,16 @@
 //! browser loads one it fetched (wasm32 has no positional reads, so `open`
 //! reads the file into memory there). Both run the same checks and report
 //! the same [`PlanError`]s.
+//!
+//! Writing: [`write_plan`] writes a [`DataLayout`] whose sections are all
+//! in memory; [`write_plan_streaming`] writes one whose sections were
+//! [reserved](DataLayout::reserve) by length only, asking for each one's
+//! bytes as it reaches it and dropping them once written, so a plan's data
+//! (the compiler's weights) never sits in memory whole. The header, which
+//! holds every section's offset, goes first either way; the data checksum,
+//! which the preamble holds, is known only at the end, so the preamble is
+//! written with a zero there and patched last (the temporary file is
+//! seekable): both writers give the same bytes.
 
 use crate::header::{PlanHeader, SectionRef};
 use std::borrow::Cow;
@@ -100,6 +110,15 @@ pub enum PlanError {
         path: PathBuf,
         /// What changed: the length, or the contents in place.
         change: String,
+    },
+    /// A plan writer's reserved section was not given its bytes, or the
+    /// wrong number of them.
+    #[error("{path}: data section: {reason}; this is a bug in the program writing the plan")]
+    Section {
+        /// The file being written.
+        path: PathBuf,
+        /// Which section and what went wrong.
+        reason: String,
     },
     /// The header is well-formed but inconsistent.
     #[error("{path}: inconsistent plan: {reason}; the file was edited or damaged: recompile it with `gerbilc compile`")]
@@ -229,19 +248,46 @@ fn align_up(n: u64) -> u64 {
     n.div_ceil(SECTION_ALIGN) * SECTION_ALIGN
 }
 
+/// A section of the data region: its bytes, or only its length, the bytes
+/// to come from the writer's `fill` when the section is written.
+enum Section<'a> {
+    Bytes(SectionData<'a>),
+    Reserved(u64),
+}
+
+impl Section<'_> {
+    fn len(&self) -> u64 {
+        match self {
+            Section::Bytes(bytes) => bytes.len() as u64,
+            Section::Reserved(len) => *len,
+        }
+    }
+}
+
 /// Lays out sections in the data region: each call returns where the bytes go.
 #[derive(Default)]
 pub struct DataLayout<'a> {
-    sections: Vec<(u64, SectionData<'a>)>,
+    sections: Vec<(u64, Section<'a>)>,
     len: u64,
 }
 
 impl<'a> DataLayout<'a> {
     /// Appends a section; returns its place.
     pub fn push(&mut self, bytes: SectionData<'a>) -> SectionRef {
+        self.add(Section::Bytes(bytes))
+    }
+
+    /// Appends a section of `len` bytes that are made only when the plan is
+    /// written, by [`write_plan_streaming`]'s `fill` (the first reserved
+    /// section is its index 0); returns its place.
+    pub fn reserve(&mut self, len: u64) -> SectionRef {
+        self.add(Section::Reserved(len))
+    }
+
+    fn add(&mut self, section: Section<'a>) -> SectionRef {
         let offset = align_up(self.len);
-        let len = bytes.len() as u64;
-        self.sections.push((offset, bytes));
+        let len = section.len();
+        self.sections.push((offset, section));
         self.len = offset + len;
         SectionRef { offset, len }
     }
@@ -260,6 +306,8 @@ impl<'a> DataLayout<'a> {
 /// Writes a plan: preamble, header, then the data sections, through
 /// [`crate::safe_file::write_file_with`] (a synced temporary file renamed
 /// over `path` only when complete; on an error the old `path` is kept).
+/// Every section must have its bytes ([`DataLayout::push`]); a layout with
+/// reserved sections is written by [`write_plan_streaming`].
 pub fn write_plan(
     path: &Path,
     header: &PlanHeader,
@@ -282,56 +330,127 @@ pub fn write_plan_with_progress(
     data: &DataLayout<'_>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(), PlanError> {
+    let unfilled = |index| {
+        Err(PlanError::Section {
+            path: path.to_path_buf(),
+            reason: format!("reserved section {index} was given no bytes (write_plan_streaming fills reserved sections)"),
+        })
+    };
+    write_plan_streaming(path, header, data, unfilled, progress)
+}
+
+/// Offset in the file of the data region's CRC-32, the preamble's last field.
+const DATA_CRC_AT: u64 = PREAMBLE_LEN - 4;
+
+/// [`write_plan_with_progress`] of a layout with reserved sections: the
+/// bytes of the `k`-th reserved section are `fill(k)`, asked for when the
+/// section is written and dropped once written, so the data region never
+/// sits in memory as a whole. The preamble goes out with a zero data
+/// checksum, which is filled in once the last section is written (the file
+/// is the same, byte for byte, as [`write_plan`] of the same bytes). The
+/// first error of `fill` stops the write and is returned as it is (the
+/// temporary file is removed, `path` left as it was); `fill` giving a
+/// number of bytes other than reserved is a [`PlanError::Section`].
+pub fn write_plan_streaming<'s, E: From<PlanError>>(
+    path: &Path,
+    header: &PlanHeader,
+    data: &DataLayout<'_>,
+    mut fill: impl FnMut(usize) -> Result<SectionData<'s>, E>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), E> {
     let header_json = serde_json::to_vec(header).map_err(|source| PlanError::Header {
         path: path.to_path_buf(),
         source,
     })?;
     let data_offset = align_up(PREAMBLE_LEN + header_json.len() as u64);
-    let mut data_crc = crc32fast::Hasher::new();
-    let zeros = vec![0u8; SECTION_ALIGN as usize];
-    let mut pos = 0u64;
-    for (offset, bytes) in &data.sections {
-        data_crc.update(&zeros[..(offset - pos) as usize]);
-        data_crc.update(bytes);
-        pos = offset + bytes.len() as u64;
+    let preamble = preamble(&header_json, data_offset, data.len);
+    let mut failed: Option<E> = None;
+    let mut section = |k: usize, len: u64| -> std::io::Result<SectionData<'s>> {
+        let sized = fill(k).and_then(|bytes| {
+            if bytes.len() as u64 == len {
+                return Ok(bytes);
+            }
+            Err(E::from(PlanError::Section {
+                path: path.to_path_buf(),
+                reason: format!(
+                    "reserved section {k} was reserved for {len} bytes but given {}",
+                    bytes.len()
+                ),
+            }))
+        });
+        sized.map_err(|e| {
+            failed = Some(e);
+            std::io::Error::other("a data section could not be made")
+        })
+    };
+    let write_all = |w: &mut dyn crate::safe_file::WriteSeek| -> std::io::Result<()> {
+        w.write_all(&preamble)?;
+        w.write_all(&header_json)?;
+        let header_pad = data_offset - PREAMBLE_LEN - header_json.len() as u64;
+        w.write_all(&vec![0u8; header_pad as usize])?;
+        let crc = write_sections(w, data, &mut section, progress)?;
+        w.seek(std::io::SeekFrom::Start(DATA_CRC_AT))?;
+        w.write_all(&crc.to_le_bytes())?;
+        w.flush()
+    };
+    match crate::safe_file::write_file_seekable(path, write_all) {
+        Ok(()) => Ok(()),
+        Err(e) => Err(failed.unwrap_or_else(|| PlanError::from(e).into())),
     }
+}
+
+/// The 48-byte preamble, its data checksum zero (see [`DATA_CRC_AT`]).
+fn preamble(header_json: &[u8], data_offset: u64, data_len: u64) -> Vec<u8> {
     let mut pre = Vec::with_capacity(PREAMBLE_LEN as usize);
     pre.extend_from_slice(&MAGIC);
     pre.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
     pre.extend_from_slice(&0u32.to_le_bytes());
     pre.extend_from_slice(&(header_json.len() as u64).to_le_bytes());
     pre.extend_from_slice(&data_offset.to_le_bytes());
-    pre.extend_from_slice(&data.len.to_le_bytes());
-    pre.extend_from_slice(&crc32fast::hash(&header_json).to_le_bytes());
-    pre.extend_from_slice(&data_crc.finalize().to_le_bytes());
+    pre.extend_from_slice(&data_len.to_le_bytes());
+    pre.extend_from_slice(&crc32fast::hash(header_json).to_le_bytes());
+    pre.extend_from_slice(&0u32.to_le_bytes());
+    pre
+}
 
-    let write_all = |w: &mut dyn Write| -> std::io::Result<()> {
-        w.write_all(&pre)?;
-        w.write_all(&header_json)?;
-        w.write_all(&vec![
-            0u8;
-            (data_offset - PREAMBLE_LEN - header_json.len() as u64)
-                as usize
-        ])?;
-        let mut pos = 0u64;
-        let mut reported = None;
-        for (offset, bytes) in &data.sections {
-            w.write_all(&zeros[..(offset - pos) as usize])?;
-            for (k, piece) in bytes.chunks(PROGRESS_STEP).enumerate() {
-                w.write_all(piece)?;
-                let done = offset + (k * PROGRESS_STEP + piece.len()) as u64;
-                progress(done, data.len);
-                reported = Some(done);
+/// Writes the data region, section after section with the zeros between
+/// them, the bytes of the `k`-th reserved section from `reserved(k, len)`
+/// (dropped once written); returns the region's CRC-32.
+fn write_sections<'s>(
+    w: &mut dyn Write,
+    data: &DataLayout<'_>,
+    reserved: &mut dyn FnMut(usize, u64) -> std::io::Result<SectionData<'s>>,
+    progress: &mut dyn FnMut(u64, u64),
+) -> std::io::Result<u32> {
+    let zeros = [0u8; SECTION_ALIGN as usize];
+    let mut crc = crc32fast::Hasher::new();
+    let mut pos = 0u64;
+    let mut next_reserved = 0;
+    let mut reported = None;
+    for (offset, section) in &data.sections {
+        let pad = &zeros[..(offset - pos) as usize];
+        w.write_all(pad)?;
+        crc.update(pad);
+        let bytes = match section {
+            Section::Bytes(bytes) => Cow::Borrowed(&bytes[..]),
+            Section::Reserved(len) => {
+                next_reserved += 1;
+                reserved(next_reserved - 1, *len)?
             }
-            pos = offset + bytes.len() as u64;
+        };
+        for (k, piece) in bytes.chunks(PROGRESS_STEP).enumerate() {
+            w.write_all(piece)?;
+            crc.update(piece);
+            let done = offset + (k * PROGRESS_STEP + piece.len()) as u64;
+            progress(done, data.len);
+            reported = Some(done);
         }
-        w.flush()?;
-        if reported != Some(data.len) {
-            progress(data.len, data.len);
-        }
-        Ok(())
-    };
-    Ok(crate::safe_file::write_file_with(path, write_all)?)
+        pos = offset + bytes.len() as u64;
+    }
+    if reported != Some(data.len) {
+        progress(data.len, data.len);
+    }
+    Ok(crc.finalize())
 }
 
 fn u32_at(b: &[u8], at: usize) -> u32 {

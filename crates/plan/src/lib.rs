@@ -26,8 +26,8 @@ pub mod sampling;
 mod validate;
 
 pub use file::{
-    write_plan, write_plan_with_progress, DataLayout, PlanError, PlanFile, SectionData,
-    FORMAT_VERSION, MAGIC, SECTION_ALIGN,
+    write_plan, write_plan_streaming, write_plan_with_progress, DataLayout, PlanError, PlanFile,
+    SectionData, FORMAT_VERSION, MAGIC, SECTION_ALIGN,
 };
 pub use header::*;
 pub use validate::BINDING_OFFSET_ALIGN;

@@ -1,7 +1,8 @@
 //! Files written so they are never half-written or clobbered, and inputs
 //! that are regular files or a clear error.
 //!
-//! [`write_file_with`] (and [`write_file`]) is how every file gerbil writes
+//! [`write_file_with`] (and [`write_file`], and [`write_file_seekable`] for a
+//! writer that fills in a field at the start last) is how every file gerbil writes
 //! reaches its target (plans, tuning JSON, SVGs, WGSL and Graphviz dumps): the
 //! bytes go to a new temporary file in the target's directory, created
 //! exclusively under the name `.{target}.gerbil-tmp-XXXXXX`, are synced to
@@ -27,7 +28,7 @@
 //! writer appears, and a directory or a device cannot be read as a file.
 
 use std::fs::{File, Metadata};
-use std::io::{BufWriter, Write};
+use std::io::{BufWriter, Seek, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -249,6 +250,13 @@ pub fn check_output(output: &Path, inputs: &[PathBuf]) -> Result<(), FileError> 
     Ok(())
 }
 
+/// A writer that can also seek: what [`write_file_seekable`] hands its
+/// callback, so that a field written first can be filled in last (the
+/// plan's data checksum).
+pub trait WriteSeek: Write + Seek {}
+
+impl<T: Write + Seek> WriteSeek for T {}
+
 /// Writes `bytes` to `path` as [`write_file_with`] does.
 pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
     write_file_with(path, |w| w.write_all(bytes))
@@ -262,6 +270,16 @@ pub fn write_file(path: &Path, bytes: &[u8]) -> Result<(), FileError> {
 pub fn write_file_with(
     path: &Path,
     write: impl FnOnce(&mut dyn Write) -> std::io::Result<()>,
+) -> Result<(), FileError> {
+    write_file_seekable(path, |w| write(w))
+}
+
+/// [`write_file_with`] whose `write` may also seek in the temporary file,
+/// to go back and fill in something it knows only at the end; whatever it
+/// leaves behind it (the file's end is where it wrote furthest) is the file.
+pub fn write_file_seekable(
+    path: &Path,
+    write: impl FnOnce(&mut dyn WriteSeek) -> std::io::Result<()>,
 ) -> Result<(), FileError> {
     check_output(path, &[])?;
     let target = match std::fs::symlink_metadata(path) {
@@ -353,6 +371,25 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("disk on fire"), "{err}");
         assert_eq!(std::fs::read(&path).unwrap(), b"old");
+        assert!(leftovers(dir.path()).is_empty());
+    }
+
+    #[test]
+    fn a_seekable_write_fills_in_its_start_last() {
+        use std::io::SeekFrom;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("a.plan");
+        write_file_seekable(&path, |w| {
+            w.write_all(b"....")?;
+            w.write_all(&[9u8; 3 << 20])?;
+            w.seek(SeekFrom::Start(0))?;
+            w.write_all(b"head")
+        })
+        .unwrap();
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(bytes.len(), 4 + (3 << 20));
+        assert_eq!(&bytes[..4], b"head");
+        assert!(bytes[4..].iter().all(|&b| b == 9));
         assert!(leftovers(dir.path()).is_empty());
     }
 

@@ -514,3 +514,96 @@ fn a_directory_as_the_plan_is_a_clear_error() {
     let err = PlanFile::open(dir.path()).err().unwrap().to_string();
     assert!(err.contains("is a directory, not a regular file"), "{err}");
 }
+
+/// A layout whose sections are reserved and filled while the plan is
+/// written gives the very file a layout holding the same bytes gives, and
+/// each section's bytes are asked for only when that section is written.
+#[test]
+fn a_streamed_plan_is_the_same_file_as_one_written_from_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let sections: Vec<Vec<u8>> = [3usize, 1000, 257, 9 << 20]
+        .iter()
+        .enumerate()
+        .map(|(k, &n)| (0..n).map(|i| (i * 31 + k) as u8).collect())
+        .collect();
+    let tokenizer: &[u8] = b"{\"tokenizer\": 1}";
+    let (mut held, mut streamed) = (DataLayout::default(), DataLayout::default());
+    let mut refs = Vec::new();
+    for s in &sections {
+        refs.push(held.push(Cow::Borrowed(s)));
+        assert_eq!(streamed.reserve(s.len() as u64), *refs.last().unwrap());
+    }
+    let tok = held.push(Cow::Borrowed(tokenizer));
+    assert_eq!(streamed.push(Cow::Borrowed(tokenizer)), tok);
+    let mut h = header(refs[3]);
+    h.text.tokenizer = Some(tok);
+    let (plain, stream) = (dir.path().join("a.plan"), dir.path().join("b.plan"));
+    write_plan(&plain, &h, &held).unwrap();
+    let mut asked = Vec::new();
+    let written = std::cell::Cell::new(0);
+    write_plan_streaming(
+        &stream,
+        &h,
+        &streamed,
+        |k| {
+            // Section k is asked for once the sections before it are written.
+            let gap = refs[k].offset.checked_sub(written.get());
+            assert!(gap < Some(SECTION_ALIGN), "section {k} asked for early");
+            asked.push(k);
+            Ok::<_, PlanError>(Cow::Owned(sections[k].clone()))
+        },
+        &mut |done, _| written.set(done),
+    )
+    .unwrap();
+    assert_eq!(asked, [0, 1, 2, 3]);
+    assert_eq!(
+        std::fs::read(&plain).unwrap(),
+        std::fs::read(&stream).unwrap()
+    );
+    PlanFile::open(&stream).unwrap();
+}
+
+/// A section that cannot be made stops the write with the caller's own
+/// error and leaves no file behind; a section of the wrong size, and a
+/// reserved section given to `write_plan`, are errors too.
+#[test]
+fn a_streamed_section_that_fails_leaves_no_file() {
+    #[derive(Debug)]
+    enum Mine {
+        Weight(&'static str),
+        Plan(PlanError),
+    }
+    impl From<PlanError> for Mine {
+        fn from(e: PlanError) -> Self {
+            Mine::Plan(e)
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("a.plan");
+    let mut data = DataLayout::default();
+    data.reserve(4 << 20);
+    let w = data.reserve(16);
+    let h = header(w);
+    let fail = |k| match k {
+        0 => Ok(Cow::Owned(vec![1u8; 4 << 20])),
+        _ => Err(Mine::Weight("bad tensor")),
+    };
+    let e = write_plan_streaming(&path, &h, &data, fail, &mut |_, _| {}).unwrap_err();
+    assert!(matches!(e, Mine::Weight("bad tensor")), "{e:?}");
+    let short = |_| Ok::<_, Mine>(Cow::Owned(vec![0u8; 8]));
+    let e = write_plan_streaming(&path, &h, &data, short, &mut |_, _| {}).unwrap_err();
+    let Mine::Plan(e) = e else { panic!("{e:?}") };
+    assert!(
+        e.to_string()
+            .contains("reserved section 0 was reserved for 4194304 bytes but given 8"),
+        "{e}"
+    );
+    let e = write_plan(&path, &h, &data).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("reserved section 0 was given no bytes"),
+        "{e}"
+    );
+    let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
+    assert!(left.is_empty(), "{left:?}");
+}

@@ -326,15 +326,23 @@ fn real_main(cli: Cli) -> Result<()> {
             if let Some(dir) = &emit_wgsl {
                 plan.emit_wgsl(dir)?;
             }
+            if output.is_none() {
+                // Without -o the weights are still read and checked, one at
+                // a time, as writing would.
+                plan.check_weights()?;
+            }
             if let Some(out) = output {
                 let mut bar = None;
-                plan.write_with_progress(&out, &mut |done, total| {
+                // The weights are read, checked and quantized as they are
+                // written: a weight's error can stop the write midway.
+                let written = plan.write_with_progress(&out, &mut |done, total| {
                     bar.get_or_insert_with(|| progress.bytes("writing plan", total))
                         .set_position(done);
-                })?;
+                });
                 if let Some(bar) = bar {
                     bar.finish_and_clear();
                 }
+                written?;
                 let h = &plan.header;
                 gerbil_cli::console::note(&format!(
                     "wrote {} ({} kernels, {} prefill / {} decode dispatches, {:.1} MB of weights)",

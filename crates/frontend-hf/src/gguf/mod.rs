@@ -12,8 +12,9 @@
 //!
 //! [`config`] writes `config.json`, [`tokenizer`] writes `tokenizer.json`,
 //! [`names`] maps tensor names and the transforms llama.cpp applied. The
-//! weights stay in the file until lowering asks for them; a quantized tensor
-//! is then dequantized to f32 on the CPU (plain F32, F16 and BF16 tensors
+//! weights stay in the file until the plan writer asks for them, one tensor
+//! at a time, each read, fixed up and handed over, never kept by the store
+//! (see [`crate::weights`]); a quantized tensor is then dequantized to f32 on the CPU (plain F32, F16 and BF16 tensors
 //! keep their type), so a plan compiled from a GGUF holds f32 weights for
 //! every quantized tensor: exact against transformers, which dequantizes the
 //! same way, but larger than the file.
