@@ -271,19 +271,30 @@ fn quantize_chunks(
     rounding: Rounding,
     chunk_values: u64,
 ) -> Result<Vec<u8>, String> {
+    use rayon::prelude::*;
     let elem = view.dtype.size_bytes();
     let mut blocks = Vec::new();
     let mut floats = Vec::new();
+    // Blocks are quantized independently: pieces of whole blocks on every
+    // core give the same bytes as one pass.
+    let piece = (PARALLEL_PIECE_VALUES / ty.block_len()).max(1) * ty.block_len();
     for chunk in view.data.chunks((chunk_values * elem).max(1) as usize) {
         floats.resize(chunk.len() / elem as usize, 0f32);
         source.dequantize(chunk, &mut floats)?;
-        blocks.extend(match rounding {
-            Rounding::Ggml => ty.quantize(&floats)?,
-            Rounding::SymmetricInt4 => symmetric_int4(&floats)?,
-        });
+        let pieces: Vec<Vec<u8>> = floats
+            .par_chunks(piece as usize)
+            .map(|values| match rounding {
+                Rounding::Ggml => ty.quantize(values),
+                Rounding::SymmetricInt4 => symmetric_int4(values),
+            })
+            .collect::<Result<_, _>>()?;
+        pieces.iter().for_each(|p| blocks.extend_from_slice(p));
     }
     Ok(blocks)
 }
+
+/// Values per piece quantized on one core (whole blocks of them).
+const PARALLEL_PIECE_VALUES: u64 = 1 << 16;
 
 /// Values per chunk of [`quantize_tensor`] for a tensor of `shape`: whole
 /// rows, about `target` values of them, when a row is whole blocks of
