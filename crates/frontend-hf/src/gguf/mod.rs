@@ -6,7 +6,7 @@
 //! # fn main() -> Result<(), gerbil_frontend_hf::FrontendError> {
 //! let ckpt = gerbil_frontend_hf::Checkpoint::open("SmolLM2-135M-Instruct.Q4_1.gguf".as_ref())?;
 //! assert_eq!(ckpt.config.architectures, ["LlamaForCausalLM"]);
-//! let q = ckpt.tensor("model.layers.0.self_attn.q_proj.weight")?; // f32, un-permuted
+//! let q = ckpt.tensor("model.layers.0.self_attn.q_proj.weight")?; // Q4_1 blocks, un-permuted
 //! # Ok(()) }
 //! ```
 //!
@@ -14,10 +14,12 @@
 //! [`names`] maps tensor names and the transforms llama.cpp applied. The
 //! weights stay in the file until the plan writer asks for them, one tensor
 //! at a time, each read, fixed up and handed over, never kept by the store
-//! (see [`crate::weights`]); a quantized tensor is then dequantized to f32 on the CPU (plain F32, F16 and BF16 tensors
-//! keep their type), so a plan compiled from a GGUF holds f32 weights for
-//! every quantized tensor: exact against transformers, which dequantizes the
-//! same way, but larger than the file.
+//! (see [`crate::weights`]). A quantized matrix keeps its ggml blocks (rows of
+//! blocks are moved to undo llama.cpp's Q/K permutation), which the kernels
+//! decode in registers to the values transformers dequantizes, so a plan is
+//! about the file's size; 1-D quantized tensors and Gemma's `1 + w` norms are
+//! dequantized to f32 on the CPU, and F32, F16 and BF16 tensors keep their
+//! type.
 
 pub mod config;
 pub mod names;
