@@ -21,8 +21,10 @@ bin=target/release
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp}
+# 128-token steps keep a step's logits (every row) within the portable target's 128 MiB binding
+# for Gemma's 262k-token vocabulary.
 compile() {
-    $bin/gerbilc compile "$model" -o "$tmp/$1.plan" --max-context 512 \
+    $bin/gerbilc compile "$model" -o "$tmp/$1.plan" --max-context 512 --max-tokens-per-step 128 \
         --disable-pass slice-last-row -q "${@:2}" >/dev/null
 }
 compile bf16

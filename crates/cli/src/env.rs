@@ -8,6 +8,7 @@
 //! | `GERBIL_SHADER_CHECKS=1` | `SessionOptions::shader_checks` |
 //! | `GERBIL_PIPELINE_THREADS=N` | `SessionOptions::pipeline_threads` |
 //! | `GERBIL_PIPELINE_CACHE=0`, `GERBIL_CACHE_DIR` | `SessionOptions::pipeline_cache` ([`pipeline_cache_dir`]); `GERBIL_CACHE_DIR` also holds the plans `gerbil-run ORG/NAME` compiles ([`cache_root`]) |
+//! | `GERBIL_API_KEY` | `serve`'s API key when neither `--api-key` nor `--api-key-file` gives one ([`api_key`]) |
 //! | `GERBIL_TEMPLATE_CHILD` | with the one argument `--gerbil-template-child`, a template-rendering child ([`serve_template_child`], [`template_sandbox`]); alone, nothing |
 //!
 //! The surprise: a variable set to the empty string counts as unset, and a
@@ -99,6 +100,13 @@ pub fn cache_root() -> Option<PathBuf> {
 /// when the program's path is unknown.
 pub fn template_sandbox() -> Option<gerbil_text::TemplateSandbox> {
     gerbil_text::TemplateSandbox::new(std::env::current_exe().ok()?)
+}
+
+/// `GERBIL_API_KEY`, when set and not empty.
+pub fn api_key() -> Option<String> {
+    std::env::var("GERBIL_API_KEY")
+        .ok()
+        .filter(|k| !k.trim().is_empty())
 }
 
 /// Call first in `main`: when this process was started to render a chat

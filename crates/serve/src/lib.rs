@@ -9,7 +9,10 @@
 //! (`{"error": {"message", "type", "param", "code"}}`): 400 for a bad body,
 //! wrong field types, a field it cannot honour (`tools`, `response_format`
 //! other than text, …) or a prompt over the context, 404 for an unknown path or model,
-//! 405 for a wrong method, 413 for a body over `--max-body-bytes`.
+//! 405 for a wrong method, 413 for a body over `--max-body-bytes`; in front
+//! of every route, [`guard`] checks the API key, the `Host`, a browser's
+//! origin and the content type (401, 403, 415). The port is bound before the
+//! model loads, so a busy one fails at once.
 //!
 //! Call [`serve`]; it returns after Ctrl-C (or SIGTERM), once the requests
 //! in flight are answered. The model lives on one thread
@@ -19,6 +22,7 @@
 //! stream begins — the handler waits for the worker's first event, so a
 //! prompt over the context is a 400 even with `"stream": true`.
 
+pub mod guard;
 pub mod openai;
 pub mod worker;
 
@@ -33,6 +37,7 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::stream::{self, Stream, StreamExt};
 use gerbil::{Error as ModelError, ModelOptions, RuntimeError};
+pub use guard::Access;
 use openai::{parse_request, ApiError, ChunkPiece, Endpoint, Envelope, Request};
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -55,6 +60,8 @@ pub struct ServeOptions {
     pub max_body_bytes: usize,
     /// How the plan is loaded.
     pub model: ModelOptions,
+    /// Who may use it: API key, host names, browser origins ([`guard`]).
+    pub access: Access,
     /// Where the server's notes go (`listening on http://…`, shutting down).
     pub notes: NoteHook,
 }
@@ -83,6 +90,17 @@ pub fn serve(plan: &Path, opts: &ServeOptions) -> Result<()> {
             .file_stem()
             .map_or_else(|| "model".into(), |s| s.to_string_lossy().into_owned()),
     };
+    // Bound before the model loads, so a busy port fails at once.
+    let listener = std::net::TcpListener::bind((opts.host.as_str(), opts.port))
+        .with_context(|| format!("cannot listen on {}:{}", opts.host, opts.port))?;
+    listener.set_nonblocking(true)?;
+    if guard::exposes(&opts.host) && opts.access.api_key.is_none() {
+        (opts.notes)(&format!(
+            "warning: listening on {} without --api-key: anyone who can reach this port can use \
+             the model",
+            opts.host
+        ));
+    }
     let (worker, info) = Worker::start(plan.to_path_buf(), opts.model.clone())?;
     let app = Arc::new(App {
         queue: worker.queue(),
@@ -94,21 +112,19 @@ pub fn serve(plan: &Path, opts: &ServeOptions) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let served = runtime.block_on(listen(app, opts));
+    let served = runtime.block_on(listen(app, listener, opts));
     drop(runtime);
     worker.join();
     served
 }
 
-/// Binds, prints the address and serves until a shutdown signal.
-async fn listen(app: Arc<App>, opts: &ServeOptions) -> Result<()> {
-    let addr = (opts.host.as_str(), opts.port);
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("cannot listen on {}:{}", opts.host, opts.port))?;
+/// Prints the bound address and serves until a shutdown signal.
+async fn listen(app: Arc<App>, listener: std::net::TcpListener, opts: &ServeOptions) -> Result<()> {
+    let listener = tokio::net::TcpListener::from_std(listener).context("listening")?;
     let bound = listener.local_addr()?;
     (opts.notes)(&format!("listening on http://{bound}"));
-    axum::serve(listener, router(app, opts.max_body_bytes))
+    let access = Arc::new(opts.access.clone());
+    axum::serve(listener, router(app, opts.max_body_bytes, access))
         .with_graceful_shutdown(shutdown_signal(opts.notes.clone()))
         .await
         .context("serving HTTP")?;
@@ -116,9 +132,9 @@ async fn listen(app: Arc<App>, opts: &ServeOptions) -> Result<()> {
     Ok(())
 }
 
-/// The routes, the body limit, and JSON answers for unknown paths and
-/// methods.
-fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
+/// The routes, the body limit, JSON answers for unknown paths and
+/// methods, and the [`guard`] in front of them all.
+fn router(app: Arc<App>, max_body_bytes: usize, access: Arc<Access>) -> Router {
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/v1/models", get(models))
@@ -128,6 +144,7 @@ fn router(app: Arc<App>, max_body_bytes: usize) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(access, guard::gate))
         .with_state(app)
 }
 

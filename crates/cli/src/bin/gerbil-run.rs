@@ -126,6 +126,20 @@ fn parse_precision(s: &str) -> Result<PrecisionChoice, String> {
     s.parse()
 }
 
+/// The API key in the first line of `file`, or why not.
+fn read_api_key(file: &std::path::Path) -> Result<String> {
+    let text = std::fs::read_to_string(file)
+        .with_context(|| format!("reading the API key from {}", file.display()))?;
+    let key = text.lines().next().unwrap_or("").trim();
+    if key.is_empty() {
+        bail!(
+            "{} holds no API key: put the key on its first line",
+            file.display()
+        );
+    }
+    Ok(key.to_string())
+}
+
 /// `bench --temperature`: as generation runs it ([`gerbil::effective_temperature`]).
 fn to_effective_temperature(s: &str) -> Result<f32, String> {
     let t: f32 = s.parse().map_err(|e| format!("{e}"))?;
@@ -272,6 +286,23 @@ enum Cmd {
         /// status 413.
         #[arg(long, default_value_t = 1 << 20, value_parser = body_limit, allow_negative_numbers = true)]
         max_body_bytes: usize,
+        /// Require `Authorization: Bearer KEY` on every /v1 route (else
+        /// 401); also `--api-key-file` or the GERBIL_API_KEY variable, which
+        /// keep the key out of the process list.
+        #[arg(long, value_name = "KEY", conflicts_with = "api_key_file")]
+        api_key: Option<String>,
+        /// Read the API key from the first line of FILE.
+        #[arg(long, value_name = "FILE")]
+        api_key_file: Option<PathBuf>,
+        /// Also answer requests whose Host header names NAME (besides IP
+        /// addresses and localhost); others get 403 (DNS rebinding).
+        #[arg(long, value_name = "NAME")]
+        allowed_host: Vec<String>,
+        /// Allow cross-origin requests from web pages of ORIGIN (e.g.
+        /// https://app.example, or `*` for any) with CORS headers; other
+        /// origins get 403.
+        #[arg(long, value_name = "ORIGIN")]
+        cors_origin: Vec<String>,
     },
     /// Score a text: perplexity, and with --against another plan of the
     /// same model the KL divergence and top-1 agreement of their next-token
@@ -446,13 +477,30 @@ fn real_main(mut cli: Cli) -> Result<()> {
             port,
             model_name,
             max_body_bytes,
+            api_key,
+            api_key_file,
+            allowed_host,
+            cors_origin,
         }) => {
+            let api_key = match (api_key, api_key_file) {
+                (Some(key), _) => Some(key),
+                (None, Some(file)) => Some(read_api_key(&file)?),
+                (None, None) => env::api_key(),
+            };
+            if api_key.as_deref().is_some_and(|k| k.trim().is_empty()) {
+                bail!("--api-key is empty: give a key, or leave the flag out");
+            }
             let opts = ServeOptions {
                 host,
                 port,
                 model_name,
                 max_body_bytes,
                 model: cli.model_options(),
+                access: gerbil_serve::Access {
+                    api_key,
+                    allowed_hosts: allowed_host,
+                    cors_origins: cors_origin,
+                },
                 notes: std::sync::Arc::new(console::note),
             };
             serve(&cli.plan()?, &opts)?;

@@ -83,15 +83,31 @@ impl Server {
         self.log.lock().unwrap().clone()
     }
 
-    /// Sends `body` with `method` to `path`; the response is read later.
+    /// Sends `body` with `method` to `path` as JSON; the response is read later.
     fn send(&self, method: &str, path: &str, body: &[u8]) -> TcpStream {
+        let headers = [("Host", "127.0.0.1"), ("Content-Type", "application/json")];
+        self.send_with(method, path, &headers, body)
+    }
+
+    /// Sends `body` with `method` to `path` and exactly `headers` (besides
+    /// the length and `Connection: close`).
+    fn send_with(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: &[u8],
+    ) -> TcpStream {
         let mut s = TcpStream::connect(("127.0.0.1", self.port)).expect("connect");
         s.set_read_timeout(Some(Duration::from_secs(900))).unwrap();
-        let head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
-             Content-Length: {}\r\nConnection: close\r\n\r\n",
+        let mut head = format!("{method} {path} HTTP/1.1\r\n");
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
+        head.push_str(&format!(
+            "Content-Length: {}\r\nConnection: close\r\n\r\n",
             body.len()
-        );
+        ));
         s.write_all(head.as_bytes()).unwrap();
         s.write_all(body).unwrap();
         s
@@ -509,6 +525,112 @@ fn health_models_and_an_error_object_for_each_bad_request() {
     assert_eq!(s, 200, "{w}");
     assert_eq!(w["choices"][0]["message"], v["choices"][0]["message"]);
     assert!(!server.log().contains("panicked"), "{}", server.log());
+    server.interrupt();
+}
+
+/// The guard in front of every route: the API key (from a file) on the
+/// /v1 routes and not on /health, the Host a request names, the origin of a
+/// browser's request (CORS only for `--cors-origin`), and JSON bodies only.
+#[test]
+fn keys_hosts_origins_and_content_types_are_checked() {
+    let dir = temp("guard");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, "s3cret\n").unwrap();
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let mut server = Server::start(
+        &plan,
+        &[
+            "--api-key-file",
+            key_file.to_str().unwrap(),
+            "--allowed-host",
+            "gerbil.lan",
+            "--cors-origin",
+            "https://app.example",
+        ],
+    );
+    let body = greedy_completion("hi", 1, false).to_string();
+    let call = |headers: &[(&str, &str)]| {
+        let mut r =
+            Response::read(server.send_with("POST", "/v1/completions", headers, body.as_bytes()));
+        let mut text = String::new();
+        r.body.read_to_string(&mut text).unwrap();
+        (r.status, r.header("access-control-allow-origin"), text)
+    };
+    let (host, json) = (
+        ("Host", "127.0.0.1:8080"),
+        ("Content-Type", "application/json"),
+    );
+    let key = ("Authorization", "Bearer s3cret");
+    let (status, _, text) = call(&[host, json]);
+    assert_eq!(status, 401, "{text}");
+    assert!(
+        text.contains("invalid_api_key") && text.contains("Bearer"),
+        "{text}"
+    );
+    assert_eq!(call(&[host, json, ("Authorization", "Bearer nope")]).0, 401);
+    assert_eq!(call(&[host, json, key]).0, 200);
+    assert_eq!(server.get("/health").0, 200, "/health needs no key");
+    // Bodies that are not declared JSON: the browser's "simple" requests.
+    for ct in ["text/plain", "application/x-www-form-urlencoded"] {
+        let (status, _, text) = call(&[host, ("Content-Type", ct), key]);
+        assert_eq!(status, 415, "{ct}: {text}");
+    }
+    assert_eq!(call(&[host, key]).0, 415, "no content type");
+    // DNS rebinding: a name that is not the server's.
+    let (status, _, text) = call(&[("Host", "evil.example"), json, key]);
+    assert_eq!(status, 403, "{text}");
+    assert!(text.contains("--allowed-host"), "{text}");
+    assert_eq!(call(&[("Host", "gerbil.lan:8080"), json, key]).0, 200);
+    // Web pages: other origins are refused, the allowed one gets CORS headers.
+    let (status, _, text) = call(&[host, json, key, ("Origin", "https://evil.example")]);
+    assert_eq!(status, 403, "{text}");
+    let app = ("Origin", "https://app.example");
+    let (status, allow, _) = call(&[host, json, key, app]);
+    assert_eq!(
+        (status, allow.as_deref()),
+        (200, Some("https://app.example"))
+    );
+    let preflight = [host, app, ("Access-Control-Request-Method", "POST")];
+    let r = Response::read(server.send_with("OPTIONS", "/v1/completions", &preflight, b""));
+    assert_eq!(r.status, 204);
+    assert_eq!(
+        r.header("access-control-allow-headers").as_deref(),
+        Some("Authorization, Content-Type")
+    );
+    // The server's own page (same origin) needs no CORS.
+    let own = ("Origin", "http://127.0.0.1:8080");
+    assert_eq!(call(&[host, json, key, own]).0, 200);
+    assert!(!server.log().contains("panicked"), "{}", server.log());
+    server.interrupt();
+}
+
+/// A busy port fails before the model loads: the plan named is never read.
+#[test]
+fn a_busy_port_fails_before_the_model_loads() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let o = gerbil_run(&["/nonexistent/model.plan", "serve", "--port", &port]);
+    assert_fails_with(&o, &format!("cannot listen on 127.0.0.1:{port}"));
+    let o = gerbil_run(&[
+        "/nonexistent/model.plan",
+        "serve",
+        "--host",
+        "0.0.0.0",
+        "--port",
+        &port,
+    ]);
+    assert!(!o.status.success());
+    // Exposed without a key: said before anything else.
+    let dir = temp("exposed");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let mut server = Server::start(&plan, &["--host", "0.0.0.0"]);
+    assert!(
+        server.log().contains("without --api-key"),
+        "{}",
+        server.log()
+    );
     server.interrupt();
 }
 
