@@ -62,6 +62,9 @@ pub struct ServeOptions {
     pub model: ModelOptions,
     /// Who may use it: API key, host names, browser origins ([`guard`]).
     pub access: Access,
+    /// How long a shutdown waits for the requests in flight before it
+    /// closes their connections.
+    pub shutdown_timeout: std::time::Duration,
     /// Where the server's notes go (`listening on http://…`, shutting down).
     pub notes: NoteHook,
 }
@@ -121,13 +124,33 @@ pub fn serve(plan: &Path, opts: &ServeOptions) -> Result<()> {
 /// Prints the bound address and serves until a shutdown signal.
 async fn listen(app: Arc<App>, listener: std::net::TcpListener, opts: &ServeOptions) -> Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener).context("listening")?;
+    let signals = Signals::catch()?;
     let bound = listener.local_addr()?;
     (opts.notes)(&format!("listening on http://{bound}"));
     let access = Arc::new(opts.access.clone());
-    axum::serve(listener, router(app, opts.max_body_bytes, access))
-        .with_graceful_shutdown(shutdown_signal(opts.notes.clone()))
-        .await
-        .context("serving HTTP")?;
+    let stopping = Arc::new(tokio::sync::Notify::new());
+    let signalled = Arc::clone(&stopping);
+    let notes = opts.notes.clone();
+    let drain = opts.shutdown_timeout;
+    let serving = axum::serve(listener, router(app, opts.max_body_bytes, access))
+        .with_graceful_shutdown(async move {
+            shutdown_signal(signals, notes, drain).await;
+            signalled.notify_one();
+        });
+    // After the signal, requests in flight get `shutdown_timeout` to
+    // finish: a client that never completes its request (or never reads
+    // its answer) does not keep the process alive.
+    let drain_over = async {
+        stopping.notified().await;
+        tokio::time::sleep(drain).await;
+    };
+    tokio::select! {
+        served = serving => served.context("serving HTTP")?,
+        () = drain_over => (opts.notes)(&format!(
+            "connections still open after {} s: closing them",
+            drain.as_secs_f32()
+        )),
+    }
     (opts.notes)("shut down");
     Ok(())
 }
@@ -148,34 +171,57 @@ fn router(app: Arc<App>, max_body_bytes: usize, access: Arc<Access>) -> Router {
         .with_state(app)
 }
 
-/// Resolves on Ctrl-C or (on Unix) SIGTERM.
-async fn shutdown_signal(notes: NoteHook) {
-    let ctrl_c = async {
+/// Ctrl-C and (on Unix) SIGTERM, caught from when this is made: a signal
+/// that arrives between the `listening on` line and the first wait for one
+/// is neither lost nor fatal.
+struct Signals {
+    #[cfg(unix)]
+    interrupt: tokio::signal::unix::Signal,
+    #[cfg(unix)]
+    terminate: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    /// Starts catching the signals (inside the async runtime).
+    fn catch() -> Result<Signals> {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Ok(Signals {
+                interrupt: signal(SignalKind::interrupt()).context("catching SIGINT")?,
+                terminate: signal(SignalKind::terminate()).context("catching SIGTERM")?,
+            })
+        }
+        #[cfg(not(unix))]
+        Ok(Signals {})
+    }
+
+    /// Resolves on the next signal.
+    async fn next(&mut self) {
+        #[cfg(unix)]
+        tokio::select! {
+            _ = self.interrupt.recv() => {},
+            _ = self.terminate.recv() => {},
+        }
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
     }
-    notes("shutting down: finishing the requests in flight (Ctrl-C again to stop now)");
+}
+
+/// Resolves on the first signal; a second one ends the process at once.
+async fn shutdown_signal(mut signals: Signals, notes: NoteHook, drain: std::time::Duration) {
+    signals.next().await;
+    notes(&format!(
+        "shutting down: finishing the requests in flight for up to {} s (Ctrl-C or SIGTERM again \
+         to stop now)",
+        drain.as_secs_f32()
+    ));
     tokio::spawn(async move {
-        if tokio::signal::ctrl_c().await.is_ok() {
-            notes("stopped");
-            std::process::exit(130);
-        }
+        signals.next().await;
+        notes("stopped");
+        std::process::exit(130);
     });
 }
 

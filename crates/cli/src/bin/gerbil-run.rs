@@ -126,6 +126,15 @@ fn parse_precision(s: &str) -> Result<PrecisionChoice, String> {
     s.parse()
 }
 
+/// `--shutdown-timeout`: seconds, from 0 to a day.
+fn shutdown_seconds(s: &str) -> Result<f64, String> {
+    let t: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if !(0.0..=86_400.0).contains(&t) {
+        return Err(format!("{t} s: give 0 to 86400 seconds"));
+    }
+    Ok(t)
+}
+
 /// The API key in the first line of `file`, or why not.
 fn read_api_key(file: &std::path::Path) -> Result<String> {
     let text = std::fs::read_to_string(file)
@@ -303,6 +312,11 @@ enum Cmd {
         /// origins get 403.
         #[arg(long, value_name = "ORIGIN")]
         cors_origin: Vec<String>,
+        /// After Ctrl-C or SIGTERM, wait this long for the requests in
+        /// flight, then close their connections (a second signal stops at
+        /// once).
+        #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = shutdown_seconds, allow_negative_numbers = true)]
+        shutdown_timeout: f64,
     },
     /// Score a text: perplexity, and with --against another plan of the
     /// same model the KL divergence and top-1 agreement of their next-token
@@ -481,6 +495,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
             api_key_file,
             allowed_host,
             cors_origin,
+            shutdown_timeout,
         }) => {
             let api_key = match (api_key, api_key_file) {
                 (Some(key), _) => Some(key),
@@ -501,6 +516,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     allowed_hosts: allowed_host,
                     cors_origins: cors_origin,
                 },
+                shutdown_timeout: std::time::Duration::from_secs_f64(shutdown_timeout),
                 notes: std::sync::Arc::new(console::note),
             };
             serve(&cli.plan()?, &opts)?;

@@ -605,6 +605,60 @@ fn keys_hosts_origins_and_content_types_are_checked() {
     server.interrupt();
 }
 
+/// SIGTERM while a client holds a request half sent: the server waits
+/// `--shutdown-timeout`, closes the connection and exits 0; with a long
+/// timeout, a second SIGTERM stops it at once (exit 130).
+#[test]
+fn sigterm_with_a_half_open_connection_ends_within_the_shutdown_timeout() {
+    let dir = temp("drain");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let half_open = |server: &Server| {
+        let mut s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        s.write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+              Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+        )
+        .unwrap();
+        std::thread::sleep(Duration::from_millis(300));
+        s
+    };
+    let term = |server: &Server| {
+        let pid = server.child.id().to_string();
+        assert!(Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success());
+    };
+    let mut server = Server::start(&plan, &["--shutdown-timeout", "1"]);
+    let _held = half_open(&server);
+    let start = std::time::Instant::now();
+    term(&server);
+    let status = server.child.wait().unwrap();
+    assert!(status.success(), "{status}: {}", server.log());
+    assert!(
+        start.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        start.elapsed()
+    );
+    assert!(server.log().contains("closing them"), "{}", server.log());
+
+    let mut server = Server::start(&plan, &["--shutdown-timeout", "600"]);
+    let _held = half_open(&server);
+    let start = std::time::Instant::now();
+    term(&server);
+    std::thread::sleep(Duration::from_millis(500));
+    term(&server);
+    let status = server.child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{}", server.log());
+    assert!(
+        start.elapsed() < Duration::from_secs(6),
+        "{:?}",
+        start.elapsed()
+    );
+}
+
 /// A busy port fails before the model loads: the plan named is never read.
 #[test]
 fn a_busy_port_fails_before_the_model_loads() {
