@@ -387,6 +387,10 @@ fn sse_stream(
 /// A worker's refusal as a 400 (`context_length_exceeded` for a prompt
 /// over the context).
 fn rejected(e: ModelError, endpoint: Endpoint) -> ApiError {
+    if is_server_fault(&e) {
+        return ApiError::server(format!("{e}; the request itself may be fine: try it again"))
+            .with_status(StatusCode::SERVICE_UNAVAILABLE);
+    }
     let overflow = matches!(e, ModelError::Runtime(RuntimeError::ContextOverflow { .. }));
     let param = overflow.then_some(match endpoint {
         Endpoint::Chat => "messages",
@@ -396,6 +400,24 @@ fn rejected(e: ModelError, endpoint: Endpoint) -> ApiError {
     match overflow {
         true => error.with_code("context_length_exceeded"),
         false => error,
+    }
+}
+
+/// Whether a job refused before it started failed through no fault of the
+/// request: the template renderer could not run (a process limit, no file
+/// descriptors left), or the GPU failed. The request's own faults (too long
+/// for the context, token ids out of range, a template or tokenizer error
+/// on its content) stay 400s.
+fn is_server_fault(e: &ModelError) -> bool {
+    match e {
+        ModelError::Text(gerbil::TextError::TemplateSandbox { .. }) => true,
+        ModelError::Runtime(r) => !matches!(
+            r,
+            RuntimeError::ContextOverflow { .. }
+                | RuntimeError::TokenOutOfRange { .. }
+                | RuntimeError::EmptyInput
+        ),
+        _ => false,
     }
 }
 
@@ -412,5 +434,40 @@ fn body_error(rejection: BytesRejection) -> ApiError {
             format!("could not read the request body: {rejection}"),
             None,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_job_refused_by_the_server_s_fault_is_a_5xx_and_by_the_request_s_a_400() {
+        let sandbox = ModelError::Text(gerbil::TextError::TemplateSandbox {
+            detail: "could not start gerbil-run: Too many open files".into(),
+        });
+        let e = rejected(sandbox, Endpoint::Chat);
+        assert_eq!(
+            (e.status, e.kind),
+            (StatusCode::SERVICE_UNAVAILABLE, "server_error")
+        );
+        let gpu = ModelError::Runtime(RuntimeError::Device("lost".into()));
+        assert_eq!(
+            rejected(gpu, Endpoint::Chat).status,
+            StatusCode::SERVICE_UNAVAILABLE
+        );
+        let overflow = ModelError::Runtime(RuntimeError::ContextOverflow { needed: 9, max: 4 });
+        let e = rejected(overflow, Endpoint::Completion);
+        assert_eq!(
+            (e.status, e.param.as_deref()),
+            (StatusCode::BAD_REQUEST, Some("prompt"))
+        );
+        let raised = ModelError::Text(gerbil::TextError::TemplateRaised {
+            message: "roles must alternate".into(),
+        });
+        assert_eq!(
+            rejected(raised, Endpoint::Chat).status,
+            StatusCode::BAD_REQUEST
+        );
     }
 }
