@@ -2,7 +2,7 @@
 //! scanned for NaN and ±Inf, and so is every RoPE table's input.
 //!
 //! `gerbilc compile` scans each tensor as the plan writer reads it
-//! ([`crate::materialize`], unless `--allow-non-finite`), so the weights are
+//! ([`mod@crate::materialize`], unless `--allow-non-finite`), so the weights are
 //! read once; before that, [`check_rope_tables_finite`] checks what the
 //! RoPE tables are built from, which needs no tensor. [`check_weights_finite`]
 //! is the whole check on its own, for a caller that builds no plan: it reads

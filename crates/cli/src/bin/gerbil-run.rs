@@ -308,7 +308,7 @@ enum Cmd {
         #[arg(long, value_name = "NAME")]
         allowed_host: Vec<String>,
         /// Allow cross-origin requests from web pages of ORIGIN (e.g.
-        /// https://app.example, or `*` for any) with CORS headers; other
+        /// `https://app.example`, or `*` for any) with CORS headers; other
         /// origins get 403.
         #[arg(long, value_name = "ORIGIN")]
         cors_origin: Vec<String>,
