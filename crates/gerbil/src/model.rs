@@ -86,6 +86,13 @@ impl Model {
         self.codec.as_deref()
     }
 
+    /// The tokenizer and chat template as a shared handle, to tokenize on
+    /// another thread while this model generates (the server does); `None`
+    /// as [`Model::codec`].
+    pub fn shared_codec(&self) -> Option<Arc<TextCodec>> {
+        self.codec.clone()
+    }
+
     /// Why the plan's tokenizer or chat template did not load, if it did not.
     pub fn text_unavailable(&self) -> Option<&str> {
         self.codec_error.as_deref()

@@ -18,7 +18,9 @@
 //! in flight are answered. The model lives on one thread
 //! ([`worker`]); requests queue for it in arrival order, so concurrent
 //! clients are answered one after another, each exactly as if it were
-//! alone. The surprise: a streamed request's status is decided before the
+//! alone. Prompts are tokenized (and chat templates rendered) by the
+//! handlers on tokio's blocking pool first, so a long prompt, or one refused
+//! for the context, never holds the model thread. The surprise: a streamed request's status is decided before the
 //! stream begins — the handler waits for the worker's first event, so a
 //! prompt over the context is a 400 even with `"stream": true`.
 
@@ -38,7 +40,7 @@ use axum::{Json, Router};
 use futures::stream::{self, Stream, StreamExt};
 use gerbil::{Error as ModelError, ModelOptions, RuntimeError};
 pub use guard::Access;
-use openai::{parse_request, ApiError, ChunkPiece, Endpoint, Envelope, Request};
+use openai::{parse_request, ApiError, ChunkPiece, Endpoint, Envelope, PromptInput, Request};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::path::Path;
@@ -298,6 +300,7 @@ async fn complete(
         Endpoint::Completion => request.completion_prompt()?,
     };
     let settings = request.settings(&app.info.defaults, rand::random())?;
+    let prompt = tokenize(app, prompt, endpoint).await?;
     let mut events = app
         .queue
         .submit(prompt, settings)
@@ -327,6 +330,37 @@ async fn complete(
         }
     }
     Err(ApiError::server(STOPPED))
+}
+
+/// A text or chat prompt tokenized here, on tokio's blocking pool, not on
+/// the model thread: a long prompt, or one too long for the context
+/// (refused here, as the model would), never holds up the generations of
+/// other requests. Token ids, and text for a plan without a tokenizer, go to
+/// the model thread as they are.
+async fn tokenize(
+    app: &App,
+    prompt: PromptInput,
+    endpoint: Endpoint,
+) -> Result<PromptInput, ApiError> {
+    let Some(codec) = app.info.codec.clone() else {
+        return Ok(prompt);
+    };
+    let encoded = match prompt {
+        PromptInput::Ids(_) => return Ok(prompt),
+        PromptInput::Chat(messages) => {
+            tokio::task::spawn_blocking(move || codec.encode_chat(&messages, true)).await
+        }
+        PromptInput::Text(text) => tokio::task::spawn_blocking(move || codec.encode(&text)).await,
+    };
+    let ids = encoded
+        .map_err(|e| ApiError::server(format!("tokenizing the prompt failed: {e}")))?
+        .map_err(|e| rejected(e.into(), endpoint))?;
+    let (needed, max) = (ids.len() as u64, app.info.context);
+    if needed > max {
+        let overflow = RuntimeError::ContextOverflow { needed, max };
+        return Err(rejected(overflow.into(), endpoint));
+    }
+    Ok(PromptInput::Ids(ids))
 }
 
 /// The events of a started job as server-sent events: a chat's role chunk,

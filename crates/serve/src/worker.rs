@@ -25,10 +25,12 @@ use crate::openai::PromptInput;
 use anyhow::{Context, Result};
 use gerbil::{
     Error as ModelError, FinishReason, GenerationSettings, GenerationStats, Model, ModelOptions,
+    TextCodec,
 };
 use gerbil_plan::{GenerationDefaults, PlanFile};
 use std::path::PathBuf;
 use std::sync::mpsc;
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver, UnboundedSender};
 
@@ -69,6 +71,10 @@ pub struct ModelInfo {
     pub defaults: GenerationDefaults,
     /// Positions of the KV cache.
     pub context: u64,
+    /// Its tokenizer and chat template, for the handlers to tokenize with
+    /// (`None`: the plan has none that loads; the model thread then refuses
+    /// text with the model's own error).
+    pub codec: Option<Arc<TextCodec>>,
 }
 
 /// The worker thread and its queue.
@@ -163,6 +169,7 @@ async fn load(plan: &std::path::Path, opts: &ModelOptions) -> Result<(Model, Mod
     let info = ModelInfo {
         defaults: plan.header.text.generation,
         context: model.context(),
+        codec: model.shared_codec(),
     };
     Ok((model, info))
 }

@@ -738,6 +738,38 @@ fn concurrent_clients_each_get_their_own_answer() {
     assert_eq!(together, alone);
 }
 
+/// Prompts are tokenized by the handlers, not on the model thread: one too
+/// long for the context is refused while another request's long generation
+/// is still streaming, instead of waiting behind it.
+#[test]
+fn a_prompt_too_long_is_refused_without_waiting_for_the_model() {
+    let dir = temp("early");
+    let plan = tiny_text_plan(dir.path(), &["--max-context", "2048"]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let server = Server::start(&plan, &[]);
+    let long = json!({"prompt": "a long answer", "temperature": 0, "ignore_eos": true,
+                      "max_tokens": 600, "stream": true});
+    let mut busy = server.stream("/v1/completions", &long);
+    for _ in 0..2 {
+        assert!(busy.next_data().is_some());
+    }
+    // `zq` has no merge: two tokens each, 2,200 in all.
+    let asked = std::time::Instant::now();
+    let (s, v) = server.post("/v1/completions", &json!({"prompt": "zq".repeat(1100)}));
+    let refused_after = asked.elapsed();
+    let m = error_of(s, &v, 400, Some("prompt"));
+    assert!(m.contains("context of 2048 tokens"), "{m}");
+    // Had the refusal queued behind the answer, the answer would be over
+    // (its rest buffered in the socket) by the time the refusal came.
+    let refused = std::time::Instant::now();
+    while busy.next_data().is_some_and(|d| d != "[DONE]") {}
+    let answer_ended_after = refused.elapsed();
+    assert!(
+        refused_after < answer_ended_after,
+        "refused after {refused_after:?}, the answer went on {answer_ended_after:?}"
+    );
+}
+
 #[test]
 fn a_client_that_disconnects_mid_stream_stops_its_generation() {
     let dir = temp("disconnect");
