@@ -95,7 +95,11 @@ pub async fn perplexity(
     let tokens = Tokens::of(&model, text)?;
     let mut base = match &opts.against {
         Some(path) => {
-            let base = open(path, opts).await?;
+            // `--variant` picks the scored plan's variant; the base runs its
+            // best at `--precision` (so one plan's variants compare).
+            let mut base_opts = opts.clone();
+            base_opts.model.session.variant = None;
+            let base = open(path, &base_opts).await?;
             let theirs = Tokens::of(&base, text)?;
             if theirs != tokens || base.session().vocab_size() != model.session().vocab_size() {
                 bail!(

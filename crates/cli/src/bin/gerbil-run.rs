@@ -334,7 +334,10 @@ enum Cmd {
         #[arg(long, value_name = "N", value_parser = at_least_one, allow_negative_numbers = true)]
         max_windows: Option<usize>,
         /// A plan of the same model (e.g. its bf16 or q8_0 compile) to
-        /// compare against: KL(base ‖ plan) and top-1 agreement.
+        /// compare against: KL(base ‖ plan) and top-1 agreement. It runs
+        /// its best variant at --precision; --variant picks only the scored
+        /// plan's, so `PLAN perplexity F --variant V --against PLAN`
+        /// compares two variants of one plan.
         #[arg(long, value_name = "BASE_PLAN")]
         against: Option<PathBuf>,
         /// Print one JSON object.
