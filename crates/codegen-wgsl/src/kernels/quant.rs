@@ -234,6 +234,47 @@ fn unrolled(n: u32, f: impl Fn(u32) -> String) -> String {
     (0..n).map(|k| format!("  {}\n", f(k))).collect()
 }
 
+/// The opening of a Q4_K or Q5_K unit decoder (a 32-value sub-block `u`):
+/// its super-block `s` and sub-block `sb`, their `scale` and `minimum`
+/// ([`K_SCALES`]), the quant vectors `qa` and `qb`, Q5_K's high-bit vectors
+/// `ha` and `hb`, and the nibble `shift`; shared by [`dot_decoder`] and
+/// [`int_dot_decoder`].
+fn k_unit_loads(name: &str, dtype: DType, p1: u64, p2: u64) -> String {
+    let header = if dtype == DType::Q4K { p1 } else { p2 };
+    let qh = if dtype == DType::Q5K {
+        format!(
+            "  let ha = {name}[{}u + 2u * s];\n  let hb = {name}[{}u + 2u * s + 1u];\n",
+            p1 / 4,
+            p1 / 4
+        )
+    } else {
+        String::new()
+    };
+    format!(
+        "  let s = u >> 3u;\n  let sb = u & 7u;\n  let hdr = {name}[{}u + s];\n{K_SCALES}  \
+         let qa = {name}[8u * s + 2u * (sb >> 1u)];\n  let qb = {name}[8u * s + 2u * (sb >> 1u) + 1u];\n{qh}  \
+         let shift = (sb & 1u) * 4u;\n",
+        header / 4
+    )
+}
+
+/// The opening of a Q6_K unit decoder (a quarter of a 128-value half): the
+/// low and high quant vectors `la`, `lb`, `ha`, `hb` and their shifts, the
+/// two 16-value scales `sc0`, `sc1` and the super-block scale `d`; shared
+/// by [`dot_decoder`] and [`int_dot_decoder`].
+fn q6k_unit_loads(name: &str, p1: u64, p2: u64) -> String {
+    format!(
+        "  let s = u >> 3u;\n  let v = u & 7u;\n  let h = v >> 2u;\n  \
+         let la = {name}[12u * s + 4u * h + 2u * (v & 1u)];\n  let lb = {name}[12u * s + 4u * h + 2u * (v & 1u) + 1u];\n  \
+         let ha = {name}[12u * s + 8u + 2u * h];\n  let hb = {name}[12u * s + 8u + 2u * h + 1u];\n  \
+         let lo_shift = 4u * ((v & 3u) >> 1u);\n  let hi_shift = 2u * (v & 3u);\n  \
+         let sw = {name}_w({p1}u + 4u * s + (v >> 1u));\n  let sh = 16u * (v & 1u);\n  \
+         let sc0 = f32(bitcast<i32>(sw << (24u - sh)) >> 24u);\n  \
+         let sc1 = f32(bitcast<i32>(sw << (16u - sh)) >> 24u);\n  \
+         let d = q_half({name}_w({p2}u + (s >> 1u)), s & 1u);\n"
+    )
+}
+
 /// `fn {name}_qdot(u: u32, x: array<vec4<f32>, 8>) -> f32`: the dot product
 /// of 32-value unit `u` of binding `name` ([`declare`]d with `values`
 /// values of quantized `dtype`) with `x`, for the decode GEMV. Where
@@ -295,7 +336,6 @@ pub(super) fn dot_decoder(out: &mut String, name: &str, dtype: DType, values: u6
             nibble_dots("q", "", &fifth)
         ),
         DType::Q4K | DType::Q5K => {
-            let header = if dtype == DType::Q4K { p1 } else { p2 };
             let high = |v: &str, k: u32| {
                 if dtype == DType::Q5K {
                     format!(" + vec4<f32>(q_bits({v}[{k}], sb, 1u) << vec4<u32>(4u))")
@@ -303,21 +343,10 @@ pub(super) fn dot_decoder(out: &mut String, name: &str, dtype: DType, values: u6
                     String::new()
                 }
             };
-            let qh = if dtype == DType::Q5K {
-                format!(
-                    "  let ha = {name}[{}u + 2u * s];\n  let hb = {name}[{}u + 2u * s + 1u];\n",
-                    p1 / 4,
-                    p1 / 4
-                )
-            } else {
-                String::new()
-            };
             format!(
-                "  let s = u >> 3u;\n  let sb = u & 7u;\n  let hdr = {name}[{}u + s];\n{K_SCALES}  \
-                 let qa = {name}[8u * s + 2u * (sb >> 1u)];\n  let qb = {name}[8u * s + 2u * (sb >> 1u) + 1u];\n{qh}  \
-                 let shift = (sb & 1u) * 4u;\n  var acc = 0.0f;\n{}{}  \
+                "{}  var acc = 0.0f;\n{}{}  \
                  return scale * acc - minimum * q_xsum(x);\n",
-                header / 4,
+                k_unit_loads(name, dtype, p1, p2),
                 unrolled(4, |k| format!(
                     "acc = acc + dot(q_nibbles(qa[{k}], shift){}, x[{k}]);",
                     high("ha", k)
@@ -330,15 +359,9 @@ pub(super) fn dot_decoder(out: &mut String, name: &str, dtype: DType, values: u6
             )
         }
         DType::Q6K => format!(
-            "  let s = u >> 3u;\n  let v = u & 7u;\n  let h = v >> 2u;\n  \
-             let la = {name}[12u * s + 4u * h + 2u * (v & 1u)];\n  let lb = {name}[12u * s + 4u * h + 2u * (v & 1u) + 1u];\n  \
-             let ha = {name}[12u * s + 8u + 2u * h];\n  let hb = {name}[12u * s + 8u + 2u * h + 1u];\n  \
-             let lo_shift = 4u * ((v & 3u) >> 1u);\n  let hi_shift = 2u * (v & 3u);\n  \
-             let sw = {name}_w({p1}u + 4u * s + (v >> 1u));\n  let sh = 16u * (v & 1u);\n  \
-             let sc0 = f32(bitcast<i32>(sw << (24u - sh)) >> 24u);\n  \
-             let sc1 = f32(bitcast<i32>(sw << (16u - sh)) >> 24u);\n  \
-             let d = q_half({name}_w({p2}u + (s >> 1u)), s & 1u);\n  var s0 = 0.0f;\n  var s1 = 0.0f;\n{}{}  \
+            "{}  var s0 = 0.0f;\n  var s1 = 0.0f;\n{}{}  \
              return (d * sc0) * s0 + (d * sc1) * s1;\n",
+            q6k_unit_loads(name, p1, p2),
             unrolled(4, |k| format!(
                 "s0 = s0 + dot(vec4<f32>(q_bits(la[{k}], lo_shift, 15u) | (q_bits(ha[{k}], hi_shift, 3u) << vec4<u32>(4u))) - vec4<f32>(32.0f), x[{k}]);"
             )),

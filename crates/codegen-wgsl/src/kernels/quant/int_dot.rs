@@ -24,7 +24,7 @@
 //! variants' (exact against transformers) would not, so only the f16
 //! variants use it.
 
-use super::{helpers, plane_words, unrolled, K_SCALES};
+use super::{helpers, k_unit_loads, plane_words, q6k_unit_loads, unrolled};
 use gerbil_ir::DType;
 use std::fmt::Write;
 
@@ -120,7 +120,6 @@ pub(in crate::kernels) fn int_dot_decoder(out: &mut String, name: &str, dtype: D
             nibble_dots(&fifth)
         ),
         DType::Q4K | DType::Q5K => {
-            let header = if dtype == DType::Q4K { p1 } else { p2 };
             let high = |v: &str, k: u32| {
                 if dtype == DType::Q5K {
                     format!(" | (((({v}[{k}] >> sb) & 0x01010101u)) << 4u)")
@@ -128,21 +127,10 @@ pub(in crate::kernels) fn int_dot_decoder(out: &mut String, name: &str, dtype: D
                     String::new()
                 }
             };
-            let qh = if dtype == DType::Q5K {
-                format!(
-                    "  let ha = {name}[{}u + 2u * s];\n  let hb = {name}[{}u + 2u * s + 1u];\n",
-                    p1 / 4,
-                    p1 / 4
-                )
-            } else {
-                String::new()
-            };
             format!(
-                "  let s = u >> 3u;\n  let sb = u & 7u;\n  let hdr = {name}[{}u + s];\n{K_SCALES}  \
-                 let qa = {name}[8u * s + 2u * (sb >> 1u)];\n  let qb = {name}[8u * s + 2u * (sb >> 1u) + 1u];\n{qh}  \
-                 let shift = (sb & 1u) * 4u;\n  var acc = 0i;\n{}{}  \
+                "{}  var acc = 0i;\n{}{}  \
                  return (scale * x.d) * f32(acc) - minimum * x.sx;\n",
-                header / 4,
+                k_unit_loads(name, dtype, p1, p2),
                 unrolled(4, |k| format!(
                     "acc = acc + dot4I8Packed(((qa[{k}] >> shift) & 0x0f0f0f0fu){}, x.q[{k}]);",
                     high("ha", k)
@@ -155,15 +143,9 @@ pub(in crate::kernels) fn int_dot_decoder(out: &mut String, name: &str, dtype: D
             )
         }
         DType::Q6K => format!(
-            "  let s = u >> 3u;\n  let v = u & 7u;\n  let h = v >> 2u;\n  \
-             let la = {name}[12u * s + 4u * h + 2u * (v & 1u)];\n  let lb = {name}[12u * s + 4u * h + 2u * (v & 1u) + 1u];\n  \
-             let ha = {name}[12u * s + 8u + 2u * h];\n  let hb = {name}[12u * s + 8u + 2u * h + 1u];\n  \
-             let lo_shift = 4u * ((v & 3u) >> 1u);\n  let hi_shift = 2u * (v & 3u);\n  \
-             let sw = {name}_w({p1}u + 4u * s + (v >> 1u));\n  let sh = 16u * (v & 1u);\n  \
-             let sc0 = f32(bitcast<i32>(sw << (24u - sh)) >> 24u);\n  \
-             let sc1 = f32(bitcast<i32>(sw << (16u - sh)) >> 24u);\n  \
-             let d = q_half({name}_w({p2}u + (s >> 1u)), s & 1u);\n  var a0 = 0i;\n  var a1 = 0i;\n{}{}  \
+            "{}  var a0 = 0i;\n  var a1 = 0i;\n{}{}  \
              return ((d * sc0) * x.d) * f32(a0 - 32i * x.lo) + ((d * sc1) * x.d) * f32(a1 - 32i * x.hi);\n",
+            q6k_unit_loads(name, p1, p2),
             unrolled(4, |k| format!(
                 "a0 = a0 + dot4I8Packed(((la[{k}] >> lo_shift) & 0x0f0f0f0fu) | (((ha[{k}] >> hi_shift) & 0x03030303u) << 4u), x.q[{k}]);"
             )),
