@@ -167,16 +167,20 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
 /// Runs `src`, a kernel for case `c` (the matmul or the gemv template), on
 /// `c`'s inputs and checks it against the reference.
 fn check_matmul_kernel(c: &MatMulCase, src: &KernelSource) -> Result<(), String> {
-    check_matmul_kernel_seeing(c, src, |x| x.to_vec())
+    check_matmul_kernel_seeing(c, src, None)
 }
 
-/// [`check_matmul_kernel`] against the reference on `seen(x)`: what the
-/// kernel makes of `x` before its products (int8 units, for the GEMV's
-/// integer dot products).
+/// What a kernel makes of `x` (and the norm weight) before its products.
+type Seen<'a> = &'a dyn Fn(&[f32], &[f64]) -> Vec<f32>;
+
+/// [`check_matmul_kernel`] against the reference on `seen(x, g)`, where
+/// given: what the kernel makes of `x` and the norm weight `g` before its
+/// products, the norm prologue included (int8 units, for the GEMV's integer
+/// dot products).
 fn check_matmul_kernel_seeing(
     c: &MatMulCase,
     src: &KernelSource,
-    seen: impl Fn(&[f32]) -> Vec<f32>,
+    seen: Option<Seen>,
 ) -> Result<(), String> {
     let (m, k, n) = (row_count(c.rows, c.t), c.k as usize, c.n as usize);
     let MatMulInputs {
@@ -187,12 +191,15 @@ fn check_matmul_kernel_seeing(
         g,
         res,
     } = matmul_inputs(c);
-    let (mut x, b, res) = (widen(&seen(&x)), widen(&b), widen(&res));
+    let (mut x, b, res) = match seen {
+        Some(seen) => (widen(&seen(&x, &g)), widen(&b), widen(&res)),
+        None => (widen(&x), widen(&b), widen(&res)),
+    };
     if c.last_row {
         x = reference::slice_last_row(&x, k);
     }
     let bias = c.bias.then_some(b.as_slice());
-    let norm = c.norm.map(|(weight_offset, _)| {
+    let norm = c.norm.filter(|_| seen.is_none()).map(|(weight_offset, _)| {
         let p = NormPrologue {
             eps: MATMUL_NORM_EPS,
             weight_offset,
@@ -655,19 +662,44 @@ fn check_gemv(c: &MatMulCase, reduce: kernels::gemv::Reduce) -> Result<(), Strin
 /// kernel quantizes it: each 32-value unit to int8 with scale `max|x| / 127`,
 /// rounded half to even, in f32 as the shader computes it (a case without a
 /// norm: with one the kernel quantizes `x` times the norm weight).
-fn check_gemv_int8(c: &MatMulCase, reduce: kernels::gemv::Reduce) -> Result<(), String> {
-    assert!(c.norm.is_none() && c.k.is_multiple_of(32), "{c:?}");
-    let src = kernels::gemv::kernel(&matmul_spec(c), reduce, kernels::gemv::Dots::Int8);
-    check_matmul_kernel_seeing(c, &src, |x| {
-        x.chunks(32)
-            .flat_map(|unit| {
-                let amax = unit.iter().fold(0f32, |m, v| m.max(v.abs()));
-                let d = amax / 127.0;
-                let id = if amax > 0.0 { 1.0 / d } else { 0.0 };
-                unit.iter().map(move |v| (v * id).round_ties_even() * d)
+fn check_gemv_int8(c: &MatMulCase) -> Result<(), String> {
+    assert!(c.k.is_multiple_of(32) && !c.last_row, "{c:?}");
+    let src = kernels::gemv::kernel(
+        &matmul_spec(c),
+        kernels::gemv::Reduce::Subgroup,
+        kernels::gemv::Dots::Int8,
+    );
+    let k = c.k as usize;
+    // Each row normed (x·(g + offset), its inverse RMS applied after the
+    // products), then rounded to int8 per 32 values.
+    let seen = |x: &[f32], g: &[f64]| -> Vec<f32> {
+        x.chunks(k)
+            .flat_map(|row| {
+                let (gain, inv) = match c.norm {
+                    Some((offset, _)) => {
+                        let ssq: f64 = row.iter().map(|v| f64::from(*v).powi(2)).sum();
+                        let inv = 1.0 / (ssq / k as f64 + f64::from(MATMUL_NORM_EPS)).sqrt();
+                        let gain: Vec<f32> = g.iter().map(|g| *g as f32 + offset).collect();
+                        (gain, inv as f32)
+                    }
+                    None => (vec![1.0; k], 1.0),
+                };
+                let normed: Vec<f32> = row.iter().zip(&gain).map(|(v, g)| v * g).collect();
+                normed
+                    .chunks(32)
+                    .flat_map(|unit| {
+                        let amax = unit.iter().fold(0f32, |m, v| m.max(v.abs()));
+                        let d = amax / 127.0;
+                        let id = if amax > 0.0 { 1.0 / d } else { 0.0 };
+                        unit.iter()
+                            .map(move |v| (v * id).round_ties_even() * d * inv)
+                            .collect::<Vec<_>>()
+                    })
+                    .collect::<Vec<_>>()
             })
             .collect()
-    })
+    };
+    check_matmul_kernel_seeing(c, &src, Some(&seen))
 }
 
 #[test]
@@ -1074,8 +1106,8 @@ fn embedding_matches_reference() {
 #[derive(Clone, Copy, Debug)]
 enum QuantCase {
     Gemv(MatMulCase, kernels::gemv::Reduce),
-    /// The GEMV with integer dot products (no norm: see [`check_gemv_int8`]).
-    GemvInt8(MatMulCase, kernels::gemv::Reduce),
+    /// The GEMV with integer dot products ([`check_gemv_int8`]).
+    GemvInt8(MatMulCase),
     Gemm(MatMulCase, GemmTile),
     /// The rows template (prefill's LM head: the last row), which reads
     /// packed pairs.
@@ -1110,17 +1142,14 @@ fn quant_cases() -> Vec<QuantCase> {
             kernels::gemv::Reduce::Subgroup,
         ][i % 2];
         cases.push(QuantCase::Gemv(base, reduce));
-        // t = 2: a second row of x, each row its own units.
-        let int8 = MatMulCase {
-            t: 2,
-            norm: None,
-            ..base
-        };
-        let other = [
-            kernels::gemv::Reduce::Subgroup,
-            kernels::gemv::Reduce::Workgroup,
-        ][i % 2];
-        cases.push(QuantCase::GemvInt8(int8, other));
+        // t = 2: a second row of x, each row its own units; K = 64 gives
+        // row groups narrower than lavapipe's subgroups, K = 9216 two stages
+        // of staged units.
+        cases.push(QuantCase::GemvInt8(MatMulCase { t: 2, ..base }));
+        cases.push(QuantCase::GemvInt8(MatMulCase { k: 9216, ..base }));
+        if wdtype.block().0 == 32 {
+            cases.push(QuantCase::GemvInt8(MatMulCase { t: 2, k: 64, ..base }));
+        }
         cases.push(QuantCase::Gemm(
             MatMulCase { t: 70, ..base },
             gemm_tile(i, glu.is_some()),
@@ -1149,7 +1178,7 @@ fn quant_cases() -> Vec<QuantCase> {
 fn quantized_weights_match_reference() {
     check_all(quant_cases(), |c| match c {
         QuantCase::Gemv(m, reduce) => check_gemv(m, *reduce),
-        QuantCase::GemvInt8(m, reduce) => check_gemv_int8(m, *reduce),
+        QuantCase::GemvInt8(m) => check_gemv_int8(m),
         QuantCase::Gemm(m, tile) => check_gemm(m, *tile),
         QuantCase::Rows(m) => check_matmul(m),
         QuantCase::Embedding(e) => check_embedding(e),

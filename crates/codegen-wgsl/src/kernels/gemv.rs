@@ -138,7 +138,7 @@ pub(super) fn shard_loader(w: &mut String, shards: &[Shard], e: u32) {
 /// weight's shards with their `_qdot` block dot products, and `cdot`,
 /// `cmul`, `cplus` over units; then `fn wdot(row, i, x)`: the dot product of
 /// unit `i` of weight row `row` with `x`, from the shard that holds it.
-fn bind_quantized(
+pub(super) fn bind_quantized(
     s: &MatMulSpec,
     norm: bool,
     dots: Dots,
@@ -198,18 +198,14 @@ fn bind_quantized(
             plus.join(", ")
         );
     }
-    let (x_type, dot) = match dots {
-        Dots::Float => (unit, "qdot"),
-        Dots::Int8 => (quant::QX, "idot"),
-    };
-    row_loader(
-        w,
-        "wdot",
-        &format!(", x: {x_type}"),
-        "f32",
-        &shards,
-        |shard, local| format!("{}_{dot}({local} * KC + i, x)", shard.name),
-    );
+    match dots {
+        Dots::Float => row_loader(w, "wdot", &format!(", x: {unit}"), "f32", &shards, |shard, local| {
+            format!("{}_qdot({local} * KC + i, x)", shard.name)
+        }),
+        Dots::Int8 => row_loader(w, "wload", "", "QW", &shards, |shard, local| {
+            format!("{}_iload({local} * KC + i)", shard.name)
+        }),
+    }
     (b, shards)
 }
 
@@ -221,7 +217,9 @@ fn bind_quantized(
 /// once per block.
 pub fn kernel(s: &MatMulSpec, reduce: Reduce, dots: Dots) -> KernelSource {
     let quantized = s.wdtype.is_quantized();
-    let int8 = quantized && dots == Dots::Int8;
+    if quantized && dots == Dots::Int8 {
+        return super::gemv_int8::kernel(s);
+    }
     let e = if quantized {
         32
     } else {
@@ -261,9 +259,7 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce, dots: Dots) -> KernelSource {
     };
     // Weight row `row`'s chunk `c` times `xv`.
     let term = |row: &str| {
-        if int8 {
-            format!("wdot({row}, c, xq)")
-        } else if quantized {
+        if quantized {
             format!("wdot({row}, c, xv)")
         } else {
             format!("cdot(wrow({row}, c), xv)")
@@ -283,9 +279,6 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce, dots: Dots) -> KernelSource {
         );
     } else {
         body += &format!("    let xv = x_chunk({xt} * KC + c);\n");
-    }
-    if int8 {
-        body += "    let xq = q_x8(xv);\n";
     }
     for i in 0..r {
         let _ = writeln!(
@@ -431,9 +424,8 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce, dots: Dots) -> KernelSource {
     let (glu, options) = name_parts(s, shards.len());
     KernelSource {
         name: format!(
-            "gemv{glu}_{}{}_r{}_k{}_n{}{options}_{}",
+            "gemv{glu}_{}_r{}_k{}_n{}{options}_{}",
             s.wdtype,
-            if int8 { "_i8" } else { "" },
             s.rows.tag(),
             s.k,
             s.n,

@@ -1,0 +1,292 @@
+//! `gemv_int8`: the decode GEMV of a block-quantized weight with int8 dot
+//! products ([`Dots::Int8`](super::gemv::Dots)), every option of
+//! [`MatMulSpec`] as in [`gemv`](super::gemv). [`kernel`] builds it;
+//! `gemv::kernel` hands int8 specs here.
+//!
+//! The workgroup first quantizes its row of `x` (norm weight applied, `Σx²`
+//! summed) into workgroup memory, each 32-value unit once — eight packed
+//! words, its scale and the sums of its two halves' quants — in stages of at
+//! most [`STAGE_BYTES`]; then it splits into `G` *row groups* of `TPR`
+//! threads, each group computing `R` outputs, its threads striding over the
+//! units and dotting each with the group's `R` weight rows
+//! ([`quant::int_dot_decoder`]). A unit of `x` is thus quantized once per
+//! workgroup and read from workgroup memory `G·R` times, where the plain
+//! GEMV's threads quantized their own units for `R` rows each (`down_proj`
+//! of Llama-3.2-1B: two).
+//!
+//! The surprise is the reduction: a row group's threads are told apart by
+//! their subgroup, not their index — thread `sg_id · S + sg_lane` (`S` the
+//! subgroup size) — so a group of `TPR ≥ S` threads is whole subgroups
+//! (`subgroupAdd`, then one slot per subgroup), and a subgroup wider than a
+//! group (`S > TPR`: few units a row, or a 64-wide subgroup) reduces each
+//! group within itself by `subgroupShuffleXor` over `TPR` lanes. Both leave
+//! one partial sum per *segment* of `min(S, TPR)` threads in workgroup
+//! memory; the output threads add their group's segments.
+
+use super::gemv::bind_quantized;
+use super::linear::{self, name_parts};
+use super::matmul::MatMulSpec;
+use super::{prelude, quant, split_groups, KernelSource};
+use gerbil_plan::WorkgroupCount;
+use std::fmt::Write;
+
+/// Workgroup memory for the staged units of `x` (40 bytes a unit): with the
+/// reduction slots, within WebGPU's default 16 KiB.
+const STAGE_BYTES: u32 = 10 << 10;
+/// Bytes of workgroup memory one staged unit takes.
+const UNIT_BYTES: u32 = 40;
+/// WebGPU's smallest subgroup size: bounds the segments of a workgroup.
+const MIN_SUBGROUP_SIZE: u32 = 4;
+
+/// Reads a knob of the layout experiment from the environment.
+fn knob(name: &str, default: u32) -> u32 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+/// How the workgroup is laid out: `groups` row groups of `tpr` threads,
+/// `rows` outputs each, `units` staged units per stage.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Layout {
+    tpr: u32,
+    groups: u32,
+    rows: u32,
+    units: u32,
+    stages: u32,
+}
+
+impl Layout {
+    fn choose(s: &MatMulSpec) -> Layout {
+        let kc = s.k / 32;
+        let stages = kc.div_ceil(STAGE_BYTES / UNIT_BYTES);
+        let units = kc.div_ceil(stages);
+        let threads = knob("GERBIL_Q_THREADS", 256);
+        let tpr = units
+            .next_power_of_two()
+            .min(knob("GERBIL_Q_TPR", 64))
+            .min(threads);
+        let groups = threads / tpr;
+        let per_row = if s.glu.is_some() { 2 } else { 1 };
+        let target = knob("GERBIL_Q_TARGET", 528);
+        let max_loads = knob("GERBIL_Q_MAXLOADS", 16);
+        let mut rows = 1;
+        while 2 * rows * per_row <= max_loads && s.n.div_ceil(2 * rows * groups) >= target {
+            rows *= 2;
+        }
+        Layout {
+            tpr,
+            groups,
+            rows,
+            units,
+            stages,
+        }
+    }
+}
+
+/// Builds the kernel (`s.tt` is ignored: one row of `x` per workgroup row).
+pub fn kernel(s: &MatMulSpec) -> KernelSource {
+    let l = Layout::choose(s);
+    let kc = s.k / 32;
+    let threads = l.tpr * l.groups;
+    let outputs = l.groups * l.rows;
+    let (gx, gy) = split_groups(s.n.div_ceil(outputs));
+    let glu = s.glu.is_some();
+    let norm = s.norm.is_some();
+    let r = l.rows;
+    let sq_slot = r * if glu { 2 } else { 1 };
+    let slots = sq_slot + u32::from(norm);
+    // One slot set per segment: at most a subgroup or a row group of threads.
+    let red_len = slots * threads / l.tpr.min(MIN_SUBGROUP_SIZE);
+
+    let mut w = prelude();
+    let _ = writeln!(
+        w,
+        "const K: u32 = {k}u;\nconst N: u32 = {n}u;\nconst KC: u32 = {kc}u;\n\
+         const THREADS: u32 = {threads}u;\nconst TPR: u32 = {tpr}u;\nconst R: u32 = {r}u;\n\
+         const OUTPUTS: u32 = {outputs}u;\nconst SLOTS: u32 = {slots}u;\nconst KT: u32 = {kt}u;\n\
+         const GX: u32 = {gx}u;",
+        k = s.k,
+        n = s.n,
+        tpr = l.tpr,
+        kt = l.units,
+    );
+    let (b, shards) = bind_quantized(s, norm, super::gemv::Dots::Int8, &mut w);
+    let xt = if s.last_row { "(params.t - 1u)" } else { "t" };
+
+    // Stage: each unit of this stage quantized once, by thread `tid`.
+    let in_stage = if kc.is_multiple_of(l.units) {
+        "j < KT"
+    } else {
+        "j < KT && base + j < KC"
+    };
+    let mut stage = format!(
+        "    for (var i = 0u; i < {}u; i = i + 1u) {{\n      let j = tid + i * THREADS;\n      \
+         if ({in_stage}) {{\n        let c = base + j;\n        var xv = x_chunk({xt} * KC + c);\n",
+        l.units.div_ceil(threads)
+    );
+    if norm {
+        stage += "        ssq = ssq + cdot(xv, xv);\n        xv = cmul(xv, cplus(gamma_chunk(c), OFFSET));\n";
+    }
+    stage += "        let q = q_x8(xv);\n        \
+              xs_q[2u * j] = vec4<u32>(q.q[0], q.q[1], q.q[2], q.q[3]);\n        \
+              xs_q[2u * j + 1u] = vec4<u32>(q.q[4], q.q[5], q.q[6], q.q[7]);\n        \
+              xs_m[j] = vec2<u32>(bitcast<u32>(q.d), (bitcast<u32>(q.lo) & 0xffffu) | (bitcast<u32>(q.hi) << 16u));\n      \
+              }\n    }\n    workgroupBarrier();\n";
+    // Dots: lane `lane` of its row group over this stage's units, the first
+    // unit's weight words loaded before `x` is staged where they fit.
+    let terms = |load: &dyn Fn(&str) -> String| {
+        let mut t = String::new();
+        for i in 0..r {
+            let _ = writeln!(t, "        acc[{i}] = acc[{i}] + q_idot({}, xq);", load(&format!("row{i}")));
+            if glu {
+                let _ = writeln!(t, "        up[{i}] = up[{i}] + q_idot({}, xq);", load(&format!("row{i} + N")));
+            }
+        }
+        t
+    };
+    let loads_per_unit = r * if glu { 2 } else { 1 };
+    let prefetch = quant::qw_words(s.wdtype) * loads_per_unit <= knob("GERBIL_Q_PFWORDS", 64)
+        && knob("GERBIL_Q_PREFETCH", 1) == 1;
+    let first = if prefetch {
+        let mut pre = "    let c0 = min(base + lane, KC - 1u);\n".to_string();
+        for i in 0..r {
+            let _ = writeln!(pre, "    let w{i} = wload(row{i}, c0);");
+            if glu {
+                let _ = writeln!(pre, "    let u{i} = wload(row{i} + N, c0);");
+            }
+        }
+        stage.insert_str(0, &pre);
+        format!(
+            "    {{\n      let j = lane;\n      if ({in_stage}) {{\n        let xq = x_staged(j);\n{}      }}\n    }}\n",
+            terms(&|row: &str| match row.strip_suffix(" + N") {
+                Some(g) => format!("u{}", &g[3..]),
+                None => format!("w{}", &row[3..]),
+            })
+        )
+    } else {
+        String::new()
+    };
+    stage += &first;
+    let _ = write!(
+        stage,
+        "    for (var i = {}u; i < {}u; i = i + 1u) {{\n      let j = lane + i * TPR;\n      \
+         if ({in_stage}) {{\n        let c = base + j;\n        let xq = x_staged(j);\n{}      }}\n    }}\n",
+        u32::from(prefetch),
+        l.units.div_ceil(l.tpr),
+        terms(&|row: &str| format!("wload({row}, c)"))
+    );
+    if l.stages > 1 {
+        stage += "    workgroupBarrier();\n";
+    }
+
+    // Every partial sum as (slot, expression).
+    let mut parts: Vec<(u32, String)> = (0..r).map(|i| (i, format!("acc[{i}]"))).collect();
+    if glu {
+        parts.extend((0..r).map(|i| (r + i, format!("up[{i}]"))));
+    }
+    if norm {
+        parts.push((sq_slot, "ssq".to_string()));
+    }
+    let mut reduce = "  let seg = min(sg_size, TPR);\n".to_string();
+    for (slot, v) in &parts {
+        let _ = writeln!(reduce, "  let s{slot} = seg_sum({v}, sg_size);");
+    }
+    reduce += "  if (lin % seg == 0u) {\n";
+    for (slot, _) in &parts {
+        let _ = writeln!(reduce, "    red[(lin / seg) * SLOTS + {slot}u] = s{slot};");
+    }
+    reduce += "  }\n  workgroupBarrier();\n";
+
+    let mut total = "    let g = tid / R;\n    let i = tid % R;\n    let per = TPR / seg;\n    \
+                     var sum = 0.0f;\n"
+        .to_string();
+    let mut adds = "      sum = sum + red[j * SLOTS + i];\n".to_string();
+    if glu {
+        total += "    var upsum = 0.0f;\n";
+        adds += "      upsum = upsum + red[j * SLOTS + R + i];\n";
+    }
+    let _ = write!(
+        total,
+        "    for (var j = g * per; j < (g + 1u) * per; j = j + 1u) {{\n{adds}    }}\n"
+    );
+    if norm {
+        let _ = write!(
+            total,
+            "    var sq = 0.0f;\n    for (var j = 0u; j < THREADS / seg; j = j + 1u) {{\n      \
+             sq = sq + red[j * SLOTS + {sq_slot}u];\n    }}\n    \
+             let inv = 1.0f / sqrt(sq / f32(K) + EPS);\n"
+        );
+    }
+    let scale = if norm { " * inv" } else { "" };
+    let _ = writeln!(
+        total,
+        "    let n = wbase + tid;\n    if (n < N) {{\n      {}\n    }}",
+        linear::store(s, "t", &format!("sum{scale}"), &format!("upsum{scale}"))
+    );
+
+    let accs = if glu {
+        "  var acc: array<f32, R>;\n  var up: array<f32, R>;\n"
+    } else {
+        "  var acc: array<f32, R>;\n"
+    };
+    let mut ssq = if norm { "  var ssq = 0.0f;\n" } else { "" }.to_string();
+    for i in 0..r {
+        let _ = writeln!(ssq, "  let row{i} = min(n0 + {i}u, N - 1u);");
+    }
+    let _ = write!(
+        w,
+        "var<workgroup> xs_q: array<vec4<u32>, {q_len}>;\n\
+         var<workgroup> xs_m: array<vec2<u32>, {kt}>;\n\
+         var<workgroup> red: array<f32, {red_len}>;\n\
+         fn x_staged(j: u32) -> QX {{\n  let a = xs_q[2u * j];\n  let b = xs_q[2u * j + 1u];\n  \
+         let m = xs_m[j];\n  var r: QX;\n  \
+         r.q = array<u32, 8>(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);\n  r.d = bitcast<f32>(m.x);\n  \
+         r.lo = bitcast<i32>(m.y << 16u) >> 16u;\n  r.hi = bitcast<i32>(m.y) >> 16u;\n  \
+         r.sx = r.d * f32(r.lo + r.hi);\n  return r;\n}}\n\
+         fn seg_sum(v: f32, sg_size: u32) -> f32 {{\n  if (sg_size <= TPR) {{ return subgroupAdd(v); }}\n  \
+         var s = v;\n  for (var o = TPR / 2u; o > 0u; o = o >> 1u) {{ s = s + subgroupShuffleXor(s, o); }}\n  \
+         return s;\n}}\n\
+         @compute @workgroup_size({threads}, 1, 1)\n\
+         fn main(@builtin(local_invocation_index) tid: u32,\n        \
+         @builtin(workgroup_id) wid: vec3<u32>,\n        \
+         @builtin(subgroup_invocation_id) sg_lane: u32,\n        \
+         @builtin(subgroup_id) sg_id: u32,\n        \
+         @builtin(subgroup_size) sg_size: u32) {{\n\
+         \x20 let wbase = (wid.x + wid.y * GX) * OUTPUTS;\n\
+         \x20 let lin = sg_id * sg_size + sg_lane;\n\
+         \x20 let lane = lin % TPR;\n\
+         \x20 let n0 = wbase + (lin / TPR) * R;\n\
+         \x20 let t = wid.z;\n{accs}{ssq}\
+         \x20 for (var stage = 0u; stage < {stages}u; stage = stage + 1u) {{\n\
+         \x20   let base = stage * KT;\n{stage}  }}\n\
+         {reduce}\
+         \x20 if (tid < OUTPUTS) {{\n{total}  }}\n}}\n",
+        q_len = 2 * l.units,
+        kt = l.units,
+        stages = l.stages,
+    );
+    let (glu_tag, options) = name_parts(s, shards.len());
+    KernelSource {
+        name: format!(
+            "gemv{glu_tag}_{}_i8_r{}_k{}_n{}{options}_g{}x{}x{}",
+            s.wdtype,
+            s.rows.tag(),
+            s.k,
+            s.n,
+            l.groups,
+            l.tpr,
+            l.rows
+        ),
+        wgsl: w,
+        workgroup_size: [threads, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            WorkgroupCount::fixed(gx),
+            WorkgroupCount::fixed(gy),
+            s.rows.count(1, 1),
+        ],
+        workgroup_bytes: l.units * UNIT_BYTES + red_len * 4,
+    }
+}
