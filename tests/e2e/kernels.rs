@@ -1148,7 +1148,11 @@ fn quant_cases() -> Vec<QuantCase> {
         cases.push(QuantCase::GemvInt8(MatMulCase { t: 2, ..base }));
         cases.push(QuantCase::GemvInt8(MatMulCase { k: 9216, ..base }));
         if wdtype.block().0 == 32 {
-            cases.push(QuantCase::GemvInt8(MatMulCase { t: 2, k: 64, ..base }));
+            cases.push(QuantCase::GemvInt8(MatMulCase {
+                t: 2,
+                k: 64,
+                ..base
+            }));
         }
         cases.push(QuantCase::Gemm(
             MatMulCase { t: 70, ..base },

@@ -199,9 +199,14 @@ pub(super) fn bind_quantized(
         );
     }
     match dots {
-        Dots::Float => row_loader(w, "wdot", &format!(", x: {unit}"), "f32", &shards, |shard, local| {
-            format!("{}_qdot({local} * KC + i, x)", shard.name)
-        }),
+        Dots::Float => row_loader(
+            w,
+            "wdot",
+            &format!(", x: {unit}"),
+            "f32",
+            &shards,
+            |shard, local| format!("{}_qdot({local} * KC + i, x)", shard.name),
+        ),
         Dots::Int8 => row_loader(w, "wload", "", "QW", &shards, |shard, local| {
             format!("{}_iload({local} * KC + i)", shard.name)
         }),

@@ -35,7 +35,7 @@
 
 mod int_dot;
 
-pub(super) use int_dot::{int_dot_decoder, qw_words};
+pub(super) use int_dot::int_dot_decoder;
 
 use super::{Bindings, F16_DECODE};
 use gerbil_ir::DType;

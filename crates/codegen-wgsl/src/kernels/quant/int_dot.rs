@@ -86,14 +86,6 @@ fn qw_fields(dtype: DType) -> &'static [(&'static str, &'static str)] {
     }
 }
 
-/// 32-bit words a `QW` of `dtype` holds in registers.
-pub(in crate::kernels) fn qw_words(dtype: DType) -> u32 {
-    qw_fields(dtype)
-        .iter()
-        .map(|(_, t)| if *t == "u32" { 1 } else { 4 })
-        .sum()
-}
-
 /// For binding `name` (declared with `values` values of quantized `dtype`):
 /// `fn {name}_iload(u: u32) -> QW`, the words of its 32-value unit `u` as
 /// loaded, and (once per module) the struct `QW` and `fn q_idot(w: QW, x:
@@ -117,7 +109,11 @@ pub(in crate::kernels) fn int_dot_decoder(out: &mut String, name: &str, dtype: D
             format!("{name}_w({p1}u + (u >> 1u))"),
             "u".into(),
         ],
-        DType::Q4_1 => vec![format!("{name}[u]"), format!("{name}_w({p1}u + u)"), "u".into()],
+        DType::Q4_1 => vec![
+            format!("{name}[u]"),
+            format!("{name}_w({p1}u + u)"),
+            "u".into(),
+        ],
         DType::Q5_0 => vec![
             format!("{name}[u]"),
             format!("{name}_w({p2}u + (u >> 1u))"),
@@ -173,7 +169,10 @@ pub(in crate::kernels) fn int_dot_decoder(out: &mut String, name: &str, dtype: D
         out.push_str(QX_HELPERS);
     }
     if !out.contains("struct QW {") {
-        let decl: Vec<String> = fields.iter().map(|(f, t)| format!("  {f}: {t},\n")).collect();
+        let decl: Vec<String> = fields
+            .iter()
+            .map(|(f, t)| format!("  {f}: {t},\n"))
+            .collect();
         let _ = write!(
             out,
             "struct QW {{\n{}}}\nfn q_idot(w: QW, x: QX) -> f32 {{\n{}}}\n",
