@@ -25,12 +25,12 @@
 //! prompt over the context is a 400 even with `"stream": true`.
 
 pub mod guard;
+pub mod limits;
 pub mod openai;
 pub mod worker;
 
 use anyhow::{Context, Result};
 use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Path as UrlPath, State};
 use axum::http::{Method, StatusCode, Uri};
 use axum::response::sse::{Event as SseEvent, Sse};
@@ -40,6 +40,7 @@ use axum::{Json, Router};
 use futures::stream::{self, Stream, StreamExt};
 use gerbil::{Error as ModelError, ModelOptions, RuntimeError};
 pub use guard::Access;
+pub use limits::Limits;
 use openai::{parse_request, ApiError, ChunkPiece, Endpoint, Envelope, PromptInput, Request};
 use serde_json::{json, Value};
 use std::convert::Infallible;
@@ -58,8 +59,8 @@ pub struct ServeOptions {
     /// The model's id in responses and `/v1/models` (default: the plan's
     /// file stem).
     pub model_name: Option<String>,
-    /// Largest request body accepted; larger ones get 413.
-    pub max_body_bytes: usize,
+    /// Connections, timeouts and the largest body ([`limits`]).
+    pub limits: Limits,
     /// How the plan is loaded.
     pub model: ModelOptions,
     /// Who may use it: API key, host names, browser origins ([`guard`]).
@@ -129,37 +130,25 @@ async fn listen(app: Arc<App>, listener: std::net::TcpListener, opts: &ServeOpti
     let signals = Signals::catch()?;
     let bound = listener.local_addr()?;
     (opts.notes)(&format!("listening on http://{bound}"));
-    let access = Arc::new(opts.access.clone());
-    let stopping = Arc::new(tokio::sync::Notify::new());
-    let signalled = Arc::clone(&stopping);
-    let notes = opts.notes.clone();
+    let router = router(app, Arc::new(opts.limits.clone()), Arc::new(opts.access.clone()));
     let drain = opts.shutdown_timeout;
-    let serving = axum::serve(listener, router(app, opts.max_body_bytes, access))
-        .with_graceful_shutdown(async move {
-            shutdown_signal(signals, notes, drain).await;
-            signalled.notify_one();
-        });
+    let shutdown = shutdown_signal(signals, opts.notes.clone(), drain);
     // After the signal, requests in flight get `shutdown_timeout` to
     // finish: a client that never completes its request (or never reads
     // its answer) does not keep the process alive.
-    let drain_over = async {
-        stopping.notified().await;
-        tokio::time::sleep(drain).await;
-    };
-    tokio::select! {
-        served = serving => served.context("serving HTTP")?,
-        () = drain_over => (opts.notes)(&format!(
+    if !limits::serve_connections(listener, router, &opts.limits, shutdown, drain).await {
+        (opts.notes)(&format!(
             "connections still open after {} s: closing them",
             drain.as_secs_f32()
-        )),
+        ));
     }
     (opts.notes)("shut down");
     Ok(())
 }
 
-/// The routes, the body limit, JSON answers for unknown paths and
-/// methods, and the [`guard`] in front of them all.
-fn router(app: Arc<App>, max_body_bytes: usize, access: Arc<Access>) -> Router {
+/// The routes, JSON answers for unknown paths and methods, the body read
+/// ([`limits::read_body`]) and the [`guard`] in front of them all.
+fn router(app: Arc<App>, limits: Arc<Limits>, access: Arc<Access>) -> Router {
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/v1/models", get(models))
@@ -168,7 +157,8 @@ fn router(app: Arc<App>, max_body_bytes: usize, access: Arc<Access>) -> Router {
         .route("/v1/completions", post(completions))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
-        .layer(DefaultBodyLimit::max(max_body_bytes))
+        .layer(DefaultBodyLimit::max(limits.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(limits, limits::read_body))
         .layer(axum::middleware::from_fn_with_state(access, guard::gate))
         .with_state(app)
 }
@@ -272,28 +262,20 @@ fn model_object(app: &App) -> Value {
     })
 }
 
-async fn chat_completions(
-    State(app): State<Arc<App>>,
-    body: Result<Bytes, BytesRejection>,
-) -> Response {
+async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
     complete(&app, Endpoint::Chat, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
-async fn completions(State(app): State<Arc<App>>, body: Result<Bytes, BytesRejection>) -> Response {
+async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
     complete(&app, Endpoint::Completion, body)
         .await
         .unwrap_or_else(IntoResponse::into_response)
 }
 
 /// Both completion endpoints: parse, queue, then answer whole or streamed.
-async fn complete(
-    app: &App,
-    endpoint: Endpoint,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Response, ApiError> {
-    let body = body.map_err(body_error)?;
+async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response, ApiError> {
     let request: Request = parse_request(&body)?;
     let prompt = match endpoint {
         Endpoint::Chat => request.chat_prompt()?,
@@ -452,22 +434,6 @@ fn is_server_fault(e: &ModelError) -> bool {
                 | RuntimeError::EmptyInput
         ),
         _ => false,
-    }
-}
-
-/// A body that could not be read: 413 over the limit, else 400.
-fn body_error(rejection: BytesRejection) -> ApiError {
-    if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-        ApiError::invalid(
-            "the request body is larger than this server accepts; shorten it, or start the server with a larger --max-body-bytes",
-            None,
-        )
-        .with_status(StatusCode::PAYLOAD_TOO_LARGE)
-    } else {
-        ApiError::invalid(
-            format!("could not read the request body: {rejection}"),
-            None,
-        )
     }
 }
 

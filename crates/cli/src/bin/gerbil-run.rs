@@ -135,6 +135,15 @@ fn shutdown_seconds(s: &str) -> Result<f64, String> {
     Ok(t)
 }
 
+/// `--header-timeout`, `--body-timeout`: seconds, from 0.1 to an hour.
+fn read_seconds(s: &str) -> Result<f64, String> {
+    let t: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if !(0.1..=3_600.0).contains(&t) {
+        return Err(format!("{t} s: give 0.1 to 3600 seconds"));
+    }
+    Ok(t)
+}
+
 /// The API key in the first line of `file`, or why not.
 fn read_api_key(file: &std::path::Path) -> Result<String> {
     let text = std::fs::read_to_string(file)
@@ -317,6 +326,18 @@ enum Cmd {
         /// once).
         #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = shutdown_seconds, allow_negative_numbers = true)]
         shutdown_timeout: f64,
+        /// Close a connection that has not sent a whole request head within
+        /// this long (also an idle keep-alive connection).
+        #[arg(long, value_name = "SECONDS", default_value_t = 10.0, value_parser = read_seconds, allow_negative_numbers = true)]
+        header_timeout: f64,
+        /// Answer 408 to a request whose body has not arrived within this
+        /// long.
+        #[arg(long, value_name = "SECONDS", default_value_t = 30.0, value_parser = read_seconds, allow_negative_numbers = true)]
+        body_timeout: f64,
+        /// Connections open at once; one more gets status 503 with
+        /// Retry-After and is closed.
+        #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+        max_connections: u32,
     },
     /// Score a text: perplexity, and with --against another plan of the
     /// same model the KL divergence and top-1 agreement of their next-token
@@ -499,6 +520,9 @@ fn real_main(mut cli: Cli) -> Result<()> {
             allowed_host,
             cors_origin,
             shutdown_timeout,
+            header_timeout,
+            body_timeout,
+            max_connections,
         }) => {
             let api_key = match (api_key, api_key_file) {
                 (Some(key), _) => Some(key),
@@ -512,7 +536,12 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 host,
                 port,
                 model_name,
-                max_body_bytes,
+                limits: gerbil_serve::Limits {
+                    max_connections: max_connections as usize,
+                    header_timeout: std::time::Duration::from_secs_f64(header_timeout),
+                    body_timeout: std::time::Duration::from_secs_f64(body_timeout),
+                    max_body_bytes,
+                },
                 model: cli.model_options(),
                 access: gerbil_serve::Access {
                     api_key,

@@ -659,6 +659,78 @@ fn sigterm_with_a_half_open_connection_ends_within_the_shutdown_timeout() {
     );
 }
 
+/// Slow and idle connections are closed after `--header-timeout`, a body
+/// that does not arrive gets 408 after `--body-timeout`, and a connection
+/// past `--max-connections` gets 503 at once — while the others are served.
+#[test]
+fn slow_idle_and_surplus_connections_are_closed_while_others_are_served() {
+    let dir = temp("slow");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let args = [
+        "--header-timeout",
+        "3",
+        "--body-timeout",
+        "3",
+        "--max-connections",
+        "3",
+    ];
+    let mut server = Server::start(&plan, &args);
+    let connect = || {
+        let s = TcpStream::connect(("127.0.0.1", server.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        s
+    };
+    let start = std::time::Instant::now();
+    // A sends half a head, B a head and half its body.
+    let mut slow_head = connect();
+    slow_head
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: 127")
+        .unwrap();
+    let mut slow_body = connect();
+    slow_body
+        .write_all(
+            b"POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\
+              Content-Type: application/json\r\nContent-Length: 100\r\n\r\n{",
+        )
+        .unwrap();
+    // Meanwhile another client is served.
+    assert_eq!(server.get("/health").0, 200);
+    std::thread::sleep(Duration::from_millis(300));
+    // A third connection, idle, fills the cap; a fourth is refused at once.
+    let mut idle = connect();
+    std::thread::sleep(Duration::from_millis(300));
+    let refused = Response::read(connect());
+    assert_eq!(refused.status, 503, "{}", server.log());
+    assert_eq!(refused.header("retry-after").as_deref(), Some("1"));
+    let mut text = String::new();
+    let mut body = refused.body;
+    body.read_to_string(&mut text).unwrap();
+    assert!(text.contains("--max-connections"), "{text}");
+    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    // The body that never came: 408 after the body timeout.
+    let timed_out = Response::read(slow_body);
+    assert_eq!(timed_out.status, 408, "{}", server.log());
+    // The half head and the idle connection: closed by the server.
+    for s in [&mut slow_head, &mut idle] {
+        let mut buf = [0u8; 64];
+        match s.read(&mut buf) {
+            Ok(0) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {}
+            other => panic!("still open: {other:?}"),
+        }
+    }
+    let waited = start.elapsed();
+    assert!(
+        waited >= Duration::from_millis(2500) && waited < Duration::from_secs(15),
+        "{waited:?}"
+    );
+    // The cap has room again.
+    assert_eq!(server.get("/health").0, 200);
+    assert!(!server.log().contains("panicked"), "{}", server.log());
+    server.interrupt();
+}
+
 /// A busy port fails before the model loads: the plan named is never read.
 #[test]
 fn a_busy_port_fails_before_the_model_loads() {
