@@ -26,17 +26,20 @@ pub fn hub_settings() -> HubSettings {
 
 /// Options to fetch `revision` (and the GGUF file `gguf` chooses) with the
 /// environment's settings, drawing a bar per downloaded file (hidden when
-/// `progress` is quiet) and printing the hub's notes.
+/// `progress` is quiet) and printing the hub's notes; a local checkpoint
+/// may link outside its directory only with `allow_outside_links`.
 pub fn hub_options(
     revision: Option<String>,
     gguf: Option<String>,
     progress: Progress,
+    allow_outside_links: bool,
 ) -> HubOptions {
     HubOptions {
         revision,
         gguf,
         settings: hub_settings(),
         hook: Some(download_bars(progress)),
+        allow_outside_links,
     }
 }
 

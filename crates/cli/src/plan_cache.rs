@@ -50,7 +50,7 @@ fn options() -> CompileOptions {
 /// written first if the cache lacks it. `progress` draws the download bars
 /// and reports the compile on standard error.
 pub fn plan_for(arg: &Path, progress: Progress) -> Result<PathBuf> {
-    let hub: HubOptions = crate::hub_env::hub_options(None, None, progress);
+    let hub: HubOptions = crate::hub_env::hub_options(None, None, progress, false);
     let model = resolve(arg, &hub)?;
     let root = crate::env::cache_root().context(
         "no cache directory for compiled plans: set GERBIL_CACHE_DIR (or HOME), or compile \

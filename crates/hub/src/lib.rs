@@ -3,41 +3,41 @@
 //! compile it from there; any program can do the same through this crate.
 //!
 //! [`open_checkpoint`] takes what the user typed. An existing path is a local
-//! checkpoint directory, used as it is; otherwise a hub id (`org/name`) is
-//! fetched: the repository's file list comes from the hub's API
-//! (`/api/models/{repo}/revision/{rev}`), then `config.json`, the weights
-//! (`model.safetensors`, or `model.safetensors.index.json` and every shard it
-//! names) and whichever text assets the repository has are downloaded with
-//! the `hf-hub` crate. The cache is [`HubSettings::cache_dir`], else `HOME/hub` for
-//! [`HubSettings::home`], else `~/.cache/huggingface/hub`, laid out as Python's
-//! `huggingface_hub` lays it out, so either can reuse the other's downloads;
-//! [`HubSettings::endpoint`] names another hub and [`HubSettings::token`] (else the token
-//! file, `HOME/token`) authenticates. The library reads no environment variable: `gerbilc`
-//! fills [`HubSettings`] from `HF_HUB_CACHE`, `HF_HOME`, `HF_ENDPOINT` and `HF_TOKEN`, as
-//! `huggingface_hub` does. Downloads report their bytes and notes to an optional
-//! [`HubHook`] ([`HubEvent`]); the library draws nothing.
+//! checkpoint directory, used as it is (unless one of its files links
+//! outside it: see [`HubOptions::allow_outside_links`]); otherwise a hub id
+//! (`org/name`) is fetched: the repository's file list comes from the hub's
+//! API (`/api/models/{repo}/revision/{rev}?blobs=true`), then `config.json`,
+//! the weights (`model.safetensors`, or `model.safetensors.index.json` and
+//! every shard it names) and whichever text assets the repository has are
+//! downloaded by the crate's own client on `ureq`. The cache is
+//! [`HubSettings::cache_dir`], else `HOME/hub` for [`HubSettings::home`],
+//! else `~/.cache/huggingface/hub`, laid out as Python's `huggingface_hub`
+//! lays it out, so either can reuse the other's downloads;
+//! [`HubSettings::endpoint`] names another hub and [`HubSettings::token`]
+//! (else the token file, `HOME/token`) authenticates. The library reads no
+//! environment variable: `gerbilc` fills [`HubSettings`] from
+//! `HF_HUB_CACHE`, `HF_HOME`, `HF_ENDPOINT` and `HF_TOKEN`, as
+//! `huggingface_hub` does. Downloads report their bytes and notes to an
+//! optional [`HubHook`] ([`HubEvent`]); the library draws nothing.
 //!
 //! The surprising things: the revision is resolved to a commit once, and
-//! every file is then fetched at that commit, so a branch that moves during a
-//! download cannot mix two commits in one snapshot; a file already in that
-//! commit's snapshot is not requested again, and when the hub cannot be
-//! reached, a revision fetched completely before is used from the cache
-//! (with a note). `hf-hub` streams each file into
-//! `blobs/{etag}.part` and renames it only when complete, so an interrupted
-//! download is never seen under its final name: it is retried in the same
-//! run with a `Range` request from where it stopped, and if it still fails,
-//! the next run resumes the `.part` file. `hf-hub` does not check that a
-//! resumed request was answered with the rest of the file, so each file's
-//! size is checked against the size the API lists, and a file that does not
-//! match is deleted. Errors the hub explains (`X-Error-Code`: a missing repo,
-//! revision or file, a gated repo, a refused token) become [`HubError`]s that
-//! say what to do.
+//! every file is then fetched at that commit, so a branch that moves during
+//! a download cannot mix two commits in one snapshot. The endpoint is not
+//! trusted: every commit, blob id, file name and revision is checked before
+//! it becomes a path (`names`), redirects and reads are bounded, and every
+//! file is checked against the listing's size and (LFS files) sha256
+//! before it takes its final name, and again when it is reused (`fetch`).
+//! When the hub cannot be reached, a revision fetched completely before is
+//! used from the cache (with a note). Errors the hub explains
+//! (`X-Error-Code`: a missing repo, revision or file, a gated repo, a
+//! refused token) become [`HubError`]s that say what to do.
+
+mod cache;
+mod client;
+mod fetch;
+mod names;
 
 use gerbil_frontend_hf::{Checkpoint, FrontendError};
-use hf_hub::api::sync::{Api, ApiBuilder, ApiError, ApiRepo};
-use hf_hub::api::Progress as DownloadProgress;
-use hf_hub::{Cache, Repo, RepoType};
-use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -46,9 +46,6 @@ pub const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 
 /// The revision fetched when none is given.
 pub const DEFAULT_REVISION: &str = "main";
-
-/// Times a dropped download is retried, each from where it stopped.
-const RETRIES: usize = 3;
 
 /// Files a checkpoint may have beside its config and weights; fetched when
 /// the repository lists them.
@@ -76,6 +73,9 @@ pub struct HubOptions {
     pub settings: HubSettings,
     /// Told of each file's bytes and of notes (`None`: nothing is reported).
     pub hook: Option<HubHook>,
+    /// Use a local checkpoint whose files link outside its directory
+    /// (refused by default: see [`resolve`]).
+    pub allow_outside_links: bool,
 }
 
 impl std::fmt::Debug for HubOptions {
@@ -85,6 +85,7 @@ impl std::fmt::Debug for HubOptions {
             .field("gguf", &self.gguf)
             .field("settings", &self.settings)
             .field("hook", &self.hook.is_some())
+            .field("allow_outside_links", &self.allow_outside_links)
             .finish()
     }
 }
@@ -249,6 +250,22 @@ pub enum HubError {
         got: u64,
         want: u64,
     },
+    #[error("downloaded `{file}` of `{repo}` does not have the sha256 the hub lists (it names the blob {}): the file was deleted from the cache; run the command again, and if it fails the same way, the hub or HF_ENDPOINT serves wrong bytes", path.display())]
+    HashMismatch {
+        repo: String,
+        file: String,
+        path: PathBuf,
+    },
+    #[error("`{revision}` is not a revision name (letters, digits, `-`, `_`, `.` and `/` between non-empty parts, no `..`): check --revision")]
+    BadRevision { revision: String },
+    #[error("`{}` links to {}, outside the checkpoint's directory: copy the file into the directory, or pass --allow-outside-links if the link is meant", link.display(), target.display())]
+    OutsideLink { link: PathBuf, target: PathBuf },
+    #[error(
+        "the hub redirected {url} more than {max} times (a redirect loop?): check HF_ENDPOINT"
+    )]
+    Redirects { url: String, max: u32 },
+    #[error("no home directory to put the hub cache in: set HF_HOME or HF_HUB_CACHE")]
+    NoHome,
     #[error("the hub cache at {}: {source}", path.display())]
     Cache {
         path: PathBuf,
@@ -419,6 +436,9 @@ pub fn resolve(arg: &Path, opts: &HubOptions) -> Result<ModelDir, HubError> {
             )?),
             None => arg.to_path_buf(),
         };
+        if !opts.allow_outside_links && arg.is_dir() {
+            check_links(arg)?;
+        }
         return Ok(ModelDir { dir, repo: None });
     }
     let (id, quant) = arg.to_str().map_or((None, None), |s| {
@@ -432,11 +452,40 @@ pub fn resolve(arg: &Path, opts: &HubOptions) -> Result<ModelDir, HubError> {
     };
     let revision = opts.revision.as_deref().unwrap_or(DEFAULT_REVISION);
     let want = opts.gguf.as_deref().or(quant);
-    let dir = Hub::new(&opts.settings, opts.hook.clone())?.fetch(repo, revision, want)?;
+    let dir = fetch::Hub::new(&opts.settings, opts.hook.clone())?.fetch(repo, revision, want)?;
     Ok(ModelDir {
         dir,
         repo: Some(repo.to_string()),
     })
+}
+
+/// Refuses a file of checkpoint directory `dir` that is a link resolving
+/// outside it (a checkpoint someone else prepared could otherwise make
+/// gerbil read any file the user can).
+fn check_links(dir: &Path) -> Result<(), HubError> {
+    let root = std::fs::canonicalize(dir).map_err(|source| HubError::Cache {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    for entry in std::fs::read_dir(dir)
+        .map_err(|source| HubError::Cache {
+            path: dir.to_path_buf(),
+            source,
+        })?
+        .flatten()
+    {
+        let link = entry.path();
+        if !link.is_symlink() {
+            continue;
+        }
+        // A dangling link is left to whoever reads it to report.
+        if let Ok(target) = std::fs::canonicalize(&link) {
+            if !target.starts_with(&root) {
+                return Err(HubError::OutsideLink { link, target });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The names of the files in directory `dir`.
@@ -467,466 +516,6 @@ pub fn is_repo_id(s: &str) -> bool {
             && !p.contains("--")
     };
     matches!(s.split_once('/'), Some((org, name)) if part_ok(org) && part_ok(name))
-}
-
-/// The hub's description of one revision of a repository
-/// (`/api/models/{repo}/revision/{rev}?blobs=true`).
-#[derive(Debug, Deserialize)]
-struct RepoInfo {
-    /// The commit the revision resolves to.
-    sha: String,
-    siblings: Vec<Sibling>,
-}
-
-#[derive(Debug, Deserialize)]
-struct Sibling {
-    rfilename: String,
-    /// Present with `blobs=true`.
-    size: Option<u64>,
-}
-
-impl RepoInfo {
-    fn file(&self, name: &str) -> Option<&Sibling> {
-        self.siblings.iter().find(|s| s.rfilename == name)
-    }
-}
-
-/// The shard names of a `model.safetensors.index.json`.
-#[derive(Debug, Deserialize)]
-struct WeightIndex {
-    weight_map: std::collections::BTreeMap<String, String>,
-}
-
-/// The hub as [`HubSettings`] configure it.
-struct Hub {
-    api: Api,
-    cache: Cache,
-    endpoint: String,
-    /// Where the token came from (`HF_TOKEN` or the token file), if any.
-    token_source: Option<String>,
-    hook: Option<HubHook>,
-}
-
-impl Hub {
-    fn new(settings: &HubSettings, hook: Option<HubHook>) -> Result<Hub, HubError> {
-        let endpoint = settings
-            .endpoint
-            .as_deref()
-            .filter(|e| !e.is_empty())
-            .unwrap_or(DEFAULT_ENDPOINT)
-            .trim_end_matches('/')
-            .to_string();
-        // The home's cache knows the token file; `cache_dir` overrides only the cache.
-        let home_cache = match settings.home.as_ref().filter(|h| !h.as_os_str().is_empty()) {
-            Some(home) => Cache::new(home.join("hub")),
-            None => Cache::default(),
-        };
-        let cache = match settings
-            .cache_dir
-            .as_ref()
-            .filter(|c| !c.as_os_str().is_empty())
-        {
-            Some(dir) => Cache::new(dir.clone()),
-            None => home_cache.clone(),
-        };
-        let (token, token_source) = match settings.token.as_deref().map(str::trim) {
-            Some(t) if !t.is_empty() => (Some(t.to_string()), Some("HF_TOKEN".into())),
-            _ => match home_cache.token() {
-                Some(t) => {
-                    let source = format!("the token file {}", home_cache.token_path().display());
-                    (Some(t), Some(source))
-                }
-                None => (None, None),
-            },
-        };
-        let api = ApiBuilder::from_cache(cache.clone())
-            .with_endpoint(endpoint.clone())
-            .with_token(token)
-            .with_retries(RETRIES)
-            .with_progress(false)
-            .with_user_agent("gerbil", env!("CARGO_PKG_VERSION"))
-            .build()
-            .map_err(|e| HubError::Unreachable {
-                endpoint: endpoint.clone(),
-                detail: e.to_string(),
-            })?;
-        Ok(Hub {
-            api,
-            cache,
-            endpoint,
-            token_source,
-            hook,
-        })
-    }
-
-    /// Downloads what a checkpoint needs from `repo` at `revision` (files
-    /// already in the snapshot are kept) and returns the snapshot directory,
-    /// or the GGUF file `gguf` chooses ([`select_gguf`]; also the only GGUF
-    /// file of a repository without `config.json`).
-    fn fetch(&self, repo: &str, revision: &str, gguf: Option<&str>) -> Result<PathBuf, HubError> {
-        let info = match self.info(repo, revision) {
-            Ok(info) => info,
-            Err(HubError::Unreachable { endpoint, detail }) => {
-                let Some(dir) = self.cached(repo, revision, gguf) else {
-                    return Err(HubError::Unreachable { endpoint, detail });
-                };
-                if let Some(hook) = &self.hook {
-                    hook(HubEvent::Note(&format!(
-                        "note: the hub at {endpoint} is unreachable ({detail}); using the cached {repo} at `{revision}` ({})",
-                        dir.display()
-                    )));
-                }
-                return Ok(dir);
-            }
-            Err(e) => return Err(e),
-        };
-        let names: Vec<String> = info.siblings.iter().map(|s| s.rfilename.clone()).collect();
-        let has_gguf = names
-            .iter()
-            .any(|f| f.to_ascii_lowercase().ends_with(".gguf"));
-        if gguf.is_some() || (info.file(CONFIG_FILE).is_none() && has_gguf) {
-            let file = select_gguf(repo, &names, gguf)?;
-            let snapshot = self.snapshot(repo, &info.sha);
-            let pinned = self.pinned(repo, &info.sha);
-            self.download(&pinned, &snapshot, repo, &info, &file)?;
-            self.create_ref(repo, revision, &info.sha)?;
-            return Ok(snapshot.join(file));
-        }
-        let mut files = vec![CONFIG_FILE];
-        if info.file(CONFIG_FILE).is_none() {
-            return Err(self.missing(repo, revision, CONFIG_FILE));
-        }
-        let index = if info.file(SINGLE_WEIGHTS).is_some() {
-            files.push(SINGLE_WEIGHTS);
-            false
-        } else if info.file(WEIGHTS_INDEX).is_some() {
-            files.push(WEIGHTS_INDEX);
-            true
-        } else {
-            let others = info
-                .siblings
-                .iter()
-                .map(|s| s.rfilename.clone())
-                .filter(|f| {
-                    [".bin", ".gguf", ".pt", ".pth", ".h5"]
-                        .iter()
-                        .any(|e| f.ends_with(e))
-                })
-                .collect();
-            return Err(HubError::NoSafetensors {
-                repo: repo.to_string(),
-                revision: revision.to_string(),
-                others,
-            });
-        };
-        files.extend(OPTIONAL_FILES.iter().filter(|f| info.file(f).is_some()));
-
-        let pinned = self.pinned(repo, &info.sha);
-        let snapshot = self.snapshot(repo, &info.sha);
-        tracing::info!(repo, revision, commit = %info.sha, snapshot = %snapshot.display(), "hub model");
-        for file in &files {
-            self.download(&pinned, &snapshot, repo, &info, file)?;
-        }
-        if index {
-            for shard in self.shards(repo, revision, &info, &snapshot.join(WEIGHTS_INDEX))? {
-                self.download(&pinned, &snapshot, repo, &info, &shard)?;
-            }
-        }
-        self.create_ref(repo, revision, &info.sha)?;
-        Ok(snapshot)
-    }
-
-    /// The repository at `commit`: every file comes from the commit the
-    /// revision named when the fetch began.
-    fn pinned(&self, repo: &str, commit: &str) -> ApiRepo {
-        self.api.repo(Repo::with_revision(
-            repo.to_string(),
-            RepoType::Model,
-            commit.to_string(),
-        ))
-    }
-
-    /// The snapshot directory of `repo` at `commit` in the cache.
-    fn snapshot(&self, repo: &str, commit: &str) -> PathBuf {
-        self.cache
-            .path()
-            .join(Repo::model(repo.to_string()).folder_name())
-            .join("snapshots")
-            .join(commit)
-    }
-
-    /// Like huggingface_hub: `refs/{revision}` holds the commit it names,
-    /// written once every file is in.
-    fn create_ref(&self, repo: &str, revision: &str, commit: &str) -> Result<(), HubError> {
-        self.cache
-            .repo(Repo::with_revision(
-                repo.to_string(),
-                RepoType::Model,
-                revision.to_string(),
-            ))
-            .create_ref(commit)
-            .map_err(|source| HubError::Cache {
-                path: self.cache.path().clone(),
-                source,
-            })
-    }
-
-    /// What an earlier complete fetch of `repo` at `revision` left: the
-    /// snapshot with its `config.json`, or the GGUF file `gguf` chooses in it.
-    fn cached(&self, repo: &str, revision: &str, gguf: Option<&str>) -> Option<PathBuf> {
-        let cache_repo =
-            Repo::with_revision(repo.to_string(), RepoType::Model, revision.to_string());
-        let refs = self
-            .cache
-            .path()
-            .join(cache_repo.folder_name())
-            .join("refs")
-            .join(revision);
-        let commit = std::fs::read_to_string(refs).ok()?;
-        let snapshot = self.snapshot(repo, commit.trim());
-        if gguf.is_none() && snapshot.join(CONFIG_FILE).is_file() {
-            return Some(snapshot);
-        }
-        let files = dir_files(&snapshot).ok()?;
-        select_gguf(repo, &files, gguf)
-            .ok()
-            .map(|f| snapshot.join(f))
-    }
-
-    /// The file list of `repo` at `revision`, with sizes.
-    fn info(&self, repo: &str, revision: &str) -> Result<RepoInfo, HubError> {
-        let api_repo = self.api.repo(Repo::with_revision(
-            repo.to_string(),
-            RepoType::Model,
-            revision.to_string(),
-        ));
-        let request = api_repo.info_request().query("blobs", "true");
-        let url = request.url().to_string();
-        let response = request
-            .call()
-            .map_err(|e| self.explain(e, repo, revision, None))?;
-        let bad = |detail: String| HubError::BadListing {
-            repo: repo.to_string(),
-            url: url.clone(),
-            detail,
-        };
-        let text = response.into_string().map_err(|e| bad(e.to_string()))?;
-        serde_json::from_str(&text).map_err(|e| bad(e.to_string()))
-    }
-
-    /// The shard files a downloaded index names; each must be a plain file
-    /// name the repository lists.
-    fn shards(
-        &self,
-        repo: &str,
-        revision: &str,
-        info: &RepoInfo,
-        index: &Path,
-    ) -> Result<Vec<String>, HubError> {
-        let text = std::fs::read_to_string(index).map_err(|source| HubError::Cache {
-            path: index.to_path_buf(),
-            source,
-        })?;
-        let bad = |detail: String| HubError::BadListing {
-            repo: repo.to_string(),
-            url: index.display().to_string(),
-            detail,
-        };
-        let parsed: WeightIndex = serde_json::from_str(&text).map_err(|e| bad(e.to_string()))?;
-        let mut shards: Vec<String> = parsed.weight_map.into_values().collect();
-        shards.sort_unstable();
-        shards.dedup();
-        for shard in &shards {
-            if info.file(shard).is_none() || shard.contains(['/', '\\']) {
-                return Err(HubError::FileNotFound {
-                    repo: repo.to_string(),
-                    file: shard.clone(),
-                    revision: revision.to_string(),
-                    why: "model.safetensors.index.json names it as a shard, but the repository does not list it",
-                });
-            }
-        }
-        Ok(shards)
-    }
-
-    /// Downloads `file` into `snapshot` unless it is there, then checks its
-    /// size against the listing.
-    fn download(
-        &self,
-        pinned: &ApiRepo,
-        snapshot: &Path,
-        repo: &str,
-        info: &RepoInfo,
-        file: &str,
-    ) -> Result<(), HubError> {
-        let want = info.file(file).and_then(|s| s.size);
-        let local = snapshot.join(file);
-        let size_of = |p: &Path| std::fs::metadata(p).map(|m| m.len()).ok();
-        if local.is_file() && (want.is_none() || size_of(&local) == want) {
-            tracing::debug!(file, "in the hub cache");
-            return Ok(());
-        }
-        let bar = FileBar {
-            hook: self.hook.clone(),
-            file: file.to_string(),
-        };
-        let path = pinned
-            .download_with_progress(file, bar)
-            .map_err(|e| match e {
-                ApiError::RequestError(e) => self.explain(*e, repo, &info.sha, Some(file)),
-                other => HubError::Interrupted {
-                    repo: repo.to_string(),
-                    file: file.to_string(),
-                    detail: other.to_string(),
-                },
-            })?;
-        match (want, size_of(&path)) {
-            (Some(want), Some(got)) if got != want => {
-                // The blob the snapshot links to, then the link.
-                if let Ok(blob) = std::fs::canonicalize(&path) {
-                    let _ = std::fs::remove_file(blob);
-                }
-                let _ = std::fs::remove_file(&path);
-                Err(HubError::SizeMismatch {
-                    repo: repo.to_string(),
-                    file: file.to_string(),
-                    got,
-                    want,
-                })
-            }
-            (_, got) => {
-                tracing::info!(file, bytes = got, "downloaded");
-                Ok(())
-            }
-        }
-    }
-
-    fn missing(&self, repo: &str, revision: &str, file: &str) -> HubError {
-        HubError::FileNotFound {
-            repo: repo.to_string(),
-            file: file.to_string(),
-            revision: revision.to_string(),
-            why: "gerbil compiles transformers checkpoints (config.json and safetensors weights)",
-        }
-    }
-
-    /// Turns a failed request into the error that says what to do, from the
-    /// hub's `X-Error-Code` and the status.
-    fn explain(
-        &self,
-        error: ureq::Error,
-        repo: &str,
-        revision: &str,
-        file: Option<&str>,
-    ) -> HubError {
-        let response = match error {
-            ureq::Error::Status(_, response) => response,
-            ureq::Error::Transport(t) => {
-                return match file {
-                    // A connection that drops between requests of a download.
-                    Some(file) => HubError::Interrupted {
-                        repo: repo.to_string(),
-                        file: file.to_string(),
-                        detail: t.to_string(),
-                    },
-                    None => HubError::Unreachable {
-                        endpoint: self.endpoint.clone(),
-                        detail: t.to_string(),
-                    },
-                };
-            }
-        };
-        let status = response.status();
-        let code = response.header("x-error-code").unwrap_or("").to_string();
-        let message = response.header("x-error-message").unwrap_or("").to_string();
-        let url = response.get_url().to_string();
-        let (repo, endpoint) = (repo.to_string(), self.endpoint.clone());
-        match (code.as_str(), status) {
-            ("RepoNotFound", _) => HubError::RepoNotFound {
-                repo,
-                endpoint,
-                has_token: self.token_source.is_some(),
-            },
-            ("RevisionNotFound", _) => HubError::RevisionNotFound {
-                repo,
-                revision: revision.to_string(),
-            },
-            ("EntryNotFound", _) => HubError::FileNotFound {
-                repo,
-                file: file.unwrap_or("").to_string(),
-                revision: revision.to_string(),
-                why: "the hub lists it but answered 404 for it: try again, or give --revision a commit",
-            },
-            ("GatedRepo", _) => match &self.token_source {
-                None => HubError::Gated { repo, endpoint },
-                Some(source) => HubError::GatedDenied {
-                    repo,
-                    endpoint,
-                    token_source: source.clone(),
-                },
-            },
-            (_, 401 | 403) => match &self.token_source {
-                None => HubError::AuthRequired {
-                    repo,
-                    endpoint,
-                    status,
-                    message,
-                },
-                Some(source) => HubError::TokenRefused {
-                    repo,
-                    endpoint,
-                    token_source: source.clone(),
-                    status,
-                    message,
-                },
-            },
-            (_, 404) if file.is_none() => HubError::RepoNotFound {
-                repo,
-                endpoint,
-                has_token: self.token_source.is_some(),
-            },
-            _ => HubError::Http {
-                url,
-                status,
-                message,
-            },
-        }
-    }
-}
-
-/// One file's download, reported to the hook as [`HubEvent`]s.
-#[derive(Clone)]
-struct FileBar {
-    hook: Option<HubHook>,
-    file: String,
-}
-
-impl DownloadProgress for FileBar {
-    /// Called at the start of every attempt, a resumed one included (which
-    /// then reports the bytes it already has as its first update).
-    fn init(&mut self, size: usize, _filename: &str) {
-        if let Some(hook) = &self.hook {
-            hook(HubEvent::FileStart {
-                file: &self.file,
-                size: size as u64,
-            });
-        }
-    }
-
-    fn update(&mut self, size: usize) {
-        if let Some(hook) = &self.hook {
-            hook(HubEvent::Bytes {
-                file: &self.file,
-                bytes: size as u64,
-            });
-        }
-    }
-
-    fn finish(&mut self) {
-        if let Some(hook) = &self.hook {
-            hook(HubEvent::FileDone { file: &self.file });
-        }
-    }
 }
 
 #[cfg(test)]

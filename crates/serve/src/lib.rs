@@ -130,7 +130,11 @@ async fn listen(app: Arc<App>, listener: std::net::TcpListener, opts: &ServeOpti
     let signals = Signals::catch()?;
     let bound = listener.local_addr()?;
     (opts.notes)(&format!("listening on http://{bound}"));
-    let router = router(app, Arc::new(opts.limits.clone()), Arc::new(opts.access.clone()));
+    let router = router(
+        app,
+        Arc::new(opts.limits.clone()),
+        Arc::new(opts.access.clone()),
+    );
     let drain = opts.shutdown_timeout;
     let shutdown = shutdown_signal(signals, opts.notes.clone(), drain);
     // After the signal, requests in flight get `shutdown_timeout` to
@@ -158,7 +162,10 @@ fn router(app: Arc<App>, limits: Arc<Limits>, access: Arc<Access>) -> Router {
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
-        .layer(axum::middleware::from_fn_with_state(limits, limits::read_body))
+        .layer(axum::middleware::from_fn_with_state(
+            limits,
+            limits::read_body,
+        ))
         .layer(axum::middleware::from_fn_with_state(access, guard::gate))
         .with_state(app)
 }

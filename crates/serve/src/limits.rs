@@ -130,7 +130,11 @@ async fn refuse(mut stream: tokio::net::TcpStream, max: usize) {
 
 /// Middleware: reads the whole request body within the body timeout and
 /// the size limit, and hands the route the bytes read.
-pub async fn read_body(State(limits): State<Arc<Limits>>, request: Request, next: Next) -> Response {
+pub async fn read_body(
+    State(limits): State<Arc<Limits>>,
+    request: Request,
+    next: Next,
+) -> Response {
     let (parts, body) = request.into_parts();
     let read = Limited::new(body, limits.max_body_bytes).collect();
     let bytes = match tokio::time::timeout(limits.body_timeout, read).await {
@@ -160,5 +164,6 @@ pub async fn read_body(State(limits): State<Arc<Limits>>, request: Request, next
             .into_response()
         }
     };
-    next.run(Request::from_parts(parts, Body::from(bytes))).await
+    next.run(Request::from_parts(parts, Body::from(bytes)))
+        .await
 }

@@ -175,11 +175,21 @@ struct HubArgs {
     /// No progress bars (they are off anyway when standard error is not a terminal).
     #[arg(short, long)]
     quiet: bool,
+    /// Read a local checkpoint whose files link outside its directory
+    /// (refused by default: a checkpoint someone else prepared could
+    /// otherwise point gerbilc at any file).
+    #[arg(long)]
+    allow_outside_links: bool,
 }
 
 impl HubArgs {
     fn options(self) -> HubOptions {
-        hub_options(self.revision, self.gguf, Progress::new(self.quiet))
+        hub_options(
+            self.revision,
+            self.gguf,
+            Progress::new(self.quiet),
+            self.allow_outside_links,
+        )
     }
 }
 

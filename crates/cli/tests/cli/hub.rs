@@ -148,6 +148,15 @@ impl FakeHub {
     /// Starts a hub that cuts the connection halfway through the body of the
     /// first `drops` downloads of `model.safetensors`.
     fn start(drops: usize) -> FakeHub {
+        FakeHub::start_with(drops, None)
+    }
+
+    /// Starts a hub that answers the way `hostile` says.
+    fn hostile(hostile: Hostile) -> FakeHub {
+        FakeHub::start_with(0, Some(hostile))
+    }
+
+    fn start_with(drops: usize, hostile: Option<Hostile>) -> FakeHub {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
@@ -157,7 +166,7 @@ impl FakeHub {
                 let state = state.clone();
                 std::thread::spawn(move || {
                     let (repos, drops, seen) = &*state;
-                    serve(stream, repos, drops, seen);
+                    serve(stream, repos, drops, seen, hostile);
                 });
             }
         });
@@ -178,8 +187,34 @@ impl FakeHub {
     }
 }
 
+/// How a hostile hub (or mirror) lies.
+#[derive(Clone, Copy, Debug)]
+enum Hostile {
+    /// The revision's commit is a path.
+    Commit,
+    /// `config.json`'s blob id is a path.
+    BlobId,
+    /// Every file comes with a path for its `ETag` and `X-Repo-Commit`.
+    Etag,
+    /// Every file is a redirect without `Location`.
+    NoLocation,
+    /// Every file redirects to itself.
+    RedirectLoop,
+    /// `model.safetensors` is other bytes of the same size.
+    WrongBytes,
+}
+
+/// A name that would leave the cache.
+const ESCAPE: &str = "../../../../escaped";
+
 /// Answers one request on `stream`, then closes it.
-fn serve(stream: TcpStream, repos: &[FakeRepo], drops: &AtomicUsize, seen: &Mutex<Vec<Seen>>) {
+fn serve(
+    stream: TcpStream,
+    repos: &[FakeRepo],
+    drops: &AtomicUsize,
+    seen: &Mutex<Vec<Seen>>,
+    hostile: Option<Hostile>,
+) {
     let mut reader = BufReader::new(stream.try_clone().unwrap());
     let mut line = String::new();
     if reader.read_line(&mut line).is_err() || line.is_empty() {
@@ -205,7 +240,7 @@ fn serve(stream: TcpStream, repos: &[FakeRepo], drops: &AtomicUsize, seen: &Mute
         auth: headers.get("authorization").cloned(),
     };
     seen.lock().unwrap().push(req.clone());
-    let reply = route(&req, repos);
+    let reply = route(&req, repos, hostile);
     let mut out = stream;
     let body: &[u8] = if method == "HEAD" { &[] } else { &reply.body };
     let mut head = format!(
@@ -241,6 +276,7 @@ fn reason(status: u16) -> &'static str {
     match status {
         200 => "OK",
         206 => "Partial Content",
+        302 => "Found",
         401 => "Unauthorized",
         403 => "Forbidden",
         404 => "Not Found",
@@ -264,14 +300,26 @@ fn hub_error(status: u16, code: Option<&str>, message: &str) -> Reply {
     }
 }
 
-fn etag(bytes: &[u8]) -> String {
-    use std::hash::{Hash, Hasher};
-    let mut h = std::collections::hash_map::DefaultHasher::new();
-    bytes.hash(&mut h);
-    format!("{:016x}{:08x}", h.finish(), bytes.len())
+/// A file's blob id as the hub lists it: an LFS file's sha256 (weights),
+/// else a 40-hex-digit git object id (here the sha256's first 40 digits).
+fn blob_id(name: &str, bytes: &[u8]) -> String {
+    use sha2::{Digest, Sha256};
+    let hex: String = Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    if is_lfs(name) {
+        hex
+    } else {
+        hex[..40].to_string()
+    }
 }
 
-fn route(req: &Seen, repos: &[FakeRepo]) -> Reply {
+fn is_lfs(name: &str) -> bool {
+    name.ends_with(".safetensors") || name.ends_with(".gguf")
+}
+
+fn route(req: &Seen, repos: &[FakeRepo], hostile: Option<Hostile>) -> Reply {
     // Any token but the known ones is refused, as the hub refuses it.
     if let Some(auth) = &req.auth {
         if auth != &format!("Bearer {GOOD_TOKEN}") && auth != "Bearer hf_other" {
@@ -290,11 +338,25 @@ fn route(req: &Seen, repos: &[FakeRepo]) -> Reply {
         let siblings: Vec<_> = repo
             .files
             .iter()
-            .map(|(n, b)| serde_json::json!({"rfilename": n, "size": b.len()}))
+            .map(|(n, b)| {
+                let id = match hostile {
+                    Some(Hostile::BlobId) if n == "config.json" => ESCAPE.to_string(),
+                    _ => blob_id(n, b),
+                };
+                let mut s = serde_json::json!({"rfilename": n, "size": b.len(), "blobId": id});
+                if is_lfs(n) {
+                    s["lfs"] = serde_json::json!({"sha256": id, "size": b.len()});
+                }
+                s
+            })
             .chain(std::iter::once(
                 serde_json::json!({"rfilename": "README.md"}),
             ))
             .collect();
+        let sha = match hostile {
+            Some(Hostile::Commit) => ESCAPE,
+            _ => sha,
+        };
         let body = serde_json::json!({"id": repo.id, "sha": sha, "gated": repo.gated, "siblings": siblings});
         return Reply {
             status: 200,
@@ -324,9 +386,28 @@ fn route(req: &Seen, repos: &[FakeRepo]) -> Reply {
     let Some(bytes) = repo.file(file) else {
         return hub_error(404, Some("EntryNotFound"), "Entry not found");
     };
+    let redirect = |location: Option<String>| Reply {
+        status: 302,
+        headers: location.map(|l| ("Location", l)).into_iter().collect(),
+        body: Vec::new(),
+    };
+    let (etag, commit) = match hostile {
+        Some(Hostile::NoLocation) => return redirect(None),
+        Some(Hostile::RedirectLoop) => return redirect(Some(req.path.clone())),
+        Some(Hostile::Etag) => (ESCAPE.to_string(), ESCAPE),
+        _ => (blob_id(file, bytes), sha),
+    };
+    let wrong: Vec<u8>;
+    let bytes = match hostile {
+        Some(Hostile::WrongBytes) if file == "model.safetensors" => {
+            wrong = bytes.iter().rev().copied().collect();
+            &wrong[..]
+        }
+        _ => bytes,
+    };
     let mut headers = vec![
-        ("ETag", format!("\"{}\"", etag(bytes))),
-        ("X-Repo-Commit", sha.to_string()),
+        ("ETag", format!("\"{etag}\"")),
+        ("X-Repo-Commit", commit.to_string()),
         ("Accept-Ranges", "bytes".to_string()),
     ];
     let range = req.range.as_deref().and_then(|r| r.strip_prefix("bytes="));
@@ -804,7 +885,9 @@ fn a_download_that_keeps_failing_is_reported_never_used_and_resumed_next_time() 
         ],
     );
     let weights = std::fs::read(data(TINY).join("model.safetensors")).unwrap();
-    let final_blob = cache.join("blobs").join(etag(&weights));
+    let final_blob = cache
+        .join("blobs")
+        .join(blob_id("model.safetensors", &weights));
     assert!(
         !final_blob.exists(),
         "a partial download sits under its final name"
@@ -814,7 +897,8 @@ fn a_download_that_keeps_failing_is_reported_never_used_and_resumed_next_time() 
         .join(MAIN_SHA)
         .join("model.safetensors")
         .exists());
-    let part = final_blob.with_extension("part");
+    let part =
+        final_blob.with_file_name(format!("{}.part", blob_id("model.safetensors", &weights)));
     let kept = std::fs::metadata(&part).unwrap().len();
     assert!(
         kept > 0 && kept < weights.len() as u64,
@@ -886,4 +970,186 @@ fn assert_no_partial_files(home: &Path) {
         .filter(|p| p.extension().is_some_and(|e| e == "part"))
         .collect();
     assert!(partial.is_empty(), "{partial:?}");
+}
+
+/// A hub (or `HF_ENDPOINT` mirror) that lies gets a clear error naming what
+/// it sent, within a bounded time, with nothing written outside the cache;
+/// names it sends but gerbil no longer reads (`ETag`, `X-Repo-Commit`)
+/// cannot move files either; a revision that is a path is refused before
+/// any request; a cached blob corrupted in place is fetched again.
+#[test]
+fn a_hostile_hub_gets_clear_errors_and_nothing_leaves_the_cache() {
+    let cases: [(Hostile, &[&str]); 5] = [
+        (Hostile::Commit, &["test-org/tiny-llama", "is not a commit"]),
+        (Hostile::BlobId, &["is not a blob id", "config.json"]),
+        (Hostile::NoLocation, &["HTTP 302", "config.json"]),
+        (
+            Hostile::RedirectLoop,
+            &["redirected", "more than 5 times", "config.json"],
+        ),
+        (
+            Hostile::WrongBytes,
+            &["sha256", "model.safetensors", "deleted"],
+        ),
+    ];
+    let only_in_cache = |root: &Path, home: &Path| {
+        for f in files_under(root) {
+            assert!(
+                f.starts_with(home.join("hf/hub")),
+                "{} outside the cache",
+                f.display()
+            );
+            assert!(!f.to_string_lossy().contains("escaped"), "{}", f.display());
+        }
+    };
+    for (kind, needles) in cases {
+        let hub = FakeHub::hostile(kind);
+        let root = temp("hostile");
+        let home = root.path().join("home");
+        std::fs::create_dir_all(&home).unwrap();
+        let start = std::time::Instant::now();
+        let never = root.path().join("never.plan");
+        let o = gerbilc(
+            &hub,
+            &home,
+            &[
+                "compile",
+                "test-org/tiny-llama",
+                "-o",
+                never.to_str().unwrap(),
+            ],
+            &[],
+        );
+        assert_fails_with(&o, needles);
+        assert!(!stderr(&o).contains("panicked"), "{kind:?}: {}", stderr(&o));
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(60),
+            "{kind:?}"
+        );
+        only_in_cache(root.path(), &home);
+        if matches!(kind, Hostile::WrongBytes) {
+            assert_no_partial_files(&home);
+            let blobs = repo_cache(&home, "test-org/tiny-llama").join("blobs");
+            let weights = std::fs::read(data(TINY).join("model.safetensors")).unwrap();
+            assert!(!blobs.join(blob_id("model.safetensors", &weights)).exists());
+        }
+    }
+
+    // Paths in the headers gerbil does not read: the download works.
+    let hub = FakeHub::hostile(Hostile::Etag);
+    let root = temp("etag");
+    let home = root.path().join("home");
+    std::fs::create_dir_all(&home).unwrap();
+    let plan = compile(&hub, &home, "test-org/tiny-llama", &[], &[]);
+    std::fs::remove_file(plan).unwrap();
+    only_in_cache(root.path(), &home);
+
+    // A revision that is a path: refused before any request.
+    let hub = FakeHub::start(0);
+    let o = gerbilc(
+        &hub,
+        &home,
+        &[
+            "compile",
+            "test-org/tiny-llama",
+            "--revision",
+            "../../../file",
+            "-o",
+            "x.plan",
+        ],
+        &[],
+    );
+    assert_fails_with(&o, &["`../../../file` is not a revision name"]);
+    assert!(hub.seen().is_empty(), "{:?}", hub.seen());
+
+    // A cached blob corrupted in place, same size: caught and fetched again.
+    let good = compile(&hub, &home, "test-org/tiny-llama", &[], &[]);
+    let weights = std::fs::read(data(TINY).join("model.safetensors")).unwrap();
+    let blob = repo_cache(&home, "test-org/tiny-llama")
+        .join("blobs")
+        .join(blob_id("model.safetensors", &weights));
+    let mut corrupt = weights.clone();
+    corrupt[weights.len() / 2] ^= 0xff;
+    std::fs::write(&blob, &corrupt).unwrap();
+    let before = hub.seen().len();
+    let o = gerbilc(
+        &hub,
+        &home,
+        &[
+            "compile",
+            "test-org/tiny-llama",
+            "-o",
+            good.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_ok(&o);
+    assert!(
+        stderr(&o).contains("does not match the hub's sha256"),
+        "{}",
+        stderr(&o)
+    );
+    assert_eq!(std::fs::read(&blob).unwrap(), weights);
+    assert_eq!(
+        hub.file_requests(before).len(),
+        1,
+        "only the corrupt file is fetched"
+    );
+    // Offline, a corrupt blob is refused rather than used.
+    std::fs::write(&blob, &corrupt).unwrap();
+    let o = gerbilc(
+        &hub,
+        &home,
+        &[
+            "compile",
+            "test-org/tiny-llama",
+            "-o",
+            good.to_str().unwrap(),
+        ],
+        &[("HF_ENDPOINT", UNREACHABLE)],
+    );
+    assert_fails_with(&o, &["sha256", "model.safetensors"]);
+}
+
+/// A local checkpoint whose file links outside its directory is refused,
+/// unless `--allow-outside-links` says the link is meant.
+#[test]
+fn a_local_checkpoint_linking_outside_its_directory_is_refused() {
+    let root = temp("links");
+    let dir = root.path().join("model");
+    std::fs::create_dir_all(&dir).unwrap();
+    let outside = root.path().join("weights.safetensors");
+    std::fs::copy(data(TINY).join("model.safetensors"), &outside).unwrap();
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(data(TINY).join(f), dir.join(f)).unwrap();
+    }
+    std::os::unix::fs::symlink(&outside, dir.join("model.safetensors")).unwrap();
+    let plan = root.path().join("m.plan");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "compile",
+            dir.to_str().unwrap(),
+            "-o",
+            plan.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_gerbilc"))
+            .args(&args)
+            .output()
+            .unwrap()
+    };
+    assert_fails_with(
+        &run(&[]),
+        &[
+            "model.safetensors",
+            "outside the checkpoint",
+            "--allow-outside-links",
+        ],
+    );
+    assert_ok(&run(&["--allow-outside-links"]));
+    // A link inside the directory is fine.
+    std::fs::remove_file(dir.join("model.safetensors")).unwrap();
+    std::fs::rename(&outside, dir.join("weights.bin")).unwrap();
+    std::os::unix::fs::symlink("weights.bin", dir.join("model.safetensors")).unwrap();
+    assert_ok(&run(&[]));
 }

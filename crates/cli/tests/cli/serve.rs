@@ -707,7 +707,11 @@ fn slow_idle_and_surplus_connections_are_closed_while_others_are_served() {
     let mut body = refused.body;
     body.read_to_string(&mut text).unwrap();
     assert!(text.contains("--max-connections"), "{text}");
-    assert!(start.elapsed() < Duration::from_secs(3), "{:?}", start.elapsed());
+    assert!(
+        start.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        start.elapsed()
+    );
     // The body that never came: 408 after the body timeout.
     let timed_out = Response::read(slow_body);
     assert_eq!(timed_out.status, 408, "{}", server.log());
