@@ -4,24 +4,31 @@
 //! timing line follows on standard error. Lines starting with `/` are
 //! commands: `/reset` forgets the conversation, `/system TEXT` sets the
 //! system message (`/system` alone removes it), `/stats` shows the context
-//! in use and the last turn's numbers, `/exit` (or end of input) ends. It
-//! reads lines, not a terminal, so `printf 'Hi\nAnd you?\n' | gerbil-run m.plan
-//! chat` holds a two-turn conversation; the `> ` prompt appears only when
-//! standard input is a terminal.
+//! in use and the last turn's numbers, `/exit` (or end of input) ends. On a
+//! terminal the line is edited with `rustyline` (arrows, history of the
+//! session's lines, Ctrl-D ends) and Ctrl-C stops the answer being written,
+//! not the session; elsewhere it reads lines, so `printf 'Hi\nAnd you?\n' |
+//! gerbil-run m.plan chat` holds a two-turn conversation and Ctrl-C ends it
+//! as any program.
 //!
 //! The conversation lives in a [`gerbil::Chat`]: each turn runs
 //! only its own tokens, the earlier turns stay in the KV cache. A turn the
 //! context cannot hold, a line longer than [`MAX_LINE_BYTES`] or one the
 //! chat template refuses is set aside with a note, and the conversation goes
 //! on as it was; bytes that are not UTF-8 are read as U+FFFD. Only a GPU or
-//! input failure ends the session.
+//! input failure ends the session. The surprise: Ctrl-C is a key while
+//! the editor reads a line (the terminal is raw then) and a signal while an
+//! answer streams, so the signal handler only ever stops answers.
 
 use crate::console::{note, timing_line, Stdout};
 use crate::gen_args::SamplingArgs;
 use anyhow::{bail, Result};
 use gerbil::{Chat, Error, FinishReason, GenerationStats, Model, ModelOptions, RuntimeError};
 use gerbil_plan::PlanFile;
-use std::io::{BufRead, IsTerminal, Write};
+use rustyline::error::ReadlineError;
+use std::io::{BufRead, IsTerminal};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 
 /// The longest line `chat` takes as a message, in bytes; a longer one is
 /// skipped whole (the bytes past this are read and dropped, never kept).
@@ -67,6 +74,38 @@ fn read_line(input: &mut impl BufRead) -> std::io::Result<Line> {
             } else {
                 Line::Text(String::from_utf8_lossy(&bytes).into_owned())
             });
+        }
+    }
+}
+
+/// Where the lines come from: a line editor on a terminal, else bounded
+/// reads of standard input.
+enum Input {
+    Editor(Box<rustyline::DefaultEditor>),
+    Lines(std::io::StdinLock<'static>),
+}
+
+impl Input {
+    fn read(&mut self) -> Result<Line> {
+        match self {
+            Input::Lines(stdin) => Ok(read_line(stdin)?),
+            Input::Editor(editor) => loop {
+                match editor.readline("> ") {
+                    Ok(line) if line.len() > MAX_LINE_BYTES => return Ok(Line::TooLong),
+                    Ok(line) => {
+                        if !line.trim().is_empty() {
+                            // Only a line the editor itself refuses fails here.
+                            let _ = editor.add_history_entry(line.as_str());
+                        }
+                        return Ok(Line::Text(line));
+                    }
+                    Err(ReadlineError::Interrupted) => {
+                        note("(Ctrl-C stops an answer; /exit or Ctrl-D ends the chat)");
+                    }
+                    Err(ReadlineError::Eof) => return Ok(Line::End),
+                    Err(e) => return Err(e.into()),
+                }
+            },
         }
     }
 }
@@ -117,20 +156,23 @@ pub async fn chat(plan_path: &std::path::Path, opts: &ChatOptions) -> Result<()>
     drop(plan);
     let mut chat = Chat::new(model);
     chat.set_system(opts.system.clone());
-    let stdin = std::io::stdin();
-    let interactive = stdin.is_terminal();
-    if interactive {
+    let interactive = std::io::stdin().is_terminal();
+    // Set by Ctrl-C while an answer streams (a terminal only).
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut input = if interactive {
         note(HELP);
-    }
+        let editor = rustyline::DefaultEditor::new()?;
+        // After the editor, which installs a SIGINT handler of its own for
+        // its lifetime: ours runs first and then calls the editor's.
+        signal_hook::flag::register(signal_hook::consts::SIGINT, Arc::clone(&stop))?;
+        Input::Editor(Box::new(editor))
+    } else {
+        Input::Lines(std::io::stdin().lock())
+    };
     let mut out = Stdout::new();
     let mut last: Option<(GenerationStats, Option<FinishReason>)> = None;
-    let mut input = stdin.lock();
     loop {
-        if interactive {
-            let _ = write!(std::io::stderr(), "> ");
-            let _ = std::io::stderr().flush();
-        }
-        let line = match read_line(&mut input)? {
+        let line = match input.read()? {
             Line::End => break,
             Line::TooLong => {
                 note(&format!(
@@ -178,7 +220,13 @@ pub async fn chat(plan_path: &std::path::Path, opts: &ChatOptions) -> Result<()>
             }
             Err(e) => return Err(e.into()),
         };
+        stop.store(false, Ordering::Relaxed);
+        let mut stopped = false;
         while let Some(piece) = reply.next().await {
+            if stop.swap(false, Ordering::Relaxed) && !stopped {
+                reply.cancel();
+                stopped = true;
+            }
             if !out.write(&piece?.text)? {
                 return Ok(());
             }
@@ -188,6 +236,9 @@ pub async fn chat(plan_path: &std::path::Path, opts: &ChatOptions) -> Result<()>
         drop(reply);
         if !out.write("\n")? {
             return Ok(());
+        }
+        if stopped {
+            note("(answer stopped; the conversation keeps what was written)");
         }
         if !opts.quiet {
             note(&timing_line(&stats, finish));

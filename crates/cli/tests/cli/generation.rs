@@ -148,6 +148,99 @@ fn chat_over_a_pipe_keeps_history_and_reuses_the_cache() {
     assert!(err.contains("(conversation forgotten)"), "{err}");
 }
 
+/// `chat` on a terminal (a pseudo-terminal from util-linux's `script`):
+/// Ctrl-C while an answer streams stops that answer, with a note, and the
+/// session goes on (`/stats` answers, `/exit` ends it with status 0); Ctrl-C
+/// at the prompt only says how to leave.
+#[test]
+fn chat_on_a_terminal_stops_an_answer_on_ctrl_c_and_goes_on() {
+    use std::io::{Read, Write};
+    use std::process::{Command, Stdio};
+    use std::time::{Duration, Instant};
+    let plan = tiny_text();
+    let question = "tell me everything";
+    let flags = ["--max-new-tokens", "1000", "--temperature", "0"];
+    // Alone, the greedy answer is long enough to be interrupted.
+    let mut args = vec![plan, "--chat", "--prompt", question];
+    args.extend(flags);
+    let solo = gerbil_run(&args);
+    assert!(solo.status.success(), "{}", stderr(&solo));
+    let full = stderr(&solo)
+        .lines()
+        .find(|l| l.starts_with("prompt "))
+        .map(|l| count_before(l, "generated "))
+        .unwrap();
+    assert!(full >= 300, "the greedy answer has only {full} tokens");
+
+    let line = format!(
+        "'{}' '{plan}' chat {}",
+        env!("CARGO_BIN_EXE_gerbil-run"),
+        flags.join(" ")
+    );
+    let mut child = Command::new("script")
+        .args(["-qec", &line, "/dev/null"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = child.stdout.take().unwrap();
+    let shown = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+    let sink = std::sync::Arc::clone(&shown);
+    std::thread::spawn(move || {
+        let mut buf = [0u8; 4096];
+        while let Ok(n) = stdout.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            sink.lock()
+                .unwrap()
+                .push_str(&String::from_utf8_lossy(&buf[..n]));
+        }
+    });
+    let wait_for = |what: &str, after: usize| {
+        let start = Instant::now();
+        loop {
+            let text = shown.lock().unwrap().clone();
+            if let Some(at) = text[after.min(text.len())..].find(what) {
+                return after + at + what.len();
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(120),
+                "no `{what}` in {text:?}"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    };
+    let at = wait_for("> ", 0);
+    stdin.write_all(b"\x03").unwrap();
+    let at = wait_for("/exit or Ctrl-D ends the chat", at);
+    stdin.write_all(format!("{question}\r").as_bytes()).unwrap();
+    // Some of the answer, then Ctrl-C.
+    let at = wait_for(question, at);
+    std::thread::sleep(Duration::from_millis(700));
+    stdin.write_all(b"\x03").unwrap();
+    let at = wait_for("(answer stopped", at);
+    let at = wait_for("> ", at);
+    stdin.write_all(b"/stats\r").unwrap();
+    let at = wait_for("2 messages;", at);
+    wait_for("> ", at);
+    stdin.write_all(b"/exit\r").unwrap();
+    let status = child.wait().unwrap();
+    let text = shown.lock().unwrap().clone();
+    assert!(status.success(), "{status}: {text}");
+    let generated = text
+        .lines()
+        .find(|l| l.starts_with("prompt "))
+        .map(|l| count_before(l, "generated "))
+        .unwrap_or_else(|| panic!("no timing line in {text:?}"));
+    assert!(
+        generated < full,
+        "{generated} of {full} tokens: not stopped"
+    );
+}
+
 /// `chat` keeps the conversation through a turn the context cannot hold,
 /// a line longer than 1 MiB and bytes that are not UTF-8 (each with a note),
 /// and answers the turns around them.

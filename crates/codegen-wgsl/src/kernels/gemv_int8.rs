@@ -9,7 +9,7 @@
 //! most [`STAGE_BYTES`]; then it splits into `G` *row groups* of `TPR`
 //! threads, each group computing `R` outputs, its threads striding over the
 //! units and dotting each with the group's `R` weight rows
-//! ([`quant::int_dot_decoder`]). A unit of `x` is thus quantized once per
+//! (`quant::int_dot_decoder`). A unit of `x` is thus quantized once per
 //! workgroup and read from workgroup memory `G·R` times, where the plain
 //! GEMV's threads quantized their own units for `R` rows each (`down_proj`
 //! of Llama-3.2-1B: two).
