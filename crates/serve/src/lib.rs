@@ -9,9 +9,11 @@
 //! (`{"error": {"message", "type", "param", "code"}}`): 400 for a bad body,
 //! wrong field types, a field it cannot honour (`tools`, `response_format`
 //! other than text, …) or a prompt over the context, 404 for an unknown path or model,
-//! 405 for a wrong method, 413 for a body over `--max-body-bytes`; in front
-//! of every route, [`guard`] checks the API key, the `Host`, a browser's
-//! origin and the content type (401, 403, 415). The port is bound before the
+//! 405 for a wrong method, 413 for a body over `--max-body-bytes`, 408 for
+//! a body that does not arrive in time; in front of every route, [`guard`]
+//! checks the API key, the `Host`, a browser's origin and the content type
+//! (401, 403, 415). Connections are accepted by [`limits`]: a header read
+//! timeout and a connection cap (503 past it). The port is bound before the
 //! model loads, so a busy one fails at once.
 //!
 //! Call [`serve`]; it returns after Ctrl-C (or SIGTERM), once the requests
@@ -334,6 +336,12 @@ async fn tokenize(
     let Some(codec) = app.info.codec.clone() else {
         return Ok(prompt);
     };
+    let bytes = match &prompt {
+        PromptInput::Ids(_) => 0,
+        PromptInput::Chat(messages) => messages.iter().map(|m| m.content.len()).sum(),
+        PromptInput::Text(text) => text.len(),
+    };
+    refuse_by_size(app, bytes as u64, endpoint)?;
     let encoded = match prompt {
         PromptInput::Ids(_) => return Ok(prompt),
         PromptInput::Chat(messages) => {
@@ -350,6 +358,29 @@ async fn tokenize(
         return Err(rejected(overflow.into(), endpoint));
     }
     Ok(PromptInput::Ids(ids))
+}
+
+/// Refuses, before tokenizing it, a prompt of `bytes` bytes that cannot fit
+/// the context: no token stands for more than the vocabulary's longest
+/// token string, so it is at least `bytes / longest` tokens. The factor 2
+/// leaves room for a normalizer that deletes characters.
+fn refuse_by_size(app: &App, bytes: u64, endpoint: Endpoint) -> Result<(), ApiError> {
+    let longest = app.info.longest_token as u64;
+    let (at_least, max) = (bytes / (2 * longest), app.info.context);
+    if at_least <= max {
+        return Ok(());
+    }
+    let param = match endpoint {
+        Endpoint::Chat => "messages",
+        Endpoint::Completion => "prompt",
+    };
+    Err(ApiError::invalid(
+        format!(
+            "the prompt is {bytes} bytes, at least {at_least} tokens (no token of this model stands              for more than {longest} bytes), but the context holds {max} tokens: shorten it"
+        ),
+        Some(param),
+    )
+    .with_code("context_length_exceeded"))
 }
 
 /// The events of a started job as server-sent events: a chat's role chunk,

@@ -75,6 +75,10 @@ pub struct ModelInfo {
     /// (`None`: the plan has none that loads; the model thread then refuses
     /// text with the model's own error).
     pub codec: Option<Arc<TextCodec>>,
+    /// The codec's [`TextCodec::longest_token_bytes`]: a prompt of more
+    /// than twice the context times this many bytes is refused before it is
+    /// tokenized.
+    pub longest_token: usize,
 }
 
 /// The worker thread and its queue.
@@ -170,6 +174,7 @@ async fn load(plan: &std::path::Path, opts: &ModelOptions) -> Result<(Model, Mod
         defaults: plan.header.text.generation,
         context: model.context(),
         codec: model.shared_codec(),
+        longest_token: model.shared_codec().map_or(1, |c| c.longest_token_bytes()),
     };
     Ok((model, info))
 }

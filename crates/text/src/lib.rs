@@ -320,4 +320,19 @@ impl TextCodec {
     pub fn vocab_size(&self) -> usize {
         self.tokenizer.get_vocab_size(true)
     }
+
+    /// The most UTF-8 bytes of any token string of the vocabulary, added
+    /// tokens included: no token stands for more bytes of text (a byte-level
+    /// token's characters each stand for one byte and take one or two; a
+    /// SentencePiece piece's are the text's own), so a text of `n` bytes is
+    /// at least `n / longest_token_bytes()` tokens.
+    pub fn longest_token_bytes(&self) -> usize {
+        self.tokenizer
+            .get_vocab(true)
+            .keys()
+            .map(String::len)
+            .max()
+            .unwrap_or(1)
+            .max(1)
+    }
 }

@@ -835,6 +835,22 @@ fn a_prompt_too_long_is_refused_without_waiting_for_the_model() {
     let refused_after = asked.elapsed();
     let m = error_of(s, &v, 400, Some("prompt"));
     assert!(m.contains("context of 2048 tokens"), "{m}");
+    // A prompt far past the context by its size alone: refused before it
+    // is tokenized, also inside a chat message.
+    let huge = "a".repeat(900_000);
+    let (s, v) = server.post("/v1/completions", &json!({"prompt": huge}));
+    let m = error_of(s, &v, 400, Some("prompt"));
+    assert!(
+        m.contains("900000 bytes, at least") && m.contains("holds 2048 tokens"),
+        "{m}"
+    );
+    assert_eq!(v["error"]["code"], "context_length_exceeded");
+    let (s, v) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": huge}]}),
+    );
+    let m = error_of(s, &v, 400, Some("messages"));
+    assert!(m.contains("900000 bytes"), "{m}");
     // Had the refusal queued behind the answer, the answer would be over
     // (its rest buffered in the socket) by the time the refusal came.
     let refused = std::time::Instant::now();
