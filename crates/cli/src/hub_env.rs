@@ -19,7 +19,10 @@ pub fn hub_settings() -> HubSettings {
     HubSettings {
         endpoint: var("HF_ENDPOINT").map(|v| v.to_string_lossy().into_owned()),
         cache_dir: var("HF_HUB_CACHE").map(Into::into),
-        home: var("HF_HOME").map(Into::into),
+        // `huggingface_hub`'s default home, `~/.cache/huggingface`.
+        home: var("HF_HOME")
+            .map(Into::into)
+            .or_else(|| std::env::home_dir().map(|h| h.join(".cache").join("huggingface"))),
         token: var("HF_TOKEN").map(|v| v.to_string_lossy().into_owned()),
     }
 }

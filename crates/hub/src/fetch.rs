@@ -45,28 +45,19 @@ impl Hub {
             .unwrap_or(DEFAULT_ENDPOINT)
             .trim_end_matches('/')
             .to_string();
-        let home = match settings.home.as_ref().filter(|h| !h.as_os_str().is_empty()) {
-            Some(home) => home.clone(),
-            None => std::env::home_dir()
-                .ok_or(HubError::NoHome)?
-                .join(".cache")
-                .join("huggingface"),
+        let home = settings.home.as_ref().filter(|h| !h.as_os_str().is_empty());
+        let root = match (settings.cache_dir.as_ref(), home) {
+            (Some(dir), _) if !dir.as_os_str().is_empty() => dir.clone(),
+            (_, Some(home)) => home.join("hub"),
+            _ => return Err(HubError::NoHome),
         };
-        let root = match settings
-            .cache_dir
-            .as_ref()
-            .filter(|c| !c.as_os_str().is_empty())
-        {
-            Some(dir) => dir.clone(),
-            None => home.join("hub"),
-        };
-        let token_file = home.join("token");
+        let token_file = home.map(|h| h.join("token"));
         let (token, token_source) = match settings.token.as_deref().map(str::trim) {
             Some(t) if !t.is_empty() => (Some(t.to_string()), Some("HF_TOKEN".into())),
-            _ => match std::fs::read_to_string(&token_file) {
-                Ok(t) if !t.trim().is_empty() => (
+            _ => match token_file.as_ref().map(std::fs::read_to_string) {
+                Some(Ok(t)) if !t.trim().is_empty() => (
                     Some(t.trim().to_string()),
-                    Some(format!("the token file {}", token_file.display())),
+                    token_file.map(|f| format!("the token file {}", f.display())),
                 ),
                 _ => (None, None),
             },

@@ -10,9 +10,10 @@
 //! the weights (`model.safetensors`, or `model.safetensors.index.json` and
 //! every shard it names) and whichever text assets the repository has are
 //! downloaded by the crate's own client on `ureq`. The cache is
-//! [`HubSettings::cache_dir`], else `HOME/hub` for [`HubSettings::home`],
-//! else `~/.cache/huggingface/hub`, laid out as Python's `huggingface_hub`
-//! lays it out, so either can reuse the other's downloads;
+//! [`HubSettings::cache_dir`], else `HOME/hub` for [`HubSettings::home`]
+//! (`gerbilc` passes `~/.cache/huggingface` when `HF_HOME` is unset), laid
+//! out as Python's `huggingface_hub` lays it out, so either can reuse the
+//! other's downloads;
 //! [`HubSettings::endpoint`] names another hub and [`HubSettings::token`]
 //! (else the token file, `HOME/token`) authenticates. The library reads no
 //! environment variable: `gerbilc` fills [`HubSettings`] from
@@ -98,8 +99,9 @@ pub struct HubSettings {
     pub endpoint: Option<String>,
     /// The cache directory itself (default: `HOME/hub`).
     pub cache_dir: Option<PathBuf>,
-    /// The Hugging Face home: the cache's parent and the token file's directory (default:
-    /// `~/.cache/huggingface`).
+    /// The Hugging Face home: the cache's parent and the token file's directory
+    /// (`huggingface_hub`'s default is `~/.cache/huggingface`; `gerbilc` passes it when
+    /// `HF_HOME` is unset). Without it, `cache_dir` must be given, and no token file is read.
     pub home: Option<PathBuf>,
     /// The access token (default: the token file `HOME/token`, if there is one).
     pub token: Option<String>,
@@ -264,7 +266,7 @@ pub enum HubError {
         "the hub redirected {url} more than {max} times (a redirect loop?): check HF_ENDPOINT"
     )]
     Redirects { url: String, max: u32 },
-    #[error("no home directory to put the hub cache in: set HF_HOME or HF_HUB_CACHE")]
+    #[error("no hub cache directory: set HF_HOME or HF_HUB_CACHE")]
     NoHome,
     #[error("the hub cache at {}: {source}", path.display())]
     Cache {
