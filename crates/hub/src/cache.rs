@@ -24,6 +24,10 @@ impl CacheDir {
         CacheDir { root }
     }
 
+    pub(crate) fn root(&self) -> &Path {
+        &self.root
+    }
+
     fn repo_dir(&self, repo: &str) -> PathBuf {
         self.root
             .join(format!("models--{}", repo.replace('/', "--")))

@@ -15,7 +15,7 @@ use crate::cache::{cache_error, CacheDir};
 use crate::client::{Client, RepoInfo};
 use crate::names::{is_blob_id, is_commit, is_file_name};
 use crate::{
-    dir_files, select_gguf, HubError, HubEvent, HubHook, HubSettings, CONFIG_FILE,
+    check_links, dir_files, select_gguf, HubError, HubEvent, HubHook, HubSettings, CONFIG_FILE,
     DEFAULT_ENDPOINT, OPTIONAL_FILES, SINGLE_WEIGHTS, WEIGHTS_INDEX,
 };
 use serde::Deserialize;
@@ -86,6 +86,26 @@ impl Hub {
         gguf: Option<&str>,
     ) -> Result<PathBuf, HubError> {
         crate::names::check_revision(revision)?;
+        let found = self.fetch_files(repo, revision, gguf)?;
+        // Every link of the snapshot stays in the cache, also one this run
+        // did not make.
+        let snapshot = if found.is_dir() {
+            found.as_path()
+        } else {
+            found.parent().unwrap_or(&found)
+        };
+        check_links(snapshot, self.cache.root(), true)?;
+        Ok(found)
+    }
+
+    /// [`Hub::fetch`]'s downloads (or the cache's copy when the hub is
+    /// unreachable).
+    fn fetch_files(
+        &self,
+        repo: &str,
+        revision: &str,
+        gguf: Option<&str>,
+    ) -> Result<PathBuf, HubError> {
         let info = match self.client.info(repo, revision) {
             Ok(info) => info,
             Err(HubError::Unreachable { endpoint, detail }) => {

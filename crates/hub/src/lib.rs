@@ -266,6 +266,8 @@ pub enum HubError {
         "the hub redirected {url} more than {max} times (a redirect loop?): check HF_ENDPOINT"
     )]
     Redirects { url: String, max: u32 },
+    #[error("`{}` in the hub cache links to {}, outside the cache: delete that snapshot directory and run the command again", link.display(), target.display())]
+    CacheLink { link: PathBuf, target: PathBuf },
     #[error("no hub cache directory: set HF_HOME or HF_HUB_CACHE")]
     NoHome,
     #[error("the hub cache at {}: {source}", path.display())]
@@ -439,7 +441,7 @@ pub fn resolve(arg: &Path, opts: &HubOptions) -> Result<ModelDir, HubError> {
             None => arg.to_path_buf(),
         };
         if !opts.allow_outside_links && arg.is_dir() {
-            check_links(arg)?;
+            check_links(arg, arg, false)?;
         }
         return Ok(ModelDir { dir, repo: None });
     }
@@ -462,20 +464,16 @@ pub fn resolve(arg: &Path, opts: &HubOptions) -> Result<ModelDir, HubError> {
 }
 
 /// Refuses a file of checkpoint directory `dir` that is a link resolving
-/// outside it (a checkpoint someone else prepared could otherwise make
-/// gerbil read any file the user can).
-fn check_links(dir: &Path) -> Result<(), HubError> {
-    let root = std::fs::canonicalize(dir).map_err(|source| HubError::Cache {
+/// outside `root` (a checkpoint someone else prepared could otherwise make
+/// gerbil read any file the user can): `root` is `dir` itself for a local
+/// checkpoint, the cache for a hub snapshot.
+fn check_links(dir: &Path, root: &Path, in_cache: bool) -> Result<(), HubError> {
+    let cache_error = |source| HubError::Cache {
         path: dir.to_path_buf(),
         source,
-    })?;
-    for entry in std::fs::read_dir(dir)
-        .map_err(|source| HubError::Cache {
-            path: dir.to_path_buf(),
-            source,
-        })?
-        .flatten()
-    {
+    };
+    let root = std::fs::canonicalize(root).map_err(cache_error)?;
+    for entry in std::fs::read_dir(dir).map_err(cache_error)?.flatten() {
         let link = entry.path();
         if !link.is_symlink() {
             continue;
@@ -483,7 +481,11 @@ fn check_links(dir: &Path) -> Result<(), HubError> {
         // A dangling link is left to whoever reads it to report.
         if let Ok(target) = std::fs::canonicalize(&link) {
             if !target.starts_with(&root) {
-                return Err(HubError::OutsideLink { link, target });
+                return Err(if in_cache {
+                    HubError::CacheLink { link, target }
+                } else {
+                    HubError::OutsideLink { link, target }
+                });
             }
         }
     }

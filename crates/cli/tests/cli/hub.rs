@@ -1109,6 +1109,27 @@ fn a_hostile_hub_gets_clear_errors_and_nothing_leaves_the_cache() {
         &[("HF_ENDPOINT", UNREACHABLE)],
     );
     assert_fails_with(&o, &["sha256", "model.safetensors"]);
+
+    // A link in the snapshot to a file outside the cache: refused.
+    std::fs::write(&blob, &weights).unwrap();
+    let outside = root.path().join("outside.json");
+    std::fs::write(&outside, "{}").unwrap();
+    let snapshot = repo_cache(&home, "test-org/tiny-llama")
+        .join("snapshots")
+        .join(MAIN_SHA);
+    std::os::unix::fs::symlink(&outside, snapshot.join("tokenizer.json")).unwrap();
+    let o = gerbilc(
+        &hub,
+        &home,
+        &[
+            "compile",
+            "test-org/tiny-llama",
+            "-o",
+            good.to_str().unwrap(),
+        ],
+        &[],
+    );
+    assert_fails_with(&o, &["tokenizer.json", "outside the cache"]);
 }
 
 /// A local checkpoint whose file links outside its directory is refused,
