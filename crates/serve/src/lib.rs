@@ -20,7 +20,8 @@
 //! in flight are answered. The model lives on one thread
 //! ([`worker`]); requests queue for it in arrival order, so concurrent
 //! clients are answered one after another, each exactly as if it were
-//! alone. Prompts are tokenized (and chat templates rendered) by the
+//! alone, and past [`ServeOptions::max_queue`] waiting ones a request gets
+//! a 503 with `Retry-After`. Prompts are tokenized (and chat templates rendered) by the
 //! handlers on tokio's blocking pool first, so a long prompt, or one refused
 //! for the context, never holds the model thread. The surprise: a streamed request's status is decided before the
 //! stream begins — the handler waits for the worker's first event, so a
@@ -49,7 +50,7 @@ use std::convert::Infallible;
 use std::path::Path;
 use std::sync::Arc;
 use tokio::sync::mpsc::UnboundedReceiver;
-use worker::{Event, ModelInfo, Queue, Worker};
+use worker::{Event, ModelInfo, Queue, Submit, Worker};
 
 /// Settings of `gerbil-run PLAN serve`.
 #[derive(Clone)]
@@ -65,6 +66,9 @@ pub struct ServeOptions {
     pub limits: Limits,
     /// How the plan is loaded.
     pub model: ModelOptions,
+    /// Requests that may wait for the model while it runs another; more get
+    /// a 503 with `Retry-After`.
+    pub max_queue: usize,
     /// Who may use it: API key, host names, browser origins ([`guard`]).
     pub access: Access,
     /// How long a shutdown waits for the requests in flight before it
@@ -109,7 +113,7 @@ pub fn serve(plan: &Path, opts: &ServeOptions) -> Result<()> {
             opts.host
         ));
     }
-    let (worker, info) = Worker::start(plan.to_path_buf(), opts.model.clone())?;
+    let (worker, info) = Worker::start(plan.to_path_buf(), opts.model.clone(), opts.max_queue)?;
     let app = Arc::new(App {
         queue: worker.queue(),
         info,
@@ -292,10 +296,15 @@ async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response
     };
     let settings = request.settings(&app.info.defaults, rand::random())?;
     let prompt = tokenize(app, prompt, endpoint).await?;
-    let mut events = app
-        .queue
-        .submit(prompt, settings)
-        .ok_or_else(|| ApiError::server("the model thread has stopped"))?;
+    let mut events = app.queue.submit(prompt, settings).map_err(|e| match e {
+        Submit::Full(max) => ApiError::server(format!(
+            "the server is busy: {max} requests already wait for the model; try again shortly \
+             (the limit is --max-queue)"
+        ))
+        .with_status(StatusCode::SERVICE_UNAVAILABLE)
+        .with_retry_after(1),
+        Submit::Stopped => ApiError::server("the model thread has stopped"),
+    })?;
     match events.recv().await {
         Some(Event::Started) => {}
         Some(Event::Rejected(e)) => return Err(rejected(e, endpoint)),

@@ -39,6 +39,8 @@ pub struct ApiError {
     pub param: Option<String>,
     /// A machine-readable reason (`context_length_exceeded`, …).
     pub code: Option<&'static str>,
+    /// Seconds for a `Retry-After` header (a busy server's 503).
+    pub retry_after: Option<u32>,
 }
 
 impl ApiError {
@@ -50,6 +52,7 @@ impl ApiError {
             kind: "invalid_request_error",
             param: param.map(str::to_string),
             code: None,
+            retry_after: None,
         }
     }
 
@@ -61,6 +64,7 @@ impl ApiError {
             kind: "server_error",
             param: None,
             code: None,
+            retry_after: None,
         }
     }
 
@@ -73,6 +77,12 @@ impl ApiError {
     /// The same error with a `code`.
     pub fn with_code(mut self, code: &'static str) -> ApiError {
         self.code = Some(code);
+        self
+    }
+
+    /// The same error with a `Retry-After` of `seconds`.
+    pub fn with_retry_after(mut self, seconds: u32) -> ApiError {
+        self.retry_after = Some(seconds);
         self
     }
 
@@ -89,7 +99,13 @@ impl ApiError {
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        if let Some(seconds) = self.retry_after {
+            response
+                .headers_mut()
+                .insert(axum::http::header::RETRY_AFTER, seconds.into());
+        }
+        response
     }
 }
 

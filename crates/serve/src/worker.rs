@@ -4,7 +4,9 @@
 //!
 //! Start it with [`Worker::start`], which loads the plan on the new thread
 //! and returns once the model is ready; give it work with [`Queue::submit`]
-//! and read the events from the returned receiver. The first event is
+//! and read the events from the returned receiver. At most `max_waiting`
+//! jobs wait for the model (the one it runs not counted); past that,
+//! `submit` refuses with [`Submit::Full`]. The first event is
 //! [`Event::Started`] or [`Event::Rejected`] (the prompt could not be
 //! tokenized, or does not fit the context, or the settings are wrong), then
 //! [`Event::Text`] per token and one [`Event::Finished`] (or
@@ -29,6 +31,7 @@ use gerbil::{
 };
 use gerbil_plan::{GenerationDefaults, PlanFile};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -84,14 +87,23 @@ pub struct ModelInfo {
 /// The worker thread and its queue.
 pub struct Worker {
     jobs: mpsc::Sender<Job>,
+    /// Jobs queued and not yet taken by the model thread.
+    waiting: Arc<AtomicUsize>,
+    max_waiting: usize,
     thread: JoinHandle<()>,
 }
 
 impl Worker {
     /// Loads `plan` on a new thread and returns once it is ready (or why it
     /// could not load).
-    pub fn start(plan: PathBuf, opts: ModelOptions) -> Result<(Worker, ModelInfo)> {
+    pub fn start(
+        plan: PathBuf,
+        opts: ModelOptions,
+        max_waiting: usize,
+    ) -> Result<(Worker, ModelInfo)> {
         let (jobs, queue) = mpsc::channel::<Job>();
+        let waiting = Arc::new(AtomicUsize::new(0));
+        let taken = Arc::clone(&waiting);
         let (ready_tx, ready_rx) = mpsc::channel::<Result<ModelInfo>>();
         let thread = std::thread::Builder::new()
             .name("gerbil-model".into())
@@ -108,6 +120,7 @@ impl Worker {
                     }
                 };
                 while let Ok(job) = queue.recv() {
+                    taken.fetch_sub(1, Ordering::SeqCst);
                     // A panic is a gerbil bug; it fails its own request (the
                     // job's channel closes) and the server goes on.
                     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -126,12 +139,22 @@ impl Worker {
         let info = ready_rx
             .recv()
             .context("the model thread ended while loading")??;
-        Ok((Worker { jobs, thread }, info))
+        let worker = Worker {
+            jobs,
+            waiting,
+            max_waiting,
+            thread,
+        };
+        Ok((worker, info))
     }
 
     /// A handle that queues jobs (cloned into every handler).
     pub fn queue(&self) -> Queue {
-        Queue(self.jobs.clone())
+        Queue {
+            jobs: self.jobs.clone(),
+            waiting: Arc::clone(&self.waiting),
+            max_waiting: self.max_waiting,
+        }
     }
 
     /// Waits for the jobs queued so far to finish, once every [`Queue`] is
@@ -146,23 +169,53 @@ impl Worker {
 
 /// Queues jobs for the worker, in arrival order.
 #[derive(Clone)]
-pub struct Queue(mpsc::Sender<Job>);
+pub struct Queue {
+    jobs: mpsc::Sender<Job>,
+    waiting: Arc<AtomicUsize>,
+    max_waiting: usize,
+}
+
+/// Why [`Queue::submit`] took no job.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Submit {
+    /// `max_waiting` jobs already wait.
+    Full(usize),
+    /// The worker has stopped.
+    Stopped,
+}
 
 impl Queue {
-    /// Queues a job; its events arrive on the receiver. `None` when the
-    /// worker has stopped.
+    /// Queues a job; its events arrive on the receiver.
     pub fn submit(
         &self,
         prompt: PromptInput,
         settings: GenerationSettings,
-    ) -> Option<UnboundedReceiver<Event>> {
+    ) -> Result<UnboundedReceiver<Event>, Submit> {
+        // Counted before it is sent, so the worker never takes one it has
+        // not seen counted; refused (and uncounted) when the queue is full.
+        let max = self.max_waiting;
+        if self
+            .waiting
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (n < max).then_some(n + 1)
+            })
+            .is_err()
+        {
+            return Err(Submit::Full(max));
+        }
         let (events, rx) = unbounded_channel();
         let job = Job {
             prompt,
             settings,
             events,
         };
-        self.0.send(job).ok().map(|()| rx)
+        match self.jobs.send(job) {
+            Ok(()) => Ok(rx),
+            Err(_) => {
+                self.waiting.fetch_sub(1, Ordering::SeqCst);
+                Err(Submit::Stopped)
+            }
+        }
     }
 }
 

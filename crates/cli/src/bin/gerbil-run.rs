@@ -338,6 +338,10 @@ enum Cmd {
         /// Retry-After and is closed.
         #[arg(long, value_name = "N", default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..=65_536))]
         max_connections: u32,
+        /// Requests that may wait while the model answers another; one
+        /// more gets status 503 with Retry-After.
+        #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
+        max_queue: u32,
     },
     /// Score a text: perplexity, and with --against another plan of the
     /// same model the KL divergence and top-1 agreement of their next-token
@@ -523,6 +527,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
             header_timeout,
             body_timeout,
             max_connections,
+            max_queue,
         }) => {
             let api_key = match (api_key, api_key_file) {
                 (Some(key), _) => Some(key),
@@ -543,6 +548,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     max_body_bytes,
                 },
                 model: cli.model_options(),
+                max_queue: max_queue as usize,
                 access: gerbil_serve::Access {
                     api_key,
                     allowed_hosts: allowed_host,

@@ -862,6 +862,43 @@ fn a_prompt_too_long_is_refused_without_waiting_for_the_model() {
     );
 }
 
+/// With `--max-queue 1`, one request waits while another runs and the next
+/// gets 503 with `Retry-After` at once; the waiting one is answered later.
+#[test]
+fn a_full_queue_answers_503_with_retry_after() {
+    let dir = temp("queue");
+    let plan = tiny_text_plan(dir.path(), &["--max-context", "2048"]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let server = Arc::new(Server::start(&plan, &["--max-queue", "1"]));
+    let long = json!({"prompt": "a long answer", "temperature": 0, "ignore_eos": true,
+                      "max_tokens": 600, "stream": true});
+    let mut busy = server.stream("/v1/completions", &long);
+    for _ in 0..2 {
+        assert!(busy.next_data().is_some());
+    }
+    let waiting = {
+        let server = Arc::clone(&server);
+        std::thread::spawn(move || {
+            server.post("/v1/completions", &greedy_completion("hi", 3, false))
+        })
+    };
+    std::thread::sleep(Duration::from_millis(800));
+    let r = Response::read(server.send(
+        "POST",
+        "/v1/completions",
+        greedy_completion("and me", 3, false).to_string().as_bytes(),
+    ));
+    assert_eq!(r.status, 503, "{}", server.log());
+    assert_eq!(r.header("retry-after").as_deref(), Some("1"));
+    let mut text = String::new();
+    let mut body = r.body;
+    body.read_to_string(&mut text).unwrap();
+    assert!(text.contains("--max-queue"), "{text}");
+    while busy.next_data().is_some_and(|d| d != "[DONE]") {}
+    let (s, v) = waiting.join().unwrap();
+    assert_eq!(s, 200, "{v}");
+}
+
 #[test]
 fn a_client_that_disconnects_mid_stream_stops_its_generation() {
     let dir = temp("disconnect");
