@@ -105,12 +105,13 @@ fn refuse(status: StatusCode, message: String) -> Response {
         .into_response()
 }
 
-/// The key check of `/v1` routes.
+/// The key check of `/v1` routes and `/metrics` (only `/health` is open).
 fn authorized(access: &Access, request: &Request) -> Result<(), ApiError> {
     let Some(key) = &access.api_key else {
         return Ok(());
     };
-    if !request.uri().path().starts_with("/v1") {
+    let path = request.uri().path();
+    if !path.starts_with("/v1") && path != "/metrics" {
         return Ok(());
     }
     let given = header_str(request.headers(), header::AUTHORIZATION)

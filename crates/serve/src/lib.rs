@@ -29,6 +29,7 @@
 
 pub mod guard;
 pub mod limits;
+pub mod metrics;
 pub mod openai;
 pub mod worker;
 
@@ -87,6 +88,7 @@ const STOPPED: &str = "the generation stopped unexpectedly; the server's log say
 /// What every handler shares.
 struct App {
     queue: Queue,
+    metrics: Arc<metrics::Metrics>,
     info: ModelInfo,
     model_name: String,
     /// When the model was loaded (Unix seconds): `/v1/models`' `created`.
@@ -113,9 +115,16 @@ pub fn serve(plan: &Path, opts: &ServeOptions) -> Result<()> {
             opts.host
         ));
     }
-    let (worker, info) = Worker::start(plan.to_path_buf(), opts.model.clone(), opts.max_queue)?;
+    let metrics = Arc::new(metrics::Metrics::default());
+    let (worker, info) = Worker::start(
+        plan.to_path_buf(),
+        opts.model.clone(),
+        opts.max_queue,
+        Arc::clone(&metrics),
+    )?;
     let app = Arc::new(App {
         queue: worker.queue(),
+        metrics,
         info,
         model_name,
         loaded_at: openai::unix_now(),
@@ -161,6 +170,7 @@ async fn listen(app: Arc<App>, listener: std::net::TcpListener, opts: &ServeOpti
 fn router(app: Arc<App>, limits: Arc<Limits>, access: Arc<Access>) -> Router {
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
+        .route("/metrics", get(metrics_text))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat_completions))
@@ -232,7 +242,7 @@ async fn shutdown_signal(mut signals: Signals, notes: NoteHook, drain: std::time
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
     ApiError::invalid(
-        format!("no route {method} {uri}; this server has POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{{id}} and GET /health"),
+        format!("no route {method} {uri}; this server has POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{{id}}, GET /metrics and GET /health"),
         None,
     )
     .with_status(StatusCode::NOT_FOUND)
@@ -276,15 +286,33 @@ fn model_object(app: &App) -> Value {
 }
 
 async fn chat_completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    complete(&app, Endpoint::Chat, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    counted(&app, Endpoint::Chat, body).await
 }
 
 async fn completions(State(app): State<Arc<App>>, body: Bytes) -> Response {
-    complete(&app, Endpoint::Completion, body)
-        .await
-        .unwrap_or_else(IntoResponse::into_response)
+    counted(&app, Endpoint::Completion, body).await
+}
+
+/// [`complete`], counted in the [`metrics`].
+async fn counted(app: &App, endpoint: Endpoint, body: Bytes) -> Response {
+    app.metrics.request(endpoint);
+    complete(app, endpoint, body).await.unwrap_or_else(|e| {
+        app.metrics.error(endpoint);
+        e.into_response()
+    })
+}
+
+/// `GET /metrics`: Prometheus' text format ([`metrics`]).
+async fn metrics_text(State(app): State<Arc<App>>) -> Response {
+    let text = app.metrics.render(app.queue.waiting(), app.info.context);
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; version=0.0.4; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
 }
 
 /// Both completion endpoints: parse, queue, then answer whole or streamed.

@@ -23,6 +23,7 @@
 //! A job that loses the GPU fails with a 500 naming the loss, and the worker
 //! loads the model again on a fresh device before the next job.
 
+use crate::metrics::Metrics;
 use crate::openai::PromptInput;
 use anyhow::{Context, Result};
 use gerbil::{
@@ -100,6 +101,7 @@ impl Worker {
         plan: PathBuf,
         opts: ModelOptions,
         max_waiting: usize,
+        metrics: Arc<Metrics>,
     ) -> Result<(Worker, ModelInfo)> {
         let (jobs, queue) = mpsc::channel::<Job>();
         let waiting = Arc::new(AtomicUsize::new(0));
@@ -123,13 +125,19 @@ impl Worker {
                     taken.fetch_sub(1, Ordering::SeqCst);
                     // A panic is a gerbil bug; it fails its own request (the
                     // job's channel closes) and the server goes on.
+                    metrics.running(true);
                     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         run_job(&mut model, job)
                     }));
-                    if ran.is_err() {
-                        tracing::error!("a request panicked; the KV cache is cleared");
-                        model.clear_cache();
+                    match ran {
+                        Ok(Some(stats)) => metrics.finished(&stats, model.cached_tokens().len()),
+                        Ok(None) => {}
+                        Err(_) => {
+                            tracing::error!("a request panicked; the KV cache is cleared");
+                            model.clear_cache();
+                        }
                     }
+                    metrics.running(false);
                     if let Some(why) = model.session().gpu().lost() {
                         model = reload(&plan, &opts, model, &why);
                     }
@@ -185,6 +193,11 @@ pub enum Submit {
 }
 
 impl Queue {
+    /// Requests waiting for the model now.
+    pub fn waiting(&self) -> usize {
+        self.waiting.load(Ordering::Relaxed)
+    }
+
     /// Queues a job; its events arrive on the receiver.
     pub fn submit(
         &self,
@@ -252,10 +265,10 @@ fn reload(plan: &std::path::Path, opts: &ModelOptions, lost: Model, why: &str) -
 }
 
 /// Runs one job to its end, or until its client is gone.
-fn run_job(model: &mut Model, job: Job) {
+fn run_job(model: &mut Model, job: Job) -> Option<GenerationStats> {
     if job.events.is_closed() {
         tracing::info!("skipped a queued request: its client disconnected");
-        return;
+        return None;
     }
     let prompt = match &job.prompt {
         PromptInput::Chat(messages) => model.encode_chat(messages),
@@ -266,18 +279,18 @@ fn run_job(model: &mut Model, job: Job) {
         Ok(p) => p,
         Err(e) => {
             let _ = job.events.send(Event::Rejected(e));
-            return;
+            return None;
         }
     };
     let mut generation = match model.generate(&prompt, &job.settings) {
         Ok(g) => g,
         Err(e) => {
             let _ = job.events.send(Event::Rejected(e));
-            return;
+            return None;
         }
     };
     if job.events.send(Event::Started).is_err() {
-        return;
+        return Some(generation.stats());
     }
     while let Some(piece) = pollster::block_on(generation.next()) {
         let event = match piece {
@@ -285,7 +298,7 @@ fn run_job(model: &mut Model, job: Job) {
             Err(e) => {
                 tracing::error!("generation failed: {e}");
                 let _ = job.events.send(Event::Failed(e));
-                return;
+                return None;
             }
         };
         if job.events.send(event).is_err() {
@@ -295,7 +308,7 @@ fn run_job(model: &mut Model, job: Job) {
                 "client disconnected: generation cancelled after {} tokens",
                 stats.generated_tokens
             );
-            return;
+            return Some(stats);
         }
     }
     let stats = generation.stats();
@@ -310,4 +323,5 @@ fn run_job(model: &mut Model, job: Job) {
         reason.name()
     );
     let _ = job.events.send(Event::Finished { reason, stats });
+    Some(stats)
 }

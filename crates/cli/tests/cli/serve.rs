@@ -862,6 +862,53 @@ fn a_prompt_too_long_is_refused_without_waiting_for_the_model() {
     );
 }
 
+/// `GET /metrics` counts requests, errors and tokens in Prometheus' text
+/// format, behind the API key when there is one.
+#[test]
+fn metrics_count_requests_errors_and_tokens() {
+    let dir = temp("metrics");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let mut server = Server::start(&plan, &["--api-key", "k"]);
+    let key = ("Authorization", "Bearer k");
+    let json = ("Content-Type", "application/json");
+    let host = ("Host", "127.0.0.1");
+    let body = greedy_completion("hi", 3, false).to_string();
+    let r = Response::read(server.send_with(
+        "POST",
+        "/v1/completions",
+        &[host, json, key],
+        body.as_bytes(),
+    ));
+    assert_eq!(r.status, 200);
+    let r =
+        Response::read(server.send_with("POST", "/v1/chat/completions", &[host, json, key], b"{"));
+    assert_eq!(r.status, 400);
+    let scrape = |headers: &[(&str, &str)]| {
+        let r = Response::read(server.send_with("GET", "/metrics", headers, b""));
+        let mut text = String::new();
+        let status = r.status;
+        let mut body = r.body;
+        body.read_to_string(&mut text).unwrap();
+        (status, text)
+    };
+    assert_eq!(scrape(&[host]).0, 401);
+    let (status, text) = scrape(&[host, key]);
+    assert_eq!(status, 200, "{text}");
+    for line in [
+        "gerbil_requests_total{endpoint=\"completion\"} 1",
+        "gerbil_requests_total{endpoint=\"chat\"} 1",
+        "gerbil_request_errors_total{endpoint=\"chat\"} 1",
+        "gerbil_request_errors_total{endpoint=\"completion\"} 0",
+        "gerbil_generated_tokens_total 3",
+        "gerbil_queue_waiting 0",
+        "gerbil_requests_running 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+    }
+    server.interrupt();
+}
+
 /// With `--max-queue 1`, one request waits while another runs and the next
 /// gets 503 with `Retry-After` at once; the waiting one is answered later.
 #[test]

@@ -1,0 +1,192 @@
+//! What `GET /metrics` says, in Prometheus' text format: requests and
+//! errors per endpoint, the queue, the request the model is running,
+//! prompt, cached and generated tokens with the time spent on them, and
+//! the KV cache in use.
+//!
+//! [`Metrics`] is shared by the handlers (requests and their errors) and
+//! the model thread (tokens and times, once per finished or cancelled job,
+//! and the KV cache after it); [`Metrics::render`] writes the exposition.
+//! Every number is a relaxed atomic: a scrape may see one job's tokens
+//! before its seconds, never a torn value. The surprise: token rates are
+//! not exported as gauges — Prometheus derives them from the counters
+//! (`rate(gerbil_generated_tokens_total[1m])`), so they stay right between
+//! scrapes of any period.
+
+use crate::openai::Endpoint;
+use gerbil::GenerationStats;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// The server's counters and gauges.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    requests: [AtomicU64; 2],
+    errors: [AtomicU64; 2],
+    running: AtomicU64,
+    prompt_tokens: AtomicU64,
+    cached_tokens: AtomicU64,
+    generated_tokens: AtomicU64,
+    prefill_micros: AtomicU64,
+    decode_micros: AtomicU64,
+    kv_tokens: AtomicU64,
+}
+
+fn slot(endpoint: Endpoint) -> usize {
+    match endpoint {
+        Endpoint::Chat => 0,
+        Endpoint::Completion => 1,
+    }
+}
+
+impl Metrics {
+    /// A request to `endpoint` arrived.
+    pub fn request(&self, endpoint: Endpoint) {
+        self.requests[slot(endpoint)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// A request to `endpoint` ended in an error object.
+    pub fn error(&self, endpoint: Endpoint) {
+        self.errors[slot(endpoint)].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The model thread started (`true`) or ended (`false`) a job.
+    pub fn running(&self, on: bool) {
+        self.running.store(u64::from(on), Ordering::Relaxed);
+    }
+
+    /// A job's tokens and times, once it ended; `kv_tokens` the cache after it.
+    pub fn finished(&self, stats: &GenerationStats, kv_tokens: usize) {
+        let add = |c: &AtomicU64, v: u64| c.fetch_add(v, Ordering::Relaxed);
+        add(&self.prompt_tokens, stats.prompt_tokens as u64);
+        add(&self.cached_tokens, stats.cached_tokens as u64);
+        add(&self.generated_tokens, stats.generated_tokens as u64);
+        add(&self.prefill_micros, stats.prefill.as_micros() as u64);
+        add(&self.decode_micros, stats.decode.as_micros() as u64);
+        self.kv_tokens.store(kv_tokens as u64, Ordering::Relaxed);
+    }
+
+    /// The exposition, with the queue's `waiting` jobs and the KV cache's
+    /// `capacity` in tokens.
+    pub fn render(&self, waiting: usize, capacity: u64) -> String {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        let mut out = String::new();
+        let mut family = |name: &str, kind: &str, help: &str, samples: &[(String, f64)]| {
+            let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+            for (labels, value) in samples {
+                let _ = writeln!(out, "{name}{labels} {value}");
+            }
+        };
+        let per_endpoint = |c: &[AtomicU64; 2]| {
+            [("chat", 0), ("completion", 1)]
+                .map(|(e, i)| (format!("{{endpoint=\"{e}\"}}"), get(&c[i]) as f64))
+                .to_vec()
+        };
+        let one = |v: f64| vec![(String::new(), v)];
+        family(
+            "gerbil_requests_total",
+            "counter",
+            "Completion requests received.",
+            &per_endpoint(&self.requests),
+        );
+        family(
+            "gerbil_request_errors_total",
+            "counter",
+            "Completion requests answered with an error object.",
+            &per_endpoint(&self.errors),
+        );
+        family(
+            "gerbil_queue_waiting",
+            "gauge",
+            "Requests waiting for the model.",
+            &one(waiting as f64),
+        );
+        family(
+            "gerbil_requests_running",
+            "gauge",
+            "Requests the model is answering (0 or 1).",
+            &one(get(&self.running) as f64),
+        );
+        family(
+            "gerbil_prompt_tokens_total",
+            "counter",
+            "Prompt tokens of finished requests.",
+            &one(get(&self.prompt_tokens) as f64),
+        );
+        family(
+            "gerbil_prompt_cached_tokens_total",
+            "counter",
+            "Of those, tokens the KV cache held already.",
+            &one(get(&self.cached_tokens) as f64),
+        );
+        family(
+            "gerbil_generated_tokens_total",
+            "counter",
+            "Tokens generated.",
+            &one(get(&self.generated_tokens) as f64),
+        );
+        family(
+            "gerbil_prefill_seconds_total",
+            "counter",
+            "Time spent running prompts.",
+            &one(get(&self.prefill_micros) as f64 / 1e6),
+        );
+        family(
+            "gerbil_decode_seconds_total",
+            "counter",
+            "Time spent generating.",
+            &one(get(&self.decode_micros) as f64 / 1e6),
+        );
+        family(
+            "gerbil_kv_cache_tokens",
+            "gauge",
+            "Tokens held in the KV cache after the last request.",
+            &one(get(&self.kv_tokens) as f64),
+        );
+        family(
+            "gerbil_kv_cache_capacity_tokens",
+            "gauge",
+            "Positions the KV cache holds.",
+            &one(capacity as f64),
+        );
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn the_exposition_counts_requests_tokens_and_times() {
+        let m = Metrics::default();
+        m.request(Endpoint::Chat);
+        m.request(Endpoint::Chat);
+        m.request(Endpoint::Completion);
+        m.error(Endpoint::Chat);
+        let stats = GenerationStats {
+            prompt_tokens: 10,
+            cached_tokens: 4,
+            prefill: Duration::from_millis(250),
+            generated_tokens: 7,
+            decode: Duration::from_millis(1500),
+        };
+        m.finished(&stats, 17);
+        let text = m.render(3, 2048);
+        for line in [
+            "gerbil_requests_total{endpoint=\"chat\"} 2",
+            "gerbil_requests_total{endpoint=\"completion\"} 1",
+            "gerbil_request_errors_total{endpoint=\"chat\"} 1",
+            "gerbil_queue_waiting 3",
+            "gerbil_prompt_cached_tokens_total 4",
+            "gerbil_generated_tokens_total 7",
+            "gerbil_prefill_seconds_total 0.25",
+            "gerbil_decode_seconds_total 1.5",
+            "gerbil_kv_cache_tokens 17",
+            "gerbil_kv_cache_capacity_tokens 2048",
+            "# TYPE gerbil_generated_tokens_total counter",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
+        }
+    }
+}
