@@ -12,9 +12,10 @@
 //!    `--cors-origin` (`*`: any), which then gets the CORS headers (and a
 //!    preflight `OPTIONS` its 204); any other origin gets a 403, so a page the
 //!    user visits cannot drive the model.
-//! 3. With an API key, every `/v1` route needs `Authorization: Bearer KEY`
-//!    (compared in constant time), as llama-server and vLLM do; a 401
-//!    otherwise. `/health` stays open for load balancers.
+//! 3. With an API key, every `/v1` route, `/metrics` and `/slots` need
+//!    `Authorization: Bearer KEY` (compared in constant time), as
+//!    llama-server and vLLM do; a 401 otherwise. `/health` stays open for
+//!    load balancers.
 //! 4. A `POST` must say `Content-Type: application/json`: a 415 otherwise,
 //!    which also closes the "simple request" door (`text/plain` and form
 //!    posts, which browsers send cross-origin without a preflight).
@@ -105,13 +106,13 @@ fn refuse(status: StatusCode, message: String) -> Response {
         .into_response()
 }
 
-/// The key check of `/v1` routes and `/metrics` (only `/health` is open).
+/// The key check of `/v1` routes, `/metrics` and `/slots`.
 fn authorized(access: &Access, request: &Request) -> Result<(), ApiError> {
     let Some(key) = &access.api_key else {
         return Ok(());
     };
     let path = request.uri().path();
-    if !path.starts_with("/v1") && path != "/metrics" {
+    if !path.starts_with("/v1") && path != "/metrics" && path != "/slots" {
         return Ok(());
     }
     let given = header_str(request.headers(), header::AUTHORIZATION)

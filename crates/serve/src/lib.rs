@@ -171,6 +171,7 @@ fn router(app: Arc<App>, limits: Arc<Limits>, access: Arc<Access>) -> Router {
     Router::new()
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/metrics", get(metrics_text))
+        .route("/slots", get(slots))
         .route("/v1/models", get(models))
         .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat_completions))
@@ -242,7 +243,7 @@ async fn shutdown_signal(mut signals: Signals, notes: NoteHook, drain: std::time
 
 async fn not_found(method: Method, uri: Uri) -> ApiError {
     ApiError::invalid(
-        format!("no route {method} {uri}; this server has POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{{id}}, GET /metrics and GET /health"),
+        format!("no route {method} {uri}; this server has POST /v1/chat/completions, POST /v1/completions, GET /v1/models, GET /v1/models/{{id}}, GET /metrics, GET /slots and GET /health"),
         None,
     )
     .with_status(StatusCode::NOT_FOUND)
@@ -300,6 +301,19 @@ async fn counted(app: &App, endpoint: Endpoint, body: Bytes) -> Response {
         app.metrics.error(endpoint);
         e.into_response()
     })
+}
+
+/// `GET /slots` (llama-server's name): the model's one sequence slot —
+/// whether it is answering, its context and how much of it the KV cache
+/// holds — and the requests waiting for it.
+async fn slots(State(app): State<Arc<App>>) -> Json<Value> {
+    Json(json!([{
+        "id": 0,
+        "is_processing": app.metrics.is_running(),
+        "n_ctx": app.info.context,
+        "kv_cache_tokens": app.metrics.kv_tokens(),
+        "queue_waiting": app.queue.waiting(),
+    }]))
 }
 
 /// `GET /metrics`: Prometheus' text format ([`metrics`]).

@@ -65,6 +65,16 @@ impl Metrics {
         self.kv_tokens.store(kv_tokens as u64, Ordering::Relaxed);
     }
 
+    /// Whether the model is answering a request now.
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::Relaxed) == 1
+    }
+
+    /// Tokens the KV cache held after the last request.
+    pub fn kv_tokens(&self) -> u64 {
+        self.kv_tokens.load(Ordering::Relaxed)
+    }
+
     /// The exposition, with the queue's `waiting` jobs and the KV cache's
     /// `capacity` in tokens.
     pub fn render(&self, waiting: usize, capacity: u64) -> String {

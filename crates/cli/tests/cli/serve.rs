@@ -906,6 +906,16 @@ fn metrics_count_requests_errors_and_tokens() {
     ] {
         assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
     }
+    // `/slots`: the one slot, idle, its context and cache.
+    let r = Response::read(server.send_with("GET", "/slots", &[host, key], b""));
+    assert_eq!(r.status, 200);
+    let mut text = String::new();
+    let mut body = r.body;
+    body.read_to_string(&mut text).unwrap();
+    let slots: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(slots[0]["is_processing"], false, "{slots}");
+    assert!(slots[0]["kv_cache_tokens"].as_u64().unwrap() > 0, "{slots}");
+    assert!(slots[0]["n_ctx"].as_u64().unwrap() > 0, "{slots}");
     server.interrupt();
 }
 
