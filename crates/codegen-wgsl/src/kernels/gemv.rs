@@ -110,6 +110,33 @@ fn outputs_per_group(s: &MatMulSpec, threads: u32, reduce: Reduce) -> u32 {
     r
 }
 
+/// Every partial sum a GEMV thread reduces, as (reduction slot,
+/// WGSL expression): its `r` sums, with a gated epilogue its `r` up sums,
+/// with a norm prologue its `Σx²` (the last slot); shared with
+/// [`gemv_int8`](super::gemv_int8).
+pub(super) fn partial_sums(r: u32, glu: bool, norm: bool) -> Vec<(u32, String)> {
+    let mut parts: Vec<(u32, String)> = (0..r).map(|i| (i, format!("acc[{i}]"))).collect();
+    if glu {
+        parts.extend((0..r).map(|i| (r + i, format!("up[{i}]"))));
+    }
+    if norm {
+        parts.push((parts.len() as u32, "ssq".to_string()));
+    }
+    parts
+}
+
+/// The declarations of [`partial_sums`]' variables (`R` a module constant).
+pub(super) fn accumulators(glu: bool, norm: bool) -> String {
+    let mut s = "  var acc: array<f32, R>;\n".to_string();
+    if glu {
+        s += "  var up: array<f32, R>;\n";
+    }
+    if norm {
+        s += "  var ssq = 0.0f;\n";
+    }
+    s
+}
+
 /// Declares the operands of a matmul read in chunks of `e` elements (also
 /// the [`gemm`](super::gemm) template's): `x` with its `x_chunk` loader, the
 /// weight ([`bind_weight`]), then what [`bind_after_weight`] binds, the norm
@@ -299,14 +326,7 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce, dots: Dots) -> KernelSource {
             );
         }
     }
-    // Every partial sum as (slot, expression).
-    let mut parts: Vec<(u32, String)> = (0..r).map(|i| (i, format!("acc[{i}]"))).collect();
-    if glu {
-        parts.extend((0..r).map(|i| (r + i, format!("up[{i}]"))));
-    }
-    if norm {
-        parts.push((sq_slot, "ssq".to_string()));
-    }
+    let parts = partial_sums(r, glu, norm);
 
     let (red_len, builtins, reduce_code, total) = match reduce {
         Reduce::Subgroup => {
@@ -407,12 +427,7 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce, dots: Dots) -> KernelSource {
             "  for (var i = 0u; i < ITERS; i = i + 1u) {{\n    let c = tid + i * THREADS;\n    if (c < KC) {{\n  {body}    }}\n  }}\n"
         )
     };
-    let accs = if glu {
-        "  var acc: array<f32, R>;\n  var up: array<f32, R>;\n"
-    } else {
-        "  var acc: array<f32, R>;\n"
-    };
-    let ssq = if norm { "  var ssq = 0.0f;\n" } else { "" };
+    let accs = accumulators(glu, norm);
     let _ = write!(
         w,
         "var<workgroup> red: array<f32, {red_len}>;\n\
@@ -420,7 +435,7 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce, dots: Dots) -> KernelSource {
          fn main(@builtin(local_invocation_index) tid: u32,\n        \
          @builtin(workgroup_id) wid: vec3<u32>{builtins}) {{\n\
          \x20 let n0 = (wid.x + wid.y * GX) * R;\n\
-         \x20 let t = wid.z;\n{accs}{ssq}\
+         \x20 let t = wid.z;\n{accs}\
          {k_loop}\
          {reduce_code}\
          \x20 let n = n0 + tid;\n\

@@ -23,7 +23,7 @@
 //! one partial sum per *segment* of `min(S, TPR)` threads in workgroup
 //! memory; the output threads add their group's segments.
 
-use super::gemv::bind_quantized;
+use super::gemv::{accumulators, bind_quantized, partial_sums};
 use super::linear::{self, name_parts};
 use super::matmul::MatMulSpec;
 use super::{prelude, split_groups, KernelSource};
@@ -158,14 +158,7 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
         stage += "    workgroupBarrier();\n";
     }
 
-    // Every partial sum as (slot, expression).
-    let mut parts: Vec<(u32, String)> = (0..r).map(|i| (i, format!("acc[{i}]"))).collect();
-    if glu {
-        parts.extend((0..r).map(|i| (r + i, format!("up[{i}]"))));
-    }
-    if norm {
-        parts.push((sq_slot, "ssq".to_string()));
-    }
+    let parts = partial_sums(r, glu, norm);
     let mut reduce = "  let seg = min(sg_size, TPR);\n".to_string();
     for (slot, v) in &parts {
         let _ = writeln!(reduce, "  let s{slot} = seg_sum({v}, sg_size);");
@@ -203,14 +196,9 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
         linear::store(s, "t", &format!("sum{scale}"), &format!("upsum{scale}"))
     );
 
-    let accs = if glu {
-        "  var acc: array<f32, R>;\n  var up: array<f32, R>;\n"
-    } else {
-        "  var acc: array<f32, R>;\n"
-    };
-    let mut ssq = if norm { "  var ssq = 0.0f;\n" } else { "" }.to_string();
+    let mut accs = accumulators(glu, norm);
     for i in 0..r {
-        let _ = writeln!(ssq, "  let row{i} = min(n0 + {i}u, N - 1u);");
+        let _ = writeln!(accs, "  let row{i} = min(n0 + {i}u, N - 1u);");
     }
     let _ = write!(
         w,
@@ -235,7 +223,7 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
          \x20 let lin = sg_id * sg_size + sg_lane;\n\
          \x20 let lane = lin % TPR;\n\
          \x20 let n0 = wbase + (lin / TPR) * R;\n\
-         \x20 let t = wid.z;\n{accs}{ssq}\
+         \x20 let t = wid.z;\n{accs}\
          \x20 for (var stage = 0u; stage < {stages}u; stage = stage + 1u) {{\n\
          \x20   let base = stage * KT;\n{stage}  }}\n\
          {reduce}\
