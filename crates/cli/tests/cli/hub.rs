@@ -1071,18 +1071,18 @@ fn a_hostile_hub_gets_clear_errors_and_nothing_leaves_the_cache() {
     let mut corrupt = weights.clone();
     corrupt[weights.len() / 2] ^= 0xff;
     std::fs::write(&blob, &corrupt).unwrap();
-    let before = hub.seen().len();
-    let o = gerbilc(
-        &hub,
-        &home,
-        &[
+    // The model compiled again over `good`, with `env`.
+    let recompile = |env: &[(&str, &str)]| {
+        let args = [
             "compile",
             "test-org/tiny-llama",
             "-o",
             good.to_str().unwrap(),
-        ],
-        &[],
-    );
+        ];
+        gerbilc(&hub, &home, &args, env)
+    };
+    let before = hub.seen().len();
+    let o = recompile(&[]);
     assert_ok(&o);
     assert!(
         stderr(&o).contains("does not match the hub's sha256"),
@@ -1097,17 +1097,7 @@ fn a_hostile_hub_gets_clear_errors_and_nothing_leaves_the_cache() {
     );
     // Offline, a corrupt blob is refused rather than used.
     std::fs::write(&blob, &corrupt).unwrap();
-    let o = gerbilc(
-        &hub,
-        &home,
-        &[
-            "compile",
-            "test-org/tiny-llama",
-            "-o",
-            good.to_str().unwrap(),
-        ],
-        &[("HF_ENDPOINT", UNREACHABLE)],
-    );
+    let o = recompile(&[("HF_ENDPOINT", UNREACHABLE)]);
     assert_fails_with(&o, &["sha256", "model.safetensors"]);
 
     // A link in the snapshot to a file outside the cache: refused.
@@ -1118,17 +1108,7 @@ fn a_hostile_hub_gets_clear_errors_and_nothing_leaves_the_cache() {
         .join("snapshots")
         .join(MAIN_SHA);
     std::os::unix::fs::symlink(&outside, snapshot.join("tokenizer.json")).unwrap();
-    let o = gerbilc(
-        &hub,
-        &home,
-        &[
-            "compile",
-            "test-org/tiny-llama",
-            "-o",
-            good.to_str().unwrap(),
-        ],
-        &[],
-    );
+    let o = recompile(&[]);
     assert_fails_with(&o, &["tokenizer.json", "outside the cache"]);
 }
 

@@ -116,8 +116,7 @@ impl Server {
     /// A whole response: status and JSON body.
     fn request(&self, method: &str, path: &str, body: &[u8]) -> (u16, Value) {
         let mut r = Response::read(self.send(method, path, body));
-        let mut text = String::new();
-        r.body.read_to_string(&mut text).unwrap();
+        let text = r.text();
         let json = serde_json::from_str(&text)
             .unwrap_or_else(|e| panic!("{method} {path}: not JSON ({e}): {text:?}"));
         (r.status, json)
@@ -196,6 +195,13 @@ impl Response {
             headers,
             body,
         }
+    }
+
+    /// The rest of the body as text.
+    fn text(&mut self) -> String {
+        let mut text = String::new();
+        self.body.read_to_string(&mut text).unwrap();
+        text
     }
 
     fn header(&self, name: &str) -> Option<String> {
@@ -553,8 +559,7 @@ fn keys_hosts_origins_and_content_types_are_checked() {
     let call = |headers: &[(&str, &str)]| {
         let mut r =
             Response::read(server.send_with("POST", "/v1/completions", headers, body.as_bytes()));
-        let mut text = String::new();
-        r.body.read_to_string(&mut text).unwrap();
+        let text = r.text();
         (r.status, r.header("access-control-allow-origin"), text)
     };
     let (host, json) = (
@@ -700,12 +705,10 @@ fn slow_idle_and_surplus_connections_are_closed_while_others_are_served() {
     // A third connection, idle, fills the cap; a fourth is refused at once.
     let mut idle = connect();
     std::thread::sleep(Duration::from_millis(300));
-    let refused = Response::read(connect());
+    let mut refused = Response::read(connect());
     assert_eq!(refused.status, 503, "{}", server.log());
     assert_eq!(refused.header("retry-after").as_deref(), Some("1"));
-    let mut text = String::new();
-    let mut body = refused.body;
-    body.read_to_string(&mut text).unwrap();
+    let text = refused.text();
     assert!(text.contains("--max-connections"), "{text}");
     assert!(
         start.elapsed() < Duration::from_secs(3),
@@ -885,12 +888,8 @@ fn metrics_count_requests_errors_and_tokens() {
         Response::read(server.send_with("POST", "/v1/chat/completions", &[host, json, key], b"{"));
     assert_eq!(r.status, 400);
     let scrape = |headers: &[(&str, &str)]| {
-        let r = Response::read(server.send_with("GET", "/metrics", headers, b""));
-        let mut text = String::new();
-        let status = r.status;
-        let mut body = r.body;
-        body.read_to_string(&mut text).unwrap();
-        (status, text)
+        let mut r = Response::read(server.send_with("GET", "/metrics", headers, b""));
+        (r.status, r.text())
     };
     assert_eq!(scrape(&[host]).0, 401);
     let (status, text) = scrape(&[host, key]);
@@ -907,12 +906,9 @@ fn metrics_count_requests_errors_and_tokens() {
         assert!(text.lines().any(|l| l == line), "{line} in\n{text}");
     }
     // `/slots`: the one slot, idle, its context and cache.
-    let r = Response::read(server.send_with("GET", "/slots", &[host, key], b""));
+    let mut r = Response::read(server.send_with("GET", "/slots", &[host, key], b""));
     assert_eq!(r.status, 200);
-    let mut text = String::new();
-    let mut body = r.body;
-    body.read_to_string(&mut text).unwrap();
-    let slots: Value = serde_json::from_str(&text).unwrap();
+    let slots: Value = serde_json::from_str(&r.text()).unwrap();
     assert_eq!(slots[0]["is_processing"], false, "{slots}");
     assert!(slots[0]["kv_cache_tokens"].as_u64().unwrap() > 0, "{slots}");
     assert!(slots[0]["n_ctx"].as_u64().unwrap() > 0, "{slots}");
@@ -940,16 +936,14 @@ fn a_full_queue_answers_503_with_retry_after() {
         })
     };
     std::thread::sleep(Duration::from_millis(800));
-    let r = Response::read(server.send(
+    let mut r = Response::read(server.send(
         "POST",
         "/v1/completions",
         greedy_completion("and me", 3, false).to_string().as_bytes(),
     ));
     assert_eq!(r.status, 503, "{}", server.log());
     assert_eq!(r.header("retry-after").as_deref(), Some("1"));
-    let mut text = String::new();
-    let mut body = r.body;
-    body.read_to_string(&mut text).unwrap();
+    let text = r.text();
     assert!(text.contains("--max-queue"), "{text}");
     while busy.next_data().is_some_and(|d| d != "[DONE]") {}
     let (s, v) = waiting.join().unwrap();
