@@ -172,13 +172,17 @@ fn chat_on_a_terminal_stops_an_answer_on_ctrl_c_and_goes_on() {
         .unwrap();
     assert!(full >= 300, "the greedy answer has only {full} tokens");
 
+    // `exec`: no shell stays between the terminal and gerbil-run, since a
+    // shell that does not exec its last command would die of the first
+    // Ctrl-C (and `script -e` would report 130).
     let line = format!(
-        "'{}' '{plan}' chat {}",
+        "exec '{}' '{plan}' chat {}",
         env!("CARGO_BIN_EXE_gerbil-run"),
         flags.join(" ")
     );
     let mut child = Command::new("script")
         .args(["-qec", &line, "/dev/null"])
+        .env("SHELL", "/bin/sh")
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
