@@ -37,6 +37,7 @@ mod sandbox;
 mod stop;
 mod stream;
 mod template;
+mod token_bytes;
 
 #[cfg(test)]
 mod tests;
@@ -50,6 +51,7 @@ pub use sandbox::{serve_child, TemplateSandbox, CHILD_ARG, CHILD_ENV};
 pub use stop::StopText;
 pub use stream::{StreamDecoder, StreamState};
 use template::ChatTemplate;
+pub use token_bytes::TokenBytes;
 
 /// Everything that can go wrong turning text into ids and back.
 #[derive(Debug, thiserror::Error)]

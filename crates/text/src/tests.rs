@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value as Json;
 
-use super::{ChatMessage, TextCodec, TextError};
+use super::{ChatMessage, TextCodec, TextError, TokenBytes};
 
 const DATA: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../tests/data");
 
@@ -117,7 +117,32 @@ fn check_tokenizer_ref(codec: &TextCodec, rel: &str) {
         let want: Vec<&str> = case["tokens"].as_array().unwrap().iter().map(s).collect();
         assert_eq!(tokens, want, "tokens of {text:?}");
         check_stream(codec, &[], &plain);
+        check_token_bytes(codec, &plain, s(&case["decoded_skip_special"]));
     }
+}
+
+/// The bytes of `ids` (special tokens left out), joined, are the text they
+/// decode to: what a grammar sees is what the user gets. A SentencePiece
+/// decoder drops the space that begins the text (`Strip`), so only the
+/// ends are compared there.
+fn check_token_bytes(codec: &TextCodec, ids: &[u32], decoded: &str) {
+    let table = codec.token_bytes();
+    assert_eq!(table.len(), codec.vocab_size());
+    let mut bytes = Vec::new();
+    for &id in ids {
+        match &table[id as usize] {
+            TokenBytes::Text(b) => bytes.extend_from_slice(b),
+            TokenBytes::Special(content) => {
+                assert_eq!(codec.id_to_token(id).as_deref(), Some(content.as_str()))
+            }
+            TokenBytes::Unused => panic!("id {id} of an encoding is unused"),
+        }
+    }
+    let text = String::from_utf8(bytes).expect("whole tokens are whole characters");
+    assert!(
+        text == decoded || text.strip_prefix(' ') == Some(decoded),
+        "{text:?} against {decoded:?}"
+    );
 }
 
 /// Prompts of a `real-ref-v1` file: chat prompts through the template, raw text through the
