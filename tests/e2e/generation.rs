@@ -4,7 +4,7 @@
 //! checkpoint's `generation_config.json` settings carried into the plan (or
 //! refused, naming the key).
 
-use gerbil::{GenerationSettings, Model, ModelOptions};
+use gerbil::{GenerationSettings, Model, ModelOptions, TokenConstraint};
 use gerbil_compiler::Checkpoint;
 use gerbil_e2e::*;
 use gerbil_plan::{GenerationDefaults, PlanFile};
@@ -144,6 +144,126 @@ fn generate_applies_penalties_like_the_reference() {
             "{p:?}"
         );
     }
+}
+
+/// Allows only ids that are multiples of `step`, and is complete after
+/// `len` tokens; records what it was told.
+struct EveryNth {
+    step: u32,
+    len: usize,
+    seen: std::sync::Arc<std::sync::Mutex<Vec<u32>>>,
+}
+
+impl TokenConstraint for EveryNth {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        for (id, l) in logits.iter_mut().enumerate() {
+            if id as u32 % self.step != 0 {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+    fn accept(&mut self, token: u32) -> Result<(), String> {
+        if token % self.step != 0 {
+            return Err(format!("{token} was not allowed"));
+        }
+        self.seen.lock().unwrap().push(token);
+        Ok(())
+    }
+    fn is_complete(&self) -> bool {
+        self.seen.lock().unwrap().len() >= self.len
+    }
+}
+
+/// A constrained generation chooses, step by step, what the reference
+/// chooses from the masked logits (greedy and sampled), tells the
+/// constraint every token, and ends with `stop` when the constraint is
+/// complete; a constraint that fails ends it with the constraint's error.
+#[test]
+fn a_constraint_masks_every_step_and_ends_the_generation() {
+    let _gpu = gpu_lock();
+    let plan_path = compile_plan(&tiny_model("llama"), |_| {});
+    let plan = PlanFile::open(&plan_path).expect("plan");
+    let mut model = block_on(Model::load(&plan, &ModelOptions::default())).expect("model");
+    let prompt = tiny_ref("llama").cases[0].input_ids.clone();
+    for sampling in [
+        SamplingParams::default(),
+        SamplingParams {
+            temperature: 0.9,
+            seed: 5,
+            ..SamplingParams::default()
+        },
+    ] {
+        let len = 10;
+        let seen = std::sync::Arc::default();
+        model.clear_cache();
+        let settings = GenerationSettings {
+            max_new_tokens: 50,
+            sampling,
+            ignore_eos: true,
+            ..GenerationSettings::default()
+        };
+        let mut g = model.generate(&prompt, &settings).expect("generate");
+        let c = EveryNth {
+            step: 3,
+            len,
+            seen: std::sync::Arc::clone(&seen),
+        };
+        g.constrain(Box::new(c)).expect("before the first token");
+        let mut tokens = Vec::new();
+        while let Some(piece) = block_on(g.next()) {
+            tokens.push(piece.expect("a token").token);
+        }
+        assert_eq!(g.finish_reason(), Some(gerbil::FinishReason::Stop));
+        drop(g);
+        assert_eq!(tokens.len(), len);
+        assert_eq!(*seen.lock().unwrap(), tokens);
+
+        // The reference: masked logits, one step at a time.
+        let sampler = Sampler::new(sampling).expect("sampler");
+        let session = model.session_mut();
+        session.reset();
+        let mut logits = block_on(session.forward(&prompt)).expect("prefill");
+        let mut want = Vec::new();
+        while want.len() < len {
+            for (id, l) in logits.iter_mut().enumerate() {
+                if id % 3 != 0 {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+            let token = if sampling.is_greedy() {
+                argmax(&logits)
+            } else {
+                sampler.sample(&logits, session.position() as u32 - 1)
+            };
+            want.push(token);
+            logits = block_on(session.forward(&[token])).expect("decode step");
+        }
+        assert_eq!(tokens, want, "{sampling:?}");
+    }
+
+    // A constraint's error ends the generation with that error.
+    struct Refuses;
+    impl TokenConstraint for Refuses {
+        fn mask(&mut self, _: &mut [f32]) -> Result<(), String> {
+            Err("the grammar broke".into())
+        }
+        fn accept(&mut self, _: u32) -> Result<(), String> {
+            Ok(())
+        }
+        fn is_complete(&self) -> bool {
+            false
+        }
+    }
+    model.clear_cache();
+    let mut g = model
+        .generate(&prompt, &GenerationSettings::default())
+        .expect("generate");
+    g.constrain(Box::new(Refuses))
+        .expect("before the first token");
+    let err = block_on(g.next()).expect("an item").unwrap_err();
+    assert!(err.to_string().contains("the grammar broke"), "{err}");
+    assert!(block_on(g.next()).is_none());
 }
 
 /// A copy of the tiny Llama checkpoint whose `generation_config.json` is

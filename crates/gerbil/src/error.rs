@@ -21,6 +21,9 @@ pub enum Error {
     /// Text in or out, but the plan has no tokenizer.
     #[error("this plan has no tokenizer (the checkpoint had no tokenizer.json): pass token ids (--input-ids) instead of text")]
     NoTokenizer,
+    /// A [`crate::TokenConstraint`] failed, or left no token to choose.
+    #[error("constrained generation failed: {0}")]
+    Constraint(String),
     /// Text in or out, but the plan's tokenizer or chat template does not load.
     #[error("{0}; this plan still runs on token ids (--input-ids), or recompile it from a checkpoint with a working tokenizer")]
     TextUnavailable(String),

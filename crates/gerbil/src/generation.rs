@@ -23,6 +23,7 @@
 //! holding NaN/Inf, and afterwards relies on `sample_token`, which never
 //! picks a NaN (a row that is NaN throughout mid-generation is not detected).
 
+use crate::constraint::TokenConstraint;
 use crate::error::Error;
 use crate::model::Model;
 use gerbil_runtime::sampling::{top_logits, Sampler, SamplingParams, TokenHistory};
@@ -181,6 +182,7 @@ pub struct Generation<'m> {
     cancel: CancelToken,
     stats: GenerationStats,
     clock: Clock,
+    constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 impl<'m> Generation<'m> {
@@ -243,8 +245,21 @@ impl<'m> Generation<'m> {
                 ..GenerationStats::default()
             },
             clock: Clock::start(),
+            constraint: None,
             model,
         })
+    }
+
+    /// Chooses every token under `constraint` (see [`crate::constraint`]);
+    /// only before the first token.
+    pub fn constrain(&mut self, constraint: Box<dyn TokenConstraint>) -> Result<(), Error> {
+        if !matches!(self.source, Source::Pending) {
+            return Err(Error::Constraint(
+                "a constraint must be set before the first token".into(),
+            ));
+        }
+        self.constraint = Some(constraint);
+        Ok(())
     }
 
     /// The next token, or `None` once the generation has ended (then
@@ -311,7 +326,8 @@ impl<'m> Generation<'m> {
         self.stats.generated_tokens = self.output.len();
         self.stats.decode = self.clock.elapsed().saturating_sub(self.stats.prefill);
         let mut text = String::new();
-        let mut stopped = self.eos.contains(&token);
+        let mut stopped =
+            self.eos.contains(&token) || self.constraint.as_ref().is_some_and(|c| c.is_complete());
         if let Some((codec, state)) = &mut self.text {
             let mut piece = state.push(codec, token)?;
             if stopped || self.output.len() >= self.limit {
@@ -343,6 +359,7 @@ impl<'m> Generation<'m> {
         let rest = &self.prompt[keep..];
         let session = &mut self.model.session;
         let on_gpu = self.settings.top_logits.is_none()
+            && self.constraint.is_none()
             && session.can_sample_on_gpu(&self.settings.sampling);
         self.source = if on_gpu {
             session.set_sampling(&self.settings.sampling);
@@ -398,9 +415,20 @@ impl<'m> Generation<'m> {
                     self.output.len() + 1,
                     session.position().saturating_sub(1),
                 )?;
+                if let Some(c) = &mut self.constraint {
+                    c.mask(logits).map_err(Error::Constraint)?;
+                    if logits.iter().all(|&l| l == f32::NEG_INFINITY) {
+                        return Err(Error::Constraint(
+                            "the constraint allows no token here".into(),
+                        ));
+                    }
+                }
                 let position =
                     u32::try_from(session.position().saturating_sub(1)).unwrap_or(u32::MAX);
                 let token = self.sampler.sample_with_history(logits, position, history);
+                if let Some(c) = &mut self.constraint {
+                    c.accept(token).map_err(Error::Constraint)?;
+                }
                 history.push_generated(token);
                 *feed = Some(token);
                 let top = self.settings.top_logits.map(|k| top_logits(logits, k));

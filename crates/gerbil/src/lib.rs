@@ -25,12 +25,14 @@
 #![warn(missing_docs)]
 
 pub mod chat;
+pub mod constraint;
 pub mod error;
 pub mod generation;
 pub mod model;
 pub mod settings;
 
 pub use chat::{Chat, ChatReply};
+pub use constraint::TokenConstraint;
 pub use error::Error;
 pub use generation::{
     CancelToken, FinishReason, Generation, GenerationSettings, GenerationStats, Piece,
