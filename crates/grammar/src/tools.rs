@@ -1,0 +1,1 @@
+//! Tool calls in a model's own format.
