@@ -140,6 +140,18 @@ impl Model {
         Ok(self.text_codec()?.encode_chat(messages, true)?)
     }
 
+    /// [`Model::encode_chat`] with the template's `tools` (OpenAI function
+    /// definitions; `None`: no tools).
+    pub fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+    ) -> Result<Vec<u32>, Error> {
+        Ok(self
+            .text_codec()?
+            .encode_chat_with_tools(messages, tools, true)?)
+    }
+
     fn text_codec(&self) -> Result<&TextCodec, Error> {
         match (&self.codec, &self.codec_error) {
             (Some(codec), _) => Ok(codec),

@@ -263,18 +263,36 @@ impl TextCodec {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<String, TextError> {
+        self.apply_chat_template_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`Self::apply_chat_template`] with `tools=` (a JSON list of OpenAI
+    /// function definitions, as transformers passes them): templates that know
+    /// tools (Qwen's, Llama 3's) describe them to the model; others ignore them.
+    pub fn apply_chat_template_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<String, TextError> {
         let template = self.template.as_ref().ok_or(TextError::NoChatTemplate)?;
         let (bos_token, eos_token) = (self.bos_token.as_deref(), self.eos_token.as_deref());
         match &self.sandbox {
             Some(sandbox) => sandbox.render(&sandbox::RenderRequest {
                 template: template.source().into(),
                 messages: messages.into(),
+                tools: tools.map(std::borrow::Cow::Borrowed),
                 add_generation_prompt,
                 bos_token: bos_token.map(Into::into),
                 eos_token: eos_token.map(Into::into),
             }),
-            None => template.render(messages, add_generation_prompt, bos_token, eos_token),
+            None => template.render(messages, tools, add_generation_prompt, bos_token, eos_token),
         }
+    }
+
+    /// The chat template's Jinja source, if the model ships one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.template.as_ref().map(ChatTemplate::source)
     }
 
     /// `tokenizer.apply_chat_template(messages, tokenize=True, ...)`: the rendered text,
@@ -284,7 +302,17 @@ impl TextCodec {
         messages: &[ChatMessage],
         add_generation_prompt: bool,
     ) -> Result<Vec<u32>, TextError> {
-        let text = self.apply_chat_template(messages, add_generation_prompt)?;
+        self.encode_chat_with_tools(messages, None, add_generation_prompt)
+    }
+
+    /// [`Self::encode_chat`] with `tools=` (see [`Self::apply_chat_template_with_tools`]).
+    pub fn encode_chat_with_tools(
+        &self,
+        messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
+        add_generation_prompt: bool,
+    ) -> Result<Vec<u32>, TextError> {
+        let text = self.apply_chat_template_with_tools(messages, tools, add_generation_prompt)?;
         self.encode_plain(&text, false)
     }
 

@@ -107,6 +107,7 @@ impl TemplateSandbox {
 pub(super) struct RenderRequest<'a> {
     pub template: Cow<'a, str>,
     pub messages: Cow<'a, [ChatMessage]>,
+    pub tools: Option<Cow<'a, serde_json::Value>>,
     pub add_generation_prompt: bool,
     pub bos_token: Option<Cow<'a, str>>,
     pub eos_token: Option<Cow<'a, str>>,
@@ -209,6 +210,7 @@ fn child(limits: &str) -> Result<(), String> {
         ChatTemplate::new(request.template.into_owned()).and_then(|t| {
             t.render(
                 &request.messages,
+                request.tools.as_deref(),
                 request.add_generation_prompt,
                 request.bos_token.as_deref(),
                 request.eos_token.as_deref(),

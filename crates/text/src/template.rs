@@ -111,6 +111,7 @@ impl ChatTemplate {
     pub(super) fn render(
         &self,
         messages: &[ChatMessage],
+        tools: Option<&serde_json::Value>,
         add_generation_prompt: bool,
         bos_token: Option<&str>,
         eos_token: Option<&str>,
@@ -121,6 +122,7 @@ impl ChatTemplate {
             .map_err(|source| TextError::TemplateRender { source })?;
         let ctx = minijinja::context! {
             messages => Value::from_serialize(messages),
+            tools => tools.map(Value::from_serialize),
             add_generation_prompt => add_generation_prompt,
             bos_token => bos_token,
             eos_token => eos_token,
@@ -451,7 +453,10 @@ mod tests {
     fn hostile(src: &str) -> String {
         let start = std::time::Instant::now();
         let t = ChatTemplate::new(src.to_owned()).unwrap();
-        let err = t.render(&[], true, None, None).unwrap_err().to_string();
+        let err = t
+            .render(&[], None, true, None, None)
+            .unwrap_err()
+            .to_string();
         assert!(
             start.elapsed() < std::time::Duration::from_secs(20),
             "{src}: took {:?}",
@@ -518,7 +523,7 @@ mod tests {
                 content: format!("message {i}"),
             })
             .collect();
-        let out = t.render(&messages, true, None, None).unwrap();
+        let out = t.render(&messages, None, true, None, None).unwrap();
         assert!(
             out.ends_with("<|user|>\"message 1999\"\n"),
             "{}",

@@ -364,3 +364,27 @@ fn errors_are_reported_not_panicked() {
     // ids outside the vocabulary are dropped, as in Python
     assert_eq!(bare.decode(&[19556, u32::MAX], false).unwrap(), "Hello");
 }
+
+#[test]
+fn tools_reach_the_template_and_their_absence_is_falsy() {
+    let src =
+        "{% if tools %}tools:{% for t in tools %} {{ t.function.name }}{% endfor %};{% endif %}\
+               {% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}";
+    let codec = smollm2().with_chat_template(src).unwrap();
+    let messages = [ChatMessage::new("user", "hi")];
+    let tools = serde_json::json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": {}}},
+        {"type": "function", "function": {"name": "add", "parameters": {}}}
+    ]);
+    assert_eq!(
+        codec
+            .apply_chat_template_with_tools(&messages, Some(&tools), false)
+            .unwrap(),
+        "tools: get_weather add;user: hi\n"
+    );
+    assert_eq!(
+        codec.apply_chat_template(&messages, false).unwrap(),
+        "user: hi\n"
+    );
+    assert_eq!(codec.chat_template(), Some(src));
+}
