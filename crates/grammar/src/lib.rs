@@ -93,6 +93,53 @@ pub(crate) fn with_layout(mut schema: Value) -> Value {
     schema
 }
 
+/// `value` as JSON on one line with one space after `:` and `,`: the layout
+/// of constrained JSON (see the crate docs).
+pub fn one_line_json(value: &Value) -> String {
+    let mut out = Vec::new();
+    let mut ser = serde_json::Serializer::with_formatter(&mut out, OneLine);
+    match serde::Serialize::serialize(value, &mut ser) {
+        Ok(()) => String::from_utf8(out).unwrap_or_default(),
+        Err(_) => value.to_string(),
+    }
+}
+
+/// serde_json's compact layout with a space after `:` and `,`.
+struct OneLine;
+
+impl serde_json::ser::Formatter for OneLine {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            writer.write_all(b", ")
+        }
+    }
+
+    fn begin_object_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        writer: &mut W,
+    ) -> std::io::Result<()> {
+        writer.write_all(b": ")
+    }
+}
+
 /// A model's grammar compiler: see the [crate docs](crate).
 pub struct Grammars {
     factory: ParserFactory,

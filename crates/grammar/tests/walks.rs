@@ -6,6 +6,7 @@
 //! constraint ends the walk by itself.
 
 use gerbil::{TextCodec, TokenConstraint};
+use gerbil_grammar::tools::{Tool, ToolCall, ToolChoice, ToolFormat};
 use gerbil_grammar::{Grammar, GrammarError, Grammars};
 use gerbil_text::TokenBytes;
 use proptest::prelude::*;
@@ -170,4 +171,144 @@ fn a_vocabulary_wider_than_the_tokenizer_and_one_without_an_end() {
         Grammars::for_vocabulary(codec(), 100, &[EOS]),
         Err(GrammarError::Vocabulary(_))
     ));
+}
+
+fn weather_tools() -> Vec<Tool> {
+    vec![
+        Tool {
+            name: "get_weather".into(),
+            description: Some("The weather in a city".into()),
+            parameters: json!({"type": "object", "properties": {
+                "city": {"type": "string", "maxLength": 6},
+                "unit": {"enum": ["celsius", "fahrenheit"]}},
+                "required": ["city", "unit"], "additionalProperties": false}),
+        },
+        Tool {
+            name: "add".into(),
+            description: None,
+            parameters: json!({"type": "object", "properties": {
+                "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+                "required": ["a", "b"], "additionalProperties": false}),
+        },
+    ]
+}
+
+/// Whether `call` names one of `tools` with arguments valid against its schema.
+fn valid_call(tools: &[Tool], call: &ToolCall) -> bool {
+    let Some(tool) = tools.iter().find(|t| t.name == call.name) else {
+        return false;
+    };
+    let args: Value = serde_json::from_str(&call.arguments).expect("arguments parse");
+    jsonschema::validator_for(&tool.parameters)
+        .expect("schema")
+        .is_valid(&args)
+}
+
+/// Under `required` or a named choice, every walk is one or more whole,
+/// valid calls, read back by `parse` with nothing left over; rendering the
+/// calls gives the text again.
+#[test]
+fn required_and_named_tool_calls_are_whole_valid_calls() {
+    let tools = weather_tools();
+    for format in [ToolFormat::Hermes, ToolFormat::Llama3] {
+        for (choice, parallel) in [
+            (ToolChoice::Required, true),
+            (ToolChoice::Required, false),
+            (ToolChoice::Named("add".into()), true),
+        ] {
+            let grammar = format.grammar(&tools, &choice, parallel, None).unwrap();
+            for seed in 0..6 {
+                let (text, complete) = walk(&grammar, seed, 300);
+                assert!(complete, "{format:?} {choice:?}: {text}");
+                let out = format.parse(&text);
+                assert_eq!(out.content, "", "{text}");
+                assert!(!out.calls.is_empty(), "{text}");
+                assert!(parallel || out.calls.len() == 1, "{text}");
+                for call in &out.calls {
+                    assert!(valid_call(&tools, call), "{call:?} in {text}");
+                    if let ToolChoice::Named(n) = &choice {
+                        assert_eq!(&call.name, n);
+                    }
+                }
+                assert_eq!(format.render(&out.calls), text);
+            }
+        }
+    }
+}
+
+/// Under `auto`, a walk is text that never begins like a call, or calls;
+/// with a response format, the text is JSON of that format.
+#[test]
+fn auto_tool_choice_gives_text_or_calls() {
+    let tools = weather_tools();
+    let format = ToolFormat::Hermes;
+    let grammar = format
+        .grammar(&tools, &ToolChoice::Auto, true, None)
+        .unwrap();
+    for seed in 0..12 {
+        let (text, _) = walk(&grammar, seed, 40);
+        let out = format.parse(&text);
+        if text.starts_with("<tool_call>") {
+            assert!(out.content.is_empty() || !out.calls.is_empty(), "{text}");
+        } else {
+            assert!(!text.starts_with(char::is_whitespace), "{text:?}");
+        }
+    }
+    let schema = json!({"type": "object", "properties": {"answer": {"enum": ["yes", "no"]}},
+                        "required": ["answer"], "additionalProperties": false});
+    let with_format = format
+        .grammar(
+            &tools,
+            &ToolChoice::Auto,
+            false,
+            Some(&Grammar::JsonSchema(schema)),
+        )
+        .unwrap();
+    for seed in 0..8 {
+        let (text, complete) = walk(&with_format, seed, 300);
+        assert!(complete, "{text}");
+        let out = format.parse(&text);
+        if out.calls.is_empty() {
+            let v: Value = serde_json::from_str(&text).expect("JSON answer");
+            assert!(v["answer"] == "yes" || v["answer"] == "no", "{text}");
+        } else {
+            assert!(out.calls.iter().all(|c| valid_call(&tools, c)), "{text}");
+        }
+    }
+}
+
+#[test]
+fn formats_follow_the_template_and_parse_leaves_non_calls_as_content() {
+    assert_eq!(
+        ToolFormat::for_template(Some("{{ '<tool_call>' }}")),
+        (ToolFormat::Hermes, true)
+    );
+    assert_eq!(
+        ToolFormat::for_template(Some("<|python_tag|>")),
+        (ToolFormat::Llama3, true)
+    );
+    assert_eq!(ToolFormat::for_template(None), (ToolFormat::Hermes, false));
+    let out = ToolFormat::Hermes.parse(
+        "Let me see. <tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": 1, \"b\": 2}}\n</tool_call> \
+         <tool_call>not json</tool_call>",
+    );
+    assert_eq!(
+        out.calls,
+        vec![ToolCall {
+            name: "add".into(),
+            arguments: "{\"a\":1,\"b\":2}".into()
+        }]
+    );
+    assert_eq!(out.content, "Let me see.  <tool_call>not json</tool_call>");
+    let prompt = ToolFormat::Hermes.system_prompt(&weather_tools());
+    assert!(prompt.contains("\"get_weather\"") && prompt.contains("<tool_call>"));
+    assert!(ToolFormat::Hermes
+        .grammar(
+            &weather_tools(),
+            &ToolChoice::Named("nope".into()),
+            true,
+            None
+        )
+        .is_err());
 }
