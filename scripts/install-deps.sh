@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what gerbil's tests need besides Rust; safe to run again (does nothing when all is there).
 #  - a Vulkan driver: with no ICD registered, Mesa's (lavapipe runs the GPU tests on the CPU);
-#  - numpy and gguf==0.19.0 for scripts/build-fixtures.py;
+#  - numpy and gguf==0.19.0 for scripts/build-fixtures.py, and the OpenAI client (openai,
+#    pydantic) that tests drive the server with (scripts/openai-parse-check.py);
 #  - the wasm32-unknown-unknown Rust target, to check that the runtime builds for the browser.
 set -euo pipefail
 
@@ -47,7 +48,7 @@ else
     log "the wasm check will fail, the other checks still run"
 fi
 
-# --- Python packages for the fixture builder --------------------------------------------
+# --- Python packages: the fixture builder's, and the OpenAI client the server tests drive ---
 if ! command -v python3 >/dev/null; then
     log "python3 not found; install Python >= 3.10"
     exit 1
@@ -55,16 +56,16 @@ fi
 if python3 - <<'PY'
 import sys
 from importlib.metadata import version
-import numpy, gguf  # noqa: F401
-sys.exit(0 if version("gguf") == "0.19.0" else 1)
+import numpy, gguf, openai, pydantic  # noqa: F401
+sys.exit(0 if version("gguf") == "0.19.0" and version("openai") == "3.57.0" else 1)
 PY
 then
-    log "Python: numpy and gguf 0.19.0 importable"
+    log "Python: numpy, gguf 0.19.0, openai and pydantic importable"
 else
     user="--user"
     if python3 -c 'import sys; sys.exit(sys.prefix == sys.base_prefix)'; then
         user=""  # inside a virtualenv pip refuses --user
     fi
-    log "Python: pip install $user numpy gguf==0.19.0"
-    python3 -m pip install $user --quiet numpy gguf==0.19.0
+    log "Python: pip install $user numpy gguf==0.19.0 openai==3.57.0 pydantic==2.13.4"
+    python3 -m pip install $user --quiet numpy gguf==0.19.0 openai==3.57.0 pydantic==2.13.4
 fi

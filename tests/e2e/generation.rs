@@ -157,14 +157,14 @@ struct EveryNth {
 impl TokenConstraint for EveryNth {
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
         for (id, l) in logits.iter_mut().enumerate() {
-            if id as u32 % self.step != 0 {
+            if !(id as u32).is_multiple_of(self.step) {
                 *l = f32::NEG_INFINITY;
             }
         }
         Ok(())
     }
     fn accept(&mut self, token: u32) -> Result<(), String> {
-        if token % self.step != 0 {
+        if !token.is_multiple_of(self.step) {
             return Err(format!("{token} was not allowed"));
         }
         self.seen.lock().unwrap().push(token);
@@ -227,7 +227,7 @@ fn a_constraint_masks_every_step_and_ends_the_generation() {
         let mut want = Vec::new();
         while want.len() < len {
             for (id, l) in logits.iter_mut().enumerate() {
-                if id % 3 != 0 {
+                if !id.is_multiple_of(3) {
                     *l = f32::NEG_INFINITY;
                 }
             }

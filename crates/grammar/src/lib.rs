@@ -146,6 +146,14 @@ pub struct Grammars {
     eos: Vec<u32>,
 }
 
+impl std::fmt::Debug for Grammars {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Grammars")
+            .field("eos", &self.eos)
+            .finish_non_exhaustive()
+    }
+}
+
 impl Grammars {
     /// The compiler for `model`'s vocabulary and end-of-sequence ids.
     pub fn new(model: &gerbil::Model) -> Result<Grammars, GrammarError> {

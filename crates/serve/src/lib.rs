@@ -31,6 +31,7 @@ pub mod guard;
 pub mod limits;
 pub mod metrics;
 pub mod openai;
+pub mod structured;
 pub mod worker;
 
 use anyhow::{Context, Result};
@@ -43,6 +44,8 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::stream::{self, Stream, StreamExt};
 use gerbil::{Error as ModelError, ModelOptions, RuntimeError};
+use gerbil_grammar::tools::ToolFormat;
+use gerbil_grammar::GrammarConstraint;
 pub use guard::Access;
 pub use limits::Limits;
 use openai::{parse_request, ApiError, ChunkPiece, Endpoint, Envelope, PromptInput, Request};
@@ -50,6 +53,7 @@ use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::path::Path;
 use std::sync::Arc;
+use structured::{call_id, Structured, ToolStream};
 use tokio::sync::mpsc::UnboundedReceiver;
 use worker::{Event, ModelInfo, Queue, Submit, Worker};
 
@@ -332,21 +336,32 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Response {
 /// Both completion endpoints: parse, queue, then answer whole or streamed.
 async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response, ApiError> {
     let request: Request = parse_request(&body)?;
-    let prompt = match endpoint {
-        Endpoint::Chat => request.chat_prompt()?,
+    let style = app.info.tool_style;
+    let form = Structured::of(&request, endpoint, &style)?;
+    let mut prompt = match endpoint {
+        Endpoint::Chat => request.chat_prompt(&style)?,
         Endpoint::Completion => request.completion_prompt()?,
     };
+    let mut template_tools = None;
+    if let (Some(tools), PromptInput::Chat(messages)) = (&form.tools, &mut prompt) {
+        structured::describe_tools(messages, &style, &tools.tools);
+        template_tools = style.native.then(|| tools.definitions.clone());
+    }
     let settings = request.settings(&app.info.defaults, rand::random())?;
-    let prompt = tokenize(app, prompt, endpoint).await?;
-    let mut events = app.queue.submit(prompt, settings).map_err(|e| match e {
-        Submit::Full(max) => ApiError::server(format!(
-            "the server is busy: {max} requests already wait for the model; try again shortly \
+    let constraint = constrain(app, &form).await?;
+    let prompt = tokenize(app, prompt, template_tools, endpoint).await?;
+    let mut events = app
+        .queue
+        .submit(prompt, settings, constraint)
+        .map_err(|e| match e {
+            Submit::Full(max) => ApiError::server(format!(
+                "the server is busy: {max} requests already wait for the model; try again shortly \
              (the limit is --max-queue)"
-        ))
-        .with_status(StatusCode::SERVICE_UNAVAILABLE)
-        .with_retry_after(1),
-        Submit::Stopped => ApiError::server("the model thread has stopped"),
-    })?;
+            ))
+            .with_status(StatusCode::SERVICE_UNAVAILABLE)
+            .with_retry_after(1),
+            Submit::Stopped => ApiError::server("the model thread has stopped"),
+        })?;
     match events.recv().await {
         Some(Event::Started) => {}
         Some(Event::Rejected(e)) => return Err(rejected(e, endpoint)),
@@ -355,8 +370,9 @@ async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response
         None => return Err(ApiError::server(STOPPED)),
     }
     let envelope = Envelope::new(endpoint, &app.model_name);
+    let tool_format = form.tools.is_some().then_some(style.format);
     if request.streams() {
-        let stream = sse_stream(envelope, events, request.stream_usage());
+        let stream = sse_stream(envelope, events, request.stream_usage(), tool_format);
         return Ok(Sse::new(stream).into_response());
     }
     let mut text = String::new();
@@ -364,7 +380,17 @@ async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response
         match event {
             Event::Text(t) => text.push_str(&t),
             Event::Finished { reason, stats } => {
-                let body = envelope.response(&text, reason.name(), &stats);
+                let mut finish = reason.name();
+                let mut calls = Vec::new();
+                if let Some(format) = tool_format {
+                    let out = format.parse(&text);
+                    text = out.content;
+                    calls = out.calls.into_iter().map(|c| (call_id(), c)).collect();
+                    if !calls.is_empty() {
+                        finish = "tool_calls";
+                    }
+                }
+                let body = envelope.response(&text, &calls, finish, &stats);
                 return Ok(Json(body).into_response());
             }
             Event::Failed(e) => return Err(ApiError::server(e.to_string())),
@@ -372,6 +398,27 @@ async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response
         }
     }
     Err(ApiError::server(STOPPED))
+}
+
+/// The request's grammar compiled for the model (on tokio's blocking pool:
+/// a large schema takes a while), or a 400 naming the field when it does
+/// not compile or the model cannot follow grammars.
+async fn constrain(app: &App, form: &Structured) -> Result<Option<GrammarConstraint>, ApiError> {
+    let Some(grammar) = form.grammar.clone() else {
+        return Ok(None);
+    };
+    let param = form.param();
+    let grammars = app.info.grammars.clone().map_err(|why| {
+        ApiError::invalid(
+            format!("this model cannot give structured output or tool calls: {why}"),
+            Some(param),
+        )
+    })?;
+    tokio::task::spawn_blocking(move || grammars.constraint(&grammar))
+        .await
+        .map_err(|e| ApiError::server(format!("compiling the grammar failed: {e}")))?
+        .map(Some)
+        .map_err(|e| ApiError::invalid(format!("`{param}` cannot be followed: {e}"), Some(param)))
 }
 
 /// A text or chat prompt tokenized here, on tokio's blocking pool, not on
@@ -382,6 +429,7 @@ async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response
 async fn tokenize(
     app: &App,
     prompt: PromptInput,
+    tools: Option<Value>,
     endpoint: Endpoint,
 ) -> Result<PromptInput, ApiError> {
     let Some(codec) = app.info.codec.clone() else {
@@ -396,7 +444,10 @@ async fn tokenize(
     let encoded = match prompt {
         PromptInput::Ids(_) => return Ok(prompt),
         PromptInput::Chat(messages) => {
-            tokio::task::spawn_blocking(move || codec.encode_chat(&messages, true)).await
+            tokio::task::spawn_blocking(move || {
+                codec.encode_chat_with_tools(&messages, tools.as_ref(), true)
+            })
+            .await
         }
         PromptInput::Text(text) => tokio::task::spawn_blocking(move || codec.encode(&text)).await,
     };
@@ -436,35 +487,62 @@ fn refuse_by_size(app: &App, bytes: u64, endpoint: Endpoint) -> Result<(), ApiEr
 
 /// The events of a started job as server-sent events: a chat's role chunk,
 /// a chunk per non-empty piece of text, the finish chunk, the usage chunk
-/// when asked, then `[DONE]`. A failure mid-stream becomes an error object
+/// when asked, then `[DONE]`. With tools (`tools` is the model's format),
+/// text that may begin a call is held back and each call is sent whole at
+/// the end ([`ToolStream`]). A failure mid-stream becomes an error object
 /// and ends the stream without `[DONE]`.
 fn sse_stream(
     envelope: Envelope,
     events: UnboundedReceiver<Event>,
     include_usage: bool,
+    tools: Option<ToolFormat>,
 ) -> impl Stream<Item = Result<SseEvent, Infallible>> {
     let data = |v: &Value| SseEvent::default().data(v.to_string());
     let head = match envelope.endpoint {
         Endpoint::Chat => vec![data(&envelope.chunk(ChunkPiece::Start))],
         Endpoint::Completion => Vec::new(),
     };
-    let body = stream::unfold(Some(events), move |events| {
+    let calls = tools.map(ToolStream::new);
+    let body = stream::unfold(Some((events, calls)), move |state| {
         let envelope = envelope.clone();
         async move {
-            let mut events = events?;
+            let (mut events, mut calls) = state?;
             loop {
                 let Some(event) = events.recv().await else {
                     let error = ApiError::server(STOPPED).body();
                     return Some((vec![data(&error)], None));
                 };
                 let out = match event {
-                    Event::Text(t) if t.is_empty() => continue,
                     Event::Text(t) => {
+                        let t = match &mut calls {
+                            Some(c) => c.push(&t),
+                            None => t,
+                        };
+                        if t.is_empty() {
+                            continue;
+                        }
                         vec![data(&envelope.chunk(ChunkPiece::Text(&t)))]
                     }
                     Event::Finished { reason, stats } => {
-                        let mut out =
-                            vec![data(&envelope.chunk(ChunkPiece::Finish(reason.name())))];
+                        let mut out = Vec::new();
+                        let mut finish = reason.name();
+                        if let Some(c) = calls.take() {
+                            let rest = c.finish();
+                            if !rest.content.is_empty() {
+                                out.push(data(&envelope.chunk(ChunkPiece::Text(&rest.content))));
+                            }
+                            for (index, call) in rest.calls.iter().enumerate() {
+                                let id = call_id();
+                                let piece = ChunkPiece::Call {
+                                    index,
+                                    id: &id,
+                                    call,
+                                };
+                                out.push(data(&envelope.chunk(piece)));
+                                finish = "tool_calls";
+                            }
+                        }
+                        out.push(data(&envelope.chunk(ChunkPiece::Finish(finish))));
                         if include_usage {
                             out.push(data(&envelope.usage_chunk(&stats)));
                         }
@@ -480,7 +558,7 @@ fn sse_stream(
                         return Some((vec![data(&error)], None));
                     }
                 };
-                return Some((out, Some(events)));
+                return Some((out, Some((events, calls))));
             }
         }
     });

@@ -18,10 +18,12 @@
 //! model whose config samples samples unless the request says
 //! `"temperature": 0`; `max_tokens` left out runs to the end of the context.
 
+use crate::structured::ToolStyle;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use gerbil::{ChatMessage, GenerationSettings, GenerationStats, SettingsRequest};
+use gerbil_grammar::tools::ToolCall;
 use gerbil_plan::GenerationDefaults;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -152,6 +154,30 @@ pub struct Message {
     pub role: String,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant's earlier calls:
+    /// `[{"id", "type": "function", "function": {"name", "arguments"}}]`.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<ToolCallMessage>>,
+    /// A tool's answer: the call it answers (accepted; the model sees the
+    /// answers in order).
+    #[serde(default)]
+    pub tool_call_id: Option<String>,
+}
+
+/// One entry of an assistant message's `tool_calls`.
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct ToolCallMessage {
+    #[serde(default)]
+    pub id: Option<String>,
+    pub function: FunctionCallMessage,
+}
+
+/// The function of a [`ToolCallMessage`].
+#[derive(Clone, Debug, Deserialize, PartialEq)]
+pub struct FunctionCallMessage {
+    pub name: String,
+    /// The arguments as JSON text.
+    pub arguments: String,
 }
 
 /// `stream_options`.
@@ -212,15 +238,20 @@ pub struct Request {
     /// Not supported when true.
     #[serde(default)]
     pub logprobs: Option<Value>,
-    /// Only `{"type": "text"}` (structured output is not supported yet).
+    /// `{"type": "text" | "json_object" | "json_schema"}`
+    /// ([`crate::structured`]).
     #[serde(default)]
     pub response_format: Option<Value>,
-    /// Not supported (tool calls).
+    /// Functions the model may call ([`crate::structured`]).
     #[serde(default)]
     pub tools: Option<Value>,
-    /// Only `"none"`.
+    /// `"none"`, `"auto"`, `"required"` or `{"type": "function",
+    /// "function": {"name"}}`.
     #[serde(default)]
     pub tool_choice: Option<Value>,
+    /// Several calls in one answer (default true).
+    #[serde(default)]
+    pub parallel_tool_calls: Option<bool>,
     /// Not supported (the deprecated form of `tools`).
     #[serde(default)]
     pub functions: Option<Value>,
@@ -259,8 +290,9 @@ pub enum PromptInput {
 }
 
 impl Request {
-    /// The messages of a `/v1/chat/completions` request.
-    pub fn chat_prompt(&self) -> Result<PromptInput, ApiError> {
+    /// The messages of a `/v1/chat/completions` request, earlier tool calls
+    /// and tool answers written the way `style` says.
+    pub fn chat_prompt(&self, style: &ToolStyle) -> Result<PromptInput, ApiError> {
         if self.prompt.is_some() {
             return Err(ApiError::invalid(
                 "`prompt` belongs to /v1/completions; /v1/chat/completions takes `messages`",
@@ -309,7 +341,7 @@ impl Request {
                     text
                 }
             };
-            out.push(ChatMessage::new(m.role.clone(), content));
+            out.push(style.message(i, m, content)?);
         }
         Ok(PromptInput::Chat(out))
     }
@@ -423,35 +455,26 @@ impl Request {
 }
 
 impl Request {
-    /// Structured output and tool calls, which the server cannot honour yet:
-    /// an error naming the field, rather than an answer that ignores it.
-    /// What asks for plain text (`response_format` of type `text`,
-    /// `tool_choice` or `function_call` of `"none"`, null) passes.
+    /// The deprecated `functions` and `function_call`, which the server
+    /// does not honour: an error naming the field and its successor, rather
+    /// than an answer that ignores it (`function_call` of `"none"`, and
+    /// null, pass).
     fn refuse_what_changes_the_answer(&self) -> Result<(), ApiError> {
         let plain = |v: &Value| match v {
             Value::Null => true,
             Value::String(s) => s == "none",
             _ => false,
         };
-        let text_format = |v: &Value| v.is_null() || v.get("type") == Some(&json!("text"));
         let given = [
-            ("response_format", &self.response_format),
-            ("tools", &self.tools),
-            ("tool_choice", &self.tool_choice),
-            ("functions", &self.functions),
-            ("function_call", &self.function_call),
+            ("functions", &self.functions, "tools"),
+            ("function_call", &self.function_call, "tool_choice"),
         ];
-        for (field, value) in given {
-            let honoured = |v: &Value| match field {
-                "response_format" => text_format(v),
-                "tool_choice" | "function_call" => plain(v),
-                _ => v.is_null(),
-            };
-            if let Some(v) = value.as_ref().filter(|v| !honoured(v)) {
+        for (field, value, successor) in given {
+            if let Some(v) = value.as_ref().filter(|v| !plain(v)) {
                 return Err(ApiError::invalid(
                     format!(
-                        "`{field}` ({v}) is not supported by this server yet: it answers in \
-                         plain text without tool calls; leave `{field}` out"
+                        "`{field}` ({v}) is the deprecated form of `{successor}`, which this \
+                         server supports: send `{successor}` instead"
                     ),
                     Some(field),
                 ));
@@ -517,15 +540,35 @@ impl Envelope {
         }
     }
 
-    /// The whole answer (no stream).
-    pub fn response(&self, text: &str, finish_reason: &str, stats: &GenerationStats) -> Value {
+    /// The whole answer (no stream); a chat's tool `calls` (with their ids)
+    /// go into `message.tool_calls`, and `content` is null when only calls
+    /// were written.
+    pub fn response(
+        &self,
+        text: &str,
+        calls: &[(String, ToolCall)],
+        finish_reason: &str,
+        stats: &GenerationStats,
+    ) -> Value {
         let choice = match self.endpoint {
-            Endpoint::Chat => json!({
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": null,
-                "finish_reason": finish_reason,
-            }),
+            Endpoint::Chat => {
+                let mut message = json!({"role": "assistant", "content": text});
+                if !calls.is_empty() {
+                    if text.is_empty() {
+                        message["content"] = Value::Null;
+                    }
+                    message["tool_calls"] = calls
+                        .iter()
+                        .map(|(id, c)| tool_call_object(None, id, c))
+                        .collect();
+                }
+                json!({
+                    "index": 0,
+                    "message": message,
+                    "logprobs": null,
+                    "finish_reason": finish_reason,
+                })
+            }
             Endpoint::Completion => json!({
                 "index": 0,
                 "text": text,
@@ -547,7 +590,7 @@ impl Envelope {
     /// (`finish_reason`, no text).
     pub fn chunk(&self, piece: ChunkPiece<'_>) -> Value {
         let (text, finish): (Option<&str>, Option<&str>) = match piece {
-            ChunkPiece::Start => (None, None),
+            ChunkPiece::Start | ChunkPiece::Call { .. } => (None, None),
             ChunkPiece::Text(t) => (Some(t), None),
             ChunkPiece::Finish(f) => (None, Some(f)),
         };
@@ -556,6 +599,9 @@ impl Envelope {
                 let delta = match piece {
                     ChunkPiece::Start => json!({"role": "assistant", "content": ""}),
                     ChunkPiece::Text(t) => json!({"content": t}),
+                    ChunkPiece::Call { index, id, call } => {
+                        json!({"tool_calls": [tool_call_object(Some(index), id, call)]})
+                    }
                     ChunkPiece::Finish(_) => json!({}),
                 };
                 json!({"index": 0, "delta": delta, "logprobs": null, "finish_reason": finish})
@@ -613,8 +659,28 @@ pub enum ChunkPiece<'a> {
     Start,
     /// Generated text.
     Text(&'a str),
+    /// One whole tool call (a chat's), the `index`-th of the answer.
+    Call {
+        index: usize,
+        id: &'a str,
+        call: &'a ToolCall,
+    },
     /// The end, with the finish reason.
     Finish(&'a str),
+}
+
+/// A tool call as OpenAI writes it: `{"id", "type": "function", "function":
+/// {"name", "arguments"}}`, with its `index` in a stream's delta.
+fn tool_call_object(index: Option<usize>, id: &str, call: &ToolCall) -> Value {
+    let mut v = json!({
+        "id": id,
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    });
+    if let Some(i) = index {
+        v["index"] = json!(i);
+    }
+    v
 }
 
 /// `usage`: prompt, completion and total tokens, and how many prompt
@@ -663,7 +729,7 @@ mod tests {
     fn prompts_belong_to_their_endpoint() {
         let r = req(r#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]}"#).unwrap();
         assert_eq!(
-            r.chat_prompt().unwrap(),
+            r.chat_prompt(&ToolStyle::of(None)).unwrap(),
             PromptInput::Chat(vec![ChatMessage::new("user", "ab")])
         );
         assert_eq!(
@@ -673,11 +739,18 @@ mod tests {
         let r = req(r#"{"prompt": [1, 2]}"#).unwrap();
         assert_eq!(r.completion_prompt().unwrap(), PromptInput::Ids(vec![1, 2]));
         assert_eq!(
-            r.chat_prompt().unwrap_err().param.as_deref(),
+            r.chat_prompt(&ToolStyle::of(None))
+                .unwrap_err()
+                .param
+                .as_deref(),
             Some("prompt")
         );
         let r = req(r#"{"messages": []}"#).unwrap();
-        assert!(r.chat_prompt().unwrap_err().message.contains("empty"));
+        assert!(r
+            .chat_prompt(&ToolStyle::of(None))
+            .unwrap_err()
+            .message
+            .contains("empty"));
     }
 
     #[test]
@@ -724,12 +797,6 @@ mod tests {
             (r#"{"stop": ["a", ""]}"#, "stop"),
             (r#"{"n": 2}"#, "n"),
             (r#"{"logprobs": true}"#, "logprobs"),
-            (
-                r#"{"response_format": {"type": "json_object"}}"#,
-                "response_format",
-            ),
-            (r#"{"tools": [{"type": "function"}]}"#, "tools"),
-            (r#"{"tool_choice": "auto"}"#, "tool_choice"),
             (r#"{"functions": []}"#, "functions"),
             (r#"{"function_call": {"name": "f"}}"#, "function_call"),
         ] {
@@ -772,7 +839,7 @@ mod tests {
         assert_eq!(usage["usage"]["total_tokens"], 5);
         assert_eq!(usage["choices"], json!([]));
         let cmpl = Envelope::new(Endpoint::Completion, "m");
-        let whole = cmpl.response("abc", "length", &stats);
+        let whole = cmpl.response("abc", &[], "length", &stats);
         assert_eq!(whole["object"], "text_completion");
         assert_eq!(whole["choices"][0]["text"], "abc");
         assert_eq!(whole["usage"]["completion_tokens"], 2);

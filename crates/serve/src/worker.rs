@@ -25,11 +25,13 @@
 
 use crate::metrics::Metrics;
 use crate::openai::PromptInput;
+use crate::structured::ToolStyle;
 use anyhow::{Context, Result};
 use gerbil::{
     Error as ModelError, FinishReason, GenerationSettings, GenerationStats, Model, ModelOptions,
     TextCodec,
 };
+use gerbil_grammar::{GrammarConstraint, Grammars};
 use gerbil_plan::{GenerationDefaults, PlanFile};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -44,6 +46,8 @@ pub struct Job {
     pub prompt: PromptInput,
     /// How to generate.
     pub settings: GenerationSettings,
+    /// The grammar every token must follow.
+    pub constraint: Option<GrammarConstraint>,
     /// Where the events go.
     events: UnboundedSender<Event>,
 }
@@ -83,6 +87,11 @@ pub struct ModelInfo {
     /// than twice the context times this many bytes is refused before it is
     /// tokenized.
     pub longest_token: usize,
+    /// The grammar compiler for structured output and tools, or why the
+    /// model has none (no tokenizer, a vocabulary llguidance cannot take).
+    pub grammars: Result<Arc<Grammars>, String>,
+    /// How the model writes tool calls.
+    pub tool_style: ToolStyle,
 }
 
 /// The worker thread and its queue.
@@ -203,6 +212,7 @@ impl Queue {
         &self,
         prompt: PromptInput,
         settings: GenerationSettings,
+        constraint: Option<GrammarConstraint>,
     ) -> Result<UnboundedReceiver<Event>, Submit> {
         // Counted before it is sent, so the worker never takes one it has
         // not seen counted; refused (and uncounted) when the queue is full.
@@ -220,6 +230,7 @@ impl Queue {
         let job = Job {
             prompt,
             settings,
+            constraint,
             events,
         };
         match self.jobs.send(job) {
@@ -236,11 +247,19 @@ impl Queue {
 async fn load(plan: &std::path::Path, opts: &ModelOptions) -> Result<(Model, ModelInfo)> {
     let plan = PlanFile::open(plan)?;
     let model = Model::load(&plan, opts).await?;
+    let grammars = Grammars::new(&model)
+        .map(Arc::new)
+        .map_err(|e| e.to_string());
+    if let Err(why) = &grammars {
+        tracing::warn!("no structured output or tool calls: {why}");
+    }
     let info = ModelInfo {
         defaults: plan.header.text.generation,
         context: model.context(),
         codec: model.shared_codec(),
         longest_token: model.shared_codec().map_or(1, |c| c.longest_token_bytes()),
+        grammars,
+        tool_style: ToolStyle::of(model.codec()),
     };
     Ok((model, info))
 }
@@ -289,6 +308,12 @@ fn run_job(model: &mut Model, job: Job) -> Option<GenerationStats> {
             return None;
         }
     };
+    if let Some(c) = job.constraint {
+        if let Err(e) = generation.constrain(Box::new(c)) {
+            let _ = job.events.send(Event::Failed(e));
+            return None;
+        }
+    }
     if job.events.send(Event::Started).is_err() {
         return Some(generation.stats());
     }

@@ -15,4 +15,5 @@ mod hardening_sizes;
 mod hardening_values;
 mod hub;
 mod serve;
+mod structured;
 mod svg;

@@ -19,15 +19,15 @@ use std::sync::{mpsc, Arc, Mutex};
 use std::time::Duration;
 
 /// A running `gerbil-run PLAN serve --port 0`; killed when dropped.
-struct Server {
+pub(crate) struct Server {
     child: Child,
-    port: u16,
+    pub(crate) port: u16,
     log: Arc<Mutex<String>>,
 }
 
 impl Server {
     /// Starts the server with `-v` and waits for its `listening on` line.
-    fn start(plan: &Path, args: &[&str]) -> Server {
+    pub(crate) fn start(plan: &Path, args: &[&str]) -> Server {
         let mut child = clean_command(env!("CARGO_BIN_EXE_gerbil-run"), &[])
             .arg(plan)
             .args(["-v", "serve", "--port", "0"])
@@ -79,7 +79,7 @@ impl Server {
         panic!("no `shut down` line: {}", self.log());
     }
 
-    fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }
 
@@ -122,7 +122,7 @@ impl Server {
         (r.status, json)
     }
 
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
+    pub(crate) fn post(&self, path: &str, body: &Value) -> (u16, Value) {
         self.request("POST", path, body.to_string().as_bytes())
     }
 
@@ -131,7 +131,7 @@ impl Server {
     }
 
     /// Starts a streamed request; asserts the SSE status and content type.
-    fn stream(&self, path: &str, body: &Value) -> Response {
+    pub(crate) fn stream(&self, path: &str, body: &Value) -> Response {
         let r = Response::read(self.send("POST", path, body.to_string().as_bytes()));
         assert_eq!(r.status, 200, "{path} {body}");
         assert_eq!(
@@ -150,7 +150,7 @@ impl Drop for Server {
 }
 
 /// An HTTP/1.1 response with its body undone from chunked encoding.
-struct Response {
+pub(crate) struct Response {
     status: u16,
     headers: Vec<(String, String)>,
     body: Box<dyn BufRead + Send>,
@@ -236,7 +236,7 @@ impl Response {
     }
 
     /// Every event's data to the end of the stream.
-    fn all_data(mut self) -> Vec<String> {
+    pub(crate) fn all_data(mut self) -> Vec<String> {
         std::iter::from_fn(|| self.next_data()).collect()
     }
 }
@@ -320,7 +320,7 @@ fn streamed_text(events: &[String], chat: bool) -> (String, String) {
     (text, reason.to_string())
 }
 
-fn error_of(status: u16, v: &Value, want_status: u16, param: Option<&str>) -> String {
+pub(crate) fn error_of(status: u16, v: &Value, want_status: u16, param: Option<&str>) -> String {
     assert_eq!(status, want_status, "{v}");
     let e = &v["error"];
     let message = e["message"]
