@@ -7,6 +7,7 @@ use crate::console::{note, timing_line, Stdout, Timings};
 use crate::gen_args::SamplingArgs;
 use anyhow::{bail, Result};
 use gerbil::{ChatMessage, FinishReason, Model, ModelOptions};
+use gerbil_grammar::{Grammar, Grammars};
 use gerbil_plan::PlanFile;
 use gerbil_runtime::{
     PipelineCacheOptions, PrecisionChoice, SamplingParams, Session, SessionOptions,
@@ -41,6 +42,8 @@ pub struct RunOptions {
     pub top_logits: Option<usize>,
     /// Print one JSON object instead of streaming text.
     pub json: bool,
+    /// The grammar the answer must follow.
+    pub grammar: Option<Grammar>,
     /// How the plan is loaded (precision, variant, device, context, caches, template sandbox).
     pub model: ModelOptions,
     /// No timing line on standard error.
@@ -110,6 +113,12 @@ fn check_flags(opts: &RunOptions, has_tokenizer: bool) -> Result<()> {
     if matches!(&opts.prompt, Prompt::Text { .. }) && !has_tokenizer {
         bail!("this plan has no tokenizer; pass --input-ids instead of --prompt");
     }
+    if opts.grammar.is_some() && !has_tokenizer {
+        bail!(
+            "--json-schema, --json-object and --grammar constrain text, and this plan has no \
+             tokenizer to make text: drop them"
+        );
+    }
     Ok(())
 }
 
@@ -150,7 +159,14 @@ pub async fn run(plan_path: &std::path::Path, opts: &RunOptions) -> Result<()> {
         return Ok(());
     }
     let tokenizer = model.codec().is_some();
+    let constraint = match &opts.grammar {
+        Some(grammar) => Some(Grammars::new(&model)?.constraint(grammar)?),
+        None => None,
+    };
     let mut generation = model.generate(&input_ids, &settings)?;
+    if let Some(c) = constraint {
+        generation.constrain(Box::new(c))?;
+    }
     let mut steps = Vec::new();
     let mut text = String::new();
     while let Some(piece) = generation.next().await {

@@ -13,6 +13,7 @@ use gerbil_cli::plan_cache;
 use gerbil_cli::progress::Progress;
 use gerbil_cli::run::{bench, run, BenchOptions, BenchReport, Prompt, RunOptions};
 use gerbil_cli::sweep::{run_sweep, SweepOptions};
+use gerbil_grammar::Grammar;
 use gerbil_runtime::{PipelineCacheOptions, PrecisionChoice, SamplingParams, SessionOptions};
 use gerbil_serve::{serve, ServeOptions};
 use std::fmt::Write as _;
@@ -211,6 +212,16 @@ struct GenArgs {
     /// Print exactly one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// The answer is JSON valid against the JSON schema in FILE (a grammar
+    /// masks every token; the answer ends when the JSON does).
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["json_object", "grammar"])]
+    json_schema: Option<PathBuf>,
+    /// The answer is a JSON object.
+    #[arg(long, conflicts_with = "grammar")]
+    json_object: bool,
+    /// The answer follows the Lark grammar in FILE (llguidance's dialect).
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
 }
 
 impl GenArgs {
@@ -223,6 +234,30 @@ impl GenArgs {
             || self.sampling.any_given()
             || self.top_logits.is_some()
             || self.json
+            || self.json_schema.is_some()
+            || self.json_object
+            || self.grammar.is_some()
+    }
+
+    /// The grammar the answer must follow, read from its file.
+    fn grammar(&self) -> Result<Option<Grammar>> {
+        let read = |path: &PathBuf, what: &str| {
+            std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read the {what} {}", path.display()))
+        };
+        if let Some(path) = &self.json_schema {
+            let text = read(path, "JSON schema")?;
+            let schema = serde_json::from_str(&text)
+                .with_context(|| format!("the JSON schema {} is not valid JSON", path.display()))?;
+            return Ok(Some(Grammar::JsonSchema(schema)));
+        }
+        if self.json_object {
+            return Ok(Some(Grammar::JsonObject));
+        }
+        match &self.grammar {
+            Some(path) => Ok(Some(Grammar::Lark(read(path, "grammar")?))),
+            None => Ok(None),
+        }
     }
 
     /// The prompt: `--prompt`, `--input-ids`, or standard input (`--prompt
@@ -620,6 +655,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 sampling: cli.gen.sampling.clone(),
                 top_logits: cli.gen.top_logits,
                 json: cli.gen.json,
+                grammar: cli.gen.grammar()?,
                 model: cli.model_options(),
                 quiet: cli.quiet,
             };
