@@ -7,8 +7,10 @@
 //! true`, server-sent events ending in `data: [DONE]`; `GET /v1/models` (the
 //! one model), `GET /v1/models/{id}` and `GET /health`. Every error is OpenAI's error object
 //! (`{"error": {"message", "type", "param", "code"}}`): 400 for a bad body,
-//! wrong field types, a field it cannot honour (`tools`, `response_format`
-//! other than text, …) or a prompt over the context, 404 for an unknown path or model,
+//! wrong field types, a field it cannot honour (`n` above 1, `logprobs`,
+//! the deprecated `functions`), a schema or tool it cannot follow
+//! ([`structured`]: `response_format` and `tools` constrain every token) or
+//! a prompt over the context, 404 for an unknown path or model,
 //! 405 for a wrong method, 413 for a body over `--max-body-bytes`, 408 for
 //! a body that does not arrive in time; in front of every route, [`guard`]
 //! checks the API key, the `Host`, a browser's origin and the content type

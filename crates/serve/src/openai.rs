@@ -9,9 +9,9 @@
 //! field). Fields a client may send that change nothing here (`user`,
 //! `stream_options` other than `include_usage`, …) are accepted and ignored,
 //! as OpenAI's own server does; fields that would change the answer and that
-//! gerbil cannot honour (`n` above 1, `logprobs`, `response_format` other
-//! than text, `tools`, `tool_choice` other than `none`, `functions`,
-//! `function_call`) are errors naming the field.
+//! gerbil cannot honour (`n` above 1, `logprobs`, the deprecated `functions`
+//! and `function_call`) are errors naming the field. `response_format` and
+//! `tools` are read by [`crate::structured`].
 //!
 //! The surprise is the defaults: a field the request leaves out takes the
 //! model's `generation_config.json` value (as `model.generate()` would), so a
