@@ -319,3 +319,92 @@ fn a_bad_generation_config_value_is_an_error_naming_the_key() {
         );
     }
 }
+
+/// `NEW_TOKENS` greedy tokens of `prompt`, and how many prompt tokens the
+/// model found cached.
+fn greedy_with_cache(model: &mut Model, prompt: &[u32]) -> (Vec<u32>, usize) {
+    let settings = GenerationSettings {
+        max_new_tokens: NEW_TOKENS,
+        ignore_eos: true,
+        ..GenerationSettings::default()
+    };
+    let mut g = model.generate(prompt, &settings).expect("generate");
+    let mut tokens = Vec::new();
+    while let Some(piece) = block_on(g.next()) {
+        tokens.push(piece.expect("a token").token);
+    }
+    (tokens, g.stats().cached_tokens)
+}
+
+/// A model with three sequence slots answers every prompt exactly as a
+/// one-slot model does, while keeping each conversation cached: two users
+/// taking turns each find their own earlier turn in the cache, a third user
+/// sharing only the system prompt gets it copied into a free slot (both
+/// conversations stay), and the least recently used slot makes room for a
+/// prompt that shares nothing.
+#[test]
+fn sequence_slots_keep_conversations_and_share_prefixes() {
+    let _gpu = gpu_lock();
+    let plan_path = compile_plan(&tiny_model("llama"), |_| {});
+    let plan = PlanFile::open(&plan_path).expect("plan");
+    let mut one = block_on(Model::load(&plan, &ModelOptions::default())).expect("model");
+    let mut opts = ModelOptions::default();
+    opts.session.slots = 3;
+    let mut three = block_on(Model::load(&plan, &opts)).expect("model with slots");
+    assert_eq!(three.session().slots(), 3);
+    assert_eq!(
+        three.session().memory().kv_cache,
+        3 * one.session().memory().kv_cache
+    );
+
+    let system: Vec<u32> = (1..20).collect();
+    let turn = |user: u32, n: u32| -> Vec<u32> {
+        let mut p = system.clone();
+        p.extend((0..n).map(|i| 100 + user * 10 + i));
+        p
+    };
+    let alone = |one: &mut Model, prompt: &[u32]| {
+        one.clear_cache();
+        greedy_with_cache(one, prompt).0
+    };
+    // User A, then user B (sharing the system prompt): B's prompt finds
+    // the system prompt, copied from A's slot into another.
+    let a1 = turn(1, 3);
+    let (out, cached) = greedy_with_cache(&mut three, &a1);
+    assert_eq!((out.clone(), cached), (alone(&mut one, &a1), 0));
+    let slot_a = three.session().slot();
+    let b1 = turn(2, 4);
+    let (out_b, cached) = greedy_with_cache(&mut three, &b1);
+    assert_eq!(out_b, alone(&mut one, &b1));
+    assert_eq!(cached, system.len(), "the system prompt, copied");
+    let slot_b = three.session().slot();
+    assert_ne!(slot_a, slot_b);
+    // A's next turn: A's whole conversation (prompt and answer but its
+    // last token) is still cached, in A's slot.
+    let mut a2 = a1.clone();
+    a2.extend(&out);
+    a2.extend([7, 8]);
+    let (out2, cached) = greedy_with_cache(&mut three, &a2);
+    assert_eq!(out2, alone(&mut one, &a2));
+    assert_eq!(cached, a1.len() + out.len() - 1);
+    assert_eq!(three.session().slot(), slot_a);
+    // Something unrelated goes to the third slot; then another to the
+    // least recently used (B's), and B's next turn starts from nothing
+    // but the answer is the same.
+    let other: Vec<u32> = (200..230).collect();
+    let (o, cached) = greedy_with_cache(&mut three, &other);
+    assert_eq!((o, cached), (alone(&mut one, &other), 0));
+    let third = three.session().slot();
+    assert!(third != slot_a && third != slot_b);
+    let more: Vec<u32> = (300..310).collect();
+    greedy_with_cache(&mut three, &more);
+    assert_eq!(
+        three.session().slot(),
+        slot_b,
+        "B's slot was the least recently used"
+    );
+    let mut b2 = b1.clone();
+    b2.extend(&out_b);
+    let (out, _) = greedy_with_cache(&mut three, &b2);
+    assert_eq!(out, alone(&mut one, &b2));
+}

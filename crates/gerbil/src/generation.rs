@@ -311,6 +311,12 @@ impl<'m> Generation<'m> {
         &self.output
     }
 
+    /// The sequence slot of the model's KV cache it runs in (chosen when
+    /// its prompt runs, at the first [`Generation::next`]).
+    pub fn slot(&self) -> usize {
+        self.model.session.slot()
+    }
+
     /// Counts and times so far.
     pub fn stats(&self) -> GenerationStats {
         self.stats
@@ -352,6 +358,7 @@ impl<'m> Generation<'m> {
         // past its end: wait for them here so the prompt's time is its own.
         self.model.session.sync().await?;
         self.clock = Clock::start();
+        self.model.enter_slot_for(&self.prompt)?;
         let keep = self.model.reusable_prefix(&self.prompt);
         self.model.session.truncate(keep as u64);
         self.model.cached.truncate(keep);

@@ -30,6 +30,7 @@ pub mod error;
 pub mod generation;
 pub mod model;
 pub mod settings;
+mod slots;
 
 pub use chat::{Chat, ChatReply};
 pub use constraint::TokenConstraint;

@@ -17,8 +17,10 @@
 //! prompt that begins with them prefills only the rest. A conversation
 //! re-rendered through its chat template each turn therefore runs only the
 //! new turn ([`crate::Chat`] relies on it), and a server answering requests
-//! that share a system prompt skips it. Nothing is cached by content beyond
-//! the one sequence in the KV cache.
+//! that share a system prompt skips it. A session with several sequence
+//! slots ([`gerbil_runtime::SessionOptions::slots`]) keeps that many
+//! sequences, and each prompt runs in the slot that serves the most of it
+//! ([`crate::slots`]): users taking turns keep their conversations cached.
 
 use crate::error::Error;
 use crate::generation::{Generation, GenerationSettings};
@@ -46,8 +48,13 @@ pub struct Model {
     /// text in or out returns it.
     pub(crate) codec_error: Option<String>,
     /// The tokens whose KV-cache rows are valid, in order: always the
-    /// session's first `position()` tokens.
+    /// session's first `position()` tokens (of the current slot).
     pub(crate) cached: Vec<u32>,
+    /// The other slots' tokens (the current slot's entry is unused).
+    parked: Vec<Vec<u32>>,
+    /// When each slot was last chosen (a counter).
+    last_used: Vec<u64>,
+    uses: u64,
 }
 
 impl Model {
@@ -64,11 +71,15 @@ impl Model {
             Err(e) => (None, Some(e.to_string())),
         };
         let session = Session::open(plan, &opts.session).await?;
+        let slots = session.slots();
         Ok(Model {
             session,
             codec,
             codec_error,
             cached: Vec::new(),
+            parked: vec![Vec::new(); slots],
+            last_used: vec![0; slots],
+            uses: 0,
         })
     }
 
@@ -114,10 +125,51 @@ impl Model {
         &self.cached
     }
 
-    /// Forgets the KV cache: the next prompt is prefilled whole.
+    /// Forgets the KV cache, every slot's: the next prompt is prefilled whole.
     pub fn clear_cache(&mut self) {
         self.cached.clear();
-        self.session.reset();
+        for tokens in &mut self.parked {
+            tokens.clear();
+        }
+        self.session.reset_all();
+    }
+
+    /// The tokens slot `slot`'s KV cache holds ([`gerbil_runtime::Session::slots`]).
+    pub fn slot_tokens(&self, slot: usize) -> &[u32] {
+        if slot == self.session.slot() {
+            &self.cached
+        } else {
+            self.parked.get(slot).map_or(&[], Vec::as_slice)
+        }
+    }
+
+    /// Moves the session to the slot that serves the most of `prompt`
+    /// ([`crate::slots::place`]), copying a shared prefix there first when
+    /// it is another slot's.
+    pub(crate) fn enter_slot_for(&mut self, prompt: &[u32]) -> Result<(), Error> {
+        let n = self.session.slots();
+        if n <= 1 {
+            return Ok(());
+        }
+        let current = self.session.slot();
+        let views: Vec<&[u32]> = (0..n).map(|s| self.slot_tokens(s)).collect();
+        let place = crate::slots::place(&views, &self.last_used, current, prompt);
+        let copied = place
+            .copy_from
+            .map(|(from, rows)| (from, rows, views[from][..rows].to_vec()));
+        if place.slot != current {
+            self.session.set_slot(place.slot)?;
+            let next = std::mem::take(&mut self.parked[place.slot]);
+            self.parked[current] = std::mem::replace(&mut self.cached, next);
+        }
+        if let Some((from, rows, tokens)) = copied {
+            self.session
+                .copy_slot_prefix(from, place.slot, rows as u64)?;
+            self.cached = tokens;
+        }
+        self.uses += 1;
+        self.last_used[place.slot] = self.uses;
+        Ok(())
     }
 
     /// The GPU session itself, for work below generation (raw logits, a
@@ -175,12 +227,6 @@ impl Model {
     /// generation would keep: all of the shared prefix but the prompt's last
     /// token, which must run to give the first token's logits.
     pub fn reusable_prefix(&self, prompt: &[u32]) -> usize {
-        let shared = self
-            .cached
-            .iter()
-            .zip(prompt)
-            .take_while(|(a, b)| a == b)
-            .count();
-        shared.min(prompt.len().saturating_sub(1))
+        crate::slots::reusable(&self.cached, prompt)
     }
 }

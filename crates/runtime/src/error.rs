@@ -108,6 +108,14 @@ pub enum RuntimeError {
         /// The plan's `max_context`.
         max: u64,
     },
+    /// A sequence slot past the session's.
+    #[error("sequence slot {slot} does not exist: the session has {slots} (slots 0 to {})", slots - 1)]
+    Slot {
+        /// The slot asked for.
+        slot: usize,
+        /// The session's slots.
+        slots: usize,
+    },
     /// A token id outside the vocabulary.
     #[error("token id {id} is outside the vocabulary (size {vocab})")]
     TokenOutOfRange {

@@ -44,17 +44,18 @@ const UPLOAD_WINDOW: usize = 256 << 20;
 const UPLOAD_CHUNK: usize = 16 << 20;
 
 /// The pools: plan buffers of one pool are bound the same way in every
-/// dispatch.
+/// dispatch. Each sequence slot's KV caches pool apart, so one slot's rows
+/// can be copied into another's (a copy within one buffer is not allowed).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Pool {
     Weights,
-    Caches,
+    Caches { slot: usize },
 }
 
-fn pool_of(kind: &BufferKind) -> Option<Pool> {
+fn pool_of(kind: &BufferKind, slot: usize) -> Option<Pool> {
     match kind {
         BufferKind::Weight { .. } => Some(Pool::Weights),
-        BufferKind::KvCache { .. } => Some(Pool::Caches),
+        BufferKind::KvCache { .. } => Some(Pool::Caches { slot }),
         _ => None,
     }
 }
@@ -64,7 +65,10 @@ fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
     match kind {
         BufferKind::Weight { .. } => U::STORAGE | U::COPY_DST,
         BufferKind::Arena | BufferKind::Scratch { .. } => U::STORAGE,
-        BufferKind::KvCache { .. } | BufferKind::Output { .. } => U::STORAGE | U::COPY_SRC,
+        // A KV cache is copied from (tests, and one slot's rows into
+        // another's) and into.
+        BufferKind::KvCache { .. } => U::STORAGE | U::COPY_SRC | U::COPY_DST,
+        BufferKind::Output { .. } => U::STORAGE | U::COPY_SRC,
         BufferKind::StepParams | BufferKind::SamplingParams => U::UNIFORM | U::COPY_DST,
         BufferKind::TokenIds => U::STORAGE | U::COPY_DST,
     }
@@ -84,8 +88,8 @@ struct Home {
 
 /// A pool being filled: its plan buffers and the bytes it holds so far.
 struct Filling {
-    /// Plan buffer index, offset in the pool, bytes.
-    members: Vec<(usize, u64, u64)>,
+    /// Plan buffer index, sequence slot, offset in the pool, bytes.
+    members: Vec<(usize, usize, u64, u64)>,
     len: u64,
 }
 
@@ -93,51 +97,70 @@ struct Filling {
 pub(crate) struct Residency {
     buffers: Vec<wgpu::Buffer>,
     /// By plan buffer index; `None` for a buffer the variant does not use.
+    /// A KV cache's is its slot 0.
     homes: Vec<Option<Home>>,
+    /// The KV caches of slots 1 and up, by plan buffer index.
+    slot_homes: std::collections::HashMap<usize, Vec<Home>>,
 }
 
 impl Residency {
     /// Allocates the plan buffers in `used` (empty; weights are written by
-    /// [`Residency::upload_weights`]), each KV cache for `context` positions.
+    /// [`Residency::upload_weights`]), each KV cache for `context` positions
+    /// and `slots` times (one per sequence slot).
     pub(crate) async fn allocate(
         gpu: &Gpu,
         header: &PlanHeader,
         used: &HashSet<u32>,
         context: u64,
+        slots: usize,
     ) -> Result<Residency, RuntimeError> {
         let align = u64::from(gpu.limits.min_storage_buffer_offset_alignment).max(256);
         let pool_bytes = POOL_BYTES.min(gpu.limits.max_buffer_size);
         let mut residency = Residency {
             buffers: Vec::new(),
             homes: vec![None; header.buffers.len()],
+            slot_homes: std::collections::HashMap::new(),
         };
         let mut filling: Vec<(Pool, Filling)> = Vec::new();
-        for (i, decl) in header.buffers.iter().enumerate() {
-            if !used.contains(&(i as u32)) {
-                continue;
-            }
+        let copies = header
+            .buffers
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| used.contains(&(*i as u32)))
+            .flat_map(|(i, decl)| {
+                let n = match decl.kind {
+                    BufferKind::KvCache { .. } => slots.max(1),
+                    _ => 1,
+                };
+                (0..n).map(move |slot| (i, slot, decl))
+            });
+        for (i, slot, decl) in copies {
             let size = match decl.kind {
                 BufferKind::KvCache { .. } => {
                     kv_bytes(decl.size, context, header.model.max_context)
                 }
                 _ => decl.size,
             };
-            let pool = pool_of(&decl.kind).filter(|_| size <= POOL_ITEM_MAX);
+            let pool = pool_of(&decl.kind, slot).filter(|_| size <= POOL_ITEM_MAX);
             let Some(pool) = pool else {
                 let label = decl.kind.describe();
                 let buffer = residency
                     .create(gpu, &label, size, usage_for(&decl.kind))
                     .await?;
-                residency.homes[i] = Some(Home {
-                    buffer,
-                    offset: 0,
-                    size,
-                });
+                residency.set_home(
+                    i,
+                    slot,
+                    Home {
+                        buffer,
+                        offset: 0,
+                        size,
+                    },
+                );
                 continue;
             };
             let at = filling.iter().position(|(p, _)| *p == pool);
             let fits = |f: &Filling| f.len.next_multiple_of(align) + size <= pool_bytes;
-            let slot = match at {
+            let k = match at {
                 Some(k) if fits(&filling[k].1) => k,
                 _ => {
                     if let Some(k) = at {
@@ -154,9 +177,9 @@ impl Residency {
                     filling.len() - 1
                 }
             };
-            let f = &mut filling[slot].1;
+            let f = &mut filling[k].1;
             let offset = f.len.next_multiple_of(align);
-            f.members.push((i, offset, size));
+            f.members.push((i, slot, offset, size));
             f.len = offset + size;
         }
         for (p, f) in filling {
@@ -193,7 +216,7 @@ impl Residency {
         pool: Pool,
         f: Filling,
     ) -> Result<(), RuntimeError> {
-        let Some(&(first, _, _)) = f.members.first() else {
+        let Some(&(first, _, _, _)) = f.members.first() else {
             return Ok(());
         };
         let label = format!("{pool:?} pool ({} buffers)", f.members.len());
@@ -201,14 +224,42 @@ impl Residency {
         let buffer = self
             .create(gpu, &label, f.len.next_multiple_of(4), usage)
             .await?;
-        for (i, offset, size) in f.members {
-            self.homes[i] = Some(Home {
-                buffer,
-                offset,
-                size,
-            });
+        for (i, slot, offset, size) in f.members {
+            self.set_home(
+                i,
+                slot,
+                Home {
+                    buffer,
+                    offset,
+                    size,
+                },
+            );
         }
         Ok(())
+    }
+
+    fn set_home(&mut self, i: usize, slot: usize, home: Home) {
+        if slot == 0 {
+            self.homes[i] = Some(home);
+        } else {
+            self.slot_homes.entry(i).or_default().push(home);
+        }
+    }
+
+    /// Plan buffer `i`'s copy for sequence `slot`: the wgpu buffer, the
+    /// offset and the bytes allocated (slot 0 for a buffer without copies).
+    pub(crate) fn slot_range(&self, i: u32, slot: usize) -> (&wgpu::Buffer, u64, u64) {
+        let home = match (slot, self.slot_homes.get(&(i as usize))) {
+            (1.., Some(copies)) => copies[slot - 1],
+            _ => self.home(i),
+        };
+        (&self.buffers[home.buffer], home.offset, home.size)
+    }
+
+    /// Whether plan buffer `i` has a copy per sequence slot (a KV cache of
+    /// a session with several).
+    pub(crate) fn per_slot(&self, i: u32) -> bool {
+        self.slot_homes.contains_key(&(i as usize))
     }
 
     fn home(&self, i: u32) -> Home {
@@ -220,12 +271,13 @@ impl Residency {
     /// A slice of a KV cache allocated for fewer positions than the plan's
     /// ends where the allocation does: kernels read and write only the rows
     /// of positions the session holds.
-    pub(crate) fn binding(&self, s: &BufferSlice) -> wgpu::BufferBinding<'_> {
-        let home = self.home(s.buffer);
+    /// A KV cache's slice is in sequence slot `slot`'s copy.
+    pub(crate) fn binding(&self, s: &BufferSlice, slot: usize) -> wgpu::BufferBinding<'_> {
+        let (buffer, offset, size) = self.slot_range(s.buffer, slot);
         wgpu::BufferBinding {
-            buffer: &self.buffers[home.buffer],
-            offset: home.offset + s.offset,
-            size: NonZeroU64::new(s.size.min(home.size.saturating_sub(s.offset))),
+            buffer,
+            offset: offset + s.offset,
+            size: NonZeroU64::new(s.size.min(size.saturating_sub(s.offset))),
         }
     }
 
@@ -513,7 +565,7 @@ mod tests {
         let result = pollster::block_on(async {
             let gpu = Gpu::open(&Default::default()).await.expect("a GPU");
             let used: HashSet<u32> = (3..3 + sizes.len() as u32).collect();
-            let residency = Residency::allocate(&gpu, &plan.header, &used, 4)
+            let residency = Residency::allocate(&gpu, &plan.header, &used, 4, 1)
                 .await
                 .expect("allocate");
             residency.upload_in_windows(&gpu, &plan, 16_384, None).await
@@ -546,7 +598,7 @@ mod tests {
         pollster::block_on(async {
             let gpu = Gpu::open(&Default::default()).await.expect("a GPU");
             let used: HashSet<u32> = (3..3 + sizes.len() as u32).collect();
-            let residency = Residency::allocate(&gpu, &plan.header, &used, 4)
+            let residency = Residency::allocate(&gpu, &plan.header, &used, 4, 1)
                 .await
                 .expect("allocate");
             residency

@@ -31,7 +31,9 @@ pub struct MemoryReport {
 
 pub(crate) struct Step {
     pub(crate) pipeline: usize,
-    pub(crate) bind_group: wgpu::BindGroup,
+    /// One bind group, or one per sequence slot when the dispatch binds a
+    /// KV cache of a session with several.
+    pub(crate) bind_groups: Vec<wgpu::BindGroup>,
     pub(crate) dispatch: Dispatch,
 }
 
@@ -47,7 +49,12 @@ pub struct Session {
     /// The variant that runs (its schedules are `prefill` and `decode`).
     variant: Variant,
     readback: wgpu::Buffer,
+    /// Tokens in the KV cache of the current slot.
     pub(crate) position: u64,
+    /// The sequence slot steps run in ([`Session::set_slot`]).
+    slot: usize,
+    /// Every slot's position (the current slot's is `position`).
+    positions: Vec<u64>,
     /// Positions the KV cache holds: the plan's `max_context` or the smaller
     /// [`SessionOptions::context`].
     context: u64,
@@ -126,37 +133,45 @@ impl VariantKernels {
     }
 }
 
-/// Creates the bind group of every dispatch of one schedule.
+/// Creates the bind groups of every dispatch of one schedule: one per
+/// sequence slot for a dispatch that binds a KV cache (each slot has its own
+/// copy), one for the others.
 async fn make_steps(
     gpu: &Gpu,
     residency: &Residency,
     kernels: &VariantKernels,
     list: &[Dispatch],
     phase: &str,
+    slots: usize,
 ) -> Result<Vec<Step>, RuntimeError> {
     let mut steps = Vec::with_capacity(list.len());
     for d in list {
-        let entries: Vec<wgpu::BindGroupEntry> = d
-            .bindings
-            .iter()
-            .enumerate()
-            .map(|(i, s)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource: wgpu::BindingResource::Buffer(residency.binding(s)),
-            })
-            .collect();
-        let bind_group = gpu
-            .scoped(&format!("binding {phase} dispatch `{}`", d.label), || {
-                gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: Some(&d.label),
-                    layout: &kernels.layouts[kernels.slot(d.kernel)],
-                    entries: &entries,
+        let per_slot = d.bindings.iter().any(|s| residency.per_slot(s.buffer));
+        let mut bind_groups = Vec::new();
+        for slot in 0..if per_slot { slots } else { 1 } {
+            let entries: Vec<wgpu::BindGroupEntry> = d
+                .bindings
+                .iter()
+                .enumerate()
+                .map(|(i, s)| wgpu::BindGroupEntry {
+                    binding: i as u32,
+                    resource: wgpu::BindingResource::Buffer(residency.binding(s, slot)),
                 })
-            })
-            .await?;
+                .collect();
+            let bind_group = gpu
+                .scoped(&format!("binding {phase} dispatch `{}`", d.label), || {
+                    gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                        label: Some(&d.label),
+                        layout: &kernels.layouts[kernels.slot(d.kernel)],
+                        entries: &entries,
+                    })
+                })
+                .await?;
+            bind_groups.push(bind_group);
+        }
         steps.push(Step {
             pipeline: kernels.slot(d.kernel),
-            bind_group,
+            bind_groups,
             dispatch: d.clone(),
         });
     }
@@ -197,6 +212,9 @@ pub struct SessionOptions {
     /// Threads creating pipelines at load (`None`: one per core, at most 16;
     /// one in a browser).
     pub pipeline_threads: Option<usize>,
+    /// Sequence slots: KV caches of `slots` sequences, each kept while steps
+    /// run in another ([`Session::set_slot`]); 0 and 1 both mean one.
+    pub slots: usize,
 }
 
 /// Where the time of [`Session::open`] went, and what the pipeline cache
@@ -349,6 +367,7 @@ impl Session {
             crate::variant::pick(&header, &gpu, opts.precision, opts.variant.as_deref())?.clone();
         let used = buffers_used(&header, &variant);
         let context = context_size(&header, opts.context)?;
+        let slots = opts.slots.max(1);
         let mut memory = MemoryReport::default();
         for i in &used {
             let decl = &header.buffers[*i as usize];
@@ -359,12 +378,13 @@ impl Session {
                 }
                 BufferKind::KvCache { .. } => {
                     let bytes = kv_bytes(decl.size, context, header.model.max_context);
+                    let bytes = bytes.saturating_mul(slots as u64);
                     memory.kv_cache = memory.kv_cache.saturating_add(bytes)
                 }
                 _ => memory.activations = memory.activations.saturating_add(decl.size),
             }
         }
-        let residency = Residency::allocate(&gpu, &header, &used, context).await?;
+        let residency = Residency::allocate(&gpu, &header, &used, context, slots).await?;
         load.buffers = clock.lap();
         residency
             .upload_weights(&gpu, plan, opts.progress.as_ref())
@@ -372,8 +392,17 @@ impl Session {
         load.weights = clock.lap();
         let kernels = VariantKernels::create(&gpu, &header, &variant, opts, &mut load).await?;
         load.pipelines = clock.lap();
-        let prefill = make_steps(&gpu, &residency, &kernels, &variant.prefill, "prefill").await?;
-        let decode = make_steps(&gpu, &residency, &kernels, &variant.decode, "decode").await?;
+        let prefill = make_steps(
+            &gpu,
+            &residency,
+            &kernels,
+            &variant.prefill,
+            "prefill",
+            slots,
+        )
+        .await?;
+        let decode =
+            make_steps(&gpu, &residency, &kernels, &variant.decode, "decode", slots).await?;
         let pipelines = kernels.pipelines;
         let readback_desc = wgpu::BufferDescriptor {
             label: Some("logits readback"),
@@ -396,6 +425,8 @@ impl Session {
             variant,
             readback,
             position: 0,
+            slot: 0,
+            positions: vec![0; slots],
             context,
             last_step_tokens: 0,
             progress: opts.progress.clone(),
@@ -435,14 +466,104 @@ impl Session {
         &self.load
     }
 
-    /// Tokens in the KV cache.
+    /// Tokens in the KV cache (of the current slot).
     pub fn position(&self) -> u64 {
         self.position
     }
 
-    /// Forgets the KV cache (the next step starts at position 0).
+    /// Sequence slots: KV caches of this many sequences
+    /// ([`SessionOptions::slots`]).
+    pub fn slots(&self) -> usize {
+        self.positions.len()
+    }
+
+    /// The slot steps run in.
+    pub fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// Tokens in the KV cache of `slot` (0 for a slot past the last).
+    pub fn slot_position(&self, slot: usize) -> u64 {
+        if slot == self.slot {
+            self.position
+        } else {
+            self.positions.get(slot).copied().unwrap_or(0)
+        }
+    }
+
+    /// Runs the following steps in sequence slot `slot` (< [`Session::slots`]):
+    /// its own KV cache, at its own position; the current slot's cache is
+    /// kept as it is for when steps come back to it. Wait for steps in
+    /// flight first ([`Session::sync`]).
+    pub fn set_slot(&mut self, slot: usize) -> Result<(), RuntimeError> {
+        if slot >= self.positions.len() {
+            return Err(RuntimeError::Slot {
+                slot,
+                slots: self.positions.len(),
+            });
+        }
+        self.positions[self.slot] = self.position;
+        self.slot = slot;
+        self.position = self.positions[slot];
+        Ok(())
+    }
+
+    /// Copies the first `rows` positions of slot `from`'s KV cache into
+    /// slot `to`'s (on the GPU, in order with the steps) and sets `to`'s
+    /// position to `rows`: a prefix computed once serves two sequences.
+    /// `rows` is at most `from`'s position.
+    pub fn copy_slot_prefix(
+        &mut self,
+        from: usize,
+        to: usize,
+        rows: u64,
+    ) -> Result<(), RuntimeError> {
+        let slots = self.positions.len();
+        for slot in [from, to] {
+            if slot >= slots {
+                return Err(RuntimeError::Slot { slot, slots });
+            }
+        }
+        let rows = rows.min(self.slot_position(from));
+        if from != to && rows > 0 {
+            let mut enc = self
+                .gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("copy a KV-cache prefix"),
+                });
+            let max_context = self.header.model.max_context;
+            for (i, decl) in self.header.buffers.iter().enumerate() {
+                let i = i as u32;
+                if !matches!(decl.kind, BufferKind::KvCache { .. }) || !self.residency.per_slot(i) {
+                    continue;
+                }
+                let (src, src_at, size) = self.residency.slot_range(i, from);
+                let (dst, dst_at, _) = self.residency.slot_range(i, to);
+                let row = decl.size / max_context.max(1);
+                let bytes = (row * rows).next_multiple_of(4).min(size);
+                enc.copy_buffer_to_buffer(src, src_at, dst, dst_at, bytes);
+            }
+            self.gpu.queue.submit([enc.finish()]);
+        }
+        if to == self.slot {
+            self.position = rows;
+        } else {
+            self.positions[to] = rows;
+        }
+        Ok(())
+    }
+
+    /// Forgets the KV cache of the current slot (the next step starts at
+    /// position 0).
     pub fn reset(&mut self) {
         self.position = 0;
+    }
+
+    /// Forgets the KV cache of every slot.
+    pub fn reset_all(&mut self) {
+        self.position = 0;
+        self.positions.iter_mut().for_each(|p| *p = 0);
     }
 
     /// Keeps only the first `position` tokens of the KV cache (no-op when it
@@ -556,7 +677,11 @@ impl Session {
             return false;
         }
         pass.set_pipeline(&self.pipelines[step.pipeline]);
-        pass.set_bind_group(0, &step.bind_group, &[]);
+        let group = step
+            .bind_groups
+            .get(self.slot)
+            .unwrap_or(&step.bind_groups[0]);
+        pass.set_bind_group(0, group, &[]);
         pass.dispatch_workgroups(x, y, z);
         true
     }

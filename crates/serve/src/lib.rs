@@ -309,22 +309,29 @@ async fn counted(app: &App, endpoint: Endpoint, body: Bytes) -> Response {
     })
 }
 
-/// `GET /slots` (llama-server's name): the model's one sequence slot —
-/// whether it is answering, its context and how much of it the KV cache
-/// holds — and the requests waiting for it.
+/// `GET /slots` (llama-server's name): the model's sequence slots —
+/// whether each is answering, its context and how much of it its KV cache
+/// holds — and the requests waiting for the model.
 async fn slots(State(app): State<Arc<App>>) -> Json<Value> {
-    Json(json!([{
-        "id": 0,
-        "is_processing": app.metrics.is_running(),
-        "n_ctx": app.info.context,
-        "kv_cache_tokens": app.metrics.kv_tokens(),
-        "queue_waiting": app.queue.waiting(),
-    }]))
+    let running = app.metrics.is_running().then(|| app.metrics.slot());
+    let list: Vec<Value> = (0..app.info.slots)
+        .map(|id| {
+            json!({
+                "id": id,
+                "is_processing": running == Some(id),
+                "n_ctx": app.info.context,
+                "kv_cache_tokens": app.metrics.kv_tokens(id),
+                "queue_waiting": app.queue.waiting(),
+            })
+        })
+        .collect();
+    Json(Value::Array(list))
 }
 
 /// `GET /metrics`: Prometheus' text format ([`metrics`]).
 async fn metrics_text(State(app): State<Arc<App>>) -> Response {
-    let text = app.metrics.render(app.queue.waiting(), app.info.context);
+    let capacity = app.info.context.saturating_mul(app.info.slots as u64);
+    let text = app.metrics.render(app.queue.waiting(), capacity);
     (
         [(
             axum::http::header::CONTENT_TYPE,

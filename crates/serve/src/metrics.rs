@@ -16,6 +16,7 @@ use crate::openai::Endpoint;
 use gerbil::GenerationStats;
 use std::fmt::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 
 /// The server's counters and gauges.
 #[derive(Debug, Default)]
@@ -28,7 +29,10 @@ pub struct Metrics {
     generated_tokens: AtomicU64,
     prefill_micros: AtomicU64,
     decode_micros: AtomicU64,
-    kv_tokens: AtomicU64,
+    /// Tokens each sequence slot's KV cache held after the last request.
+    kv_tokens: Mutex<Vec<u64>>,
+    /// The slot the model runs (or last ran) a request in.
+    slot: AtomicU64,
 }
 
 fn slot(endpoint: Endpoint) -> usize {
@@ -54,15 +58,27 @@ impl Metrics {
         self.running.store(u64::from(on), Ordering::Relaxed);
     }
 
-    /// A job's tokens and times, once it ended; `kv_tokens` the cache after it.
-    pub fn finished(&self, stats: &GenerationStats, kv_tokens: usize) {
+    /// The running request's sequence slot is `slot`.
+    pub fn in_slot(&self, slot: usize) {
+        self.slot.store(slot as u64, Ordering::Relaxed);
+    }
+
+    /// A job's tokens and times, once it ended; `kv_tokens` what each
+    /// slot's cache holds after it.
+    pub fn finished(&self, stats: &GenerationStats, kv_tokens: &[usize]) {
         let add = |c: &AtomicU64, v: u64| c.fetch_add(v, Ordering::Relaxed);
         add(&self.prompt_tokens, stats.prompt_tokens as u64);
         add(&self.cached_tokens, stats.cached_tokens as u64);
         add(&self.generated_tokens, stats.generated_tokens as u64);
         add(&self.prefill_micros, stats.prefill.as_micros() as u64);
         add(&self.decode_micros, stats.decode.as_micros() as u64);
-        self.kv_tokens.store(kv_tokens as u64, Ordering::Relaxed);
+        let tokens = kv_tokens.iter().map(|&t| t as u64).collect();
+        *self.kv_tokens.lock().unwrap_or_else(|e| e.into_inner()) = tokens;
+    }
+
+    /// The slot the model runs (or last ran) a request in.
+    pub fn slot(&self) -> usize {
+        self.slot.load(Ordering::Relaxed) as usize
     }
 
     /// Whether the model is answering a request now.
@@ -70,9 +86,10 @@ impl Metrics {
         self.running.load(Ordering::Relaxed) == 1
     }
 
-    /// Tokens the KV cache held after the last request.
-    pub fn kv_tokens(&self) -> u64 {
-        self.kv_tokens.load(Ordering::Relaxed)
+    /// Tokens slot `slot`'s KV cache held after the last request.
+    pub fn kv_tokens(&self, slot: usize) -> u64 {
+        let tokens = self.kv_tokens.lock().unwrap_or_else(|e| e.into_inner());
+        tokens.get(slot).copied().unwrap_or(0)
     }
 
     /// The exposition, with the queue's `waiting` jobs and the KV cache's
@@ -149,13 +166,18 @@ impl Metrics {
         family(
             "gerbil_kv_cache_tokens",
             "gauge",
-            "Tokens held in the KV cache after the last request.",
-            &one(get(&self.kv_tokens) as f64),
+            "Tokens held in the KV cache (every slot's) after the last request.",
+            &one(self
+                .kv_tokens
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .iter()
+                .sum::<u64>() as f64),
         );
         family(
             "gerbil_kv_cache_capacity_tokens",
             "gauge",
-            "Positions the KV cache holds.",
+            "Positions the KV cache holds (every slot's).",
             &one(capacity as f64),
         );
         out
@@ -181,7 +203,7 @@ mod tests {
             generated_tokens: 7,
             decode: Duration::from_millis(1500),
         };
-        m.finished(&stats, 17);
+        m.finished(&stats, &[12, 5]);
         let text = m.render(3, 2048);
         for line in [
             "gerbil_requests_total{endpoint=\"chat\"} 2",

@@ -92,6 +92,8 @@ pub struct ModelInfo {
     pub grammars: Result<Arc<Grammars>, String>,
     /// How the model writes tool calls.
     pub tool_style: ToolStyle,
+    /// Sequence slots the KV cache keeps (the prefix cache across requests).
+    pub slots: usize,
 }
 
 /// The worker thread and its queue.
@@ -136,10 +138,15 @@ impl Worker {
                     // job's channel closes) and the server goes on.
                     metrics.running(true);
                     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run_job(&mut model, job)
+                        run_job(&mut model, job, &metrics)
                     }));
                     match ran {
-                        Ok(Some(stats)) => metrics.finished(&stats, model.cached_tokens().len()),
+                        Ok(Some(stats)) => {
+                            let slots = model.session().slots();
+                            let held: Vec<usize> =
+                                (0..slots).map(|s| model.slot_tokens(s).len()).collect();
+                            metrics.finished(&stats, &held);
+                        }
                         Ok(None) => {}
                         Err(_) => {
                             tracing::error!("a request panicked; the KV cache is cleared");
@@ -260,6 +267,7 @@ async fn load(plan: &std::path::Path, opts: &ModelOptions) -> Result<(Model, Mod
         longest_token: model.shared_codec().map_or(1, |c| c.longest_token_bytes()),
         grammars,
         tool_style: ToolStyle::of(model.codec()),
+        slots: model.session().slots(),
     };
     Ok((model, info))
 }
@@ -284,7 +292,7 @@ fn reload(plan: &std::path::Path, opts: &ModelOptions, lost: Model, why: &str) -
 }
 
 /// Runs one job to its end, or until its client is gone.
-fn run_job(model: &mut Model, job: Job) -> Option<GenerationStats> {
+fn run_job(model: &mut Model, job: Job, metrics: &Metrics) -> Option<GenerationStats> {
     if job.events.is_closed() {
         tracing::info!("skipped a queued request: its client disconnected");
         return None;
@@ -317,7 +325,12 @@ fn run_job(model: &mut Model, job: Job) -> Option<GenerationStats> {
     if job.events.send(Event::Started).is_err() {
         return Some(generation.stats());
     }
+    let mut first = true;
     while let Some(piece) = pollster::block_on(generation.next()) {
+        if std::mem::take(&mut first) {
+            // The prompt has run: its slot is chosen.
+            metrics.in_slot(generation.slot());
+        }
         let event = match piece {
             Ok(piece) => Event::Text(piece.text),
             Err(e) => {

@@ -377,6 +377,12 @@ enum Cmd {
         /// more gets status 503 with Retry-After.
         #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u32).range(1..=65_536))]
         max_queue: u32,
+        /// Sequences whose KV caches the server keeps (each prompt runs in
+        /// the one that holds the most of it, so users taking turns keep
+        /// their conversations cached); each costs a KV cache of --ctx
+        /// positions.
+        #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
+        slots: u32,
     },
     /// Score a text: perplexity, and with --against another plan of the
     /// same model the KL divergence and top-1 agreement of their next-token
@@ -563,6 +569,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
             body_timeout,
             max_connections,
             max_queue,
+            slots,
         }) => {
             let api_key = match (api_key, api_key_file) {
                 (Some(key), _) => Some(key),
@@ -582,7 +589,11 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     body_timeout: std::time::Duration::from_secs_f64(body_timeout),
                     max_body_bytes,
                 },
-                model: cli.model_options(),
+                model: {
+                    let mut model = cli.model_options();
+                    model.session.slots = slots as usize;
+                    model
+                },
                 max_queue: max_queue as usize,
                 access: gerbil_serve::Access {
                     api_key,
