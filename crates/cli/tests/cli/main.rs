@@ -15,5 +15,6 @@ mod hardening_sizes;
 mod hardening_values;
 mod hub;
 mod serve;
+mod slots;
 mod structured;
 mod svg;

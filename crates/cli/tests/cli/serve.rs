@@ -126,7 +126,7 @@ impl Server {
         self.request("POST", path, body.to_string().as_bytes())
     }
 
-    fn get(&self, path: &str) -> (u16, Value) {
+    pub(crate) fn get(&self, path: &str) -> (u16, Value) {
         self.request("GET", path, b"")
     }
 
@@ -488,12 +488,15 @@ fn health_models_and_an_error_object_for_each_bad_request() {
     error_of(s, &v, 400, Some("temperature"));
     let (s, v) = server.post(chat, &json!({"prompt": "hi"}));
     error_of(s, &v, 400, Some("prompt"));
-    let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+    let tools = json!([{"type": "function", "function": {"name": "no spaces"}}]);
     let (s, v) = server.post(chat, &json!({"messages": hi, "tools": tools}));
     let m = error_of(s, &v, 400, Some("tools"));
-    assert!(m.contains("not supported"), "{m}");
-    let json_mode = json!({"type": "json_object"});
-    let (s, v) = server.post(chat, &json!({"messages": hi, "response_format": json_mode}));
+    assert!(m.contains("letters, digits"), "{m}");
+    let (s, v) = server.post(chat, &json!({"messages": hi, "functions": [{"name": "f"}]}));
+    let m = error_of(s, &v, 400, Some("functions"));
+    assert!(m.contains("send `tools` instead"), "{m}");
+    let yaml = json!({"type": "yaml"});
+    let (s, v) = server.post(chat, &json!({"messages": hi, "response_format": yaml}));
     error_of(s, &v, 400, Some("response_format"));
     // The tiny plan's context is 128 tokens; `zq` has no merge: 2 tokens.
     let long = "zq".repeat(100);

@@ -1,0 +1,78 @@
+//! The prefix cache across requests (`serve --slots`): requests that share
+//! a long system prompt compute it once, users taking turns keep their
+//! conversations cached, and no answer changes for it — each equals the
+//! answer of a server that caches nothing between these requests.
+
+use crate::common::*;
+use crate::serve::Server;
+use serde_json::{json, Value};
+
+fn ask(server: &Server, messages: &Value) -> (String, u64, u64) {
+    let body = json!({"messages": messages, "temperature": 0, "max_tokens": 12,
+                      "ignore_eos": true});
+    let (status, v) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let text = v["choices"][0]["message"]["content"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let usage = &v["usage"];
+    let cached = usage["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    (text, cached, usage["prompt_tokens"].as_u64().unwrap())
+}
+
+#[test]
+fn a_shared_system_prompt_is_computed_once_and_conversations_stay_cached() {
+    let dir = temp("slots");
+    let plan = tiny_text_plan(dir.path(), &["--max-context", "2048"]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let system = "You answer questions about the weather in the mountains, briefly and \
+                  kindly, and you never make anything up. "
+        .repeat(3);
+    let user = |text: &str| {
+        json!([{"role": "system", "content": system},
+                                   {"role": "user", "content": text}])
+    };
+    let (a, b) = (user("alpha?"), user("beta?"));
+
+    // Uncached answers: a server given each request first.
+    let fresh = |messages: &Value| {
+        let server = Server::start(&plan, &["--slots", "1"]);
+        let (text, cached, _) = ask(&server, messages);
+        assert_eq!(cached, 0);
+        text
+    };
+    let (alone_a, alone_b) = (fresh(&a), fresh(&b));
+
+    let server = Server::start(&plan, &["--slots", "2"]);
+    let (text_a, cached, prompt_a) = ask(&server, &a);
+    assert_eq!((text_a.as_str(), cached), (alone_a.as_str(), 0));
+    let (text_b, cached, prompt) = ask(&server, &b);
+    assert_eq!(text_b, alone_b);
+    assert!(
+        cached > system.len() as u64 / 8 && cached < prompt,
+        "{cached} of {prompt} prompt tokens cached: the system prompt"
+    );
+    // A's next turn finds A's whole first turn, though B ran between.
+    let mut a2 = a.as_array().unwrap().clone();
+    a2.push(json!({"role": "assistant", "content": text_a}));
+    a2.push(json!({"role": "user", "content": "and tomorrow?"}));
+    let a2 = Value::Array(a2);
+    let (_, cached_a2, prompt_a2) = ask(&server, &a2);
+    assert!(
+        cached_a2 >= prompt_a && cached_a2 < prompt_a2,
+        "{cached_a2} of {prompt_a2} cached; A's first prompt alone is {prompt_a} tokens"
+    );
+    let (status, slots) = server.get("/slots");
+    assert_eq!(status, 200);
+    let slots = slots.as_array().unwrap();
+    assert_eq!(slots.len(), 2, "{slots:?}");
+    assert!(
+        slots
+            .iter()
+            .all(|s| s["kv_cache_tokens"].as_u64().unwrap() > 0),
+        "{slots:?}"
+    );
+}
