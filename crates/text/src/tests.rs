@@ -87,6 +87,8 @@ fn gemma() -> Option<TextCodec> {
 fn check_tokenizer_ref(codec: &TextCodec, rel: &str) {
     let cases = json(rel)["cases"].as_array().unwrap().clone();
     assert_eq!(cases.len(), 20);
+    let table = codec.token_bytes();
+    assert_eq!(table.len(), codec.vocab_size());
     for case in &cases {
         let text = s(&case["text"]);
         let plain = ids(&case["ids"]);
@@ -117,17 +119,15 @@ fn check_tokenizer_ref(codec: &TextCodec, rel: &str) {
         let want: Vec<&str> = case["tokens"].as_array().unwrap().iter().map(s).collect();
         assert_eq!(tokens, want, "tokens of {text:?}");
         check_stream(codec, &[], &plain);
-        check_token_bytes(codec, &plain, s(&case["decoded_skip_special"]));
+        check_token_bytes(codec, &table, &plain, s(&case["decoded_skip_special"]));
     }
 }
 
-/// The bytes of `ids` (special tokens left out), joined, are the text they
+/// The bytes of `ids` in `table` (special tokens left out), joined, are the text they
 /// decode to: what a grammar sees is what the user gets. A SentencePiece
 /// decoder drops the space that begins the text (`Strip`), so only the
 /// ends are compared there.
-fn check_token_bytes(codec: &TextCodec, ids: &[u32], decoded: &str) {
-    let table = codec.token_bytes();
-    assert_eq!(table.len(), codec.vocab_size());
+fn check_token_bytes(codec: &TextCodec, table: &[TokenBytes], ids: &[u32], decoded: &str) {
     let mut bytes = Vec::new();
     for &id in ids {
         match &table[id as usize] {
