@@ -28,7 +28,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     let start = Instant::now();
     let grammars = Grammars::for_vocabulary(std::sync::Arc::new(codec), vocab, &[])?;
-    println!("vocabulary of {vocab} ids: token trie in {:?}", start.elapsed());
+    println!(
+        "vocabulary of {vocab} ids: token trie in {:?}",
+        start.elapsed()
+    );
     let start = Instant::now();
     let mut c = grammars.constraint(&grammar)?;
     println!("grammar compiled in {:?}", start.elapsed());

@@ -204,15 +204,22 @@ impl ToolFormat {
         let names: Vec<String> = (0..callable.len()).map(|i| format!("f{i}")).collect();
         lark.push_str(&format!("body: {}\n", names.join(" | ")));
         for (name, tool) in names.iter().zip(&callable) {
-            let schema = with_layout(json!({
+            // The call's schema wraps the parameters; their definitions move
+            // to its root, where their references (`#/$defs/…`) point.
+            let mut parameters = tool.parameters.clone();
+            let mut schema = json!({
                 "type": "object",
-                "properties": {
-                    "name": {"const": tool.name},
-                    self.arguments_key(): tool.parameters,
-                },
+                "properties": {"name": {"const": tool.name}},
                 "required": ["name", self.arguments_key()],
                 "additionalProperties": false,
-            }));
+            });
+            for defs in ["$defs", "definitions"] {
+                if let Some(d) = parameters.as_object_mut().and_then(|p| p.remove(defs)) {
+                    schema[defs] = d;
+                }
+            }
+            schema["properties"][self.arguments_key()] = parameters;
+            let schema = with_layout(schema);
             lark.push_str(&format!("{name}: %json {schema}\n"));
         }
         Ok(Grammar::Lark(lark))

@@ -186,9 +186,12 @@ fn weather_tools() -> Vec<Tool> {
         Tool {
             name: "add".into(),
             description: None,
-            parameters: json!({"type": "object", "properties": {
-                "a": {"type": "integer", "minimum": 0, "maximum": 99},
-                "b": {"type": "integer", "minimum": 0, "maximum": 99}},
+            // As pydantic writes a model with a nested one: `$defs` and a
+            // reference from the root of the parameters.
+            parameters: json!({"$defs": {"Small": {"type": "integer", "minimum": 0, "maximum": 99}},
+                "type": "object", "properties": {
+                "a": {"$ref": "#/$defs/Small"},
+                "b": {"$ref": "#/$defs/Small"}},
                 "required": ["a", "b"], "additionalProperties": false}),
         },
     ]

@@ -303,7 +303,8 @@ fn malformed_forms_and_schemas_are_400s_naming_the_field() {
 }
 
 /// The OpenAI Python client (installed by scripts/install-deps.sh) parses
-/// the answer into a pydantic model with `chat.completions.parse`.
+/// the answer into a pydantic model with `chat.completions.parse`, and a
+/// strict tool's call, whole and streamed, into the tool's model.
 #[test]
 fn the_openai_python_client_parses_into_a_pydantic_model() {
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
@@ -329,4 +330,5 @@ fn the_openai_python_client_parses_into_a_pydantic_model() {
     );
     let said = String::from_utf8_lossy(&out.stdout);
     assert!(said.contains("parsed 3 answers"), "{said}");
+    assert!(said.contains("parsed tool calls"), "{said}");
 }
