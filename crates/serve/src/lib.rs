@@ -45,7 +45,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use futures::stream::{self, Stream, StreamExt};
-use gerbil::{Error as ModelError, ModelOptions, RuntimeError};
+use gerbil::{Error as ModelError, FinishReason, ModelOptions, RuntimeError};
 use gerbil_grammar::tools::ToolFormat;
 use gerbil_grammar::GrammarConstraint;
 pub use guard::Access;
@@ -395,7 +395,8 @@ async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response
                     let out = format.parse(&text);
                     text = out.content;
                     calls = out.calls.into_iter().map(|c| (call_id(), c)).collect();
-                    if !calls.is_empty() {
+                    // An answer cut by the token limit stays `length`.
+                    if !calls.is_empty() && reason == FinishReason::Stop {
                         finish = "tool_calls";
                     }
                 }
@@ -548,7 +549,9 @@ fn sse_stream(
                                     call,
                                 };
                                 out.push(data(&envelope.chunk(piece)));
-                                finish = "tool_calls";
+                                if reason == FinishReason::Stop {
+                                    finish = "tool_calls";
+                                }
                             }
                         }
                         out.push(data(&envelope.chunk(ChunkPiece::Finish(finish))));
