@@ -44,18 +44,17 @@ const UPLOAD_WINDOW: usize = 256 << 20;
 const UPLOAD_CHUNK: usize = 16 << 20;
 
 /// The pools: plan buffers of one pool are bound the same way in every
-/// dispatch. Each sequence slot's KV caches pool apart, so one slot's rows
-/// can be copied into another's (a copy within one buffer is not allowed).
+/// dispatch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Pool {
     Weights,
-    Caches { slot: usize },
+    Caches,
 }
 
-fn pool_of(kind: &BufferKind, slot: usize) -> Option<Pool> {
+fn pool_of(kind: &BufferKind) -> Option<Pool> {
     match kind {
         BufferKind::Weight { .. } => Some(Pool::Weights),
-        BufferKind::KvCache { .. } => Some(Pool::Caches { slot }),
+        BufferKind::KvCache { .. } => Some(Pool::Caches),
         _ => None,
     }
 }
@@ -88,8 +87,8 @@ struct Home {
 
 /// A pool being filled: its plan buffers and the bytes it holds so far.
 struct Filling {
-    /// Plan buffer index, sequence slot, offset in the pool, bytes.
-    members: Vec<(usize, usize, u64, u64)>,
+    /// Plan buffer index, offset in the pool, bytes.
+    members: Vec<(usize, u64, u64)>,
     len: u64,
 }
 
@@ -97,16 +96,19 @@ struct Filling {
 pub(crate) struct Residency {
     buffers: Vec<wgpu::Buffer>,
     /// By plan buffer index; `None` for a buffer the variant does not use.
-    /// A KV cache's is its slot 0.
+    /// A KV cache of several slots: slot 0's, the others following it.
     homes: Vec<Option<Home>>,
-    /// The KV caches of slots 1 and up, by plan buffer index.
-    slot_homes: std::collections::HashMap<usize, Vec<Home>>,
+    /// Bytes from one slot's copy of a KV cache to the next's, by plan
+    /// buffer index (KV caches of a session with several slots only).
+    slot_strides: std::collections::HashMap<usize, u64>,
 }
 
 impl Residency {
     /// Allocates the plan buffers in `used` (empty; weights are written by
     /// [`Residency::upload_weights`]), each KV cache for `context` positions
-    /// and `slots` times (one per sequence slot).
+    /// and `slots` times (one per sequence slot), the copies of one cache
+    /// side by side in one wgpu buffer, `align`ed: one binding can span them
+    /// all.
     pub(crate) async fn allocate(
         gpu: &Gpu,
         header: &PlanHeader,
@@ -119,47 +121,41 @@ impl Residency {
         let mut residency = Residency {
             buffers: Vec::new(),
             homes: vec![None; header.buffers.len()],
-            slot_homes: std::collections::HashMap::new(),
+            slot_strides: std::collections::HashMap::new(),
         };
         let mut filling: Vec<(Pool, Filling)> = Vec::new();
-        let copies = header
-            .buffers
-            .iter()
-            .enumerate()
-            .filter(|(i, _)| used.contains(&(*i as u32)))
-            .flat_map(|(i, decl)| {
-                let n = match decl.kind {
-                    BufferKind::KvCache { .. } => slots.max(1),
-                    _ => 1,
-                };
-                (0..n).map(move |slot| (i, slot, decl))
-            });
-        for (i, slot, decl) in copies {
-            let size = match decl.kind {
+        for (i, decl) in header.buffers.iter().enumerate() {
+            if !used.contains(&(i as u32)) {
+                continue;
+            }
+            let (size, all) = match decl.kind {
                 BufferKind::KvCache { .. } => {
-                    kv_bytes(decl.size, context, header.model.max_context)
+                    let one = kv_bytes(decl.size, context, header.model.max_context);
+                    if slots > 1 {
+                        let stride = one.next_multiple_of(align);
+                        residency.slot_strides.insert(i, stride);
+                        (one, stride * (slots as u64 - 1) + one)
+                    } else {
+                        (one, one)
+                    }
                 }
-                _ => decl.size,
+                _ => (decl.size, decl.size),
             };
-            let pool = pool_of(&decl.kind, slot).filter(|_| size <= POOL_ITEM_MAX);
+            let pool = pool_of(&decl.kind).filter(|_| all <= POOL_ITEM_MAX);
             let Some(pool) = pool else {
                 let label = decl.kind.describe();
                 let buffer = residency
-                    .create(gpu, &label, size, usage_for(&decl.kind))
+                    .create(gpu, &label, all, usage_for(&decl.kind))
                     .await?;
-                residency.set_home(
-                    i,
-                    slot,
-                    Home {
-                        buffer,
-                        offset: 0,
-                        size,
-                    },
-                );
+                residency.homes[i] = Some(Home {
+                    buffer,
+                    offset: 0,
+                    size,
+                });
                 continue;
             };
             let at = filling.iter().position(|(p, _)| *p == pool);
-            let fits = |f: &Filling| f.len.next_multiple_of(align) + size <= pool_bytes;
+            let fits = |f: &Filling| f.len.next_multiple_of(align) + all <= pool_bytes;
             let k = match at {
                 Some(k) if fits(&filling[k].1) => k,
                 _ => {
@@ -179,8 +175,8 @@ impl Residency {
             };
             let f = &mut filling[k].1;
             let offset = f.len.next_multiple_of(align);
-            f.members.push((i, slot, offset, size));
-            f.len = offset + size;
+            f.members.push((i, offset, size));
+            f.len = offset + all;
         }
         for (p, f) in filling {
             residency.close(gpu, header, p, f).await?;
@@ -216,7 +212,7 @@ impl Residency {
         pool: Pool,
         f: Filling,
     ) -> Result<(), RuntimeError> {
-        let Some(&(first, _, _, _)) = f.members.first() else {
+        let Some(&(first, _, _)) = f.members.first() else {
             return Ok(());
         };
         let label = format!("{pool:?} pool ({} buffers)", f.members.len());
@@ -224,42 +220,29 @@ impl Residency {
         let buffer = self
             .create(gpu, &label, f.len.next_multiple_of(4), usage)
             .await?;
-        for (i, slot, offset, size) in f.members {
-            self.set_home(
-                i,
-                slot,
-                Home {
-                    buffer,
-                    offset,
-                    size,
-                },
-            );
+        for (i, offset, size) in f.members {
+            self.homes[i] = Some(Home {
+                buffer,
+                offset,
+                size,
+            });
         }
         Ok(())
-    }
-
-    fn set_home(&mut self, i: usize, slot: usize, home: Home) {
-        if slot == 0 {
-            self.homes[i] = Some(home);
-        } else {
-            self.slot_homes.entry(i).or_default().push(home);
-        }
     }
 
     /// Plan buffer `i`'s copy for sequence `slot`: the wgpu buffer, the
     /// offset and the bytes allocated (slot 0 for a buffer without copies).
     pub(crate) fn slot_range(&self, i: u32, slot: usize) -> (&wgpu::Buffer, u64, u64) {
-        let home = match (slot, self.slot_homes.get(&(i as usize))) {
-            (1.., Some(copies)) => copies[slot - 1],
-            _ => self.home(i),
-        };
-        (&self.buffers[home.buffer], home.offset, home.size)
+        let home = self.home(i);
+        let stride = self.slot_strides.get(&(i as usize)).copied().unwrap_or(0);
+        let offset = home.offset + stride * slot as u64;
+        (&self.buffers[home.buffer], offset, home.size)
     }
 
     /// Whether plan buffer `i` has a copy per sequence slot (a KV cache of
     /// a session with several).
     pub(crate) fn per_slot(&self, i: u32) -> bool {
-        self.slot_homes.contains_key(&(i as usize))
+        self.slot_strides.contains_key(&(i as usize))
     }
 
     fn home(&self, i: u32) -> Home {

@@ -526,23 +526,36 @@ impl Session {
         }
         let rows = rows.min(self.slot_position(from));
         if from != to && rows > 0 {
+            // The slots of a cache share one wgpu buffer, and WebGPU copies
+            // only between two buffers: through a staging buffer, the copies
+            // of every cache in one submission.
+            let max_context = self.header.model.max_context.max(1);
+            let caches: Vec<(u32, u64)> = (0..self.header.buffers.len() as u32)
+                .filter(|&i| self.residency.per_slot(i))
+                .map(|i| {
+                    let (_, _, size) = self.residency.slot_range(i, from);
+                    let row = self.header.buffers[i as usize].size / max_context;
+                    (i, (row * rows).next_multiple_of(4).min(size))
+                })
+                .collect();
+            let largest = caches.iter().map(|&(_, b)| b).max().unwrap_or(0);
+            let staging = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("KV-cache prefix staging"),
+                size: largest.max(4),
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
             let mut enc = self
                 .gpu
                 .device
                 .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                     label: Some("copy a KV-cache prefix"),
                 });
-            let max_context = self.header.model.max_context;
-            for (i, decl) in self.header.buffers.iter().enumerate() {
-                let i = i as u32;
-                if !matches!(decl.kind, BufferKind::KvCache { .. }) || !self.residency.per_slot(i) {
-                    continue;
-                }
-                let (src, src_at, size) = self.residency.slot_range(i, from);
+            for (i, bytes) in caches {
+                let (src, src_at, _) = self.residency.slot_range(i, from);
                 let (dst, dst_at, _) = self.residency.slot_range(i, to);
-                let row = decl.size / max_context.max(1);
-                let bytes = (row * rows).next_multiple_of(4).min(size);
-                enc.copy_buffer_to_buffer(src, src_at, dst, dst_at, bytes);
+                enc.copy_buffer_to_buffer(src, src_at, &staging, 0, bytes);
+                enc.copy_buffer_to_buffer(&staging, 0, dst, dst_at, bytes);
             }
             self.gpu.queue.submit([enc.finish()]);
         }
