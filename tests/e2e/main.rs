@@ -10,6 +10,7 @@
 //! every core); the rest run beside them.
 
 mod architecture;
+mod batch;
 mod facade;
 mod generation;
 mod gpu_faults;

@@ -93,7 +93,9 @@ fn uses(h: &PlanHeader, d: &Dispatch) -> Result<Vec<(u32, u64, u64, Use)>> {
                 Use::ReadWrite
             }
             (Port::Input { .. }, _, _) => Use::Read,
-            (Port::Params | Port::Sampling | Port::Scratch | Port::Counters, _, _) => continue,
+            (Port::Params | Port::Sampling | Port::Scratch | Port::Counters | Port::Rows, _, _) => {
+                continue
+            }
         };
         out.push((slice.buffer, slice.offset, slice.offset + slice.size, role));
     }

@@ -134,6 +134,7 @@ impl<'g, 'o> Layout<'g, 'o> {
         match port {
             Port::Params => whole(Some(self.sources.step_params)),
             Port::Sampling => whole(self.sources.sampling_params),
+            Port::Rows => whole(self.sources.step_rows),
             Port::Input { index, shard } => {
                 let v = *self.graph.inputs(id).get(index as usize)?;
                 self.slices(v, precision).get(shard as usize).copied()
@@ -159,6 +160,10 @@ impl<'g, 'o> Layout<'g, 'o> {
         match port {
             Port::Params => Some(STEP_PARAMS_BYTES),
             Port::Sampling => Some(SAMPLING_PARAMS_BYTES),
+            Port::Rows => self
+                .sources
+                .step_rows
+                .map(|i| self.sources.buffers.decls[i as usize].size),
             Port::Input { index, shard } => {
                 let v = *self.graph.inputs(id).get(index as usize)?;
                 match self.cache(v, precision) {

@@ -25,7 +25,7 @@ use crate::kernels::{
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
     rope::{self, RopeSpec},
-    sample_token, Rows,
+    sample_token, Positions, Rows,
 };
 use crate::target::Target;
 use crate::tuning::{tile_for, GemmShape, GemmTiles};
@@ -54,6 +54,11 @@ pub enum Phase {
     Prefill(u32),
     /// A decode step: `T = 1`.
     Decode,
+    /// A batch step: `T` rows, each one token of its own sequence at the
+    /// row table's position ([`Positions::Table`]); a value of one row
+    /// (after `slice-last-row`) holds a row per sequence, so every row's
+    /// logits come out.
+    Batch,
 }
 
 /// Lowers nodes of one graph; knows which weights are split into row shards.
@@ -66,6 +71,8 @@ pub struct Lowering<'g> {
     pub max_context: u32,
     /// Largest step (`T`) of a prefill schedule.
     pub max_tokens: u32,
+    /// Largest step of the batch schedule.
+    pub max_batch: u32,
     /// The target's limits (a variant may allow its kernels more
     /// workgroup memory: [`VariantSpec::limits`]).
     pub target: &'g Target,
@@ -136,7 +143,18 @@ impl Lowering<'_> {
     ) -> Result<Lowered, CodegenError> {
         let tt = match phase {
             Phase::Prefill(rows) => rows.max(1),
-            Phase::Decode => 1,
+            Phase::Decode | Phase::Batch => 1,
+        };
+        let batch = phase == Phase::Batch;
+        // In a batch, a value of one row has a row per sequence.
+        let rows_of = |ty: &TensorType| match rows_of(ty) {
+            Rows::Fixed(1) if batch => Rows::Tokens,
+            rows => rows,
+        };
+        let at = if batch {
+            Positions::Table
+        } else {
+            Positions::Step
         };
         let g = self.graph;
         let node = g.node(id);
@@ -176,7 +194,7 @@ impl Lowering<'_> {
             | Op::MatMulGlu(MatMulGlu { has_bias, norm, .. }) => {
                 let (glu, ports, last_row) = match &node.op {
                     Op::MatMulGlu(m) => (Some(m.act), m.ports(), false),
-                    Op::MatMul(m) => (None, m.ports(), m.last_row),
+                    Op::MatMul(m) => (None, m.ports(), m.last_row && !batch),
                     _ => return Err(unsupported("not a matmul")),
                 };
                 let rows = rows_of(out_ty);
@@ -199,8 +217,13 @@ impl Lowering<'_> {
                     last_row,
                 };
                 let workgroup_bytes = variant.limits(self.target).max_workgroup_storage;
+                let step_rows = if batch {
+                    self.max_batch
+                } else {
+                    self.max_tokens
+                };
                 let (source, template) = match phase {
-                    Phase::Prefill(_)
+                    Phase::Prefill(_) | Phase::Batch
                         if rows == Rows::Tokens
                             && variant.features.contains(&Feature::CooperativeMatrix) =>
                     {
@@ -208,24 +231,25 @@ impl Lowering<'_> {
                             spec.n,
                             spec.k,
                             glu.is_some(),
-                            self.max_tokens,
+                            step_rows,
                             workgroup_bytes,
                         );
                         (gemm_coop::kernel(spec, gemm), MatMulTemplate::GemmCoop)
                     }
-                    Phase::Prefill(_) if rows == Rows::Tokens && !last_row => {
+                    Phase::Prefill(_) | Phase::Batch if rows == Rows::Tokens && !last_row => {
                         let shape = GemmShape {
                             k: spec.k,
                             n: spec.n,
                             glu: glu.is_some(),
                             wdtype: spec.wdtype,
                         };
-                        let tile =
-                            tile_for(self.gemm_tiles, shape, self.max_tokens, workgroup_bytes);
+                        let tile = tile_for(self.gemm_tiles, shape, step_rows, workgroup_bytes);
                         let template = MatMulTemplate::Gemm { tile: tile.tag() };
                         (gemm::kernel(&spec, tile), template)
                     }
-                    Phase::Prefill(_) => (matmul::kernel(spec), MatMulTemplate::Rows),
+                    Phase::Prefill(_) | Phase::Batch => {
+                        (matmul::kernel(spec), MatMulTemplate::Rows)
+                    }
                     Phase::Decode => {
                         let reduce = if variant.features.contains(&Feature::Subgroups) {
                             Reduce::Subgroup
@@ -260,17 +284,22 @@ impl Lowering<'_> {
                 };
                 match node.op {
                     Op::AddRmsNorm(_) => rms_norm::add_kernel(spec),
+                    // A batch keeps every row: each is a sequence's last.
+                    _ if batch => rms_norm::add_kernel(spec),
                     _ => rms_norm::add_kernel_last_row(spec),
                 }
             }
-            Op::QkvRope(r) => qkv_rope::kernel(QkvRopeSpec {
-                heads: r.n_heads,
-                kv_heads: r.n_kv_heads,
-                head_dim: r.head_dim,
-                rotary_dim: r.rotary_dim,
-                norm: r.qk_norm.map(|n| (n.eps, n.weight_offset, in_ty(4).dtype)),
-                kv: kv(in_ty(2)),
-            }),
+            Op::QkvRope(r) => qkv_rope::kernel_at(
+                QkvRopeSpec {
+                    heads: r.n_heads,
+                    kv_heads: r.n_kv_heads,
+                    head_dim: r.head_dim,
+                    rotary_dim: r.rotary_dim,
+                    norm: r.qk_norm.map(|n| (n.eps, n.weight_offset, in_ty(4).dtype)),
+                    kv: kv(in_ty(2)),
+                },
+                at,
+            ),
             Op::SliceCols { start, len } => elementwise::slice_cols(
                 rows_of(out_ty),
                 width_of(in_ty(0)),
@@ -278,12 +307,15 @@ impl Lowering<'_> {
                 *len as u32,
             ),
 
-            Op::Rope(r) => rope::kernel(RopeSpec {
-                heads: r.n_heads,
-                head_dim: r.head_dim,
-                rotary_dim: r.rotary_dim,
-            }),
-            Op::CacheWrite => elementwise::cache_write(width_of(out_ty), kv(in_ty(0))),
+            Op::Rope(r) => rope::kernel_at(
+                RopeSpec {
+                    heads: r.n_heads,
+                    head_dim: r.head_dim,
+                    rotary_dim: r.rotary_dim,
+                },
+                at,
+            ),
+            Op::CacheWrite => elementwise::cache_write_at(width_of(out_ty), kv(in_ty(0)), at),
             Op::Attention(a) => {
                 let spec = AttentionSpec {
                     heads: a.n_heads,
@@ -294,13 +326,18 @@ impl Lowering<'_> {
                     kv: kv(in_ty(1)),
                 };
                 match phase {
-                    Phase::Prefill(_) => attention::kernel(spec),
+                    Phase::Prefill(_) | Phase::Batch => attention::kernel_at(spec, at),
                     Phase::Decode => attention_decode::kernel(spec, self.max_context),
                 }
             }
             Op::Unary(u) => elementwise::unary(*u, rows_of(out_ty), width_of(out_ty)),
             Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
             Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),
+            // A batch keeps every row: the slice is a copy.
+            Op::SliceLastRow if batch => {
+                let w = width_of(out_ty);
+                elementwise::slice_cols(Rows::Tokens, w, 0, w)
+            }
             Op::SliceLastRow => elementwise::slice_last_row(width_of(out_ty)),
             Op::SampleToken if width_of(in_ty(0)) > sample_token::MAX_VOCAB => {
                 return Err(unsupported("sample_token takes at most 2^24 columns"))

@@ -36,6 +36,9 @@ pub struct CodegenOptions {
     pub prefill_rows_per_workgroup: u32,
     /// Prefill GEMM tiles measured on a device (`gerbilc tune`), by shape.
     pub gemm_tiles: GemmTiles,
+    /// Most sequences of a batch step (0: no batch schedule; see
+    /// `Variant::batch`).
+    pub max_batch: u32,
 }
 
 impl Default for CodegenOptions {
@@ -46,6 +49,7 @@ impl Default for CodegenOptions {
             target: Target::portable(),
             prefill_rows_per_workgroup: 8,
             gemm_tiles: GemmTiles::new(),
+            max_batch: 0,
         }
     }
 }
@@ -139,6 +143,7 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         shard_rows: &layout.sources.buffers.shard_rows,
         max_context: opts.max_context as u32,
         max_tokens: opts.max_tokens_per_step as u32,
+        max_batch: opts.max_batch,
         target: &opts.target,
         gemm_tiles: &opts.gemm_tiles,
     };
@@ -150,14 +155,19 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         let mut phase = |phase| schedule(&steps, &layout, &lowering, &mut asm, &spec, phase);
         let prefill = phase(Phase::Prefill(spec.prefill_rows_per_workgroup))?;
         let decode = phase(Phase::Decode)?;
-        variants.push((spec, prefill, decode));
+        let batch = if opts.max_batch > 0 {
+            phase(Phase::Batch)?
+        } else {
+            Vec::new()
+        };
+        variants.push((spec, prefill, decode, batch));
     }
     let activation_naive_bytes = layout.naive_bytes();
     let sources = layout.sources;
     let mut decls = sources.buffers.decls;
     let mut schedules: Vec<_> = variants
         .iter_mut()
-        .flat_map(|(_, prefill, decode)| [prefill, decode])
+        .flat_map(|(_, prefill, decode, batch)| [prefill, decode, batch])
         .collect();
     if let Some(decl) = asm.place_scratch(&mut schedules) {
         debug_assert_eq!(decls.len() as u32, scratch);
@@ -165,13 +175,14 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
     }
     let variants = variants
         .into_iter()
-        .map(|(spec, prefill, decode)| Variant {
+        .map(|(spec, prefill, decode, batch)| Variant {
             name: spec.name.to_string(),
-            requirements: asm.requirements(&decls, &[&prefill, &decode]),
+            requirements: asm.requirements(&decls, &[&prefill, &decode, &batch]),
             features: spec.features,
             precision: spec.precision,
             prefill,
             decode,
+            batch,
         })
         .collect();
     let whole = |i: u32| BufferSlice {
@@ -187,6 +198,8 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         logits_all_rows,
         next_token: sources.next_token,
         sampling_params: sources.sampling_params,
+        step_rows: sources.step_rows,
+        max_batch: opts.max_batch,
     };
     Ok(Assembled {
         buffers: decls,
@@ -211,6 +224,10 @@ fn schedule(
     let target = lowering.target;
     steps
         .iter()
+        // A batch step keeps every row's logits and chooses on the CPU.
+        .filter(|&&id| {
+            phase != Phase::Batch || !matches!(lowering.graph.node(id).op, Op::SampleToken)
+        })
         .map(|&id| {
             let node = lowering.graph.node(id);
             let ops = Operands {

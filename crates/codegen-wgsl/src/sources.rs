@@ -131,8 +131,17 @@ impl<'o> Buffers<'o> {
         )
     }
 
+    /// Bytes of a value of type `ty` at the largest step. A value of one
+    /// row (`[1, …]`, after `slice-last-row`) holds a row per sequence of a
+    /// batch step when the plan has one.
     pub(crate) fn value_bytes(&self, ty: &TensorType) -> u64 {
-        buffer_bytes(ty, self.opts.max_tokens_per_step, self.opts.max_context)
+        let bytes = buffer_bytes(ty, self.opts.max_tokens_per_step, self.opts.max_context);
+        match ty.shape.first() {
+            Some(Dim::Const(1)) if self.opts.max_batch > 1 => {
+                bytes.saturating_mul(u64::from(self.opts.max_batch))
+            }
+            _ => bytes,
+        }
     }
 
     /// Bytes of an operand of type `ty` as bound: the whole value, or row
@@ -252,6 +261,8 @@ pub(crate) struct Sources<'o> {
     pub next_token: Option<BufferSlice>,
     /// The sampling-parameter uniform, with `next_token`.
     pub sampling_params: Option<u32>,
+    /// The row table of batch steps (a plan with a batch schedule).
+    pub step_rows: Option<u32>,
 }
 
 /// Gives every source and output of `graph` (in topological `order`) its
@@ -280,6 +291,8 @@ pub(crate) fn place<'o>(
         });
     }
     let step_params = b.push(STEP_PARAMS_BYTES, BufferKind::StepParams);
+    let step_rows =
+        (opts.max_batch > 0).then(|| b.push(8 * u64::from(opts.max_batch), BufferKind::StepRows));
     let mut token_ids = None;
     let mut caches = Vec::new();
     for &id in order {
@@ -378,5 +391,6 @@ pub(crate) fn place<'o>(
         logits,
         next_token,
         sampling_params,
+        step_rows,
     })
 }

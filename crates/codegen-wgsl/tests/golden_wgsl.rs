@@ -11,7 +11,7 @@ use gerbil_codegen_wgsl::kernels::{
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
     rope::{self, RopeSpec},
-    KernelSource, Rows,
+    KernelSource, Positions, Rows,
 };
 use gerbil_codegen_wgsl::{validate, validate_with};
 use gerbil_ir::{BinaryOp, DType, UnaryOp};
@@ -587,4 +587,46 @@ fn golden_quantized_kernels() {
         wdtype: DType::Q8_0,
         scale: None,
     }));
+}
+
+/// The batch schedule's kernels, whose rows are sequences at the positions
+/// of the row table: SmolLM2's fused q|k|v RoPE, a partial-rotary RoPE, a
+/// Gemma 3 sliding-window attention and an f16 cache write.
+#[test]
+fn golden_row_table_kernels() {
+    golden(qkv_rope::kernel_at(
+        QkvRopeSpec {
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            rotary_dim: 64,
+            norm: None,
+            kv: DType::F32,
+        },
+        Positions::Table,
+    ));
+    golden(rope::kernel_at(
+        RopeSpec {
+            heads: 4,
+            head_dim: 40,
+            rotary_dim: 24,
+        },
+        Positions::Table,
+    ));
+    golden(attention::kernel_at(
+        AttentionSpec {
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            scale: 0.0625,
+            window: 512,
+            kv: DType::F32,
+        },
+        Positions::Table,
+    ));
+    golden(elementwise::cache_write_at(
+        192,
+        DType::F16,
+        Positions::Table,
+    ));
 }

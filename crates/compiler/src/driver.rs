@@ -246,6 +246,16 @@ pub fn compile<'a>(
         None => crate::chunk::choose(&graph, &codegen)?,
     };
     let max_tokens_per_step = codegen.max_tokens_per_step;
+    if u64::from(opts.max_batch) > max_tokens_per_step {
+        return Err(CompileError::Option {
+            option: "--max-batch",
+            value: opts.max_batch.to_string(),
+            reason: format!(
+                "a batch step takes at most --max-tokens-per-step ({max_tokens_per_step}) sequences"
+            ),
+        });
+    }
+    codegen.max_batch = opts.max_batch;
     let model = ModelInfo {
         architecture: facts.architecture.clone(),
         family: facts.family.clone(),

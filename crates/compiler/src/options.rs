@@ -42,6 +42,9 @@ pub struct CompileOptions {
     /// Store float matrices in a ggml block type (`--quantize`,
     /// [`crate::quantize`]); `None`: as the checkpoint stores them.
     pub quantize: Option<Quantization>,
+    /// Most sequences one batch step decodes together (`--max-batch`; 0, the
+    /// default: the plan has no batch schedule).
+    pub max_batch: u32,
 }
 
 impl Default for CompileOptions {
@@ -56,6 +59,7 @@ impl Default for CompileOptions {
             tuning: None,
             allow_non_finite: false,
             quantize: None,
+            max_batch: 0,
         }
     }
 }

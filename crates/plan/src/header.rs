@@ -50,6 +50,12 @@ pub struct Variant {
     pub prefill: Vec<Dispatch>,
     /// Dispatches for a decode step (`T = 1`).
     pub decode: Vec<Dispatch>,
+    /// Dispatches for a batch step: `1 ≤ T ≤ io.max_batch` rows, each one
+    /// token of its own sequence at the KV-cache row and position the
+    /// `step_rows` table gives, every row's logits kept (empty when the plan
+    /// was compiled without `--max-batch`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub batch: Vec<Dispatch>,
 }
 
 /// The numerics of a variant. Arithmetic, accumulation, softmax and norms
@@ -72,6 +78,7 @@ impl Variant {
         self.prefill
             .iter()
             .chain(&self.decode)
+            .chain(&self.batch)
             .flat_map(|d| d.bindings.iter().map(|b| b.buffer))
     }
 }
@@ -277,6 +284,10 @@ pub enum BufferKind {
     SamplingParams,
     /// Token ids of the step, `u32[max_tokens_per_step]`, written by the runtime.
     TokenIds,
+    /// The rows of a batch step, `u32[2 · max_batch]`: for row `r`, its
+    /// KV-cache row (the sequence's slot times the rows a slot spans, plus
+    /// its position) and its position; written by the runtime.
+    StepRows,
     /// Memory a kernel uses only during its own dispatch, shared by every
     /// dispatch that needs some (they run in order on one queue). The first
     /// `counter_bytes` hold `u32` counters: zero-initialised, and every
@@ -301,6 +312,7 @@ impl BufferKind {
             BufferKind::StepParams => "step parameters".into(),
             BufferKind::SamplingParams => "sampling parameters".into(),
             BufferKind::TokenIds => "token ids".into(),
+            BufferKind::StepRows => "step rows".into(),
             BufferKind::Scratch { .. } => "dispatch scratch".into(),
         }
     }
@@ -477,6 +489,8 @@ pub enum Port {
     /// No IR operand: `u32` counters in the scratch buffer's counter region,
     /// zero on entry; the kernel must leave them zero.
     Counters,
+    /// No IR operand: the batch step's row table (`step_rows`).
+    Rows,
 }
 
 /// How a binding is declared in WGSL.
@@ -641,4 +655,14 @@ pub struct IoBindings {
     /// without it always choose greedily).
     #[serde(default)]
     pub sampling_params: Option<u32>,
+    /// The row table of batch steps (plans with a batch schedule).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub step_rows: Option<u32>,
+    /// Most rows of a batch step (0: the plan has no batch schedule).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub max_batch: u32,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }

@@ -101,6 +101,18 @@ impl PlanHeader {
         }
         for v in &self.variants {
             check_requirements(v)?;
+            if v.batch.is_empty() != (self.io.max_batch == 0) {
+                return Err(format!(
+                    "variant `{}` has {} batch dispatches but the plan's max_batch is {}",
+                    v.name,
+                    v.batch.len(),
+                    self.io.max_batch
+                ));
+            }
+            for (i, d) in v.batch.iter().enumerate() {
+                let what = format!("{} batch dispatch {i} ({})", v.name, d.label);
+                self.check_dispatch(d, &what)?;
+            }
             for (phase, list) in [("prefill", &v.prefill), ("decode", &v.decode)] {
                 if list.is_empty() {
                     return Err(format!(
@@ -235,8 +247,27 @@ impl PlanHeader {
         let rows = if io.logits_all_rows {
             self.model.max_tokens_per_step
         } else {
-            1
+            u64::from(io.max_batch).max(1)
         };
+        if io.max_batch > 0 {
+            if u64::from(io.max_batch) > self.model.max_tokens_per_step {
+                return Err(format!(
+                    "max_batch {} is more rows than the token-ids buffer's {}",
+                    io.max_batch, self.model.max_tokens_per_step
+                ));
+            }
+            let table = io
+                .step_rows
+                .ok_or("a plan with a batch schedule has no step-rows buffer")?;
+            if !matches!(self.buffer_kind(table, "step rows")?, BufferKind::StepRows)
+                || self.buffers[table as usize].size < 8 * u64::from(io.max_batch)
+            {
+                return Err(format!(
+                    "the step-rows binding is not a step-rows buffer of {} rows",
+                    io.max_batch
+                ));
+            }
+        }
         if !io.logits.offset.is_multiple_of(4) {
             return Err(format!(
                 "the logits output starts at byte {}, not a multiple of 4",
@@ -478,7 +509,13 @@ fn check_binding(
             }
             _ => matches!(kind, BufferKind::StepParams) && decl.bytes == STEP_PARAMS_BYTES,
         },
-        Access::Read => !matches!(kind, BufferKind::StepParams | BufferKind::SamplingParams),
+        Access::Read => match decl.port {
+            Port::Rows => matches!(kind, BufferKind::StepRows),
+            _ => !matches!(
+                kind,
+                BufferKind::StepParams | BufferKind::SamplingParams | BufferKind::StepRows
+            ),
+        },
         Access::ReadWrite => matches!(
             kind,
             BufferKind::Arena

@@ -102,6 +102,7 @@ fn header(weight: SectionRef) -> PlanHeader {
             requirements: Requirements::default(),
             prefill: vec![copy(weight.len)],
             decode: vec![copy(weight.len)],
+            batch: Vec::new(),
         }],
         io: IoBindings {
             step_params: 0,
@@ -114,6 +115,8 @@ fn header(weight: SectionRef) -> PlanHeader {
             logits_all_rows: false,
             next_token: None,
             sampling_params: None,
+            step_rows: None,
+            max_batch: 0,
         },
     }
 }

@@ -196,6 +196,7 @@ fn valid(w: SectionRef) -> PlanHeader {
             },
             prefill: schedule(),
             decode: schedule(),
+            batch: Vec::new(),
         }],
         io: IoBindings {
             step_params: 0,
@@ -204,6 +205,8 @@ fn valid(w: SectionRef) -> PlanHeader {
             logits_all_rows: false,
             next_token: Some(slice(5, 0, 4)),
             sampling_params: Some(6),
+            step_rows: None,
+            max_batch: 0,
         },
     }
 }

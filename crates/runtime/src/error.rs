@@ -108,6 +108,18 @@ pub enum RuntimeError {
         /// The plan's `max_context`.
         max: u64,
     },
+    /// A batch step on a plan compiled without a batch schedule.
+    #[error("this plan has no batch schedule: compile it with `gerbilc compile --max-batch N` to run several sequences in one step")]
+    NoBatchSchedule,
+    /// A batch step of more sequences than the plan's batch schedule takes,
+    /// or of none, or of one slot twice.
+    #[error("a batch step takes 1 to {max} sequences, each in its own slot; got {given}")]
+    BatchSize {
+        /// What the step was given.
+        given: String,
+        /// The plan's `max_batch`.
+        max: u32,
+    },
     /// A sequence slot past the session's.
     #[error("sequence slot {slot} does not exist: the session has {slots} (slots 0 to {})", slots - 1)]
     Slot {

@@ -69,7 +69,7 @@ fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
         BufferKind::KvCache { .. } => U::STORAGE | U::COPY_SRC | U::COPY_DST,
         BufferKind::Output { .. } => U::STORAGE | U::COPY_SRC,
         BufferKind::StepParams | BufferKind::SamplingParams => U::UNIFORM | U::COPY_DST,
-        BufferKind::TokenIds => U::STORAGE | U::COPY_DST,
+        BufferKind::TokenIds | BufferKind::StepRows => U::STORAGE | U::COPY_DST,
     }
 }
 
@@ -101,6 +101,10 @@ pub(crate) struct Residency {
     /// Bytes from one slot's copy of a KV cache to the next's, by plan
     /// buffer index (KV caches of a session with several slots only).
     slot_strides: std::collections::HashMap<usize, u64>,
+    /// Cache rows from one slot's copy to the next's: the context rounded
+    /// up to a multiple of 64 (so every stride is a multiple of 256 bytes
+    /// for rows of any multiple of 4 bytes).
+    slot_rows: u64,
 }
 
 impl Residency {
@@ -122,6 +126,7 @@ impl Residency {
             buffers: Vec::new(),
             homes: vec![None; header.buffers.len()],
             slot_strides: std::collections::HashMap::new(),
+            slot_rows: context.next_multiple_of(64),
         };
         let mut filling: Vec<(Pool, Filling)> = Vec::new();
         for (i, decl) in header.buffers.iter().enumerate() {
@@ -129,10 +134,11 @@ impl Residency {
                 continue;
             }
             let (size, all) = match decl.kind {
-                BufferKind::KvCache { .. } => {
+                BufferKind::KvCache { row_bytes, .. } => {
                     let one = kv_bytes(decl.size, context, header.model.max_context);
                     if slots > 1 {
-                        let stride = one.next_multiple_of(align);
+                        let row = row_bytes.unwrap_or(decl.size / header.model.max_context.max(1));
+                        let stride = (row * residency.slot_rows).next_multiple_of(align);
                         residency.slot_strides.insert(i, stride);
                         (one, stride * (slots as u64 - 1) + one)
                     } else {
@@ -237,6 +243,31 @@ impl Residency {
         let stride = self.slot_strides.get(&(i as usize)).copied().unwrap_or(0);
         let offset = home.offset + stride * slot as u64;
         (&self.buffers[home.buffer], offset, home.size)
+    }
+
+    /// KV-cache rows from one slot's copy to the next's: a batch step's row
+    /// table addresses slot `s`, position `p` as row `s · slot_rows + p`.
+    pub(crate) fn slot_rows(&self) -> u64 {
+        self.slot_rows
+    }
+
+    /// The range of a wgpu buffer that plan slice `s` is, over every slot's
+    /// copy of a KV cache (a batch step's binding).
+    pub(crate) fn binding_all_slots(
+        &self,
+        s: &BufferSlice,
+        slots: usize,
+    ) -> wgpu::BufferBinding<'_> {
+        let home = self.home(s.buffer);
+        let size = match self.slot_strides.get(&(s.buffer as usize)) {
+            Some(stride) => stride * (slots as u64 - 1) + home.size,
+            None => s.size.min(home.size.saturating_sub(s.offset)),
+        };
+        wgpu::BufferBinding {
+            buffer: &self.buffers[home.buffer],
+            offset: home.offset + s.offset,
+            size: NonZeroU64::new(size),
+        }
     }
 
     /// Whether plan buffer `i` has a copy per sequence slot (a KV cache of
@@ -510,6 +541,7 @@ mod tests {
                 requirements: Default::default(),
                 prefill: vec![dispatch.clone()],
                 decode: vec![dispatch],
+                batch: Vec::new(),
             }],
             io: IoBindings {
                 step_params: 0,
@@ -522,6 +554,8 @@ mod tests {
                 logits_all_rows: false,
                 next_token: None,
                 sampling_params: None,
+                step_rows: None,
+                max_batch: 0,
             },
         };
         gerbil_plan::write_plan(path, &header, &data).expect("write the test plan");

@@ -46,6 +46,8 @@ pub struct Session {
     pub(crate) pipelines: Vec<wgpu::ComputePipeline>,
     pub(crate) prefill: Vec<Step>,
     pub(crate) decode: Vec<Step>,
+    /// The batch schedule's steps (empty: the plan has none).
+    batch: Vec<Step>,
     /// The variant that runs (its schedules are `prefill` and `decode`).
     variant: Variant,
     readback: wgpu::Buffer,
@@ -94,6 +96,7 @@ impl VariantKernels {
             .prefill
             .iter()
             .chain(&v.decode)
+            .chain(&v.batch)
             .map(|d| d.kernel)
             .collect();
         used.sort_unstable();
@@ -135,18 +138,18 @@ impl VariantKernels {
 
 /// Creates the bind groups of every dispatch of one schedule: one per
 /// sequence slot for a dispatch that binds a KV cache (each slot has its own
-/// copy), one for the others.
+/// copy), one for the others; a batch schedule's (`all_slots`) bind every
+/// slot's copy at once.
 async fn make_steps(
     gpu: &Gpu,
     residency: &Residency,
     kernels: &VariantKernels,
     list: &[Dispatch],
-    phase: &str,
-    slots: usize,
+    (phase, slots, all_slots): (&str, usize, bool),
 ) -> Result<Vec<Step>, RuntimeError> {
     let mut steps = Vec::with_capacity(list.len());
     for d in list {
-        let per_slot = d.bindings.iter().any(|s| residency.per_slot(s.buffer));
+        let per_slot = !all_slots && d.bindings.iter().any(|s| residency.per_slot(s.buffer));
         let mut bind_groups = Vec::new();
         for slot in 0..if per_slot { slots } else { 1 } {
             let entries: Vec<wgpu::BindGroupEntry> = d
@@ -155,7 +158,11 @@ async fn make_steps(
                 .enumerate()
                 .map(|(i, s)| wgpu::BindGroupEntry {
                     binding: i as u32,
-                    resource: wgpu::BindingResource::Buffer(residency.binding(s, slot)),
+                    resource: wgpu::BindingResource::Buffer(if all_slots {
+                        residency.binding_all_slots(s, slots)
+                    } else {
+                        residency.binding(s, slot)
+                    }),
                 })
                 .collect();
             let bind_group = gpu
@@ -278,6 +285,7 @@ fn buffers_used(header: &PlanHeader, variant: &Variant) -> HashSet<u32> {
     used.extend([io.step_params, io.token_ids, io.logits.buffer]);
     used.extend(io.next_token.map(|n| n.buffer));
     used.extend(io.sampling_params);
+    used.extend(io.step_rows);
     used
 }
 
@@ -392,17 +400,10 @@ impl Session {
         load.weights = clock.lap();
         let kernels = VariantKernels::create(&gpu, &header, &variant, opts, &mut load).await?;
         load.pipelines = clock.lap();
-        let prefill = make_steps(
-            &gpu,
-            &residency,
-            &kernels,
-            &variant.prefill,
-            "prefill",
-            slots,
-        )
-        .await?;
-        let decode =
-            make_steps(&gpu, &residency, &kernels, &variant.decode, "decode", slots).await?;
+        let steps = |list, how| make_steps(&gpu, &residency, &kernels, list, how);
+        let prefill = steps(&variant.prefill, ("prefill", slots, false)).await?;
+        let decode = steps(&variant.decode, ("decode", slots, false)).await?;
+        let batch = steps(&variant.batch, ("batch", slots, true)).await?;
         let pipelines = kernels.pipelines;
         let readback_desc = wgpu::BufferDescriptor {
             label: Some("logits readback"),
@@ -422,6 +423,7 @@ impl Session {
             pipelines,
             prefill,
             decode,
+            batch,
             variant,
             readback,
             position: 0,
@@ -655,6 +657,102 @@ impl Session {
             }
         }
         Ok(())
+    }
+
+    /// One step of several sequences: `rows[i] = (slot, token)` feeds
+    /// `token` to the sequence in `slot` at that slot's position, all in one
+    /// batch step (each slot at most once), and returns each row's logits;
+    /// every slot named moves on by one. Needs a plan with a batch schedule
+    /// (`gerbilc compile --max-batch N`, at least `rows.len()`).
+    pub async fn forward_batch(
+        &mut self,
+        rows: &[(usize, u32)],
+    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        if self.batch.is_empty() {
+            return Err(RuntimeError::NoBatchSchedule);
+        }
+        let max = self.header.io.max_batch;
+        let slots = self.positions.len();
+        let mut seen = vec![false; slots];
+        let bad = |given: String| RuntimeError::BatchSize { given, max };
+        if rows.is_empty() || rows.len() > max as usize {
+            return Err(bad(format!("{} sequences", rows.len())));
+        }
+        let vocab = self.vocab_size();
+        let mut table = Vec::with_capacity(2 * rows.len());
+        for &(slot, token) in rows {
+            if slot >= slots {
+                return Err(RuntimeError::Slot { slot, slots });
+            }
+            if std::mem::replace(&mut seen[slot], true) {
+                return Err(bad(format!("slot {slot} twice")));
+            }
+            if u64::from(token) >= vocab {
+                return Err(RuntimeError::TokenOutOfRange { id: token, vocab });
+            }
+            let pos = self.slot_position(slot);
+            if pos >= self.context {
+                return Err(RuntimeError::ContextOverflow {
+                    needed: pos + 1,
+                    max: self.context,
+                });
+            }
+            // Positions are below the context, which the plan bounds to fit u32.
+            let cache_row = slot as u64 * self.residency.slot_rows() + pos;
+            table.extend([cache_row as u32, pos as u32]);
+        }
+        let t = rows.len() as u32;
+        let q = &self.gpu.queue;
+        let params: [u32; (STEP_PARAMS_BYTES / 4) as usize] = [t, 0, 0, 0];
+        q.write_buffer(
+            self.buffer(self.header.io.step_params),
+            0,
+            bytemuck::cast_slice(&params),
+        );
+        let tokens: Vec<u32> = rows.iter().map(|&(_, token)| token).collect();
+        q.write_buffer(
+            self.buffer(self.header.io.token_ids),
+            0,
+            bytemuck::cast_slice(&tokens),
+        );
+        if let Some(b) = self.header.io.step_rows {
+            q.write_buffer(self.buffer(b), 0, bytemuck::cast_slice(&table));
+        }
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("batch step"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("batch"),
+                timestamp_writes: None,
+            });
+            for s in &self.batch {
+                self.record(&mut pass, s, t);
+            }
+        }
+        self.gpu.queue.submit([enc.finish()]);
+        for &(slot, _) in rows {
+            if slot == self.slot {
+                self.position += 1;
+            } else {
+                self.positions[slot] += 1;
+            }
+        }
+        let desc = wgpu::BufferDescriptor {
+            label: Some("batch logits readback"),
+            // t ≤ max_batch, validated with the logits buffer's size.
+            size: u64::from(t) * vocab * 4,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        };
+        let readback = self
+            .gpu
+            .create_buffer("allocating the batch logits readback buffer", &desc)
+            .await?;
+        self.read_logit_rows(0, u64::from(t), &readback).await
     }
 
     /// Writes the step's inputs and returns the schedule for `t` tokens.

@@ -59,6 +59,11 @@ enum Cmd {
         /// a step's activations exceed max(weights / 8, 64 MiB).
         #[arg(long, allow_negative_numbers = true, value_parser = whole_u64)]
         max_tokens_per_step: Option<u64>,
+        /// Add a batch schedule: one step decodes up to N sequences, each in
+        /// its own KV-cache slot (`gerbil-run PLAN serve` answers that many
+        /// requests together); 0 (default): none.
+        #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=256))]
+        max_batch: u32,
         /// Skip a pass by name (repeatable).
         #[arg(long = "disable-pass", value_name = "NAME")]
         disable_pass: Vec<String>,
@@ -290,6 +295,7 @@ fn real_main(cli: Cli) -> Result<()> {
             output,
             max_context,
             max_tokens_per_step,
+            max_batch,
             disable_pass,
             dump_ir,
             dump_dot,
@@ -328,6 +334,7 @@ fn real_main(cli: Cli) -> Result<()> {
                 tuning,
                 allow_non_finite,
                 quantize,
+                max_batch,
             };
             let mut dumps = Dumps::new(dump_ir, dump_dot, gerbil_cli::console::StdoutWriter::new());
             let compiled = compile(&ckpt, &opts, &mut dumps)?;

@@ -1,7 +1,9 @@
 //! Elementwise kernels, one thread per element: unary activations, binary
 //! add/mul, the KV-cache write, and the row and column slices.
 
-use super::{f32_lit, input, kv_store, kv_tag, output, prelude, Bindings, KernelSource, Rows};
+use super::{
+    f32_lit, input, kv_store, kv_tag, output, prelude, Bindings, KernelSource, Positions, Rows,
+};
 use gerbil_ir::{BinaryOp, DType, UnaryOp};
 use gerbil_plan::{BindingDecl, WorkgroupCount};
 use std::fmt::Write;
@@ -127,14 +129,27 @@ pub fn add_bias(rows: Rows, width: u32, bdtype: DType) -> KernelSource {
 /// `cache[P + t] = x[t]` for every row `t` of the step, into a cache stored
 /// as `kv`.
 pub fn cache_write(width: u32, kv: DType) -> KernelSource {
+    cache_write_at(width, kv, Positions::Step)
+}
+
+/// [`cache_write`] for rows at `at`: row `t` into its own cache row.
+pub fn cache_write_at(width: u32, kv: DType, at: Positions) -> KernelSource {
     let mut w = header(width);
     let mut b = Bindings::new();
     b.kv_cache(&mut w, input(0), "cache", kv, true);
     b.activation(&mut w, input(1), "x");
-    let body = format!("  cache[params.p * W + i] = {};\n", kv_store(kv, "x[i]"));
+    at.declare(&mut b, &mut w);
+    let body = match at {
+        Positions::Step => format!("  cache[params.p * W + i] = {};\n", kv_store(kv, "x[i]")),
+        Positions::Table => format!(
+            "  cache[{} * W + i % W] = {};\n",
+            at.cache_row("i / W"),
+            kv_store(kv, "x[i]")
+        ),
+    };
     w.push_str(&entry(Rows::Tokens, &body));
     flat(
-        format!("cache_write_w{width}{}", kv_tag(kv)),
+        format!("cache_write_w{width}{}{}", kv_tag(kv), at.tag()),
         w,
         Rows::Tokens,
         width,

@@ -53,6 +53,51 @@ pub struct KernelSource {
     pub workgroup_bytes: u32,
 }
 
+/// Where the rows of a step sit in their sequences, for the kernels that
+/// care (RoPE, cache writes, attention).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Positions {
+    /// One sequence: row `t` is at position `P + t`, in KV-cache row `P + t`.
+    Step,
+    /// A batch of sequences: row `t`'s KV-cache row and position are
+    /// `rows[2t]` and `rows[2t + 1]` (the runtime's row table; a cache row is
+    /// the sequence's slot times the rows a slot spans, plus its position).
+    Table,
+}
+
+impl Positions {
+    /// Declares the row table when the kernel reads one.
+    pub fn declare(self, b: &mut Bindings, out: &mut String) {
+        if self == Positions::Table {
+            b.rows(out);
+        }
+    }
+
+    /// WGSL for the position of row `t`.
+    pub fn pos(self, t: &str) -> String {
+        match self {
+            Positions::Step => format!("(params.p + {t})"),
+            Positions::Table => format!("rows[2u * ({t}) + 1u]"),
+        }
+    }
+
+    /// WGSL for the KV-cache row of row `t`.
+    pub fn cache_row(self, t: &str) -> String {
+        match self {
+            Positions::Step => format!("(params.p + {t})"),
+            Positions::Table => format!("rows[2u * ({t})]"),
+        }
+    }
+
+    /// What a kernel's name gets: nothing, or `_rows`.
+    pub fn tag(self) -> &'static str {
+        match self {
+            Positions::Step => "",
+            Positions::Table => "_rows",
+        }
+    }
+}
+
 /// Row count of an operand: a constant or the step's `T`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rows {
@@ -198,6 +243,15 @@ impl Bindings {
         } else {
             self.vectors(out, port, name, DType::F32, writable, "f32");
         }
+    }
+
+    /// The batch step's row table ([`Port::Rows`]) as `rows: array<u32>`.
+    pub fn rows(&mut self, out: &mut String) {
+        let n = self.push("rows", Port::Rows, Access::Read, Elem::U32);
+        let _ = writeln!(
+            out,
+            "@group(0) @binding({n}) var<storage, read> rows: array<u32>;"
+        );
     }
 
     /// Token ids, `array<u32>`, read.

@@ -12,7 +12,8 @@
 //! race. Nothing assumes power-of-two head sizes.
 
 use super::{
-    f32_lit, input, kv_store, kv_tag, output, prelude, tree_reduce, Bindings, KernelSource, Rows,
+    f32_lit, input, kv_store, kv_tag, output, prelude, tree_reduce, Bindings, KernelSource,
+    Positions, Rows,
 };
 use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
@@ -40,6 +41,11 @@ pub struct QkvRopeSpec {
 /// Builds the kernel. Bindings: `x` (fused qkv), `table`, `kc`, `vc`, then
 /// with a norm `qn`, `kn`, and last the query output `q`.
 pub fn kernel(s: QkvRopeSpec) -> KernelSource {
+    kernel_at(s, Positions::Step)
+}
+
+/// Builds the kernel for rows at `at`.
+pub fn kernel_at(s: QkvRopeSpec, at: Positions) -> KernelSource {
     let mut w = prelude();
     let half = s.rotary_dim / 2;
     let _ = writeln!(
@@ -71,6 +77,7 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
         b.weight(&mut w, input(5), "kn", dt);
     }
     b.activation(&mut w, output(0), "q");
+    at.declare(&mut b, &mut w);
     let load = match s.norm {
         Some(_) => format!(
             "  var ss = 0.0f;\n\
@@ -97,12 +104,12 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
          \x20 let t = wid.x / SLOTS;\n  let h = wid.x % SLOTS;\n  let lane = lid.x;\n\
          \x20 let src = t * XW + h * HD;\n\
          \x20 if (h >= NH + NKV) {{\n\
-         \x20   let dst = (params.p + t) * KW + (h - NH - NKV) * HD;\n\
+         \x20   let dst = {crow} * KW + (h - NH - NKV) * HD;\n\
          \x20   for (var i = lane; i < HD; i = i + WG) {{ vc[dst + i] = {v}; }}\n\
          \x20   return;\n  }}\n\
          {load}\
          \x20 workgroupBarrier();\n\
-         \x20 let row = (params.p + t) * ROT;\n\
+         \x20 let row = {pos} * ROT;\n\
          \x20 for (var j = lane; j < HD; j = j + WG) {{\n\
          \x20   var o = hv[j];\n\
          \x20   if (j < HALF) {{\n\
@@ -114,14 +121,16 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
          \x20   if (h < NH) {{\n\
          \x20     q[t * QW + h * HD + j] = o;\n\
          \x20   }} else {{\n\
-         \x20     kc[(params.p + t) * KW + (h - NH) * HD + j] = {k};\n\
+         \x20     kc[{crow} * KW + (h - NH) * HD + j] = {k};\n\
          \x20   }}\n  }}\n}}\n",
         v = kv_store(s.kv, "x[src + i]"),
         k = kv_store(s.kv, "o"),
+        crow = at.cache_row("t"),
+        pos = at.pos("t"),
     );
     KernelSource {
         name: format!(
-            "qkv_rope_h{}_kv{}_d{}_r{}{}{}",
+            "qkv_rope_h{}_kv{}_d{}_r{}{}{}{}",
             s.heads,
             s.kv_heads,
             s.head_dim,
@@ -131,6 +140,7 @@ pub fn kernel(s: QkvRopeSpec) -> KernelSource {
                 None => String::new(),
             },
             kv_tag(s.kv),
+            at.tag(),
         ),
         wgsl: w,
         workgroup_size: [WG, 1, 1],

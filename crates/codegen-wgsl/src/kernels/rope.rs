@@ -2,7 +2,7 @@
 //! precomputed `[Lmax, rotary_dim]` table (cos then sin of each frequency).
 //! One thread per (row, head, pair); dimensions past `rotary_dim` are copied.
 
-use super::{input, output, prelude, Bindings, KernelSource, Rows};
+use super::{input, output, prelude, Bindings, KernelSource, Positions, Rows};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
@@ -21,6 +21,11 @@ pub struct RopeSpec {
 
 /// Builds the kernel.
 pub fn kernel(s: RopeSpec) -> KernelSource {
+    kernel_at(s, Positions::Step)
+}
+
+/// Builds the kernel for rows at `at`.
+pub fn kernel_at(s: RopeSpec, at: Positions) -> KernelSource {
     let mut w = prelude();
     let half = s.rotary_dim / 2;
     // Each thread handles one pair (i, i + half) or one pass-through dim.
@@ -34,6 +39,7 @@ pub fn kernel(s: RopeSpec) -> KernelSource {
     b.activation(&mut w, input(0), "x");
     b.read_f32(&mut w, input(1), "table");
     b.activation(&mut w, output(0), "y");
+    at.declare(&mut b, &mut w);
     let _ = write!(
         w,
         "@compute @workgroup_size({WG}, 1, 1)\n\
@@ -42,15 +48,22 @@ pub fn kernel(s: RopeSpec) -> KernelSource {
          \x20 let t = i / (NH * PER_HEAD);\n  let h = (i / PER_HEAD) % NH;\n  let j = i % PER_HEAD;\n\
          \x20 let base = (t * NH + h) * HD;\n\
          \x20 if (j < HALF) {{\n\
-         \x20   let row = (params.p + t) * ROT;\n\
+         \x20   let row = {pos} * ROT;\n\
          \x20   let c = table[row + j];\n    let s = table[row + HALF + j];\n\
          \x20   let a = x[base + j];\n    let b = x[base + j + HALF];\n\
          \x20   y[base + j] = a * c - b * s;\n    y[base + j + HALF] = b * c + a * s;\n\
          \x20 }} else {{\n\
-         \x20   let d = ROT + (j - HALF);\n    y[base + d] = x[base + d];\n  }}\n}}\n"
+         \x20   let d = ROT + (j - HALF);\n    y[base + d] = x[base + d];\n  }}\n}}\n",
+        pos = at.pos("t"),
     );
     KernelSource {
-        name: format!("rope_h{}_d{}_r{}", s.heads, s.head_dim, s.rotary_dim),
+        name: format!(
+            "rope_h{}_d{}_r{}{}",
+            s.heads,
+            s.head_dim,
+            s.rotary_dim,
+            at.tag()
+        ),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
         bindings: b.finish(),

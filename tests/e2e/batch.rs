@@ -1,0 +1,113 @@
+//! Batch steps (`gerbilc compile --max-batch`): sequences in different
+//! KV-cache slots, at different positions, decoded together in one step give
+//! every row the logits that sequence gets decoded alone — for every tiny
+//! family (GQA, sliding windows, q/k norms, partial rotary, biases), in any
+//! row order, with rows of several steps in a row.
+
+use gerbil_e2e::*;
+use gerbil_plan::PlanFile;
+use gerbil_runtime::{argmax, RuntimeError, Session, SessionOptions};
+use pollster::block_on;
+
+/// The largest difference between two logit rows.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// The prompt of sequence `i`: lengths 5, 2, 9, … of ids below `vocab`.
+fn prompt(i: usize, vocab: u32) -> Vec<u32> {
+    let len = [5, 2, 9, 4][i % 4];
+    (0..len)
+        .map(|k| (7 + 31 * i as u32 + 13 * k as u32) % vocab)
+        .collect()
+}
+
+#[test]
+fn a_batch_step_gives_each_sequence_its_own_logits() {
+    let _gpu = gpu_lock();
+    let mut failures = Vec::new();
+    for family in ["llama", "qwen2", "qwen3", "gemma3", "phi3", "mistral"] {
+        let plan_path = compile_plan(&tiny_model(family), |o| o.max_batch = 4);
+        let plan = PlanFile::open(&plan_path).expect("plan");
+        assert_eq!(plan.header.io.max_batch, 4);
+        let opts = SessionOptions {
+            slots: 4,
+            ..SessionOptions::default()
+        };
+        let mut batched = block_on(Session::open(&plan, &opts)).expect("session with slots");
+        let mut alone = block_on(Session::new(&plan)).expect("session");
+        let vocab = batched.vocab_size() as u32;
+        let seqs = 3;
+        // Each sequence's prompt in its own slot (slot 3 stays empty).
+        let mut next = Vec::new();
+        let mut history: Vec<Vec<u32>> = Vec::new();
+        for i in 0..seqs {
+            batched.set_slot(i).expect("slot");
+            let p = prompt(i, vocab);
+            let logits = block_on(batched.forward(&p)).expect("prefill");
+            next.push(argmax(&logits));
+            history.push(p);
+        }
+        // Three batch steps, the rows in a different order each time.
+        for order in [[0usize, 1, 2], [2, 0, 1], [1, 2, 0]] {
+            let rows: Vec<(usize, u32)> = order.iter().map(|&s| (s, next[s])).collect();
+            let got = block_on(batched.forward_batch(&rows)).expect("batch step");
+            assert_eq!(got.len(), rows.len());
+            for (&(slot, token), logits) in rows.iter().zip(&got) {
+                history[slot].push(token);
+                alone.reset();
+                let want = block_on(alone.forward(&history[slot])).expect("alone");
+                let d = max_diff(logits, &want);
+                if d > 2e-3 {
+                    failures.push(format!(
+                        "{family}: slot {slot} order {order:?}: max diff {d}"
+                    ));
+                }
+                next[slot] = argmax(logits);
+                assert_eq!(
+                    batched.slot_position(slot),
+                    history[slot].len() as u64,
+                    "{family}: slot {slot}'s position"
+                );
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
+#[test]
+fn batch_steps_refuse_what_they_cannot_run() {
+    let _gpu = gpu_lock();
+    let plain = compile_plan(&tiny_model("llama"), |_| {});
+    let plan = PlanFile::open(&plain).expect("plan");
+    let mut s = block_on(Session::new(&plan)).expect("session");
+    assert!(matches!(
+        block_on(s.forward_batch(&[(0, 1)])),
+        Err(RuntimeError::NoBatchSchedule)
+    ));
+    let batched = compile_plan(&tiny_model("llama"), |o| o.max_batch = 2);
+    let plan = PlanFile::open(&batched).expect("plan");
+    let opts = SessionOptions {
+        slots: 3,
+        ..SessionOptions::default()
+    };
+    let mut s = block_on(Session::open(&plan, &opts)).expect("session");
+    for rows in [&[][..], &[(0, 1), (1, 1), (2, 1)], &[(1, 1), (1, 2)]] {
+        let e = block_on(s.forward_batch(rows)).unwrap_err();
+        assert!(matches!(e, RuntimeError::BatchSize { .. }), "{rows:?}: {e}");
+    }
+    assert!(matches!(
+        block_on(s.forward_batch(&[(3, 1)])),
+        Err(RuntimeError::Slot { .. })
+    ));
+    assert!(matches!(
+        block_on(s.forward_batch(&[(0, 1_000_000)])),
+        Err(RuntimeError::TokenOutOfRange { .. })
+    ));
+    // Nothing ran: every slot is still empty.
+    assert!((0..3).all(|slot| s.slot_position(slot) == 0));
+}
