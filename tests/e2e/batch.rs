@@ -111,3 +111,83 @@ fn batch_steps_refuse_what_they_cannot_run() {
     // Nothing ran: every slot is still empty.
     assert!((0..3).all(|slot| s.slot_position(slot) == 0));
 }
+
+/// `Model::batch`: sequences started at different times, with different
+/// settings and lengths, decoded together, each give exactly the tokens
+/// `Model::generate` gives them alone; one that shares a running
+/// sequence's prefix starts from a copy of those rows.
+#[test]
+fn a_batch_of_generations_gives_each_its_own_answer() {
+    use gerbil::{GenerationSettings, Model, ModelOptions, SamplingParams};
+    let _gpu = gpu_lock();
+    let plan_path = compile_plan(&tiny_model("llama"), |o| o.max_batch = 4);
+    let plan = PlanFile::open(&plan_path).expect("plan");
+    let mut opts = ModelOptions::default();
+    opts.session.slots = 4;
+    let mut batched = block_on(Model::load(&plan, &opts)).expect("model");
+    let mut alone = block_on(Model::load(&plan, &ModelOptions::default())).expect("model");
+    let vocab = batched.session().vocab_size() as u32;
+    let settings = |n: usize, sampling: SamplingParams| GenerationSettings {
+        max_new_tokens: n,
+        sampling,
+        ignore_eos: true,
+        ..GenerationSettings::default()
+    };
+    let greedy = SamplingParams::default();
+    let sampled = SamplingParams {
+        temperature: 0.8,
+        seed: 3,
+        repetition_penalty: 1.2,
+        ..SamplingParams::default()
+    };
+    let shared = prompt(2, vocab);
+    let mut longer = shared.clone();
+    longer.extend([3, 1, 4]);
+    // (prompt, settings, the step it starts at)
+    let jobs = [
+        (prompt(0, vocab), settings(20, greedy), 0),
+        (prompt(1, vocab), settings(7, sampled), 0),
+        (shared, settings(12, greedy), 2),
+        (longer, settings(9, sampled), 5),
+    ];
+    let mut batch = batched.batch().expect("batch");
+    let mut got: Vec<Vec<u32>> = vec![Vec::new(); jobs.len()];
+    let mut ids = vec![None; jobs.len()];
+    let mut cached = vec![0; jobs.len()];
+    for step in 0.. {
+        for (j, (p, s, at)) in jobs.iter().enumerate() {
+            if *at == step {
+                let (id, piece) = block_on(batch.start(p, s, None)).expect("start");
+                got[j].push(piece.token);
+                cached[j] = batch.stats(id).unwrap().cached_tokens;
+                ids[j] = Some(id);
+            }
+        }
+        if batch.running() == 0 && step > 5 {
+            break;
+        }
+        for (id, piece) in block_on(batch.step()).expect("step") {
+            let j = ids.iter().position(|&i| i == Some(id)).unwrap();
+            got[j].push(piece.token);
+        }
+    }
+    for (j, (p, s, _)) in jobs.iter().enumerate() {
+        let id = ids[j].unwrap();
+        assert_eq!(batch.tokens(id), Some(&got[j][..]));
+        assert_eq!(batch.finish_reason(id), Some(gerbil::FinishReason::Length));
+        alone.clear_cache();
+        let mut g = alone.generate(p, s).expect("generate");
+        let mut want = Vec::new();
+        while let Some(piece) = block_on(g.next()) {
+            want.push(piece.expect("token").token);
+        }
+        assert_eq!(got[j], want, "job {j}");
+    }
+    assert_eq!(
+        cached[3],
+        jobs[2].0.len(),
+        "the shared prompt, copied from a running sequence"
+    );
+    assert!(batch.remove(ids[0].unwrap()).is_some());
+    assert!(batch.remove(ids[0].unwrap()).is_none());
+}

@@ -24,14 +24,13 @@
 //! picks a NaN (a row that is NaN throughout mid-generation is not detected).
 
 use crate::constraint::TokenConstraint;
+use crate::decoding::{check_finite, Decoding};
 use crate::error::Error;
 use crate::model::Model;
-use gerbil_runtime::sampling::{top_logits, Sampler, SamplingParams, TokenHistory};
+use gerbil_runtime::sampling::SamplingParams;
 use gerbil_runtime::AheadDecoder;
 use gerbil_runtime::Clock;
 use gerbil_runtime::{RuntimeError, DECODE_BATCH};
-use gerbil_text::StopText;
-use gerbil_text::{StreamState, TextCodec};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -155,12 +154,8 @@ enum Source {
         ready: VecDeque<u32>,
     },
     /// The CPU samples from read-back logits; `feed` is the last token,
-    /// run before the next choice; `history` is what the penalties see.
-    Cpu {
-        logits: Vec<f32>,
-        feed: Option<u32>,
-        history: TokenHistory,
-    },
+    /// run before the next choice.
+    Cpu { logits: Vec<f32>, feed: Option<u32> },
     /// Ended.
     Done,
 }
@@ -169,20 +164,10 @@ enum Source {
 pub struct Generation<'m> {
     model: &'m mut Model,
     prompt: Vec<u32>,
-    settings: GenerationSettings,
-    sampler: Sampler,
-    eos: Vec<u32>,
-    /// Most tokens this generation yields (settings and context).
-    limit: usize,
     source: Source,
-    output: Vec<u32>,
-    text: Option<(Arc<TextCodec>, StreamState)>,
-    stop: StopText,
-    finish: Option<FinishReason>,
+    decoding: Decoding,
     cancel: CancelToken,
-    stats: GenerationStats,
     clock: Clock,
-    constraint: Option<Box<dyn TokenConstraint>>,
 }
 
 impl<'m> Generation<'m> {
@@ -191,61 +176,13 @@ impl<'m> Generation<'m> {
         prompt: &[u32],
         settings: &GenerationSettings,
     ) -> Result<Self, Error> {
-        let sampler = Sampler::new(settings.sampling)?;
-        if settings.stop.iter().any(String::is_empty) {
-            return Err(RuntimeError::Sampling(
-                "a stop string is empty, which would end the text before it starts; \
-                 give stop strings of at least one character"
-                    .into(),
-            )
-            .into());
-        }
-        if prompt.is_empty() {
-            return Err(RuntimeError::EmptyInput.into());
-        }
-        let vocab = model.session.vocab_size();
-        if let Some(&id) = prompt.iter().find(|&&id| u64::from(id) >= vocab) {
-            return Err(RuntimeError::TokenOutOfRange { id, vocab }.into());
-        }
-        let context = model.session.context();
-        let len = prompt.len() as u64;
-        if len > context {
-            return Err(RuntimeError::ContextOverflow {
-                needed: len,
-                max: context,
-            }
-            .into());
-        }
-        // Token i > 0 is chosen by the step that reads token i - 1 at
-        // position len + i - 1, which must be inside the context.
-        let room = usize::try_from(context - len + 1).unwrap_or(usize::MAX);
-        let eos = if settings.ignore_eos {
-            Vec::new()
-        } else {
-            model.session.header().text.eos_token_ids.clone()
-        };
-        let text = model.codec.clone().map(|c| {
-            let state = StreamState::new(true).with_context(prompt);
-            (c, state)
-        });
+        let decoding = Decoding::new(model, prompt, settings)?;
         Ok(Generation {
             prompt: prompt.to_vec(),
-            settings: settings.clone(),
-            sampler,
-            eos,
-            limit: settings.max_new_tokens.min(room),
             source: Source::Pending,
-            output: Vec::new(),
-            text,
-            stop: StopText::new(&settings.stop),
-            finish: None,
+            decoding,
             cancel: CancelToken::default(),
-            stats: GenerationStats {
-                prompt_tokens: prompt.len(),
-                ..GenerationStats::default()
-            },
             clock: Clock::start(),
-            constraint: None,
             model,
         })
     }
@@ -258,21 +195,21 @@ impl<'m> Generation<'m> {
                 "a constraint must be set before the first token".into(),
             ));
         }
-        self.constraint = Some(constraint);
+        self.decoding.constraint = Some(constraint);
         Ok(())
     }
 
     /// The next token, or `None` once the generation has ended (then
     /// [`Generation::finish_reason`] says why). An error ends it too.
     pub async fn next(&mut self) -> Option<Result<Piece, Error>> {
-        if self.finish.is_some() {
+        if self.decoding.finish.is_some() {
             return None;
         }
         if self.cancel.is_cancelled() {
             self.end(FinishReason::Cancelled);
             return None;
         }
-        if self.output.len() >= self.limit {
+        if self.decoding.output.len() >= self.decoding.limit {
             self.end(FinishReason::Length);
             return None;
         }
@@ -281,7 +218,7 @@ impl<'m> Generation<'m> {
             Err(e) => {
                 // The KV cache may hold half a step: forget it.
                 self.source = Source::Done;
-                self.finish = Some(FinishReason::Cancelled);
+                self.decoding.finish = Some(FinishReason::Cancelled);
                 self.model.clear_cache();
                 Some(Err(e))
             }
@@ -291,7 +228,7 @@ impl<'m> Generation<'m> {
     /// Ends the generation now: [`Generation::next`] returns `None`, with
     /// [`FinishReason::Cancelled`].
     pub fn cancel(&mut self) {
-        if self.finish.is_none() {
+        if self.decoding.finish.is_none() {
             self.end(FinishReason::Cancelled);
         }
     }
@@ -303,12 +240,12 @@ impl<'m> Generation<'m> {
 
     /// Why it ended; `None` while it runs.
     pub fn finish_reason(&self) -> Option<FinishReason> {
-        self.finish
+        self.decoding.finish
     }
 
     /// The tokens generated so far.
     pub fn tokens(&self) -> &[u32] {
-        &self.output
+        &self.decoding.output
     }
 
     /// The sequence slot of the model's KV cache it runs in (chosen when
@@ -319,7 +256,7 @@ impl<'m> Generation<'m> {
 
     /// Counts and times so far.
     pub fn stats(&self) -> GenerationStats {
-        self.stats
+        self.decoding.stats
     }
 
     /// Chooses the next token and turns it into a piece.
@@ -328,28 +265,13 @@ impl<'m> Generation<'m> {
             self.prefill().await?;
         }
         let (token, top) = self.choose().await?;
-        self.output.push(token);
-        self.stats.generated_tokens = self.output.len();
-        self.stats.decode = self.clock.elapsed().saturating_sub(self.stats.prefill);
-        let mut text = String::new();
-        let mut stopped =
-            self.eos.contains(&token) || self.constraint.as_ref().is_some_and(|c| c.is_complete());
-        if let Some((codec, state)) = &mut self.text {
-            let mut piece = state.push(codec, token)?;
-            if stopped || self.output.len() >= self.limit {
-                piece.push_str(&state.finish(codec)?);
-            }
-            let (shown, hit) = self.stop.push(&piece);
-            text = shown;
-            stopped |= hit;
+        let piece = self.decoding.piece(token, top)?;
+        let prefill = self.decoding.stats.prefill;
+        self.decoding.stats.decode = self.clock.elapsed().saturating_sub(prefill);
+        if let Some(reason) = self.decoding.finish {
+            self.end(reason);
         }
-        if stopped {
-            self.end(FinishReason::Stop);
-        } else if self.output.len() >= self.limit {
-            text.push_str(&self.stop.finish());
-            self.end(FinishReason::Length);
-        }
-        Ok(Piece { token, text, top })
+        Ok(piece)
     }
 
     /// Runs the prompt's uncached tokens and picks where tokens come from.
@@ -358,37 +280,35 @@ impl<'m> Generation<'m> {
         // past its end: wait for them here so the prompt's time is its own.
         self.model.session.sync().await?;
         self.clock = Clock::start();
-        self.model.enter_slot_for(&self.prompt)?;
+        self.model.enter_slot_for(&self.prompt, &[])?;
         let keep = self.model.reusable_prefix(&self.prompt);
         self.model.session.truncate(keep as u64);
         self.model.cached.truncate(keep);
-        self.stats.cached_tokens = keep;
+        self.decoding.stats.cached_tokens = keep;
         let rest = &self.prompt[keep..];
+        let settings = &self.decoding.settings;
         let session = &mut self.model.session;
-        let on_gpu = self.settings.top_logits.is_none()
-            && self.constraint.is_none()
-            && session.can_sample_on_gpu(&self.settings.sampling);
+        let on_gpu = settings.top_logits.is_none()
+            && self.decoding.constraint.is_none()
+            && session.can_sample_on_gpu(&settings.sampling);
         self.source = if on_gpu {
-            session.set_sampling(&self.settings.sampling);
+            session.set_sampling(&settings.sampling);
             // The prompt's logits are read back once (a row, far cheaper than the
             // prefill) to stop a plan whose weights hold NaN/Inf at step 1.
             let logits = session.forward(rest).await?;
             check_finite(&logits, 1, session.position().saturating_sub(1))?;
-            let decoder = Box::new(AheadDecoder::new(session, self.limit, DECODE_BATCH)?);
+            let limit = self.decoding.limit;
+            let decoder = Box::new(AheadDecoder::new(session, limit, DECODE_BATCH)?);
             Source::Gpu {
                 decoder,
                 ready: VecDeque::new(),
             }
         } else {
             let logits = session.forward(rest).await?;
-            Source::Cpu {
-                logits,
-                feed: None,
-                history: TokenHistory::with_prompt(&self.prompt),
-            }
+            Source::Cpu { logits, feed: None }
         };
         self.model.cached.extend_from_slice(rest);
-        self.stats.prefill = self.clock.elapsed();
+        self.decoding.stats.prefill = self.clock.elapsed();
         Ok(())
     }
 
@@ -408,37 +328,14 @@ impl<'m> Generation<'m> {
                         .into()
                 })
             }
-            Source::Cpu {
-                logits,
-                feed,
-                history,
-            } => {
+            Source::Cpu { logits, feed } => {
                 if let Some(t) = feed.take() {
                     *logits = session.forward(&[t]).await?;
                     self.model.cached.push(t);
                 }
-                check_finite(
-                    logits,
-                    self.output.len() + 1,
-                    session.position().saturating_sub(1),
-                )?;
-                if let Some(c) = &mut self.constraint {
-                    c.mask(logits).map_err(Error::Constraint)?;
-                    if logits.iter().all(|&l| l == f32::NEG_INFINITY) {
-                        return Err(Error::Constraint(
-                            "the constraint allows no token here".into(),
-                        ));
-                    }
-                }
-                let position =
-                    u32::try_from(session.position().saturating_sub(1)).unwrap_or(u32::MAX);
-                let token = self.sampler.sample_with_history(logits, position, history);
-                if let Some(c) = &mut self.constraint {
-                    c.accept(token).map_err(Error::Constraint)?;
-                }
-                history.push_generated(token);
+                let position = session.position().saturating_sub(1);
+                let (token, top) = self.decoding.choose(logits, position)?;
                 *feed = Some(token);
-                let top = self.settings.top_logits.map(|k| top_logits(logits, k));
                 Ok((token, top))
             }
             Source::Pending | Source::Done => Err(RuntimeError::EmptyInput.into()),
@@ -448,13 +345,15 @@ impl<'m> Generation<'m> {
     /// Records why it ended and leaves the KV cache holding every token fed
     /// (the prompt and all generated tokens but the last).
     fn end(&mut self, reason: FinishReason) {
-        self.finish = Some(reason);
-        self.stats.decode = self.clock.elapsed().saturating_sub(self.stats.prefill);
+        self.decoding.finish = Some(reason);
+        let prefill = self.decoding.stats.prefill;
+        self.decoding.stats.decode = self.clock.elapsed().saturating_sub(prefill);
         match std::mem::replace(&mut self.source, Source::Done) {
             Source::Gpu { decoder, .. } => {
-                decoder.finish(&mut self.model.session, self.output.len());
-                let fed = self.output.len().saturating_sub(1);
-                self.model.cached.extend_from_slice(&self.output[..fed]);
+                let output = &self.decoding.output;
+                decoder.finish(&mut self.model.session, output.len());
+                let fed = output.len().saturating_sub(1);
+                self.model.cached.extend_from_slice(&output[..fed]);
                 self.model.session.set_sampling(&SamplingParams::default());
             }
             Source::Cpu { .. } | Source::Pending | Source::Done => {}
@@ -469,23 +368,8 @@ impl<'m> Generation<'m> {
 
 impl Drop for Generation<'_> {
     fn drop(&mut self) {
-        if self.finish.is_none() {
+        if self.decoding.finish.is_none() {
             self.end(FinishReason::Cancelled);
         }
-    }
-}
-
-/// Fails with [`RuntimeError::NonFiniteLogits`] when a logit of `step` (at
-/// KV-cache `position`) is NaN or infinite.
-fn check_finite(logits: &[f32], step: usize, position: u64) -> Result<(), Error> {
-    match logits.iter().position(|x| !x.is_finite()) {
-        None => Ok(()),
-        Some(token) => Err(RuntimeError::NonFiniteLogits {
-            step,
-            position,
-            token: token as u32,
-            value: logits[token].to_string(),
-        }
-        .into()),
     }
 }

@@ -24,14 +24,17 @@
 
 #![warn(missing_docs)]
 
+pub mod batch;
 pub mod chat;
 pub mod constraint;
+mod decoding;
 pub mod error;
 pub mod generation;
 pub mod model;
 pub mod settings;
 mod slots;
 
+pub use batch::Batch;
 pub use chat::{Chat, ChatReply};
 pub use constraint::TokenConstraint;
 pub use error::Error;

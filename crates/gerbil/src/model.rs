@@ -25,7 +25,7 @@
 use crate::error::Error;
 use crate::generation::{Generation, GenerationSettings};
 use gerbil_plan::PlanFile;
-use gerbil_runtime::{Session, SessionOptions};
+use gerbil_runtime::{RuntimeError, Session, SessionOptions};
 use gerbil_text::{ChatMessage, TemplateSandbox, TextCodec};
 use std::sync::Arc;
 
@@ -134,6 +134,15 @@ impl Model {
         self.session.reset_all();
     }
 
+    /// Records that slot `slot`'s KV cache now holds `token` next.
+    pub(crate) fn push_token(&mut self, slot: usize, token: u32) {
+        if slot == self.session.slot() {
+            self.cached.push(token);
+        } else if let Some(tokens) = self.parked.get_mut(slot) {
+            tokens.push(token);
+        }
+    }
+
     /// The tokens slot `slot`'s KV cache holds ([`gerbil_runtime::Session::slots`]).
     pub fn slot_tokens(&self, slot: usize) -> &[u32] {
         if slot == self.session.slot() {
@@ -146,14 +155,16 @@ impl Model {
     /// Moves the session to the slot that serves the most of `prompt`
     /// ([`crate::slots::place`]), copying a shared prefix there first when
     /// it is another slot's.
-    pub(crate) fn enter_slot_for(&mut self, prompt: &[u32]) -> Result<(), Error> {
+    /// Slots `busy` (a batch's running sequences) are only copied from.
+    pub(crate) fn enter_slot_for(&mut self, prompt: &[u32], busy: &[bool]) -> Result<(), Error> {
         let n = self.session.slots();
         if n <= 1 {
             return Ok(());
         }
         let current = self.session.slot();
         let views: Vec<&[u32]> = (0..n).map(|s| self.slot_tokens(s)).collect();
-        let place = crate::slots::place(&views, &self.last_used, current, prompt);
+        let place = crate::slots::place(&views, &self.last_used, busy, current, prompt)
+            .ok_or(RuntimeError::Slot { slot: n, slots: n })?;
         let copied = place
             .copy_from
             .map(|(from, rows)| (from, rows, views[from][..rows].to_vec()));

@@ -1,0 +1,234 @@
+//! Several generations decoded together: each [`Batch::step`] feeds every
+//! running sequence its last token in one batch step of the GPU (a plan
+//! compiled with `gerbilc compile --max-batch N`) and chooses each one's next
+//! token on the CPU.
+//!
+//! ```no_run
+//! # async fn run(model: &mut gerbil::Model) -> Result<(), gerbil::Error> {
+//! use gerbil::GenerationSettings;
+//! let mut batch = model.batch()?;
+//! let settings = GenerationSettings::default();
+//! let (a, first_a) = batch.start(&[1, 2, 3], &settings, None).await?;
+//! let (b, first_b) = batch.start(&[4, 5], &settings, None).await?;
+//! while batch.running() > 0 {
+//!     for (id, piece) in batch.step().await? {
+//!         print!("[{id}] {}", piece.text);
+//!     }
+//! }
+//! # let _ = (a, b, first_a, first_b); Ok(()) }
+//! ```
+//!
+//! Each sequence runs in a KV-cache slot of its own (the session needs one
+//! per sequence: `SessionOptions::slots`), chosen like a single
+//! generation's ([`crate::slots`]): a prompt sharing a prefix with any slot,
+//! a running sequence's too, starts from a copy of those rows.
+//! [`Batch::start`] runs the prompt alone, in chunks of the plan's prefill
+//! step, and chooses the first token. Every token is chosen on the CPU from
+//! read-back logits — a batch step's logits are one row per sequence —
+//! by the same rules as [`crate::Generation`]'s (sampling, penalties, stop
+//! strings, constraints), so a sequence's tokens equal the ones it would get
+//! alone. The surprise: the answers are the same, the arithmetic is not — a
+//! batch step multiplies through the prefill kernels, whose sums run in
+//! another order than a single step's, so logits differ in the last bits
+//! and a near-tie can go the other way.
+
+use crate::constraint::TokenConstraint;
+use crate::decoding::Decoding;
+use crate::error::Error;
+use crate::generation::{FinishReason, GenerationSettings, GenerationStats, Piece};
+use crate::model::Model;
+use gerbil_runtime::{Clock, RuntimeError};
+
+/// One running (or ended, not yet removed) sequence.
+struct Sequence {
+    slot: usize,
+    decoding: Decoding,
+    /// The token chosen last and not yet fed to the model.
+    pending: Option<u32>,
+    clock: Clock,
+}
+
+/// Generations decoded together; see the [module docs](self).
+pub struct Batch<'m> {
+    model: &'m mut Model,
+    /// By id; `None` once removed.
+    sequences: Vec<Option<Sequence>>,
+}
+
+impl Model {
+    /// Starts decoding several sequences together ([`Batch`]). Needs a plan
+    /// with a batch schedule and a session with more than one slot.
+    pub fn batch(&mut self) -> Result<Batch<'_>, Error> {
+        if self.session.header().io.max_batch == 0 {
+            return Err(RuntimeError::NoBatchSchedule.into());
+        }
+        Ok(Batch {
+            model: self,
+            sequences: Vec::new(),
+        })
+    }
+}
+
+impl Batch<'_> {
+    /// Most sequences that run at once: the plan's batch size and the
+    /// session's slots, whichever is smaller.
+    pub fn capacity(&self) -> usize {
+        let max = self.model.session.header().io.max_batch as usize;
+        max.min(self.model.session.slots())
+    }
+
+    /// Sequences still generating.
+    pub fn running(&self) -> usize {
+        self.live().filter(|s| s.decoding.finish.is_none()).count()
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Sequence> {
+        self.sequences.iter().flatten()
+    }
+
+    /// Starts a sequence: runs `prompt` in a free slot (reusing any slot's
+    /// rows of its prefix) and chooses its first token. Returns the
+    /// sequence's id and that token's piece; when the answer ends with it,
+    /// [`Batch::finish_reason`] says so at once.
+    pub async fn start(
+        &mut self,
+        prompt: &[u32],
+        settings: &GenerationSettings,
+        constraint: Option<Box<dyn TokenConstraint>>,
+    ) -> Result<(usize, Piece), Error> {
+        let mut decoding = Decoding::new(self.model, prompt, settings)?;
+        decoding.constraint = constraint;
+        let mut busy = vec![false; self.model.session.slots()];
+        for s in self.live().filter(|s| s.decoding.finish.is_none()) {
+            busy[s.slot] = true;
+        }
+        if busy.iter().filter(|&&b| b).count() >= self.capacity() {
+            return Err(RuntimeError::BatchSize {
+                given: format!("a sequence past the {} running", self.capacity()),
+                max: self.model.session.header().io.max_batch,
+            }
+            .into());
+        }
+        let clock = Clock::start();
+        let model = &mut *self.model;
+        model.enter_slot_for(prompt, &busy)?;
+        let keep = model.reusable_prefix(prompt);
+        model.session.truncate(keep as u64);
+        model.cached.truncate(keep);
+        decoding.stats.cached_tokens = keep;
+        let rest = &prompt[keep..];
+        let ran = model.session.forward(rest).await;
+        let mut logits = match ran {
+            Ok(logits) => logits,
+            Err(e) => {
+                model.clear_cache();
+                return Err(e.into());
+            }
+        };
+        model.cached.extend_from_slice(rest);
+        decoding.stats.prefill = clock.elapsed();
+        let position = model.session.position().saturating_sub(1);
+        let (token, top) = decoding.choose(&mut logits, position)?;
+        let piece = decoding.piece(token, top)?;
+        let slot = model.session.slot();
+        let id = self.sequences.len();
+        self.sequences.push(Some(Sequence {
+            slot,
+            pending: decoding.finish.is_none().then_some(token),
+            decoding,
+            clock,
+        }));
+        Ok((id, piece))
+    }
+
+    /// One batch step: every running sequence's next piece, by id. A
+    /// failure ends every sequence (the KV cache may hold half a step).
+    pub async fn step(&mut self) -> Result<Vec<(usize, Piece)>, Error> {
+        // A sequence at its limit ends before it is fed.
+        for s in self.sequences.iter_mut().flatten() {
+            if s.decoding.finish.is_none() && s.decoding.output.len() >= s.decoding.limit {
+                s.decoding.finish = Some(FinishReason::Length);
+                s.pending = None;
+            }
+        }
+        let rows: Vec<(usize, usize, u32)> = self
+            .sequences
+            .iter()
+            .enumerate()
+            .filter_map(|(id, s)| {
+                let s = s.as_ref()?;
+                Some((id, s.slot, s.pending?))
+            })
+            .collect();
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let feed: Vec<(usize, u32)> = rows.iter().map(|&(_, slot, t)| (slot, t)).collect();
+        let mut logits = match self.model.session.forward_batch(&feed).await {
+            Ok(l) => l,
+            Err(e) => {
+                self.fail();
+                return Err(e.into());
+            }
+        };
+        let mut out = Vec::with_capacity(rows.len());
+        for (&(id, slot, token), row) in rows.iter().zip(logits.iter_mut()) {
+            self.model.push_token(slot, token);
+            let position = self.model.session.slot_position(slot).saturating_sub(1);
+            let Some(s) = self.sequences[id].as_mut() else {
+                continue;
+            };
+            let chosen = s
+                .decoding
+                .choose(row, position)
+                .and_then(|(t, top)| Ok((t, s.decoding.piece(t, top)?)));
+            let (next, piece) = match chosen {
+                Ok(c) => c,
+                Err(e) => {
+                    self.fail();
+                    return Err(e);
+                }
+            };
+            let prefill = s.decoding.stats.prefill;
+            s.decoding.stats.decode = s.clock.elapsed().saturating_sub(prefill);
+            s.pending = s.decoding.finish.is_none().then_some(next);
+            out.push((id, piece));
+        }
+        Ok(out)
+    }
+
+    /// Ends every sequence after a failure and forgets the KV cache.
+    fn fail(&mut self) {
+        for s in self.sequences.iter_mut().flatten() {
+            if s.decoding.finish.is_none() {
+                s.decoding.finish = Some(FinishReason::Cancelled);
+            }
+            s.pending = None;
+        }
+        self.model.clear_cache();
+    }
+
+    /// Why sequence `id` ended; `None` while it runs (or once removed).
+    pub fn finish_reason(&self, id: usize) -> Option<FinishReason> {
+        self.sequences.get(id)?.as_ref()?.decoding.finish
+    }
+
+    /// Counts and times of sequence `id`.
+    pub fn stats(&self, id: usize) -> Option<GenerationStats> {
+        Some(self.sequences.get(id)?.as_ref()?.decoding.stats)
+    }
+
+    /// The tokens sequence `id` generated.
+    pub fn tokens(&self, id: usize) -> Option<&[u32]> {
+        Some(&self.sequences.get(id)?.as_ref()?.decoding.output)
+    }
+
+    /// Ends sequence `id` (cancelled, if it still runs) and frees its slot,
+    /// whose KV cache keeps every token fed; returns why it ended and its
+    /// stats.
+    pub fn remove(&mut self, id: usize) -> Option<(FinishReason, GenerationStats)> {
+        let s = self.sequences.get_mut(id)?.take()?;
+        let reason = s.decoding.finish.unwrap_or(FinishReason::Cancelled);
+        Some((reason, s.decoding.stats))
+    }
+}
