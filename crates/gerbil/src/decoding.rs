@@ -20,6 +20,10 @@ use gerbil_runtime::RuntimeError;
 use gerbil_text::{StopText, StreamState, TextCodec};
 use std::sync::Arc;
 
+/// A chosen token and, when the settings ask for them, its step's largest
+/// logits.
+pub(crate) type Choice = (u32, Option<Vec<(u32, f32)>>);
+
 /// The choice and text state of one answer; see the [module docs](self).
 pub(crate) struct Decoding {
     pub(crate) settings: GenerationSettings,
@@ -100,11 +104,7 @@ impl Decoding {
     /// Chooses the next token from `logits`, the step's at KV-cache
     /// `position`: checked finite, masked by the constraint, sampled; with
     /// the step's largest logits when the settings ask for them.
-    pub(crate) fn choose(
-        &mut self,
-        logits: &mut [f32],
-        position: u64,
-    ) -> Result<(u32, Option<Vec<(u32, f32)>>), Error> {
+    pub(crate) fn choose(&mut self, logits: &mut [f32], position: u64) -> Result<Choice, Error> {
         check_finite(logits, self.output.len() + 1, position)?;
         if let Some(c) = &mut self.constraint {
             c.mask(logits).map_err(Error::Constraint)?;

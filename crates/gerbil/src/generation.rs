@@ -24,7 +24,7 @@
 //! picks a NaN (a row that is NaN throughout mid-generation is not detected).
 
 use crate::constraint::TokenConstraint;
-use crate::decoding::{check_finite, Decoding};
+use crate::decoding::{check_finite, Choice, Decoding};
 use crate::error::Error;
 use crate::model::Model;
 use gerbil_runtime::sampling::SamplingParams;
@@ -314,7 +314,7 @@ impl<'m> Generation<'m> {
 
     /// The next token and, on the CPU path with `top_logits`, its step's
     /// largest logits.
-    async fn choose(&mut self) -> Result<(u32, Option<Vec<(u32, f32)>>), Error> {
+    async fn choose(&mut self) -> Result<Choice, Error> {
         let session = &mut self.model.session;
         match &mut self.source {
             Source::Gpu { decoder, ready } => {
