@@ -77,6 +77,11 @@ impl Batch<'_> {
         max.min(self.model.session.slots())
     }
 
+    /// The model the batch runs on.
+    pub fn model(&self) -> &Model {
+        self.model
+    }
+
     /// Sequences still generating.
     pub fn running(&self) -> usize {
         self.live().filter(|s| s.decoding.finish.is_none()).count()

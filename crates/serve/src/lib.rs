@@ -29,6 +29,7 @@
 //! stream begins — the handler waits for the worker's first event, so a
 //! prompt over the context is a 400 even with `"stream": true`.
 
+mod batching;
 pub mod guard;
 pub mod limits;
 pub mod metrics;
@@ -313,12 +314,11 @@ async fn counted(app: &App, endpoint: Endpoint, body: Bytes) -> Response {
 /// whether each is answering, its context and how much of it its KV cache
 /// holds — and the requests waiting for the model.
 async fn slots(State(app): State<Arc<App>>) -> Json<Value> {
-    let running = app.metrics.is_running().then(|| app.metrics.slot());
     let list: Vec<Value> = (0..app.info.slots)
         .map(|id| {
             json!({
                 "id": id,
-                "is_processing": running == Some(id),
+                "is_processing": app.metrics.is_processing(id),
                 "n_ctx": app.info.context,
                 "kv_cache_tokens": app.metrics.kv_tokens(id),
                 "queue_waiting": app.queue.waiting(),

@@ -31,8 +31,8 @@ pub struct Metrics {
     decode_micros: AtomicU64,
     /// Tokens each sequence slot's KV cache held after the last request.
     kv_tokens: Mutex<Vec<u64>>,
-    /// The slot the model runs (or last ran) a request in.
-    slot: AtomicU64,
+    /// The slots of the requests the model is answering now.
+    active: Mutex<Vec<usize>>,
 }
 
 fn slot(endpoint: Endpoint) -> usize {
@@ -53,14 +53,14 @@ impl Metrics {
         self.errors[slot(endpoint)].fetch_add(1, Ordering::Relaxed);
     }
 
-    /// The model thread started (`true`) or ended (`false`) a job.
-    pub fn running(&self, on: bool) {
-        self.running.store(u64::from(on), Ordering::Relaxed);
+    /// The model thread is answering `n` requests now.
+    pub fn running(&self, n: usize) {
+        self.running.store(n as u64, Ordering::Relaxed);
     }
 
-    /// The running request's sequence slot is `slot`.
-    pub fn in_slot(&self, slot: usize) {
-        self.slot.store(slot as u64, Ordering::Relaxed);
+    /// The requests being answered run in these sequence slots.
+    pub fn active_slots(&self, slots: Vec<usize>) {
+        *self.active.lock().unwrap_or_else(|e| e.into_inner()) = slots;
     }
 
     /// A job's tokens and times, once it ended; `kv_tokens` what each
@@ -76,14 +76,14 @@ impl Metrics {
         *self.kv_tokens.lock().unwrap_or_else(|e| e.into_inner()) = tokens;
     }
 
-    /// The slot the model runs (or last ran) a request in.
-    pub fn slot(&self) -> usize {
-        self.slot.load(Ordering::Relaxed) as usize
-    }
-
-    /// Whether the model is answering a request now.
-    pub fn is_running(&self) -> bool {
-        self.running.load(Ordering::Relaxed) == 1
+    /// Whether a request runs in `slot` now.
+    pub fn is_processing(&self, slot: usize) -> bool {
+        self.running.load(Ordering::Relaxed) > 0
+            && self
+                .active
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .contains(&slot)
     }
 
     /// Tokens slot `slot`'s KV cache held after the last request.

@@ -49,7 +49,7 @@ pub struct Job {
     /// The grammar every token must follow.
     pub constraint: Option<GrammarConstraint>,
     /// Where the events go.
-    events: UnboundedSender<Event>,
+    pub(crate) events: UnboundedSender<Event>,
 }
 
 /// What the worker tells a handler about its job.
@@ -69,7 +69,7 @@ pub enum Event {
         stats: GenerationStats,
     },
     /// The GPU failed during the generation (a 500).
-    Failed(ModelError),
+    Failed(String),
 }
 
 /// What the handlers need to know of the loaded model.
@@ -132,11 +132,31 @@ impl Worker {
                         return;
                     }
                 };
-                while let Ok(job) = queue.recv() {
+                loop {
+                    if crate::batching::can_batch(&model) {
+                        // A panic is a gerbil bug: the requests in flight fail
+                        // (their channels close) and the server goes on.
+                        let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                            crate::batching::serve_batched(&mut model, &queue, &taken, &metrics)
+                        }));
+                        metrics.running(0);
+                        match served {
+                            Ok(crate::batching::Exit::Closed) => break,
+                            Ok(crate::batching::Exit::Lost(why)) => {
+                                model = reload(&plan, &opts, model, &why);
+                            }
+                            Err(_) => {
+                                tracing::error!("a batch panicked; the KV cache is cleared");
+                                model.clear_cache();
+                            }
+                        }
+                        continue;
+                    }
+                    let Ok(job) = queue.recv() else { break };
                     taken.fetch_sub(1, Ordering::SeqCst);
                     // A panic is a gerbil bug; it fails its own request (the
                     // job's channel closes) and the server goes on.
-                    metrics.running(true);
+                    metrics.running(1);
                     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         run_job(&mut model, job, &metrics)
                     }));
@@ -153,7 +173,7 @@ impl Worker {
                             model.clear_cache();
                         }
                     }
-                    metrics.running(false);
+                    metrics.running(0);
                     if let Some(why) = model.session().gpu().lost() {
                         model = reload(&plan, &opts, model, &why);
                     }
@@ -318,7 +338,7 @@ fn run_job(model: &mut Model, job: Job, metrics: &Metrics) -> Option<GenerationS
     };
     if let Some(c) = job.constraint {
         if let Err(e) = generation.constrain(Box::new(c)) {
-            let _ = job.events.send(Event::Failed(e));
+            let _ = job.events.send(Event::Failed(e.to_string()));
             return None;
         }
     }
@@ -329,13 +349,13 @@ fn run_job(model: &mut Model, job: Job, metrics: &Metrics) -> Option<GenerationS
     while let Some(piece) = pollster::block_on(generation.next()) {
         if std::mem::take(&mut first) {
             // The prompt has run: its slot is chosen.
-            metrics.in_slot(generation.slot());
+            metrics.active_slots(vec![generation.slot()]);
         }
         let event = match piece {
             Ok(piece) => Event::Text(piece.text),
             Err(e) => {
                 tracing::error!("generation failed: {e}");
-                let _ = job.events.send(Event::Failed(e));
+                let _ = job.events.send(Event::Failed(e.to_string()));
                 return None;
             }
         };

@@ -1,0 +1,216 @@
+//! Continuous batching on the model thread: the requests in flight are
+//! decoded together, one batch step a token, and a new request joins at the
+//! next step instead of waiting for the others to end.
+//!
+//! [`serve_batched`] runs while the queue is open and the GPU is not lost:
+//! it takes new jobs while the batch has room (blocking only when nothing
+//! runs), starts each — its prompt runs alone in a free KV-cache slot, and
+//! its first token goes out — then runs one [`gerbil::Batch::step`] for
+//! every running request and sends each its piece. A request whose client
+//! is gone is removed at its next piece; one that ends gets its
+//! `Finished` event and frees its slot. It needs a plan compiled with
+//! `--max-batch` and a server with more than one slot; otherwise the worker
+//! answers requests one at a time. The surprise: a request's prompt runs
+//! whole when it joins, so a long prompt still delays the others' next
+//! token by its prefill (not yet: prompts in chunks between steps).
+
+use crate::metrics::Metrics;
+use crate::openai::PromptInput;
+use crate::worker::{Event, Job};
+use gerbil::{Batch, FinishReason, GenerationStats, Model};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+
+/// Why [`serve_batched`] returned.
+pub(crate) enum Exit {
+    /// The queue closed: the server is shutting down.
+    Closed,
+    /// The GPU was lost: load the model again.
+    Lost(String),
+}
+
+/// Whether `model` can answer requests together.
+pub(crate) fn can_batch(model: &Model) -> bool {
+    model.session().header().io.max_batch > 0 && model.session().slots() > 1
+}
+
+/// A request in the batch.
+struct Running {
+    events: tokio::sync::mpsc::UnboundedSender<Event>,
+    slot: usize,
+}
+
+/// Answers jobs from `queue` together until the queue closes or the GPU is
+/// lost; `waiting` counts the jobs queued.
+pub(crate) fn serve_batched(
+    model: &mut Model,
+    queue: &Receiver<Job>,
+    waiting: &AtomicUsize,
+    metrics: &Metrics,
+) -> Exit {
+    let Ok(mut batch) = model.batch() else {
+        return Exit::Closed;
+    };
+    let mut running: HashMap<usize, Running> = HashMap::new();
+    loop {
+        // Take new requests while there is room; wait only when idle.
+        while running.len() < batch.capacity() {
+            let job = if running.is_empty() {
+                match queue.recv() {
+                    Ok(job) => job,
+                    Err(_) => return Exit::Closed,
+                }
+            } else {
+                match queue.try_recv() {
+                    Ok(job) => job,
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => return Exit::Closed,
+                }
+            };
+            waiting.fetch_sub(1, Ordering::SeqCst);
+            admit(&mut batch, job, &mut running, metrics);
+            if let Some(why) = batch.model().session().gpu().lost() {
+                fail_all(&mut running, &why);
+                return Exit::Lost(why);
+            }
+        }
+        report(&running, metrics);
+        if running.is_empty() {
+            continue;
+        }
+        let pieces = match pollster::block_on(batch.step()) {
+            Ok(pieces) => pieces,
+            Err(e) => {
+                tracing::error!("a batch step failed: {e}");
+                let why = e.to_string();
+                fail_all(&mut running, &why);
+                match batch.model().session().gpu().lost() {
+                    Some(lost) => return Exit::Lost(lost),
+                    None => continue,
+                }
+            }
+        };
+        for (id, piece) in pieces {
+            let Some(r) = running.get(&id) else { continue };
+            if r.events.send(Event::Text(piece.text)).is_err() {
+                let stats = end(&mut batch, id, &mut running, metrics);
+                tracing::info!(
+                    "client disconnected: generation cancelled after {} tokens",
+                    stats.generated_tokens
+                );
+                continue;
+            }
+            if let Some(reason) = batch.finish_reason(id) {
+                finish(&mut batch, id, reason, &mut running, metrics);
+            }
+        }
+    }
+}
+
+/// Starts `job` in the batch (or answers why it cannot run).
+fn admit(
+    batch: &mut Batch<'_>,
+    job: Job,
+    running: &mut HashMap<usize, Running>,
+    metrics: &Metrics,
+) {
+    if job.events.is_closed() {
+        tracing::info!("skipped a queued request: its client disconnected");
+        return;
+    }
+    let prompt = match &job.prompt {
+        PromptInput::Ids(ids) => Ok(ids.clone()),
+        PromptInput::Chat(messages) => batch.model().encode_chat(messages),
+        PromptInput::Text(text) => batch.model().encode(text),
+    };
+    let prompt = match prompt {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = job.events.send(Event::Rejected(e));
+            return;
+        }
+    };
+    let constraint = job
+        .constraint
+        .map(|c| Box::new(c) as Box<dyn gerbil::TokenConstraint>);
+    let started = pollster::block_on(batch.start(&prompt, &job.settings, constraint));
+    let (id, piece) = match started {
+        Ok(s) => s,
+        // The handler answers 400 for the request's faults, 503 for others.
+        Err(e) => {
+            let _ = job.events.send(Event::Rejected(e));
+            return;
+        }
+    };
+    let slot = batch.model().session().slot();
+    running.insert(
+        id,
+        Running {
+            events: job.events,
+            slot,
+        },
+    );
+    let r = &running[&id];
+    if r.events.send(Event::Started).is_err() || r.events.send(Event::Text(piece.text)).is_err() {
+        end(batch, id, running, metrics);
+        return;
+    }
+    if let Some(reason) = batch.finish_reason(id) {
+        finish(batch, id, reason, running, metrics);
+    }
+}
+
+/// Sends a finished request its last event and frees its slot.
+fn finish(
+    batch: &mut Batch<'_>,
+    id: usize,
+    reason: FinishReason,
+    running: &mut HashMap<usize, Running>,
+    metrics: &Metrics,
+) {
+    let events = running.get(&id).map(|r| r.events.clone());
+    let stats = end(batch, id, running, metrics);
+    tracing::info!(
+        "prompt {} tokens ({} cached, {:.1} tok/s), generated {} tokens ({:.1} tok/s), finish reason {}",
+        stats.prompt_tokens,
+        stats.cached_tokens,
+        stats.prefill_tokens_per_second(),
+        stats.generated_tokens,
+        stats.decode_tokens_per_second(),
+        reason.name()
+    );
+    if let Some(events) = events {
+        let _ = events.send(Event::Finished { reason, stats });
+    }
+}
+
+/// Removes request `id` from the batch and counts it; its stats.
+fn end(
+    batch: &mut Batch<'_>,
+    id: usize,
+    running: &mut HashMap<usize, Running>,
+    metrics: &Metrics,
+) -> GenerationStats {
+    running.remove(&id);
+    let stats = batch.remove(id).map(|(_, stats)| stats).unwrap_or_default();
+    let model = batch.model();
+    let held: Vec<usize> = (0..model.session().slots())
+        .map(|s| model.slot_tokens(s).len())
+        .collect();
+    metrics.finished(&stats, &held);
+    stats
+}
+
+/// Tells every running request the batch failed with `why`.
+fn fail_all(running: &mut HashMap<usize, Running>, why: &str) {
+    for (_, r) in running.drain() {
+        let _ = r.events.send(Event::Failed(why.to_string()));
+    }
+}
+
+/// What `/metrics` and `/slots` say is running.
+fn report(running: &HashMap<usize, Running>, metrics: &Metrics) {
+    metrics.running(running.len());
+    metrics.active_slots(running.values().map(|r| r.slot).collect());
+}
