@@ -6,7 +6,7 @@
 //! hold already, see [`crate::Model`]); then tokens come from the GPU's own
 //! sampler, several steps encoded per submission
 //! (`AheadDecoder`), or — when the caller wants each step's
-//! logits or uses penalties — from the CPU [`Sampler`] on read-back logits.
+//! logits or uses penalties — from the CPU [`Sampler`](gerbil_runtime::sampling::Sampler) on read-back logits.
 //! Both choose the same tokens.
 //!
 //! Cancel by dropping the generation, by [`Generation::cancel`], or from
