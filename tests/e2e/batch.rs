@@ -113,14 +113,19 @@ fn batch_steps_refuse_what_they_cannot_run() {
 }
 
 /// `Model::batch`: sequences started at different times, with different
-/// settings and lengths, decoded together, each give exactly the tokens
-/// `Model::generate` gives them alone; one that shares a running
-/// sequence's prefix starts from a copy of those rows.
+/// settings and lengths, decoded together — their prompts (longer than the
+/// plan's 4-token prefill step) run a chunk per step between the others'
+/// tokens — each give exactly the tokens `Model::generate` gives them alone;
+/// one that shares a running sequence's prefix starts from a copy of those
+/// rows.
 #[test]
 fn a_batch_of_generations_gives_each_its_own_answer() {
     use gerbil::{GenerationSettings, Model, ModelOptions, SamplingParams};
     let _gpu = gpu_lock();
-    let plan_path = compile_plan(&tiny_model("llama"), |o| o.max_batch = 4);
+    let plan_path = compile_plan(&tiny_model("llama"), |o| {
+        o.max_batch = 4;
+        o.max_tokens_per_step = Some(4);
+    });
     let plan = PlanFile::open(&plan_path).expect("plan");
     let mut opts = ModelOptions::default();
     opts.session.slots = 4;
@@ -148,7 +153,7 @@ fn a_batch_of_generations_gives_each_its_own_answer() {
         (prompt(0, vocab), settings(20, greedy), 0),
         (prompt(1, vocab), settings(7, sampled), 0),
         (shared, settings(12, greedy), 2),
-        (longer, settings(9, sampled), 5),
+        (longer, settings(9, sampled), 8),
     ];
     let mut batch = batched.batch().expect("batch");
     let mut got: Vec<Vec<u32>> = vec![Vec::new(); jobs.len()];
@@ -157,8 +162,7 @@ fn a_batch_of_generations_gives_each_its_own_answer() {
     for step in 0.. {
         for (j, (p, s, at)) in jobs.iter().enumerate() {
             if *at == step {
-                let (id, piece) = block_on(batch.start(p, s, None)).expect("start");
-                got[j].push(piece.token);
+                let id = batch.start(p, s, None).expect("start");
                 cached[j] = batch.stats(id).unwrap().cached_tokens;
                 ids[j] = Some(id);
             }

@@ -8,29 +8,33 @@
 //! use gerbil::GenerationSettings;
 //! let mut batch = model.batch()?;
 //! let settings = GenerationSettings::default();
-//! let (a, first_a) = batch.start(&[1, 2, 3], &settings, None).await?;
-//! let (b, first_b) = batch.start(&[4, 5], &settings, None).await?;
+//! let a = batch.start(&[1, 2, 3], &settings, None)?;
+//! let b = batch.start(&[4, 5], &settings, None)?;
 //! while batch.running() > 0 {
 //!     for (id, piece) in batch.step().await? {
 //!         print!("[{id}] {}", piece.text);
 //!     }
 //! }
-//! # let _ = (a, b, first_a, first_b); Ok(()) }
+//! # let _ = (a, b); Ok(()) }
 //! ```
 //!
 //! Each sequence runs in a KV-cache slot of its own (the session needs one
 //! per sequence: `SessionOptions::slots`), chosen like a single
 //! generation's ([`crate::slots`]): a prompt sharing a prefix with any slot,
 //! a running sequence's too, starts from a copy of those rows.
-//! [`Batch::start`] runs the prompt alone, in chunks of the plan's prefill
-//! step, and chooses the first token. Every token is chosen on the CPU from
-//! read-back logits — a batch step's logits are one row per sequence —
-//! by the same rules as [`crate::Generation`]'s (sampling, penalties, stop
-//! strings, constraints), so a sequence's tokens equal the ones it would get
-//! alone. The surprise: the answers are the same, the arithmetic is not — a
-//! batch step multiplies through the prefill kernels, whose sums run in
-//! another order than a single step's, so logits differ in the last bits
-//! and a near-tie can go the other way.
+//! [`Batch::start`] only checks the request and places it; its prompt runs
+//! in later steps, one chunk of the plan's prefill step (at most) per
+//! [`Batch::step`] before the batch step of the others, so a long prompt
+//! delays the running sequences' next tokens by one chunk at a time, never by
+//! its whole length. A sequence's first piece comes from the step that runs
+//! its prompt's last chunk. Every token is chosen on the CPU from read-back
+//! logits — a batch step's logits are one row per sequence — by the same
+//! rules as [`crate::Generation`]'s (sampling, penalties, stop strings,
+//! constraints), so a sequence's tokens equal the ones it would get alone.
+//! The surprise: the answers are the same, the arithmetic is not — a batch
+//! step multiplies through the prefill kernels, whose sums run in another
+//! order than a single step's, so logits differ in the last bits and a
+//! near-tie can go the other way.
 
 use crate::constraint::TokenConstraint;
 use crate::decoding::Decoding;
@@ -43,6 +47,8 @@ use gerbil_runtime::{Clock, RuntimeError};
 struct Sequence {
     slot: usize,
     decoding: Decoding,
+    /// Prompt tokens not yet run (the first to run comes first).
+    prompt: Vec<u32>,
     /// The token chosen last and not yet fed to the model.
     pending: Option<u32>,
     clock: Clock,
@@ -91,16 +97,15 @@ impl Batch<'_> {
         self.sequences.iter().flatten()
     }
 
-    /// Starts a sequence: runs `prompt` in a free slot (reusing any slot's
-    /// rows of its prefix) and chooses its first token. Returns the
-    /// sequence's id and that token's piece; when the answer ends with it,
-    /// [`Batch::finish_reason`] says so at once.
-    pub async fn start(
+    /// Starts a sequence: checks `prompt` and `settings`, places it in a
+    /// free slot (reusing any slot's rows of its prefix) and returns its id;
+    /// its prompt runs in the following steps.
+    pub fn start(
         &mut self,
         prompt: &[u32],
         settings: &GenerationSettings,
         constraint: Option<Box<dyn TokenConstraint>>,
-    ) -> Result<(usize, Piece), Error> {
+    ) -> Result<usize, Error> {
         let mut decoding = Decoding::new(self.model, prompt, settings)?;
         decoding.constraint = constraint;
         let mut busy = vec![false; self.model.session.slots()];
@@ -114,41 +119,76 @@ impl Batch<'_> {
             }
             .into());
         }
-        let clock = Clock::start();
         let model = &mut *self.model;
         model.enter_slot_for(prompt, &busy)?;
         let keep = model.reusable_prefix(prompt);
         model.session.truncate(keep as u64);
         model.cached.truncate(keep);
         decoding.stats.cached_tokens = keep;
-        let rest = &prompt[keep..];
-        let ran = model.session.forward(rest).await;
-        let mut logits = match ran {
-            Ok(logits) => logits,
-            Err(e) => {
-                model.clear_cache();
-                return Err(e.into());
-            }
-        };
-        model.cached.extend_from_slice(rest);
-        decoding.stats.prefill = clock.elapsed();
-        let position = model.session.position().saturating_sub(1);
-        let (token, top) = decoding.choose(&mut logits, position)?;
-        let piece = decoding.piece(token, top)?;
-        let slot = model.session.slot();
         let id = self.sequences.len();
         self.sequences.push(Some(Sequence {
-            slot,
-            pending: decoding.finish.is_none().then_some(token),
+            slot: model.session.slot(),
             decoding,
-            clock,
+            prompt: prompt[keep..].to_vec(),
+            pending: None,
+            clock: Clock::start(),
         }));
-        Ok((id, piece))
+        Ok(id)
     }
 
-    /// One batch step: every running sequence's next piece, by id. A
-    /// failure ends every sequence (the KV cache may hold half a step).
+    /// Runs the next chunk of the first sequence whose prompt has not run
+    /// whole; its first piece when that was the last chunk.
+    async fn prefill_chunk(&mut self) -> Result<Option<(usize, Piece)>, Error> {
+        let chunk = usize::try_from(self.model.session.header().model.max_tokens_per_step)
+            .unwrap_or(usize::MAX)
+            .max(1);
+        let Some(id) = self.sequences.iter().position(|s| {
+            s.as_ref()
+                .is_some_and(|s| s.decoding.finish.is_none() && !s.prompt.is_empty())
+        }) else {
+            return Ok(None);
+        };
+        let Some(s) = self.sequences[id].as_mut() else {
+            return Ok(None);
+        };
+        let model = &mut *self.model;
+        model.switch_slot(s.slot)?;
+        let n = chunk.min(s.prompt.len());
+        let part: Vec<u32> = s.prompt.drain(..n).collect();
+        let mut logits = model.session.forward(&part).await?;
+        model.cached.extend_from_slice(&part);
+        if !s.prompt.is_empty() {
+            return Ok(None);
+        }
+        s.decoding.stats.prefill = s.clock.elapsed();
+        let position = model.session.position().saturating_sub(1);
+        let (token, top) = s.decoding.choose(&mut logits, position)?;
+        let piece = s.decoding.piece(token, top)?;
+        s.pending = s.decoding.finish.is_none().then_some(token);
+        Ok(Some((id, piece)))
+    }
+
+    /// One step: the next chunk of a prompt that has not run whole (its
+    /// sequence's first piece when it was the last), then one batch step
+    /// for every other running sequence; every piece, by id. A failure ends
+    /// every sequence (the KV cache may hold half a step).
     pub async fn step(&mut self) -> Result<Vec<(usize, Piece)>, Error> {
+        let first = match self.prefill_chunk().await {
+            Ok(first) => first,
+            Err(e) => {
+                self.fail();
+                return Err(e);
+            }
+        };
+        // The new sequence's first piece comes before its second, which
+        // the batch step may already give.
+        let mut out: Vec<(usize, Piece)> = first.into_iter().collect();
+        out.extend(self.decode_step().await?);
+        Ok(out)
+    }
+
+    /// One batch step for every sequence with a token to feed.
+    async fn decode_step(&mut self) -> Result<Vec<(usize, Piece)>, Error> {
         // A sequence at its limit ends before it is fed.
         for s in self.sequences.iter_mut().flatten() {
             if s.decoding.finish.is_none() && s.decoding.output.len() >= s.decoding.limit {

@@ -134,6 +134,18 @@ impl Model {
         self.session.reset_all();
     }
 
+    /// Runs the following steps in slot `slot`, its tokens becoming the
+    /// current ones.
+    pub(crate) fn switch_slot(&mut self, slot: usize) -> Result<(), Error> {
+        let current = self.session.slot();
+        if slot != current {
+            self.session.set_slot(slot)?;
+            let next = std::mem::take(&mut self.parked[slot]);
+            self.parked[current] = std::mem::replace(&mut self.cached, next);
+        }
+        Ok(())
+    }
+
     /// Records that slot `slot`'s KV cache now holds `token` next.
     pub(crate) fn push_token(&mut self, slot: usize, token: u32) {
         if slot == self.session.slot() {
@@ -168,11 +180,7 @@ impl Model {
         let copied = place
             .copy_from
             .map(|(from, rows)| (from, rows, views[from][..rows].to_vec()));
-        if place.slot != current {
-            self.session.set_slot(place.slot)?;
-            let next = std::mem::take(&mut self.parked[place.slot]);
-            self.parked[current] = std::mem::replace(&mut self.cached, next);
-        }
+        self.switch_slot(place.slot)?;
         if let Some((from, rows, tokens)) = copied {
             self.session
                 .copy_slot_prefix(from, place.slot, rows as u64)?;

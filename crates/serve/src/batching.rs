@@ -4,15 +4,16 @@
 //!
 //! [`serve_batched`] runs while the queue is open and the GPU is not lost:
 //! it takes new jobs while the batch has room (blocking only when nothing
-//! runs), starts each — its prompt runs alone in a free KV-cache slot, and
-//! its first token goes out — then runs one [`gerbil::Batch::step`] for
-//! every running request and sends each its piece. A request whose client
+//! runs), starts each — placed in a free KV-cache slot — then runs one
+//! [`gerbil::Batch::step`] (a chunk of a new prompt, then one token of every
+//! other request) and sends each request its piece. A request whose client
 //! is gone is removed at its next piece; one that ends gets its
 //! `Finished` event and frees its slot. It needs a plan compiled with
 //! `--max-batch` and a server with more than one slot; otherwise the worker
-//! answers requests one at a time. The surprise: a request's prompt runs
-//! whole when it joins, so a long prompt still delays the others' next
-//! token by its prefill (not yet: prompts in chunks between steps).
+//! answers requests one at a time. The surprise: a request is `Started`
+//! (its prompt checked and placed) before any of its prompt has run; a long
+//! prompt then runs one prefill chunk per step, so it delays the others'
+//! next token by a chunk at a time, never by its whole length.
 
 use crate::metrics::Metrics;
 use crate::openai::PromptInput;
@@ -91,17 +92,27 @@ pub(crate) fn serve_batched(
                 }
             }
         };
+        // A request may get two pieces from one step (its first, then the
+        // batch step's): send every piece before ending any request.
+        let mut gone = Vec::new();
+        let mut seen = Vec::new();
         for (id, piece) in pieces {
             let Some(r) = running.get(&id) else { continue };
-            if r.events.send(Event::Text(piece.text)).is_err() {
+            if !seen.contains(&id) {
+                seen.push(id);
+            }
+            if r.events.send(Event::Text(piece.text)).is_err() && !gone.contains(&id) {
+                gone.push(id);
+            }
+        }
+        for id in seen {
+            if gone.contains(&id) {
                 let stats = end(&mut batch, id, &mut running, metrics);
                 tracing::info!(
                     "client disconnected: generation cancelled after {} tokens",
                     stats.generated_tokens
                 );
-                continue;
-            }
-            if let Some(reason) = batch.finish_reason(id) {
+            } else if let Some(reason) = batch.finish_reason(id) {
                 finish(&mut batch, id, reason, &mut running, metrics);
             }
         }
@@ -134,8 +145,7 @@ fn admit(
     let constraint = job
         .constraint
         .map(|c| Box::new(c) as Box<dyn gerbil::TokenConstraint>);
-    let started = pollster::block_on(batch.start(&prompt, &job.settings, constraint));
-    let (id, piece) = match started {
+    let id = match batch.start(&prompt, &job.settings, constraint) {
         Ok(s) => s,
         // The handler answers 400 for the request's faults, 503 for others.
         Err(e) => {
@@ -151,13 +161,8 @@ fn admit(
             slot,
         },
     );
-    let r = &running[&id];
-    if r.events.send(Event::Started).is_err() || r.events.send(Event::Text(piece.text)).is_err() {
+    if running[&id].events.send(Event::Started).is_err() {
         end(batch, id, running, metrics);
-        return;
-    }
-    if let Some(reason) = batch.finish_reason(id) {
-        finish(batch, id, reason, running, metrics);
     }
 }
 

@@ -4,7 +4,8 @@
 //! crate), JSON mode, tool calls whole and streamed, a tool answer fed back,
 //! the errors, and the OpenAI Python client's `parse` with a pydantic model.
 //! On the tiny Llama with random weights: its answers have no sense, so
-//! whatever form they take is the grammar's doing.
+//! whatever form they take is the grammar's doing. The plan has a batch
+//! schedule, so the server answers through continuous batching.
 
 use crate::common::*;
 use crate::serve::{error_of, Server};
@@ -15,7 +16,10 @@ fn plan() -> &'static std::path::Path {
     static PLAN: OnceLock<(tempfile::TempDir, std::path::PathBuf)> = OnceLock::new();
     let (_, plan) = PLAN.get_or_init(|| {
         let dir = temp("structured");
-        let plan = tiny_text_plan(dir.path(), &["--max-context", "2048"]);
+        // A batch schedule: the server decodes these requests together, so
+        // constraints run through `gerbil::Batch` (the serve tests cover
+        // one request at a time).
+        let plan = tiny_text_plan(dir.path(), &["--max-context", "2048", "--max-batch", "4"]);
         (dir, plan)
     });
     plan
