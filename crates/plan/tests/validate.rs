@@ -447,6 +447,44 @@ fn io_bindings_name_buffers_of_their_kind() {
     );
 }
 
+/// A batch schedule comes with its row table and room for its rows, in
+/// every variant, and only its `rows` port binds the table.
+#[test]
+fn batch_schedules_have_their_row_table_and_rows() {
+    assert_eq!(
+        error_after(|h| h.variants[0].batch = schedule()),
+        "variant `portable` has 2 batch dispatches but the plan's max_batch is 0"
+    );
+    assert_eq!(
+        error_after(|h| h.io.max_batch = 1),
+        "a plan with a batch schedule has no step-rows buffer"
+    );
+    assert!(error_after(|h| {
+        h.io.max_batch = 1;
+        h.io.step_rows = Some(1);
+    })
+    .contains("not a step-rows buffer"));
+    assert!(error_after(|h| {
+        h.io.max_batch = 1_000_000;
+    })
+    .starts_with("max_batch 1000000 is more rows than"));
+    // A valid batch plan: a step-rows buffer, room for the rows' logits.
+    let (data, w) = data();
+    let mut h = valid(w);
+    h.buffers.push(BufferDecl {
+        size: 16,
+        kind: BufferKind::StepRows,
+    });
+    h.io.step_rows = Some(h.buffers.len() as u32 - 1);
+    h.io.max_batch = 1;
+    h.variants[0].batch = schedule();
+    h.validate(data.len())
+        .expect("a plan with a batch schedule");
+    h.io.max_batch = 2;
+    let e = h.validate(data.len()).unwrap_err();
+    assert!(e.contains("less than 2 row(s)"), "{e}");
+}
+
 #[test]
 fn kernels_and_dispatches_stay_within_the_limits() {
     assert_eq!(
