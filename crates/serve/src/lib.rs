@@ -129,6 +129,19 @@ pub fn serve(plan: &Path, opts: &ServeOptions) -> Result<()> {
         opts.max_queue,
         Arc::clone(&metrics),
     )?;
+    match (info.max_batch, info.slots) {
+        (0, _) => (opts.notes)(
+            "requests run one at a time: this plan has no batch schedule (compile it with \
+             `gerbilc compile --max-batch N` to answer up to N together)",
+        ),
+        (_, 1) => (opts.notes)(
+            "requests run one at a time: one slot (--slots N answers up to N together)",
+        ),
+        (max, slots) => (opts.notes)(&format!(
+            "answering up to {} requests together",
+            (max as usize).min(slots)
+        )),
+    }
     let app = Arc::new(App {
         queue: worker.queue(),
         metrics,

@@ -94,6 +94,8 @@ pub struct ModelInfo {
     pub tool_style: ToolStyle,
     /// Sequence slots the KV cache keeps (the prefix cache across requests).
     pub slots: usize,
+    /// The plan's batch size (0: no batch schedule, one request at a time).
+    pub max_batch: u32,
 }
 
 /// The worker thread and its queue.
@@ -288,6 +290,7 @@ async fn load(plan: &std::path::Path, opts: &ModelOptions) -> Result<(Model, Mod
         grammars,
         tool_style: ToolStyle::of(model.codec()),
         slots: model.session().slots(),
+        max_batch: model.session().header().io.max_batch,
     };
     Ok((model, info))
 }

@@ -213,7 +213,7 @@ impl Response {
 
     /// The next server-sent event's data, checking the `data: …` line is
     /// followed by a blank line; `None` at the end of the body.
-    fn next_data(&mut self) -> Option<String> {
+    pub(crate) fn next_data(&mut self) -> Option<String> {
         let mut line = String::new();
         loop {
             line.clear();

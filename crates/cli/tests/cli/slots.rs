@@ -47,6 +47,11 @@ fn a_shared_system_prompt_is_computed_once_and_conversations_stay_cached() {
     let (alone_a, alone_b) = (fresh(&a), fresh(&b));
 
     let server = Server::start(&plan, &["--slots", "2"]);
+    assert!(
+        server.log().contains("no batch schedule"),
+        "{}",
+        server.log()
+    );
     let (text_a, cached, prompt_a) = ask(&server, &a);
     assert_eq!((text_a.as_str(), cached), (alone_a.as_str(), 0));
     let (text_b, cached, prompt) = ask(&server, &b);
@@ -86,6 +91,11 @@ fn concurrent_clients_are_decoded_together() {
     let plan = tiny_text_plan(dir.path(), &["--max-context", "1024", "--max-batch", "8"]);
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let server = std::sync::Arc::new(Server::start(&plan, &["--slots", "8"]));
+    assert!(
+        server.log().contains("answering up to 8 requests together"),
+        "{}",
+        server.log()
+    );
     let body = |i: usize| {
         json!({"prompt": format!("client {i} says"), "max_tokens": 64, "temperature": 0,
                "ignore_eos": true})
@@ -122,5 +132,55 @@ fn concurrent_clients_are_decoded_together() {
     assert!(
         at_once * 2 < one_at_a_time,
         "8 clients at once took {at_once:?}, one at a time {one_at_a_time:?}"
+    );
+}
+
+/// In a batch, a client that disconnects mid-stream stops its own
+/// generation only: another request decoded beside it gets its solo answer,
+/// the leaver is cancelled long before the end of the context, and its slot
+/// takes the next request.
+#[test]
+fn a_client_leaving_a_batch_frees_its_slot_and_spares_the_others() {
+    let dir = temp("batch-leave");
+    let plan = tiny_text_plan(dir.path(), &["--max-context", "2048", "--max-batch", "2"]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let server = std::sync::Arc::new(Server::start(&plan, &["--slots", "2"]));
+    let stayer = json!({"prompt": "the one who stays", "max_tokens": 48, "temperature": 0,
+                        "ignore_eos": true});
+    let (s, alone) = server.post("/v1/completions", &stayer);
+    assert_eq!(s, 200, "{alone}");
+    // No max_tokens: up to the end of the context, about 2,000 tokens.
+    let long = json!({"prompt": "the one who leaves", "temperature": 0, "ignore_eos": true,
+                      "stream": true});
+    let mut leaver = server.stream("/v1/completions", &long);
+    for _ in 0..2 {
+        assert!(leaver.next_data().is_some());
+    }
+    let beside = {
+        let server = std::sync::Arc::clone(&server);
+        let stayer = stayer.clone();
+        std::thread::spawn(move || server.post("/v1/completions", &stayer))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    drop(leaver);
+    let (s, v) = beside.join().unwrap();
+    assert_eq!(s, 200, "{v}");
+    assert_eq!(v["choices"][0]["text"], alone["choices"][0]["text"]);
+    // The freed slot answers the next request.
+    let (s, v) = server.post("/v1/completions", &stayer);
+    assert_eq!(
+        (s, &v["choices"][0]["text"]),
+        (200, &alone["choices"][0]["text"])
+    );
+    let log = server.log();
+    let cancelled: usize = log
+        .lines()
+        .find_map(|l| l.split("generation cancelled after ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no cancellation in the log:\n{log}"));
+    assert!(
+        cancelled < 1000,
+        "stopped after {cancelled} of ~2000 tokens"
     );
 }
