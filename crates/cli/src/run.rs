@@ -241,6 +241,9 @@ pub struct BenchOptions {
     /// Use the tensor-core variant where the adapter has cooperative
     /// matrices ([`SessionOptions::tensor_cores`]).
     pub tensor_cores: bool,
+    /// Also time batch steps of this many sequences (`--batch`; a plan
+    /// compiled with `--max-batch` at least this).
+    pub batch: Option<usize>,
 }
 
 /// GPU time of one kind of dispatch in a step.
@@ -355,6 +358,23 @@ pub struct BenchReport {
     pub copy_gb_s: Option<f64>,
     /// GPU time by dispatch kind of one decode step (with `profile`).
     pub decode_profile: Option<Vec<ProfileRow>>,
+    /// Batch steps (with `--batch B`): `B` sequences from the same depth
+    /// decoded together, greedy, tokens chosen on the CPU.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub batch: Option<BatchBench>,
+}
+
+/// What `bench --batch B` measured.
+#[derive(Clone, Debug, Serialize)]
+pub struct BatchBench {
+    /// Sequences per step.
+    pub rows: usize,
+    /// Generated tokens per second over all of them (median).
+    pub tok_s: f64,
+    /// Milliseconds per batch step (median).
+    pub ms_per_step: f64,
+    /// `tok_s` over the single-sequence `decode_tok_s`.
+    pub vs_one: f64,
 }
 
 /// Seconds for `new` decode steps from `depth` tokens of context (`context`
@@ -485,6 +505,19 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
             .await?,
         );
     }
+    let batch = match opts.batch {
+        Some(rows) => {
+            let mut times = Vec::new();
+            let context = synthetic(depth.max(1));
+            for _ in 0..opts.repeats.max(1) {
+                times
+                    .push(time_batch(&plan, &session_opts, rows, &context, opts.new_tokens).await?);
+            }
+            let step_s = median(times) / opts.new_tokens.max(1) as f64;
+            Some((rows, step_s))
+        }
+        None => None,
+    };
     let (mut prefill_profile, mut decode_profile, mut copy_gb_s) = (None, None, None);
     if opts.profile {
         session.reset();
@@ -541,5 +574,57 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         prefill_profile,
         copy_gb_s,
         decode_profile,
+        batch: batch.map(|(rows, step_s)| {
+            let tok_s = rows as f64 / step_s;
+            BatchBench {
+                rows,
+                tok_s,
+                ms_per_step: step_s * 1000.0,
+                vs_one: tok_s / (opts.new_tokens as f64 / decode_s),
+            }
+        }),
     })
+}
+
+/// Seconds for `new` batch steps of `rows` sequences, each in its own slot
+/// with `context` run first, greedy (each row's argmax chosen on the CPU,
+/// as a served batch does).
+async fn time_batch(
+    plan: &PlanFile,
+    opts: &SessionOptions,
+    rows: usize,
+    context: &[u32],
+    new: usize,
+) -> Result<f64> {
+    let max = plan.header.io.max_batch as usize;
+    if rows == 0 || rows > max {
+        bail!(
+            "--batch {rows}: this plan's batch steps take 1 to {max} sequences (0: it has no batch \
+             schedule); compile it with `gerbilc compile --max-batch N`"
+        );
+    }
+    let opts = SessionOptions {
+        slots: rows,
+        ..opts.clone()
+    };
+    let mut session = Session::open(plan, &opts).await?;
+    let mut next = Vec::with_capacity(rows);
+    for slot in 0..rows {
+        session.set_slot(slot)?;
+        let logits = session.forward(context).await?;
+        next.push((slot, gerbil_runtime::argmax(&logits)));
+    }
+    // Warm-up: the batch pipelines' first use.
+    let logits = session.forward_batch(&next).await?;
+    for (row, l) in next.iter_mut().zip(&logits) {
+        row.1 = gerbil_runtime::argmax(l);
+    }
+    let t = Instant::now();
+    for _ in 0..new {
+        let logits = session.forward_batch(&next).await?;
+        for (row, l) in next.iter_mut().zip(&logits) {
+            row.1 = gerbil_runtime::argmax(l);
+        }
+    }
+    Ok(t.elapsed().as_secs_f64())
 }

@@ -457,6 +457,11 @@ enum Cmd {
         /// length as an SVG line chart.
         #[arg(long, value_name = "FILE", requires = "sweep")]
         plot: Option<PathBuf>,
+        /// Also time batch steps of B sequences decoding together from the
+        /// same depth (a plan compiled with `--max-batch` B or more):
+        /// aggregate tok/s, and its ratio to one sequence's.
+        #[arg(long, value_name = "B", conflicts_with = "sweep", value_parser = at_least_one, allow_negative_numbers = true)]
+        batch: Option<usize>,
     },
 }
 
@@ -494,6 +499,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
             cold,
             sweep,
             ref plot,
+            batch,
         }) => {
             if temperature <= 0.0 {
                 let given = [
@@ -546,6 +552,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     pipeline_cache,
                     adapter: cli.device,
                     tensor_cores: cli.tensor_cores(),
+                    batch,
                 },
             ))?;
             let text = if json {
@@ -714,6 +721,13 @@ fn bench_text(
         "decode      {:.1} tok/s ({:.2} ms/token, {new_tokens} tokens from depth {}, {})",
         r.decode_tok_s, r.decode_ms_per_token, r.decode_depth, r.decode_loop
     )?;
+    if let Some(b) = &r.batch {
+        writeln!(
+            s,
+            "batch       {:.1} tok/s over {} sequences ({:.2} ms/step, {:.1}× one sequence's)",
+            b.tok_s, b.rows, b.ms_per_step, b.vs_one
+        )?;
+    }
     writeln!(
         s,
         "dispatches  {} per prefill step, {} per decode step",

@@ -197,6 +197,41 @@ fn bench_reports_speed_and_memory() {
     );
     // A portable plan has only f32 variants, so `auto` runs f32.
     assert_eq!(v["precision"], "f32");
+    assert!(v.get("batch").is_none(), "{v}");
+    // --batch needs a plan with a batch schedule, and times it.
+    let o = gerbil_run(&[
+        plan.to_str().unwrap(),
+        "bench",
+        "--prompt-tokens",
+        "16",
+        "--new-tokens",
+        "4",
+        "--batch",
+        "2",
+    ]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("--max-batch"), "{}", stderr(&o));
+    let (_dir, batched) = tiny_plan("bench-batch", &["--max-batch", "4"]);
+    let o = gerbil_run(&[
+        batched.to_str().unwrap(),
+        "bench",
+        "--prompt-tokens",
+        "16",
+        "--new-tokens",
+        "4",
+        "--repeats",
+        "1",
+        "--batch",
+        "4",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
+    let b = &v["batch"];
+    assert_eq!(b["rows"], 4, "{v}");
+    for field in ["tok_s", "ms_per_step", "vs_one"] {
+        assert!(b[field].as_f64().unwrap() > 0.0, "{field}: {v}");
+    }
 }
 
 /// The pipeline cache: a cold load writes one file under
