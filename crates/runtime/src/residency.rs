@@ -102,8 +102,8 @@ pub(crate) struct Residency {
     /// buffer index (KV caches of a session with several slots only).
     slot_strides: std::collections::HashMap<usize, u64>,
     /// Cache rows from one slot's copy to the next's: the context rounded
-    /// up to a multiple of 64 (so every stride is a multiple of 256 bytes
-    /// for rows of any multiple of 4 bytes).
+    /// up to a multiple of 256, so every stride is a whole number of rows
+    /// and a multiple of 256 bytes, whatever a row holds.
     slot_rows: u64,
 }
 
@@ -126,7 +126,7 @@ impl Residency {
             buffers: Vec::new(),
             homes: vec![None; header.buffers.len()],
             slot_strides: std::collections::HashMap::new(),
-            slot_rows: context.next_multiple_of(64),
+            slot_rows: context.next_multiple_of(256),
         };
         let mut filling: Vec<(Pool, Filling)> = Vec::new();
         for (i, decl) in header.buffers.iter().enumerate() {
