@@ -336,3 +336,81 @@ fn the_openai_python_client_parses_into_a_pydantic_model() {
     assert!(said.contains("parsed 3 answers"), "{said}");
     assert!(said.contains("parsed tool calls"), "{said}");
 }
+
+/// Short schemas for a real model: enums, small integers, booleans, nested
+/// objects and arrays, so every answer ends in a few tokens on lavapipe.
+fn short_schemas() -> Vec<Value> {
+    vec![
+        json!({"type": "object", "properties": {
+            "answer": {"enum": ["yes", "no"]},
+            "count": {"type": "integer", "minimum": 0, "maximum": 9}},
+            "required": ["answer", "count"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {
+            "city": {"enum": ["Paris", "London", "Rome"]},
+            "sunny": {"type": "boolean"}},
+            "required": ["city", "sunny"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {
+            "colors": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                       "minItems": 1, "maxItems": 2}},
+            "required": ["colors"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {
+            "point": {"type": "object", "properties": {
+                "x": {"type": "integer", "minimum": 0, "maximum": 9},
+                "y": {"type": "integer", "minimum": 0, "maximum": 9}},
+                "required": ["x", "y"], "additionalProperties": false}},
+            "required": ["point"], "additionalProperties": false}),
+    ]
+}
+
+/// SmolLM2 (real weights and tokenizer), served with a batch schedule: 20
+/// `json_schema` requests, greedy and sampled, all at once, all end with
+/// their JSON (`stop`) and validate.
+#[test]
+fn smollm2_answers_twenty_schemas_in_a_batch() {
+    let (_dir, plan) = compile(
+        &smollm2_dir(),
+        "smollm2-batch",
+        &["--max-context", "256", "--max-batch", "20"],
+    );
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let server = std::sync::Arc::new(Server::start(&plan, &["--slots", "20"]));
+    let schemas = short_schemas();
+    let requests: Vec<(Value, Value)> = (0..20)
+        .map(|i| {
+            let schema = schemas[i % schemas.len()].clone();
+            let mut body = json!({
+                "messages": chat(&format!("Question {i}: answer as JSON.")),
+                "max_tokens": 40,
+                "response_format": {"type": "json_schema",
+                                    "json_schema": {"name": "a", "schema": schema}},
+            });
+            if i % 2 == 0 {
+                body["temperature"] = json!(0);
+            } else {
+                body["temperature"] = json!(0.8);
+                body["seed"] = json!(i);
+            }
+            (body, schema)
+        })
+        .collect();
+    for group in requests.chunks(20) {
+        let threads: Vec<_> = group
+            .iter()
+            .cloned()
+            .map(|(body, schema)| {
+                let server = std::sync::Arc::clone(&server);
+                std::thread::spawn(move || (server.post("/v1/chat/completions", &body), schema))
+            })
+            .collect();
+        for t in threads {
+            let ((status, v), schema) = t.join().unwrap();
+            assert_eq!(status, 200, "{v}");
+            assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+            let text = message(&v)["content"].as_str().unwrap();
+            let answer: Value = serde_json::from_str(text)
+                .unwrap_or_else(|e| panic!("{text:?} does not parse: {e}"));
+            let validator = jsonschema::validator_for(&schema).unwrap();
+            assert!(validator.is_valid(&answer), "{text} against {schema}");
+        }
+    }
+}
