@@ -23,11 +23,13 @@
 //! generation's ([`crate::slots`]): a prompt sharing a prefix with any slot,
 //! a running sequence's too, starts from a copy of those rows.
 //! [`Batch::start`] only checks the request and places it; its prompt runs
-//! in later steps, one chunk of the plan's prefill step (at most) per
-//! [`Batch::step`] before the batch step of the others, so a long prompt
-//! delays the running sequences' next tokens by one chunk at a time, never by
-//! its whole length. A sequence's first piece comes from the step that runs
-//! its prompt's last chunk. Every token is chosen on the CPU from read-back
+//! in later steps: whole, as rows of the next batch step beside the running
+//! sequences' tokens, when it fits the rows they leave (the plan's
+//! `--max-batch`); else one chunk of the plan's prefill step per
+//! [`Batch::step`], on its own, until what is left fits — so a long prompt
+//! delays the running sequences' next tokens by one chunk at a time, never
+//! by its whole length. A sequence's first piece comes from the step that
+//! runs its prompt's last token. Every token is chosen on the CPU from read-back
 //! logits — a batch step's logits are one row per sequence — by the same
 //! rules as [`crate::Generation`]'s (sampling, penalties, stop strings,
 //! constraints), so a sequence's tokens equal the ones it would get alone.
@@ -136,18 +138,12 @@ impl Batch<'_> {
         Ok(id)
     }
 
-    /// Runs the next chunk of the first sequence whose prompt has not run
-    /// whole; its first piece when that was the last chunk.
-    async fn prefill_chunk(&mut self) -> Result<Option<(usize, Piece)>, Error> {
+    /// Runs the next chunk (the plan's prefill step) of sequence `id`'s
+    /// prompt on its own; its first piece when that was the last chunk.
+    async fn prefill_chunk(&mut self, id: usize) -> Result<Option<(usize, Piece)>, Error> {
         let chunk = usize::try_from(self.model.session.header().model.max_tokens_per_step)
             .unwrap_or(usize::MAX)
             .max(1);
-        let Some(id) = self.sequences.iter().position(|s| {
-            s.as_ref()
-                .is_some_and(|s| s.decoding.finish.is_none() && !s.prompt.is_empty())
-        }) else {
-            return Ok(None);
-        };
         let Some(s) = self.sequences[id].as_mut() else {
             return Ok(None);
         };
@@ -168,27 +164,23 @@ impl Batch<'_> {
         Ok(Some((id, piece)))
     }
 
-    /// One step: the next chunk of a prompt that has not run whole (its
-    /// sequence's first piece when it was the last), then one batch step
-    /// for every other running sequence; every piece, by id. A failure ends
-    /// every sequence (the KV cache may hold half a step).
+    /// One step: every running sequence's next token, and the whole prompts
+    /// of joining sequences that fit beside them, in one batch step (a
+    /// prompt too long for the rows left runs a chunk of the plan's prefill
+    /// step on its own first); every piece, by id — a joining sequence's
+    /// first piece before its second. A failure ends every sequence (the KV
+    /// cache may hold half a step).
     pub async fn step(&mut self) -> Result<Vec<(usize, Piece)>, Error> {
-        let first = match self.prefill_chunk().await {
-            Ok(first) => first,
+        match self.try_step().await {
+            Ok(out) => Ok(out),
             Err(e) => {
                 self.fail();
-                return Err(e);
+                Err(e)
             }
-        };
-        // The new sequence's first piece comes before its second, which
-        // the batch step may already give.
-        let mut out: Vec<(usize, Piece)> = first.into_iter().collect();
-        out.extend(self.decode_step().await?);
-        Ok(out)
+        }
     }
 
-    /// One batch step for every sequence with a token to feed.
-    async fn decode_step(&mut self) -> Result<Vec<(usize, Piece)>, Error> {
+    async fn try_step(&mut self) -> Result<Vec<(usize, Piece)>, Error> {
         // A sequence at its limit ends before it is fed.
         for s in self.sequences.iter_mut().flatten() {
             if s.decoding.finish.is_none() && s.decoding.output.len() >= s.decoding.limit {
@@ -196,7 +188,27 @@ impl Batch<'_> {
                 s.pending = None;
             }
         }
-        let rows: Vec<(usize, usize, u32)> = self
+        let max_rows = self.model.session.header().io.max_batch as usize;
+        let joining: Vec<usize> = (0..self.sequences.len())
+            .filter(|&id| {
+                self.sequences[id]
+                    .as_ref()
+                    .is_some_and(|s| s.decoding.finish.is_none() && !s.prompt.is_empty())
+            })
+            .collect();
+        let prompt_len =
+            |b: &Self, id: usize| b.sequences[id].as_ref().map_or(0, |s| s.prompt.len());
+        // A prompt that cannot fit beside the running sequences runs a chunk alone.
+        let running = self.live().filter(|s| s.pending.is_some()).count();
+        let mut out = Vec::new();
+        if let Some(&long) = joining
+            .iter()
+            .find(|&&id| prompt_len(self, id) > max_rows.saturating_sub(running))
+        {
+            out.extend(self.prefill_chunk(long).await?);
+        }
+        // The batch: every pending token, then whole prompts while rows are left.
+        let mut rows: Vec<(usize, usize, u32)> = self
             .sequences
             .iter()
             .enumerate()
@@ -205,35 +217,45 @@ impl Batch<'_> {
                 Some((id, s.slot, s.pending?))
             })
             .collect();
-        if rows.is_empty() {
-            return Ok(Vec::new());
-        }
-        let feed: Vec<(usize, u32)> = rows.iter().map(|&(_, slot, t)| (slot, t)).collect();
-        let mut logits = match self.model.session.forward_batch(&feed).await {
-            Ok(l) => l,
-            Err(e) => {
-                self.fail();
-                return Err(e.into());
+        let decoding = rows.len();
+        for &id in &joining {
+            let n = prompt_len(self, id);
+            if n == 0 || rows.len() + n > max_rows {
+                continue;
             }
-        };
-        let mut out = Vec::with_capacity(rows.len());
-        for (&(id, slot, token), row) in rows.iter().zip(logits.iter_mut()) {
-            self.model.push_token(slot, token);
-            let position = self.model.session.slot_position(slot).saturating_sub(1);
             let Some(s) = self.sequences[id].as_mut() else {
                 continue;
             };
-            let chosen = s
-                .decoding
-                .choose(row, position)
-                .and_then(|(t, top)| Ok((t, s.decoding.piece(t, top)?)));
-            let (next, piece) = match chosen {
-                Ok(c) => c,
-                Err(e) => {
-                    self.fail();
-                    return Err(e);
-                }
+            rows.extend(s.prompt.drain(..).map(|t| (id, s.slot, t)));
+        }
+        if rows.is_empty() {
+            return Ok(out);
+        }
+        let feed: Vec<(usize, u32)> = rows.iter().map(|&(_, slot, t)| (slot, t)).collect();
+        let mut logits = self.model.session.forward_batch(&feed).await?;
+        for &(_, slot, token) in &rows {
+            self.model.push_token(slot, token);
+        }
+        // Each row's position: the slot's position less the rows after it.
+        let mut after = vec![0u64; self.model.session.slots()];
+        let mut positions = vec![0u64; rows.len()];
+        for (i, &(_, slot, _)) in rows.iter().enumerate().rev() {
+            positions[i] = self.model.session.slot_position(slot) - 1 - after[slot];
+            after[slot] += 1;
+        }
+        for (i, &(id, _, _)) in rows.iter().enumerate() {
+            let last_of_prompt = i >= decoding && rows.get(i + 1).is_none_or(|r| r.0 != id);
+            if i >= decoding && !last_of_prompt {
+                continue;
+            }
+            let Some(s) = self.sequences[id].as_mut() else {
+                continue;
             };
+            if i >= decoding {
+                s.decoding.stats.prefill = s.clock.elapsed();
+            }
+            let (next, top) = s.decoding.choose(&mut logits[i], positions[i])?;
+            let piece = s.decoding.piece(next, top)?;
             let prefill = s.decoding.stats.prefill;
             s.decoding.stats.decode = s.clock.elapsed().saturating_sub(prefill);
             s.pending = s.decoding.finish.is_none().then_some(next);

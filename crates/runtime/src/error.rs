@@ -111,9 +111,9 @@ pub enum RuntimeError {
     /// A batch step on a plan compiled without a batch schedule.
     #[error("this plan has no batch schedule: compile it with `gerbilc compile --max-batch N` to run several sequences in one step")]
     NoBatchSchedule,
-    /// A batch step of more sequences than the plan's batch schedule takes,
-    /// or of none, or of one slot twice.
-    #[error("a batch step takes 1 to {max} sequences, each in its own slot; got {given}")]
+    /// A batch step of more rows than the plan's batch schedule takes, or of
+    /// none.
+    #[error("a batch step takes 1 to {max} rows; got {given}")]
     BatchSize {
         /// What the step was given.
         given: String,

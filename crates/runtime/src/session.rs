@@ -660,10 +660,12 @@ impl Session {
     }
 
     /// One step of several sequences: `rows[i] = (slot, token)` feeds
-    /// `token` to the sequence in `slot` at that slot's position, all in one
-    /// batch step (each slot at most once), and returns each row's logits;
-    /// every slot named moves on by one. Needs a plan with a batch schedule
-    /// (`gerbilc compile --max-batch N`, at least `rows.len()`).
+    /// `token` to the sequence in `slot` at that slot's next position, all in
+    /// one batch step, and returns each row's logits. A slot named several
+    /// times takes its next positions in row order (a prompt's tokens fed
+    /// beside other sequences' single tokens); every slot moves on by the
+    /// rows it was given. Needs a plan with a batch schedule (`gerbilc
+    /// compile --max-batch N`, at least `rows.len()` rows).
     pub async fn forward_batch(
         &mut self,
         rows: &[(usize, u32)],
@@ -673,10 +675,11 @@ impl Session {
         }
         let max = self.header.io.max_batch;
         let slots = self.positions.len();
-        let mut seen = vec![false; slots];
-        let bad = |given: String| RuntimeError::BatchSize { given, max };
+        // Rows fed to each slot so far in this step.
+        let mut taken = vec![0u64; slots];
         if rows.is_empty() || rows.len() > max as usize {
-            return Err(bad(format!("{} sequences", rows.len())));
+            let given = format!("{} rows", rows.len());
+            return Err(RuntimeError::BatchSize { given, max });
         }
         let vocab = self.vocab_size();
         let mut table = Vec::with_capacity(2 * rows.len());
@@ -684,13 +687,11 @@ impl Session {
             if slot >= slots {
                 return Err(RuntimeError::Slot { slot, slots });
             }
-            if std::mem::replace(&mut seen[slot], true) {
-                return Err(bad(format!("slot {slot} twice")));
-            }
             if u64::from(token) >= vocab {
                 return Err(RuntimeError::TokenOutOfRange { id: token, vocab });
             }
-            let pos = self.slot_position(slot);
+            let pos = self.slot_position(slot) + taken[slot];
+            taken[slot] += 1;
             if pos >= self.context {
                 return Err(RuntimeError::ContextOverflow {
                     needed: pos + 1,
@@ -734,11 +735,11 @@ impl Session {
             }
         }
         self.gpu.queue.submit([enc.finish()]);
-        for &(slot, _) in rows {
+        for (slot, &n) in taken.iter().enumerate() {
             if slot == self.slot {
-                self.position += 1;
+                self.position += n;
             } else {
-                self.positions[slot] += 1;
+                self.positions[slot] += n;
             }
         }
         let desc = wgpu::BufferDescriptor {
