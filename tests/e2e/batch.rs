@@ -231,3 +231,30 @@ fn a_batch_of_generations_gives_each_its_own_answer() {
     assert!(batch.remove(ids[0].unwrap()).is_some());
     assert!(batch.remove(ids[0].unwrap()).is_none());
 }
+
+/// A batch holds as many running sequences as the plan's batch size and the
+/// session's slots allow; one more is refused, naming both.
+#[test]
+fn a_full_batch_refuses_one_more_sequence() {
+    use gerbil::{Error, GenerationSettings, Model, ModelOptions};
+    let _gpu = gpu_lock();
+    let plan_path = compile_plan(&tiny_model("llama"), |o| o.max_batch = 4);
+    let plan = PlanFile::open(&plan_path).expect("plan");
+    let mut opts = ModelOptions::default();
+    opts.session.slots = 2;
+    let mut model = block_on(Model::load(&plan, &opts)).expect("model");
+    let mut batch = model.batch().expect("batch");
+    assert_eq!(batch.capacity(), 2);
+    let settings = GenerationSettings::default();
+    batch.start(&[1, 2], &settings, None).expect("first");
+    batch.start(&[3, 4], &settings, None).expect("second");
+    let e = batch.start(&[5, 6], &settings, None).unwrap_err();
+    assert!(matches!(e, Error::BatchFull { running: 2 }), "{e}");
+    assert!(e.to_string().contains("--max-batch"), "{e}");
+    let mut plain = block_on(Model::load(
+        &PlanFile::open(&compile_plan(&tiny_model("llama"), |_| {})).expect("plan"),
+        &ModelOptions::default(),
+    ))
+    .expect("model");
+    assert!(plain.batch().is_err());
+}

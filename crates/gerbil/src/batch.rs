@@ -115,11 +115,9 @@ impl Batch<'_> {
             busy[s.slot] = true;
         }
         if busy.iter().filter(|&&b| b).count() >= self.capacity() {
-            return Err(RuntimeError::BatchSize {
-                given: format!("a sequence past the {} running", self.capacity()),
-                max: self.model.session.header().io.max_batch,
-            }
-            .into());
+            return Err(Error::BatchFull {
+                running: self.capacity(),
+            });
         }
         let model = &mut *self.model;
         model.enter_slot_for(prompt, &busy)?;

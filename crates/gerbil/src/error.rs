@@ -21,6 +21,16 @@ pub enum Error {
     /// Text in or out, but the plan has no tokenizer.
     #[error("this plan has no tokenizer (the checkpoint had no tokenizer.json): pass token ids (--input-ids) instead of text")]
     NoTokenizer,
+    /// [`crate::Batch::start`] with every place of the batch taken.
+    #[error(
+        "the batch is full: {running} sequences run, as many as the plan's --max-batch and the \
+         session's slots allow; wait for one to end (or remove one), or open the model with more \
+         slots and a plan compiled with a larger --max-batch"
+    )]
+    BatchFull {
+        /// Sequences running.
+        running: usize,
+    },
     /// A [`crate::TokenConstraint`] failed, or left no token to choose.
     #[error("constrained generation failed: {0}")]
     Constraint(String),
