@@ -120,10 +120,7 @@ impl Batch<'_> {
             });
         }
         let model = &mut *self.model;
-        model.enter_slot_for(prompt, &busy)?;
-        let keep = model.reusable_prefix(prompt);
-        model.session.truncate(keep as u64);
-        model.cached.truncate(keep);
+        let keep = model.place_prompt(prompt, &busy)?;
         decoding.stats.cached_tokens = keep;
         let id = self.sequences.len();
         self.sequences.push(Some(Sequence {

@@ -280,10 +280,7 @@ impl<'m> Generation<'m> {
         // past its end: wait for them here so the prompt's time is its own.
         self.model.session.sync().await?;
         self.clock = Clock::start();
-        self.model.enter_slot_for(&self.prompt, &[])?;
-        let keep = self.model.reusable_prefix(&self.prompt);
-        self.model.session.truncate(keep as u64);
-        self.model.cached.truncate(keep);
+        let keep = self.model.place_prompt(&self.prompt, &[])?;
         self.decoding.stats.cached_tokens = keep;
         let rest = &self.prompt[keep..];
         let settings = &self.decoding.settings;

@@ -134,6 +134,17 @@ impl Model {
         self.session.reset_all();
     }
 
+    /// Moves to the slot for `prompt` ([`Model::enter_slot_for`]) and keeps
+    /// only the prefix of its cache that the prompt reuses; how many tokens
+    /// that is (the rest of the prompt runs from there).
+    pub(crate) fn place_prompt(&mut self, prompt: &[u32], busy: &[bool]) -> Result<usize, Error> {
+        self.enter_slot_for(prompt, busy)?;
+        let keep = self.reusable_prefix(prompt);
+        self.session.truncate(keep as u64);
+        self.cached.truncate(keep);
+        Ok(keep)
+    }
+
     /// Runs the following steps in slot `slot`, its tokens becoming the
     /// current ones.
     pub(crate) fn switch_slot(&mut self, slot: usize) -> Result<(), Error> {

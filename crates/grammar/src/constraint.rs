@@ -73,7 +73,11 @@ impl TokenConstraint for GrammarConstraint {
             return Ok(());
         }
         let mask = self.compute_mask()?;
-        let only_end = mask.num_set() > 0 && mask.iter().all(|id| self.eos.contains(&id));
+        // Counting the set bits first: a mask of free text holds most of the
+        // vocabulary, and is never only the end ids.
+        let set = mask.num_set();
+        let only_end =
+            set > 0 && set <= self.eos.len() && mask.iter().all(|id| self.eos.contains(&id));
         self.complete = only_end;
         self.next = Some(mask);
         Ok(())

@@ -104,6 +104,15 @@ pub fn one_line_json(value: &Value) -> String {
     }
 }
 
+/// `, ` before every item but the first.
+fn separator<W: ?Sized + std::io::Write>(writer: &mut W, first: bool) -> std::io::Result<()> {
+    if first {
+        Ok(())
+    } else {
+        writer.write_all(b", ")
+    }
+}
+
 /// serde_json's compact layout with a space after `:` and `,`.
 struct OneLine;
 
@@ -113,11 +122,7 @@ impl serde_json::ser::Formatter for OneLine {
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
+        separator(writer, first)
     }
 
     fn begin_object_key<W: ?Sized + std::io::Write>(
@@ -125,11 +130,7 @@ impl serde_json::ser::Formatter for OneLine {
         writer: &mut W,
         first: bool,
     ) -> std::io::Result<()> {
-        if first {
-            Ok(())
-        } else {
-            writer.write_all(b", ")
-        }
+        separator(writer, first)
     }
 
     fn begin_object_value<W: ?Sized + std::io::Write>(

@@ -48,6 +48,9 @@ pub struct Session {
     pub(crate) decode: Vec<Step>,
     /// The batch schedule's steps (empty: the plan has none).
     batch: Vec<Step>,
+    /// Where a batch step's logits are read back: `max_batch` rows, made
+    /// once (a plan with a batch schedule only).
+    batch_readback: Option<wgpu::Buffer>,
     /// The variant that runs (its schedules are `prefill` and `decode`).
     variant: Variant,
     readback: wgpu::Buffer,
@@ -415,6 +418,20 @@ impl Session {
         let readback = gpu
             .create_buffer("allocating the logits readback buffer", &readback_desc)
             .await?;
+        let batch_readback = if variant.batch.is_empty() {
+            None
+        } else {
+            let desc = wgpu::BufferDescriptor {
+                label: Some("batch logits readback"),
+                // max_batch ≤ max_tokens_per_step and vocab_size are validated.
+                size: u64::from(header.io.max_batch) * header.model.vocab_size * 4,
+                ..readback_desc
+            };
+            let buffer = gpu
+                .create_buffer("allocating the batch logits readback buffer", &desc)
+                .await?;
+            Some(buffer)
+        };
         load.bind_groups = clock.lap();
         Ok(Session {
             gpu,
@@ -424,6 +441,7 @@ impl Session {
             prefill,
             decode,
             batch,
+            batch_readback,
             variant,
             readback,
             position: 0,
@@ -742,18 +760,8 @@ impl Session {
                 self.positions[slot] += n;
             }
         }
-        let desc = wgpu::BufferDescriptor {
-            label: Some("batch logits readback"),
-            // t ≤ max_batch, validated with the logits buffer's size.
-            size: u64::from(t) * vocab * 4,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        };
-        let readback = self
-            .gpu
-            .create_buffer("allocating the batch logits readback buffer", &desc)
-            .await?;
-        self.read_logit_rows(0, u64::from(t), &readback).await
+        let readback = self.batch_readback.as_ref().unwrap_or(&self.readback);
+        self.read_logit_rows(0, u64::from(t), readback).await
     }
 
     /// Writes the step's inputs and returns the schedule for `t` tokens.

@@ -176,15 +176,7 @@ fn finish(
 ) {
     let events = running.get(&id).map(|r| r.events.clone());
     let stats = end(batch, id, running, metrics);
-    tracing::info!(
-        "prompt {} tokens ({} cached, {:.1} tok/s), generated {} tokens ({:.1} tok/s), finish reason {}",
-        stats.prompt_tokens,
-        stats.cached_tokens,
-        stats.prefill_tokens_per_second(),
-        stats.generated_tokens,
-        stats.decode_tokens_per_second(),
-        reason.name()
-    );
+    crate::worker::log_finished(&stats, reason);
     if let Some(events) = events {
         let _ = events.send(Event::Finished { reason, stats });
     }

@@ -314,6 +314,19 @@ fn reload(plan: &std::path::Path, opts: &ModelOptions, lost: Model, why: &str) -
     }
 }
 
+/// The log line of a request that ended: its tokens, speeds and finish reason.
+pub(crate) fn log_finished(stats: &GenerationStats, reason: FinishReason) {
+    tracing::info!(
+        "prompt {} tokens ({} cached, {:.1} tok/s), generated {} tokens ({:.1} tok/s), finish reason {}",
+        stats.prompt_tokens,
+        stats.cached_tokens,
+        stats.prefill_tokens_per_second(),
+        stats.generated_tokens,
+        stats.decode_tokens_per_second(),
+        reason.name()
+    );
+}
+
 /// Runs one job to its end, or until its client is gone.
 fn run_job(model: &mut Model, job: Job, metrics: &Metrics) -> Option<GenerationStats> {
     if job.events.is_closed() {
@@ -374,15 +387,7 @@ fn run_job(model: &mut Model, job: Job, metrics: &Metrics) -> Option<GenerationS
     }
     let stats = generation.stats();
     let reason = generation.finish_reason().unwrap_or(FinishReason::Stop);
-    tracing::info!(
-        "prompt {} tokens ({} cached, {:.1} tok/s), generated {} tokens ({:.1} tok/s), finish reason {}",
-        stats.prompt_tokens,
-        stats.cached_tokens,
-        stats.prefill_tokens_per_second(),
-        stats.generated_tokens,
-        stats.decode_tokens_per_second(),
-        reason.name()
-    );
+    log_finished(&stats, reason);
     let _ = job.events.send(Event::Finished { reason, stats });
     Some(stats)
 }

@@ -770,6 +770,22 @@ fn a_busy_port_fails_before_the_model_loads() {
     server.interrupt();
 }
 
+/// The server's log says a generation was cancelled, well before the
+/// ~2,000 tokens of the context.
+pub(crate) fn assert_cancelled_early(server: &Server) {
+    let log = server.log();
+    let cancelled: usize = log
+        .lines()
+        .find_map(|l| l.split("generation cancelled after ").nth(1))
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no cancellation in the log:\n{log}"));
+    assert!(
+        cancelled < 1000,
+        "stopped after {cancelled} of ~2000 tokens"
+    );
+}
+
 /// A greedy completion request for `prompt`.
 fn greedy_completion(prompt: &str, max_tokens: usize, stream: bool) -> Value {
     json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": true,
@@ -984,17 +1000,7 @@ fn a_client_that_disconnects_mid_stream_stops_its_generation() {
     for n in ["prompt_tokens", "completion_tokens"] {
         assert_eq!(v["usage"][n], alone["usage"][n]);
     }
-    let log = server.log();
-    let cancelled: usize = log
-        .lines()
-        .find_map(|l| l.split("generation cancelled after ").nth(1))
-        .and_then(|rest| rest.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no cancellation in the log:\n{log}"));
-    assert!(
-        cancelled < 1000,
-        "stopped after {cancelled} of ~2000 tokens"
-    );
+    assert_cancelled_early(&server);
 
     // A client that stops waiting for a whole answer stops it too.
     let quitter = server.send("POST", "/v1/completions", long_whole(&long).as_bytes());
