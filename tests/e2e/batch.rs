@@ -79,6 +79,86 @@ fn a_batch_step_gives_each_sequence_its_own_logits() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
+/// A prompt of `len` ids below `vocab`, different for each `i`.
+fn long_prompt(i: usize, vocab: u32, len: usize) -> Vec<u32> {
+    (0..len)
+        .map(|k| (3 + 17 * i as u32 + 29 * k as u32) % vocab)
+        .collect()
+}
+
+/// The desktop target's batch steps (the `gemv_batch` matmuls of the
+/// variants with subgroups; the portable ones' tiled GEMM) give each row the
+/// logits its sequence gets alone in the same variant (a third of the rows
+/// 40 to 115 tokens deep, so their attention runs several splits): a dense
+/// plan whose 17 rows need two workgroup rows of 16, and a quantized one (Q4_0 blocks
+/// decoded in the batch matmul's loads; the int8 variant's decode dots `x`
+/// rounded to int8, so its rows agree only as far as the int8 tolerance).
+#[test]
+fn every_desktop_variant_batches_rows_like_its_own_decode() {
+    let _gpu = gpu_lock();
+    let mut failures = Vec::new();
+    let mut ran = Vec::new();
+    for (family, quantize, rows) in [
+        ("llama", None, 17usize),
+        ("qwen2", Some(gerbil_compiler::Quantization::Q4_0), 3),
+    ] {
+        let plan_path = compile_plan(&tiny_model(family), |o| {
+            o.target = gerbil_codegen_wgsl::Target::desktop();
+            o.max_batch = rows as u32 + 1;
+            o.quantize = quantize;
+        });
+        let plan = PlanFile::open(&plan_path).expect("plan");
+        for v in &plan.header.variants {
+            if v.features
+                .contains(&gerbil_plan::Feature::CooperativeMatrix)
+            {
+                continue; // no tensor cores on lavapipe
+            }
+            let opts = |slots| SessionOptions {
+                slots,
+                variant: Some(v.name.clone()),
+                ..SessionOptions::default()
+            };
+            let mut batched = block_on(Session::open(&plan, &opts(rows))).expect("session");
+            let mut alone = block_on(Session::open(&plan, &opts(1))).expect("session");
+            let vocab = batched.vocab_size() as u32;
+            let mut step = Vec::new();
+            let mut history = Vec::new();
+            for i in 0..rows {
+                batched.set_slot(i).expect("slot");
+                // Some rows deep enough that their keys take several splits.
+                let p = match i % 3 {
+                    0 => long_prompt(i, vocab, 40 + 5 * i),
+                    _ => prompt(i, vocab),
+                };
+                let logits = block_on(batched.forward(&p)).expect("prefill");
+                step.push((i, argmax(&logits)));
+                history.push(p);
+            }
+            let got = block_on(batched.forward_batch(&step)).expect("batch step");
+            let tol = if v.name.ends_with("-i8") { 0.4 } else { 2e-3 };
+            for (&(slot, token), logits) in step.iter().zip(&got) {
+                history[slot].push(token);
+                alone.reset();
+                let want = block_on(alone.forward(&history[slot])).expect("alone");
+                let d = max_diff(logits, &want);
+                if d > tol {
+                    failures.push(format!("{family} {}: row {slot}: max diff {d}", v.name));
+                }
+            }
+            ran.push(format!("{family} {}", v.name));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+    for want in [
+        "llama subgroups",
+        "llama subgroups-f16",
+        "qwen2 subgroups-f16-i8",
+    ] {
+        assert!(ran.iter().any(|r| r == want), "{want} did not run: {ran:?}");
+    }
+}
+
 #[test]
 fn batch_steps_refuse_what_they_cannot_run() {
     let _gpu = gpu_lock();

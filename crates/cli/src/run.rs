@@ -375,6 +375,9 @@ pub struct BatchBench {
     pub ms_per_step: f64,
     /// `tok_s` over the single-sequence `decode_tok_s`.
     pub vs_one: f64,
+    /// GPU time by dispatch kind of one batch step (with `profile`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<Vec<ProfileRow>>,
 }
 
 /// Seconds for `new` decode steps from `depth` tokens of context (`context`
@@ -508,13 +511,16 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     let batch = match opts.batch {
         Some(rows) => {
             let mut times = Vec::new();
+            let mut profile = None;
             let context = synthetic(depth.max(1));
             for _ in 0..opts.repeats.max(1) {
-                times
-                    .push(time_batch(&plan, &session_opts, rows, &context, opts.new_tokens).await?);
+                let (s, p) =
+                    time_batch(&plan, &session_opts, rows, &context, opts.new_tokens).await?;
+                times.push(s);
+                profile = p;
             }
             let step_s = median(times) / opts.new_tokens.max(1) as f64;
-            Some((rows, step_s))
+            Some((rows, step_s, profile))
         }
         None => None,
     };
@@ -574,13 +580,14 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         prefill_profile,
         copy_gb_s,
         decode_profile,
-        batch: batch.map(|(rows, step_s)| {
+        batch: batch.map(|(rows, step_s, profile)| {
             let tok_s = rows as f64 / step_s;
             BatchBench {
                 rows,
                 tok_s,
                 ms_per_step: step_s * 1000.0,
                 vs_one: tok_s / (opts.new_tokens as f64 / decode_s),
+                profile: profile.zip(copy_gb_s).map(|(p, copy)| summarize(&p, copy)),
             }
         }),
     })
@@ -588,14 +595,15 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
 
 /// Seconds for `new` batch steps of `rows` sequences, each in its own slot
 /// with `context` run first, greedy (each row's argmax chosen on the CPU,
-/// as a served batch does).
+/// as a served batch does); with `opts.profiling`, the dispatch times of
+/// one more step.
 async fn time_batch(
     plan: &PlanFile,
     opts: &SessionOptions,
     rows: usize,
     context: &[u32],
     new: usize,
-) -> Result<f64> {
+) -> Result<(f64, Option<Vec<gerbil_runtime::DispatchTime>>)> {
     let max = plan.header.io.max_batch as usize;
     if rows == 0 || rows > max {
         bail!(
@@ -626,5 +634,10 @@ async fn time_batch(
             row.1 = gerbil_runtime::argmax(l);
         }
     }
-    Ok(t.elapsed().as_secs_f64())
+    let seconds = t.elapsed().as_secs_f64();
+    let profile = match opts.profiling {
+        true => Some(session.profile_batch(&next).await?),
+        false => None,
+    };
+    Ok((seconds, profile))
 }

@@ -21,6 +21,7 @@ use crate::kernels::{
     embedding::{self, EmbeddingSpec},
     gemm, gemm_coop,
     gemv::{self, Dots, Reduce},
+    gemv_batch,
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
@@ -223,6 +224,13 @@ impl Lowering<'_> {
                     self.max_tokens
                 };
                 let (source, template) = match phase {
+                    Phase::Batch
+                        if rows == Rows::Tokens
+                            && variant.features.contains(&Feature::Subgroups) =>
+                    {
+                        let br = gemv_batch::rows_per_group(step_rows);
+                        (gemv_batch::kernel(&spec, br), MatMulTemplate::GemvBatch)
+                    }
                     Phase::Prefill(_) | Phase::Batch
                         if rows == Rows::Tokens
                             && variant.features.contains(&Feature::CooperativeMatrix) =>
@@ -326,7 +334,13 @@ impl Lowering<'_> {
                     kv: kv(in_ty(1)),
                 };
                 match phase {
-                    Phase::Prefill(_) | Phase::Batch => attention::kernel_at(spec, at),
+                    Phase::Prefill(_) => attention::kernel(spec),
+                    Phase::Batch => attention_decode::kernel_at(
+                        spec,
+                        self.max_context,
+                        Positions::Table,
+                        self.max_batch,
+                    ),
                     Phase::Decode => attention_decode::kernel(spec, self.max_context),
                 }
             }

@@ -7,6 +7,7 @@ use gerbil_codegen_wgsl::kernels::{
     embedding::{self, EmbeddingSpec},
     gemm::{self, GemmTile},
     gemv::{self, Dots, Reduce},
+    gemv_batch,
     matmul::{self, MatMulSpec},
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
@@ -18,11 +19,19 @@ use gerbil_ir::{BinaryOp, DType, UnaryOp};
 use gerbil_plan::Feature;
 
 fn golden(src: KernelSource) {
-    // Kernels of an f16 variant (an f16 KV cache) need `shader-f16`.
+    // Kernels of an f16 variant (an f16 KV cache) need `shader-f16`; those
+    // that reduce with subgroup operations, `subgroups`.
+    let mut features = Vec::new();
     if src.wgsl.starts_with("enable f16;") {
-        validate_with(&src.name, &src.wgsl, &[Feature::ShaderF16])
-    } else {
+        features.push(Feature::ShaderF16);
+    }
+    if src.wgsl.contains("@builtin(subgroup_id)") {
+        features.push(Feature::Subgroups);
+    }
+    if features.is_empty() {
         validate(&src.name, &src.wgsl)
+    } else {
+        validate_with(&src.name, &src.wgsl, &features)
     }
     .unwrap_or_else(|e| panic!("{e}"));
     let header = format!(
@@ -591,7 +600,9 @@ fn golden_quantized_kernels() {
 
 /// The batch schedule's kernels, whose rows are sequences at the positions
 /// of the row table: SmolLM2's fused q|k|v RoPE, a partial-rotary RoPE, a
-/// Gemma 3 sliding-window attention and an f16 cache write.
+/// Gemma 3 sliding-window attention and an f16 cache write; and its
+/// matmuls: SmolLM2's gated MLP with its norm (bf16) and a Q4_0 `o_proj`
+/// with its residual, 16 rows a workgroup.
 #[test]
 fn golden_row_table_kernels() {
     golden(qkv_rope::kernel_at(
@@ -613,7 +624,7 @@ fn golden_row_table_kernels() {
         },
         Positions::Table,
     ));
-    golden(attention::kernel_at(
+    golden(attention_decode::kernel_at(
         AttentionSpec {
             heads: 4,
             kv_heads: 1,
@@ -622,11 +633,35 @@ fn golden_row_table_kernels() {
             window: 512,
             kv: DType::F32,
         },
+        4096,
         Positions::Table,
+        16,
     ));
     golden(elementwise::cache_write_at(
         192,
         DType::F16,
         Positions::Table,
+    ));
+    let spec = |k, n, wdtype, glu, norm, residual| MatMulSpec {
+        shard_rows: None,
+        rows: Rows::Tokens,
+        k,
+        n,
+        wdtype,
+        bias: false,
+        tt: 1,
+        glu,
+        norm,
+        residual,
+        last_row: false,
+    };
+    let norm = Some((1e-5, 0.0, DType::BF16));
+    golden(gemv_batch::kernel(
+        &spec(576, 1536, DType::BF16, Some(UnaryOp::Silu), norm, false),
+        16,
+    ));
+    golden(gemv_batch::kernel(
+        &spec(576, 576, DType::Q4_0, None, None, true),
+        16,
     ));
 }

@@ -23,20 +23,25 @@
 //! generation's ([`crate::slots`]): a prompt sharing a prefix with any slot,
 //! a running sequence's too, starts from a copy of those rows.
 //! [`Batch::start`] only checks the request and places it; its prompt runs
-//! in later steps: whole, as rows of the next batch step beside the running
-//! sequences' tokens, when it fits the rows they leave (the plan's
-//! `--max-batch`); else one chunk of the plan's prefill step per
-//! [`Batch::step`], on its own, until what is left fits — so a long prompt
-//! delays the running sequences' next tokens by one chunk at a time, never
-//! by its whole length. A sequence's first piece comes from the step that
-//! runs its prompt's last token. Every token is chosen on the CPU from read-back
+//! in later steps: as rows of batch steps beside the running sequences'
+//! tokens, as many as the rows they leave (the plan's `--max-batch`), going
+//! on in the next step where it does not fit — a batch step reads each
+//! weight once whatever its rows, so a short prompt costs a few steps that
+//! the running sequences take anyway; a prompt longer than
+//! [`LONG_PROMPT_STEPS`] steps' rows runs one chunk of the plan's prefill
+//! step per [`Batch::step`] instead, on its own, so it delays the running
+//! sequences' next tokens by one chunk at a time, never by its whole length.
+//! A sequence's first piece comes from the step that runs its prompt's last
+//! token. Every token is chosen on the CPU from read-back
 //! logits — a batch step's logits are one row per sequence — by the same
 //! rules as [`crate::Generation`]'s (sampling, penalties, stop strings,
 //! constraints), so a sequence's tokens equal the ones it would get alone.
-//! The surprise: the answers are the same, the arithmetic is not — a batch
-//! step multiplies through the prefill kernels, whose sums run in another
-//! order than a single step's, so logits differ in the last bits and a
-//! near-tie can go the other way.
+//! The surprise: the answers are the same, the arithmetic not always — a
+//! batch step's matmuls sum in a single step's order only in variants with
+//! subgroups (`gemv_batch`); the portable ones multiply through the prefill
+//! GEMM, and the int8 variant's decode rounds `x` to int8 where a batch
+//! step does not, so there logits differ in the last bits (int8: in the
+//! second decimal) and a near-tie can go the other way.
 
 use crate::constraint::TokenConstraint;
 use crate::decoding::Decoding;
@@ -44,6 +49,13 @@ use crate::error::Error;
 use crate::generation::{FinishReason, GenerationSettings, GenerationStats, Piece};
 use crate::model::Model;
 use gerbil_runtime::{Clock, RuntimeError};
+
+/// A prompt longer than this many batch steps' rows runs through the
+/// prefill step: on a GPU, a 16-row batch step of the Llama-3.2-1B shape
+/// costs about what a decode step does, so a prompt of up to 128 tokens is
+/// done sooner as rows than by a prefill step's GEMMs (tiled for hundreds
+/// of rows), and a longer one sooner by them.
+pub const LONG_PROMPT_STEPS: usize = 8;
 
 /// One running (or ended, not yet removed) sequence.
 struct Sequence {
@@ -159,10 +171,10 @@ impl Batch<'_> {
         Ok(Some((id, piece)))
     }
 
-    /// One step: every running sequence's next token, and the whole prompts
-    /// of joining sequences that fit beside them, in one batch step (a
-    /// prompt too long for the rows left runs a chunk of the plan's prefill
-    /// step on its own first); every piece, by id — a joining sequence's
+    /// One step: every running sequence's next token, and the tokens of
+    /// joining sequences' prompts while rows are left, in one batch step (a
+    /// prompt longer than [`LONG_PROMPT_STEPS`] steps' rows runs a chunk of
+    /// the plan's prefill step on its own first); every piece, by id — a joining sequence's
     /// first piece before its second. A failure ends every sequence (the KV
     /// cache may hold half a step).
     pub async fn step(&mut self) -> Result<Vec<(usize, Piece)>, Error> {
@@ -193,16 +205,14 @@ impl Batch<'_> {
             .collect();
         let prompt_len =
             |b: &Self, id: usize| b.sequences[id].as_ref().map_or(0, |s| s.prompt.len());
-        // A prompt that cannot fit beside the running sequences runs a chunk alone.
-        let running = self.live().filter(|s| s.pending.is_some()).count();
+        // A long prompt runs a prefill chunk alone; short ones become rows.
         let mut out = Vec::new();
-        if let Some(&long) = joining
-            .iter()
-            .find(|&&id| prompt_len(self, id) > max_rows.saturating_sub(running))
-        {
-            out.extend(self.prefill_chunk(long).await?);
+        let long = |n: usize| n > LONG_PROMPT_STEPS * max_rows;
+        if let Some(&id) = joining.iter().find(|&&id| long(prompt_len(self, id))) {
+            out.extend(self.prefill_chunk(id).await?);
         }
-        // The batch: every pending token, then whole prompts while rows are left.
+        // The batch: every pending token, then prompt tokens while rows are
+        // left (a prompt that does not fit goes on in the next step).
         let mut rows: Vec<(usize, usize, u32)> = self
             .sequences
             .iter()
@@ -213,15 +223,22 @@ impl Batch<'_> {
             })
             .collect();
         let decoding = rows.len();
+        // Rows that run a prompt's last token, which choose its first.
+        let mut completes = vec![false; decoding];
         for &id in &joining {
             let n = prompt_len(self, id);
-            if n == 0 || rows.len() + n > max_rows {
+            let room = max_rows.saturating_sub(rows.len());
+            if n == 0 || room == 0 || long(n) {
                 continue;
             }
             let Some(s) = self.sequences[id].as_mut() else {
                 continue;
             };
-            rows.extend(s.prompt.drain(..).map(|t| (id, s.slot, t)));
+            rows.extend(s.prompt.drain(..n.min(room)).map(|t| (id, s.slot, t)));
+            completes.resize(rows.len(), false);
+            if let Some(last) = completes.last_mut() {
+                *last = s.prompt.is_empty();
+            }
         }
         if rows.is_empty() {
             return Ok(out);
@@ -239,8 +256,7 @@ impl Batch<'_> {
             after[slot] += 1;
         }
         for (i, &(id, _, _)) in rows.iter().enumerate() {
-            let last_of_prompt = i >= decoding && rows.get(i + 1).is_none_or(|r| r.0 != id);
-            if i >= decoding && !last_of_prompt {
+            if i >= decoding && !completes[i] {
                 continue;
             }
             let Some(s) = self.sequences[id].as_mut() else {

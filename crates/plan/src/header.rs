@@ -440,6 +440,9 @@ pub enum MatMulTemplate {
     },
     /// The tensor-core GEMM (`gemm_coop`).
     GemmCoop,
+    /// The few rows of a batch step, each weight read once for all of them
+    /// (`gemv_batch`).
+    GemvBatch,
 }
 
 /// One binding of a kernel (group 0, binding number = its index): what the

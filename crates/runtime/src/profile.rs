@@ -12,7 +12,7 @@
 //! it is.
 
 use crate::error::RuntimeError;
-use crate::session::Session;
+use crate::session::{Session, Step};
 
 /// GPU time of one dispatch.
 #[derive(Clone, Debug, PartialEq)]
@@ -41,12 +41,7 @@ impl Session {
     /// session from [`Session::new_profiling`] on a device with timestamp
     /// queries inside passes.
     pub async fn profile(&mut self, tokens: &[u32]) -> Result<Vec<DispatchTime>, RuntimeError> {
-        if !self.gpu.has_timestamps() {
-            return Err(RuntimeError::Device(
-                "this device has no timestamp queries inside compute passes; profiling needs them"
-                    .into(),
-            ));
-        }
+        self.need_timestamps()?;
         // Saturating, so that no length wraps into the allowed range.
         let t = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
         if tokens.is_empty() || u64::from(t) > self.header.model.max_tokens_per_step {
@@ -62,8 +57,53 @@ impl Session {
                 max: self.context(),
             });
         }
-        let device = &self.gpu.device;
         let steps = self.prepare_step(tokens)?;
+        let times = self.time_steps(steps, t, needed).await?;
+        self.position = needed;
+        Ok(times)
+    }
+
+    /// Runs one batch step on `rows` ([`Session::forward_batch`]'s rows)
+    /// with a timestamp after every dispatch and returns each dispatch's GPU
+    /// time; needs what [`Session::profile`] needs and a batch schedule.
+    pub async fn profile_batch(
+        &mut self,
+        rows: &[(usize, u32)],
+    ) -> Result<Vec<DispatchTime>, RuntimeError> {
+        self.need_timestamps()?;
+        let (t, taken) = self.prepare_batch(rows)?;
+        let context = taken
+            .iter()
+            .enumerate()
+            .filter(|&(_, &n)| n > 0)
+            .map(|(slot, &n)| self.slot_position(slot) + n)
+            .max()
+            .unwrap_or(0);
+        let times = self.time_steps(&self.batch, t, context).await?;
+        self.advance_batch(&taken);
+        Ok(times)
+    }
+
+    fn need_timestamps(&self) -> Result<(), RuntimeError> {
+        if self.gpu.has_timestamps() {
+            return Ok(());
+        }
+        Err(RuntimeError::Device(
+            "this device has no timestamp queries inside compute passes; profiling needs them"
+                .into(),
+        ))
+    }
+
+    /// Records `steps` for `t` rows with a timestamp after each, runs them
+    /// and returns each recorded dispatch's time (bytes counted with the KV
+    /// caches `context` rows full).
+    async fn time_steps(
+        &self,
+        steps: &[Step],
+        t: u32,
+        context: u64,
+    ) -> Result<Vec<DispatchTime>, RuntimeError> {
+        let device = &self.gpu.device;
         let count = (steps.len() + 1) as u32;
         let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
             label: Some("profile"),
@@ -118,12 +158,11 @@ impl Session {
                     group: d.group_or_label().to_string(),
                     kernel: self.header.kernels[d.kernel as usize].name.clone(),
                     nanos: stamps[i + 1].saturating_sub(stamps[i]) as f64 * period,
-                    bytes: self.dispatch_bytes(d, t, needed),
+                    bytes: self.dispatch_bytes(d, t, context),
                     flops: d.flops.eval(t),
                 }
             })
             .collect();
-        self.position = needed;
         Ok(times)
     }
 

@@ -47,7 +47,7 @@ pub struct Session {
     pub(crate) prefill: Vec<Step>,
     pub(crate) decode: Vec<Step>,
     /// The batch schedule's steps (empty: the plan has none).
-    batch: Vec<Step>,
+    pub(crate) batch: Vec<Step>,
     /// Where a batch step's logits are read back: `max_batch` rows, made
     /// once (a plan with a batch schedule only).
     batch_readback: Option<wgpu::Buffer>,
@@ -688,6 +688,35 @@ impl Session {
         &mut self,
         rows: &[(usize, u32)],
     ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        let (t, taken) = self.prepare_batch(rows)?;
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("batch step"),
+            });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                label: Some("batch"),
+                timestamp_writes: None,
+            });
+            for s in &self.batch {
+                self.record(&mut pass, s, t);
+            }
+        }
+        self.gpu.queue.submit([enc.finish()]);
+        self.advance_batch(&taken);
+        let readback = self.batch_readback.as_ref().unwrap_or(&self.readback);
+        self.read_logit_rows(0, u64::from(t), readback).await
+    }
+
+    /// Checks a batch step's rows and writes its inputs (the step's `T`,
+    /// the token ids, each row's KV-cache row and position); returns `T`
+    /// and the rows each slot takes.
+    pub(crate) fn prepare_batch(
+        &mut self,
+        rows: &[(usize, u32)],
+    ) -> Result<(u32, Vec<u64>), RuntimeError> {
         if self.batch.is_empty() {
             return Err(RuntimeError::NoBatchSchedule);
         }
@@ -737,22 +766,11 @@ impl Session {
         if let Some(b) = self.header.io.step_rows {
             q.write_buffer(self.buffer(b), 0, bytemuck::cast_slice(&table));
         }
-        let mut enc = self
-            .gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("batch step"),
-            });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("batch"),
-                timestamp_writes: None,
-            });
-            for s in &self.batch {
-                self.record(&mut pass, s, t);
-            }
-        }
-        self.gpu.queue.submit([enc.finish()]);
+        Ok((t, taken))
+    }
+
+    /// Moves each slot past the rows a batch step gave it.
+    pub(crate) fn advance_batch(&mut self, taken: &[u64]) {
         for (slot, &n) in taken.iter().enumerate() {
             if slot == self.slot {
                 self.position += n;
@@ -760,8 +778,6 @@ impl Session {
                 self.positions[slot] += n;
             }
         }
-        let readback = self.batch_readback.as_ref().unwrap_or(&self.readback);
-        self.read_logit_rows(0, u64::from(t), readback).await
     }
 
     /// Writes the step's inputs and returns the schedule for `t` tokens.

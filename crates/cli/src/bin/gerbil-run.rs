@@ -746,9 +746,11 @@ fn bench_text(
             "copy        {c:.0} GB/s (read + write; the profile's roofline)"
         )?;
     }
+    let batch_profile = r.batch.as_ref().and_then(|b| b.profile.as_ref());
     for (name, rows) in [
-        ("prefill", &r.prefill_profile),
-        ("decode", &r.decode_profile),
+        ("prefill", r.prefill_profile.as_ref()),
+        ("decode", r.decode_profile.as_ref()),
+        ("batch", batch_profile),
     ] {
         if let Some(rows) = rows {
             let total: f64 = rows.iter().map(|x| x.micros).sum();

@@ -23,9 +23,7 @@
 //! sentinel score and an explicit zero probability, so a row whose first
 //! tiles are all masked neither divides by zero nor makes a NaN.
 
-use super::{
-    f32_lit, input, kv_load, kv_tag, output, prelude, Bindings, KernelSource, Positions, Rows,
-};
+use super::{f32_lit, input, kv_load, kv_tag, output, prelude, Bindings, KernelSource, Rows};
 use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
@@ -132,20 +130,11 @@ fn load4_fn(name: &str, head_dim: u32, load: impl Fn(&str) -> String) -> String 
     }
 }
 
-/// Builds the kernel.
+/// Builds the kernel. (A batch step's rows, each a query of its own
+/// sequence, run [`attention_decode`](super::attention_decode)'s kernel
+/// with a row table instead.)
 pub fn kernel(s: AttentionSpec) -> KernelSource {
-    kernel_at(s, Positions::Step)
-}
-
-/// Builds the kernel for rows at `at`. With a row table, each workgroup
-/// takes one query row (`BQ = 1`: the rows of a batch belong to different
-/// sequences, which share no keys) and reads the keys of that row's own
-/// sequence, from its first KV-cache row (`cache_row − pos`) on.
-pub fn kernel_at(s: AttentionSpec, at: Positions) -> KernelSource {
-    let t = match at {
-        Positions::Step => tiles(&s),
-        Positions::Table => Tiles { bq: 1, ..tiles(&s) },
-    };
+    let t = tiles(&s);
     let hd4 = Tiles::hd4(s.head_dim);
     let threads = t.bq * t.lanes;
     let mut w = prelude();
@@ -175,28 +164,14 @@ pub fn kernel_at(s: AttentionSpec, at: Positions) -> KernelSource {
     b.kv_cache(&mut w, input(1), "kc", s.kv, false);
     b.kv_cache(&mut w, input(2), "vc", s.kv, false);
     b.activation(&mut w, output(0), "y");
-    at.declare(&mut b, &mut w);
     w.push_str(&load4_fn("load_q4", s.head_dim, |i| format!("q[{i}]")));
     w.push_str(&load4_fn("load_k4", s.head_dim, |i| kv_load(s.kv, "kc", i)));
     w.push_str(&load4_fn("load_v4", s.head_dim, |i| kv_load(s.kv, "vc", i)));
-    // The rows' positions, the keys the block may see (`lo..=hi`) and, with
-    // a row table, where the row's sequence begins in the cache (`base`).
-    let positions = match at {
-        Positions::Step => {
-            "\x20 let row = t0 + i;\n  let pos = params.p + row;\n\
-             \x20 let hi = params.p + min(t0 + BQ, params.t) - 1u;\n\
-             \x20 var lo = 0u;\n  if (WINDOW > 0u && params.p + t0 + 1u > WINDOW) { lo = params.p + t0 + 1u - WINDOW; }\n"
-        }
-        Positions::Table => {
-            "\x20 let row = t0 + i;\n  let pos = rows[2u * row + 1u];\n  let base = rows[2u * row] - pos;\n\
-             \x20 let hi = pos;\n\
-             \x20 var lo = 0u;\n  if (WINDOW > 0u && pos + 1u > WINDOW) { lo = pos + 1u - WINDOW; }\n"
-        }
-    };
-    let key = match at {
-        Positions::Step => "c + jj",
-        Positions::Table => "base + c + jj",
-    };
+    // The rows' positions and the keys the block may see (`lo..=hi`).
+    let positions = "\x20 let row = t0 + i;\n  let pos = params.p + row;\n\
+         \x20 let hi = params.p + min(t0 + BQ, params.t) - 1u;\n\
+         \x20 var lo = 0u;\n  if (WINDOW > 0u && params.p + t0 + 1u > WINDOW) { lo = params.p + t0 + 1u - WINDOW; }\n";
+    let key = "c + jj";
     let tile_load = |f: &str| {
         format!(
             "    for (var e = lid.x; e < BK * HD4; e = e + NT) {{\n\
@@ -279,13 +254,12 @@ pub fn kernel_at(s: AttentionSpec, at: Positions) -> KernelSource {
     );
     KernelSource {
         name: format!(
-            "attention_h{}_kv{}_d{}_w{}{}{}",
+            "attention_h{}_kv{}_d{}_w{}{}",
             s.heads,
             s.kv_heads,
             s.head_dim,
             s.window,
             kv_tag(s.kv),
-            at.tag()
         ),
         wgsl: w,
         workgroup_size: [threads, 1, 1],

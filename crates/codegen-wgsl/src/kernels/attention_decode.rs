@@ -37,7 +37,7 @@
 //! the splits this step uses.
 
 use super::attention::AttentionSpec;
-use super::{f32_lit, input, kv_load, kv_tag, output, prelude, Bindings, KernelSource};
+use super::{f32_lit, input, kv_load, kv_tag, output, prelude, Bindings, KernelSource, Positions};
 use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
@@ -154,6 +154,18 @@ pub fn splits(s: &AttentionSpec, max_context: u32) -> u32 {
 
 /// Builds the kernel for a KV cache of `max_context` rows.
 pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
+    kernel_at(s, max_context, Positions::Step, 1)
+}
+
+/// [`kernel`] for rows at `at`: with a row table (a batch step of at most
+/// `max_rows` rows, each a query of its own sequence), workgroup row `z`
+/// takes row `z`, its position and the first KV-cache row of its sequence
+/// from the table, and its partials and counters are its own.
+pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u32) -> KernelSource {
+    let rows = match at {
+        Positions::Step => 1,
+        Positions::Table => max_rows.max(1),
+    };
     let geo = Geometry::new(&s);
     let Geometry {
         group,
@@ -189,8 +201,13 @@ pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
     b.kv_cache(&mut w, input(1), "kc", s.kv, false);
     b.kv_cache(&mut w, input(2), "vc", s.kv, false);
     b.activation(&mut w, output(0), "y");
-    b.scratch(&mut w, "part", u64::from(s.heads * splits * (hd + 2)) * 4);
-    b.counters(&mut w, "count", s.kv_heads);
+    at.declare(&mut b, &mut w);
+    b.scratch(
+        &mut w,
+        "part",
+        u64::from(rows * s.heads * splits * (hd + 2)) * 4,
+    );
+    b.counters(&mut w, "count", rows * s.kv_heads);
     let _ = write!(
         w,
         "var<workgroup> red: array<f32, {red}>;\n\
@@ -266,14 +283,27 @@ pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
         values_wgsl = values(group, hd, dl, kg, pt, u, s.kv),
         combine_body = combine_body(),
     );
+    if at == Positions::Table {
+        // Row z's query, output, partials and counter: its heads come after
+        // the rows before it, its keys after its sequence's first cache row.
+        w = w
+            .replace(
+                "  let pos = params.p;\n",
+                "  let brow = wid.z;\n  let pos = rows[2u * brow + 1u];\n  let seq0 = rows[2u * brow] - pos;\n",
+            )
+            .replace("  let k0 = lo + start;\n  let h0 = kvh * G;\n", "  let k0 = seq0 + lo + start;\n  let h0 = (brow * NKV + kvh) * G;\n",
+            )
+            .replace("count[kvh]", "count[brow * NKV + kvh]");
+    }
     KernelSource {
         name: format!(
-            "attention_decode_h{}_kv{}_d{}_w{}_s{splits}{}",
+            "attention_decode_h{}_kv{}_d{}_w{}_s{splits}{}{}",
             s.heads,
             s.kv_heads,
             hd,
             s.window,
-            kv_tag(s.kv)
+            kv_tag(s.kv),
+            at.tag()
         ),
         wgsl: w,
         workgroup_size: [wg, 1, 1],
@@ -281,7 +311,10 @@ pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
         workgroups: [
             WorkgroupCount::fixed(s.kv_heads),
             WorkgroupCount::fixed(splits),
-            WorkgroupCount::fixed(1),
+            match at {
+                Positions::Step => WorkgroupCount::fixed(1),
+                Positions::Table => super::Rows::Tokens.count(1, 1),
+            },
         ],
         workgroup_bytes: (red + group * cap + group + if kg > 1 { kg * group } else { 0 } + 1) * 4,
     }

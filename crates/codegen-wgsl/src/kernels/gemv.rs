@@ -70,7 +70,7 @@ const MIN_SUBGROUP_SIZE: u32 = 4;
 
 /// `cdot` (dot product of two chunks) and, with a norm, `cmul`
 /// (elementwise product) and `cplus` (plus a scalar).
-fn chunk_ops(e: u32, norm: bool) -> String {
+pub(super) fn chunk_ops(e: u32, norm: bool) -> String {
     let c = chunk_type(e);
     let (dot, mul, plus) = match e {
         1 => ("a * b", "a * b", "a + s"),

@@ -18,6 +18,7 @@ pub mod embedding;
 pub mod gemm;
 pub mod gemm_coop;
 pub mod gemv;
+pub mod gemv_batch;
 pub mod gemv_int8;
 mod linear;
 pub mod matmul;

@@ -1,0 +1,226 @@
+//! `gemv_batch`: the batch-step form of [`matmul`](super::matmul), `y[t, n]
+//! = Σ_k x[t, k] · w[n, k] (+ b[n])` over the few rows of a batch step (one
+//! per sequence decoding together, [`Phase::Batch`](crate::Phase::Batch)),
+//! with every option of [`MatMulSpec`] but `last_row`: bias, gated
+//! epilogue, weight row shards, RMSNorm prologue, residual epilogue. The
+//! lowering picks it for batch-step matmuls of variants with subgroups.
+//!
+//! It is the decode [`gemv`](super::gemv) with `BR` rows of `x` instead of
+//! one: a workgroup computes `R` consecutive outputs for `BR` rows, its
+//! threads striding over the chunks of `K`; each thread loads a chunk of its
+//! `R` weight rows once (dequantized in registers for a quantized weight,
+//! through the GEMM's chunk loaders) and dots it with the same chunk of each
+//! of the `BR` rows of `x`, so a weight is read from memory once per step
+//! whatever the rows, the way a decode step reads it once per token. `R ·
+//! BR` accumulators (twice that gated) live in registers, so `R` shrinks
+//! as `BR` grows (at most [`ACCUMULATORS`]). Rows past the step's `T`
+//! (`params.t`) are skipped by a branch every thread takes alike, so a step
+//! of one row costs about a decode step. The partial sums are reduced one
+//! row at a time: `subgroupAdd`, one workgroup-memory slot per subgroup, a
+//! barrier, and `R` threads summing the slots and storing.
+//!
+//! The surprise is why this is not the prefill [`gemm`](super::gemm): its
+//! smallest tile is 32 rows by 64 columns, so a 2048-wide output of a
+//! 16-row step ran as 32 workgroups, each walking the whole of `K` on one SM
+//! of 132 — a 16-row batch step of the Llama-3.2-1B shape took 28.7 ms on
+//! an H200, where 16 decode steps take 17.
+
+use super::gemv::chunk_ops;
+use super::gemv::{bind_operands, shard_loader};
+use super::linear::{self, elems_per_load, name_parts};
+use super::matmul::MatMulSpec;
+use super::{prelude, split_groups, KernelSource, Rows};
+use gerbil_plan::WorkgroupCount;
+use std::fmt::Write;
+
+/// Most accumulators a thread keeps (`R · BR`, gated `2 · R · BR`).
+pub const ACCUMULATORS: u32 = 64;
+/// Most rows of `x` a workgroup takes: a batch step of more rows runs
+/// `ceil(T / MAX_ROWS)` workgroup rows, each reading the weights again.
+pub const MAX_ROWS: u32 = 16;
+/// Workgroups a dispatch aims for, as the decode GEMV's.
+const TARGET_GROUPS: u32 = super::gemv::TARGET_GROUPS;
+/// WebGPU's smallest subgroup size: bounds the subgroups of a workgroup.
+const MIN_SUBGROUP_SIZE: u32 = 4;
+
+/// Rows of `x` per workgroup for batch steps of at most `max_rows` rows.
+pub fn rows_per_group(max_rows: u32) -> u32 {
+    max_rows.clamp(1, MAX_ROWS)
+}
+
+/// Outputs per workgroup: the largest power of two that keeps the
+/// accumulators within [`ACCUMULATORS`] and leaves at least
+/// [`TARGET_GROUPS`] workgroups.
+fn outputs_per_group(s: &MatMulSpec, br: u32) -> u32 {
+    let per_output = br * if s.glu.is_some() { 2 } else { 1 };
+    let mut r = 1;
+    while 2 * r * per_output <= ACCUMULATORS && s.n.div_ceil(2 * r) >= TARGET_GROUPS {
+        r *= 2;
+    }
+    r
+}
+
+/// Builds the kernel for `s` (rows `T`, not `last_row`) with `br` rows of
+/// `x` per workgroup ([`rows_per_group`]).
+pub fn kernel(s: &MatMulSpec, br: u32) -> KernelSource {
+    debug_assert!(s.rows == Rows::Tokens && !s.last_row);
+    let glu = s.glu.is_some();
+    let norm = s.norm.is_some();
+    let e = elems_per_load(s.wdtype, s.k);
+    let kc = s.k / e;
+    let threads = (kc.div_ceil(32) * 32).clamp(32, 256);
+    let iters = kc.div_ceil(threads);
+    let r = outputs_per_group(s, br);
+    let (gx, gy) = split_groups(s.n.div_ceil(r));
+    // Reduction slots of one row: its R sums, R up sums, Σx².
+    let sq_slot = r * if glu { 2 } else { 1 };
+    let slots = sq_slot + u32::from(norm);
+    let max_subgroups = threads / MIN_SUBGROUP_SIZE;
+
+    let mut w = prelude();
+    let _ = writeln!(
+        w,
+        "const K: u32 = {k}u;\nconst N: u32 = {n}u;\nconst KC: u32 = {kc}u;\n\
+         const THREADS: u32 = {threads}u;\nconst ITERS: u32 = {iters}u;\nconst R: u32 = {r}u;\n\
+         const BR: u32 = {br}u;\nconst SLOTS: u32 = {slots}u;\nconst MAX_SUBGROUPS: u32 = {max_subgroups}u;\n\
+         const GX: u32 = {gx}u;",
+        k = s.k,
+        n = s.n,
+    );
+    let (b, shards) = bind_operands(s, e, &mut w);
+    w += &chunk_ops(e, norm);
+    shard_loader(&mut w, &shards, e);
+
+    // Accumulators: a{row}_{i}, u{row}_{i} (gated), q{row} (Σx²).
+    let mut accs = String::new();
+    for row in 0..br {
+        for i in 0..r {
+            let _ = writeln!(accs, "  var a{row}_{i} = 0.0f;");
+            if glu {
+                let _ = writeln!(accs, "  var u{row}_{i} = 0.0f;");
+            }
+        }
+        if norm {
+            let _ = writeln!(accs, "  var q{row} = 0.0f;");
+        }
+    }
+    // One chunk: the R weight rows' chunks once, then each row of x.
+    let mut body = String::new();
+    for i in 0..r {
+        let _ = writeln!(body, "    let w{i} = wrow(min(n0 + {i}u, N - 1u), c);");
+        if glu {
+            let _ = writeln!(body, "    let v{i} = wrow(min(n0 + {i}u, N - 1u) + N, c);");
+        }
+    }
+    if norm {
+        body += "    let g = cplus(gamma_chunk(c), OFFSET);\n";
+    }
+    for row in 0..br {
+        let _ = writeln!(
+            body,
+            "    if (t0 + {row}u < rows) {{\n      var xv = x_chunk((t0 + {row}u) * KC + c);"
+        );
+        if norm {
+            let _ = writeln!(
+                body,
+                "      q{row} = q{row} + cdot(xv, xv);\n      xv = cmul(xv, g);"
+            );
+        }
+        for i in 0..r {
+            let _ = writeln!(body, "      a{row}_{i} = a{row}_{i} + cdot(w{i}, xv);");
+            if glu {
+                let _ = writeln!(body, "      u{row}_{i} = u{row}_{i} + cdot(v{i}, xv);");
+            }
+        }
+        body += "    }\n";
+    }
+    // A constant trip count, so the compiler can unroll the loop; chunks
+    // past KC only where THREADS does not divide KC.
+    let k_loop = if kc.is_multiple_of(threads) {
+        format!("  for (var it = 0u; it < ITERS; it = it + 1u) {{\n    let c = tid + it * THREADS;\n{body}  }}\n")
+    } else {
+        let body = body.replace("\n    ", "\n      ");
+        format!(
+            "  for (var it = 0u; it < ITERS; it = it + 1u) {{\n    let c = tid + it * THREADS;\n    if (c < KC) {{\n  {body}    }}\n  }}\n"
+        )
+    };
+
+    // The reduction and store of each row in turn.
+    let scale = if norm { " * inv" } else { "" };
+    let mut reduce = String::new();
+    for row in 0..br {
+        let mut parts: Vec<(u32, String)> = (0..r).map(|i| (i, format!("a{row}_{i}"))).collect();
+        if glu {
+            parts.extend((0..r).map(|i| (r + i, format!("u{row}_{i}"))));
+        }
+        if norm {
+            parts.push((sq_slot, format!("q{row}")));
+        }
+        let _ = writeln!(reduce, "  if (t0 + {row}u < rows) {{");
+        for (slot, v) in &parts {
+            let _ = writeln!(reduce, "    let s{slot} = subgroupAdd({v});");
+        }
+        reduce += "    if (sg_lane == 0u && sg_id < MAX_SUBGROUPS) {\n";
+        for (slot, _) in &parts {
+            let _ = writeln!(reduce, "      red[sg_id * SLOTS + {slot}u] = s{slot};");
+        }
+        reduce += "    }\n    workgroupBarrier();\n";
+        let _ = writeln!(
+            reduce,
+            "    if (tid < R && n < N) {{\n      let t = t0 + {row}u;\n      var sum = 0.0f;"
+        );
+        let mut adds = "        sum = sum + red[j * SLOTS + tid];\n".to_string();
+        if glu {
+            reduce += "      var upsum = 0.0f;\n";
+            adds += "        upsum = upsum + red[j * SLOTS + R + tid];\n";
+        }
+        if norm {
+            reduce += "      var sq = 0.0f;\n";
+            let _ = writeln!(adds, "        sq = sq + red[j * SLOTS + {sq_slot}u];");
+        }
+        let _ = writeln!(
+            reduce,
+            "      for (var j = 0u; j < min(sg_count, MAX_SUBGROUPS); j = j + 1u) {{\n{adds}      }}"
+        );
+        if norm {
+            reduce += "      let inv = 1.0f / sqrt(sq / f32(K) + EPS);\n";
+        }
+        let _ = writeln!(
+            reduce,
+            "      {}\n    }}\n    workgroupBarrier();\n  }}",
+            linear::store(s, "t", &format!("sum{scale}"), &format!("upsum{scale}"))
+        );
+    }
+
+    let _ = write!(
+        w,
+        "var<workgroup> red: array<f32, {red_len}>;\n\
+         @compute @workgroup_size({threads}, 1, 1)\n\
+         fn main(@builtin(local_invocation_index) tid: u32,\n        \
+         @builtin(workgroup_id) wid: vec3<u32>,\n        \
+         @builtin(subgroup_invocation_id) sg_lane: u32,\n        \
+         @builtin(subgroup_id) sg_id: u32,\n        \
+         @builtin(num_subgroups) sg_count: u32) {{\n\
+         \x20 let n0 = (wid.x + wid.y * GX) * R;\n\
+         \x20 let n = n0 + tid;\n\
+         \x20 let t0 = wid.z * BR;\n\
+         \x20 let rows = params.t;\n{accs}{k_loop}{reduce}}}\n",
+        red_len = slots * max_subgroups,
+    );
+    let (glu_tag, options) = name_parts(s, shards.len());
+    KernelSource {
+        name: format!(
+            "gemv_batch{glu_tag}_{}_k{}_n{}{options}_br{br}",
+            s.wdtype, s.k, s.n
+        ),
+        wgsl: w,
+        workgroup_size: [threads, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            WorkgroupCount::fixed(gx),
+            WorkgroupCount::fixed(gy),
+            s.rows.count(1, br),
+        ],
+        workgroup_bytes: slots * max_subgroups * 4,
+    }
+}
