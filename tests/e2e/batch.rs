@@ -229,9 +229,10 @@ fn a_prompt_fed_as_rows_of_a_batch_step_matches_its_prefill() {
 }
 
 /// `Model::batch`: sequences started at different times, with different
-/// settings and lengths, decoded together — their prompts (longer than the
-/// plan's 4-token prefill step) run a chunk per step between the others'
-/// tokens — each give exactly the tokens `Model::generate` gives them alone;
+/// settings and lengths, decoded together — their prompts run as rows of
+/// the batch steps beside the others' tokens, over several steps where the
+/// rows left are fewer, or past 8 steps' rows as one 4-token prefill chunk
+/// a step — each give exactly the tokens `Model::generate` gives them alone;
 /// one that shares a running sequence's prefix starts from a copy of those
 /// rows.
 #[test]
@@ -264,12 +265,15 @@ fn a_batch_of_generations_gives_each_its_own_answer() {
     let shared = prompt(2, vocab);
     let mut longer = shared.clone();
     longer.extend([3, 1, 4]);
-    // (prompt, settings, the step it starts at)
+    // (prompt, settings, the step it starts at): the first longer than 8
+    // steps' rows (prefill chunks alone until 32 tokens are left, then rows
+    // over eleven steps, the third's prompt waiting for them), the others
+    // fed as rows; the last starts once the third's prompt has run.
     let jobs = [
-        (prompt(0, vocab), settings(20, greedy), 0),
+        (long_prompt(0, vocab, 40), settings(20, greedy), 0),
         (prompt(1, vocab), settings(7, sampled), 0),
         (shared, settings(12, greedy), 2),
-        (longer, settings(9, sampled), 8),
+        (longer, settings(9, sampled), 20),
     ];
     let mut batch = batched.batch().expect("batch");
     let mut got: Vec<Vec<u32>> = vec![Vec::new(); jobs.len()];
