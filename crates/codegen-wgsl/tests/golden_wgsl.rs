@@ -365,9 +365,17 @@ fn golden_f16_kv_kernels() {
 /// The decode GEMVs at SmolLM2 shapes, in both reductions (the subgroup form
 /// validated with the `subgroups` capability), and the fallbacks of a `K`
 /// that is no multiple of 8.
-#[test]
-fn golden_gemv_kernels() {
-    let spec = |k, n, wdtype, glu, norm, residual, shard_rows| MatMulSpec {
+/// A matmul over `T` rows without bias or last-row read.
+fn rows_spec(
+    k: u32,
+    n: u32,
+    wdtype: DType,
+    glu: Option<UnaryOp>,
+    norm: Option<(f32, f32, DType)>,
+    residual: bool,
+    shard_rows: Option<u32>,
+) -> MatMulSpec {
+    MatMulSpec {
         shard_rows,
         rows: Rows::Tokens,
         k,
@@ -379,7 +387,12 @@ fn golden_gemv_kernels() {
         norm,
         residual,
         last_row: false,
-    };
+    }
+}
+
+#[test]
+fn golden_gemv_kernels() {
+    let spec = rows_spec;
     let bf16_norm = Some((1e-5, 0.0, DType::BF16));
     for reduce in [Reduce::Subgroup, Reduce::Workgroup] {
         let golden = |src: KernelSource| {
@@ -642,26 +655,21 @@ fn golden_row_table_kernels() {
         DType::F16,
         Positions::Table,
     ));
-    let spec = |k, n, wdtype, glu, norm, residual| MatMulSpec {
-        shard_rows: None,
-        rows: Rows::Tokens,
-        k,
-        n,
-        wdtype,
-        bias: false,
-        tt: 1,
-        glu,
-        norm,
-        residual,
-        last_row: false,
-    };
     let norm = Some((1e-5, 0.0, DType::BF16));
     golden(gemv_batch::kernel(
-        &spec(576, 1536, DType::BF16, Some(UnaryOp::Silu), norm, false),
+        &rows_spec(
+            576,
+            1536,
+            DType::BF16,
+            Some(UnaryOp::Silu),
+            norm,
+            false,
+            None,
+        ),
         16,
     ));
     golden(gemv_batch::kernel(
-        &spec(576, 576, DType::Q4_0, None, None, true),
+        &rows_spec(576, 576, DType::Q4_0, None, None, true, None),
         16,
     ));
 }
