@@ -167,7 +167,7 @@ fn check_matmul(c: &MatMulCase) -> Result<(), String> {
 /// Runs `src`, a kernel for case `c` (the matmul or the gemv template), on
 /// `c`'s inputs and checks it against the reference.
 fn check_matmul_kernel(c: &MatMulCase, src: &KernelSource) -> Result<(), String> {
-    check_matmul_kernel_seeing(c, src, None)
+    check_matmul_kernel_seeing(c, src, None, None)
 }
 
 /// What a kernel makes of `x` (and the norm weight) before its products.
@@ -176,11 +176,12 @@ type Seen<'a> = &'a dyn Fn(&[f32], &[f64]) -> Vec<f32>;
 /// [`check_matmul_kernel`] against the reference on `seen(x, g)`, where
 /// given: what the kernel makes of `x` and the norm weight `g` before its
 /// products, the norm prologue included (int8 units, for the GEMV's integer
-/// dot products).
+/// dot products); `x` drawn, then adjusted as `adjust` says.
 fn check_matmul_kernel_seeing(
     c: &MatMulCase,
     src: &KernelSource,
     seen: Option<Seen>,
+    adjust: Option<Adjust>,
 ) -> Result<(), String> {
     let (m, k, n) = (row_count(c.rows, c.t), c.k as usize, c.n as usize);
     let MatMulInputs {
@@ -190,7 +191,7 @@ fn check_matmul_kernel_seeing(
         b,
         g,
         res,
-    } = matmul_inputs(c);
+    } = matmul_inputs_adjusted(c, adjust);
     let (mut x, b, res) = match seen {
         Some(seen) => (widen(&seen(&x, &g)), widen(&b), widen(&res)),
         None => (widen(&x), widen(&b), widen(&res)),
@@ -247,19 +248,30 @@ struct MatMulInputs {
 }
 
 fn matmul_inputs(c: &MatMulCase) -> MatMulInputs {
+    matmul_inputs_adjusted(c, None)
+}
+
+/// `x` given its norm weight: an adjustment of the drawn inputs.
+type Adjust<'a> = &'a dyn Fn(&mut [f32], &[f64]);
+
+/// [`matmul_inputs`], `x` adjusted by `adjust(x, g)` before it is encoded.
+fn matmul_inputs_adjusted(c: &MatMulCase, adjust: Option<Adjust>) -> MatMulInputs {
     let (m, k, n) = (row_count(c.rows, c.t), c.k as usize, c.n as usize);
     let wn = if c.glu.is_some() { 2 * n } else { n };
     let mut rng = rng(c);
     let x_rows = if c.last_row { c.t as usize } else { m };
-    let x = rng.vec(x_rows * k);
+    let mut x = rng.vec(x_rows * k);
     let (w_bytes, w) = encode(&rng.vec(wn * k), c.wdtype);
     let b = rng.vec(wn);
+    let (g_bytes, g) = encode(&rng.vec(k), c.norm.map_or(DType::F32, |n| n.1));
+    if let Some(adjust) = adjust {
+        adjust(&mut x, &g);
+    }
     let mut inputs = vec![f32_bytes(&x)];
     inputs.extend(shard_bytes(w_bytes, wn, c.shard_rows, c.wdtype));
     if c.bias {
         inputs.push(f32_bytes(&b));
     }
-    let (g_bytes, g) = encode(&rng.vec(k), c.norm.map_or(DType::F32, |n| n.1));
     if c.norm.is_some() {
         inputs.push(g_bytes);
     }
@@ -670,36 +682,73 @@ fn check_gemv_int8(c: &MatMulCase) -> Result<(), String> {
         kernels::gemv::Dots::Int8,
     );
     let k = c.k as usize;
+    let gain = |g: &[f64]| -> Vec<f32> {
+        match c.norm {
+            Some((offset, _)) => g.iter().map(|g| *g as f32 + offset).collect(),
+            None => vec![1.0; k],
+        }
+    };
+    // Each unit of 32 values of x·gain as int8 steps: (its values, the step).
+    let units = |row: &[f32], gain: &[f32]| -> Vec<(Vec<f32>, f32)> {
+        let normed: Vec<f32> = row.iter().zip(gain).map(|(v, g)| v * g).collect();
+        normed
+            .chunks(32)
+            .map(|unit| {
+                let amax = unit.iter().fold(0f32, |m, v| m.max(v.abs()));
+                let d = amax / 127.0;
+                let id = if amax > 0.0 { 1.0 / d } else { 0.0 };
+                (unit.iter().map(|v| v * id).collect(), d)
+            })
+            .collect()
+    };
+    // A driver's division may be 2.5 ULP off (Vulkan's precision for
+    // OpFDiv), so a value within that of a rounding tie may round the other
+    // way than here (an H200 once did, 6.9e-3 off at K = 9216): each value
+    // within 1e-3 steps of a tie shrinks by 4e-3 steps, the unit's largest
+    // (127 steps) never moving.
+    let away_from_ties = |x: &mut [f32], g: &[f64]| {
+        let gain = gain(g);
+        for row in x.chunks_mut(k) {
+            let scaled = units(row, &gain);
+            for (u, (steps, _)) in scaled.iter().enumerate() {
+                for (i, s) in steps.iter().enumerate() {
+                    let s = s.abs();
+                    if (s.fract() - 0.5).abs() < 1e-3 {
+                        row[32 * u + i] *= (s - 4e-3) / s;
+                    }
+                }
+            }
+        }
+    };
     // Each row normed (x·(g + offset), its inverse RMS applied after the
     // products), then rounded to int8 per 32 values.
     let seen = |x: &[f32], g: &[f64]| -> Vec<f32> {
+        let gain = gain(g);
         x.chunks(k)
             .flat_map(|row| {
-                let (gain, inv) = match c.norm {
-                    Some((offset, _)) => {
+                let inv = match c.norm {
+                    Some(_) => {
                         let ssq: f64 = row.iter().map(|v| f64::from(*v).powi(2)).sum();
-                        let inv = 1.0 / (ssq / k as f64 + f64::from(MATMUL_NORM_EPS)).sqrt();
-                        let gain: Vec<f32> = g.iter().map(|g| *g as f32 + offset).collect();
-                        (gain, inv as f32)
+                        (1.0 / (ssq / k as f64 + f64::from(MATMUL_NORM_EPS)).sqrt()) as f32
                     }
-                    None => (vec![1.0; k], 1.0),
+                    None => 1.0,
                 };
-                let normed: Vec<f32> = row.iter().zip(&gain).map(|(v, g)| v * g).collect();
-                normed
-                    .chunks(32)
-                    .flat_map(|unit| {
-                        let amax = unit.iter().fold(0f32, |m, v| m.max(v.abs()));
-                        let d = amax / 127.0;
-                        let id = if amax > 0.0 { 1.0 / d } else { 0.0 };
-                        unit.iter()
-                            .map(move |v| (v * id).round_ties_even() * d * inv)
-                            .collect::<Vec<_>>()
+                units(row, &gain)
+                    .into_iter()
+                    .flat_map(|(steps, d)| {
+                        assert!(
+                            steps.iter().all(|s| (s.abs().fract() - 0.5).abs() > 9e-4),
+                            "a value near a rounding tie"
+                        );
+                        steps
+                            .into_iter()
+                            .map(move |s| s.round_ties_even() * d * inv)
                     })
                     .collect::<Vec<_>>()
             })
             .collect()
     };
-    check_matmul_kernel_seeing(c, &src, Some(&seen))
+    check_matmul_kernel_seeing(c, &src, Some(&seen), Some(&away_from_ties))
 }
 
 #[test]
