@@ -51,10 +51,12 @@ use crate::model::Model;
 use gerbil_runtime::{Clock, RuntimeError};
 
 /// A prompt longer than this many batch steps' rows runs through the
-/// prefill step: on a GPU, a 16-row batch step of the Llama-3.2-1B shape
-/// costs about what a decode step does, so a prompt of up to 128 tokens is
-/// done sooner as rows than by a prefill step's GEMMs (tiled for hundreds
-/// of rows), and a longer one sooner by them.
+/// prefill step. Rows ride along the steps the running sequences take
+/// anyway, and never stall them; but a step costs more with every row (an
+/// H200's 16-row step of the Llama-3.2-1B shape takes 12.8 ms, a 16-token
+/// prefill step 24 ms), so a long prompt is done sooner by the prefill
+/// step's GEMMs, which are tiled for hundreds of rows. (8 is a first
+/// choice, not yet a measured one.)
 pub const LONG_PROMPT_STEPS: usize = 8;
 
 /// One running (or ended, not yet removed) sequence.
