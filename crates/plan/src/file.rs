@@ -18,10 +18,13 @@
 //! (docs/plan-format.md); reading the whole file into one fresh `Vec` had
 //! cost 647 ms against 463 (release), for page-faulting the allocation,
 //! which the chunked reads into reused buffers avoid.
-//! [`PlanFile::from_bytes`] reads a plan already in memory, which is how a
-//! browser loads one it fetched (wasm32 has no positional reads, so `open`
-//! reads the file into memory there). Both run the same checks and report
-//! the same [`PlanError`]s.
+//! [`PlanFile::from_bytes`] reads a plan already in memory, and
+//! [`PlanFile::from_source`] one behind any [`PlanSource`] of positional
+//! reads: that is how a browser loads a plan without holding it in wasm
+//! memory (a Web Worker's synchronous reads of a file in the Origin Private
+//! File System, or of the `File` a user picked; wasm32 has no positional
+//! reads of its own, so `open` reads the file into memory there). All of
+//! them run the same checks and report the same [`PlanError`]s.
 //!
 //! Writing: [`write_plan`] writes a [`DataLayout`] whose sections are all
 //! in memory; [`write_plan_streaming`] writes one whose sections were
@@ -143,8 +146,21 @@ fn version_advice(found: u32) -> &'static str {
 /// Bytes of one data section, borrowed (e.g. from a plan in memory) or owned.
 pub type SectionData<'a> = Cow<'a, [u8]>;
 
+/// Positional reads of a plan's bytes that live neither in a local file nor
+/// in memory: in a browser, a Web Worker's `FileSystemSyncAccessHandle` (the
+/// Origin Private File System) or `FileReaderSync` over a user's `File`.
+/// [`PlanFile::from_source`] reads the preamble and header through it, the
+/// data region once for its checksum (a megabyte at a time), and afterwards
+/// only the sections asked for.
+pub trait PlanSource: Send + Sync {
+    /// The plan's length in bytes.
+    fn size(&self) -> u64;
+    /// Fills `buf` with the bytes at `at` (which lie inside [`PlanSource::size`]).
+    fn read_exact_at(&self, at: u64, buf: &mut [u8]) -> std::io::Result<()>;
+}
+
 /// Where a plan's bytes are: an open file, read with positional reads when
-/// needed, or a buffer in memory.
+/// needed, a buffer in memory, or a [`PlanSource`].
 enum PlanBytes {
     #[cfg(not(target_arch = "wasm32"))]
     File {
@@ -155,11 +171,11 @@ enum PlanBytes {
         modified: Option<std::time::SystemTime>,
     },
     Owned(Vec<u8>),
+    Source(Box<dyn PlanSource>),
 }
 
 /// Bytes a thread reads and hashes at a time while checking the data
 /// checksum of a file (small enough to stay in cache between the two).
-#[cfg(not(target_arch = "wasm32"))]
 const CRC_READ: usize = 1 << 20;
 
 impl PlanBytes {
@@ -168,6 +184,7 @@ impl PlanBytes {
             #[cfg(not(target_arch = "wasm32"))]
             PlanBytes::File { len, .. } => *len,
             PlanBytes::Owned(bytes) => bytes.len() as u64,
+            PlanBytes::Source(source) => source.size(),
         }
     }
 
@@ -203,27 +220,30 @@ impl PlanBytes {
                 buf.copy_from_slice(&bytes[at as usize..end as usize]);
                 Ok(())
             }
+            PlanBytes::Source(source) => source.read_exact_at(at, buf).map_err(io_err(path)),
         }
     }
 
     /// The CRC-32 of `len` bytes at `at`, which lie inside [`PlanBytes::len`].
-    #[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
     fn crc(&self, path: &Path, at: u64, len: u64) -> Result<u32, PlanError> {
+        let read = |start: u64, end: u64| {
+            let mut h = crc32fast::Hasher::new();
+            let mut buf = vec![0u8; CRC_READ.min((end - start) as usize)];
+            let mut pos = start;
+            while pos < end {
+                let n = CRC_READ.min((end - pos) as usize);
+                self.read_at(path, pos, &mut buf[..n])?;
+                h.update(&buf[..n]);
+                pos += n as u64;
+            }
+            Ok(h)
+        };
         match self {
             #[cfg(not(target_arch = "wasm32"))]
-            PlanBytes::File { .. } => parallel_crc(at, len, |start, end| {
-                let mut h = crc32fast::Hasher::new();
-                let mut buf = vec![0u8; CRC_READ.min((end - start) as usize)];
-                let mut pos = start;
-                while pos < end {
-                    let n = CRC_READ.min((end - pos) as usize);
-                    self.read_at(path, pos, &mut buf[..n])?;
-                    h.update(&buf[..n]);
-                    pos += n as u64;
-                }
-                Ok(h)
-            }),
+            PlanBytes::File { .. } => parallel_crc(at, len, read),
             PlanBytes::Owned(bytes) => Ok(crc32(&bytes[at as usize..(at + len) as usize])),
+            // One reader: a source need not serve several threads at once.
+            PlanBytes::Source(_) => Ok(read(at, at + len)?.finalize()),
         }
     }
 }
@@ -548,6 +568,16 @@ impl PlanFile {
         PlanFile::checked(&name.into(), PlanBytes::Owned(bytes))
     }
 
+    /// Checks a plan read through `source` (see [`PlanSource`]), exactly as
+    /// [`PlanFile::open`] checks a file; `name` stands for it in errors and
+    /// in [`PlanFile::path`].
+    pub fn from_source(
+        name: impl Into<PathBuf>,
+        source: Box<dyn PlanSource>,
+    ) -> Result<PlanFile, PlanError> {
+        PlanFile::checked(&name.into(), PlanBytes::Source(source))
+    }
+
     fn checked(path: &Path, bytes: PlanBytes) -> Result<PlanFile, PlanError> {
         let len = bytes.len();
         let truncated = |expected: u64| PlanError::Truncated {
@@ -635,8 +665,8 @@ impl PlanFile {
             PlanBytes::Owned(bytes) => Ok(Cow::Borrowed(
                 &bytes[start as usize..(start + r.len) as usize],
             )),
-            #[cfg(not(target_arch = "wasm32"))]
-            PlanBytes::File { .. } => {
+            // Read from a file or a source.
+            _ => {
                 let mut buf = vec![0u8; r.len as usize];
                 self.bytes.read_at(&self.path, start, &mut buf)?;
                 Ok(Cow::Owned(buf))
@@ -648,7 +678,6 @@ impl PlanFile {
     /// in memory, or read from the file into `buf` (grown as needed, so one
     /// buffer serves many chunks). A file that has become shorter since it
     /// was opened is [`PlanError::Changed`], never a fault.
-    #[cfg_attr(target_arch = "wasm32", allow(unused_variables))]
     pub fn section_chunk<'b>(
         &'b self,
         r: SectionRef,
@@ -668,8 +697,8 @@ impl PlanFile {
         let at = self.data_offset + r.offset + offset;
         match &self.bytes {
             PlanBytes::Owned(bytes) => Ok(&bytes[at as usize..at as usize + len]),
-            #[cfg(not(target_arch = "wasm32"))]
-            PlanBytes::File { .. } => {
+            // Read from a file or a source.
+            _ => {
                 if buf.len() < len {
                     buf.resize(len, 0);
                 }

@@ -8,7 +8,8 @@
 //! `docs/plan-format.md` for the byte layout.
 //!
 //! Write with [`write_plan`], read with [`PlanFile::open`] (or, for a plan
-//! already in memory such as a browser's fetch, [`PlanFile::from_bytes`]).
+//! already in memory, [`PlanFile::from_bytes`]; for one behind positional
+//! reads such as a browser worker's, [`PlanFile::from_source`]).
 //! Reading never panics on bad input: a truncated file, a wrong magic, an
 //! unsupported version or a checksum mismatch is a [`PlanError`].
 //!
@@ -27,7 +28,7 @@ mod validate;
 
 pub use file::{
     write_plan, write_plan_streaming, write_plan_with_progress, DataLayout, PlanError, PlanFile,
-    SectionData, FORMAT_VERSION, MAGIC, SECTION_ALIGN,
+    PlanSource, SectionData, FORMAT_VERSION, MAGIC, SECTION_ALIGN,
 };
 pub use header::*;
 pub use validate::BINDING_OFFSET_ALIGN;

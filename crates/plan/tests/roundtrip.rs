@@ -297,6 +297,66 @@ fn a_plan_in_memory_reads_like_the_file() {
     assert!(matches!(err, PlanError::BadMagic(_)), "{err}");
 }
 
+/// A plan behind a [`PlanSource`] (a browser worker's synchronous reads)
+/// reads its sections through it, and fails like a file when it is cut
+/// short, corrupt, or the source's reads fail.
+#[test]
+fn a_plan_read_through_a_source_checks_and_reads_like_a_file() {
+    struct Bytes {
+        bytes: Vec<u8>,
+        fail_past: u64,
+    }
+    impl PlanSource for Bytes {
+        fn size(&self) -> u64 {
+            self.bytes.len() as u64
+        }
+        fn read_exact_at(&self, at: u64, buf: &mut [u8]) -> std::io::Result<()> {
+            if at + buf.len() as u64 > self.fail_past {
+                return Err(std::io::Error::other("the file handle was closed"));
+            }
+            buf.copy_from_slice(&self.bytes[at as usize..at as usize + buf.len()]);
+            Ok(())
+        }
+    }
+    let source = |bytes: Vec<u8>, fail_past: u64| Box::new(Bytes { bytes, fail_past });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("s.plan");
+    let mut data = DataLayout::default();
+    let w = data.push(Cow::Owned((0..=251u8).rev().collect()));
+    let h = header(w);
+    write_plan(&path, &h, &data).unwrap();
+    let bytes = std::fs::read(&path).unwrap();
+
+    let plan = PlanFile::from_source("opfs:s.plan", source(bytes.clone(), u64::MAX)).unwrap();
+    assert_eq!(plan.header, h);
+    assert_eq!(plan.file_len(), bytes.len() as u64);
+    let mut buf = Vec::new();
+    assert_eq!(
+        plan.section_chunk(w, 10, 3, &mut buf).unwrap(),
+        &[241, 240, 239]
+    );
+    assert_eq!(plan.section_bytes(w).unwrap()[251], 0);
+
+    let mut corrupt = bytes.clone();
+    *corrupt.last_mut().unwrap() ^= 1;
+    let err = PlanFile::from_source("opfs:s.plan", source(corrupt, u64::MAX))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(err, PlanError::Checksum { what: "data", .. }),
+        "{err}"
+    );
+    let cut = bytes[..bytes.len() - 1].to_vec();
+    let err = PlanFile::from_source("opfs:s.plan", source(cut, u64::MAX))
+        .err()
+        .unwrap();
+    assert!(matches!(err, PlanError::Truncated { .. }), "{err}");
+    let failing = source(bytes.clone(), bytes.len() as u64 - 1);
+    let err = PlanFile::from_source("opfs:s.plan", failing).err().unwrap();
+    assert!(matches!(err, PlanError::Io { .. }), "{err}");
+    assert_eq!(err.to_string(), "opfs:s.plan: the file handle was closed");
+}
+
 /// Scratch ports bind only the scratch buffer: counters inside its counter
 /// region, working memory past it, always `read_write`.
 #[test]
