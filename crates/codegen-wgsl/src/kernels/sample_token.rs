@@ -76,7 +76,10 @@ var<workgroup> w_few: u32;
 var<workgroup> w_last: u32;
 
 fn is_nan(v: f32) -> bool { return (bitcast<u32>(v) & 0x7fffffffu) > 0x7f800000u; }
-fn nan() -> f32 { return bitcast<f32>(0x7fc00000u); }
+// NaN, the searches' "none", from a variable's bits: a constant expression that is NaN is an
+// error in WGSL, which browsers' compiler (Tint) enforces and naga does not.
+var<private> nan_bits: u32 = 0x7fc00000u;
+fn nan() -> f32 { return bitcast<f32>(nan_bits); }
 // Whether a maximum is neither NaN nor −∞ (by its bits, like NaN).
 fn finite_max(v: f32) -> bool { return !is_nan(v) && bitcast<u32>(v) != 0xff800000u; }
 // A u32 that orders like the float (for non-NaN values).
