@@ -3,7 +3,10 @@
 #  - a Vulkan driver: with no ICD registered, Mesa's (lavapipe runs the GPU tests on the CPU);
 #  - numpy and gguf==0.19.0 for scripts/build-fixtures.py, and the OpenAI client (openai,
 #    pydantic) that tests drive the server with (scripts/openai-parse-check.py);
-#  - the wasm32-unknown-unknown Rust target, to check that the runtime builds for the browser.
+#  - the wasm32-unknown-unknown Rust target, to build the engine for the browser;
+#  - Chromium and chromedriver (Debian's chromium, chromium-driver), the headless browser with
+#    WebGPU that the browser test drives (scripts/web-test.sh; scripts/web.sh installs the
+#    wasm-bindgen CLI itself).
 set -euo pipefail
 
 log() { echo "[install-deps] $*"; }
@@ -46,6 +49,19 @@ elif command -v rustup >/dev/null && rustup target add wasm32-unknown-unknown; t
 else
     log "Rust: could not add the wasm32-unknown-unknown target (rustup target add wasm32-unknown-unknown);"
     log "the wasm check will fail, the other checks still run"
+fi
+
+# --- A browser with WebGPU for the browser test -----------------------------------------
+# Not fatal: without it only the `web` check fails, naming chromedriver.
+if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then
+    log "browser: chromium and chromedriver installed"
+elif command -v apt-get >/dev/null; then
+    log "browser: installing chromium and chromium-driver"
+    as_root apt-get update -q || true
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
+        chromium chromium-driver || log "could not install chromium; the web check will fail"
+else
+    log "browser: no chromium and no apt-get here; install Chromium and its chromedriver"
 fi
 
 # --- Python packages: the fixture builder's, and the OpenAI client the server tests drive ---

@@ -7,8 +7,9 @@ would, then the doctests (`cargo test --workspace --doc`), and ends with a table
 whether it passed, its passed/failed/ignored/skipped counts and its seconds, slowest first.
 Arguments after `--` go to every test binary (a name filter, `--ignored`, ...). `--check
 NAME=COMMAND` (repeatable) runs COMMAND beside the tests, after their build, as a row of its own
-(`scripts/test.sh` runs the API docs and the browser build so: they fill the cores lavapipe leaves
-idle).
+(`scripts/test.sh` runs the API docs, the browser build check and the browser test so: they fill
+the cores lavapipe leaves idle), with `GERBIL_TEST_BINARIES` set to a JSON object of the test
+binaries (`{"gerbil-cli::cli": "/…/cli-…", …}`) for a check that runs one of them.
 
 `--clippy` builds the workspace's crates through clippy-driver (as `cargo clippy` does), so the
 lints of every target `cargo clippy --workspace --all-targets` checks run inside the one test
@@ -240,8 +241,9 @@ def main():
     if not extra and not quick:
         doc = [cargo, "test", "--workspace", "--doc"]
         planned.append(("doctests (cargo test --doc)", doc, None, 0, False, cargo_env))
-    # Beside the long suites, before the short ones.
-    planned += [(name, shlex.split(cmd), None, 0, True, env) for name, cmd in checks]
+    # Beside the long suites, before the short ones; told where the test binaries are.
+    check_env = dict(env, GERBIL_TEST_BINARIES=json.dumps({name: exe for name, exe, _ in binaries}))
+    planned += [(name, shlex.split(cmd), None, 0, True, check_env) for name, cmd in checks]
     planned.sort(key=lambda r: order(r[0], r[4]))
 
     printing = threading.Lock()

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # gerbil's test command (what CI runs): dependencies, the SmolLM2 fixture, fmt, every test binary
 # with its wall time (scripts/run-tests.py) built through clippy (any lint or rustc warning fails
-# its row), and beside the tests the API docs with warnings as errors and the browser build of the
-# runtime, text and facade crates (wasm32 with WebGPU).
+# its row), and beside the tests the API docs with warnings as errors and the browser test (the
+# page and its wasm engine built by scripts/web.sh, run in headless Chromium: scripts/web-test.sh).
 # Every check runs even when an earlier one fails; the summary says which failed.
 #
 # `scripts/test.sh --quick` is the edit loop: the tests only, without the real-model ones, the
@@ -53,11 +53,11 @@ check fmt cargo fmt --all -- --check
 # without a second, check-only build of every dependency; a warning fails the clippy row), and
 # beside them (rows of run-tests.py's table, after the test build) the API docs,
 # private items included (module docs link the helpers they explain), with every other rustdoc
-# warning (a broken or ambiguous link) an error, and the browser build of the runtime, text and
-# facade crates.
+# warning (a broken or ambiguous link) an error, and the browser test (which builds the runtime,
+# text, facade and web crates for wasm32 with WebGPU).
 check test python3 scripts/run-tests.py --clippy \
     --check "doc=env RUSTDOCFLAGS='-D warnings -A rustdoc::private_intra_doc_links' cargo doc --workspace --no-deps --document-private-items" \
-    --check "wasm=cargo check -p gerbil-runtime -p gerbil-text -p gerbil --target wasm32-unknown-unknown"
+    --check "web=bash scripts/web-test.sh"
 
 echo
 echo "=== summary"

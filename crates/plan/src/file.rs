@@ -236,7 +236,7 @@ impl PlanBytes {
                 h.update(&buf[..n]);
                 pos += n as u64;
             }
-            Ok(h)
+            Ok::<_, PlanError>(h)
         };
         match self {
             #[cfg(not(target_arch = "wasm32"))]

@@ -35,6 +35,7 @@ pub mod limits;
 pub mod metrics;
 pub mod openai;
 pub mod structured;
+pub mod web;
 pub mod worker;
 
 use anyhow::{Context, Result};
@@ -58,6 +59,7 @@ use std::path::Path;
 use std::sync::Arc;
 use structured::{call_id, Structured, ToolStream};
 use tokio::sync::mpsc::UnboundedReceiver;
+pub use web::WebPage;
 use worker::{Event, ModelInfo, Queue, Submit, Worker};
 
 /// Settings of `gerbil-run PLAN serve`.
@@ -82,6 +84,8 @@ pub struct ServeOptions {
     /// How long a shutdown waits for the requests in flight before it
     /// closes their connections.
     pub shutdown_timeout: std::time::Duration,
+    /// The chat page at `/` and the plan at `/v1/plan` ([`web`]).
+    pub web: WebPage,
     /// Where the server's notes go (`listening on http://…`, shutting down).
     pub notes: NoteHook,
 }
@@ -153,14 +157,19 @@ pub fn serve(plan: &Path, opts: &ServeOptions) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let served = runtime.block_on(listen(app, listener, opts));
+    let served = runtime.block_on(listen(app, listener, plan, opts));
     drop(runtime);
     worker.join();
     served
 }
 
 /// Prints the bound address and serves until a shutdown signal.
-async fn listen(app: Arc<App>, listener: std::net::TcpListener, opts: &ServeOptions) -> Result<()> {
+async fn listen(
+    app: Arc<App>,
+    listener: std::net::TcpListener,
+    plan: &Path,
+    opts: &ServeOptions,
+) -> Result<()> {
     let listener = tokio::net::TcpListener::from_std(listener).context("listening")?;
     let signals = Signals::catch()?;
     let bound = listener.local_addr()?;
@@ -169,6 +178,7 @@ async fn listen(app: Arc<App>, listener: std::net::TcpListener, opts: &ServeOpti
         app,
         Arc::new(opts.limits.clone()),
         Arc::new(opts.access.clone()),
+        (&opts.web, plan),
     );
     let drain = opts.shutdown_timeout;
     let shutdown = shutdown_signal(signals, opts.notes.clone(), drain);
@@ -185,10 +195,15 @@ async fn listen(app: Arc<App>, listener: std::net::TcpListener, opts: &ServeOpti
     Ok(())
 }
 
-/// The routes, JSON answers for unknown paths and methods, the body read
-/// ([`limits::read_body`]) and the [`guard`] in front of them all.
-fn router(app: Arc<App>, limits: Arc<Limits>, access: Arc<Access>) -> Router {
-    Router::new()
+/// The routes (the page's and the plan's as `web` says), JSON answers for unknown paths and
+/// methods, the body read ([`limits::read_body`]) and the [`guard`] in front of them all.
+fn router(
+    app: Arc<App>,
+    limits: Arc<Limits>,
+    access: Arc<Access>,
+    (page, plan): (&WebPage, &Path),
+) -> Router {
+    web::routes(Router::new(), page, plan)
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/metrics", get(metrics_text))
         .route("/slots", get(slots))

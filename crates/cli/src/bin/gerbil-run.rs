@@ -322,8 +322,9 @@ enum Cmd {
     },
     /// Serve the model over HTTP with OpenAI's API: POST
     /// /v1/chat/completions and /v1/completions (`"stream": true` for
-    /// server-sent events), GET /v1/models and /health. Requests queue and
-    /// run one at a time; Ctrl-C stops.
+    /// server-sent events), GET /v1/models and /health, and a chat page at
+    /// / (which can also run the plan in the browser, downloading it from
+    /// GET /v1/plan, when given --web-dir). Ctrl-C stops.
     Serve {
         /// Address to listen on.
         #[arg(long, default_value = "127.0.0.1")]
@@ -383,6 +384,14 @@ enum Cmd {
         /// positions.
         #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u32).range(1..=256))]
         slots: u32,
+        /// Serve no chat page at / and no plan at /v1/plan.
+        #[arg(long, conflicts_with = "web_dir")]
+        no_web: bool,
+        /// Serve the page `scripts/web.sh` built in DIR (e.g. web/dist): the
+        /// built-in page plus the browser engine, so the page can run the
+        /// plan on the browser's own GPU (WebGPU).
+        #[arg(long, value_name = "DIR")]
+        web_dir: Option<PathBuf>,
     },
     /// Score a text: perplexity, and with --against another plan of the
     /// same model the KL divergence and top-1 agreement of their next-token
@@ -577,7 +586,17 @@ fn real_main(mut cli: Cli) -> Result<()> {
             max_connections,
             max_queue,
             slots,
+            no_web,
+            web_dir,
         }) => {
+            let web = match (no_web, web_dir) {
+                (true, _) => gerbil_serve::WebPage::Off,
+                (false, Some(dir)) => {
+                    gerbil_serve::web::check_dir(&dir)?;
+                    gerbil_serve::WebPage::Dir(dir)
+                }
+                (false, None) => gerbil_serve::WebPage::Embedded,
+            };
             let api_key = match (api_key, api_key_file) {
                 (Some(key), _) => Some(key),
                 (None, Some(file)) => Some(read_api_key(&file)?),
@@ -608,6 +627,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     cors_origins: cors_origin,
                 },
                 shutdown_timeout: std::time::Duration::from_secs_f64(shutdown_timeout),
+                web,
                 notes: std::sync::Arc::new(console::note),
             };
             serve(&cli.plan()?, &opts)?;

@@ -18,3 +18,4 @@ mod serve;
 mod slots;
 mod structured;
 mod svg;
+mod web;

@@ -91,7 +91,7 @@ impl Server {
 
     /// Sends `body` with `method` to `path` and exactly `headers` (besides
     /// the length and `Connection: close`).
-    fn send_with(
+    pub(crate) fn send_with(
         &self,
         method: &str,
         path: &str,
@@ -151,13 +151,13 @@ impl Drop for Server {
 
 /// An HTTP/1.1 response with its body undone from chunked encoding.
 pub(crate) struct Response {
-    status: u16,
+    pub(crate) status: u16,
     headers: Vec<(String, String)>,
     body: Box<dyn BufRead + Send>,
 }
 
 impl Response {
-    fn read(stream: TcpStream) -> Response {
+    pub(crate) fn read(stream: TcpStream) -> Response {
         let mut r = BufReader::new(stream);
         let mut line = String::new();
         r.read_line(&mut line).unwrap();
@@ -197,14 +197,21 @@ impl Response {
         }
     }
 
+    /// The rest of the body as bytes.
+    pub(crate) fn bytes(&mut self) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        self.body.read_to_end(&mut bytes).unwrap();
+        bytes
+    }
+
     /// The rest of the body as text.
-    fn text(&mut self) -> String {
+    pub(crate) fn text(&mut self) -> String {
         let mut text = String::new();
         self.body.read_to_string(&mut text).unwrap();
         text
     }
 
-    fn header(&self, name: &str) -> Option<String> {
+    pub(crate) fn header(&self, name: &str) -> Option<String> {
         self.headers
             .iter()
             .find(|(n, _)| n == name)

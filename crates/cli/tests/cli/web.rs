@@ -1,0 +1,334 @@
+//! The chat page and the plan download of `gerbil-run PLAN serve`, and the page running the plan
+//! in a real browser: headless Chromium (WebGPU on SwiftShader, no GPU needed) driven through
+//! chromedriver's WebDriver API, spoken over raw HTTP like the server tests speak to the server.
+//!
+//! The browser test needs the page built with its engine (`scripts/web.sh DIR`, named by
+//! `GERBIL_WEB_DIST`) and `chromium` with `chromedriver`: it is ignored by a plain `cargo test`,
+//! and `scripts/web-test.sh` (a row of `scripts/test.sh`) builds the page and runs it.
+
+use crate::common::*;
+use crate::serve::{Response, Server};
+use base64::Engine as _;
+use serde_json::{json, Value};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// `GET path` with extra `headers`: status, headers' lookup and body.
+fn get(server: &Server, method: &str, path: &str, headers: &[(&str, &str)]) -> Response {
+    let mut all = vec![("Host", "127.0.0.1")];
+    all.extend_from_slice(headers);
+    Response::read(server.send_with(method, path, &all, b""))
+}
+
+#[test]
+fn the_page_and_the_plan_are_served_with_ranges_revalidation_and_the_key() {
+    let dir = temp("web-serve");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let bytes = std::fs::read(&plan).unwrap();
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let server = Server::start(&plan, &[]);
+
+    let mut page = get(&server, "GET", "/", &[]);
+    assert_eq!(page.status, 200);
+    assert_eq!(
+        page.header("content-type").as_deref(),
+        Some("text/html; charset=utf-8")
+    );
+    assert!(page.text().contains("<title>gerbil</title>"));
+    for (file, kind) in [
+        ("app.js", "text/javascript"),
+        ("worker.js", "text/javascript"),
+        ("style.css", "text/css"),
+    ] {
+        let r = get(&server, "GET", &format!("/{file}"), &[]);
+        assert_eq!(r.status, 200, "{file}");
+        assert!(
+            r.header("content-type").unwrap().starts_with(kind),
+            "{file}"
+        );
+    }
+    // The built-in page has no browser engine: the page disables that switch.
+    assert_eq!(get(&server, "HEAD", "/pkg/gerbil_web.js", &[]).status, 404);
+
+    let mut whole = get(&server, "GET", "/v1/plan", &[]);
+    assert_eq!(whole.status, 200);
+    assert_eq!(whole.header("accept-ranges").as_deref(), Some("bytes"));
+    let modified = whole.header("last-modified").expect("Last-Modified");
+    assert_eq!(whole.bytes(), bytes, "the plan, byte for byte");
+    let mut part = get(&server, "GET", "/v1/plan", &[("Range", "bytes=100-199")]);
+    assert_eq!(part.status, 206);
+    assert_eq!(
+        part.header("content-range"),
+        Some(format!("bytes 100-199/{}", bytes.len()))
+    );
+    assert_eq!(part.bytes(), &bytes[100..200]);
+    let again = get(
+        &server,
+        "GET",
+        "/v1/plan",
+        &[("If-Modified-Since", &modified)],
+    );
+    assert_eq!(again.status, 304, "a browser's cached plan is still good");
+    drop(server);
+
+    let key_file = dir.path().join("key");
+    std::fs::write(&key_file, "s3cret\n").unwrap();
+    let keyed = Server::start(&plan, &["--api-key-file", key_file.to_str().unwrap()]);
+    assert_eq!(
+        get(&keyed, "GET", "/", &[]).status,
+        200,
+        "the page needs no key"
+    );
+    assert_eq!(get(&keyed, "HEAD", "/v1/plan", &[]).status, 401);
+    let authorized = get(
+        &keyed,
+        "HEAD",
+        "/v1/plan",
+        &[("Authorization", "Bearer s3cret")],
+    );
+    assert_eq!(authorized.status, 200);
+    assert_eq!(
+        authorized.header("content-length"),
+        Some(bytes.len().to_string())
+    );
+    drop(keyed);
+
+    let off = Server::start(&plan, &["--no-web"]);
+    assert_eq!(get(&off, "GET", "/", &[]).status, 404);
+    assert_eq!(get(&off, "GET", "/v1/plan", &[]).status, 404);
+}
+
+#[test]
+fn a_web_dir_without_the_engine_is_refused_with_the_build_command() {
+    let dir = temp("web-dir");
+    let out = gerbil_run(&[
+        "no-such.plan",
+        "serve",
+        "--web-dir",
+        dir.path().to_str().unwrap(),
+    ]);
+    assert_fails_with(
+        &out,
+        "no index.html there; build the page with `scripts/web.sh",
+    );
+}
+
+/// A chromedriver session of headless Chromium with WebGPU; both end when dropped.
+struct Browser {
+    driver: Child,
+    port: u16,
+    session: String,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .unwrap()
+            .port();
+        let driver = Command::new("chromedriver")
+            .arg(format!("--port={port}"))
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("chromedriver (Debian's chromium-driver; scripts/install-deps.sh installs it)");
+        let mut browser = Browser {
+            driver,
+            port,
+            session: String::new(),
+        };
+        let start = Instant::now();
+        while TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(30),
+                "chromedriver did not start"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let args = [
+            "--headless=new",
+            "--no-sandbox",
+            "--enable-unsafe-webgpu",
+            "--window-size=1000,800",
+        ];
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "goog:chromeOptions": {"binary": chromium(), "args": args}}}});
+        let session = browser.call("POST", "/session", Some(caps));
+        browser.session = session["sessionId"].as_str().unwrap().to_string();
+        browser
+    }
+
+    /// One WebDriver command; its `value`.
+    fn call(&self, method: &str, path: &str, body: Option<Value>) -> Value {
+        let body = body.map(|b| b.to_string()).unwrap_or_default();
+        let mut s = TcpStream::connect(("127.0.0.1", self.port)).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(600))).unwrap();
+        let head = format!(
+            "{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+             Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        std::io::Write::write_all(&mut s, head.as_bytes()).unwrap();
+        let mut r = Response::read(s);
+        let text = r.text();
+        let v: Value = serde_json::from_str(&text).unwrap_or_else(|_| panic!("{text}"));
+        assert_eq!(r.status, 200, "{method} {path}: {v}");
+        v["value"].clone()
+    }
+
+    fn at(&self, command: &str) -> String {
+        format!("/session/{}/{command}", self.session)
+    }
+
+    fn open(&self, url: &str) {
+        self.call("POST", &self.at("url"), Some(json!({ "url": url })));
+    }
+
+    fn script(&self, js: &str) -> Value {
+        let body = json!({"script": js, "args": []});
+        self.call("POST", &self.at("execute/sync"), Some(body))
+    }
+
+    /// Polls `js` until it returns something other than `null`, for at most `limit`.
+    fn wait_for(&self, js: &str, limit: Duration) -> Value {
+        let start = Instant::now();
+        loop {
+            let v = self.script(js);
+            if !v.is_null() {
+                return v;
+            }
+            if start.elapsed() > limit {
+                self.screenshot("timeout");
+                panic!("waited {limit:?} for `{js}`; page: {}", self.page_text());
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
+    /// Waits until the page is `ready`; its `error` alert fails the test.
+    fn wait_ready(&self) {
+        let state = self.wait_for(
+            "const s = document.body.dataset.state; \
+             return s === 'ready' || s === 'error' ? s : null",
+            Duration::from_secs(600),
+        );
+        assert_eq!(state, "ready", "page: {}", self.page_text());
+    }
+
+    /// Asks `prompt` greedily for at most `max_tokens`; the answer's text.
+    fn ask(&self, prompt: &str, max_tokens: usize) -> String {
+        let before =
+            self.script("return document.querySelectorAll('.message.assistant[data-done]').length");
+        self.script(&format!(
+            "document.getElementById('temperature').value = '0'; \
+             document.getElementById('max-tokens').value = '{max_tokens}'; \
+             document.getElementById('prompt').value = {}; \
+             document.getElementById('send').click(); return null",
+            json!(prompt)
+        ));
+        let done = format!(
+            "const a = document.querySelectorAll('.message.assistant[data-done]'); \
+             if (document.body.dataset.state === 'error') return 'ERROR'; \
+             return a.length > {before} ? a[a.length - 1].textContent : null"
+        );
+        let answer = self.wait_for(&done, Duration::from_secs(600));
+        assert_ne!(answer, "ERROR", "page: {}", self.page_text());
+        answer.as_str().unwrap().to_string()
+    }
+
+    fn page_text(&self) -> String {
+        self.script("return document.body.innerText").to_string()
+    }
+
+    /// Saves a screenshot as `$GERBIL_WEB_SCREENSHOTS/NAME.png` when that is set.
+    fn screenshot(&self, name: &str) {
+        let Some(dir) = std::env::var_os("GERBIL_WEB_SCREENSHOTS") else {
+            return;
+        };
+        let png = self.call("GET", &self.at("screenshot"), None);
+        let png = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap())
+            .unwrap();
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(Path::new(&dir).join(format!("{name}.png")), png).unwrap();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        if !self.session.is_empty() {
+            let at = format!("/session/{}", self.session);
+            let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                self.call("DELETE", &at, None)
+            }));
+        }
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+/// Debian names the browser `chromium`; elsewhere it may be Chrome.
+fn chromium() -> String {
+    std::env::var("GERBIL_CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into())
+}
+
+/// The page built by `scripts/web.sh`, from `GERBIL_WEB_DIST`.
+fn web_dist() -> PathBuf {
+    let dist = std::env::var_os("GERBIL_WEB_DIST")
+        .expect("GERBIL_WEB_DIST names the page scripts/web.sh built; scripts/web-test.sh sets it");
+    PathBuf::from(dist)
+}
+
+#[test]
+#[ignore = "needs the page scripts/web.sh builds and chromium: scripts/web-test.sh runs it"]
+fn the_page_runs_the_plan_in_the_browser_and_answers_as_the_server_does() {
+    let dir = temp("web-browser");
+    let plan = tiny_text_plan(dir.path(), &[]);
+    let dist = web_dist();
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let server = Server::start(&plan, &["--web-dir", dist.to_str().unwrap()]);
+    let prompt = "Tell me about gerbils";
+    let (status, body) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 12,
+                "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let expected = body["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(!expected.is_empty());
+
+    let browser = Browser::start();
+    let base = format!("http://127.0.0.1:{}", server.port);
+    // In the browser: downloaded from /v1/plan into the page's storage, run on WebGPU.
+    browser.open(&format!("{base}/?engine=browser&plan=/v1/plan"));
+    browser.wait_ready();
+    let whence = browser.script("return document.getElementById('where').textContent");
+    assert!(
+        whence.as_str().unwrap().contains("in this browser on"),
+        "{whence}"
+    );
+    assert_eq!(browser.ask(prompt, 12), expected, "{}", browser.page_text());
+    let stats = browser.script("return document.getElementById('stats').textContent");
+    assert!(stats.as_str().unwrap().contains("tok/s"), "{stats}");
+    browser.screenshot("browser");
+    // A reload finds the plan in the page's storage.
+    browser.open(&format!("{base}/?engine=browser&plan=/v1/plan"));
+    browser.wait_ready();
+    let note = browser.script("return document.getElementById('progress-text').textContent");
+    assert_eq!(note, "(from this browser's cache)");
+    // With the server: the same answer through /v1/chat/completions, streamed.
+    browser.open(&format!("{base}/?engine=server"));
+    browser.wait_ready();
+    assert_eq!(browser.ask(prompt, 12), expected);
+    browser.screenshot("server");
+    // A plan that is not there: the page says so.
+    browser.open(&format!("{base}/?engine=browser&plan=/missing.plan"));
+    let state = browser.wait_for(
+        "return document.body.dataset.state === 'error' ? \
+         document.getElementById('alert-text').textContent : null",
+        Duration::from_secs(60),
+    );
+    assert!(state.as_str().unwrap().contains("HTTP 404"), "{state}");
+}

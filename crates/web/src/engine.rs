@@ -1,0 +1,179 @@
+//! [`Engine`]: one plan loaded on the browser's WebGPU device, answering chats.
+//!
+//! Built for a Web Worker: [`Engine::load`] reads the plan through a synchronous reader (see
+//! [`crate::js_source`]) and uploads its weights; [`Engine::generate`] renders a conversation
+//! through the plan's chat template and streams the answer's text to a callback, the model
+//! keeping the conversation's tokens in its KV cache so the next turn runs only what is new
+//! (the page sends the whole conversation each time); [`Engine::stop`] ends the answer in
+//! progress at its next token. Errors reach JavaScript as `Error`s whose message is gerbil's
+//! (device lost, out of memory, a limit the adapter lacks with the fix), so the page can show
+//! them as they are. Timing is the page's: std has no clock in a browser.
+
+use crate::js_source::{describe, progress_hook, JsSource};
+use crate::settings::PageSettings;
+use gerbil::{CancelToken, ChatMessage, FinishReason, Model, ModelOptions, SessionOptions};
+use gerbil_plan::PlanFile;
+use js_sys::{Function, Promise};
+use serde_json::json;
+use std::cell::RefCell;
+use std::rc::Rc;
+use wasm_bindgen::prelude::*;
+
+/// Tokens an answer may take when the page sets no `max_tokens` and the model's config none.
+const DEFAULT_MAX_TOKENS: usize = 512;
+
+/// A plan resident on the browser's GPU.
+#[wasm_bindgen]
+pub struct Engine {
+    /// Taken out while an answer runs (a second `generate` meanwhile is refused).
+    model: Rc<RefCell<Option<Model>>>,
+    /// Ends the answer in progress.
+    cancel: Rc<RefCell<Option<CancelToken>>>,
+    info: String,
+}
+
+#[wasm_bindgen]
+impl Engine {
+    /// Loads the plan of `size` bytes that `read(at, len)` returns as `Uint8Array`s (`name`
+    /// stands for it in errors), telling `progress(done, total)` the weight bytes uploaded.
+    /// Picks the fastest of the plan's variants the adapter runs.
+    pub async fn load(
+        name: String,
+        size: f64,
+        read: Function,
+        progress: Function,
+    ) -> Result<Engine, JsError> {
+        let source = JsSource::new(size as u64, read);
+        let plan = PlanFile::from_source(name, Box::new(source)).map_err(error)?;
+        let (hook, _guard) = progress_hook(progress);
+        let opts = ModelOptions {
+            session: SessionOptions {
+                progress: Some(hook),
+                ..SessionOptions::default()
+            },
+            template_sandbox: None,
+        };
+        let model = Model::load(&plan, &opts).await.map_err(error)?;
+        if let Some(why) = model.text_unavailable() {
+            return Err(JsError::new(&format!(
+                "{}: the plan's tokenizer or chat template does not load, and the page needs \
+                 text: {why}",
+                plan.path().display()
+            )));
+        }
+        let info = describe_model(&model).to_string();
+        Ok(Engine {
+            model: Rc::new(RefCell::new(Some(model))),
+            cancel: Rc::new(RefCell::new(None)),
+            info,
+        })
+    }
+
+    /// What runs: model, adapter, variant, context, memory, as JSON.
+    pub fn info(&self) -> String {
+        self.info.clone()
+    }
+
+    /// Answers `messages` (JSON `[{"role", "content"}]`) with `settings` (JSON, see
+    /// [`PageSettings`]), calling `on_text(text)` with each piece of the answer. Resolves to
+    /// JSON stats: prompt, cached and generated tokens, and why it finished.
+    pub fn generate(&self, messages: String, settings: String, on_text: Function) -> Promise {
+        let model = self.model.clone();
+        let cancel = self.cancel.clone();
+        wasm_bindgen_futures::future_to_promise(async move {
+            let Some(mut taken) = model.borrow_mut().take() else {
+                return Err(js_error("an answer is already running; stop it first"));
+            };
+            let answer = answer(&mut taken, &cancel, &messages, &settings, &on_text).await;
+            *model.borrow_mut() = Some(taken);
+            cancel.borrow_mut().take();
+            answer.map(JsValue::from).map_err(|e| js_error(&e))
+        })
+    }
+
+    /// Ends the answer in progress at its next token (nothing when none runs).
+    pub fn stop(&self) {
+        if let Some(token) = &*self.cancel.borrow() {
+            token.cancel();
+        }
+    }
+
+    /// Forgets the conversation the KV cache holds (the next answer runs its whole prompt).
+    pub fn clear(&self) {
+        if let Some(model) = &mut *self.model.borrow_mut() {
+            model.clear_cache();
+        }
+    }
+}
+
+/// One answer (see [`Engine::generate`]); the error is the page's message.
+async fn answer(
+    model: &mut Model,
+    cancel: &RefCell<Option<CancelToken>>,
+    messages: &str,
+    settings: &str,
+    on_text: &Function,
+) -> Result<String, String> {
+    let messages: Vec<ChatMessage> =
+        serde_json::from_str(messages).map_err(|e| format!("messages: {e}"))?;
+    let request = PageSettings::parse(settings)?.request();
+    let defaults = model.session().header().text.generation;
+    let resolved = request.resolve(&defaults, DEFAULT_MAX_TOKENS, || {
+        (js_sys::Math::random() * 9_007_199_254_740_992.0) as u64
+    });
+    let prompt = model.encode_chat(&messages).map_err(|e| e.to_string())?;
+    let mut generation = model
+        .generate(&prompt, &resolved.settings)
+        .map_err(|e| e.to_string())?;
+    *cancel.borrow_mut() = Some(generation.cancel_token());
+    while let Some(piece) = generation.next().await {
+        let piece = piece.map_err(|e| e.to_string())?;
+        if !piece.text.is_empty() {
+            on_text
+                .call1(&JsValue::NULL, &JsValue::from_str(&piece.text))
+                .map_err(|e| describe(&e))?;
+        }
+    }
+    let stats = generation.stats();
+    let finish = generation
+        .finish_reason()
+        .unwrap_or(FinishReason::Cancelled);
+    Ok(json!({
+        "prompt_tokens": stats.prompt_tokens,
+        "cached_tokens": stats.cached_tokens,
+        "generated_tokens": stats.generated_tokens,
+        "finish_reason": finish.name(),
+        "seed": resolved.seed,
+    })
+    .to_string())
+}
+
+/// The model and where it runs, for [`Engine::info`].
+fn describe_model(model: &Model) -> serde_json::Value {
+    let session = model.session();
+    let header = session.header();
+    let variant = session.variant();
+    let adapter = &session.gpu().adapter;
+    let memory = session.memory();
+    json!({
+        "name": header.model.name,
+        "family": header.model.family,
+        "architecture": header.model.architecture,
+        "adapter": adapter.name,
+        "backend": format!("{:?}", adapter.backend),
+        "variant": variant.name,
+        "variants": header.variants.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
+        "context": model.context(),
+        "weights_bytes": memory.weights,
+        "kv_cache_bytes": memory.kv_cache,
+        "activation_bytes": memory.activations,
+    })
+}
+
+fn error(e: impl std::fmt::Display) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+fn js_error(message: &str) -> JsValue {
+    js_sys::Error::new(message).into()
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The browser test (a row of scripts/test.sh, beside the other tests): builds the page with its
+# engine (scripts/web.sh) and runs the CLI tests' `web::` browser test, which serves a plan with
+# `gerbil-run serve --web-dir` and drives headless Chromium (WebGPU on SwiftShader) through
+# chromedriver. It runs the `cli` test binary scripts/run-tests.py built (GERBIL_TEST_BINARIES),
+# else builds it with `cargo test --no-run`. GERBIL_WEB_SCREENSHOTS=DIR keeps the page's
+# screenshots.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+dist=target/web-dist
+bash scripts/web.sh "$dist"
+exe=$(python3 -c 'import json, os; print(json.loads(os.environ.get("GERBIL_TEST_BINARIES", "{}")).get("gerbil-cli::cli", ""))')
+if [ -z "$exe" ]; then
+    exe=$(cargo test -p gerbil-cli --test cli --no-run --message-format=json 2>/dev/null |
+        python3 -c 'import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["target"]["name"] == "cli":
+        print(m["executable"])')
+fi
+cd crates/cli
+GERBIL_WEB_DIST="$PWD/../../$dist" "$exe" --ignored --exact \
+    web::the_page_runs_the_plan_in_the_browser_and_answers_as_the_server_does

@@ -1,0 +1,320 @@
+// gerbil's chat page. It talks to one of two engines: "the server" (the gerbil-run serve that
+// serves this page: POST /v1/chat/completions, streamed) or "this browser" (the same plan run on
+// the browser's WebGPU in worker.js, downloaded from a URL or opened from a file). The address
+// picks either: ?engine=browser&plan=URL loads a plan at once, ?engine=server chats with the
+// server. The page keeps the conversation and sends all of it each turn; both engines keep its
+// tokens cached and run only the new turn. document.body's data-state (idle, loading, ready,
+// answering, error) says where it is, for people and for tests.
+const $ = (id) => document.getElementById(id);
+const params = new URLSearchParams(location.search);
+
+const state = {
+    engine: params.get("engine") === "browser" ? "browser" : "server",
+    server: null, // the server's model id, when this page came from gerbil-run serve
+    worker: null,
+    lastLoad: null, // the worker's last load message, to load again after a lost device
+    conversation: [],
+    answer: null, // the answer in progress: {bubble, text, started, first, abort}
+};
+
+const setState = (s) => (document.body.dataset.state = s);
+const apiKey = () => sessionStorage.getItem("gerbil-api-key");
+const authHeaders = () => (apiKey() ? { Authorization: `Bearer ${apiKey()}` } : {});
+
+function alertUser(text, { reload = false } = {}) {
+    $("alert-text").textContent = text;
+    $("reload").hidden = !reload;
+    $("alert").hidden = false;
+    setState("error");
+}
+
+function clearAlert() {
+    $("alert").hidden = true;
+}
+
+function megabytes(n) {
+    return (n / 1e6).toFixed(n < 1e7 ? 1 : 0);
+}
+
+// --- the server --------------------------------------------------------------------------------
+
+async function findServer() {
+    try {
+        let response = await fetch("/v1/models", { headers: authHeaders() });
+        if (response.status === 401) {
+            const key = prompt("This server needs an API key:");
+            if (key) sessionStorage.setItem("gerbil-api-key", key);
+            response = await fetch("/v1/models", { headers: authHeaders() });
+        }
+        if (!response.ok) return null;
+        return (await response.json()).data?.[0]?.id ?? null;
+    } catch {
+        return null;
+    }
+}
+
+async function askServer(messages, settings) {
+    const controller = new AbortController();
+    state.answer.abort = () => controller.abort();
+    const response = await fetch("/v1/chat/completions", {
+        method: "POST",
+        headers: { "Content-Type": "application/json", ...authHeaders() },
+        body: JSON.stringify({
+            model: state.server,
+            messages,
+            ...settings,
+            stream: true,
+            stream_options: { include_usage: true },
+        }),
+        signal: controller.signal,
+    });
+    if (!response.ok) {
+        const body = await response.json().catch(() => null);
+        throw new Error(body?.error?.message ?? `HTTP ${response.status}`);
+    }
+    const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+    let buffered = "";
+    let usage = null;
+    let finish = null;
+    try {
+        for (;;) {
+            const { done, value } = await reader.read();
+            if (done) break;
+            buffered += value;
+            let end;
+            while ((end = buffered.indexOf("\n\n")) >= 0) {
+                const event = buffered.slice(0, end);
+                buffered = buffered.slice(end + 2);
+                for (const line of event.split("\n")) {
+                    if (!line.startsWith("data: ") || line === "data: [DONE]") continue;
+                    const chunk = JSON.parse(line.slice(6));
+                    if (chunk.error) throw new Error(chunk.error.message);
+                    const choice = chunk.choices?.[0];
+                    if (choice?.delta?.content) addText(choice.delta.content);
+                    if (choice?.finish_reason) finish = choice.finish_reason;
+                    if (chunk.usage) usage = chunk.usage;
+                }
+            }
+        }
+    } catch (e) {
+        if (e.name !== "AbortError") throw e;
+        finish = "cancelled";
+    }
+    finished({
+        generated_tokens: usage?.completion_tokens,
+        cached_tokens: usage?.prompt_tokens_details?.cached_tokens,
+        prompt_tokens: usage?.prompt_tokens,
+        finish_reason: finish,
+    });
+}
+
+// --- the browser -------------------------------------------------------------------------------
+
+function startWorker() {
+    state.worker?.terminate();
+    state.worker = new Worker("worker.js", { type: "module" });
+    state.worker.onmessage = ({ data: m }) => fromWorker(m);
+    state.worker.onerror = (e) => alertUser(`the engine's worker failed: ${e.message ?? e}`);
+}
+
+function load(message) {
+    clearAlert();
+    if (!navigator.gpu) {
+        alertUser("This browser has no WebGPU, so it cannot run the model itself: use a recent Chrome, Edge or Safari (or Firefox with WebGPU enabled), or chat with the server instead.");
+        return;
+    }
+    if (!state.worker) startWorker();
+    state.lastLoad = message;
+    $("where").textContent = "loading…";
+    $("progress").hidden = false;
+    $("progress").removeAttribute("value");
+    setState("loading");
+    state.worker.postMessage(message);
+}
+
+function fromWorker(m) {
+    if (m.type === "progress") {
+        const bar = $("progress");
+        if (m.total) {
+            bar.max = m.total;
+            bar.value = m.done;
+        }
+        const what = m.stage === "download" ? "downloading" : "uploading to the GPU";
+        $("progress-text").textContent = `${what}: ${megabytes(m.done)}${m.total ? ` of ${megabytes(m.total)}` : ""} MB`;
+    } else if (m.type === "loaded") {
+        const i = m.info;
+        $("progress").hidden = true;
+        $("progress-text").textContent = m.cached ? "(from this browser's cache)" : "";
+        $("where").textContent = `${i.name} (${i.family}) in this browser on ${i.adapter || "an unnamed adapter"}, variant ${i.variant} (the plan has ${i.variants.join(", ")}); ${megabytes(i.weights_bytes)} MB of weights, context ${i.context}`;
+        setState("ready");
+    } else if (m.type === "text") {
+        addText(m.text);
+    } else if (m.type === "done") {
+        finished(m.stats);
+    } else if (m.type === "error") {
+        $("progress").hidden = true;
+        if (state.answer) abandonAnswer();
+        alertUser(m.lost ? `The GPU device was lost: ${m.message}` : m.message, { reload: m.lost });
+    }
+}
+
+// --- the conversation --------------------------------------------------------------------------
+
+function bubble(role, text) {
+    const div = document.createElement("div");
+    div.className = `message ${role}`;
+    div.textContent = text;
+    $("messages").append(div);
+    div.scrollIntoView({ block: "end" });
+    return div;
+}
+
+function settings() {
+    const s = {
+        temperature: Number($("temperature").value),
+        top_p: Number($("top-p").value),
+        max_tokens: Number($("max-tokens").value),
+    };
+    if ($("seed").value !== "") s.seed = Number($("seed").value);
+    return s;
+}
+
+async function send(event) {
+    event.preventDefault();
+    const text = $("prompt").value.trim();
+    if (!text || state.answer) return;
+    if (state.engine === "browser" && document.body.dataset.state !== "ready") {
+        alertUser("Load a model first: a plan URL or a file.");
+        return;
+    }
+    clearAlert();
+    $("prompt").value = "";
+    state.conversation.push({ role: "user", content: text });
+    bubble("user", text);
+    state.answer = { bubble: bubble("assistant", ""), text: "", started: performance.now(), first: null };
+    $("stop").disabled = false;
+    $("send").disabled = true;
+    setState("answering");
+    const system = $("system").value.trim();
+    const messages = [...(system ? [{ role: "system", content: system }] : []), ...state.conversation];
+    if (state.engine === "browser") {
+        state.answer.abort = () => state.worker.postMessage({ type: "stop" });
+        state.worker.postMessage({ type: "generate", messages, settings: settings() });
+    } else {
+        try {
+            await askServer(messages, settings());
+        } catch (e) {
+            abandonAnswer();
+            alertUser(e.message);
+        }
+    }
+}
+
+function addText(text) {
+    const a = state.answer;
+    if (!a) return;
+    a.first ??= performance.now();
+    a.text += text;
+    a.bubble.textContent = a.text;
+    a.bubble.scrollIntoView({ block: "end" });
+}
+
+function finished(stats) {
+    const a = state.answer;
+    if (!a) return;
+    const end = performance.now();
+    state.conversation.push({ role: "assistant", content: a.text });
+    const n = stats.generated_tokens;
+    const parts = [];
+    if (n !== undefined) parts.push(`${n} tokens`);
+    if (n > 1 && a.first !== null && end > a.first) parts.push(`${((n - 1) / ((end - a.first) / 1000)).toFixed(1)} tok/s`);
+    if (a.first !== null) parts.push(`first token after ${Math.round(a.first - a.started)} ms`);
+    if (stats.cached_tokens) parts.push(`${stats.cached_tokens} of ${stats.prompt_tokens} prompt tokens cached`);
+    if (stats.finish_reason) parts.push(`finished: ${stats.finish_reason}`);
+    $("stats").textContent = parts.join(" · ");
+    a.bubble.dataset.done = "true";
+    endAnswer();
+}
+
+function abandonAnswer() {
+    state.answer.bubble.remove();
+    state.conversation.pop();
+    endAnswer();
+}
+
+function endAnswer() {
+    state.answer = null;
+    $("stop").disabled = true;
+    $("send").disabled = false;
+    if (document.body.dataset.state === "answering") setState("ready");
+}
+
+function clearConversation() {
+    state.answer?.abort?.();
+    state.conversation = [];
+    $("messages").replaceChildren();
+    $("stats").textContent = "";
+    state.worker?.postMessage({ type: "clear" });
+}
+
+function chooseEngine(engine) {
+    state.engine = engine;
+    document.querySelector(`input[name=engine][value=${engine}]`).checked = true;
+    $("loader").hidden = engine !== "browser";
+    clearConversation();
+    clearAlert();
+    if (engine === "server") {
+        $("where").textContent = `${state.server} on the server`;
+        setState("ready");
+    } else if (!state.lastLoad) {
+        $("where").textContent = "no model loaded in this browser yet";
+        setState("idle");
+    } else {
+        load(state.lastLoad);
+    }
+}
+
+async function main() {
+    $("ask").addEventListener("submit", send);
+    $("prompt").addEventListener("keydown", (e) => {
+        if (e.key === "Enter" && !e.shiftKey) send(e);
+    });
+    $("stop").addEventListener("click", () => state.answer?.abort?.());
+    $("clear").addEventListener("click", clearConversation);
+    $("reload").addEventListener("click", () => {
+        startWorker();
+        load(state.lastLoad);
+    });
+    $("load-url").addEventListener("submit", (e) => {
+        e.preventDefault();
+        load({ type: "load", url: $("plan-url").value, headers: authHeaders() });
+    });
+    $("plan-file").addEventListener("change", (e) => {
+        if (e.target.files[0]) load({ type: "load", file: e.target.files[0] });
+    });
+    for (const radio of document.querySelectorAll("input[name=engine]")) {
+        radio.addEventListener("change", () => chooseEngine(radio.value));
+    }
+
+    state.server = await findServer();
+    const server = document.querySelector("input[name=engine][value=server]");
+    server.disabled = !state.server;
+    // A server started without --web-dir serves the page but not the browser engine.
+    const engine = await fetch("pkg/gerbil_web.js", { method: "HEAD" }).catch(() => null);
+    if (!engine?.ok) {
+        const browser = document.querySelector("input[name=engine][value=browser]");
+        browser.disabled = true;
+        browser.parentElement.title = "This server has no browser engine: build it with scripts/web.sh and start the server with --web-dir web/dist";
+        state.engine = "server";
+    }
+    if (state.server) $("plan-url").value = new URL("/v1/plan", location.href).href;
+    if (!state.server) state.engine = "browser";
+    const plan = params.get("plan");
+    if (state.engine === "browser" && plan) {
+        $("plan-url").value = new URL(plan, location.href).href;
+        state.lastLoad = { type: "load", url: $("plan-url").value, headers: authHeaders() };
+    }
+    chooseEngine(state.engine);
+}
+
+main();
