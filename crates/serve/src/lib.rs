@@ -179,7 +179,8 @@ async fn listen(
         Arc::new(opts.limits.clone()),
         Arc::new(opts.access.clone()),
         (&opts.web, plan),
-    );
+    )
+    .with_context(|| format!("{}: reading the plan to serve it", plan.display()))?;
     let drain = opts.shutdown_timeout;
     let shutdown = shutdown_signal(signals, opts.notes.clone(), drain);
     // After the signal, requests in flight get `shutdown_timeout` to
@@ -202,8 +203,9 @@ fn router(
     limits: Arc<Limits>,
     access: Arc<Access>,
     (page, plan): (&WebPage, &Path),
-) -> Router {
-    web::routes(Router::new(), page, plan)
+) -> Result<Router> {
+    let router = web::routes(Router::new(), page, plan)?;
+    let router = router
         .route("/health", get(|| async { Json(json!({"status": "ok"})) }))
         .route("/metrics", get(metrics_text))
         .route("/slots", get(slots))
@@ -219,7 +221,8 @@ fn router(
             limits::read_body,
         ))
         .layer(axum::middleware::from_fn_with_state(access, guard::gate))
-        .with_state(app)
+        .with_state(app);
+    Ok(router)
 }
 
 /// Ctrl-C and (on Unix) SIGTERM, caught from when this is made: a signal

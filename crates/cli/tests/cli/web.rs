@@ -56,21 +56,43 @@ fn the_page_and_the_plan_are_served_with_ranges_revalidation_and_the_key() {
     assert_eq!(whole.status, 200);
     assert_eq!(whole.header("accept-ranges").as_deref(), Some("bytes"));
     let modified = whole.header("last-modified").expect("Last-Modified");
+    let etag = whole.header("etag").expect("ETag");
     assert_eq!(whole.bytes(), bytes, "the plan, byte for byte");
-    let mut part = get(&server, "GET", "/v1/plan", &[("Range", "bytes=100-199")]);
+    let range = ("Range", "bytes=100-199");
+    let mut part = get(&server, "GET", "/v1/plan", &[range]);
     assert_eq!(part.status, 206);
     assert_eq!(
         part.header("content-range"),
         Some(format!("bytes 100-199/{}", bytes.len()))
     );
     assert_eq!(part.bytes(), &bytes[100..200]);
+    // A download resumes only from the same plan; from another the whole plan comes back.
+    let same = get(&server, "GET", "/v1/plan", &[range, ("If-Range", &etag)]);
+    assert_eq!(same.status, 206);
+    let other = ("If-Range", "\"00000000-00000000-1\"");
+    let mut restart = get(&server, "GET", "/v1/plan", &[range, other]);
+    assert_eq!(restart.status, 200);
+    assert_eq!(restart.bytes().len(), bytes.len());
+    // A page's cached plan is still good.
+    let again = get(&server, "GET", "/v1/plan", &[("If-None-Match", &etag)]);
+    assert_eq!(
+        (again.status, again.header("etag")),
+        (304, Some(etag.clone()))
+    );
     let again = get(
         &server,
         "GET",
         "/v1/plan",
         &[("If-Modified-Since", &modified)],
     );
-    assert_eq!(again.status, 304, "a browser's cached plan is still good");
+    assert_eq!(again.status, 304);
+    let changed = get(
+        &server,
+        "GET",
+        "/v1/plan",
+        &[("If-None-Match", "\"other\"")],
+    );
+    assert_eq!(changed.status, 200);
     drop(server);
 
     let key_file = dir.path().join("key");
