@@ -306,6 +306,7 @@ fn web_dist() -> PathBuf {
 #[test]
 #[ignore = "needs the page scripts/web.sh builds and chromium: scripts/web-test.sh runs it"]
 fn the_page_runs_the_plan_in_the_browser_and_answers_as_the_server_does() {
+    // Each family's plan is downloaded from its own server (a new origin: a new page storage).
     let dir = temp("web-browser");
     let plan = tiny_text_plan(dir.path(), &[]);
     let dist = web_dist();
@@ -345,6 +346,23 @@ fn the_page_runs_the_plan_in_the_browser_and_answers_as_the_server_does() {
     browser.wait_ready();
     assert_eq!(browser.ask(prompt, 12), expected);
     browser.screenshot("server");
+    // The other families' kernels compile in the browser (Tint is stricter than naga) and
+    // answer as on the server.
+    for family in ["gemma3", "qwen3", "phi3"] {
+        let plan = tiny_text_plan_of(family, dir.path(), &[]);
+        let server = Server::start(&plan, &["--web-dir", dist.to_str().unwrap()]);
+        let (status, body) = server.post(
+            "/v1/chat/completions",
+            &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
+                    "temperature": 0}),
+        );
+        assert_eq!(status, 200, "{family}: {body}");
+        let expected = body["choices"][0]["message"]["content"].as_str().unwrap();
+        let base = format!("http://127.0.0.1:{}", server.port);
+        browser.open(&format!("{base}/?engine=browser&plan=/v1/plan"));
+        browser.wait_ready();
+        assert_eq!(browser.ask(prompt, 8), expected, "{family}");
+    }
     // A plan that is not there: the page says so.
     browser.open(&format!("{base}/?engine=browser&plan=/missing.plan"));
     let state = browser.wait_for(

@@ -80,16 +80,34 @@ fn tiny_tokenizer() -> Value {
 /// The tiny Llama with [`tiny_tokenizer`] and a ChatML template, compiled
 /// into `dir` with `extra` flags.
 pub fn tiny_text_plan(dir: &Path, extra: &[&str]) -> PathBuf {
-    let model = dir.join("tiny-text");
+    tiny_text_plan_of("llama", dir, extra)
+}
+
+/// [`tiny_text_plan`] of the tiny model of `family` (`tests/data/models/tiny/FAMILY`; each has
+/// the 512 ids of [`tiny_tokenizer`]).
+pub fn tiny_text_plan_of(family: &str, dir: &Path, extra: &[&str]) -> PathBuf {
+    // The Llama's names (`tiny-text`, `tiny.plan`) are what other tests see as model names.
+    let named = |llama: &str, other: String| {
+        if family == "llama" {
+            llama.to_string()
+        } else {
+            other
+        }
+    };
+    let model = dir.join(named("tiny-text", format!("tiny-text-{family}")));
     std::fs::create_dir_all(&model).unwrap();
     for f in ["config.json", "generation_config.json", "model.safetensors"] {
-        std::fs::copy(data("models/tiny/llama").join(f), model.join(f)).unwrap();
+        std::fs::copy(
+            data(&format!("models/tiny/{family}")).join(f),
+            model.join(f),
+        )
+        .unwrap();
     }
     std::fs::write(model.join("tokenizer.json"), tiny_tokenizer().to_string()).unwrap();
     let template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
     let config = json!({"chat_template": template, "eos_token": "<|im_end|>"});
     std::fs::write(model.join("tokenizer_config.json"), config.to_string()).unwrap();
-    let plan = dir.join("tiny.plan");
+    let plan = dir.join(named("tiny.plan", format!("tiny-{family}.plan")));
     compile_to(&model, &plan, extra);
     plan
 }
