@@ -48,7 +48,7 @@ async function load(m) {
     closeSource();
     closeSource = () => {};
     const info = JSON.parse(engine.info());
-    if (!info.adapter) {
+    if (info.backend === "BrowserWebGpu") {
         // wgpu has no adapter name in a browser; WebGPU's own info says what it is.
         const adapter = await navigator.gpu.requestAdapter();
         const a = adapter?.info ?? {};

@@ -398,7 +398,11 @@ impl Gpu {
         let adapter = Gpu::adapter(&instance, choice).await?;
         #[cfg(target_arch = "wasm32")]
         let adapter = Gpu::adapter(&instance).await?;
-        let info = adapter.get_info();
+        let mut info = adapter.get_info();
+        if info.name.is_empty() {
+            // A browser's WebGPU names no adapter: errors still say which kind it is.
+            info.name = format!("unnamed {:?} adapter", info.backend);
+        }
         let limits = adapter.limits();
         check_limits(&info.name, &limits, need)?;
         let ts = wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES;
