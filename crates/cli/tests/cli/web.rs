@@ -260,6 +260,17 @@ impl Browser {
         answer.as_str().unwrap().to_string()
     }
 
+    /// Picks `file` in the file input `selector` (as a user would).
+    fn choose_file(&self, selector: &str, file: &Path) {
+        let found = json!({"using": "css selector", "value": selector});
+        let element = self.call("POST", &self.at("element"), Some(found));
+        let id = element["element-6066-11e4-a52e-4f735466cecf"]
+            .as_str()
+            .unwrap();
+        let path = json!({ "text": file.to_str().unwrap() });
+        self.call("POST", &self.at(&format!("element/{id}/value")), Some(path));
+    }
+
     fn page_text(&self) -> String {
         self.script("return document.body.innerText").to_string()
     }
@@ -346,6 +357,11 @@ fn the_page_runs_the_plan_in_the_browser_and_answers_as_the_server_does() {
     browser.wait_ready();
     assert_eq!(browser.ask(prompt, 12), expected);
     browser.screenshot("server");
+    // A plan file picked on the computer, read in place.
+    browser.open(&format!("{base}/?engine=browser"));
+    browser.choose_file("#plan-file", &plan);
+    browser.wait_ready();
+    assert_eq!(browser.ask(prompt, 12), expected);
     // The other families' kernels compile in the browser (Tint is stricter than naga) and
     // answer as on the server.
     for family in ["gemma3", "qwen3", "phi3"] {
