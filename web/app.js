@@ -145,7 +145,7 @@ function fromWorker(m) {
         const i = m.info;
         $("progress").hidden = true;
         $("progress-text").textContent = m.cached ? "(from this browser's cache)" : "";
-        $("where").textContent = `${i.name} (${i.family}) in this browser on ${i.adapter || "an unnamed adapter"}, variant ${i.variant} (the plan has ${i.variants.join(", ")}); ${megabytes(i.weights_bytes)} MB of weights, context ${i.context}`;
+        $("where").textContent = `${i.name} (${i.family}) in this browser on ${i.adapter || "an unnamed adapter"}, variant ${i.variant} (the plan has ${i.variants.join(", ")}); ${megabytes(i.weights_bytes)} MB of weights, context ${i.context}, ${megabytes(i.wasm_memory_bytes)} MB of wasm memory`;
         setState("ready");
     } else if (m.type === "text") {
         addText(m.text);

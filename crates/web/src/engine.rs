@@ -18,6 +18,7 @@ use serde_json::json;
 use std::cell::RefCell;
 use std::rc::Rc;
 use wasm_bindgen::prelude::*;
+use wasm_bindgen::JsCast;
 
 /// Tokens an answer may take when the page sets no `max_tokens` and the model's config none.
 const DEFAULT_MAX_TOKENS: usize = 512;
@@ -69,7 +70,8 @@ impl Engine {
         })
     }
 
-    /// What runs: model, adapter, variant, context, memory, as JSON.
+    /// What runs: model, adapter, variant, context, GPU memory and the engine's wasm memory, as
+    /// JSON.
     pub fn info(&self) -> String {
         self.info.clone()
     }
@@ -167,7 +169,18 @@ fn describe_model(model: &Model) -> serde_json::Value {
         "weights_bytes": memory.weights,
         "kv_cache_bytes": memory.kv_cache,
         "activation_bytes": memory.activations,
+        "wasm_memory_bytes": wasm_memory_bytes(),
     })
+}
+
+/// The engine's wasm memory: its peak, as wasm memory only grows. A plan's weights go from the
+/// worker's reads to the GPU a window at a time, so this stays far below the plan's size.
+fn wasm_memory_bytes() -> u32 {
+    let memory: js_sys::WebAssembly::Memory = wasm_bindgen::memory().unchecked_into();
+    memory
+        .buffer()
+        .unchecked_into::<js_sys::ArrayBuffer>()
+        .byte_length()
 }
 
 fn error(e: impl std::fmt::Display) -> JsError {

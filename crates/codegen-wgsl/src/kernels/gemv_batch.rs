@@ -1,6 +1,6 @@
 //! `gemv_batch`: the batch-step form of [`matmul`](super::matmul), `y[t, n]
 //! = Σ_k x[t, k] · w[n, k] (+ b[n])` over the few rows of a batch step (one
-//! per sequence decoding together, [`Phase::Batch`](crate::Phase::Batch)),
+//! per sequence decoding together, [`Phase::Batch`](crate::lower::Phase::Batch)),
 //! with every option of [`MatMulSpec`] but `last_row`: bias, gated
 //! epilogue, weight row shards, RMSNorm prologue, residual epilogue. The
 //! lowering picks it for batch-step matmuls of variants with subgroups.
