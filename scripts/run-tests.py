@@ -128,6 +128,10 @@ QUICK_SKIP = [
 # lavapipe compiles when its shader cache is cold), longest first: started first, so
 # that none of them is left running alone at the end.
 LONG_FIRST = [
+    # The browser check compiles the wasm engine and runs Chromium: CPU-heavy for minutes, so it
+    # starts first, beside the kernel cases, and is done before the suites that time themselves
+    # (`cli slots`: 8 clients at once against one at a time) start.
+    "web",
     "e2e kernels",
     "e2e real_checkpoints",
     "e2e models",
@@ -140,7 +144,11 @@ LONG_FIRST = [
 
 def order(label, folded):
     """Sort key of a run: `LONG_FIRST`'s suites in its order, then folded suites, then the rest."""
-    long = [i for i, suite in enumerate(LONG_FIRST) if label.endswith(f"::{suite}")]
+    long = [
+        i
+        for i, suite in enumerate(LONG_FIRST)
+        if label == suite or label.endswith(f"::{suite}")
+    ]
     return (long[0] if long else len(LONG_FIRST), not folded)
 
 
