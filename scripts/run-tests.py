@@ -132,6 +132,8 @@ LONG_FIRST = [
     # starts first, beside the kernel cases, and is done before the suites that time themselves
     # (`cli slots`: 8 clients at once against one at a time) start.
     "web",
+    # SmolLM2 served in batch steps: minutes of lavapipe, the longest suite of all.
+    "cli structured",
     "e2e kernels",
     "e2e real_checkpoints",
     "e2e models",

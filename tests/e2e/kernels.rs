@@ -812,6 +812,7 @@ fn check_gemm(c: &MatMulCase, tile: GemmTile) -> Result<(), String> {
 fn gemm_tile(i: usize, glu: bool) -> GemmTile {
     let tiles: Vec<GemmTile> = GemmTile::CANDIDATES
         .into_iter()
+        .chain(GemmTile::SHORT)
         .filter(|t| t.supports(glu))
         .collect();
     tiles[i % tiles.len()]
@@ -846,7 +847,7 @@ fn gemm_cases() -> Vec<(MatMulCase, GemmTile)> {
         residual: false,
         last_row: false,
     };
-    for tile in GemmTile::CANDIDATES {
+    for tile in GemmTile::CANDIDATES.into_iter().chain(GemmTile::SHORT) {
         let gated = |act| tile.supports(true).then_some(act);
         let out = |glu: Option<UnaryOp>| tile.out_cols(glu.is_some());
         let glu = gated(UnaryOp::Silu);
@@ -913,7 +914,7 @@ proptest! {
         shards in proptest::option::of(2u32..4),
         norm in proptest::option::of((0u8..2, dtype_strategy())),
         residual: bool,
-        tile in 0usize..GemmTile::CANDIDATES.len(),
+        tile in 0usize..GemmTile::CANDIDATES.len() + GemmTile::SHORT.len(),
     ) {
         let norm = norm.map(|(offset, dtype)| (f32::from(offset), dtype));
         let case = MatMulCase {

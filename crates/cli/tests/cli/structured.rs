@@ -362,22 +362,25 @@ fn short_schemas() -> Vec<Value> {
     ]
 }
 
-/// SmolLM2 (real weights and tokenizer), served with a batch schedule: 20
-/// `json_schema` requests, greedy and sampled, all at once, all end with
-/// their JSON (`stop`) and validate.
+/// SmolLM2 (real weights and tokenizer), served with a batch schedule: 8
+/// `json_schema` requests, each schema greedy and sampled, all at once, all
+/// end with their JSON (`stop`) and validate. Eight, not more: on lavapipe a
+/// SmolLM2 batch step costs about half a second per row.
 #[test]
-fn smollm2_answers_twenty_schemas_in_a_batch() {
+fn smollm2_answers_eight_schemas_in_a_batch() {
+    const REQUESTS: usize = 8;
     let (_dir, plan) = compile(
         &smollm2_dir(),
         "smollm2-batch",
-        &["--max-context", "256", "--max-batch", "20"],
+        &["--max-context", "256", "--max-batch", &REQUESTS.to_string()],
     );
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
-    let server = std::sync::Arc::new(Server::start(&plan, &["--slots", "20"]));
+    let slots = REQUESTS.to_string();
+    let server = std::sync::Arc::new(Server::start(&plan, &["--slots", &slots]));
     let schemas = short_schemas();
-    let requests: Vec<(Value, Value)> = (0..20)
+    let requests: Vec<(Value, Value)> = (0..REQUESTS)
         .map(|i| {
-            let schema = schemas[i % schemas.len()].clone();
+            let schema = schemas[(i / 2) % schemas.len()].clone();
             let mut body = json!({
                 "messages": chat(&format!("Question {i}: answer as JSON.")),
                 "max_tokens": 40,
@@ -393,24 +396,21 @@ fn smollm2_answers_twenty_schemas_in_a_batch() {
             (body, schema)
         })
         .collect();
-    for group in requests.chunks(20) {
-        let threads: Vec<_> = group
-            .iter()
-            .cloned()
-            .map(|(body, schema)| {
-                let server = std::sync::Arc::clone(&server);
-                std::thread::spawn(move || (server.post("/v1/chat/completions", &body), schema))
-            })
-            .collect();
-        for t in threads {
-            let ((status, v), schema) = t.join().unwrap();
-            assert_eq!(status, 200, "{v}");
-            assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
-            let text = message(&v)["content"].as_str().unwrap();
-            let answer: Value = serde_json::from_str(text)
-                .unwrap_or_else(|e| panic!("{text:?} does not parse: {e}"));
-            let validator = jsonschema::validator_for(&schema).unwrap();
-            assert!(validator.is_valid(&answer), "{text} against {schema}");
-        }
+    let threads: Vec<_> = requests
+        .into_iter()
+        .map(|(body, schema)| {
+            let server = std::sync::Arc::clone(&server);
+            std::thread::spawn(move || (server.post("/v1/chat/completions", &body), schema))
+        })
+        .collect();
+    for t in threads {
+        let ((status, v), schema) = t.join().unwrap();
+        assert_eq!(status, 200, "{v}");
+        assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+        let text = message(&v)["content"].as_str().unwrap();
+        let answer: Value =
+            serde_json::from_str(text).unwrap_or_else(|e| panic!("{text:?} does not parse: {e}"));
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        assert!(validator.is_valid(&answer), "{text} against {schema}");
     }
 }

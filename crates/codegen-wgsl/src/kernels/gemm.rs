@@ -72,6 +72,16 @@ impl GemmTile {
         GemmTile::new(32, 64, 16, 4, 8),
     ];
 
+    /// Tiles for steps of at most 16 rows only (the batch steps of a plan
+    /// compiled with a small `--max-batch`), which a 32-row tile would
+    /// compute mostly empty: that waste is free on a memory-bound GPU but
+    /// is the whole cost on a CPU adapter (lavapipe, SwiftShader), where a
+    /// one-row step of SmolLM2 through 32-row tiles took 8 s.
+    pub const SHORT: [GemmTile; 2] = [
+        GemmTile::new(16, 64, 16, 4, 8),
+        GemmTile::new(8, 64, 16, 4, 8),
+    ];
+
     /// A tile of `bm × bn` with `bk` and `tm × tn` per thread.
     pub const fn new(bm: u32, bn: u32, bk: u32, tm: u32, tn: u32) -> Self {
         GemmTile { bm, bn, bk, tm, tn }
@@ -112,22 +122,28 @@ impl GemmTile {
     /// The tile for `n` outputs (a gated matmul's `n`, not its `2n` weight
     /// rows) of steps of at most `max_rows` rows, within
     /// `max_workgroup_bytes`: among the tiles no taller than such a step
-    /// needs (`max_rows` rounded up to a power of two, at least the 32 rows
-    /// of the smallest tile), the largest candidate that still gives
-    /// [`TARGET_GROUPS`] workgroups at [`REF_ROWS`] rows (large tiles reuse
-    /// each load more; small ones fill the GPU when `n` is small), else the
-    /// smallest that fits. Plans with steps of 128 rows or more (every
-    /// default) choose among all candidates; one whose steps hold at most 32
-    /// rows runs 32-row blocks, not 128-row ones three quarters empty.
+    /// needs (`max_rows` rounded up to a power of two, at least 8), the
+    /// largest candidate that still gives [`TARGET_GROUPS`] workgroups at
+    /// [`REF_ROWS`] rows (large tiles reuse each load more; small ones fill
+    /// the GPU when `n` is small), else the smallest that fits. Plans with
+    /// steps of 128 rows or more (every default) choose among all
+    /// [`CANDIDATES`](Self::CANDIDATES); one whose steps hold at most 32 rows
+    /// runs 32-row blocks, not 128-row ones three quarters empty; and steps
+    /// of at most 16 or 8 rows run the [`SHORT`](Self::SHORT) tile of their
+    /// height.
     pub fn choose(n: u32, glu: bool, max_rows: u32, max_workgroup_bytes: u32) -> GemmTile {
         let tallest = max_rows
             .max(1)
             .checked_next_power_of_two()
-            .map_or(u32::MAX, |r| r.max(32));
+            .map_or(u32::MAX, |r| r.max(8));
+        let shortest = tallest.min(32);
         let fitting: Vec<GemmTile> = Self::CANDIDATES
             .into_iter()
+            .chain(Self::SHORT)
             .filter(|t| {
-                t.supports(glu) && t.workgroup_bytes() <= max_workgroup_bytes && t.bm <= tallest
+                t.supports(glu)
+                    && t.workgroup_bytes() <= max_workgroup_bytes
+                    && (shortest..=tallest).contains(&t.bm)
             })
             .collect();
         let groups = |t: &GemmTile| REF_ROWS.div_ceil(t.bm) * n.div_ceil(t.out_cols(glu));
@@ -460,11 +476,11 @@ mod tests {
                 let any = GemmTile::choose(n, glu, 128, bytes);
                 assert_eq!(GemmTile::choose(n, glu, 4096, bytes), any);
                 assert_eq!(GemmTile::choose(n, glu, u32::MAX, bytes), any);
-                for rows in [0, 1, 30, 32, 33, 64, 100] {
+                for rows in [0, 1, 7, 8, 9, 16, 17, 30, 32, 33, 64, 100] {
                     let t = GemmTile::choose(n, glu, rows, bytes);
-                    let tallest = rows.max(1).next_power_of_two().max(32);
+                    let tallest = rows.max(1).next_power_of_two().max(8);
                     assert!(
-                        t.bm <= tallest && t.supports(glu),
+                        t.bm <= tallest && t.bm >= tallest.min(32) && t.supports(glu),
                         "{n} {glu} {rows}: {t:?}"
                     );
                 }
@@ -472,5 +488,7 @@ mod tests {
         }
         assert_eq!(GemmTile::choose(262_144, false, 512, bytes).bm, 128);
         assert_eq!(GemmTile::choose(262_144, false, 30, bytes).bm, 32);
+        assert_eq!(GemmTile::choose(576, true, 16, bytes).bm, 16);
+        assert_eq!(GemmTile::choose(576, true, 1, bytes).bm, 8);
     }
 }
