@@ -5,6 +5,11 @@
 // server. The page keeps the conversation and sends all of it each turn; both engines keep its
 // tokens cached and run only the new turn. document.body's data-state (idle, loading, ready,
 // answering, error) says where it is, for people and for tests.
+//
+// Scripts drive the page through its address (the README's contract): run=1 generates once from
+// prompt=TEXT (chat=1: as one user message through the chat template) or input_ids=1,2,3, with
+// max_new_tokens=N and temperature=T, and writes one JSON object into <pre id="result">:
+// {output_ids, text, prompt_tokens, tok_s, adapter, variant}, or {error}.
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 
@@ -15,6 +20,8 @@ const state = {
     lastLoad: null, // the worker's last load message, to load again after a lost device
     conversation: [],
     answer: null, // the answer in progress: {bubble, text, started, first, abort}
+    loaded: null, // the browser engine's info, once a plan is loaded
+    run: params.get("run") === "1", // the address asks for one generation (the contract)
 };
 
 const setState = (s) => (document.body.dataset.state = s);
@@ -145,8 +152,10 @@ function fromWorker(m) {
         const i = m.info;
         $("progress").hidden = true;
         $("progress-text").textContent = m.cached ? "(from this browser's cache)" : "";
-        $("where").textContent = `${i.name} (${i.family}) in this browser on ${i.adapter || "an unnamed adapter"}, variant ${i.variant} (the plan has ${i.variants.join(", ")}); ${megabytes(i.weights_bytes)} MB of weights, context ${i.context}, ${megabytes(i.wasm_memory_bytes)} MB of wasm memory`;
+        $("where").textContent = `${i.name} (${i.family}) in this browser on ${i.adapter || "an unnamed adapter"}, variant ${i.variant} (the plan has ${i.variants.join(", ")}); ${megabytes(i.weights_bytes)} MB of weights, context ${i.context}, ${megabytes(i.wasm_memory_bytes)} MB of wasm memory${i.text ? "" : "; the plan has no tokenizer, so it takes token ids only (input_ids= in the address)"}`;
+        state.loaded = i;
         setState("ready");
+        if (state.run) runOnce();
     } else if (m.type === "text") {
         addText(m.text);
     } else if (m.type === "done") {
@@ -155,6 +164,7 @@ function fromWorker(m) {
         $("progress").hidden = true;
         if (state.answer) abandonAnswer();
         alertUser(m.lost ? `The GPU device was lost: ${m.message}` : m.message, { reload: m.lost });
+        if (state.run) writeResult({ error: m.message });
     }
 }
 
@@ -199,7 +209,7 @@ async function send(event) {
     const messages = [...(system ? [{ role: "system", content: system }] : []), ...state.conversation];
     if (state.engine === "browser") {
         state.answer.abort = () => state.worker.postMessage({ type: "stop" });
-        state.worker.postMessage({ type: "generate", messages, settings: settings() });
+        state.worker.postMessage({ type: "generate", request: { messages }, settings: settings() });
     } else {
         try {
             await askServer(messages, settings());
@@ -227,13 +237,101 @@ function finished(stats) {
     const n = stats.generated_tokens;
     const parts = [];
     if (n !== undefined) parts.push(`${n} tokens`);
-    if (n > 1 && a.first !== null && end > a.first) parts.push(`${((n - 1) / ((end - a.first) / 1000)).toFixed(1)} tok/s`);
-    if (a.first !== null) parts.push(`first token after ${Math.round(a.first - a.started)} ms`);
+    const tokS = stats.decode_tok_s ?? (n > 1 && a.first !== null && end > a.first ? (n - 1) / ((end - a.first) / 1000) : null);
+    if (tokS !== null) parts.push(`${tokS.toFixed(1)} tok/s`);
+    const firstMs = stats.first_token_ms ?? (a.first !== null ? a.first - a.started : null);
+    if (firstMs !== null) parts.push(`first token after ${Math.round(firstMs)} ms`);
     if (stats.cached_tokens) parts.push(`${stats.cached_tokens} of ${stats.prompt_tokens} prompt tokens cached`);
     if (stats.finish_reason) parts.push(`finished: ${stats.finish_reason}`);
     $("stats").textContent = parts.join(" · ");
     a.bubble.dataset.done = "true";
+    const once = a.once;
     endAnswer();
+    once?.({ ...stats, text: a.text, tok_s: tokS });
+}
+
+// --- the address's one generation (run=1) ------------------------------------------------------
+
+function writeResult(result) {
+    state.run = false;
+    $("result").textContent = JSON.stringify(result);
+    $("result").hidden = false;
+}
+
+// The request the address asks for: {input_ids}, {messages} (chat=1) or {prompt}, or an error.
+function requested() {
+    const ids = params.get("input_ids");
+    const text = params.get("prompt");
+    if (ids !== null) {
+        const list = ids.split(",").map((t) => t.trim());
+        if (!list.every((t) => /^\d+$/.test(t))) return { error: `input_ids=${ids}: give comma-separated token ids, e.g. input_ids=1,2,3` };
+        return { input_ids: list.map(Number) };
+    }
+    if (text === null) return { error: "run=1 needs prompt=TEXT or input_ids=1,2,3" };
+    return params.get("chat") === "1" ? { messages: [{ role: "user", content: text }] } : { prompt: text };
+}
+
+function onceSettings() {
+    const s = {};
+    for (const [param, field] of [["max_new_tokens", "max_tokens"], ["temperature", "temperature"], ["seed", "seed"]]) {
+        if (params.get(param) !== null) s[field] = Number(params.get(param));
+    }
+    return s;
+}
+
+async function runOnce() {
+    const request = requested();
+    if (request.error) return writeResult(request);
+    const shown = request.messages?.[0].content ?? request.prompt ?? `token ids ${request.input_ids.join(",")}`;
+    bubble("user", shown);
+    state.answer = { bubble: bubble("assistant", ""), text: "", started: performance.now(), first: null };
+    setState("answering");
+    if (state.engine === "browser") {
+        const i = state.loaded;
+        state.answer.once = (r) => writeResult({ output_ids: r.output_ids, text: r.text, prompt_tokens: r.prompt_tokens, tok_s: r.tok_s, adapter: i.adapter, variant: i.variant });
+        state.answer.abort = () => state.worker.postMessage({ type: "stop" });
+        state.worker.postMessage({ type: "generate", request, settings: onceSettings() });
+        return;
+    }
+    try {
+        const r = await serverOnce(request);
+        addText(r.text);
+        finished({ generated_tokens: r.output_ids?.length, prompt_tokens: r.prompt_tokens, finish_reason: r.finish_reason });
+        writeResult({ output_ids: r.output_ids, text: r.text, prompt_tokens: r.prompt_tokens, tok_s: r.tok_s, adapter: "the server", variant: null });
+    } catch (e) {
+        abandonAnswer();
+        alertUser(e.message);
+        writeResult({ error: e.message });
+    }
+}
+
+// One answer from the server, whole: /v1/chat/completions for messages, /v1/completions for a
+// prompt or token ids, with the generated ids (return_token_ids). tok_s is the completion's
+// tokens over the request's time (prefill included: the server does not say when it ended).
+async function serverOnce(request) {
+    const chat = request.messages !== undefined;
+    const started = performance.now();
+    const response = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
+        method: "POST",
+        headers: { "Content-Type": "application/json", ...authHeaders() },
+        body: JSON.stringify({
+            model: state.server,
+            ...(chat ? { messages: request.messages } : { prompt: request.prompt ?? request.input_ids }),
+            ...onceSettings(),
+            return_token_ids: true,
+        }),
+    });
+    const body = await response.json().catch(() => null);
+    if (!response.ok) throw new Error(body?.error?.message ?? `HTTP ${response.status}`);
+    const choice = body.choices[0];
+    const seconds = (performance.now() - started) / 1000;
+    return {
+        text: chat ? choice.message.content ?? "" : choice.text,
+        output_ids: choice.token_ids,
+        prompt_tokens: body.usage.prompt_tokens,
+        finish_reason: choice.finish_reason,
+        tok_s: body.usage.completion_tokens / seconds,
+    };
 }
 
 function abandonAnswer() {
@@ -310,11 +408,13 @@ async function main() {
     if (state.server) $("plan-url").value = new URL("/v1/plan", location.href).href;
     if (!state.server) state.engine = "browser";
     const plan = params.get("plan");
-    if (state.engine === "browser" && plan) {
-        $("plan-url").value = new URL(plan, location.href).href;
+    if (state.engine === "browser" && (plan || (state.run && state.server))) {
+        if (plan) $("plan-url").value = new URL(plan, location.href).href;
         state.lastLoad = { type: "load", url: $("plan-url").value, headers: authHeaders() };
     }
     chooseEngine(state.engine);
+    if (state.run && state.engine === "server") runOnce();
+    else if (state.run && !state.lastLoad) writeResult({ error: "run=1 in this browser needs plan=URL" });
 }
 
 main();

@@ -1,9 +1,9 @@
 // gerbil's engine in a Web Worker: loads a plan (from a URL, cached in the Origin Private File
 // System, or from a file the user picked) and answers chats, posting progress and text to the
-// page. Messages in: {type: "load", url} | {type: "load", file} | {type: "generate", messages,
-// settings} | {type: "stop"} | {type: "clear"}. Messages out: {type: "progress", stage, done,
-// total} | {type: "loaded", info} | {type: "text", text} | {type: "done", stats} |
-// {type: "error", message, lost}.
+// page. Messages in: {type: "load", url} | {type: "load", file} | {type: "generate", request,
+// settings} (request: {messages} | {prompt} | {input_ids}) | {type: "stop"} | {type: "clear"}.
+// Messages out: {type: "progress", stage, done, total} | {type: "loaded", info} | {type: "text",
+// text} | {type: "done", stats} | {type: "error", message, lost}.
 //
 // The engine reads the plan synchronously (FileSystemSyncAccessHandle, FileReaderSync), which
 // only a worker may: the weights go to the GPU window by window and the plan is never whole in
@@ -57,14 +57,30 @@ async function load(m) {
     post({ type: "loaded", info, cached: source.cached ?? false });
 }
 
+// One answer. Its speed is timed here, as tokens leave the engine: decode tok/s is the tokens
+// after the first over the time from the first to the last (the first comes from the prompt's
+// prefill, timed apart as first_token_ms), so tokens the engine decoded ahead and handed over
+// together still count at the rate the GPU made them.
 async function generate(m) {
     if (!engine) throw new Error("no model is loaded");
-    const stats = await engine.generate(
-        JSON.stringify(m.messages),
-        JSON.stringify(m.settings ?? {}),
-        (text) => post({ type: "text", text }),
+    const started = performance.now();
+    let first = null;
+    let last = null;
+    const stats = JSON.parse(
+        await engine.generate(
+            JSON.stringify(m.request),
+            JSON.stringify(m.settings ?? {}),
+            (text) => {
+                last = performance.now();
+                first ??= last;
+                if (text) post({ type: "text", text });
+            },
+        ),
     );
-    post({ type: "done", stats: JSON.parse(stats) });
+    const n = stats.generated_tokens;
+    if (first !== null) stats.first_token_ms = first - started;
+    if (n > 1 && last > first) stats.decode_tok_s = (n - 1) / ((last - first) / 1000);
+    post({ type: "done", stats });
 }
 
 // A file the user picked, read in place.

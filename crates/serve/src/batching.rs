@@ -101,7 +101,7 @@ pub(crate) fn serve_batched(
             if !seen.contains(&id) {
                 seen.push(id);
             }
-            if r.events.send(Event::Text(piece.text)).is_err() && !gone.contains(&id) {
+            if r.events.send(Event::Text(piece.text, piece.token)).is_err() && !gone.contains(&id) {
                 gone.push(id);
             }
         }

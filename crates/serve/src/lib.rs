@@ -416,9 +416,13 @@ async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response
         return Ok(Sse::new(stream).into_response());
     }
     let mut text = String::new();
+    let mut ids = Vec::new();
     while let Some(event) = events.recv().await {
         match event {
-            Event::Text(t) => text.push_str(&t),
+            Event::Text(t, id) => {
+                text.push_str(&t);
+                ids.push(id);
+            }
             Event::Finished { reason, stats } => {
                 let mut finish = reason.name();
                 let mut calls = Vec::new();
@@ -431,7 +435,10 @@ async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response
                         finish = "tool_calls";
                     }
                 }
-                let body = envelope.response(&text, &calls, finish, &stats);
+                let mut body = envelope.response(&text, &calls, finish, &stats);
+                if request.return_token_ids == Some(true) {
+                    body["choices"][0]["token_ids"] = ids.into();
+                }
                 return Ok(Json(body).into_response());
             }
             Event::Failed(e) => return Err(ApiError::server(e.to_string())),
@@ -554,7 +561,7 @@ fn sse_stream(
                     return Some((vec![data(&error)], None));
                 };
                 let out = match event {
-                    Event::Text(t) => {
+                    Event::Text(t, _) => {
                         let t = match &mut calls {
                             Some(c) => c.push(&t),
                             None => t,

@@ -232,6 +232,10 @@ pub struct Request {
     /// Extension: keep going past end-of-sequence tokens.
     #[serde(default)]
     pub ignore_eos: Option<bool>,
+    /// Extension (vLLM's): a whole answer's choice also lists the ids of
+    /// the tokens generated (`token_ids`).
+    #[serde(default)]
+    pub return_token_ids: Option<bool>,
     /// Only 1.
     #[serde(default)]
     pub n: Option<u64>,

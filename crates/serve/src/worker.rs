@@ -60,9 +60,9 @@ pub enum Event {
     /// The job cannot run (a 400): tokenizer, chat template, settings or
     /// context.
     Rejected(ModelError),
-    /// One token's text (possibly empty: half a character, or text that
-    /// may begin a stop string, is held back).
-    Text(String),
+    /// One token: its id and its text (possibly empty: half a character,
+    /// or text that may begin a stop string, is held back).
+    Text(String, u32),
     /// The generation ended.
     Finished {
         reason: FinishReason,
@@ -368,7 +368,7 @@ fn run_job(model: &mut Model, job: Job, metrics: &Metrics) -> Option<GenerationS
             metrics.active_slots(vec![generation.slot()]);
         }
         let event = match piece {
-            Ok(piece) => Event::Text(piece.text),
+            Ok(piece) => Event::Text(piece.text, piece.token),
             Err(e) => {
                 tracing::error!("generation failed: {e}");
                 let _ = job.events.send(Event::Failed(e.to_string()));

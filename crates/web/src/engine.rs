@@ -1,13 +1,14 @@
-//! [`Engine`]: one plan loaded on the browser's WebGPU device, answering chats.
+//! [`Engine`]: one plan loaded on the browser's WebGPU device, answering chats and prompts.
 //!
 //! Built for a Web Worker: [`Engine::load`] reads the plan through a synchronous reader (see
-//! [`crate::js_source`]) and uploads its weights; [`Engine::generate`] renders a conversation
-//! through the plan's chat template and streams the answer's text to a callback, the model
-//! keeping the conversation's tokens in its KV cache so the next turn runs only what is new
-//! (the page sends the whole conversation each time); [`Engine::stop`] ends the answer in
-//! progress at its next token. Errors reach JavaScript as `Error`s whose message is gerbil's
-//! (device lost, out of memory, a limit the adapter lacks with the fix), so the page can show
-//! them as they are. Timing is the page's: std has no clock in a browser.
+//! [`crate::js_source`]) and uploads its weights; [`Engine::generate`] runs one request — a
+//! conversation through the plan's chat template, a text prompt, or token ids (for plans
+//! without a tokenizer) — and streams each token's id and text to a callback, the model keeping
+//! the conversation's tokens in its KV cache so the next turn runs only what is new (the page
+//! sends the whole conversation each time); [`Engine::stop`] ends the answer in progress at its
+//! next token. Errors reach JavaScript as `Error`s whose message is gerbil's (device lost, out
+//! of memory, a limit the adapter lacks with the fix, a plan without a tokenizer given text), so
+//! the page can show them as they are. Timing is the page's: std has no clock in a browser.
 
 use crate::js_source::{describe, progress_hook, JsSource};
 use crate::settings::PageSettings;
@@ -55,13 +56,6 @@ impl Engine {
             template_sandbox: None,
         };
         let model = Model::load(&plan, &opts).await.map_err(error)?;
-        if let Some(why) = model.text_unavailable() {
-            return Err(JsError::new(&format!(
-                "{}: the plan's tokenizer or chat template does not load, and the page needs \
-                 text: {why}",
-                plan.path().display()
-            )));
-        }
         let info = describe_model(&model).to_string();
         Ok(Engine {
             model: Rc::new(RefCell::new(Some(model))),
@@ -76,17 +70,19 @@ impl Engine {
         self.info.clone()
     }
 
-    /// Answers `messages` (JSON `[{"role", "content"}]`) with `settings` (JSON, see
-    /// [`PageSettings`]), calling `on_text(text)` with each piece of the answer. Resolves to
-    /// JSON stats: prompt, cached and generated tokens, and why it finished.
-    pub fn generate(&self, messages: String, settings: String, on_text: Function) -> Promise {
+    /// Answers `request` (JSON, one of `{"messages": [{"role", "content"}]}`, `{"prompt":
+    /// "text"}` or `{"input_ids": [ids]}`) with `settings` (JSON, see [`PageSettings`]),
+    /// calling `on_token(text, id)` with each token generated (`text` is what it makes
+    /// printable, often empty). Resolves to JSON stats: the generated ids (`output_ids`),
+    /// prompt, cached and generated tokens, and why it finished.
+    pub fn generate(&self, request: String, settings: String, on_token: Function) -> Promise {
         let model = self.model.clone();
         let cancel = self.cancel.clone();
         wasm_bindgen_futures::future_to_promise(async move {
             let Some(mut taken) = model.borrow_mut().take() else {
                 return Err(js_error("an answer is already running; stop it first"));
             };
-            let answer = answer(&mut taken, &cancel, &messages, &settings, &on_text).await;
+            let answer = answer(&mut taken, &cancel, &request, &settings, &on_token).await;
             *model.borrow_mut() = Some(taken);
             cancel.borrow_mut().take();
             answer.map(JsValue::from).map_err(|e| js_error(&e))
@@ -108,39 +104,59 @@ impl Engine {
     }
 }
 
+/// What [`Engine::generate`] is asked to continue.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "snake_case")]
+enum Request {
+    /// A conversation, through the chat template.
+    Messages(Vec<ChatMessage>),
+    /// Text, tokenized as `tokenizer(text)` would.
+    Prompt(String),
+    /// Token ids as they are.
+    InputIds(Vec<u32>),
+}
+
 /// One answer (see [`Engine::generate`]); the error is the page's message.
 async fn answer(
     model: &mut Model,
     cancel: &RefCell<Option<CancelToken>>,
-    messages: &str,
+    request: &str,
     settings: &str,
-    on_text: &Function,
+    on_token: &Function,
 ) -> Result<String, String> {
-    let messages: Vec<ChatMessage> =
-        serde_json::from_str(messages).map_err(|e| format!("messages: {e}"))?;
-    let request = PageSettings::parse(settings)?.request();
+    let request: Request = serde_json::from_str(request)
+        .map_err(|e| format!("request: {e} (give one of messages, prompt or input_ids)"))?;
+    let settings = PageSettings::parse(settings)?.request();
     let defaults = model.session().header().text.generation;
-    let resolved = request.resolve(&defaults, DEFAULT_MAX_TOKENS, || {
+    let resolved = settings.resolve(&defaults, DEFAULT_MAX_TOKENS, || {
         (js_sys::Math::random() * 9_007_199_254_740_992.0) as u64
     });
-    let prompt = model.encode_chat(&messages).map_err(|e| e.to_string())?;
+    let prompt = match request {
+        Request::Messages(messages) => model.encode_chat(&messages),
+        Request::Prompt(text) => model.encode(&text),
+        Request::InputIds(ids) => Ok(ids),
+    }
+    .map_err(|e| e.to_string())?;
     let mut generation = model
         .generate(&prompt, &resolved.settings)
         .map_err(|e| e.to_string())?;
     *cancel.borrow_mut() = Some(generation.cancel_token());
     while let Some(piece) = generation.next().await {
         let piece = piece.map_err(|e| e.to_string())?;
-        if !piece.text.is_empty() {
-            on_text
-                .call1(&JsValue::NULL, &JsValue::from_str(&piece.text))
-                .map_err(|e| describe(&e))?;
-        }
+        on_token
+            .call2(
+                &JsValue::NULL,
+                &JsValue::from_str(&piece.text),
+                &JsValue::from(piece.token),
+            )
+            .map_err(|e| describe(&e))?;
     }
     let stats = generation.stats();
     let finish = generation
         .finish_reason()
         .unwrap_or(FinishReason::Cancelled);
     Ok(json!({
+        "output_ids": generation.tokens(),
         "prompt_tokens": stats.prompt_tokens,
         "cached_tokens": stats.cached_tokens,
         "generated_tokens": stats.generated_tokens,
@@ -166,6 +182,7 @@ fn describe_model(model: &Model) -> serde_json::Value {
         "variant": variant.name,
         "variants": header.variants.iter().map(|v| v.name.as_str()).collect::<Vec<_>>(),
         "context": model.context(),
+        "text": model.text_unavailable().is_none(),
         "weights_bytes": memory.weights,
         "kv_cache_bytes": memory.kv_cache,
         "activation_bytes": memory.activations,
@@ -189,4 +206,24 @@ fn error(e: impl std::fmt::Display) -> JsError {
 
 fn js_error(message: &str) -> JsValue {
     js_sys::Error::new(message).into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Request;
+
+    #[test]
+    fn a_request_is_exactly_one_of_messages_prompt_or_input_ids() {
+        let parse = |json: &str| serde_json::from_str::<Request>(json);
+        assert!(matches!(
+            parse(r#"{"input_ids": [1, 2, 3]}"#),
+            Ok(Request::InputIds(ids)) if ids == [1, 2, 3]
+        ));
+        assert!(matches!(parse(r#"{"prompt": "hi"}"#), Ok(Request::Prompt(t)) if t == "hi"));
+        let chat = parse(r#"{"messages": [{"role": "user", "content": "hi"}]}"#);
+        assert!(matches!(chat, Ok(Request::Messages(m)) if m.len() == 1));
+        assert!(parse(r#"{"prompt": "hi", "input_ids": [1]}"#).is_err());
+        assert!(parse(r#"{"input_ids": [-1]}"#).is_err());
+        assert!(parse(r#"{"text": "hi"}"#).is_err());
+    }
 }

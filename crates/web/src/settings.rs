@@ -1,5 +1,6 @@
 //! What the page asks of one answer, as JSON in the OpenAI API's names (`max_tokens`,
-//! `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`), resolved by the same
+//! `temperature`, `top_p`, `top_k`, `min_p`, `seed`, `stop`, and the server's extension
+//! `ignore_eos`), resolved by the same
 //! [`SettingsRequest::resolve`] as `gerbil-run` and the server, so a greedy request gives the
 //! same text in the browser as there. An unknown field is an error naming it: a typo must not
 //! silently fall back to the defaults.
@@ -19,6 +20,8 @@ pub(crate) struct PageSettings {
     seed: Option<u64>,
     #[serde(default)]
     stop: Vec<String>,
+    #[serde(default)]
+    ignore_eos: bool,
 }
 
 impl PageSettings {
@@ -37,6 +40,7 @@ impl PageSettings {
             min_p: self.min_p,
             seed: self.seed,
             stop: self.stop,
+            ignore_eos: self.ignore_eos,
             ..SettingsRequest::default()
         }
     }
@@ -48,11 +52,13 @@ mod tests {
 
     #[test]
     fn fields_map_to_the_request_and_typos_are_refused() {
-        let s = PageSettings::parse(r#"{"max_tokens": 9, "temperature": 0.5, "seed": 3}"#);
+        let s = PageSettings::parse(
+            r#"{"max_tokens": 9, "temperature": 0.5, "seed": 3, "ignore_eos": true}"#,
+        );
         let r = s.unwrap().request();
         assert_eq!(
-            (r.max_new_tokens, r.temperature, r.seed),
-            (Some(9), Some(0.5), Some(3))
+            (r.max_new_tokens, r.temperature, r.seed, r.ignore_eos),
+            (Some(9), Some(0.5), Some(3), true)
         );
         let err = PageSettings::parse(r#"{"temprature": 1}"#).unwrap_err();
         assert!(err.contains("unknown field `temprature`"), "{err}");

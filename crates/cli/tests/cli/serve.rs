@@ -409,6 +409,14 @@ fn smollm2_chat_completion_is_the_reference_text() {
 /// `gerbil-run PLAN --prompt P --temperature 0.8 --seed S --max-new-tokens 24 --json`'s text
 /// (the caller holds the GPU lock).
 fn cli_sampled_text(plan: &Path, prompt: &str, seed: u64) -> String {
+    cli_sampled(plan, prompt, seed)["text"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// [`cli_sampled_text`]'s whole JSON object.
+fn cli_sampled(plan: &Path, prompt: &str, seed: u64) -> Value {
     let seed = seed.to_string();
     let args = [
         plan.to_str().unwrap(),
@@ -424,7 +432,7 @@ fn cli_sampled_text(plan: &Path, prompt: &str, seed: u64) -> String {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: Value = serde_json::from_str(&stdout(&o)).expect("one JSON object");
     assert_eq!(v["seed"], json!(seed.parse::<u64>().unwrap()));
-    v["text"].as_str().unwrap().to_string()
+    v
 }
 
 /// The same request as [`cli_sampled_text`] through `/v1/completions`.
@@ -454,6 +462,17 @@ fn the_cli_and_the_server_draw_the_same_text_for_a_seed() {
     assert_eq!(server_sampled_text(&server, prompt, 3), texts[3]);
     assert_eq!(cli_sampled_text(&plan, prompt, 3), texts[3]);
     assert_eq!(cli_sampled_text(&plan, prompt, 7), texts[7]);
+    // `return_token_ids` lists the ids generated, the CLI's `output_ids`.
+    let request = json!({"prompt": prompt, "temperature": 0.8, "seed": 7, "max_tokens": 24,
+                         "return_token_ids": true});
+    let (status, v) = server.post("/v1/completions", &request);
+    assert_eq!(status, 200, "{v}");
+    let ids = &v["choices"][0]["token_ids"];
+    assert_eq!(ids, &cli_sampled(&plan, prompt, 7)["output_ids"], "{v}");
+    assert_eq!(
+        ids.as_array().unwrap().len(),
+        v["usage"]["completion_tokens"]
+    );
 }
 
 #[test]

@@ -332,6 +332,13 @@ fn the_page_runs_the_plan_in_the_browser_and_answers_as_the_server_does() {
     assert_eq!(status, 200, "{body}");
     let expected = body["choices"][0]["message"]["content"].as_str().unwrap();
     assert!(!expected.is_empty());
+    let (status, body) = server.post(
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": prompt}], "max_tokens": 8,
+                "temperature": 0}),
+    );
+    assert_eq!(status, 200, "{body}");
+    let expected_8 = body["choices"][0]["message"]["content"].clone();
 
     let browser = Browser::start();
     let base = format!("http://127.0.0.1:{}", server.port);
@@ -352,6 +359,51 @@ fn the_page_runs_the_plan_in_the_browser_and_answers_as_the_server_does() {
     browser.wait_ready();
     let note = browser.script("return document.getElementById('progress-text').textContent");
     assert_eq!(note, "(from this browser's cache)");
+    // The address's contract: one generation from token ids gives the native greedy ids, and a
+    // chat prompt the server's answer, on either engine.
+    let native = gerbil_run(&[
+        plan.to_str().unwrap(),
+        "--input-ids",
+        "5,40,77,300",
+        "--max-new-tokens",
+        "8",
+        "--temperature",
+        "0",
+        "--json",
+    ]);
+    assert!(native.status.success(), "{}", stderr(&native));
+    let native: Value = serde_json::from_str(&stdout(&native)).unwrap();
+    let once = |query: &str| -> Value {
+        browser.open(&format!(
+            "{base}/?{query}&max_new_tokens=8&temperature=0&run=1"
+        ));
+        let result = browser.wait_for(
+            "const r = document.getElementById('result');              return r.hidden ? null : r.textContent",
+            Duration::from_secs(600),
+        );
+        serde_json::from_str(result.as_str().unwrap()).unwrap()
+    };
+    for engine in ["browser", "server"] {
+        let ids = once(&format!("engine={engine}&input_ids=5,40,77,300"));
+        assert_eq!(ids["output_ids"], native["output_ids"], "{engine}: {ids}");
+        assert_eq!(ids["prompt_tokens"], 4, "{engine}: {ids}");
+        assert!(ids["tok_s"].as_f64().unwrap() > 0.0, "{engine}: {ids}");
+        let chat = once(&format!(
+            "engine={engine}&chat=1&prompt=Tell%20me%20about%20gerbils"
+        ));
+        assert_eq!(chat["text"], expected_8, "{engine}: {chat}");
+    }
+    let browser_run = once("engine=browser&input_ids=5,40,77,300");
+    assert_eq!(browser_run["variant"], "portable", "{browser_run}");
+    assert!(browser_run["adapter"].as_str().is_some(), "{browser_run}");
+    let bad = once("engine=browser&input_ids=5,x");
+    assert!(
+        bad["error"]
+            .as_str()
+            .unwrap()
+            .contains("comma-separated token ids"),
+        "{bad}"
+    );
     // With the server: the same answer through /v1/chat/completions, streamed.
     browser.open(&format!("{base}/?engine=server"));
     browser.wait_ready();
