@@ -15,6 +15,7 @@
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig
+source scripts/device/common.sh
 export XDG_RUNTIME_DIR=/tmp GERBIL_REPO=$PWD
 out=${OUT:-/tmp/gerbil-batch}
 mkdir -p "$out"
@@ -28,16 +29,12 @@ if [ -x $bin/e2e ] && [ -z "${SKIP_TESTS:-}" ]; then
     grep -E "^test |test result" "$out/e2e-batch.log"
 fi
 shapes=("$@")
-[ ${#shapes[@]} -eq 0 ] && shapes=(tests/data/models/smollm2-135m/config.json
-    scripts/device/configs/llama-3.2-1b/config.json)
+[ ${#shapes[@]} -eq 0 ] && shapes=("${default_shapes[@]}")
 rows=()
 for cfg in "${shapes[@]}"; do
     name=$(basename "$(dirname "$cfg")")
     work=/tmp/batch-$name
-    python3 .device/random_ref.py --config "$cfg" --out "$work" --lens 13 --dtype bfloat16 >/dev/null 2>&1 \
-        || { echo "$name: making the random model failed"; status=1; continue; }
-    vocab=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$cfg")
-    python3 scripts/device/byte-tokenizer.py --vocab "$vocab" --out "$work/model" || status=1
+    random_model "$cfg" "$work" || { echo "$name: making the random model failed"; status=1; continue; }
     for w in bf16 $quants; do
         plan=$work/$w.plan
         flags=()
