@@ -226,7 +226,9 @@ pub fn run_steps(src: &KernelSource, steps: &[Step]) -> Vec<Vec<Vec<u8>>> {
                 }
             }
         }
-        let groups = src.workgroups.map(|w| w.eval(step.t));
+        // As the runtime launches it: a split-K attention only the splits
+        // the step's last row fills (its position plus one keys).
+        let groups = src.workgroups.map(|w| w.eval_at(step.t, step.p + step.t));
         let mut enc = device.create_command_encoder(&Default::default());
         if groups.iter().all(|&g| g > 0) {
             let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {

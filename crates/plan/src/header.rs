@@ -548,8 +548,9 @@ pub struct BufferSlice {
 }
 
 /// A workgroup count along one axis as a function of `T`:
-/// `ceil((per_token · T + constant) / divisor)`.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// `ceil((per_token · T + constant) / divisor)`, and with [`KeySplits`] at
+/// most the splits the step's keys fill.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct WorkgroupCount {
     /// Coefficient of `T`.
     pub per_token: u32,
@@ -557,6 +558,50 @@ pub struct WorkgroupCount {
     pub constant: u32,
     /// Divisor (≥ 1), rounding up.
     pub divisor: u32,
+    /// A split-K attention's splits: the count is also bounded by the splits
+    /// the step's keys fill (absent in older plans, which dispatch every
+    /// split: the kernel returns at once from those past its keys).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_splits: Option<KeySplits>,
+}
+
+/// How many splits a split-K attention uses for a row with `keys` keys in
+/// its cache: `ceil(min(keys, window) / keys_per_split)`, at least 1 — the
+/// kernel's own count, so the workgroups past it, which would return at
+/// once, are not launched (on a CPU driver each one costs a workgroup's
+/// set-up all the same).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct KeySplits {
+    /// Fewest keys a split takes before another split is used.
+    pub keys_per_split: u32,
+    /// Sliding-window length (0: the whole cache).
+    pub window: u32,
+}
+
+impl KeySplits {
+    /// The splits a row with `keys` keys uses.
+    pub fn splits(&self, keys: u32) -> u32 {
+        let keys = match self.window {
+            0 => keys,
+            w => keys.min(w),
+        };
+        keys.max(1).div_ceil(self.keys_per_split.max(1))
+    }
+}
+
+/// The fields, [`KeySplits`] only where a count has them (what plan dumps
+/// and kernel snapshots show).
+impl std::fmt::Debug for WorkgroupCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut d = f.debug_struct("WorkgroupCount");
+        d.field("per_token", &self.per_token)
+            .field("constant", &self.constant)
+            .field("divisor", &self.divisor);
+        if let Some(k) = &self.key_splits {
+            d.field("key_splits", k);
+        }
+        d.finish()
+    }
 }
 
 impl WorkgroupCount {
@@ -566,15 +611,37 @@ impl WorkgroupCount {
             per_token: 0,
             constant: n,
             divisor: 1,
+            key_splits: None,
+        }
+    }
+
+    /// `ceil((per_token · t + constant) / divisor)`.
+    pub fn per_token(per_token: u32, constant: u32, divisor: u32) -> Self {
+        WorkgroupCount {
+            per_token,
+            constant,
+            divisor,
+            key_splits: None,
         }
     }
 
     /// Evaluates the count for `t` tokens (saturating at `u32::MAX`, which
     /// no device dispatches: [`PlanHeader::validate`] bounds the count at
-    /// `max_tokens_per_step` by [`crate::limits::WORKGROUPS_PER_DIMENSION`]).
+    /// `max_tokens_per_step` by [`crate::limits::WORKGROUPS_PER_DIMENSION`]),
+    /// ignoring [`KeySplits`]: the most the step can need.
     pub fn eval(&self, t: u32) -> u32 {
         let num = u64::from(self.per_token) * u64::from(t) + u64::from(self.constant);
         u32::try_from(num.div_ceil(u64::from(self.divisor.max(1)))).unwrap_or(u32::MAX)
+    }
+
+    /// The count for `t` tokens when the step's longest row has `keys`
+    /// keys in its cache (its position plus one).
+    pub fn eval_at(&self, t: u32, keys: u32) -> u32 {
+        let most = self.eval(t);
+        match self.key_splits {
+            Some(k) => most.min(k.splits(keys)),
+            None => most,
+        }
     }
 }
 

@@ -239,15 +239,45 @@ fn bindings_must_match_the_kernel_contract() {
 
 #[test]
 fn workgroup_counts_round_up() {
-    let w = WorkgroupCount {
-        per_token: 3,
-        constant: 1,
-        divisor: 4,
-    };
+    let w = WorkgroupCount::per_token(3, 1, 4);
     assert_eq!(w.eval(0), 1);
     assert_eq!(w.eval(1), 1);
     assert_eq!(w.eval(5), 4);
     assert_eq!(WorkgroupCount::fixed(7).eval(100), 7);
+    assert_eq!(WorkgroupCount::fixed(7).eval_at(100, 1), 7);
+}
+
+#[test]
+fn key_splits_bound_a_count_by_the_keys_in_the_window() {
+    let splits = |window| WorkgroupCount {
+        key_splits: Some(KeySplits {
+            keys_per_split: 32,
+            window,
+        }),
+        ..WorkgroupCount::fixed(43)
+    };
+    // One split up to 32 keys, one more per 32, never past the kernel's 43.
+    assert_eq!(splits(0).eval_at(1, 0), 1);
+    assert_eq!(splits(0).eval_at(1, 1), 1);
+    assert_eq!(splits(0).eval_at(1, 32), 1);
+    assert_eq!(splits(0).eval_at(1, 33), 2);
+    assert_eq!(splits(0).eval_at(1, 43 * 32), 43);
+    assert_eq!(splits(0).eval_at(1, u32::MAX), 43);
+    assert_eq!(splits(0).eval(1), 43);
+    // A window of 100 keys: 4 splits however long the cache.
+    assert_eq!(splits(100).eval_at(1, 64), 2);
+    assert_eq!(splits(100).eval_at(1, 4000), 4);
+    // Older plans have no bound, and a plan without one writes none.
+    let old: WorkgroupCount =
+        serde_json::from_str(r#"{"per_token": 0, "constant": 43, "divisor": 1}"#).unwrap();
+    assert_eq!(old.eval_at(1, 1), 43);
+    let text = serde_json::to_string(&WorkgroupCount::fixed(3)).unwrap();
+    assert!(!text.contains("key_splits"), "{text}");
+    let text = serde_json::to_string(&splits(100)).unwrap();
+    assert_eq!(
+        serde_json::from_str::<WorkgroupCount>(&text).unwrap(),
+        splits(100)
+    );
 }
 
 #[test]

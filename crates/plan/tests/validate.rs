@@ -63,11 +63,7 @@ fn schedule() -> Vec<Dispatch> {
                 slice(4, 0, CONTEXT * KV_ROW),
                 slice(3, 0, VOCAB * 4),
             ],
-            WorkgroupCount {
-                per_token: 1,
-                constant: 0,
-                divisor: 1,
-            },
+            WorkgroupCount::per_token(1, 0, 1),
         ),
         dispatch(
             1,

@@ -267,8 +267,10 @@ impl Session {
                     label: Some("decode"),
                     timestamp_writes: None,
                 });
+                // The step at position start + first + i - 1 holds one more key.
+                let keys = start + (first + i) as u64;
                 for s in &self.decode {
-                    self.record(&mut pass, s, 1);
+                    self.record(&mut pass, s, 1, keys);
                 }
             }
             enc.copy_buffer_to_buffer(next_buf, next.offset, &slot.history, i as u64 * 4, 4);

@@ -72,13 +72,7 @@ impl Session {
     ) -> Result<Vec<DispatchTime>, RuntimeError> {
         self.need_timestamps()?;
         let (t, taken) = self.prepare_batch(rows)?;
-        let context = taken
-            .iter()
-            .enumerate()
-            .filter(|&(_, &n)| n > 0)
-            .map(|(slot, &n)| self.slot_position(slot) + n)
-            .max()
-            .unwrap_or(0);
+        let context = self.batch_keys(&taken);
         let times = self.time_steps(&self.batch, t, context).await?;
         self.advance_batch(&taken);
         Ok(times)
@@ -96,7 +90,8 @@ impl Session {
 
     /// Records `steps` for `t` rows with a timestamp after each, runs them
     /// and returns each recorded dispatch's time (bytes counted with the KV
-    /// caches `context` rows full).
+    /// caches `context` rows full, and a split-K attention launching the
+    /// splits that many keys fill).
     async fn time_steps(
         &self,
         steps: &[Step],
@@ -134,7 +129,7 @@ impl Session {
             });
             pass.write_timestamp(&queries, 0);
             for (i, s) in steps.iter().enumerate() {
-                if self.record(&mut pass, s, t) {
+                if self.record(&mut pass, s, t, context) {
                     recorded.push(i);
                 }
                 pass.write_timestamp(&queries, (i + 1) as u32);

@@ -700,8 +700,9 @@ impl Session {
                 label: Some("batch"),
                 timestamp_writes: None,
             });
+            let keys = self.batch_keys(&taken);
             for s in &self.batch {
-                self.record(&mut pass, s, t);
+                self.record(&mut pass, s, t, keys);
             }
         }
         self.gpu.queue.submit([enc.finish()]);
@@ -769,6 +770,19 @@ impl Session {
         Ok((t, taken))
     }
 
+    /// The most keys a row of a batch step has in its cache, once the step
+    /// has written its own: the step's `taken` rows of each slot past that
+    /// slot's position.
+    pub(crate) fn batch_keys(&self, taken: &[u64]) -> u64 {
+        taken
+            .iter()
+            .enumerate()
+            .filter(|&(_, &n)| n > 0)
+            .map(|(slot, &n)| self.slot_position(slot) + n)
+            .max()
+            .unwrap_or(0)
+    }
+
     /// Moves each slot past the rows a batch step gave it.
     pub(crate) fn advance_batch(&mut self, taken: &[u64]) {
         for (slot, &n) in taken.iter().enumerate() {
@@ -806,9 +820,18 @@ impl Session {
         Ok(if t == 1 { &self.decode } else { &self.prefill })
     }
 
-    /// Records one dispatch; returns false if it has no work for `t` tokens.
-    pub(crate) fn record(&self, pass: &mut wgpu::ComputePass<'_>, step: &Step, t: u32) -> bool {
-        let [x, y, z] = step.dispatch.workgroups.map(|w| w.eval(t));
+    /// Records one dispatch for a step of `t` rows whose longest row has
+    /// `keys` keys in its cache (its position plus one), which bounds a
+    /// split-K attention's workgroups; returns false if it has no work.
+    pub(crate) fn record(
+        &self,
+        pass: &mut wgpu::ComputePass<'_>,
+        step: &Step,
+        t: u32,
+        keys: u64,
+    ) -> bool {
+        let keys = u32::try_from(keys).unwrap_or(u32::MAX);
+        let [x, y, z] = step.dispatch.workgroups.map(|w| w.eval_at(t, keys));
         if x == 0 || y == 0 || z == 0 {
             return false;
         }
@@ -837,8 +860,9 @@ impl Session {
                 label: Some("forward"),
                 timestamp_writes: None,
             });
+            let keys = self.position + u64::from(t);
             for s in steps {
-                self.record(&mut pass, s, t);
+                self.record(&mut pass, s, t, keys);
             }
         }
         self.gpu.queue.submit([enc.finish()]);

@@ -34,12 +34,15 @@
 //! `storageBarrier()`, which naga emits as a device-scope acquire-release
 //! barrier, around the counter's `atomicAdd`; and a split past the keys in
 //! use returns at once without touching the counter, so "last" means last of
-//! the splits this step uses.
+//! the splits this step uses. The dispatch's split count carries
+//! [`KeySplits`], so the runtime launches only the splits the step's keys
+//! fill (in a batch step, its deepest row's): on a CPU driver each launch of
+//! a workgroup with barriers costs tens of microseconds, work or none.
 
 use super::attention::AttentionSpec;
 use super::{f32_lit, input, kv_load, kv_tag, output, prelude, Bindings, KernelSource, Positions};
 use gerbil_ir::DType;
-use gerbil_plan::WorkgroupCount;
+use gerbil_plan::{KeySplits, WorkgroupCount};
 use std::fmt::Write;
 
 /// Most threads per workgroup.
@@ -310,7 +313,15 @@ pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u3
         bindings: b.finish(),
         workgroups: [
             WorkgroupCount::fixed(s.kv_heads),
-            WorkgroupCount::fixed(splits),
+            // Only the splits the step's keys fill: the rest would return at
+            // once, but each would still cost a launch (tens of µs on lavapipe).
+            WorkgroupCount {
+                key_splits: Some(KeySplits {
+                    keys_per_split: MIN_KEYS.min(cap),
+                    window: s.window,
+                }),
+                ..WorkgroupCount::fixed(splits)
+            },
             match at {
                 Positions::Step => WorkgroupCount::fixed(1),
                 Positions::Table => super::Rows::Tokens.count(1, 1),

@@ -621,11 +621,7 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
         workgroup_size: [threads, 1, 1],
         bindings: b.finish(),
         workgroups: [
-            WorkgroupCount {
-                per_token: 1,
-                constant: 0,
-                divisor: bm,
-            },
+            WorkgroupCount::per_token(1, 0, bm),
             WorkgroupCount::fixed(gy),
             WorkgroupCount::fixed(gz),
         ],

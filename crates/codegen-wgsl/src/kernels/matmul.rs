@@ -299,11 +299,7 @@ pub fn kernel(s: MatMulSpec) -> KernelSource {
         rows = s.rows.wgsl(),
     );
     let z = match s.rows {
-        Rows::Tokens => WorkgroupCount {
-            per_token: 1,
-            constant: 0,
-            divisor: s.tt,
-        },
+        Rows::Tokens => WorkgroupCount::per_token(1, 0, s.tt),
         Rows::Fixed(r) => WorkgroupCount::fixed(r.div_ceil(s.tt)),
     };
     let (glu, options) = name_parts(&s, shards.len());

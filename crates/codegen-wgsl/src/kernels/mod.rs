@@ -120,11 +120,7 @@ impl Rows {
     /// Workgroup count of `ceil(rows · per_row / divisor)`.
     pub fn count(self, per_row: u32, divisor: u32) -> WorkgroupCount {
         match self {
-            Rows::Tokens => WorkgroupCount {
-                per_token: per_row,
-                constant: 0,
-                divisor,
-            },
+            Rows::Tokens => WorkgroupCount::per_token(per_row, 0, divisor),
             Rows::Fixed(n) => WorkgroupCount::fixed((n * per_row).div_ceil(divisor)),
         }
     }
