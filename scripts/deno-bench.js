@@ -8,7 +8,8 @@
 // whole in memory), then runs greedy generations from N prompt token ids (ignoring
 // end-of-sequence), printing one JSON line per run and a last one with the median decode tok/s,
 // timed as the page times it: the tokens after the first over the time from the first to the
-// last, as they leave the engine.
+// last, as they leave the engine. Each run also gives the gaps between tokens (median, 90th
+// percentile, largest, how many over 5 ms): whether tokens come steadily or in bursts.
 //
 // The surprise: wgpu looks for WebGPU on a Window or a WorkerGlobalScope, which Deno's main
 // script is neither; a stand-in `Window` global makes it read `navigator.gpu`, as in a page.
@@ -61,19 +62,26 @@ const speeds = [];
 for (let run = 0; run <= runs; run++) {
     engine.clear();
     const started = performance.now();
-    let first = null;
-    let last = null;
+    const arrivals = [];
     const stats = JSON.parse(
         await engine.generate(JSON.stringify({ input_ids: inputIds }), settings, () => {
-            last = performance.now();
-            first ??= last;
+            arrivals.push(performance.now());
         }),
     );
     const n = stats.generated_tokens;
+    const [first, last] = [arrivals[0], arrivals[arrivals.length - 1]];
     const tokS = (n - 1) / ((last - first) / 1000);
+    // How tokens arrive: steady gaps mean the GPU paces them; a long gap every few tokens
+    // with near-zero ones between means they come in batches and the wait is per batch.
+    const gaps = arrivals.slice(1).map((t, i) => t - arrivals[i]).sort((a, b) => a - b);
+    const at = (q) => gaps[Math.min(gaps.length - 1, Math.floor(q * gaps.length))];
     // The first run compiles pipelines and warms the caches: reported, not counted.
     if (run > 0) speeds.push(tokS);
-    console.log(JSON.stringify({ run, warmup: run === 0, generated: n, first_token_ms: first - started, decode_tok_s: tokS }));
+    console.log(JSON.stringify({
+        run, warmup: run === 0, generated: n, first_token_ms: first - started, decode_tok_s: tokS,
+        gap_ms: { p50: at(0.5), p90: at(0.9), max: gaps[gaps.length - 1] },
+        gaps_over_5ms: gaps.filter((g) => g > 5).length,
+    }));
 }
 speeds.sort((a, b) => a - b);
 console.log(JSON.stringify({ adapter: info.adapter, variant: info.variant, runs, median_decode_tok_s: speeds[speeds.length >> 1] }));

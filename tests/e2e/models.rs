@@ -159,13 +159,15 @@ fn check_logits(model: &mut Model, case: &TinyCase) -> Result<(), String> {
 fn check_gpu_greedy(session: &mut Session, case: &TinyCase) -> Result<(), String> {
     let want = &case.greedy_ids;
     let err = |e: gerbil_runtime::RuntimeError| e.to_string();
-    for batch in [1, 3, 8] {
+    // Batches of 1, 3 and 8 steps, and batches doubling from 1 to 8 (a browser's).
+    for batches in [(1, 1), (3, 3), (8, 8), (1, 8)] {
         session.reset();
         block_on(session.forward_no_readback(&case.input_ids)).map_err(err)?;
-        let got = block_on(session.decode_on_gpu(want.len(), &[], batch, |_| true)).map_err(err)?;
+        let got =
+            block_on(session.decode_on_gpu(want.len(), &[], batches, |_| true)).map_err(err)?;
         if &got != want {
             return Err(format!(
-                "GPU greedy (batch {batch}): {got:?}, reference {want:?}"
+                "GPU greedy (batches {batches:?}): {got:?}, reference {want:?}"
             ));
         }
     }
@@ -176,7 +178,7 @@ fn check_gpu_greedy(session: &mut Session, case: &TinyCase) -> Result<(), String
     let stop = want.iter().position(|&t| t == eos).unwrap_or(2);
     session.reset();
     block_on(session.forward_no_readback(&case.input_ids)).map_err(err)?;
-    let got = block_on(session.decode_on_gpu(want.len(), &[eos], 8, |_| true)).map_err(err)?;
+    let got = block_on(session.decode_on_gpu(want.len(), &[eos], (8, 8), |_| true)).map_err(err)?;
     if got != want[..=stop] {
         return Err(format!(
             "GPU greedy with stop token {eos}: {got:?}, reference {:?}",

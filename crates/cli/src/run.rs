@@ -408,7 +408,15 @@ pub(crate) async fn time_decode(
     };
     if session.can_sample_on_gpu(sampling) {
         session
-            .decode_on_gpu(steps + 1, &[], gerbil_runtime::DECODE_BATCH, |_| true)
+            .decode_on_gpu(
+                steps + 1,
+                &[],
+                (
+                    gerbil_runtime::DECODE_BATCH,
+                    gerbil_runtime::DECODE_BATCH_MOST,
+                ),
+                |_| true,
+            )
             .await?;
     } else {
         let sampler = gerbil_runtime::Sampler::new(*sampling)?;

@@ -30,7 +30,7 @@ use crate::model::Model;
 use gerbil_runtime::sampling::SamplingParams;
 use gerbil_runtime::AheadDecoder;
 use gerbil_runtime::Clock;
-use gerbil_runtime::{RuntimeError, DECODE_BATCH};
+use gerbil_runtime::{RuntimeError, DECODE_BATCH, DECODE_BATCH_MOST};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -295,7 +295,12 @@ impl<'m> Generation<'m> {
             let logits = session.forward(rest).await?;
             check_finite(&logits, 1, session.position().saturating_sub(1))?;
             let limit = self.decoding.limit;
-            let decoder = Box::new(AheadDecoder::new(session, limit, DECODE_BATCH)?);
+            let decoder = Box::new(AheadDecoder::new(
+                session,
+                limit,
+                DECODE_BATCH,
+                DECODE_BATCH_MOST,
+            )?);
             Source::Gpu {
                 decoder,
                 ready: VecDeque::new(),

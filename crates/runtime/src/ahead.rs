@@ -13,7 +13,10 @@
 //! `token_ids[0]`, records the decode schedule, and appends `next_token` to
 //! the batch's token history. The history comes back in one small readback.
 //! Two batches are in flight: while the CPU waits for one, the GPU runs the
-//! next, so the GPU never idles on a round trip.
+//! next, so the GPU never idles on a round trip. In a browser, where a
+//! readback's round trip is an event-loop wait far longer than a batch's GPU
+//! work, batches double from [`DECODE_BATCH`] up to [`DECODE_BATCH_MOST`]
+//! while they come back quickly.
 //!
 //! The surprise: the GPU may run past an end-of-sequence token, since it only
 //! shows up in a readback. Those extra steps only wrote KV-cache rows past
@@ -29,6 +32,25 @@ use gerbil_plan::STEP_PARAMS_BYTES;
 /// round trip of a readback hides behind the next batch, few enough that
 /// tokens stream smoothly (a batch is ~10–30 ms on a fast GPU).
 pub const DECODE_BATCH: usize = 8;
+
+/// Most decode steps per submission once batches have grown from
+/// [`DECODE_BATCH`]: natively they do not grow (a readback's round trip is
+/// ~0.1 ms); in a browser every readback waits for the event loop to
+/// deliver its mapping, and Deno's WebGPU delivered one batch of 8 SmolLM2
+/// tokens every 26 ms on an H200 whose GPU needed 7 — tokens came in bursts
+/// of 8 at 326 tok/s, the GPU busy a third of the time. Larger batches
+/// amortize that wait; the first stays small, so the first tokens still
+/// show at once.
+pub const DECODE_BATCH_MOST: usize = if cfg!(target_arch = "wasm32") {
+    64
+} else {
+    DECODE_BATCH
+};
+
+/// A batch doubles only while batches come back faster than this: on a
+/// slow adapter (a CPU's WebGPU) a batch of 8 already takes seconds, and a
+/// larger one would only make Stop wait longer.
+const GROW_WHILE_UNDER: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// Buffers of one in-flight batch.
 struct Slot {
@@ -57,7 +79,12 @@ pub struct AheadDecoder {
     /// The session's position when decoding started.
     start: u64,
     max_new: usize,
+    /// Steps of the next batch to encode: doubles after each batch that
+    /// came back within [`GROW_WHILE_UNDER`], up to `most`.
     batch: usize,
+    most: usize,
+    /// When the last batch came back (or decoding started).
+    last_back: web_time::Instant,
     /// Tokens encoded so far (returned or in flight).
     encoded: usize,
     queue: std::collections::VecDeque<InFlight>,
@@ -67,8 +94,15 @@ pub struct AheadDecoder {
 impl AheadDecoder {
     /// Starts decoding after the session's last step (see
     /// [`Session::decode_on_gpu`]): at most `max_new` tokens, `batch` steps
-    /// per submission.
-    pub fn new(session: &Session, max_new: usize, batch: usize) -> Result<Self, RuntimeError> {
+    /// in the first submission, twice as many after each batch that comes
+    /// back within [`GROW_WHILE_UNDER`], up to `most` (`most ≤ batch`: every
+    /// batch `batch` steps).
+    pub fn new(
+        session: &Session,
+        max_new: usize,
+        batch: usize,
+        most: usize,
+    ) -> Result<Self, RuntimeError> {
         let next = session
             .header
             .io
@@ -85,14 +119,17 @@ impl AheadDecoder {
             return Err(RuntimeError::ContextOverflow { needed, max });
         }
         // A batch larger than the tokens to make would only allocate
-        // buffers (`batch` × 16 bytes) that are never filled.
+        // buffers (`most` × 16 bytes) that are never filled.
         let batch = batch.clamp(1, max_new.max(1));
+        let most = most.clamp(batch, max_new.max(1));
         Ok(AheadDecoder {
-            slots: [session.ahead_slot(batch), session.ahead_slot(batch)],
+            slots: [session.ahead_slot(most), session.ahead_slot(most)],
             next,
             start,
             max_new,
             batch,
+            most,
+            last_back: web_time::Instant::now(),
             encoded: 0,
             queue: Default::default(),
             next_slot: 0,
@@ -124,12 +161,18 @@ impl AheadDecoder {
         let Some(b) = self.queue.pop_front() else {
             return Ok(Vec::new());
         };
-        session
+        let tokens = session
             .gpu
             .read_mapped_after(&self.slots[b.slot].readback, b.submission, |bytes| {
                 bytemuck::cast_slice::<u8, u32>(&bytes[..b.tokens * 4]).to_vec()
             })
-            .await
+            .await?;
+        let now = web_time::Instant::now();
+        if now - self.last_back < GROW_WHILE_UNDER {
+            self.batch = (2 * self.batch).min(self.most);
+        }
+        self.last_back = now;
+        Ok(tokens)
     }
 
     /// Ends decoding with the first `kept` tokens returned as the output:
@@ -175,17 +218,17 @@ impl Session {
     /// chosen by that step, stopping after the first token in `eos`.
     /// `on_token` sees each token as its batch comes back; returning `false`
     /// stops generation after that token. Steps are encoded `batch` at a
-    /// time. Afterwards the session's position follows the last token
-    /// returned (that token itself is not yet in the KV cache), like
-    /// step-by-step decoding.
+    /// time, doubling up to `most` ([`AheadDecoder::new`]). Afterwards the
+    /// session's position follows the last token returned (that token
+    /// itself is not yet in the KV cache), like step-by-step decoding.
     pub async fn decode_on_gpu(
         &mut self,
         max_new: usize,
         eos: &[u32],
-        batch: usize,
+        (batch, most): (usize, usize),
         mut on_token: impl FnMut(u32) -> bool,
     ) -> Result<Vec<u32>, RuntimeError> {
-        let mut decoder = AheadDecoder::new(self, max_new, batch)?;
+        let mut decoder = AheadDecoder::new(self, max_new, batch, most)?;
         let mut out: Vec<u32> = Vec::with_capacity(max_new.min(4096));
         'batches: loop {
             let tokens = decoder.next_batch(self).await?;

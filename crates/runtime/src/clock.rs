@@ -1,30 +1,26 @@
-//! Wall time where the platform has a clock: std has none on
-//! `wasm32-unknown-unknown` (`Instant::now` panics there), where every
-//! [`Clock`] reads zero, so timing code runs unchanged in a browser.
+//! Wall time on every platform the runtime runs on: std's `Instant::now`
+//! panics on `wasm32-unknown-unknown`, so a [`Clock`] reads the `web-time`
+//! crate's instant, which is std's natively and `performance.now()` in a
+//! browser (the page, its worker, Deno).
 
 use std::time::Duration;
 
 /// A started clock.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
-    #[cfg(not(target_arch = "wasm32"))]
-    start: std::time::Instant,
+    start: web_time::Instant,
 }
 
 impl Clock {
     /// Starts a clock now.
     pub fn start() -> Clock {
         Clock {
-            #[cfg(not(target_arch = "wasm32"))]
-            start: std::time::Instant::now(),
+            start: web_time::Instant::now(),
         }
     }
 
-    /// Time since [`Clock::start`] (zero in a browser).
+    /// Time since [`Clock::start`].
     pub fn elapsed(&self) -> Duration {
-        #[cfg(not(target_arch = "wasm32"))]
-        return self.start.elapsed();
-        #[cfg(target_arch = "wasm32")]
-        Duration::ZERO
+        self.start.elapsed()
     }
 }

@@ -38,7 +38,7 @@ pub mod sampling;
 pub mod session;
 pub mod variant;
 
-pub use ahead::{AheadDecoder, DECODE_BATCH};
+pub use ahead::{AheadDecoder, DECODE_BATCH, DECODE_BATCH_MOST};
 pub use clock::Clock;
 pub use device::{AdapterSummary, Gpu};
 pub use error::RuntimeError;
@@ -68,7 +68,7 @@ mod tests {
             send(session.read_logits());
             send(session.sync());
             send(session.profile(&[1]));
-            send(session.decode_on_gpu(1, &[], DECODE_BATCH, |_| true));
+            send(session.decode_on_gpu(1, &[], (DECODE_BATCH, DECODE_BATCH), |_| true));
         }
         let _ = futures as fn(&PlanFile, &mut Session);
     }

@@ -228,8 +228,7 @@ pub struct SessionOptions {
 }
 
 /// Where the time of [`Session::open`] went, and what the pipeline cache
-/// did. Durations read zero in a browser (std has no clock on
-/// `wasm32-unknown-unknown`).
+/// did.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LoadReport {
     /// Opening the device (zero when the process had one open already:
@@ -251,32 +250,24 @@ pub struct LoadReport {
     pub pipeline_threads: usize,
 }
 
-/// Wall time between laps, where the platform has a clock: std has none on
-/// `wasm32-unknown-unknown`, where every lap reads zero.
+/// Wall time between laps.
 struct Stopwatch {
-    #[cfg(not(target_arch = "wasm32"))]
-    last: std::time::Instant,
+    last: web_time::Instant,
 }
 
 impl Stopwatch {
     fn start() -> Stopwatch {
         Stopwatch {
-            #[cfg(not(target_arch = "wasm32"))]
-            last: std::time::Instant::now(),
+            last: web_time::Instant::now(),
         }
     }
 
     /// Time since the start or the previous lap.
     fn lap(&mut self) -> Duration {
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            let now = std::time::Instant::now();
-            let d = now - self.last;
-            self.last = now;
-            d
-        }
-        #[cfg(target_arch = "wasm32")]
-        Duration::ZERO
+        let now = web_time::Instant::now();
+        let d = now - self.last;
+        self.last = now;
+        d
     }
 }
 
