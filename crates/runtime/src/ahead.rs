@@ -23,6 +23,7 @@
 //! the end, so the session's position is set back to just after the last
 //! token kept, and the output is exactly what step-by-step decoding gives.
 
+use crate::clock::Clock;
 use crate::error::RuntimeError;
 use crate::sampling::SamplingParams;
 use crate::session::Session;
@@ -83,8 +84,8 @@ pub struct AheadDecoder {
     /// came back within [`GROW_WHILE_UNDER`], up to `most`.
     batch: usize,
     most: usize,
-    /// When the last batch came back (or decoding started).
-    last_back: web_time::Instant,
+    /// Started when the last batch came back (or decoding started).
+    since_back: Clock,
     /// Tokens encoded so far (returned or in flight).
     encoded: usize,
     queue: std::collections::VecDeque<InFlight>,
@@ -129,7 +130,7 @@ impl AheadDecoder {
             max_new,
             batch,
             most,
-            last_back: web_time::Instant::now(),
+            since_back: Clock::start(),
             encoded: 0,
             queue: Default::default(),
             next_slot: 0,
@@ -167,11 +168,10 @@ impl AheadDecoder {
                 bytemuck::cast_slice::<u8, u32>(&bytes[..b.tokens * 4]).to_vec()
             })
             .await?;
-        let now = web_time::Instant::now();
-        if now - self.last_back < GROW_WHILE_UNDER {
+        if self.since_back.elapsed() < GROW_WHILE_UNDER {
             self.batch = (2 * self.batch).min(self.most);
         }
-        self.last_back = now;
+        self.since_back = Clock::start();
         Ok(tokens)
     }
 
