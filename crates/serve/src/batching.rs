@@ -177,6 +177,9 @@ fn finish(
     let events = running.get(&id).map(|r| r.events.clone());
     let stats = end(batch, id, running, metrics);
     crate::worker::log_finished(&stats, reason);
+    // Counted before the client hears the end, so a scrape that follows the
+    // answer sees it.
+    report(running, metrics);
     if let Some(events) = events {
         let _ = events.send(Event::Finished { reason, stats });
     }
@@ -191,11 +194,7 @@ fn end(
 ) -> GenerationStats {
     running.remove(&id);
     let stats = batch.remove(id).map(|(_, stats)| stats).unwrap_or_default();
-    let model = batch.model();
-    let held: Vec<usize> = (0..model.session().slots())
-        .map(|s| model.slot_tokens(s).len())
-        .collect();
-    metrics.finished(&stats, &held);
+    crate::worker::count_finished(batch.model(), &stats, metrics);
     stats
 }
 

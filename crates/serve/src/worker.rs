@@ -162,18 +162,9 @@ impl Worker {
                     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
                         run_job(&mut model, job, &metrics)
                     }));
-                    match ran {
-                        Ok(Some(stats)) => {
-                            let slots = model.session().slots();
-                            let held: Vec<usize> =
-                                (0..slots).map(|s| model.slot_tokens(s).len()).collect();
-                            metrics.finished(&stats, &held);
-                        }
-                        Ok(None) => {}
-                        Err(_) => {
-                            tracing::error!("a request panicked; the KV cache is cleared");
-                            model.clear_cache();
-                        }
+                    if ran.is_err() {
+                        tracing::error!("a request panicked; the KV cache is cleared");
+                        model.clear_cache();
                     }
                     metrics.running(0);
                     if let Some(why) = model.session().gpu().lost() {
@@ -327,11 +318,20 @@ pub(crate) fn log_finished(stats: &GenerationStats, reason: FinishReason) {
     );
 }
 
-/// Runs one job to its end, or until its client is gone.
-fn run_job(model: &mut Model, job: Job, metrics: &Metrics) -> Option<GenerationStats> {
+/// Counts a request that ended in `metrics`, with what each slot's cache
+/// holds after it.
+pub(crate) fn count_finished(model: &Model, stats: &GenerationStats, metrics: &Metrics) {
+    let held: Vec<usize> = (0..model.session().slots())
+        .map(|s| model.slot_tokens(s).len())
+        .collect();
+    metrics.finished(stats, &held);
+}
+
+/// Runs one job to its end, or until its client is gone, and counts it.
+fn run_job(model: &mut Model, job: Job, metrics: &Metrics) {
     if job.events.is_closed() {
         tracing::info!("skipped a queued request: its client disconnected");
-        return None;
+        return;
     }
     let prompt = match &job.prompt {
         PromptInput::Chat(messages) => model.encode_chat(messages),
@@ -342,24 +342,27 @@ fn run_job(model: &mut Model, job: Job, metrics: &Metrics) -> Option<GenerationS
         Ok(p) => p,
         Err(e) => {
             let _ = job.events.send(Event::Rejected(e));
-            return None;
+            return;
         }
     };
     let mut generation = match model.generate(&prompt, &job.settings) {
         Ok(g) => g,
         Err(e) => {
             let _ = job.events.send(Event::Rejected(e));
-            return None;
+            return;
         }
     };
     if let Some(c) = job.constraint {
         if let Err(e) = generation.constrain(Box::new(c)) {
             let _ = job.events.send(Event::Failed(e.to_string()));
-            return None;
+            return;
         }
     }
     if job.events.send(Event::Started).is_err() {
-        return Some(generation.stats());
+        let stats = generation.stats();
+        drop(generation);
+        count_finished(model, &stats, metrics);
+        return;
     }
     let mut first = true;
     while let Some(piece) = pollster::block_on(generation.next()) {
@@ -372,22 +375,28 @@ fn run_job(model: &mut Model, job: Job, metrics: &Metrics) -> Option<GenerationS
             Err(e) => {
                 tracing::error!("generation failed: {e}");
                 let _ = job.events.send(Event::Failed(e.to_string()));
-                return None;
+                return;
             }
         };
         if job.events.send(event).is_err() {
             generation.cancel();
             let stats = generation.stats();
+            drop(generation);
+            count_finished(model, &stats, metrics);
             tracing::info!(
                 "client disconnected: generation cancelled after {} tokens",
                 stats.generated_tokens
             );
-            return Some(stats);
+            return;
         }
     }
     let stats = generation.stats();
     let reason = generation.finish_reason().unwrap_or(FinishReason::Stop);
+    drop(generation);
     log_finished(&stats, reason);
+    // Counted before the client hears the end, so a scrape that follows the
+    // answer sees it.
+    count_finished(model, &stats, metrics);
+    metrics.running(0);
     let _ = job.events.send(Event::Finished { reason, stats });
-    Some(stats)
 }
