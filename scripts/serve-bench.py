@@ -9,6 +9,8 @@ aggregate decode tok/s, their ratio, the time to first token of the concurrent r
 and whether every concurrent answer equals its solo answer (exit 1 if not). Standard library only.
 
     python3 scripts/serve-bench.py --bin target/release/gerbil-run --plan model.plan --clients 16 --tokens 128
+
+`--serve-arg=ARG` (repeatable) passes ARG to `serve`, e.g. `--serve-arg=--tensor-cores`.
 """
 
 import argparse
@@ -21,9 +23,10 @@ import time
 import urllib.request
 
 
-def start_server(binary, plan, clients):
+def start_server(binary, plan, clients, extra):
     proc = subprocess.Popen(
-        [binary, plan, "serve", "--port", "0", "--slots", str(clients), "--max-queue", str(4 * clients)],
+        [binary, plan, "serve", "--port", "0", "--slots", str(clients), "--max-queue", str(4 * clients),
+         *extra],
         stderr=subprocess.PIPE,
         text=True,
     )
@@ -62,8 +65,10 @@ def main():
     p.add_argument("--plan", required=True)
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--serve-arg", action="append", default=[],
+                   help="one more argument of `serve` (repeatable), e.g. --serve-arg=--tensor-cores")
     a = p.parse_args()
-    proc, port = start_server(a.bin, a.plan, a.clients)
+    proc, port = start_server(a.bin, a.plan, a.clients, a.serve_arg)
     try:
         completion(port, -1, 8)  # warm-up: pipelines, caches
         t = time.monotonic()

@@ -11,6 +11,7 @@
 # plan's f16 logits against transformers, and for each plan runs
 #   gerbil-run PLAN bench --precision f16 --prompt-tokens 16 --new-tokens 128 --batch $BATCH --repeats 3 --json
 #   python3 scripts/serve-bench.py --plan PLAN --clients $BATCH --tokens 128     (16 clients, 128-token answers)
+# RUN_FLAGS (e.g. "--tensor-cores") go to both `bench` and `serve`.
 # Writes the JSON and logs to $OUT (or /tmp/gerbil-batch) and prints one markdown table.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
@@ -22,6 +23,9 @@ mkdir -p "$out"
 bin=.device/bin
 batch=${BATCH:-16}
 quants=${QUANTS:-q4_0}
+read -r -a run_flags <<< "${RUN_FLAGS:-}"
+serve_args=()
+for f in "${run_flags[@]}"; do serve_args+=("--serve-arg=$f"); done
 status=0
 echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 if [ -x $bin/e2e ] && [ -z "${SKIP_TESTS:-}" ]; then
@@ -47,9 +51,9 @@ for cfg in "${shapes[@]}"; do
             tail -1 "$out/check-$name-f16.log"
         fi
         $bin/gerbil-run "$plan" bench --precision f16 --prompt-tokens 16 --new-tokens 128 --batch "$batch" \
-            --repeats 3 --json > "$out/bench-$name-$w.json" 2> "$out/bench-$name-$w.log" || status=1
+            --repeats 3 --json "${run_flags[@]}" > "$out/bench-$name-$w.json" 2> "$out/bench-$name-$w.log" || status=1
         python3 scripts/serve-bench.py --bin $bin/gerbil-run --plan "$plan" --clients "$batch" --tokens 128 \
-            > "$out/serve-$name-$w.json" 2> "$out/serve-$name-$w.log" || status=1
+            "${serve_args[@]}" > "$out/serve-$name-$w.json" 2> "$out/serve-$name-$w.log" || status=1
         rows+=("$name $w")
     done
 done

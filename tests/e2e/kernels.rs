@@ -2362,10 +2362,14 @@ fn gemm_coop_matches_reference() {
         gerbil_e2e::kernel_harness::has_cooperative_matrix(),
         "this device has no cooperative matrices (16x16x16 f16 -> f32): run this test on a GPU with tensor cores"
     );
-    let cases = coop_cases()
-        .into_iter()
-        .enumerate()
-        .flat_map(|(i, c)| [(c, coop_gemm(&c, 2 * i)), (c, coop_gemm(&c, 2 * i + 1))]);
+    let cases = coop_cases().into_iter().enumerate().flat_map(|(i, c)| {
+        let b = batch_case(&c, i);
+        [
+            (c, coop_gemm(&c, 2 * i)),
+            (c, coop_gemm(&c, 2 * i + 1)),
+            (b, coop_batch_gemm(&b, i)),
+        ]
+    });
     check_all(cases, |(c, g)| {
         check_coop(
             c,
@@ -2380,6 +2384,21 @@ fn gemm_coop_matches_reference() {
 /// tiles, the partial sums sized for a few more rows than `c` has.
 fn coop_gemm(c: &MatMulCase, i: usize) -> CoopGemm {
     let tiles = CoopTile::CANDIDATES;
+    coop_split(c, tiles[i % tiles.len()], i / tiles.len())
+}
+
+/// Case `c` as a batch step: 1 to 16 rows (by `i`).
+fn batch_case(c: &MatMulCase, i: usize) -> MatMulCase {
+    MatMulCase {
+        t: 1 + (i as u32 * 5) % 16,
+        ..*c
+    }
+}
+
+/// The `i`-th of the batch-step tensor-core configurations: every
+/// [`CoopTile::BATCH`] tile in turn, K split 1, 2 or 3 ways.
+fn coop_batch_gemm(c: &MatMulCase, i: usize) -> CoopGemm {
+    let tiles = CoopTile::BATCH;
     coop_split(c, tiles[i % tiles.len()], i / tiles.len())
 }
 
@@ -2585,10 +2604,13 @@ fn check_emulated(keep: impl Fn(&MatMulCase) -> bool) {
     // Only the 64-row blocks: lavapipe computes NaN in the emulation of the
     // 128-row ones (8 or 16 emulated accumulators per subgroup), which pass
     // for real on the H100 (`gemm_coop_matches_reference`).
-    let tiled = cases
-        .into_iter()
-        .enumerate()
-        .map(|(i, c)| (c, coop_split(&c, CoopTile::new(2, 2, 2, 2, 32), i)));
+    let tiled = cases.into_iter().enumerate().flat_map(|(i, c)| {
+        let b = batch_case(&c, i);
+        [
+            (c, coop_split(&c, CoopTile::new(2, 2, 2, 2, 32), i)),
+            (b, coop_batch_gemm(&b, i)),
+        ]
+    });
     let cost = |(c, g): &(MatMulCase, CoopGemm)| {
         let src = kernels::gemm_coop::kernel(matmul_spec(c), *g);
         let (bm, bn) = (g.tile.bm(), g.tile.bn());

@@ -223,53 +223,74 @@ impl Lowering<'_> {
                 } else {
                     self.max_tokens
                 };
-                let (source, template) = match phase {
-                    Phase::Batch
-                        if rows == Rows::Tokens
-                            && variant.features.contains(&Feature::Subgroups) =>
-                    {
-                        let br = gemv_batch::rows_per_group(step_rows);
-                        (gemv_batch::kernel(&spec, br), MatMulTemplate::GemvBatch)
-                    }
-                    Phase::Prefill(_) | Phase::Batch
-                        if rows == Rows::Tokens
-                            && variant.features.contains(&Feature::CooperativeMatrix) =>
-                    {
-                        let gemm = CoopGemm::choose(
-                            spec.n,
-                            spec.k,
-                            glu.is_some(),
-                            step_rows,
-                            workgroup_bytes,
-                        );
-                        (gemm_coop::kernel(spec, gemm), MatMulTemplate::GemmCoop)
-                    }
-                    Phase::Prefill(_) | Phase::Batch if rows == Rows::Tokens && !last_row => {
-                        let shape = GemmShape {
-                            k: spec.k,
-                            n: spec.n,
-                            glu: glu.is_some(),
-                            wdtype: spec.wdtype,
-                        };
-                        let tile = tile_for(self.gemm_tiles, shape, step_rows, workgroup_bytes);
-                        let template = MatMulTemplate::Gemm { tile: tile.tag() };
-                        (gemm::kernel(&spec, tile), template)
-                    }
-                    Phase::Prefill(_) | Phase::Batch => {
-                        (matmul::kernel(spec), MatMulTemplate::Rows)
-                    }
-                    Phase::Decode => {
-                        let reduce = if variant.features.contains(&Feature::Subgroups) {
-                            Reduce::Subgroup
-                        } else {
-                            Reduce::Workgroup
-                        };
-                        let dots = if variant.int8_dots {
-                            Dots::Int8
-                        } else {
-                            Dots::Float
-                        };
-                        (gemv::kernel(&spec, reduce, dots), MatMulTemplate::Gemv)
+                // Batch steps take tensor cores for dense weights wide
+                // enough to fill the GPU (dequantizing while staging a
+                // tile costs more than gemv_batch's registers).
+                let batch_coop = (batch
+                    && rows == Rows::Tokens
+                    && !spec.wdtype.is_quantized()
+                    && variant.features.contains(&Feature::CooperativeMatrix))
+                .then(|| {
+                    CoopGemm::choose_batch(
+                        spec.n,
+                        spec.k,
+                        glu.is_some(),
+                        step_rows,
+                        workgroup_bytes,
+                    )
+                })
+                .flatten();
+                let (source, template) = if let Some(gemm) = batch_coop {
+                    (gemm_coop::kernel(spec, gemm), MatMulTemplate::GemmCoop)
+                } else {
+                    match phase {
+                        Phase::Batch
+                            if rows == Rows::Tokens
+                                && variant.features.contains(&Feature::Subgroups) =>
+                        {
+                            let br = gemv_batch::rows_per_group(step_rows);
+                            (gemv_batch::kernel(&spec, br), MatMulTemplate::GemvBatch)
+                        }
+                        Phase::Prefill(_) | Phase::Batch
+                            if rows == Rows::Tokens
+                                && variant.features.contains(&Feature::CooperativeMatrix) =>
+                        {
+                            let gemm = CoopGemm::choose(
+                                spec.n,
+                                spec.k,
+                                glu.is_some(),
+                                step_rows,
+                                workgroup_bytes,
+                            );
+                            (gemm_coop::kernel(spec, gemm), MatMulTemplate::GemmCoop)
+                        }
+                        Phase::Prefill(_) | Phase::Batch if rows == Rows::Tokens && !last_row => {
+                            let shape = GemmShape {
+                                k: spec.k,
+                                n: spec.n,
+                                glu: glu.is_some(),
+                                wdtype: spec.wdtype,
+                            };
+                            let tile = tile_for(self.gemm_tiles, shape, step_rows, workgroup_bytes);
+                            let template = MatMulTemplate::Gemm { tile: tile.tag() };
+                            (gemm::kernel(&spec, tile), template)
+                        }
+                        Phase::Prefill(_) | Phase::Batch => {
+                            (matmul::kernel(spec), MatMulTemplate::Rows)
+                        }
+                        Phase::Decode => {
+                            let reduce = if variant.features.contains(&Feature::Subgroups) {
+                                Reduce::Subgroup
+                            } else {
+                                Reduce::Workgroup
+                            };
+                            let dots = if variant.int8_dots {
+                                Dots::Int8
+                            } else {
+                                Dots::Float
+                            };
+                            (gemv::kernel(&spec, reduce, dots), MatMulTemplate::Gemv)
+                        }
                     }
                 };
                 let op = KernelOp::MatMul {

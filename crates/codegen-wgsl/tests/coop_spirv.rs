@@ -90,10 +90,12 @@ fn specs() -> Vec<MatMulSpec> {
 }
 
 /// Every tile, unsplit and (where the K tiles allow) split in two, for up
-/// to 100 rows.
+/// to 100 rows (the batch tiles for up to 16).
 fn gemms(s: &MatMulSpec) -> impl Iterator<Item = CoopGemm> {
     let k = s.k;
-    CoopTile::CANDIDATES.into_iter().flat_map(move |tile| {
+    let tiles = CoopTile::CANDIDATES.into_iter().map(|t| (t, 100));
+    let batch = CoopTile::BATCH.into_iter().map(|t| (t, 16));
+    tiles.chain(batch).flat_map(move |(tile, max_rows)| {
         let split = if k.div_ceil(tile.bk).is_multiple_of(2) {
             2
         } else {
@@ -102,9 +104,41 @@ fn gemms(s: &MatMulSpec) -> impl Iterator<Item = CoopGemm> {
         [1, split].map(|splits| CoopGemm {
             tile,
             splits,
-            max_rows: 100,
+            max_rows,
         })
     })
+}
+
+/// Batch steps take tensor cores where the batch tiles fill the GPU: every
+/// matmul of the Llama-3.2-1B shape, none of SmolLM2-135M's.
+#[test]
+fn batch_steps_take_tensor_cores_only_for_wide_matmuls() {
+    let choose = |n, k, glu| CoopGemm::choose_batch(n, k, glu, 16, TENSOR_WORKGROUP_STORAGE);
+    // (n, k, gated): q/k/v, o, gate/up, down, the LM head.
+    let llama_1b = [
+        (3072, 2048, false),
+        (2048, 2048, false),
+        (8192, 2048, true),
+        (2048, 8192, false),
+        (128_256, 2048, false),
+    ];
+    for (n, k, glu) in llama_1b {
+        let g = choose(n, k, glu).unwrap_or_else(|| panic!("{n}x{k}: no batch tile"));
+        assert_eq!(g.tile.bm(), 16, "{n}x{k}: {g:?}");
+        assert!(CoopTile::BATCH.contains(&g.tile), "{n}x{k}: {g:?}");
+        assert!(
+            k.div_ceil(g.tile.bk).is_multiple_of(g.splits),
+            "{n}x{k}: {g:?}"
+        );
+    }
+    for (n, k, glu) in [
+        (960, 576, false),
+        (576, 576, false),
+        (1536, 576, true),
+        (576, 1536, false),
+    ] {
+        assert_eq!(choose(n, k, glu), None, "{n}x{k}");
+    }
 }
 
 #[test]

@@ -1,6 +1,8 @@
 //! `gemm_coop`: the prefill matmul of a [`MatMulSpec`] with `T` rows on
 //! tensor cores, through wgpu's experimental cooperative matrices
-//! (`enable wgpu_cooperative_matrix;`, 16×16×16 f16 × f16 → f32).
+//! (`enable wgpu_cooperative_matrix;`, 16×16×16 f16 × f16 → f32); also a
+//! batch step's matmul of dense weights wide enough to fill the GPU, in
+//! blocks one accumulator (16 rows) tall ([`CoopGemm::choose_batch`]).
 //!
 //! A workgroup computes a `BM × BN` block of `y` (`BM` tokens by `BN`
 //! staged weight rows) with a grid of subgroups, each owning `FM × FN`
@@ -81,6 +83,8 @@ const MAX_SPLITS: u32 = 8;
 /// Fewest K tiles per split: shorter ones spend more on the partial sums
 /// than they gain in workgroups.
 const MIN_SPLIT_TILES: u32 = 16;
+/// Fewest K tiles per split of a batch step's matmul.
+const MIN_BATCH_SPLIT_TILES: u32 = 4;
 
 impl CoopTile {
     /// The tiles codegen picks from, largest block first.
@@ -90,6 +94,14 @@ impl CoopTile {
         CoopTile::new(2, 2, 4, 4, 32),
         CoopTile::new(2, 2, 2, 4, 32),
         CoopTile::new(2, 2, 2, 2, 32),
+    ];
+
+    /// The tiles of batch steps ([`CoopGemm::choose_batch`]): one 16-row
+    /// accumulator tall, as a step's rows are at most a few sequences'.
+    pub const BATCH: [CoopTile; 3] = [
+        CoopTile::new(1, 4, 1, 2, 64),
+        CoopTile::new(1, 4, 1, 1, 64),
+        CoopTile::new(1, 4, 1, 1, 32),
     ];
 
     /// A tile of `warps_m × warps_n` subgroups with `frags_m × frags_n`
@@ -174,42 +186,136 @@ impl CoopGemm {
     /// where the blocks alone are too few; else the tile giving the most
     /// workgroups, unsplit.
     pub fn choose(n: u32, k: u32, glu: bool, max_rows: u32, max_workgroup_bytes: u32) -> Self {
-        let fitting: Vec<CoopTile> = CoopTile::CANDIDATES
-            .into_iter()
-            .filter(|t| t.workgroup_bytes() <= max_workgroup_bytes)
-            .collect();
-        let out = |t: &CoopTile| if glu { t.bn() / 2 } else { t.bn() };
-        let groups = |t: &CoopTile| REF_ROWS.div_ceil(t.bm()) * n.div_ceil(out(t));
+        let shape = Shape {
+            n,
+            k,
+            glu,
+            max_rows,
+        };
+        let tiles = &CoopTile::CANDIDATES;
+        shape
+            .filling(tiles, REF_ROWS, MIN_SPLIT_TILES, max_workgroup_bytes)
+            .unwrap_or_else(|| shape.most_groups(tiles, REF_ROWS, max_workgroup_bytes))
+    }
+
+    /// As [`choose`](Self::choose) for a batch step of at most `max_rows`
+    /// rows: the first [`CoopTile::BATCH`] tile that gives
+    /// [`TARGET_GROUPS`] workgroups at `max_rows` rows, splitting K down to
+    /// [`MIN_BATCH_SPLIT_TILES`] tiles a split (a batch step's few rows make
+    /// each tile cheap). `None` where none does: such a matmul is too
+    /// narrow for tensor cores to pay in a batch step, and its caller keeps
+    /// [`gemv_batch`](super::gemv_batch) (an H200, 16-row steps: the
+    /// Llama-3.2-1B shape's matmuls, 256–384 workgroups, took 3.4 ms on
+    /// tensor cores against 7.5; SmolLM2's 576–1,536-wide ones, 48–120
+    /// workgroups, 4.6 against 3.3).
+    pub fn choose_batch(
+        n: u32,
+        k: u32,
+        glu: bool,
+        max_rows: u32,
+        max_workgroup_bytes: u32,
+    ) -> Option<Self> {
+        let shape = Shape {
+            n,
+            k,
+            glu,
+            max_rows,
+        };
+        let rows = max_rows.max(1);
+        shape.filling(
+            &CoopTile::BATCH,
+            rows,
+            MIN_BATCH_SPLIT_TILES,
+            max_workgroup_bytes,
+        )
+    }
+}
+
+/// The matmul [`CoopGemm`] picks a tile for.
+#[derive(Clone, Copy)]
+struct Shape {
+    n: u32,
+    k: u32,
+    glu: bool,
+    max_rows: u32,
+}
+
+impl Shape {
+    /// Output columns of one block of `t` (a gated block stages both halves).
+    fn outputs(&self, t: &CoopTile) -> u32 {
+        if self.glu {
+            t.bn() / 2
+        } else {
+            t.bn()
+        }
+    }
+
+    /// Workgroups of `t` unsplit at `ref_rows` rows.
+    fn groups(&self, t: &CoopTile, ref_rows: u32) -> u32 {
+        ref_rows.div_ceil(t.bm()) * self.n.div_ceil(self.outputs(t))
+    }
+
+    /// The first of `candidates` within `max_workgroup_bytes` that gives
+    /// [`TARGET_GROUPS`] workgroups at `ref_rows` rows, splitting K into up
+    /// to [`MAX_SPLITS`] parts of at least `min_split_tiles` tiles where the
+    /// blocks alone are too few.
+    fn filling(
+        &self,
+        candidates: &[CoopTile],
+        ref_rows: u32,
+        min_split_tiles: u32,
+        max_workgroup_bytes: u32,
+    ) -> Option<CoopGemm> {
         // The partial sums of `s` splits, in bytes (at most 1 GiB).
         let partials = |t: &CoopTile, s: u32| {
             u64::from(s)
-                * u64::from(max_rows.max(1).div_ceil(t.bm()) * t.bm())
-                * u64::from(n.div_ceil(out(t)) * t.bn())
+                * u64::from(self.max_rows.max(1).div_ceil(t.bm()) * t.bm())
+                * u64::from(self.n.div_ceil(self.outputs(t)) * t.bn())
                 * 4
         };
         let split = |t: &CoopTile| {
-            let kt = k.div_ceil(t.bk);
+            let kt = self.k.div_ceil(t.bk);
             (1..=MAX_SPLITS).find(|&s| {
-                groups(t) * s >= TARGET_GROUPS
+                self.groups(t, ref_rows) * s >= TARGET_GROUPS
                     && kt.is_multiple_of(s)
-                    && (s == 1 || (kt / s >= MIN_SPLIT_TILES && partials(t, s) <= 1 << 30))
+                    && (s == 1 || (kt / s >= min_split_tiles && partials(t, s) <= 1 << 30))
             })
         };
-        let (tile, splits) = fitting
+        candidates
             .iter()
-            .find_map(|t| split(t).map(|s| (*t, s)))
-            .or_else(|| fitting.iter().max_by_key(|t| groups(t)).map(|t| (*t, 1)))
-            .unwrap_or((CoopTile::CANDIDATES[CoopTile::CANDIDATES.len() - 1], 1));
+            .filter(|t| t.workgroup_bytes() <= max_workgroup_bytes)
+            .find_map(|t| split(t).map(|splits| self.gemm(*t, splits)))
+    }
+
+    /// The tile of `candidates` within `max_workgroup_bytes` giving the
+    /// most workgroups at `ref_rows` rows, unsplit (the last candidate when
+    /// none fits).
+    fn most_groups(
+        &self,
+        candidates: &[CoopTile],
+        ref_rows: u32,
+        max_workgroup_bytes: u32,
+    ) -> CoopGemm {
+        let tile = candidates
+            .iter()
+            .filter(|t| t.workgroup_bytes() <= max_workgroup_bytes)
+            .max_by_key(|t| self.groups(t, ref_rows))
+            .unwrap_or(&candidates[candidates.len() - 1]);
+        self.gemm(*tile, 1)
+    }
+
+    fn gemm(&self, tile: CoopTile, splits: u32) -> CoopGemm {
         CoopGemm {
             tile,
             splits,
-            max_rows,
+            max_rows: self.max_rows,
         }
     }
 }
 
 /// Builds the kernel. `s.rows` must be [`super::Rows::Tokens`] (lowering
-/// picks this template only for prefill matmuls over the step's tokens).
+/// picks this template only for prefill and batch-step matmuls over the
+/// step's tokens).
 pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
     let glu = s.glu.is_some();
     let t = g.tile;

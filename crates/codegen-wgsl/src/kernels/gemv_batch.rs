@@ -3,7 +3,10 @@
 //! per sequence decoding together, [`Phase::Batch`](crate::lower::Phase::Batch)),
 //! with every option of [`MatMulSpec`] but `last_row`: bias, gated
 //! epilogue, weight row shards, RMSNorm prologue, residual epilogue. The
-//! lowering picks it for batch-step matmuls of variants with subgroups.
+//! lowering picks it for batch-step matmuls of variants with subgroups,
+//! but for those a variant with tensor cores runs on them
+//! ([`CoopGemm::choose_batch`](super::gemm_coop::CoopGemm::choose_batch):
+//! dense weights wide enough to fill the GPU).
 //!
 //! It is the decode [`gemv`](super::gemv) with `BR` rows of `x` instead of
 //! one: a workgroup computes `R` consecutive outputs for `BR` rows, its
