@@ -82,6 +82,7 @@ async function askServer(messages, settings) {
     const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
     let buffered = "";
     let usage = null;
+    let timings = null;
     let finish = null;
     try {
         for (;;) {
@@ -100,6 +101,7 @@ async function askServer(messages, settings) {
                     if (choice?.delta?.content) addText(choice.delta.content);
                     if (choice?.finish_reason) finish = choice.finish_reason;
                     if (chunk.usage) usage = chunk.usage;
+                    if (chunk.timings) timings = chunk.timings;
                 }
             }
         }
@@ -109,6 +111,8 @@ async function askServer(messages, settings) {
     }
     finished({
         generated_tokens: usage?.completion_tokens,
+        // The server's own rate: its tokens arrive here in bursts.
+        decode_tok_s: timings?.predicted_n > 1 ? timings.predicted_per_second : undefined,
         cached_tokens: usage?.prompt_tokens_details?.cached_tokens,
         prompt_tokens: usage?.prompt_tokens,
         finish_reason: finish,

@@ -587,6 +587,7 @@ impl Envelope {
             "model": self.model,
             "choices": [choice],
             "usage": usage(stats),
+            "timings": timings(stats),
         })
     }
 
@@ -621,9 +622,11 @@ impl Envelope {
     }
 
     /// The chunk after the last one when the client asked for
-    /// `stream_options.include_usage`: no choices, the usage.
+    /// `stream_options.include_usage`: no choices, the usage and timings.
     pub fn usage_chunk(&self, stats: &GenerationStats) -> Value {
-        self.chunk_with(json!([]), usage(stats))
+        let mut v = self.chunk_with(json!([]), usage(stats));
+        v["timings"] = timings(stats);
+        v
     }
 
     fn chunk_with(&self, choices: Value, usage: Value) -> Value {
@@ -695,6 +698,22 @@ fn usage(stats: &GenerationStats) -> Value {
         "completion_tokens": stats.generated_tokens,
         "total_tokens": stats.prompt_tokens + stats.generated_tokens,
         "prompt_tokens_details": {"cached_tokens": stats.cached_tokens},
+    })
+}
+
+/// `timings`, as llama-server names them: the prompt tokens run and the
+/// tokens generated, their milliseconds and rates, and the prompt tokens
+/// the cache held. A client cannot time the decode itself: tokens reach it
+/// in bursts (decode-ahead sends a batch of steps' tokens at once).
+fn timings(stats: &GenerationStats) -> Value {
+    json!({
+        "cache_n": stats.cached_tokens,
+        "prompt_n": stats.prompt_tokens - stats.cached_tokens,
+        "prompt_ms": stats.prefill.as_secs_f64() * 1e3,
+        "prompt_per_second": stats.prefill_tokens_per_second(),
+        "predicted_n": stats.generated_tokens,
+        "predicted_ms": stats.decode.as_secs_f64() * 1e3,
+        "predicted_per_second": stats.decode_tokens_per_second(),
     })
 }
 
@@ -836,16 +855,38 @@ mod tests {
         assert_eq!(last["choices"][0]["finish_reason"], "stop");
         let stats = GenerationStats {
             prompt_tokens: 3,
-            generated_tokens: 2,
-            ..GenerationStats::default()
+            cached_tokens: 1,
+            prefill: std::time::Duration::from_millis(40),
+            generated_tokens: 5,
+            decode: std::time::Duration::from_millis(200),
         };
         let usage = chat.usage_chunk(&stats);
-        assert_eq!(usage["usage"]["total_tokens"], 5);
+        assert_eq!(usage["usage"]["total_tokens"], 8);
         assert_eq!(usage["choices"], json!([]));
+        let t = &usage["timings"];
+        assert_eq!(
+            (t["cache_n"].clone(), t["prompt_n"].clone()),
+            (json!(1), json!(2))
+        );
+        assert_eq!(t["predicted_n"], 5);
+        assert!(
+            (t["prompt_ms"].as_f64().unwrap() - 40.0).abs() < 1e-9,
+            "{t}"
+        );
+        assert!(
+            (t["prompt_per_second"].as_f64().unwrap() - 50.0).abs() < 1e-6,
+            "{t}"
+        );
+        // Four intervals between five tokens in 200 ms.
+        assert!(
+            (t["predicted_per_second"].as_f64().unwrap() - 20.0).abs() < 1e-6,
+            "{t}"
+        );
         let cmpl = Envelope::new(Endpoint::Completion, "m");
         let whole = cmpl.response("abc", &[], "length", &stats);
         assert_eq!(whole["object"], "text_completion");
         assert_eq!(whole["choices"][0]["text"], "abc");
-        assert_eq!(whole["usage"]["completion_tokens"], 2);
+        assert_eq!(whole["usage"]["completion_tokens"], 5);
+        assert_eq!(whole["timings"], usage["timings"]);
     }
 }
