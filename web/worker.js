@@ -57,29 +57,24 @@ async function load(m) {
     post({ type: "loaded", info, cached: source.cached ?? false });
 }
 
-// One answer. Its speed is timed here, as tokens leave the engine: decode tok/s is the tokens
-// after the first over the time from the first to the last (the first comes from the prompt's
-// prefill, timed apart as first_token_ms), so tokens the engine decoded ahead and handed over
-// together still count at the rate the GPU made them.
+// One answer. The time to its first token is timed here, as tokens leave the engine; its decode
+// rate is the engine's own (from the prompt's end to the last token): the engine decodes ahead
+// and hands over a batch of tokens at once, so their arrival times here say nothing of it.
 async function generate(m) {
     if (!engine) throw new Error("no model is loaded");
     const started = performance.now();
     let first = null;
-    let last = null;
     const stats = JSON.parse(
         await engine.generate(
             JSON.stringify(m.request),
             JSON.stringify(m.settings ?? {}),
             (text) => {
-                last = performance.now();
-                first ??= last;
+                first ??= performance.now();
                 if (text) post({ type: "text", text });
             },
         ),
     );
-    const n = stats.generated_tokens;
     if (first !== null) stats.first_token_ms = first - started;
-    if (n > 1 && last > first) stats.decode_tok_s = (n - 1) / ((last - first) / 1000);
     post({ type: "done", stats });
 }
 

@@ -74,7 +74,9 @@ impl Engine {
     /// "text"}` or `{"input_ids": [ids]}`) with `settings` (JSON, see [`PageSettings`]),
     /// calling `on_token(text, id)` with each token generated (`text` is what it makes
     /// printable, often empty). Resolves to JSON stats: the generated ids (`output_ids`),
-    /// prompt, cached and generated tokens, and why it finished.
+    /// prompt, cached and generated tokens, the prompt's and the decode's milliseconds
+    /// (`prefill_ms`, `decode_ms`), the decode rate (`decode_tok_s`, null below two tokens), and
+    /// why it finished.
     pub fn generate(&self, request: String, settings: String, on_token: Function) -> Promise {
         let model = self.model.clone();
         let cancel = self.cancel.clone();
@@ -160,6 +162,9 @@ async fn answer(
         "prompt_tokens": stats.prompt_tokens,
         "cached_tokens": stats.cached_tokens,
         "generated_tokens": stats.generated_tokens,
+        "prefill_ms": stats.prefill.as_secs_f64() * 1e3,
+        "decode_ms": stats.decode.as_secs_f64() * 1e3,
+        "decode_tok_s": (stats.generated_tokens > 1).then(|| stats.decode_tokens_per_second()),
         "finish_reason": finish.name(),
         "seed": resolved.seed,
     })
