@@ -74,6 +74,8 @@ def main():
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--gerbil-run", default="target/release/gerbil-run")
     a = ap.parse_args()
+    if a.runs < 1:
+        sys.exit("--runs must be at least 1")
     env = dict(os.environ, XDG_RUNTIME_DIR=os.environ.get("XDG_RUNTIME_DIR", "/tmp"))
 
     icd = swiftshader_icd()
@@ -123,6 +125,8 @@ def main():
             result.pop("text", None)
             # The first load downloads the plan and compiles pipelines: a warm-up.
             if run > 0:
+                if not result.get("tok_s"):
+                    sys.exit(f"the page gave no decode speed: {result}")
                 speeds.append(result["tok_s"])
             print(json.dumps({"run": run, "warmup": run == 0, **result}), flush=True)
         call(base, "DELETE", f"/session/{session}")

@@ -6,7 +6,8 @@
 # else builds it with `cargo test --no-run`. GERBIL_WEB_SCREENSHOTS=DIR keeps the page's
 # screenshots. Before it, the runtime's tiny-model checks run in the same browser through
 # wasm-bindgen-test (crates/web/tests/browser.rs, which embeds the tiny plans compiled here with
-# the gerbilc the test build made).
+# target/debug/gerbilc: the one the test build made, else one built here; a gerbilc older than the
+# sources it would rebuild from compiles the plans of its own day).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 dist=target/web-dist

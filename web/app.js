@@ -300,7 +300,7 @@ async function runOnce() {
     try {
         const r = await serverOnce(request);
         addText(r.text);
-        finished({ generated_tokens: r.output_ids?.length, prompt_tokens: r.prompt_tokens, finish_reason: r.finish_reason });
+        finished({ generated_tokens: r.output_ids?.length, prompt_tokens: r.prompt_tokens, finish_reason: r.finish_reason, decode_tok_s: r.tok_s });
         writeResult({ output_ids: r.output_ids, text: r.text, prompt_tokens: r.prompt_tokens, tok_s: r.tok_s, adapter: "the server", variant: null });
     } catch (e) {
         abandonAnswer();
@@ -310,11 +310,10 @@ async function runOnce() {
 }
 
 // One answer from the server, whole: /v1/chat/completions for messages, /v1/completions for a
-// prompt or token ids, with the generated ids (return_token_ids). tok_s is the completion's
-// tokens over the request's time (prefill included: the server does not say when it ended).
+// prompt or token ids, with the generated ids (return_token_ids). tok_s is the server's own decode
+// rate (its `timings`), null below two tokens.
 async function serverOnce(request) {
     const chat = request.messages !== undefined;
-    const started = performance.now();
     const response = await fetch(chat ? "/v1/chat/completions" : "/v1/completions", {
         method: "POST",
         headers: { "Content-Type": "application/json", ...authHeaders() },
@@ -328,13 +327,13 @@ async function serverOnce(request) {
     const body = await response.json().catch(() => null);
     if (!response.ok) throw new Error(body?.error?.message ?? `HTTP ${response.status}`);
     const choice = body.choices[0];
-    const seconds = (performance.now() - started) / 1000;
+    const timings = body.timings;
     return {
         text: chat ? choice.message.content ?? "" : choice.text,
         output_ids: choice.token_ids,
         prompt_tokens: body.usage.prompt_tokens,
         finish_reason: choice.finish_reason,
-        tok_s: body.usage.completion_tokens / seconds,
+        tok_s: timings?.predicted_n > 1 ? timings.predicted_per_second : null,
     };
 }
 

@@ -85,7 +85,8 @@ impl VariantSpec {
         }
     }
 
-    /// Prefill matmuls on tensor cores (cooperative matrices), the rest as
+    /// Prefill matmuls on tensor cores (cooperative matrices), and a batch
+    /// step's wide dense ones ([`crate::kernels::gemm_coop::CoopGemm::choose_batch`]), the rest as
     /// [`VariantSpec::subgroups`] at f16: rounding the matmul operands to
     /// f16 is an f16-precision choice, so there is no f32 tensor variant.
     pub fn tensor(prefill_rows_per_workgroup: u32) -> Self {

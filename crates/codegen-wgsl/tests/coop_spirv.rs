@@ -110,19 +110,21 @@ fn gemms(s: &MatMulSpec) -> impl Iterator<Item = CoopGemm> {
 }
 
 /// Batch steps take tensor cores where the batch tiles fill the GPU: every
-/// matmul of the Llama-3.2-1B shape, none of SmolLM2-135M's.
+/// matmul of the Llama-3.2-1B shape, of SmolLM2-135M's only the LM head,
+/// whatever the plan's most rows.
 #[test]
 fn batch_steps_take_tensor_cores_only_for_wide_matmuls() {
     let choose = |n, k, glu| CoopGemm::choose_batch(n, k, glu, 16, TENSOR_WORKGROUP_STORAGE);
     // (n, k, gated): q/k/v, o, gate/up, down, the LM head.
-    let llama_1b = [
+    let tensor_cores = [
         (3072, 2048, false),
         (2048, 2048, false),
         (8192, 2048, true),
         (2048, 8192, false),
         (128_256, 2048, false),
+        (49_152, 576, false),
     ];
-    for (n, k, glu) in llama_1b {
+    for (n, k, glu) in tensor_cores {
         let g = choose(n, k, glu).unwrap_or_else(|| panic!("{n}x{k}: no batch tile"));
         assert_eq!(g.tile.bm(), 16, "{n}x{k}: {g:?}");
         assert!(CoopTile::BATCH.contains(&g.tile), "{n}x{k}: {g:?}");
@@ -138,6 +140,8 @@ fn batch_steps_take_tensor_cores_only_for_wide_matmuls() {
         (576, 1536, false),
     ] {
         assert_eq!(choose(n, k, glu), None, "{n}x{k}");
+        let most = CoopGemm::choose_batch(n, k, glu, 64, TENSOR_WORKGROUP_STORAGE);
+        assert_eq!(most, None, "{n}x{k}, 64 rows");
     }
 }
 

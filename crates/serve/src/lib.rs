@@ -526,7 +526,8 @@ fn refuse_by_size(app: &App, bytes: u64, endpoint: Endpoint) -> Result<(), ApiEr
     };
     Err(ApiError::invalid(
         format!(
-            "the prompt is {bytes} bytes, at least {at_least} tokens (no token of this model stands              for more than {longest} bytes), but the context holds {max} tokens: shorten it"
+            "the prompt is {bytes} bytes, at least {at_least} tokens (no token of this model stands \
+             for more than {longest} bytes), but the context holds {max} tokens: shorten it"
         ),
         Some(param),
     )

@@ -701,14 +701,18 @@ fn usage(stats: &GenerationStats) -> Value {
     })
 }
 
-/// `timings`, as llama-server names them: the prompt tokens run and the
+/// `timings`, with llama-server's names: the prompt tokens run and the
 /// tokens generated, their milliseconds and rates, and the prompt tokens
-/// the cache held. A client cannot time the decode itself: tokens reach it
-/// in bursts (decode-ahead sends a batch of steps' tokens at once).
+/// the cache held. `predicted_ms` runs from the end of the prompt (whose
+/// step chose the first token) to the last token, so `predicted_per_second`
+/// counts the tokens after the first (0 for one token), as `bench` and the
+/// logs do; llama-server counts them all. A client cannot time the decode
+/// itself: tokens reach it in bursts (decode-ahead sends a batch of steps'
+/// tokens at once).
 fn timings(stats: &GenerationStats) -> Value {
     json!({
         "cache_n": stats.cached_tokens,
-        "prompt_n": stats.prompt_tokens - stats.cached_tokens,
+        "prompt_n": stats.prompt_tokens.saturating_sub(stats.cached_tokens),
         "prompt_ms": stats.prefill.as_secs_f64() * 1e3,
         "prompt_per_second": stats.prefill_tokens_per_second(),
         "predicted_n": stats.generated_tokens,

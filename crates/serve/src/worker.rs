@@ -327,7 +327,8 @@ pub(crate) fn count_finished(model: &Model, stats: &GenerationStats, metrics: &M
     metrics.finished(stats, &held);
 }
 
-/// Runs one job to its end, or until its client is gone, and counts it.
+/// Runs one job to its end, or until its client is gone; counts it in
+/// `metrics` when it generated (a rejected or failed job is not counted).
 fn run_job(model: &mut Model, job: Job, metrics: &Metrics) {
     if job.events.is_closed() {
         tracing::info!("skipped a queued request: its client disconnected");

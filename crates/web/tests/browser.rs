@@ -77,12 +77,20 @@ async fn check(session: &mut Session, case: &Case) -> Result<(), String> {
             case.last_logits.len()
         ));
     }
+    // The first NaN difference wins the fold (`!(d <= max)`), so a NaN
+    // logit fails the check.
     let (at, diff) = logits
         .iter()
         .zip(&case.last_logits)
         .map(|(a, b)| (a - b).abs())
         .enumerate()
-        .fold((0, 0.0f32), |m, (i, d)| if d > m.1 { (i, d) } else { m });
+        .fold((0, 0.0f32), |m, (i, d)| {
+            if m.1.is_nan() || d <= m.1 {
+                m
+            } else {
+                (i, d)
+            }
+        });
     if diff.is_nan() || diff > TOL {
         return Err(format!("last logits differ by {diff} at token {at}"));
     }

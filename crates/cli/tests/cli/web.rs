@@ -364,9 +364,9 @@ fn native_greedy(plan: &Path, ids: &str, new: usize) -> Value {
     serde_json::from_str(&stdout(&out)).unwrap()
 }
 
-/// Asks for an answer of 2,000 tokens, presses Stop once its text has
-/// begun, and checks that it ends early, marked cancelled, the page ready
-/// again.
+/// Asks for an answer to the end of the context, presses Stop once its text
+/// has begun, and checks that it ends marked `cancelled` (an answer that
+/// reached its end says `length`), the page ready again.
 fn stop_an_answer(browser: &Browser, prompt: &str) {
     let before = browser.send(prompt, 2000);
     browser.wait_for(
@@ -384,14 +384,6 @@ fn stop_an_answer(browser: &Browser, prompt: &str) {
     let stats = browser.wait_for(&done, Duration::from_secs(120));
     let stats = stats.as_str().unwrap();
     assert!(stats.contains("finished: cancelled"), "{stats}");
-    // The browser's engine counts the tokens; a stream the page cut has
-    // no usage chunk, so the server's answer shows none.
-    let tokens = stats
-        .split_whitespace()
-        .zip(stats.split_whitespace().skip(1))
-        .find(|(_, unit)| unit.starts_with("tokens"))
-        .and_then(|(n, _)| n.parse::<usize>().ok());
-    assert!(tokens.is_none_or(|n| n < 2000), "{stats}");
 }
 
 /// SmolLM2 (its real weights, at q8_0: a 143 MB download; q4_0 changes the
@@ -438,6 +430,11 @@ fn smollm2_in_the_page_gives_the_native_tokens_and_the_reference_answer() {
     let answer = browser.ask(question, 12);
     assert_eq!(answer, "The capital of France is Paris.");
     browser.screenshot("smollm2-server");
+    // Stop cuts the server's answer (a token a second on lavapipe).
+    browser.click("#clear");
+    stop_an_answer(&browser, "Tell me a long story about a gerbil.");
+    browser.click("#clear");
+    assert_eq!(browser.ask(question, 12), answer, "after a stop");
 }
 
 /// The page built by `scripts/web.sh`, from `GERBIL_WEB_DIST`.
@@ -524,14 +521,15 @@ fn the_page_runs_the_plan_in_the_browser_and_answers_as_the_server_does() {
     browser.wait_ready();
     assert_eq!(browser.ask(prompt, 12), expected);
     browser.screenshot("server");
-    // Stop ends a long answer on either engine, and the page answers again.
-    for engine in ["server", "browser"] {
-        browser.open(&format!("{base}/?engine={engine}&plan=/v1/plan"));
-        browser.wait_ready();
-        stop_an_answer(&browser, prompt);
-        browser.click("#clear");
-        assert_eq!(browser.ask(prompt, 12), expected, "{engine}, after a stop");
-    }
+    // Stop ends an answer in the browser (about 17 tokens a second on
+    // SwiftShader, so its ~110 tokens take seconds), and the page answers
+    // again; the SmolLM2 test stops one on the server, which the tiny model
+    // answers too fast to catch.
+    browser.open(&format!("{base}/?engine=browser&plan=/v1/plan"));
+    browser.wait_ready();
+    stop_an_answer(&browser, prompt);
+    browser.click("#clear");
+    assert_eq!(browser.ask(prompt, 12), expected, "after a stop");
     // A plan file picked on the computer, read in place.
     browser.open(&format!("{base}/?engine=browser"));
     browser.choose_file("#plan-file", &plan);

@@ -200,14 +200,15 @@ impl CoopGemm {
 
     /// As [`choose`](Self::choose) for a batch step of at most `max_rows`
     /// rows: the first [`CoopTile::BATCH`] tile that gives
-    /// [`TARGET_GROUPS`] workgroups at `max_rows` rows, splitting K down to
+    /// [`TARGET_GROUPS`] workgroups for one block of 16 rows, splitting K down to
     /// [`MIN_BATCH_SPLIT_TILES`] tiles a split (a batch step's few rows make
     /// each tile cheap). `None` where none does: such a matmul is too
     /// narrow for tensor cores to pay in a batch step, and its caller keeps
     /// [`gemv_batch`](super::gemv_batch) (an H200, 16-row steps: the
-    /// Llama-3.2-1B shape's matmuls, 256–384 workgroups, took 3.4 ms on
-    /// tensor cores against 7.5; SmolLM2's 576–1,536-wide ones, 48–120
-    /// workgroups, 4.6 against 3.3).
+    /// Llama-3.2-1B shape's matmuls, 256–384 workgroups and 1,002 for the LM
+    /// head, took 3.4 ms of GPU time on tensor cores against 7.5; SmolLM2's
+    /// 576–1,536-wide layers, 48–120 workgroups, 3.8 against 2.3, while its
+    /// LM head, 384 workgroups, took 0.09 against 0.29).
     pub fn choose_batch(
         n: u32,
         k: u32,
@@ -221,7 +222,10 @@ impl CoopGemm {
             glu,
             max_rows,
         };
-        let rows = max_rows.max(1);
+        // Counted at one block of rows whatever the plan's most: the
+        // choice was measured on 16-row steps, and a step of fewer rows
+        // launches no more blocks than that.
+        let rows = max_rows.clamp(1, 16);
         shape.filling(
             &CoopTile::BATCH,
             rows,

@@ -4,7 +4,7 @@
 //! with every option of [`MatMulSpec`] but `last_row`: bias, gated
 //! epilogue, weight row shards, RMSNorm prologue, residual epilogue. The
 //! lowering picks it for batch-step matmuls of variants with subgroups,
-//! but for those a variant with tensor cores runs on them
+//! except those a variant with tensor cores runs there instead
 //! ([`CoopGemm::choose_batch`](super::gemm_coop::CoopGemm::choose_batch):
 //! dense weights wide enough to fill the GPU).
 //!
