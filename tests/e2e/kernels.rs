@@ -801,6 +801,36 @@ proptest! {
     }
 }
 
+// ------------------------------------------------------------ matmul_cpu
+
+/// `c` run through the CPU adapters' matmul: the step's tokens
+/// [`TOKENS`](kernels::matmul_cpu::TOKENS) to a thread, fixed rows one.
+fn check_matmul_cpu(c: &MatMulCase) -> Result<(), String> {
+    let tt = match c.rows {
+        Rows::Tokens => kernels::matmul_cpu::TOKENS,
+        Rows::Fixed(_) => 1,
+    };
+    check_matmul_kernel(c, &kernels::matmul_cpu::kernel(&matmul_spec(c), tt))
+}
+
+/// Every gemv case (every option, load width, shard edge and fixed-row
+/// read), and over the step's tokens: `T` below, at and past a thread's
+/// rows of `x`, with `N` short of a thread's outputs and past a workgroup's.
+#[test]
+fn matmul_cpu_matches_reference() {
+    let mut cases = gemv_cases();
+    for (i, t) in [5, 8, 17].into_iter().enumerate() {
+        let base = cases[i * 7];
+        cases.push(MatMulCase {
+            rows: Rows::Tokens,
+            t,
+            last_row: false,
+            ..base
+        });
+    }
+    check_all(cases, check_matmul_cpu);
+}
+
 // ------------------------------------------------------------------ gemm
 
 /// `c` run through the prefill GEMM template with `tile`.
@@ -1158,6 +1188,8 @@ enum QuantCase {
     Gemv(MatMulCase, kernels::gemv::Reduce),
     /// The GEMV with integer dot products ([`check_gemv_int8`]).
     GemvInt8(MatMulCase),
+    /// The CPU adapters' matmul ([`check_matmul_cpu`]).
+    Cpu(MatMulCase),
     Gemm(MatMulCase, GemmTile),
     /// The rows template (prefill's LM head: the last row), which reads
     /// packed pairs.
@@ -1204,6 +1236,8 @@ fn quant_cases() -> Vec<QuantCase> {
                 ..base
             }));
         }
+        // t = 11: a thread's rows of `x` and part of the next.
+        cases.push(QuantCase::Cpu(MatMulCase { t: 11, ..base }));
         cases.push(QuantCase::Gemm(
             MatMulCase { t: 70, ..base },
             gemm_tile(i, glu.is_some()),
@@ -1233,6 +1267,7 @@ fn quantized_weights_match_reference() {
     check_all(quant_cases(), |c| match c {
         QuantCase::Gemv(m, reduce) => check_gemv(m, *reduce),
         QuantCase::GemvInt8(m) => check_gemv_int8(m),
+        QuantCase::Cpu(m) => check_matmul_cpu(m),
         QuantCase::Gemm(m, tile) => check_gemm(m, *tile),
         QuantCase::Rows(m) => check_matmul(m),
         QuantCase::Embedding(e) => check_embedding(e),

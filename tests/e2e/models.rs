@@ -32,11 +32,13 @@ pub(crate) fn session_at(plan: &PlanFile, precision: Precision) -> Session {
     session
 }
 
-/// The facade's model on `plan` (f32 variants), for what generation does.
-fn model_at_f32(plan: &PlanFile) -> Model {
+/// The facade's model on `plan` (f32 variants; the one called `variant`
+/// where given), for what generation does.
+fn model_at_f32(plan: &PlanFile, variant: Option<&str>) -> Model {
     let opts = ModelOptions {
         session: SessionOptions {
             precision: PrecisionChoice::Only(Precision::F32),
+            variant: variant.map(str::to_string),
             ..SessionOptions::default()
         },
         ..ModelOptions::default()
@@ -239,7 +241,10 @@ fn plan_failures(
 ) -> Vec<String> {
     let plan = PlanFile::open(path).expect("open plan");
     let _gpu = gpu_lock();
-    let mut model = model_at_f32(&plan);
+    // A label naming a variant of the plan runs it, else the best f32 one
+    // (on lavapipe the `cpu` variant of a portable plan).
+    let named = plan.header.variants.iter().any(|v| v.name == variant);
+    let mut model = model_at_f32(&plan, named.then_some(variant));
     reference
         .cases
         .iter()
@@ -273,14 +278,20 @@ fn check_tiny_with(
 
 /// Every family against transformers: for each tiny model and each of its
 /// reference inputs (1 and 13 tokens), the prefill's last logits, every
-/// position's logits through the decode path, and 8 greedy tokens.
+/// position's logits through the decode path, and 8 greedy tokens, through
+/// both variants of the default plan: `cpu` (what lavapipe runs by
+/// default) and `portable` (what a browser on a GPU runs).
 #[test]
 fn tiny_models_match_transformers() {
     let mut failures = Vec::new();
     let mut total = 0;
     for &(name, _) in TINY_MODELS {
-        total += tiny_ref(name).cases.len();
-        failures.extend(tiny_failures(name, "chunk 256", |_| {}));
+        let plan = compile_plan(&tiny_model(name), |_| {});
+        let reference = tiny_ref(name);
+        for variant in ["cpu", "portable"] {
+            total += reference.cases.len();
+            failures.extend(plan_failures(name, variant, &plan, &reference, check_case));
+        }
     }
     assert_none_failed(failures, total);
 }

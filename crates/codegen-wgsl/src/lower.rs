@@ -23,6 +23,7 @@ use crate::kernels::{
     gemv::{self, Dots, Reduce},
     gemv_batch,
     matmul::{self, MatMulSpec},
+    matmul_cpu,
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
     rope::{self, RopeSpec},
@@ -240,7 +241,13 @@ impl Lowering<'_> {
                     )
                 })
                 .flatten();
-                let (source, template) = if let Some(gemm) = batch_coop {
+                let (source, template) = if variant.cpu_matmuls {
+                    let tt = match rows {
+                        Rows::Tokens => matmul_cpu::TOKENS,
+                        Rows::Fixed(_) => 1,
+                    };
+                    (matmul_cpu::kernel(&spec, tt), MatMulTemplate::Cpu)
+                } else if let Some(gemm) = batch_coop {
                     (gemm_coop::kernel(spec, gemm), MatMulTemplate::GemmCoop)
                 } else {
                     match phase {

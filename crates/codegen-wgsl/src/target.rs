@@ -63,11 +63,12 @@ pub struct Target {
 
 impl Target {
     /// WebGPU's defaults and no optional feature: runs on every adapter,
-    /// lavapipe and browsers included.
+    /// lavapipe and browsers included; CPU adapters run the `cpu` variant
+    /// of its plans.
     pub fn portable() -> Self {
         Target {
             name: "portable".into(),
-            features: Vec::new(),
+            features: vec![Feature::Cpu],
             subgroups: None,
             limits: Limits::webgpu_default(),
         }

@@ -61,6 +61,7 @@ pub fn validate_with(name: &str, wgsl: &str, features: &[Feature]) -> Result<(),
             Feature::ShaderF16 => naga::valid::Capabilities::SHADER_FLOAT16,
             Feature::Subgroups => naga::valid::Capabilities::SUBGROUP,
             Feature::CooperativeMatrix => naga::valid::Capabilities::COOPERATIVE_MATRIX,
+            Feature::Cpu => naga::valid::Capabilities::empty(),
         };
     }
     check(name, wgsl, caps)

@@ -9,7 +9,12 @@
 //! binds KV caches of its own (half the size), which the runtime allocates
 //! only when it runs that variant.
 //!
-//! Five variants today, f16 ones first: `tensor-f16` (the schedules of
+//! First, where the target allows it (`portable`), `cpu`: f32, every matmul
+//! as [`matmul_cpu`](crate::kernels::matmul_cpu) (whole outputs per
+//! thread, no barrier), which only CPU adapters run ([`Feature::Cpu`]):
+//! on lavapipe it decodes SmolLM2 1.9× and prefills it 8× as fast as
+//! `portable`, and on a GPU it would be slow. Then five variants, f16 ones
+//! first: `tensor-f16` (the schedules of
 //! `subgroups-f16`, but prefill matmuls on tensor cores through cooperative
 //! matrices, f16 operands and f32 sums), `subgroups-f16` and `portable-f16`
 //! (KV cache in f16; they need `shader-f16`), then `subgroups` and
@@ -53,6 +58,9 @@ pub struct VariantSpec {
     /// Decode GEMVs of quantized weights use integer dot products with
     /// int8 activations.
     pub int8_dots: bool,
+    /// Every matmul as [`matmul_cpu`](crate::kernels::matmul_cpu): the
+    /// schedule for CPU adapters.
+    pub cpu_matmuls: bool,
 }
 
 impl VariantSpec {
@@ -72,6 +80,7 @@ impl VariantSpec {
             prefill_rows_per_workgroup,
             workgroup_storage: None,
             int8_dots: false,
+            cpu_matmuls: false,
         }
     }
 
@@ -101,6 +110,7 @@ impl VariantSpec {
             prefill_rows_per_workgroup,
             workgroup_storage: Some(TENSOR_WORKGROUP_STORAGE),
             int8_dots: false,
+            cpu_matmuls: false,
         }
     }
 
@@ -117,11 +127,23 @@ impl VariantSpec {
             prefill_rows_per_workgroup,
             workgroup_storage: None,
             int8_dots: false,
+            cpu_matmuls: false,
         }
     }
 }
 
 impl VariantSpec {
+    /// For CPU adapters: [`VariantSpec::portable`] at f32 with every matmul
+    /// scheduled for SIMD lanes ([`crate::kernels::matmul_cpu`]).
+    pub fn cpu(prefill_rows_per_workgroup: u32) -> Self {
+        VariantSpec {
+            name: "cpu",
+            features: vec![Feature::Cpu],
+            cpu_matmuls: true,
+            ..Self::portable(Precision::F32, prefill_rows_per_workgroup)
+        }
+    }
+
     /// The limits its kernels must meet on `target`: the target's, with
     /// [`VariantSpec::workgroup_storage`] where it has one.
     pub fn limits(&self, target: &Target) -> Limits {
@@ -134,7 +156,8 @@ impl VariantSpec {
     }
 }
 
-/// The variants to emit for `target`, best first. A graph with `quantized`
+/// The variants to emit for `target`, best first: `cpu` where the target
+/// allows it, then the GPU ones. A graph with `quantized`
 /// weights gets `subgroups-f16-i8` right after `tensor-f16`, and the decode
 /// GEMVs of `tensor-f16` dot in int8 too, so the f16 variant a desktop GPU
 /// runs by default is an int8 one. The portable f32 variant is always last,
@@ -150,7 +173,8 @@ pub fn variants_for(
         ..VariantSpec::tensor(rows)
     };
     let int8 = quantized.then(|| VariantSpec::subgroups_int8(rows));
-    std::iter::once(tensor)
+    std::iter::once(VariantSpec::cpu(rows))
+        .chain([tensor])
         .chain(int8)
         .chain([
             VariantSpec::subgroups(Precision::F16, rows),

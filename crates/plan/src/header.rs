@@ -103,6 +103,10 @@ pub enum Feature {
     Subgroups,
     /// Cooperative-matrix (tensor-core) operations, wgpu's experimental extension.
     CooperativeMatrix,
+    /// A CPU adapter (lavapipe, SwiftShader, WARP): not a capability but
+    /// what the `cpu` variant's schedules are made for (one core's SIMD
+    /// lanes as a workgroup), so only such an adapter runs them.
+    Cpu,
 }
 
 impl Feature {
@@ -112,6 +116,7 @@ impl Feature {
             Feature::ShaderF16 => "shader_f16",
             Feature::Subgroups => "subgroups",
             Feature::CooperativeMatrix => "cooperative_matrix",
+            Feature::Cpu => "cpu",
         }
     }
 }
@@ -443,6 +448,8 @@ pub enum MatMulTemplate {
     /// The few rows of a batch step, each weight read once for all of them
     /// (`gemv_batch`).
     GemvBatch,
+    /// Whole outputs per thread, for CPU adapters (`matmul_cpu`).
+    Cpu,
 }
 
 /// One binding of a kernel (group 0, binding number = its index): what the

@@ -10,7 +10,9 @@ use crate::device::{check_limits, Gpu};
 use crate::error::RuntimeError;
 use gerbil_plan::{Feature, PlanHeader, Precision, Variant};
 
-/// The plan features this device has enabled. Cooperative matrices count
+/// The plan features this device has enabled, and [`Feature::Cpu`] where
+/// the adapter is a CPU (a browser's fallback adapter counts as one).
+/// Cooperative matrices count
 /// only where the device opted into them, which it does only when
 /// [`DeviceOptions::tensor_cores`](crate::device::DeviceOptions::tensor_cores)
 /// asks and the adapter offers the 16×16×16 f16 → f32 configuration
@@ -28,6 +30,7 @@ pub fn device_features(gpu: &Gpu) -> Vec<Feature> {
     .into_iter()
     .filter(|(_, w)| have.contains(*w))
     .map(|(f, _)| f)
+    .chain((gpu.adapter.device_type == wgpu::DeviceType::Cpu).then_some(Feature::Cpu))
     .collect()
 }
 

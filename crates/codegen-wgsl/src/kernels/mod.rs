@@ -22,6 +22,7 @@ pub mod gemv_batch;
 pub mod gemv_int8;
 mod linear;
 pub mod matmul;
+pub mod matmul_cpu;
 pub mod qkv_rope;
 pub mod quant;
 pub mod rms_norm;
