@@ -17,7 +17,7 @@
 
 use crate::kernels::KernelSource;
 use crate::target::Limits;
-use crate::validate::validate_with;
+use crate::validate::{capabilities, validate_with};
 use crate::CodegenError;
 use gerbil_plan::{
     BufferDecl, BufferKind, BufferSlice, Dispatch, Feature, FlopCount, Kernel, KernelOp, Port,
@@ -143,10 +143,11 @@ impl Assembler {
             bindings: src.bindings,
             op,
         };
-        // A kernel is shared only by variants with the same features, so every
-        // kernel was validated with exactly the capabilities of its variant.
+        // A kernel is shared only by variants whose features give the same
+        // shader capabilities, so every kernel was validated with exactly
+        // the capabilities of its variant.
         let mut key = kernel.clone();
-        key.name = format!("{features:?}");
+        key.name = format!("{:?}", capabilities(features));
         if let Some(&i) = self.index.get(&key) {
             return i;
         }

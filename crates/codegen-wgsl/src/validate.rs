@@ -55,6 +55,12 @@ fn write_spirv(module: &naga::Module, info: &naga::valid::ModuleInfo) -> Result<
 
 /// Like [`validate`], allowing what a variant's `features` enable.
 pub fn validate_with(name: &str, wgsl: &str, features: &[Feature]) -> Result<(), CodegenError> {
+    check(name, wgsl, capabilities(features))
+}
+
+/// The shader capabilities `features` enable (`cpu` none: it says which
+/// adapters run a variant, not what its shaders may use).
+pub fn capabilities(features: &[Feature]) -> naga::valid::Capabilities {
     let mut caps = naga::valid::Capabilities::default();
     for f in features {
         caps |= match f {
@@ -64,5 +70,5 @@ pub fn validate_with(name: &str, wgsl: &str, features: &[Feature]) -> Result<(),
             Feature::Cpu => naga::valid::Capabilities::empty(),
         };
     }
-    check(name, wgsl, caps)
+    caps
 }

@@ -872,6 +872,8 @@ fn inspect_schedule_lists_dispatches_with_labels_and_kernels() {
     let o = gerbilc(&["inspect", plan.to_str().unwrap(), "--schedule"]);
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
+    // The cpu variant first (CPU adapters), then portable.
+    assert!(text.contains("cpu decode (15 dispatches)"), "{text}");
     assert!(text.contains("portable decode (15 dispatches)"), "{text}");
     // Every step ends choosing the greedy token on the GPU.
     let last = text.lines().last().unwrap_or_default();

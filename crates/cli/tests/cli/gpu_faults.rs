@@ -18,7 +18,11 @@ fn a_plan_needing_more_workgroup_memory_than_the_gpu_has_is_refused_naming_the_l
     let o = gerbil_run(&[plan.to_str().unwrap(), "--input-ids", "1,2,3"]);
     assert_eq!(o.status.code(), Some(1), "{}", stderr(&o));
     assert_fails_with(&o, "error: the GPU `");
-    assert_fails_with(&o, "can run none of the plan's variants: `portable` needs max_compute_workgroup_storage_size of 1048576, the device's is ");
+    assert_fails_with(&o, "can run none of the plan's variants: `cpu` needs max_compute_workgroup_storage_size of 1048576, the device's is ");
+    assert_fails_with(
+        &o,
+        "; `portable` needs max_compute_workgroup_storage_size of 1048576, the device's is ",
+    );
     assert_fails_with(&o, "a smaller --max-context / --max-tokens-per-step (for a limit), or run on another GPU (`gerbil-run devices` lists them, --device N picks one)");
     assert!(!stderr(&o).contains("panicked"), "{}", stderr(&o));
 }
