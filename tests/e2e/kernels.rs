@@ -803,29 +803,46 @@ proptest! {
 
 // ------------------------------------------------------------ matmul_cpu
 
-/// `c` run through the CPU adapters' matmul: the step's tokens
-/// [`TOKENS`](kernels::matmul_cpu::TOKENS) to a thread, fixed rows one.
+/// `c` run through the CPU adapters' matmul with the rows of `x` per thread
+/// the lowering gives it: one for a single token (a decode step), else a
+/// prefill step's.
 fn check_matmul_cpu(c: &MatMulCase) -> Result<(), String> {
-    let tt = match c.rows {
+    let most_rows = match c.rows {
+        Rows::Tokens if c.t == 1 => 1,
         Rows::Tokens => kernels::matmul_cpu::TOKENS,
-        Rows::Fixed(_) => 1,
+        Rows::Fixed(n) => n,
     };
+    let tt = kernels::matmul_cpu::rows_per_thread(most_rows);
     check_matmul_kernel(c, &kernels::matmul_cpu::kernel(&matmul_spec(c), tt))
 }
 
 /// Every gemv case (every option, load width, shard edge and fixed-row
-/// read), and over the step's tokens: `T` below, at and past a thread's
-/// rows of `x`, with `N` short of a thread's outputs and past a workgroup's.
+/// read), and over the step's tokens with every option at once (gated,
+/// normed, biased, residual, sharded): `T` below, at and past a thread's
+/// rows of `x`, 8 and 1 values a load, `N` short of a thread's outputs and
+/// past a workgroup's.
 #[test]
 fn matmul_cpu_matches_reference() {
     let mut cases = gemv_cases();
-    for (i, t) in [5, 8, 17].into_iter().enumerate() {
-        let base = cases[i * 7];
+    for (t, k, n, wdtype) in [
+        (5, 576, 300, DType::BF16),
+        (8, 7, 37, DType::F32),
+        (17, 576, 37, DType::F16),
+        (17, 7, 300, DType::BF16),
+    ] {
         cases.push(MatMulCase {
             rows: Rows::Tokens,
             t,
+            k,
+            n,
+            wdtype,
+            bias: true,
+            tt: 1,
+            shard_rows: Some((2 * n).div_ceil(3).next_multiple_of(4)),
+            glu: Some(UnaryOp::Silu),
+            norm: Some((1.0, wdtype)),
+            residual: true,
             last_row: false,
-            ..base
         });
     }
     check_all(cases, check_matmul_cpu);

@@ -230,28 +230,39 @@ fn tiny_failures_of(
 /// What to check of one reference case: [`check_case`] or [`check_logits`].
 type CaseCheck = fn(&mut Model, &TinyCase) -> Result<(), String>;
 
-/// Checks every case of `reference` on the plan at `path` with `check`;
-/// returns one line per failed case.
+/// Checks every case of `reference` on the plan at `path` with `check`,
+/// through the best f32 variant (on lavapipe the `cpu` variant of a
+/// portable plan); returns one line per failed case, labelled `label`.
 fn plan_failures(
     name: &str,
-    variant: &str,
+    label: &str,
+    path: &Path,
+    reference: &TinyRef,
+    check: CaseCheck,
+) -> Vec<String> {
+    variant_failures(name, label, None, path, reference, check)
+}
+
+/// [`plan_failures`] through the plan's variant called `variant` where
+/// given.
+fn variant_failures(
+    name: &str,
+    label: &str,
+    variant: Option<&str>,
     path: &Path,
     reference: &TinyRef,
     check: CaseCheck,
 ) -> Vec<String> {
     let plan = PlanFile::open(path).expect("open plan");
     let _gpu = gpu_lock();
-    // A label naming a variant of the plan runs it, else the best f32 one
-    // (on lavapipe the `cpu` variant of a portable plan).
-    let named = plan.header.variants.iter().any(|v| v.name == variant);
-    let mut model = model_at_f32(&plan, named.then_some(variant));
+    let mut model = model_at_f32(&plan, variant);
     reference
         .cases
         .iter()
         .filter_map(|case| {
             check(&mut model, case)
                 .err()
-                .map(|e| format!("{name}/{} ({variant}): {e}", case.name))
+                .map(|e| format!("{name}/{} ({label}): {e}", case.name))
         })
         .collect()
 }
@@ -290,7 +301,14 @@ fn tiny_models_match_transformers() {
         let reference = tiny_ref(name);
         for variant in ["cpu", "portable"] {
             total += reference.cases.len();
-            failures.extend(plan_failures(name, variant, &plan, &reference, check_case));
+            failures.extend(variant_failures(
+                name,
+                variant,
+                Some(variant),
+                &plan,
+                &reference,
+                check_case,
+            ));
         }
     }
     assert_none_failed(failures, total);
@@ -318,7 +336,9 @@ fn tiny_gguf_files_match_transformers() {
 /// transformers loading each file itself: logits within the tiny tolerance,
 /// greedy tokens identical. (transformers cannot run the Qwen 3 files: its
 /// GGUF loader ignores `attention.key_length`, which Qwen 3's head width
-/// needs; their dequantization is the other families'.)
+/// needs; their dequantization is the other families'.) Through both
+/// variants of the plan: `cpu` dequantizes whole units, `portable` dots
+/// them with `x` block by block.
 #[test]
 fn quantized_tiny_gguf_files_match_transformers_on_the_same_file() {
     let mut failures = Vec::new();
@@ -333,14 +353,17 @@ fn quantized_tiny_gguf_files_match_transformers_on_the_same_file() {
     for name in names {
         let plan = compile_plan(&tiny_gguf(&name), |_| {});
         let reference = tiny_gguf_ref(&name);
-        total += reference.cases.len();
-        failures.extend(plan_failures(
-            &name,
-            "gguf",
-            &plan,
-            &reference,
-            check_logits,
-        ));
+        for variant in ["cpu", "portable"] {
+            total += reference.cases.len();
+            failures.extend(variant_failures(
+                &name,
+                variant,
+                Some(variant),
+                &plan,
+                &reference,
+                check_logits,
+            ));
+        }
     }
     assert_none_failed(failures, total);
 }

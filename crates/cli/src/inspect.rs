@@ -46,7 +46,8 @@ pub struct Inspection {
     pub arena_sizes: Vec<u64>,
     /// Bytes if every activation had its own buffer.
     pub activation_naive_bytes: u64,
-    /// KV-cache bytes of the first variant.
+    /// KV-cache bytes of the best variant a GPU runs
+    /// ([`PlanHeader::best_gpu_variant`](gerbil_plan::PlanHeader::best_gpu_variant)).
     pub kv_cache_bytes: u64,
     /// Weight bytes by dtype.
     pub weight_bytes_by_dtype: BTreeMap<String, u64>,
@@ -55,7 +56,7 @@ pub struct Inspection {
     /// Kernels: name and workgroup size.
     pub kernels: Vec<(String, [u32; 3])>,
     /// The plan's variants, best first; the `*_dispatches*` and
-    /// `kv_cache_bytes` fields above are those of the first.
+    /// `kv_cache_bytes` fields above are those of the best GPU variant.
     pub variants: Vec<VariantSummary>,
 }
 
@@ -148,7 +149,7 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
         }
     }
     let layers = h.model.num_layers;
-    let best = &h.variants[0];
+    let best = h.best_gpu_variant();
     Inspection {
         architecture: h.model.architecture.clone(),
         family: h.model.family.clone(),
@@ -257,7 +258,7 @@ pub fn render(i: &Inspection) -> String {
         i.decode_dispatches_per_layer
     );
     s += &format!(
-        "activations arena {} bytes in {} buffer(s) vs {} naive ({:.1}%)\nkv cache   {} bytes (first variant)\n",
+        "activations arena {} bytes in {} buffer(s) vs {} naive ({:.1}%)\nkv cache   {} bytes (best GPU variant)\n",
         i.activation_arena_bytes,
         i.arena_sizes.len(),
         i.activation_naive_bytes,

@@ -241,11 +241,14 @@ impl Lowering<'_> {
                     )
                 })
                 .flatten();
-                let (source, template) = if variant.cpu_matmuls {
-                    let tt = match rows {
-                        Rows::Tokens => matmul_cpu::TOKENS,
-                        Rows::Fixed(_) => 1,
+                let (source, template) = if variant.features.contains(&Feature::Cpu) {
+                    // The most rows of `x` a step of this phase has.
+                    let most_rows = match (rows, phase) {
+                        (Rows::Fixed(n), _) => n,
+                        (Rows::Tokens, Phase::Decode) => 1,
+                        (Rows::Tokens, _) => step_rows,
                     };
+                    let tt = matmul_cpu::rows_per_thread(most_rows);
                     (matmul_cpu::kernel(&spec, tt), MatMulTemplate::Cpu)
                 } else if let Some(gemm) = batch_coop {
                     (gemm_coop::kernel(spec, gemm), MatMulTemplate::GemmCoop)

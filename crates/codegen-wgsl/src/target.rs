@@ -62,9 +62,9 @@ pub struct Target {
 }
 
 impl Target {
-    /// WebGPU's defaults and no optional feature: runs on every adapter,
-    /// lavapipe and browsers included; CPU adapters run the `cpu` variant
-    /// of its plans.
+    /// WebGPU's defaults and no optional capability: runs on every
+    /// adapter, lavapipe and browsers included; its feature
+    /// [`Feature::Cpu`] adds the `cpu` variant, which CPU adapters run.
     pub fn portable() -> Self {
         Target {
             name: "portable".into(),

@@ -58,9 +58,6 @@ pub struct VariantSpec {
     /// Decode GEMVs of quantized weights use integer dot products with
     /// int8 activations.
     pub int8_dots: bool,
-    /// Every matmul as [`matmul_cpu`](crate::kernels::matmul_cpu): the
-    /// schedule for CPU adapters.
-    pub cpu_matmuls: bool,
 }
 
 impl VariantSpec {
@@ -80,7 +77,6 @@ impl VariantSpec {
             prefill_rows_per_workgroup,
             workgroup_storage: None,
             int8_dots: false,
-            cpu_matmuls: false,
         }
     }
 
@@ -110,7 +106,6 @@ impl VariantSpec {
             prefill_rows_per_workgroup,
             workgroup_storage: Some(TENSOR_WORKGROUP_STORAGE),
             int8_dots: false,
-            cpu_matmuls: false,
         }
     }
 
@@ -127,7 +122,6 @@ impl VariantSpec {
             prefill_rows_per_workgroup,
             workgroup_storage: None,
             int8_dots: false,
-            cpu_matmuls: false,
         }
     }
 }
@@ -139,7 +133,6 @@ impl VariantSpec {
         VariantSpec {
             name: "cpu",
             features: vec![Feature::Cpu],
-            cpu_matmuls: true,
             ..Self::portable(Precision::F32, prefill_rows_per_workgroup)
         }
     }

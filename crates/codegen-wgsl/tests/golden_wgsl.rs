@@ -9,6 +9,7 @@ use gerbil_codegen_wgsl::kernels::{
     gemv::{self, Dots, Reduce},
     gemv_batch,
     matmul::{self, MatMulSpec},
+    matmul_cpu,
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
     rope::{self, RopeSpec},
@@ -471,6 +472,38 @@ fn golden_gemv_kernels() {
             Dots::Float,
         ));
     }
+}
+
+/// The `cpu` variant's matmuls at SmolLM2 shapes: gate/up + SwiGLU with
+/// its norm over a prefill step's tokens (8 rows of `x` a thread), down_proj
+/// + residual in a decode step (one), the LM head on the last row, and a
+/// Q4_K `o_proj` over a prefill step (its units dequantized once for the 8
+/// rows).
+#[test]
+fn golden_cpu_kernels() {
+    let bf16_norm = Some((1e-5, 0.0, DType::BF16));
+    let tokens = matmul_cpu::rows_per_thread(256);
+    let swiglu = Some(UnaryOp::Silu);
+    golden(matmul_cpu::kernel(
+        &rows_spec(576, 1536, DType::BF16, swiglu, bf16_norm, false, None),
+        tokens,
+    ));
+    golden(matmul_cpu::kernel(
+        &rows_spec(1536, 576, DType::BF16, None, None, true, None),
+        matmul_cpu::rows_per_thread(1),
+    ));
+    golden(matmul_cpu::kernel(
+        &MatMulSpec {
+            rows: Rows::Fixed(1),
+            last_row: true,
+            ..rows_spec(576, 49152, DType::BF16, None, bf16_norm, false, None)
+        },
+        1,
+    ));
+    golden(matmul_cpu::kernel(
+        &rows_spec(576, 576, DType::Q4K, None, None, true, None),
+        tokens,
+    ));
 }
 
 /// The prefill GEMMs: SmolLM2's gate/up + SwiGLU with its norm prologue and

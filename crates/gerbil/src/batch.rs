@@ -38,7 +38,8 @@
 //! constraints), so a sequence's tokens equal the ones it would get alone.
 //! The surprise: the answers are the same, the arithmetic not always — a
 //! batch step's matmuls sum in a single step's order only in variants with
-//! subgroups (`gemv_batch`); the portable ones multiply through the prefill
+//! subgroups (`gemv_batch`) and in `cpu` (one kernel whatever the rows);
+//! the portable ones multiply through the prefill
 //! GEMM, and the int8 variant's decode rounds `x` to int8 where a batch
 //! step does not, so there logits differ in the last bits (int8: in the
 //! second decimal) and a near-tie can go the other way.

@@ -72,6 +72,17 @@ pub enum Precision {
     F16,
 }
 
+impl PlanHeader {
+    /// The best variant a GPU runs: the first one not made for CPU adapters
+    /// (what summaries such as `gerbilc inspect`'s totals report).
+    pub fn best_gpu_variant(&self) -> &Variant {
+        self.variants
+            .iter()
+            .find(|v| !v.features.contains(&Feature::Cpu))
+            .unwrap_or(&self.variants[0])
+    }
+}
+
 impl Variant {
     /// The plan buffers its dispatches bind (with repeats).
     pub fn bound_buffers(&self) -> impl Iterator<Item = u32> + '_ {
@@ -93,7 +104,8 @@ impl Precision {
     }
 }
 
-/// An optional WebGPU capability a kernel may use.
+/// An optional WebGPU capability a kernel may use, or (`Cpu`) the kind of
+/// adapter a variant's schedules are made for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Feature {

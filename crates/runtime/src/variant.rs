@@ -2,8 +2,9 @@
 //!
 //! A plan lists its variants best first, each with the device features and
 //! limits its kernels need. [`pick`] takes the first one the device meets, so
-//! the same plan runs its tensor-core kernels on a GPU that has them and its
-//! portable kernels in a browser. When none fits, the error says, variant by
+//! the same plan runs its tensor-core kernels on a GPU that has them, its
+//! portable kernels in a browser and its `cpu` ones on a CPU adapter (a
+//! GPU passes over those). When none fits, the error says, variant by
 //! variant, what was missing.
 
 use crate::device::{check_limits, Gpu};
@@ -100,7 +101,9 @@ impl PrecisionChoice {
 
 /// The best variant of `header` that `gpu` can run at `precision`, or the
 /// variant called `name` when one is given (`--variant`: to compare
-/// variants on one device, e.g. a tensor-core prefill with a portable one).
+/// variants on one device, e.g. a tensor-core prefill with a portable one,
+/// or the `cpu` variant on a GPU). Only a CPU adapter runs a `cpu` variant
+/// unasked.
 pub fn pick<'h>(
     header: &'h PlanHeader,
     gpu: &Gpu,
@@ -120,12 +123,20 @@ pub fn pick<'h>(
             });
         }
     }
-    let features = device_features(gpu);
+    let mut features = device_features(gpu);
+    let cpu_adapter = features.contains(&Feature::Cpu);
+    // `cpu` is a schedule, not a capability: a variant named on purpose runs
+    // on any adapter (to compare it), and otherwise a GPU passes over it
+    // without counting it among the refusals.
+    if name.is_some() && !cpu_adapter {
+        features.push(Feature::Cpu);
+    }
     let mut reasons = Vec::new();
     for v in header
         .variants
         .iter()
         .filter(|v| name.is_none_or(|n| n == v.name))
+        .filter(|v| name.is_some() || cpu_adapter || !v.features.contains(&Feature::Cpu))
     {
         if !precision.accepts(v.precision) {
             if name.is_some() {

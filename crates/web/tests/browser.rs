@@ -2,7 +2,10 @@
 //! embedded in the test, runs on the page's WebGPU (headless Chromium's
 //! SwiftShader in `scripts/web-test.sh`), and gives the transformers
 //! reference's last logits within 1e-3 and its greedy tokens, as the native
-//! tests (`tests/e2e/models.rs`) check on Vulkan.
+//! tests (`tests/e2e/models.rs`) check on Vulkan — through both variants of
+//! the plan: `cpu` (what SwiftShader, a CPU adapter, runs by default) and
+//! `portable` (what a browser on a GPU runs), so the browser's shader
+//! compiler sees every kernel a page can run.
 //!
 //! Run by `scripts/web-test.sh` through `wasm-bindgen-test-runner`, which
 //! compiles the plans first into `GERBIL_WEB_TEST_PLANS`; the file is empty
@@ -117,18 +120,19 @@ async fn tiny_models_match_transformers_in_the_browser() {
         let reference: Reference = serde_json::from_str(tiny.reference).expect("reference");
         let plan = PlanFile::from_bytes(format!("{}.plan", tiny.name), tiny.plan.to_vec())
             .expect("the embedded plan opens");
-        let mut session = Session::open(&plan, &SessionOptions::default())
-            .await
-            .unwrap_or_else(|e| panic!("{}: {e}", tiny.name));
-        for case in &reference.cases {
-            total += 1;
-            if let Err(e) = check(&mut session, case).await {
-                failures.push(format!(
-                    "{}/{} ({}): {e}",
-                    tiny.name,
-                    case.name,
-                    session.variant().name
-                ));
+        for variant in ["cpu", "portable"] {
+            let opts = SessionOptions {
+                variant: Some(variant.to_string()),
+                ..SessionOptions::default()
+            };
+            let mut session = Session::open(&plan, &opts)
+                .await
+                .unwrap_or_else(|e| panic!("{} ({variant}): {e}", tiny.name));
+            for case in &reference.cases {
+                total += 1;
+                if let Err(e) = check(&mut session, case).await {
+                    failures.push(format!("{}/{} ({variant}): {e}", tiny.name, case.name));
+                }
             }
         }
     }

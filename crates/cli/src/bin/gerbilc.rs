@@ -365,8 +365,8 @@ fn real_main(cli: Cli) -> Result<()> {
                     "wrote {} ({} kernels, {} prefill / {} decode dispatches, {:.1} MB of weights)",
                     out.display(),
                     h.kernels.len(),
-                    h.variants[0].prefill.len(),
-                    h.variants[0].decode.len(),
+                    h.best_gpu_variant().prefill.len(),
+                    h.best_gpu_variant().decode.len(),
                     plan.weight_bytes as f64 / 1e6
                 ));
             }

@@ -160,15 +160,27 @@ pub(super) fn shard_loader(w: &mut String, shards: &[Shard], e: u32) {
     });
 }
 
+/// How [`bind_quantized`] reads a quantized weight's 32-value units.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum UnitRead {
+    /// Dotted with `x` as [`Dots`] says: `fn wdot(row, i, x)` ([`Dots::Float`])
+    /// or `fn wload(row, i)` ([`Dots::Int8`]).
+    Dot(Dots),
+    /// Dequantized whole: `fn wunit(row, i)` (a [`quant::UNIT`]), for
+    /// tiles that dot a unit with several rows of `x`.
+    Values,
+}
+
 /// [`bind_operands`] of a quantized weight, read in 32-value units: `x`
 /// and the norm weight as [`quant::UNIT`]s (`x_chunk`, `gamma_chunk`), the
-/// weight's shards with their `_qdot` block dot products, and `cdot`,
-/// `cmul`, `cplus` over units; then `fn wdot(row, i, x)`: the dot product of
-/// unit `i` of weight row `row` with `x`, from the shard that holds it.
+/// weight's shards with their decoders, and `cdot`, `cmul`, `cplus` over
+/// units; then the reader `read` names (e.g. `fn wdot(row, i, x)`: the dot
+/// product of unit `i` of weight row `row` with `x`), from the shard that
+/// holds the row.
 pub(super) fn bind_quantized(
     s: &MatMulSpec,
     norm: bool,
-    dots: Dots,
+    read: UnitRead,
     w: &mut String,
 ) -> (Bindings, Vec<Shard>) {
     let unit = quant::UNIT;
@@ -191,9 +203,10 @@ pub(super) fn bind_quantized(
             s.wdtype,
             values,
         );
-        match dots {
-            Dots::Float => quant::dot_decoder(w, &shard.name, s.wdtype, values),
-            Dots::Int8 => quant::int_dot_decoder(w, &shard.name, s.wdtype, values),
+        match read {
+            UnitRead::Dot(Dots::Float) => quant::dot_decoder(w, &shard.name, s.wdtype, values),
+            UnitRead::Dot(Dots::Int8) => quant::int_dot_decoder(w, &shard.name, s.wdtype, values),
+            UnitRead::Values => quant::unit_decoder(w, &shard.name, s.wdtype, values),
         }
     }
     bind_after_weight(s, &mut b, w, |b, w, port, gdtype| {
@@ -225,8 +238,8 @@ pub(super) fn bind_quantized(
             plus.join(", ")
         );
     }
-    match dots {
-        Dots::Float => row_loader(
+    match read {
+        UnitRead::Dot(Dots::Float) => row_loader(
             w,
             "wdot",
             &format!(", x: {unit}"),
@@ -234,8 +247,11 @@ pub(super) fn bind_quantized(
             &shards,
             |shard, local| format!("{}_qdot({local} * KC + i, x)", shard.name),
         ),
-        Dots::Int8 => row_loader(w, "wload", "", "QW", &shards, |shard, local| {
+        UnitRead::Dot(Dots::Int8) => row_loader(w, "wload", "", "QW", &shards, |shard, local| {
             format!("{}_iload({local} * KC + i)", shard.name)
+        }),
+        UnitRead::Values => row_loader(w, "wunit", "", unit, &shards, |shard, local| {
+            format!("{}_unit({local} * KC + i)", shard.name)
         }),
     }
     (b, shards)
@@ -282,7 +298,7 @@ pub fn kernel(s: &MatMulSpec, reduce: Reduce, dots: Dots) -> KernelSource {
         n = s.n,
     );
     let (b, shards) = if quantized {
-        bind_quantized(s, norm, dots, &mut w)
+        bind_quantized(s, norm, UnitRead::Dot(dots), &mut w)
     } else {
         let bound = bind_operands(s, e, &mut w);
         w += &chunk_ops(e, norm);

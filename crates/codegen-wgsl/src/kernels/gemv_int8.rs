@@ -111,7 +111,12 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
         tpr = l.tpr,
         kt = l.units,
     );
-    let (b, shards) = bind_quantized(s, norm, super::gemv::Dots::Int8, &mut w);
+    let (b, shards) = bind_quantized(
+        s,
+        norm,
+        super::gemv::UnitRead::Dot(super::gemv::Dots::Int8),
+        &mut w,
+    );
     let xt = if s.last_row { "(params.t - 1u)" } else { "t" };
 
     // Stage: each unit of this stage quantized once, by thread `tid`.

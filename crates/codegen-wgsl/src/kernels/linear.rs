@@ -1,5 +1,6 @@
-//! The pieces the four matmul templates ([`matmul`](super::matmul),
-//! [`gemv`](super::gemv), [`gemm`](super::gemm), [`gemm_coop`](super::gemm_coop))
+//! The pieces the matmul templates ([`matmul`](super::matmul),
+//! [`gemv`](super::gemv), [`gemm`](super::gemm), [`gemm_coop`](super::gemm_coop),
+//! [`matmul_cpu`](super::matmul_cpu))
 //! are built from, one function each, so a template owns only its schedule
 //! (how threads walk `K`, tile and reduce):
 //!

@@ -22,10 +22,10 @@
 //! On a GPU the same schedule is slow (neighbouring threads read rows `K`
 //! apart), so only CPU adapters run the variant.
 
-use super::gemv::{bind_operands, bind_quantized, chunk_ops, shard_loader, Dots};
+use super::gemv::{bind_operands, bind_quantized, chunk_ops, shard_loader, UnitRead};
 use super::linear::{self, elems_per_load, name_parts};
 use super::matmul::MatMulSpec;
-use super::{prelude, split_groups, KernelSource, Rows};
+use super::{prelude, split_groups, KernelSource};
 use std::fmt::Write;
 
 /// Threads per workgroup: two SIMD batches of eight lanes, so that even a
@@ -38,14 +38,22 @@ pub const ROWS: u32 = 8;
 /// Fewest workgroups a dispatch aims for (outputs per thread halve below
 /// it), so that every core of the CPU has work.
 const MIN_GROUPS: u32 = 4;
-/// Rows of `x` per thread in a step over the step's tokens: each weight
-/// chunk is loaded once for all of them (a prefill chunk of eight tokens
-/// took 0.8 s on lavapipe this way, against 4.7 s one row at a time).
+/// Most rows of `x` per thread: each weight chunk is loaded once for all of
+/// them (a prefill chunk of eight tokens took 0.8 s on lavapipe this way,
+/// against 4.7 s one row at a time).
 pub const TOKENS: u32 = 8;
 
-/// Builds the kernel: `tt` rows of `x` per thread ([`TOKENS`] for a step
-/// over the step's tokens, 1 for fixed rows), quantized weights dotted
-/// with `x` in f32 a 32-value unit at a time.
+/// Rows of `x` per thread for a step of at most `most_rows` rows (decode
+/// steps 1, prefill and batch steps up to [`TOKENS`]): a thread's rows
+/// past the step's last are loaded for nothing.
+pub fn rows_per_thread(most_rows: u32) -> u32 {
+    most_rows.clamp(1, TOKENS)
+}
+
+/// Builds the kernel (`s.tt` is ignored): `tt` rows of `x` per thread
+/// ([`rows_per_thread`]); a quantized weight is read a
+/// 32-value unit at a time, dequantized once for all `tt` rows
+/// ([`quant::unit_decoder`](super::quant::unit_decoder)) and dotted in f32.
 pub fn kernel(s: &MatMulSpec, tt: u32) -> KernelSource {
     let quantized = s.wdtype.is_quantized();
     let e = if quantized {
@@ -62,10 +70,7 @@ pub fn kernel(s: &MatMulSpec, tt: u32) -> KernelSource {
     let glu = s.glu.is_some();
     let norm = s.norm.is_some();
     // The rows of `x` this step has.
-    let rows = match s.rows {
-        Rows::Tokens => "params.t".to_string(),
-        Rows::Fixed(n) => format!("{n}u"),
-    };
+    let rows = s.rows.wgsl();
     let mut w = prelude();
     let _ = writeln!(
         w,
@@ -76,7 +81,7 @@ pub fn kernel(s: &MatMulSpec, tt: u32) -> KernelSource {
         n = s.n,
     );
     let (b, shards) = if quantized {
-        bind_quantized(s, norm, Dots::Float, &mut w)
+        bind_quantized(s, norm, UnitRead::Values, &mut w)
     } else {
         let bound = bind_operands(s, e, &mut w);
         w += &chunk_ops(e, norm);
@@ -113,18 +118,12 @@ pub fn kernel(s: &MatMulSpec, tt: u32) -> KernelSource {
         if glu {
             sums.push(("up", format!("row{i} + N")));
         }
+        let load = if quantized { "wunit" } else { "wrow" };
         for (sum, row) in sums {
-            if !quantized {
-                let _ = writeln!(body, "    let w{sum}{i} = wrow({row}, c);");
-            }
+            let _ = writeln!(body, "    let w{sum}{i} = {load}({row}, c);");
             for j in 0..tt {
-                let term = if quantized {
-                    format!("wdot({row}, c, x{j})")
-                } else {
-                    format!("cdot(w{sum}{i}, x{j})")
-                };
                 let a = i * tt + j;
-                let _ = writeln!(body, "    {sum}[{a}] = {sum}[{a}] + {term};");
+                let _ = writeln!(body, "    {sum}[{a}] = {sum}[{a}] + cdot(w{sum}{i}, x{j});");
             }
         }
     }

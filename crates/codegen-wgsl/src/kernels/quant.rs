@@ -379,6 +379,110 @@ pub(super) fn dot_decoder(out: &mut String, name: &str, dtype: DType, values: u6
     helpers(out);
 }
 
+/// `fn {name}_unit(u: u32) -> array<vec4<f32>, 8>`: 32-value unit `u` of
+/// binding `name` ([`declare`]d with `values` values of quantized `dtype`)
+/// dequantized, in [`dot_decoder`]'s order (vector `k` is what it dots with
+/// `x[k]`), from the same loads: for a tile that dots each unit with
+/// several rows of `x` ([`matmul_cpu`](super::matmul_cpu)), where
+/// [`dot_decoder`] would decode it once per row.
+pub(super) fn unit_decoder(out: &mut String, name: &str, dtype: DType, values: u64) {
+    let p = plane_words(dtype, values / dtype.block().0);
+    let plane = |i: usize| p.get(i).copied().unwrap_or(0);
+    let (p1, p2) = (plane(1), plane(2));
+    // The nibble vectors of `q` (low nibbles of word `k` first, then the
+    // high ones) with `extra(k, hi)` added, each through `value`.
+    let nibbles = |value: &dyn Fn(String) -> String, extra: &dyn Fn(u32, bool) -> String| {
+        let lo = (0..4).map(|k| value(format!("q_nibbles(q[{k}], 0u){}", extra(k, false))));
+        let hi = (0..4).map(|k| value(format!("q_nibbles(q[{k}], 4u){}", extra(k, true))));
+        lo.chain(hi).collect::<Vec<_>>()
+    };
+    let none = |_: u32, _: bool| String::new();
+    let fifth = |k: u32, hi: bool| {
+        format!(
+            " + {}",
+            fifth_bits("qh", &format!("{}u", 4 * k + if hi { 16 } else { 0 }))
+        )
+    };
+    let scaled = |offset: &'static str| move |v: String| format!("d * ({v}{offset})");
+    let affine = |v: String| format!("a * ({v}) + vec4<f32>(b)");
+    let (loads, vectors) = match dtype {
+        DType::Q8_0 => (
+            format!(
+                "  let d = q_half({name}_w({p1}u + (u >> 1u)), u & 1u);\n  let qa = {name}[2u * u];\n  \
+                 let qb = {name}[2u * u + 1u];\n"
+            ),
+            (0..8)
+                .map(|k| {
+                    let q = if k < 4 { "qa" } else { "qb" };
+                    format!("d * q_signed({q}[{}])", k % 4)
+                })
+                .collect(),
+        ),
+        DType::Q4_0 => (
+            format!("  let d = q_half({name}_w({p1}u + (u >> 1u)), u & 1u);\n  let q = {name}[u];\n"),
+            nibbles(&scaled(" - vec4<f32>(8.0f)"), &none),
+        ),
+        DType::Q5_0 => (
+            format!(
+                "  let d = q_half({name}_w({p2}u + (u >> 1u)), u & 1u);\n  let q = {name}[u];\n  \
+                 let qh = {name}_w({p1}u + u);\n"
+            ),
+            nibbles(&scaled(" - vec4<f32>(16.0f)"), &fifth),
+        ),
+        DType::Q4_1 => (
+            format!(
+                "  let dm = {name}_w({p1}u + u);\n  let q = {name}[u];\n  \
+                 let a = q_half(dm, 0u);\n  let b = q_half(dm, 1u);\n"
+            ),
+            nibbles(&affine, &none),
+        ),
+        DType::Q5_1 => (
+            format!(
+                "  let dm = {name}_w({p2}u + u);\n  let q = {name}[u];\n  let qh = {name}_w({p1}u + u);\n  \
+                 let a = q_half(dm, 0u);\n  let b = q_half(dm, 1u);\n"
+            ),
+            nibbles(&affine, &fifth),
+        ),
+        DType::Q4K | DType::Q5K => (
+            k_unit_loads(name, dtype, p1, p2),
+            (0..8)
+                .map(|k| {
+                    let (q, h) = if k < 4 { ("qa", "ha") } else { ("qb", "hb") };
+                    let high = if dtype == DType::Q5K {
+                        format!(" + vec4<f32>(q_bits({h}[{}], sb, 1u) << vec4<u32>(4u))", k % 4)
+                    } else {
+                        String::new()
+                    };
+                    format!(
+                        "scale * (q_nibbles({q}[{}], shift){high}) - vec4<f32>(minimum)",
+                        k % 4
+                    )
+                })
+                .collect(),
+        ),
+        DType::Q6K => (
+            q6k_unit_loads(name, p1, p2),
+            (0..8)
+                .map(|k| {
+                    let (l, h, sc) = if k < 4 { ("la", "ha", "sc0") } else { ("lb", "hb", "sc1") };
+                    format!(
+                        "(d * {sc}) * (vec4<f32>(q_bits({l}[{i}], lo_shift, 15u) | \
+                         (q_bits({h}[{i}], hi_shift, 3u) << vec4<u32>(4u))) - vec4<f32>(32.0f))",
+                        i = k % 4
+                    )
+                })
+                .collect(),
+        ),
+        DType::F32 | DType::F16 | DType::BF16 | DType::U32 => return,
+    };
+    let _ = write!(
+        out,
+        "fn {name}_unit(u: u32) -> {UNIT} {{\n{loads}  return {UNIT}(\n    {});\n}}\n",
+        vectors.join(",\n    ")
+    );
+    helpers(out);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
