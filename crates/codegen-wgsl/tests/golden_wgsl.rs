@@ -475,10 +475,10 @@ fn golden_gemv_kernels() {
 }
 
 /// The `cpu` variant's matmuls at SmolLM2 shapes: gate/up + SwiGLU with
-/// its norm over a prefill step's tokens (8 rows of `x` a thread), down_proj
-/// + residual in a decode step (one), the LM head on the last row, and a
-/// Q4_K `o_proj` over a prefill step (its units dequantized once for the 8
-/// rows).
+/// its norm over a prefill step's tokens (8 rows of `x` a thread),
+/// down_proj with its residual in a decode step (one), the LM head on the
+/// last row, and a Q4_K `o_proj` over a prefill step (its units dequantized
+/// once for the 8 rows).
 #[test]
 fn golden_cpu_kernels() {
     let bf16_norm = Some((1e-5, 0.0, DType::BF16));
