@@ -14,6 +14,7 @@ use gerbil_codegen_wgsl::kernels::{
     self,
     gemm::GemmTile,
     gemm_coop::{CoopGemm, CoopTile},
+    sample_token::Shape,
     KernelSource, Rows,
 };
 use gerbil_e2e::kernel_harness::{
@@ -1375,17 +1376,24 @@ struct AttentionCase {
     p: u32,
     /// How the KV cache is stored (F16 in an f16 variant).
     kv: DType,
+    /// The `cpu` variant's kernel (`attention_cpu`) instead of the tiled one.
+    cpu: bool,
 }
 
 fn check_attention(c: &AttentionCase) -> Result<(), String> {
-    let src = kernels::attention::kernel(kernels::attention::AttentionSpec {
+    let spec = kernels::attention::AttentionSpec {
         heads: c.heads,
         kv_heads: c.kv_heads,
         head_dim: c.head_dim,
         scale: c.scale,
         window: c.window,
         kv: c.kv,
-    });
+    };
+    let src = if c.cpu {
+        kernels::attention_cpu::kernel_at(spec, kernels::Positions::Step)
+    } else {
+        kernels::attention::kernel(spec)
+    };
     let (nh, nkv, hd) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
     let (t, p) = (c.t as usize, c.p as usize);
     let mut rng = rng(c);
@@ -1423,55 +1431,65 @@ fn attention_matches_reference() {
         t,
         p,
         kv: DType::F32,
+        cpu: false,
     };
     let f16 = |c: AttentionCase| AttentionCase {
         kv: DType::F16,
         ..c
     };
-    check_all(
-        [
-            // An f16 KV cache (the f16 variants): decode, prefill, windowed.
-            f16(case(4, 2, 16, 0, 0.3, 1, 70)),
-            f16(case(6, 3, 256, 0, 0.05, 13, 130)),
-            f16(case(4, 2, 16, 100, 0.3, 13, 120)),
-            // Decode against 71 cached keys: two key chunks.
-            case(4, 2, 16, 0, 0.3, 1, 70),
-            case(4, 2, 16, 4, 0.3, 13, 70),
-            case(4, 2, 16, 0, 1.0, 13, 0),
-            case(4, 1, 24, 0, 0.5, 13, 60),
-            case(4, 1, 24, 4, 0.5, 5, 0),
-            // head_dim > 64: each thread owns two output dims.
-            case(3, 3, 100, 0, 0.12, 7, 80),
-            case(3, 3, 100, 4, 0.12, 1, 0),
-            // head_dim 256: four dims per thread, three key chunks.
-            case(6, 3, 256, 0, 0.05, 13, 130),
-            case(6, 3, 256, 4, 0.05, 3, 9),
-            // A window wider than a chunk, starting mid-chunk.
-            case(4, 2, 16, 100, 0.3, 13, 120),
-            // Large scores: the online softmax must rescale without overflow.
-            case(6, 3, 256, 0, 5.0, 2, 70),
-            // Flash tiles: blocks of query rows (T not a multiple of the
-            // block) over key tiles, after an earlier chunk's cache (P > 0),
-            // for GQA ratios 1, 3, 4 and 8 (two head groups per KV head).
-            case(4, 4, 64, 0, 0.125, 37, 0),
-            case(9, 3, 64, 0, 0.125, 45, 50),
-            case(8, 2, 64, 0, 0.125, 29, 75),
-            case(16, 2, 64, 0, 0.125, 19, 33),
-            // Windows smaller than a key tile, larger than one, larger than
-            // the context; over several row blocks.
-            case(8, 2, 64, 5, 0.125, 29, 75),
-            case(9, 3, 64, 40, 0.125, 45, 50),
-            case(4, 1, 256, 7, 0.0625, 10, 20),
-            case(4, 1, 256, 512, 0.0625, 21, 40),
-            // A GQA ratio of 5 (one head per group) and a head width that is
-            // not a multiple of 4.
-            case(5, 1, 30, 0, 0.2, 17, 11),
-            case(5, 1, 30, 9, 0.2, 17, 11),
-            f16(case(9, 3, 64, 0, 0.125, 45, 50)),
-            f16(case(4, 1, 256, 7, 0.0625, 10, 20)),
-        ],
-        check_attention,
-    );
+    let cases = [
+        // An f16 KV cache (the f16 variants): decode, prefill, windowed.
+        f16(case(4, 2, 16, 0, 0.3, 1, 70)),
+        f16(case(6, 3, 256, 0, 0.05, 13, 130)),
+        f16(case(4, 2, 16, 100, 0.3, 13, 120)),
+        // Decode against 71 cached keys: two key chunks.
+        case(4, 2, 16, 0, 0.3, 1, 70),
+        case(4, 2, 16, 4, 0.3, 13, 70),
+        case(4, 2, 16, 0, 1.0, 13, 0),
+        case(4, 1, 24, 0, 0.5, 13, 60),
+        case(4, 1, 24, 4, 0.5, 5, 0),
+        // head_dim > 64: each thread owns two output dims.
+        case(3, 3, 100, 0, 0.12, 7, 80),
+        case(3, 3, 100, 4, 0.12, 1, 0),
+        // head_dim 256: four dims per thread, three key chunks.
+        case(6, 3, 256, 0, 0.05, 13, 130),
+        case(6, 3, 256, 4, 0.05, 3, 9),
+        // A window wider than a chunk, starting mid-chunk.
+        case(4, 2, 16, 100, 0.3, 13, 120),
+        // Large scores: the online softmax must rescale without overflow.
+        case(6, 3, 256, 0, 5.0, 2, 70),
+        // Flash tiles: blocks of query rows (T not a multiple of the
+        // block) over key tiles, after an earlier chunk's cache (P > 0),
+        // for GQA ratios 1, 3, 4 and 8 (two head groups per KV head).
+        case(4, 4, 64, 0, 0.125, 37, 0),
+        case(9, 3, 64, 0, 0.125, 45, 50),
+        case(8, 2, 64, 0, 0.125, 29, 75),
+        case(16, 2, 64, 0, 0.125, 19, 33),
+        // Windows smaller than a key tile, larger than one, larger than
+        // the context; over several row blocks.
+        case(8, 2, 64, 5, 0.125, 29, 75),
+        case(9, 3, 64, 40, 0.125, 45, 50),
+        case(4, 1, 256, 7, 0.0625, 10, 20),
+        case(4, 1, 256, 512, 0.0625, 21, 40),
+        // A GQA ratio of 5 (one head per group) and a head width that is
+        // not a multiple of 4.
+        case(5, 1, 30, 0, 0.2, 17, 11),
+        case(5, 1, 30, 9, 0.2, 17, 11),
+        f16(case(9, 3, 64, 0, 0.125, 45, 50)),
+        f16(case(4, 1, 256, 7, 0.0625, 10, 20)),
+    ];
+    // The `cpu` variant's kernel on every case, and decode steps deep in
+    // the context (SmolLM2's shape; Gemma 3's sliding and global layers).
+    let deep = [
+        case(9, 3, 64, 0, 0.125, 1, 2999),
+        case(4, 1, 256, 512, 0.0625, 1, 4107),
+        case(4, 1, 256, 0, 0.0625, 2, 4107),
+    ];
+    let cpu = cases
+        .iter()
+        .chain(&deep)
+        .map(|&c| AttentionCase { cpu: true, ..c });
+    check_all(cases.into_iter().chain(cpu), check_attention);
 }
 
 // ------------------------------------------------------ decode attention
@@ -2086,12 +2104,13 @@ enum Logits {
 
 /// `sample_token` chooses exactly what `gerbil_runtime::Sampler` chooses
 /// from the same logits at the same position: greedy (ties, NaN) and seeded
-/// sampling with every filter.
+/// sampling with every filter, in the GPU's shape and (every third case)
+/// the `cpu` variant's.
 #[test]
 fn sample_token_matches_the_cpu_sampler() {
-    type Case = (Rows, u32, u32, Logits, SamplingParams);
-    let check = |&(rows, t, vocab, kind, params): &Case| {
-        let src = kernels::sample_token::kernel(rows, vocab);
+    type Case = (Rows, u32, u32, Logits, SamplingParams, Shape);
+    let check = |&(rows, t, vocab, kind, params, shape): &Case| {
+        let src = kernels::sample_token::kernel(rows, vocab, shape);
         let m = row_count(rows, t);
         let mut r = rng(&(rows, t, vocab, kind, params));
         // Logits spread over several units, like a model's.
@@ -2148,7 +2167,7 @@ fn sample_token_matches_the_cpu_sampler() {
         seed,
         ..SamplingParams::default()
     };
-    let mut cases: Vec<Case> = vec![
+    let mut cases: Vec<(Rows, u32, u32, Logits, SamplingParams)> = vec![
         (Rows::Fixed(1), 1, 1, Logits::Random, greedy),
         (Rows::Fixed(1), 1, 100, Logits::Random, greedy),
         (Rows::Fixed(1), 1, 49_152, Logits::Random, greedy),
@@ -2257,7 +2276,14 @@ fn sample_token_matches_the_cpu_sampler() {
             ));
         }
     }
-    check_all(cases, check);
+    let gpu = cases
+        .iter()
+        .map(|&(r, t, v, k, p)| (r, t, v, k, p, Shape::GPU));
+    let cpu = cases
+        .iter()
+        .step_by(3)
+        .map(|&(r, t, v, k, p)| (r, t, v, k, p, Shape::CPU));
+    check_all(gpu.chain(cpu).collect::<Vec<Case>>(), check);
 }
 
 // ------------------------------------------------------------- gemm_coop

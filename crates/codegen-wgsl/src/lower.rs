@@ -17,7 +17,7 @@ use crate::dispatch::Lowered;
 use crate::kernels::gemm_coop::CoopGemm;
 use crate::kernels::{
     attention::{self, AttentionSpec},
-    attention_decode, elementwise,
+    attention_cpu, attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
     gemm, gemm_coop,
     gemv::{self, Dots, Reduce},
@@ -365,6 +365,9 @@ impl Lowering<'_> {
                     kv: kv(in_ty(1)),
                 };
                 match phase {
+                    _ if variant.features.contains(&Feature::Cpu) => {
+                        attention_cpu::kernel_at(spec, at)
+                    }
                     Phase::Prefill(_) => attention::kernel(spec),
                     Phase::Batch => attention_decode::kernel_at(
                         spec,
@@ -387,7 +390,15 @@ impl Lowering<'_> {
             Op::SampleToken if width_of(in_ty(0)) > sample_token::MAX_VOCAB => {
                 return Err(unsupported("sample_token takes at most 2^24 columns"))
             }
-            Op::SampleToken => sample_token::kernel(rows_of(in_ty(0)), width_of(in_ty(0))),
+            Op::SampleToken => sample_token::kernel(
+                rows_of(in_ty(0)),
+                width_of(in_ty(0)),
+                if variant.features.contains(&Feature::Cpu) {
+                    sample_token::Shape::CPU
+                } else {
+                    sample_token::Shape::GPU
+                },
+            ),
             Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
                 return Err(unsupported("source nodes have no kernel"))
             }

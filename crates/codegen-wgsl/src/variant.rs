@@ -11,9 +11,13 @@
 //!
 //! First, where the target allows it (`portable`), `cpu`: f32, every matmul
 //! as [`matmul_cpu`](crate::kernels::matmul_cpu) (whole outputs per
-//! thread, no barrier), which only CPU adapters run ([`Feature::Cpu`]):
-//! on lavapipe it decodes SmolLM2 3.1× and prefills it 5× as fast as
-//! `portable`, and on a GPU it would be slow. Then five variants, f16 ones
+//! thread, no barrier), every attention as
+//! [`attention_cpu`](crate::kernels::attention_cpu) (a thread per query row
+//! and head) and the next-token choice in 16-thread workgroups
+//! ([`sample_token::Shape::CPU`](crate::kernels::sample_token::Shape)),
+//! which only CPU adapters run ([`Feature::Cpu`]): on lavapipe it decodes
+//! SmolLM2 3.1× and prefills it 5× as fast as `portable`, and on a GPU it
+//! would be slow. Then five variants, f16 ones
 //! first: `tensor-f16` (the schedules of
 //! `subgroups-f16`, but prefill matmuls on tensor cores through cooperative
 //! matrices, f16 operands and f32 sums), `subgroups-f16` and `portable-f16`

@@ -3,7 +3,7 @@
 
 use gerbil_codegen_wgsl::kernels::{
     attention::{self, AttentionSpec},
-    attention_decode, elementwise,
+    attention_cpu, attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
     gemm::{self, GemmTile},
     gemv::{self, Dots, Reduce},
@@ -13,6 +13,7 @@ use gerbil_codegen_wgsl::kernels::{
     qkv_rope::{self, QkvRopeSpec},
     rms_norm::{self, RmsNormSpec},
     rope::{self, RopeSpec},
+    sample_token::{self, Shape},
     KernelSource, Positions, Rows,
 };
 use gerbil_codegen_wgsl::{validate, validate_with};
@@ -504,6 +505,37 @@ fn golden_cpu_kernels() {
         &rows_spec(576, 576, DType::Q4K, None, None, true, None),
         tokens,
     ));
+}
+
+/// The `cpu` variant's other kernels: SmolLM2's attention over a step's
+/// rows, Gemma 3's sliding-window attention over a batch's row table (an
+/// f16 cache, as an f16 variant would store it), and the next-token choice
+/// over SmolLM2's vocabulary in the CPU's shape.
+#[test]
+fn golden_cpu_attention_and_sampling() {
+    golden(attention_cpu::kernel_at(
+        AttentionSpec {
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            scale: 0.125,
+            window: 0,
+            kv: DType::F32,
+        },
+        Positions::Step,
+    ));
+    golden(attention_cpu::kernel_at(
+        AttentionSpec {
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            scale: 0.0625,
+            window: 512,
+            kv: DType::F16,
+        },
+        Positions::Table,
+    ));
+    golden(sample_token::kernel(Rows::Fixed(1), 49152, Shape::CPU));
 }
 
 /// The prefill GEMMs: SmolLM2's gate/up + SwiGLU with its norm prologue and

@@ -111,7 +111,7 @@ pub fn tiles(s: &AttentionSpec) -> Tiles {
 
 /// WGSL `fn NAME(base: u32, d4: u32) -> vec4<f32>`: elements `4·d4 … 4·d4 + 3`
 /// of the head row at `base`, zero past `HD`, each read through `load(index)`.
-fn load4_fn(name: &str, head_dim: u32, load: impl Fn(&str) -> String) -> String {
+pub(super) fn load4_fn(name: &str, head_dim: u32, load: impl Fn(&str) -> String) -> String {
     if head_dim.is_multiple_of(4) {
         let e: Vec<String> = (0..4)
             .map(|k| load(&format!("base + d4 * 4u + {k}u")))

@@ -28,7 +28,7 @@
 
 use super::linear::{
     self, bind_after_weight, bind_weight, chunk_binding, chunk_type, elems_per_load, name_parts,
-    row_loader, weight_shards, Shard, WeightRead,
+    row_loader, weight_shards, Operand, Shard, WeightRead,
 };
 use super::matmul::MatMulSpec;
 use super::{input, input_shard, prelude, quant, split_groups, Bindings, KernelSource};
@@ -144,10 +144,10 @@ pub(super) fn accumulators(glu: bool, norm: bool) -> String {
 /// weight's shards.
 pub(super) fn bind_operands(s: &MatMulSpec, e: u32, w: &mut String) -> (Bindings, Vec<Shard>) {
     let mut b = Bindings::new();
-    chunk_binding(&mut b, w, input(0), "x", DType::F32, e, true);
+    chunk_binding(&mut b, w, input(0), "x", DType::F32, e, Operand::Activation);
     let shards = bind_weight(s, &mut b, w, WeightRead::Chunks(e));
     bind_after_weight(s, &mut b, w, |b, w, port, gdtype| {
-        chunk_binding(b, w, port, "gamma", gdtype, e, false)
+        chunk_binding(b, w, port, "gamma", gdtype, e, Operand::Weight(s.k.into()))
     });
     (b, shards)
 }
@@ -210,7 +210,7 @@ pub(super) fn bind_quantized(
         }
     }
     bind_after_weight(s, &mut b, w, |b, w, port, gdtype| {
-        chunk_binding(b, w, port, "gamma4", gdtype, 4, false);
+        chunk_binding(b, w, port, "gamma4", gdtype, 4, Operand::Weight(s.k.into()));
         let loads: Vec<String> = (0..8)
             .map(|k| format!("gamma4_chunk(8u * i + {k}u)"))
             .collect();

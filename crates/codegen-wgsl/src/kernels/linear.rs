@@ -88,7 +88,15 @@ pub(super) fn bind_weight(
             WeightRead::Chunks(e) if s.wdtype.is_quantized() => {
                 quant_chunk_binding(b, w, port, &shard.name, s.wdtype, e, values)
             }
-            WeightRead::Chunks(e) => chunk_binding(b, w, port, &shard.name, s.wdtype, e, false),
+            WeightRead::Chunks(e) => chunk_binding(
+                b,
+                w,
+                port,
+                &shard.name,
+                s.wdtype,
+                e,
+                Operand::Weight(values),
+            ),
         }
     }
     shards
@@ -260,6 +268,16 @@ fn halves(dtype: DType, w: &str) -> (String, String) {
 const EVEN_ODD: &str =
     "return mat2x4<f32>(vec4<f32>(a.x, a.z, b.x, b.z), vec4<f32>(a.y, a.w, b.y, b.w));";
 
+/// What a [`chunk_binding`] binds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Operand {
+    /// An activation: `read_write`, runtime-sized.
+    Activation,
+    /// A weight of this many values: read-only, a fixed-size array
+    /// ([`Bindings::weight_vectors`]).
+    Weight(u64),
+}
+
 /// Declares binding `name`, a `dtype` tensor whose rows are whole chunks of
 /// `e` elements, as an array of its loads, with `fn {name}_chunk(i: u32)`
 /// returning chunk `i` widened to f32 (8-element chunks: even elements in
@@ -271,7 +289,7 @@ pub(super) fn chunk_binding(
     name: &str,
     dtype: DType,
     e: u32,
-    writable: bool,
+    operand: Operand,
 ) {
     let (array_of, body) = match (is_packed(dtype), e) {
         (false, 8) => (
@@ -319,7 +337,18 @@ pub(super) fn chunk_binding(
             },
         ),
     };
-    b.vectors(w, port, name, dtype, writable, array_of);
+    match operand {
+        Operand::Activation => b.vectors(w, port, name, dtype, true, array_of),
+        Operand::Weight(values) => {
+            let elem_bytes = match array_of {
+                "vec4<f32>" | "vec4<u32>" => 16,
+                "vec2<f32>" | "vec2<u32>" => 8,
+                _ => 4,
+            };
+            let bytes = dtype.bytes_for(values).unwrap_or(0);
+            b.weight_vectors(w, port, name, dtype, (array_of, elem_bytes), bytes);
+        }
+    }
     let _ = writeln!(
         w,
         "fn {name}_chunk(i: u32) -> {c} {{\n  {body}\n}}",

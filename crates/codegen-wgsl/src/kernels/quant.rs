@@ -25,7 +25,9 @@
 //! after the last, and every load instruction of a subgroup touched all of
 //! its blocks' cache lines: a Q4_0 decode GEMV ran at a quarter of the
 //! bandwidth of bf16 (H100). The planes take exactly ggml's bytes; the
-//! buffer is padded to 16 bytes, and the binding is an `array<vec4<u32>>`.
+//! buffer is padded to 16 bytes, and the binding is an `array<vec4<u32>, N>`
+//! of exactly its size (a fixed size, so a browser checks indices against a
+//! constant: [`Bindings::weight_vectors`](super::Bindings::weight_vectors)).
 //! The repacking runs once, when the plan is written, on each weight buffer
 //! after its rows are cut, so row shards and concatenations work on ggml's
 //! blocks as on any rows; the decoders know each binding's block count
@@ -213,9 +215,10 @@ pub(super) fn declare(
         ),
         DType::F32 | DType::F16 | DType::BF16 | DType::U32 => String::new(),
     };
+    let array = super::array_type("vec4<u32>", 16, stored_bytes(dtype, values).unwrap_or(0));
     let _ = write!(
         out,
-        "@group(0) @binding({n}) var<storage, read> {name}: array<vec4<u32>>;\n\
+        "@group(0) @binding({n}) var<storage, read> {name}: {array};\n\
          fn {name}_w(i: u32) -> u32 {{ return q_pick({name}[i >> 2u], i & 3u); }}\n\
          fn {name}_q4(c: u32) -> vec4<f32> {{\n{body}}}\n\
          fn load_{name}(i: u32) -> f32 {{ return q_pickf({name}_q4(i >> 2u), i & 3u); }}\n\

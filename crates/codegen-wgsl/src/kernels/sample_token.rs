@@ -37,11 +37,30 @@ use super::{input, output, prelude, Bindings, KernelSource, Rows};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
-/// Threads of a workgroup (the reductions add 16 × 16).
-const WG: u32 = 256;
-/// Columns a thread reads when the vocabulary allows [`MAX_SLICES`] or fewer
-/// workgroups.
-const COLUMNS_PER_THREAD: u32 = 4;
+/// How the kernel spreads a row over threads: [`Shape::GPU`] or [`Shape::CPU`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shape {
+    /// Threads of a workgroup: 16 times a power of two (the reductions add
+    /// `WG / 16` values in each of 16 threads, then those 16 sums).
+    pub threads: u32,
+    /// Columns a thread reads when the vocabulary allows [`MAX_SLICES`] or
+    /// fewer workgroups.
+    pub columns_per_thread: u32,
+}
+
+impl Shape {
+    /// For a GPU: 256 threads reading 4 columns each.
+    pub const GPU: Shape = Shape {
+        threads: 256,
+        columns_per_thread: 4,
+    };
+    /// For a CPU adapter (the `cpu` variant), where every barrier switches
+    /// each invocation of the workgroup: 16 threads reading 64 columns each.
+    pub const CPU: Shape = Shape {
+        threads: 16,
+        columns_per_thread: 64,
+    };
+}
 /// Most workgroups (slices).
 const MAX_SLICES: u32 = 128;
 /// Each slice offers the tokens strictly above its `CANDIDATES`-th largest
@@ -53,11 +72,14 @@ pub const CANDIDATES: u32 = 16;
 pub const MAX_VOCAB: u32 = gerbil_plan::limits::VOCABULARY.max as u32;
 const _: () = assert!(MAX_VOCAB == 1 << 24);
 
-/// Workgroups of the kernel for `vocab` columns and the columns each thread
-/// reads.
-pub fn slices(vocab: u32) -> (u32, u32) {
-    let nw = vocab.div_ceil(WG * COLUMNS_PER_THREAD).clamp(1, MAX_SLICES);
-    (nw, vocab.div_ceil(nw * WG).max(1))
+/// Workgroups of the kernel of `shape` for `vocab` columns and the columns
+/// each thread reads.
+pub fn slices(vocab: u32, shape: Shape) -> (u32, u32) {
+    let wg = shape.threads;
+    let nw = vocab
+        .div_ceil(wg * shape.columns_per_thread)
+        .clamp(1, MAX_SLICES);
+    (nw, vocab.div_ceil(nw * wg).max(1))
 }
 
 /// Helpers, the per-source searches and the entry point; `{rows}` is the
@@ -101,7 +123,7 @@ fn beats(v: f32, i: u32, bv: f32, bi: u32) -> bool {
   let u = (f32(h >> 8u) + 0.5) / 16777216.0;
   return -log(-log(u));
 }
-// Reductions of one value per thread in two levels (16 threads each add 16
+// Reductions of one value per thread in two levels (16 threads each add WG16
 // values, one thread the 16 sums): three barriers, where a tree takes nine.
 // Every thread gets the result.
 fn sum_f(lane: u32, v: f32) -> f32 {
@@ -109,7 +131,7 @@ fn sum_f(lane: u32, v: f32) -> f32 {
   workgroupBarrier();
   if (lane < 16u) {
     var s = 0.0f;
-    for (var i = 0u; i < 16u; i = i + 1u) { s = s + red_f[lane * 16u + i]; }
+    for (var i = 0u; i < WG16; i = i + 1u) { s = s + red_f[lane * WG16 + i]; }
     red2_f[lane] = s;
   }
   workgroupBarrier();
@@ -125,7 +147,7 @@ fn sum_u(lane: u32, v: u32) -> u32 {
   workgroupBarrier();
   if (lane < 16u) {
     var s = 0u;
-    for (var i = 0u; i < 16u; i = i + 1u) { s = s + red_u[lane * 16u + i]; }
+    for (var i = 0u; i < WG16; i = i + 1u) { s = s + red_u[lane * WG16 + i]; }
     red2_u[lane] = s;
   }
   workgroupBarrier();
@@ -141,7 +163,7 @@ fn max_u(lane: u32, v: u32) -> u32 {
   workgroupBarrier();
   if (lane < 16u) {
     var m = 0u;
-    for (var i = 0u; i < 16u; i = i + 1u) { m = max(m, red_u[lane * 16u + i]); }
+    for (var i = 0u; i < WG16; i = i + 1u) { m = max(m, red_u[lane * WG16 + i]); }
     red2_u[lane] = m;
   }
   workgroupBarrier();
@@ -449,18 +471,20 @@ fn search(suffix: &str, n: &str, value: &str, column: &str) -> String {
         .replace("{column}", column)
 }
 
-/// Builds the kernel for rows of `vocab` logits (at most [`MAX_VOCAB`]),
-/// `rows` of them.
-pub fn kernel(rows: Rows, vocab: u32) -> KernelSource {
-    let (nw, e) = slices(vocab);
+/// Builds the kernel of `shape` for rows of `vocab` logits (at most
+/// [`MAX_VOCAB`]), `rows` of them.
+pub fn kernel(rows: Rows, vocab: u32, shape: Shape) -> KernelSource {
+    let (nw, e) = slices(vocab, shape);
     let nc = nw * CANDIDATES;
+    let wg = shape.threads;
     let mut w = prelude();
     let _ = writeln!(
         w,
-        "const V: u32 = {vocab}u;\nconst WG: u32 = {WG}u;\nconst NW: u32 = {nw}u;\n\
-         const E: u32 = {e}u;\nconst SL: u32 = {sl}u;\nconst CAND: u32 = {CANDIDATES}u;\n\
-         const NC: u32 = {nc}u;",
-        sl = e * WG
+        "const V: u32 = {vocab}u;\nconst WG: u32 = {wg}u;\nconst WG16: u32 = {wg16}u;\n\
+         const NW: u32 = {nw}u;\nconst E: u32 = {e}u;\nconst SL: u32 = {sl}u;\n\
+         const CAND: u32 = {CANDIDATES}u;\nconst NC: u32 = {nc}u;",
+        wg16 = wg / 16,
+        sl = e * wg
     );
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
@@ -479,15 +503,23 @@ pub fn kernel(rows: Rows, vocab: u32) -> KernelSource {
             ),
     );
     KernelSource {
-        name: format!("sample_token_r{}_v{vocab}", rows.tag()),
+        name: format!(
+            "sample_token_r{}_v{vocab}{}",
+            rows.tag(),
+            if shape == Shape::GPU {
+                String::new()
+            } else {
+                format!("_wg{wg}")
+            }
+        ),
         wgsl: w,
-        workgroup_size: [WG, 1, 1],
+        workgroup_size: [wg, 1, 1],
         bindings: b.finish(),
         workgroups: [
             WorkgroupCount::fixed(nw),
             WorkgroupCount::fixed(1),
             WorkgroupCount::fixed(1),
         ],
-        workgroup_bytes: WG * 8 + 2 * 17 * 4 + 16 * 4 + nc * 4 + 16,
+        workgroup_bytes: wg * 8 + 2 * 17 * 4 + 16 * 4 + nc * 4 + 16,
     }
 }
