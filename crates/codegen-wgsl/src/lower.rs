@@ -393,11 +393,10 @@ impl Lowering<'_> {
             Op::SampleToken => sample_token::kernel(
                 rows_of(in_ty(0)),
                 width_of(in_ty(0)),
-                if variant.features.contains(&Feature::Cpu) {
-                    sample_token::Shape::CPU
-                } else {
-                    sample_token::Shape::GPU
-                },
+                sample_token::Shape::for_adapter(
+                    variant.features.contains(&Feature::Cpu),
+                    width_of(in_ty(0)),
+                ),
             ),
             Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
                 return Err(unsupported("source nodes have no kernel"))

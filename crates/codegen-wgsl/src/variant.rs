@@ -132,7 +132,9 @@ impl VariantSpec {
 
 impl VariantSpec {
     /// For CPU adapters: [`VariantSpec::portable`] at f32 with every matmul
-    /// scheduled for SIMD lanes ([`crate::kernels::matmul_cpu`]).
+    /// and attention scheduled for SIMD lanes ([`crate::kernels::matmul_cpu`],
+    /// [`crate::kernels::attention_cpu`]) and the next-token choice in small
+    /// workgroups.
     pub fn cpu(prefill_rows_per_workgroup: u32) -> Self {
         VariantSpec {
             name: "cpu",

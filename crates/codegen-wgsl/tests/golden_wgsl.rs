@@ -508,8 +508,9 @@ fn golden_cpu_kernels() {
 }
 
 /// The `cpu` variant's other kernels: SmolLM2's attention over a step's
-/// rows, Gemma 3's sliding-window attention over a batch's row table (an
-/// f16 cache, as an f16 variant would store it), and the next-token choice
+/// rows, Gemma 3's sliding-window attention over a batch's row table (read
+/// from an f16 cache, which the template supports though the variant is
+/// f32 today), and the next-token choice
 /// over SmolLM2's vocabulary in the CPU's shape.
 #[test]
 fn golden_cpu_attention_and_sampling() {

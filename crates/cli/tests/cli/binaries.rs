@@ -887,7 +887,9 @@ fn inspect_schedule_lists_dispatches_with_labels_and_kernels() {
         .filter(|l| l.contains("layers.1.attn.sdpa"))
         .collect();
     assert!(
-        sdpa[0].trim_start().starts_with("9    1  layers.1.attn.sdpa"),
+        sdpa[0]
+            .trim_start()
+            .starts_with("9    1  layers.1.attn.sdpa"),
         "{text}"
     );
     assert!(

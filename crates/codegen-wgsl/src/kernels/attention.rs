@@ -132,7 +132,8 @@ pub(super) fn load4_fn(name: &str, head_dim: u32, load: impl Fn(&str) -> String)
 
 /// Builds the kernel. (A batch step's rows, each a query of its own
 /// sequence, run [`attention_decode`](super::attention_decode)'s kernel
-/// with a row table instead.)
+/// with a row table instead; the `cpu` variant runs
+/// [`attention_cpu`](super::attention_cpu) everywhere.)
 pub fn kernel(s: AttentionSpec) -> KernelSource {
     let t = tiles(&s);
     let hd4 = Tiles::hd4(s.head_dim);

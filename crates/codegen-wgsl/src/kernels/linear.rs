@@ -291,14 +291,17 @@ pub(super) fn chunk_binding(
     e: u32,
     operand: Operand,
 ) {
-    let (array_of, body) = match (is_packed(dtype), e) {
+    let ((array_of, elem_bytes), body) = match (is_packed(dtype), e) {
         (false, 8) => (
-            "vec4<f32>",
+            ("vec4<f32>", 16),
             format!("let a = {name}[2u * i];\n  let b = {name}[2u * i + 1u];\n  {EVEN_ODD}"),
         ),
-        (false, _) => (chunk_type(e), format!("return {name}[i];")),
+        (false, _) => (
+            (chunk_type(e), 4 * u64::from(e)),
+            format!("return {name}[i];"),
+        ),
         (true, 1) => (
-            "u32",
+            ("u32", 4),
             if dtype == DType::BF16 {
                 format!(
                     "let v = {name}[i >> 1u];\n  \
@@ -311,19 +314,19 @@ pub(super) fn chunk_binding(
         (true, 2) => {
             let (lo, hi) = halves(dtype, "v");
             (
-                "u32",
+                ("u32", 4),
                 format!("let v = {name}[i];\n  return vec2<f32>({lo}, {hi});"),
             )
         }
         (true, 4) => {
             let ((l0, h0), (l1, h1)) = (halves(dtype, "v.x"), halves(dtype, "v.y"));
             (
-                "vec2<u32>",
+                ("vec2<u32>", 8),
                 format!("let v = {name}[i];\n  return vec4<f32>({l0}, {h0}, {l1}, {h1});"),
             )
         }
         (true, _) => (
-            "vec4<u32>",
+            ("vec4<u32>", 16),
             if dtype == DType::BF16 {
                 format!(
                     "let v = {name}[i];\n  return mat2x4<f32>(bitcast<vec4<f32>>(v << vec4<u32>(16u)), \
@@ -340,11 +343,6 @@ pub(super) fn chunk_binding(
     match operand {
         Operand::Activation => b.vectors(w, port, name, dtype, true, array_of),
         Operand::Weight(values) => {
-            let elem_bytes = match array_of {
-                "vec4<f32>" | "vec4<u32>" => 16,
-                "vec2<f32>" | "vec2<u32>" => 8,
-                _ => 4,
-            };
             let bytes = dtype.bytes_for(values).unwrap_or(0);
             b.weight_vectors(w, port, name, dtype, (array_of, elem_bytes), bytes);
         }

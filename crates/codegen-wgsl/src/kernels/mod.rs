@@ -326,7 +326,9 @@ impl Bindings {
     /// A tensor of `dtype` declared as `array<{array_of}>` (e.g. `vec4<u32>`,
     /// eight packed 16-bit values per load) with no loader: the template
     /// decodes it. `writable` makes it a `read_write` activation (see
-    /// [`Bindings::activation`]), else a read-only weight.
+    /// [`Bindings::activation`]), else a read-only tensor such as a KV cache
+    /// as attention reads it (a weight of known size takes
+    /// [`Bindings::weight_vectors`]).
     pub fn vectors(
         &mut self,
         out: &mut String,

@@ -37,16 +37,22 @@ use super::{input, output, prelude, Bindings, KernelSource, Rows};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
-/// How the kernel spreads a row over threads: [`Shape::GPU`] or [`Shape::CPU`].
+/// How the kernel spreads a row over threads: [`Shape::GPU`] or
+/// [`Shape::CPU`] ([`Shape::for_adapter`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Shape {
     /// Threads of a workgroup: 16 times a power of two (the reductions add
     /// `WG / 16` values in each of 16 threads, then those 16 sums).
-    pub threads: u32,
+    threads: u32,
     /// Columns a thread reads when the vocabulary allows [`MAX_SLICES`] or
     /// fewer workgroups.
-    pub columns_per_thread: u32,
+    columns_per_thread: u32,
 }
+
+/// Most columns a thread keeps in registers (`array<f32, E>`): 2 KiB, as
+/// the GPU shape keeps at the largest vocabulary, a quarter of WGSL's 8 KiB
+/// of function memory.
+const MAX_COLUMNS: u32 = 512;
 
 impl Shape {
     /// For a GPU: 256 threads reading 4 columns each.
@@ -60,6 +66,17 @@ impl Shape {
         threads: 16,
         columns_per_thread: 64,
     };
+
+    /// The shape for `vocab` columns on a CPU adapter (`cpu`) or a GPU:
+    /// the CPU's unless its threads would keep more than [`MAX_COLUMNS`]
+    /// columns each (vocabularies past a million).
+    pub fn for_adapter(cpu: bool, vocab: u32) -> Shape {
+        if cpu && slices(vocab, Shape::CPU).1 <= MAX_COLUMNS {
+            Shape::CPU
+        } else {
+            Shape::GPU
+        }
+    }
 }
 /// Most workgroups (slices).
 const MAX_SLICES: u32 = 128;
@@ -124,7 +141,8 @@ fn beats(v: f32, i: u32, bv: f32, bi: u32) -> bool {
   return -log(-log(u));
 }
 // Reductions of one value per thread in two levels (16 threads each add WG16
-// values, one thread the 16 sums): three barriers, where a tree takes nine.
+// values, one thread the 16 sums): three barriers, where a tree over 256
+// threads takes nine.
 // Every thread gets the result.
 fn sum_f(lane: u32, v: f32) -> f32 {
   red_f[lane] = v;
