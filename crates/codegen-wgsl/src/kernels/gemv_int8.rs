@@ -5,8 +5,13 @@
 //!
 //! The workgroup first quantizes its row of `x` (norm weight applied, `Σx²`
 //! summed) into workgroup memory, each 32-value unit once — eight packed
-//! words, its scale and the sums of its two halves' quants — in stages of at
-//! most [`STAGE_BYTES`]; then it splits into `G` *row groups* of `TPR`
+//! words and its scale — in stages of at most [`STAGE_BYTES`]: eight
+//! threads a unit, each loading one `vec4` (neighbouring threads read
+//! neighbouring memory) and quantizing it, the unit's largest magnitude met
+//! through the unit's quant words before the quants overwrite them (three
+//! barriers). On an H200 that made decode 5–10% faster than one thread
+//! loading and quantizing each unit (Llama-3.2-1B shape at q4_0: about
+//! 1,090 → 1,145 tok/s). Then it splits into `G` *row groups* of `TPR`
 //! threads, each group computing `R` outputs, its threads striding over the
 //! units and dotting each with the group's `R` weight rows
 //! (`quant::int_dot_decoder`). A unit of `x` is thus quantized once per
@@ -30,11 +35,11 @@ use super::{prelude, split_groups, KernelSource};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
-/// Workgroup memory for the staged units of `x` (40 bytes a unit): with the
+/// Workgroup memory for the staged units of `x` (36 bytes a unit): with the
 /// reduction slots, within WebGPU's default 16 KiB.
 const STAGE_BYTES: u32 = 10 << 10;
 /// Bytes of workgroup memory one staged unit takes.
-const UNIT_BYTES: u32 = 40;
+const UNIT_BYTES: u32 = 36;
 /// WebGPU's smallest subgroup size: bounds the segments of a workgroup.
 const MIN_SUBGROUP_SIZE: u32 = 4;
 /// Threads per workgroup.
@@ -119,32 +124,72 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
     );
     let xt = if s.last_row { "(params.t - 1u)" } else { "t" };
 
-    // Stage: each unit of this stage quantized once, by thread `tid`.
-    let in_stage = if kc.is_multiple_of(l.units) {
-        "j < KT"
-    } else {
-        "j < KT && base + j < KC"
+    // Stage: eight threads a unit, thread `v % 8` of unit `v / 8` loading and
+    // quantizing its values `4(v % 8) ..+ 4` (neighbouring threads read
+    // neighbouring vec4s of `x`); the unit's largest magnitude meets in the
+    // unit's quant words, which the quants overwrite after a barrier.
+    let in_stage = |j: &str| {
+        if kc.is_multiple_of(l.units) {
+            format!("{j} < KT")
+        } else {
+            format!("{j} < KT && base + {j} < KC")
+        }
     };
-    let mut stage = format!(
-        "    for (var i = 0u; i < {}u; i = i + 1u) {{\n      let j = tid + i * THREADS;\n      \
-         if ({in_stage}) {{\n        let c = base + j;\n        {} xv = x_chunk({xt} * KC + c);\n",
-        l.units.div_ceil(threads),
-        if norm { "var" } else { "let" }
-    );
-    if norm {
-        stage += "        ssq = ssq + cdot(xv, xv);\n        xv = cmul(xv, cplus(gamma_chunk(c), OFFSET));\n";
+    let passes = (8 * l.units).div_ceil(threads);
+    let slot = |i: u32| format!("xs_q[2u * j{i} + p{i} / 4u][p{i} % 4u]");
+    let mut stage = String::new();
+    for i in 0..passes {
+        let _ = write!(
+            stage,
+            "    let j{i} = (tid + {i}u * THREADS) / 8u;\n    let p{i} = tid % 8u;\n    \
+             var xv{i} = vec4<f32>(0.0f);\n    if ({}) {{\n      \
+             xv{i} = x[({xt} * KC + base + j{i}) * 8u + p{i}];\n",
+            in_stage(&format!("j{i}"))
+        );
+        if norm {
+            let _ = write!(
+                stage,
+                "      ssq = ssq + dot(xv{i}, xv{i});\n      \
+                 xv{i} = xv{i} * (gamma4_chunk((base + j{i}) * 8u + p{i}) + vec4<f32>(OFFSET));\n"
+            );
+        }
+        let _ = write!(
+            stage,
+            "      let m{i} = abs(xv{i});\n      \
+             {} = bitcast<u32>(max(max(m{i}.x, m{i}.y), max(m{i}.z, m{i}.w)));\n    }}\n",
+            slot(i)
+        );
     }
-    stage += "        let q = q_x8(xv);\n        \
-              xs_q[2u * j] = vec4<u32>(q.q[0], q.q[1], q.q[2], q.q[3]);\n        \
-              xs_q[2u * j + 1u] = vec4<u32>(q.q[4], q.q[5], q.q[6], q.q[7]);\n        \
-              xs_m[j] = vec2<u32>(bitcast<u32>(q.d), (bitcast<u32>(q.lo) & 0xffffu) | (bitcast<u32>(q.hi) << 16u));\n      \
-              }\n    }\n    workgroupBarrier();\n";
+    stage += "    workgroupBarrier();\n";
+    for i in 0..passes {
+        let _ = write!(
+            stage,
+            "    var q{i} = 0u;\n    if ({}) {{\n      \
+             let ma{i} = max(bitcast<vec4<f32>>(xs_q[2u * j{i}]), bitcast<vec4<f32>>(xs_q[2u * j{i} + 1u]));\n      \
+             let amax{i} = max(max(ma{i}.x, ma{i}.y), max(ma{i}.z, ma{i}.w));\n      \
+             let d{i} = amax{i} / 127.0f;\n      \
+             q{i} = pack4xI8(vec4<i32>(round(xv{i} * select(0.0f, 1.0f / d{i}, amax{i} > 0.0f))));\n      \
+             if (p{i} == 0u) {{ xs_d[j{i}] = d{i}; }}\n    }}\n",
+            in_stage(&format!("j{i}"))
+        );
+    }
+    stage += "    workgroupBarrier();\n";
+    for i in 0..passes {
+        let _ = writeln!(
+            stage,
+            "    if ({}) {{ {} = q{i}; }}",
+            in_stage(&format!("j{i}")),
+            slot(i)
+        );
+    }
+    stage += "    workgroupBarrier();\n";
     // Dots: lane `lane` of its row group over this stage's units.
     let _ = write!(
         stage,
         "    for (var i = 0u; i < {}u; i = i + 1u) {{\n      let j = lane + i * TPR;\n      \
-         if ({in_stage}) {{\n        let c = base + j;\n        let xq = x_staged(j);\n",
+         if ({}) {{\n        let c = base + j;\n        let xq = x_staged(j);\n",
         l.units.div_ceil(l.tpr),
+        in_stage("j"),
     );
     for i in 0..r {
         let _ = writeln!(
@@ -208,12 +253,14 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
     let _ = write!(
         w,
         "var<workgroup> xs_q: array<vec4<u32>, {q_len}>;\n\
-         var<workgroup> xs_m: array<vec2<u32>, {kt}>;\n\
+         var<workgroup> xs_d: array<f32, {kt}>;\n\
          var<workgroup> red: array<f32, {red_len}>;\n\
          fn x_staged(j: u32) -> QX {{\n  let a = xs_q[2u * j];\n  let b = xs_q[2u * j + 1u];\n  \
-         let m = xs_m[j];\n  var r: QX;\n  \
-         r.q = array<u32, 8>(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);\n  r.d = bitcast<f32>(m.x);\n  \
-         r.lo = bitcast<i32>(m.y << 16u) >> 16u;\n  r.hi = bitcast<i32>(m.y) >> 16u;\n  \
+         var r: QX;\n  \
+         r.q = array<u32, 8>(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);\n  r.d = xs_d[j];\n  \
+         let ones = 0x01010101u;\n  \
+         r.lo = dot4I8Packed(a.x, ones) + dot4I8Packed(a.y, ones) + dot4I8Packed(a.z, ones) + dot4I8Packed(a.w, ones);\n  \
+         r.hi = dot4I8Packed(b.x, ones) + dot4I8Packed(b.y, ones) + dot4I8Packed(b.z, ones) + dot4I8Packed(b.w, ones);\n  \
          r.sx = r.d * f32(r.lo + r.hi);\n  return r;\n}}\n\
          fn seg_sum(v: f32, sg_size: u32) -> f32 {{\n  if (sg_size <= TPR) {{ return subgroupAdd(v); }}\n  \
          var s = v;\n  for (var o = TPR / 2u; o > 0u; o = o >> 1u) {{ s = s + subgroupShuffleXor(s, o); }}\n  \

@@ -1,10 +1,11 @@
 //! Integer dot products of block-quantized weights with int8 activations:
 //! the decode GEMV of the f16 variants ([`super::super::gemv::Dots::Int8`]).
 //!
-//! Each thread quantizes its 32-value unit of `x` once (`q_x8`: scale
+//! Each 32-value unit of `x` is quantized once (`QX`: scale
 //! `d = max|x| / 127`, `q = round(x / d)` rounding half to even, packed four
 //! to a word by `pack4xI8`, with the sums of the two halves' quants and of
-//! `x` itself), then dots it with every weight row's unit four values an
+//! `x` itself; [`gemv_int8`](super::super::gemv_int8) stages it in workgroup
+//! memory), then dotted with every weight row's unit four values an
 //! instruction (`dot4I8Packed`, SPIR-V `OpSDot` where the device has integer
 //! dot products, a few shifts elsewhere): the quants are read as bytes
 //! straight from the block, a nibble format's two halves by one mask each,
@@ -35,29 +36,6 @@ const QX_HELPERS: &str = "struct QX {
   lo: i32,
   hi: i32,
   sx: f32,
-}
-fn q_x8(x: array<vec4<f32>, 8>) -> QX {
-  let m = max(max(max(abs(x[0]), abs(x[1])), max(abs(x[2]), abs(x[3]))),
-              max(max(abs(x[4]), abs(x[5])), max(abs(x[6]), abs(x[7]))));
-  let amax = max(max(m.x, m.y), max(m.z, m.w));
-  let d = amax / 127.0f;
-  let id = select(0.0f, 1.0f / d, amax > 0.0f);
-  let q0 = vec4<i32>(round(x[0] * id));
-  let q1 = vec4<i32>(round(x[1] * id));
-  let q2 = vec4<i32>(round(x[2] * id));
-  let q3 = vec4<i32>(round(x[3] * id));
-  let q4 = vec4<i32>(round(x[4] * id));
-  let q5 = vec4<i32>(round(x[5] * id));
-  let q6 = vec4<i32>(round(x[6] * id));
-  let q7 = vec4<i32>(round(x[7] * id));
-  var r: QX;
-  r.q = array<u32, 8>(pack4xI8(q0), pack4xI8(q1), pack4xI8(q2), pack4xI8(q3),
-                      pack4xI8(q4), pack4xI8(q5), pack4xI8(q6), pack4xI8(q7));
-  r.d = d;
-  r.lo = dot(q0 + q1 + q2 + q3, vec4<i32>(1));
-  r.hi = dot(q4 + q5 + q6 + q7, vec4<i32>(1));
-  r.sx = d * f32(r.lo + r.hi);
-  return r;
 }
 fn q_spread(bits: u32) -> u32 { return ((bits & 15u) * 0x00204081u) & 0x01010101u; }
 ";
