@@ -37,7 +37,7 @@
 
 mod int_dot;
 
-pub(super) use int_dot::int_dot_decoder;
+pub(super) use int_dot::{int_dot_decoder, qw_words};
 
 use super::{Bindings, F16_DECODE};
 use gerbil_ir::DType;

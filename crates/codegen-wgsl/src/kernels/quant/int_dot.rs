@@ -64,6 +64,16 @@ fn qw_fields(dtype: DType) -> &'static [(&'static str, &'static str)] {
     }
 }
 
+/// The 32-bit words [`int_dot_decoder`]'s `QW` loads for one unit of
+/// `dtype` (its last field, the unit's index, is no load).
+pub(in crate::kernels) fn qw_words(dtype: DType) -> u32 {
+    let fields = qw_fields(dtype);
+    fields[..fields.len().saturating_sub(1)]
+        .iter()
+        .map(|(_, t)| if t.starts_with("vec4") { 4 } else { 1 })
+        .sum()
+}
+
 /// For binding `name` (declared with `values` values of quantized `dtype`):
 /// `fn {name}_iload(u: u32) -> QW`, the words of its 32-value unit `u` as
 /// loaded, and (once per module) the struct `QW` and `fn q_idot(w: QW, x:
