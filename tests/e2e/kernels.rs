@@ -1259,7 +1259,7 @@ fn quant_cases() -> Vec<QuantCase> {
         cases.push(QuantCase::Gemv(base, reduce));
         // t = 2: a second row of x, each row its own units; K = 64 gives
         // row groups narrower than lavapipe's subgroups, K = 9216 two stages
-        // of staged units.
+        // of staged units, K = 9248 two stages whose last is short.
         cases.push(QuantCase::GemvInt8(MatMulCase { t: 2, ..base }));
         cases.push(QuantCase::GemvInt8(MatMulCase { k: 9216, ..base }));
         if wdtype.block().0 == 32 {
@@ -1268,6 +1268,9 @@ fn quant_cases() -> Vec<QuantCase> {
                 k: 64,
                 ..base
             }));
+            if i % 2 == 0 {
+                cases.push(QuantCase::GemvInt8(MatMulCase { k: 9248, ..base }));
+            }
         }
         // t = 11: a thread's rows of `x` and part of the next.
         cases.push(QuantCase::Cpu(MatMulCase { t: 11, ..base }));
@@ -1491,6 +1494,10 @@ fn attention_matches_reference() {
         case(9, 3, 64, 0, 0.125, 1, 2999),
         case(4, 1, 256, 512, 0.0625, 1, 4107),
         case(4, 1, 256, 0, 0.0625, 2, 4107),
+        // Two head-256 cases above, at head width 64: large scores, and a
+        // window wider than the context.
+        case(6, 3, 64, 0, 5.0, 2, 70),
+        case(4, 1, 64, 512, 0.0625, 21, 40),
     ];
     // Of head width 256 (Gemma 3) only an f16 cache with a window and the
     // deep steps: each such kernel takes lavapipe about 9 s to compile.

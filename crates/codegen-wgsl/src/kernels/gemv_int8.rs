@@ -15,9 +15,9 @@
 //! words fit [`PREFETCH_WORDS`] registers, the weights are loaded before the
 //! staging, so the loads of `x` and of the weights are in flight together
 //! (the same GPU: 1B q4_0 → 1,230 tok/s, SmolLM2 q4_0 +3.5%; Q4_K rows of the
-//! 8B shape do not fit and are unchanged). Then it splits into `G` *row groups* of `TPR`
-//! threads, each group computing `R` outputs, its threads striding over the
-//! units and dotting each with the group's `R` weight rows
+//! 8B shape do not fit and are unchanged). Then it splits into `G` *row
+//! groups* of `TPR` threads, each group computing `R` outputs, its threads
+//! striding over the units and dotting each with the group's `R` weight rows
 //! (`quant::int_dot_decoder`). A unit of `x` is thus quantized once per
 //! workgroup and read from workgroup memory `G·R` times, where the plain
 //! GEMV's threads quantized their own units for `R` rows each (`down_proj`
@@ -131,10 +131,12 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
     );
     let xt = if s.last_row { "(params.t - 1u)" } else { "t" };
 
-    // Stage: eight threads a unit, thread `v % 8` of unit `v / 8` loading and
-    // quantizing its values `4(v % 8) ..+ 4` (neighbouring threads read
-    // neighbouring vec4s of `x`); the unit's largest magnitude meets in the
-    // unit's quant words, which the quants overwrite after a barrier.
+    // Stage: eight threads a unit, thread `v = tid + i·THREADS` of pass `i`
+    // loading and quantizing values `4(v % 8) ..+ 4` of unit `v / 8`
+    // (neighbouring threads read neighbouring vec4s of `x`); the unit's
+    // largest magnitude meets in the unit's quant words, which the quants
+    // overwrite after a barrier. The words are scalars: threads writing
+    // components of one `vec4` at once would race.
     let in_stage = |j: &str| {
         if kc.is_multiple_of(l.units) {
             format!("{j} < KT")
@@ -143,21 +145,21 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
         }
     };
     let passes = (8 * l.units).div_ceil(threads);
-    let slot = |i: u32| format!("xs_q[2u * j{i} + p{i} / 4u][p{i} % 4u]");
-    let mut stage = String::new();
+    let slot = |i: u32| format!("xs_q[8u * j{i} + p]");
+    let mut stage = "    let p = tid % 8u;\n".to_string();
     for i in 0..passes {
         let _ = write!(
             stage,
-            "    let j{i} = (tid + {i}u * THREADS) / 8u;\n    let p{i} = tid % 8u;\n    \
+            "    let j{i} = (tid + {i}u * THREADS) / 8u;\n    \
              var xv{i} = vec4<f32>(0.0f);\n    if ({}) {{\n      \
-             xv{i} = x[({xt} * KC + base + j{i}) * 8u + p{i}];\n",
+             xv{i} = x[({xt} * KC + base + j{i}) * 8u + p];\n",
             in_stage(&format!("j{i}"))
         );
         if norm {
             let _ = write!(
                 stage,
                 "      ssq = ssq + dot(xv{i}, xv{i});\n      \
-                 xv{i} = xv{i} * (gamma4_chunk((base + j{i}) * 8u + p{i}) + vec4<f32>(OFFSET));\n"
+                 xv{i} = xv{i} * (gamma4_chunk((base + j{i}) * 8u + p) + vec4<f32>(OFFSET));\n"
             );
         }
         let _ = write!(
@@ -172,11 +174,11 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
         let _ = write!(
             stage,
             "    var q{i} = 0u;\n    if ({}) {{\n      \
-             let ma{i} = max(bitcast<vec4<f32>>(xs_q[2u * j{i}]), bitcast<vec4<f32>>(xs_q[2u * j{i} + 1u]));\n      \
+             let ma{i} = max(bitcast<vec4<f32>>(x_words(j{i}, 0u)), bitcast<vec4<f32>>(x_words(j{i}, 4u)));\n      \
              let amax{i} = max(max(ma{i}.x, ma{i}.y), max(ma{i}.z, ma{i}.w));\n      \
              let d{i} = amax{i} / 127.0f;\n      \
              q{i} = pack4xI8(vec4<i32>(round(xv{i} * select(0.0f, 1.0f / d{i}, amax{i} > 0.0f))));\n      \
-             if (p{i} == 0u) {{ xs_d[j{i}] = d{i}; }}\n    }}\n",
+             if (p == 0u) {{ xs_d[j{i}] = d{i}; }}\n    }}\n",
             in_stage(&format!("j{i}"))
         );
     }
@@ -288,10 +290,12 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
     }
     let _ = write!(
         w,
-        "var<workgroup> xs_q: array<vec4<u32>, {q_len}>;\n\
+        "var<workgroup> xs_q: array<u32, {q_len}>;\n\
          var<workgroup> xs_d: array<f32, {kt}>;\n\
          var<workgroup> red: array<f32, {red_len}>;\n\
-         fn x_staged(j: u32) -> QX {{\n  let a = xs_q[2u * j];\n  let b = xs_q[2u * j + 1u];\n  \
+         fn x_words(j: u32, k: u32) -> vec4<u32> {{\n  \
+         let i = 8u * j + k;\n  return vec4<u32>(xs_q[i], xs_q[i + 1u], xs_q[i + 2u], xs_q[i + 3u]);\n}}\n\
+         fn x_staged(j: u32) -> QX {{\n  let a = x_words(j, 0u);\n  let b = x_words(j, 4u);\n  \
          var r: QX;\n  \
          r.q = array<u32, 8>(a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w);\n  r.d = xs_d[j];\n  \
          let ones = 0x01010101u;\n  \
@@ -316,7 +320,7 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
          \x20   let base = stage * KT;\n{stage}  }}\n\
          {reduce}\
          \x20 if (tid < OUTPUTS) {{\n{total}  }}\n}}\n",
-        q_len = 2 * l.units,
+        q_len = 8 * l.units,
         kt = l.units,
         stages = l.stages,
     );

@@ -2,9 +2,10 @@
 //! the decode GEMV of the f16 variants ([`super::super::gemv::Dots::Int8`]).
 //!
 //! Each 32-value unit of `x` is quantized once (`QX`: scale
-//! `d = max|x| / 127`, `q = round(x / d)` rounding half to even, packed four
-//! to a word by `pack4xI8`, with the sums of the two halves' quants and of
-//! `x` itself; [`gemv_int8`](super::super::gemv_int8) stages it in workgroup
+//! `d = max|x| / 127`, `q = round(x · (1 / d))` rounding half to even,
+//! packed four to a word by `pack4xI8`, with the sums of the two halves'
+//! quants and `sx = d · Σq`, the sum of `x` as rounded;
+//! [`gemv_int8`](super::super::gemv_int8) stages it in workgroup
 //! memory), then dotted with every weight row's unit four values an
 //! instruction (`dot4I8Packed`, SPIR-V `OpSDot` where the device has integer
 //! dot products, a few shifts elsewhere): the quants are read as bytes
@@ -65,7 +66,7 @@ fn qw_fields(dtype: DType) -> &'static [(&'static str, &'static str)] {
 }
 
 /// The 32-bit words [`int_dot_decoder`]'s `QW` loads for one unit of
-/// `dtype` (its last field, the unit's index, is no load).
+/// `dtype` (its last field, the unit's index, is not loaded).
 pub(in crate::kernels) fn qw_words(dtype: DType) -> u32 {
     let fields = qw_fields(dtype);
     fields[..fields.len().saturating_sub(1)]
