@@ -174,9 +174,9 @@ pub(super) enum UnitRead {
 /// [`bind_operands`] of a quantized weight, read in 32-value units: `x`
 /// and the norm weight as [`quant::UNIT`]s (`x_chunk`, `gamma_chunk`), the
 /// weight's shards with their decoders, and `cdot`, `cmul`, `cplus` over
-/// units; then the reader `read` names (e.g. `fn wdot(row, i, x)`: the dot
-/// product of unit `i` of weight row `row` with `x`), from the shard that
-/// holds the row.
+/// units (except for [`Dots::Int8`], whose kernel stages `x` itself); then
+/// the reader `read` names (e.g. `fn wdot(row, i, x)`: the dot product of
+/// unit `i` of weight row `row` with `x`), from the shard that holds the row.
 pub(super) fn bind_quantized(
     s: &MatMulSpec,
     norm: bool,
@@ -184,14 +184,18 @@ pub(super) fn bind_quantized(
     w: &mut String,
 ) -> (Bindings, Vec<Shard>) {
     let unit = quant::UNIT;
+    // `gemv_int8` stages `x` in vec4s itself: no unit helpers.
+    let unit_helpers = read != UnitRead::Dot(Dots::Int8);
     let mut b = Bindings::new();
     b.vectors(w, input(0), "x", DType::F32, true, "vec4<f32>");
-    let loads: Vec<String> = (0..8).map(|k| format!("x[8u * i + {k}u]")).collect();
-    let _ = writeln!(
-        w,
-        "fn x_chunk(i: u32) -> {unit} {{ return {unit}({}); }}",
-        loads.join(", ")
-    );
+    if unit_helpers {
+        let loads: Vec<String> = (0..8).map(|k| format!("x[8u * i + {k}u]")).collect();
+        let _ = writeln!(
+            w,
+            "fn x_chunk(i: u32) -> {unit} {{ return {unit}({}); }}",
+            loads.join(", ")
+        );
+    }
     let shards = weight_shards(s);
     for (i, shard) in shards.iter().enumerate() {
         let values = u64::from(shard.rows) * u64::from(s.k);
@@ -211,23 +215,27 @@ pub(super) fn bind_quantized(
     }
     bind_after_weight(s, &mut b, w, |b, w, port, gdtype| {
         chunk_binding(b, w, port, "gamma4", gdtype, 4, Operand::Weight(s.k.into()));
-        let loads: Vec<String> = (0..8)
-            .map(|k| format!("gamma4_chunk(8u * i + {k}u)"))
-            .collect();
+        if unit_helpers {
+            let loads: Vec<String> = (0..8)
+                .map(|k| format!("gamma4_chunk(8u * i + {k}u)"))
+                .collect();
+            let _ = writeln!(
+                w,
+                "fn gamma_chunk(i: u32) -> {unit} {{ return {unit}({}); }}",
+                loads.join(", ")
+            );
+        }
+    });
+    if unit_helpers {
         let _ = writeln!(
             w,
-            "fn gamma_chunk(i: u32) -> {unit} {{ return {unit}({}); }}",
-            loads.join(", ")
-        );
-    });
-    let _ = writeln!(
-        w,
-        "fn cdot(a: {unit}, b: {unit}) -> f32 {{
+            "fn cdot(a: {unit}, b: {unit}) -> f32 {{
   return dot(a[0], b[0]) + dot(a[1], b[1]) + dot(a[2], b[2]) + dot(a[3], b[3])
              + dot(a[4], b[4]) + dot(a[5], b[5]) + dot(a[6], b[6]) + dot(a[7], b[7]);
 }}"
-    );
-    if norm {
+        );
+    }
+    if norm && unit_helpers {
         let mul: Vec<String> = (0..8).map(|k| format!("a[{k}] * b[{k}]")).collect();
         let plus: Vec<String> = (0..8).map(|k| format!("a[{k}] + vec4<f32>(s)")).collect();
         let _ = writeln!(
