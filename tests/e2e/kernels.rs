@@ -1388,6 +1388,8 @@ struct AttentionCase {
     kv: DType,
     /// The `cpu` variant's kernel (`attention_cpu`) instead of the tiled one.
     cpu: bool,
+    /// Causal (decoders), else bidirectional (encoders).
+    causal: bool,
 }
 
 fn check_attention(c: &AttentionCase) -> Result<(), String> {
@@ -1398,6 +1400,7 @@ fn check_attention(c: &AttentionCase) -> Result<(), String> {
         scale: c.scale,
         window: c.window,
         kv: c.kv,
+        causal: c.causal,
     };
     let src = if c.cpu {
         kernels::attention_cpu::kernel_at(spec, kernels::Positions::Step)
@@ -1422,6 +1425,7 @@ fn check_attention(c: &AttentionCase) -> Result<(), String> {
         head_dim: c.head_dim,
         scale: c.scale,
         window: (c.window > 0).then_some(c.window),
+        causal: c.causal,
     };
     let (kc_bytes, kc) = encode(&kc, c.kv);
     let (vc_bytes, vc) = encode(&vc, c.kv);
@@ -1442,11 +1446,13 @@ fn attention_matches_reference() {
         p,
         kv: DType::F32,
         cpu: false,
+        causal: true,
     };
     let f16 = |c: AttentionCase| AttentionCase {
         kv: DType::F16,
         ..c
     };
+    let bidirectional = |c: AttentionCase| AttentionCase { causal: false, ..c };
     let cases = [
         // An f16 KV cache (the f16 variants): decode, prefill, windowed.
         f16(case(4, 2, 16, 0, 0.3, 1, 70)),
@@ -1487,6 +1493,12 @@ fn attention_matches_reference() {
         case(5, 1, 30, 9, 0.2, 17, 11),
         f16(case(9, 3, 64, 0, 0.125, 45, 50)),
         f16(case(4, 1, 256, 7, 0.0625, 10, 20)),
+        // Encoders: every row sees the whole step (MiniLM's shape, several
+        // row blocks; after cached rows; one row; an f16 cache).
+        bidirectional(case(12, 12, 32, 0, 0.17677669, 37, 0)),
+        bidirectional(case(4, 2, 16, 0, 0.3, 13, 5)),
+        bidirectional(case(4, 2, 16, 0, 0.3, 1, 0)),
+        f16(bidirectional(case(5, 1, 30, 0, 0.2, 17, 0))),
     ];
     // The `cpu` variant's kernel on the cases, and decode steps deep in
     // the context (SmolLM2's shape; Gemma 3's sliding and global layers).
@@ -1537,6 +1549,7 @@ fn check_decode_attention(c: &DecodeAttentionCase) -> Result<(), String> {
         scale: c.scale,
         window: c.window,
         kv: c.kv,
+        causal: true,
     };
     let src = kernels::attention_decode::kernel(spec, c.max_context);
     let (nh, nkv, hd, p) = (
@@ -1562,6 +1575,7 @@ fn check_decode_attention(c: &DecodeAttentionCase) -> Result<(), String> {
         head_dim: c.head_dim,
         scale: c.scale,
         window: (c.window > 0).then_some(c.window),
+        causal: true,
     };
     let steps: Vec<Step> = queries
         .iter()
@@ -1606,6 +1620,7 @@ fn decode_attention_matches_reference() {
             scale: 0.125,
             window: 0,
             kv: DType::F32,
+            causal: true,
         },
         4096,
     );

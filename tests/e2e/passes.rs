@@ -201,6 +201,7 @@ impl Builder {
                         head_dim,
                         scale: (head_dim as f32).powf(-0.5),
                         window: (window > 0).then_some(window),
+                        causal: true,
                     }),
                     &[q, kc, vc],
                     &format!("{p}.attn.sdpa"),
@@ -335,6 +336,7 @@ fn run(
         max_context: 0,
         max_tokens_per_step: 0,
         config: serde_json::Value::Null,
+        embedding: None,
     };
     let codegen = CodegenOptions {
         max_context: MAX_CONTEXT,

@@ -358,6 +358,10 @@ fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize) -> Vec<Vec<f64>>
             let out = r::qkv_rope(ins[0], ins[1], ins[2], ins[3], q, norms, p);
             vec![out.q, out.k_cache, out.v_cache]
         }
+        Op::LayerNorm(n) => vec![r::layer_norm(ins[0], ins[1], ins[2], n.eps)],
+        Op::AddPositions => vec![r::add_positions(ins[0], ins[1], width(tys[0]), p)],
+        Op::Pool(k) => vec![r::pool(ins[0], width(tys[0]), *k)],
+        Op::L2Normalize => vec![r::l2_normalize(ins[0], width(tys[0]))],
         Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
             unreachable!("sources are read from the interpreter's state")
         }

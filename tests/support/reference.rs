@@ -18,7 +18,9 @@
 //! what the kernel does (the runtime never passes one; the kernel test does).
 
 use gerbil_ir::rope_table::{cos_index, sin_index};
-use gerbil_ir::{Attention, BinaryOp, Embedding, NormPrologue, QkvRope, RmsNorm, Rope, UnaryOp};
+use gerbil_ir::{
+    Attention, BinaryOp, Embedding, NormPrologue, Pooling, QkvRope, RmsNorm, Rope, UnaryOp,
+};
 
 /// Rows of `x` at `width` columns (a zero width has no rows).
 fn rows(x: &[f64], width: usize) -> usize {
@@ -179,7 +181,8 @@ pub fn attention(q: &[f64], k_cache: &[f64], v_cache: &[f64], a: &Attention, p: 
     let t_rows = rows(q, nh * hd);
     let mut out = vec![0.0; q.len()];
     for t in 0..t_rows {
-        let pos = p + t;
+        // A bidirectional row sees every key up to the step's last.
+        let pos = if a.causal { p + t } else { p + t_rows - 1 };
         let lo = a.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
         for h in 0..nh {
             let qrow = &q[(t * nh + h) * hd..][..hd];
@@ -213,8 +216,58 @@ pub fn unary_scalar(op: UnaryOp, v: f64) -> f64 {
             let inner = (2.0 / std::f64::consts::PI).sqrt() * (v + 0.044715 * v.powi(3));
             0.5 * v * (1.0 + inner.tanh())
         }
+        UnaryOp::Gelu => 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2)),
         UnaryOp::Softcap(cap) => (v / f64::from(cap)).tanh() * f64::from(cap),
     }
+}
+
+/// LayerNorm of each row of `w.len()` values: mean and biased variance,
+/// then `· w + b`.
+pub fn layer_norm(x: &[f64], w: &[f64], b: &[f64], eps: f32) -> Vec<f64> {
+    x.chunks(w.len())
+        .flat_map(|row| {
+            let n = row.len() as f64;
+            let mean = row.iter().sum::<f64>() / n;
+            let var = row.iter().map(|v| (v - mean).powi(2)).sum::<f64>() / n;
+            let inv = 1.0 / (var + f64::from(eps)).sqrt();
+            row.iter()
+                .zip(w.iter().zip(b))
+                .map(move |(&v, (&wi, &bi))| (v - mean) * inv * wi + bi)
+        })
+        .collect()
+}
+
+/// `x[t] + table[p + t]`, rows of `width`.
+pub fn add_positions(x: &[f64], table: &[f64], width: usize, p: usize) -> Vec<f64> {
+    x.iter()
+        .zip(&table[p * width..])
+        .map(|(a, b)| a + b)
+        .collect()
+}
+
+/// The rows of `x` (of `width`) pooled into one row.
+pub fn pool(x: &[f64], width: usize, pooling: Pooling) -> Vec<f64> {
+    let n = rows(x, width);
+    (0..width)
+        .map(|c| {
+            let column = (0..n).map(|t| x[t * width + c]);
+            match pooling {
+                Pooling::Mean => column.sum::<f64>() / n as f64,
+                Pooling::Cls => x[c],
+                Pooling::Max => column.fold(f64::NEG_INFINITY, f64::max),
+            }
+        })
+        .collect()
+}
+
+/// Each row of `width` divided by `max(‖row‖₂, 1e-12)`.
+pub fn l2_normalize(x: &[f64], width: usize) -> Vec<f64> {
+    x.chunks(width)
+        .flat_map(|row| {
+            let norm = row.iter().map(|v| v * v).sum::<f64>().sqrt().max(1e-12);
+            row.iter().map(move |v| v / norm)
+        })
+        .collect()
 }
 
 /// An elementwise unary function.

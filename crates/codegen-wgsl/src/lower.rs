@@ -19,7 +19,7 @@ use crate::kernels::{
     attention::{self, AttentionSpec},
     attention_cpu, attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
-    gemm, gemm_coop,
+    encoder, gemm, gemm_coop,
     gemv::{self, Dots, Reduce},
     gemv_batch,
     matmul::{self, MatMulSpec},
@@ -355,6 +355,11 @@ impl Lowering<'_> {
                 at,
             ),
             Op::CacheWrite => elementwise::cache_write_at(width_of(out_ty), kv(in_ty(0)), at),
+            Op::Attention(a) if !a.causal && (a.window.is_some() || batch) => {
+                return Err(unsupported(
+                    "bidirectional attention takes no window and no batch schedule",
+                ))
+            }
             Op::Attention(a) => {
                 let spec = AttentionSpec {
                     heads: a.n_heads,
@@ -363,6 +368,7 @@ impl Lowering<'_> {
                     scale: a.scale,
                     window: a.window.unwrap_or(0),
                     kv: kv(in_ty(1)),
+                    causal: a.causal,
                 };
                 match phase {
                     _ if variant.features.contains(&Feature::Cpu) => {
@@ -378,6 +384,15 @@ impl Lowering<'_> {
                     Phase::Decode => attention_decode::kernel(spec, self.max_context),
                 }
             }
+            Op::LayerNorm(n) => {
+                encoder::layer_norm(rows_of(out_ty), width_of(out_ty), n.eps, in_ty(1).dtype)
+            }
+            Op::AddPositions if self.shard_rows(ins[1]).is_some() => {
+                return Err(unsupported("a position table split into row shards"))
+            }
+            Op::AddPositions => encoder::add_positions(width_of(out_ty), in_ty(1).dtype),
+            Op::Pool(p) => encoder::pool(*p, width_of(out_ty)),
+            Op::L2Normalize => encoder::l2_normalize(rows_of(out_ty), width_of(out_ty)),
             Op::Unary(u) => elementwise::unary(*u, rows_of(out_ty), width_of(out_ty)),
             Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
             Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),

@@ -237,10 +237,12 @@ fn output_kind(name: &str) -> Result<OutputKind, CodegenError> {
     match name {
         gerbil_ir::LOGITS => Ok(OutputKind::Logits),
         gerbil_ir::NEXT_TOKEN => Ok(OutputKind::NextToken),
+        gerbil_ir::EMBEDDING => Ok(OutputKind::Embedding),
         _ => Err(CodegenError::Graph(format!(
-            "graph output `{name}` has no runtime meaning; the runtime reads `{}` and `{}`",
+            "graph output `{name}` has no runtime meaning; the runtime reads `{}`, `{}` and `{}`",
             gerbil_ir::LOGITS,
-            gerbil_ir::NEXT_TOKEN
+            gerbil_ir::NEXT_TOKEN,
+            gerbil_ir::EMBEDDING
         ))),
     }
 }
@@ -381,8 +383,9 @@ pub(crate) fn place<'o>(
         };
         logits = Some((i, all_rows));
     }
-    let logits =
-        logits.ok_or_else(|| CodegenError::Graph("the graph has no `logits` output".into()))?;
+    let logits = logits.ok_or_else(|| {
+        CodegenError::Graph("the graph has no `logits` (or `embedding`) output".into())
+    })?;
     Ok(Sources {
         buffers: b,
         step_params,

@@ -295,6 +295,7 @@ fn golden_kernels() {
         scale: 0.125,
         window: 0,
         kv: DType::F32,
+        causal: true,
     }));
     golden(attention::kernel(AttentionSpec {
         heads: 4,
@@ -303,6 +304,7 @@ fn golden_kernels() {
         scale: 0.0625,
         window: 512,
         kv: DType::F32,
+        causal: true,
     }));
     // Decode: SmolLM2 at a 4096-token context, a Gemma 3 270M sliding layer.
     golden(attention_decode::kernel(
@@ -313,6 +315,7 @@ fn golden_kernels() {
             scale: 0.125,
             window: 0,
             kv: DType::F32,
+            causal: true,
         },
         4096,
     ));
@@ -324,6 +327,7 @@ fn golden_kernels() {
             scale: 0.0625,
             window: 512,
             kv: DType::F32,
+            causal: true,
         },
         32768,
     ));
@@ -350,6 +354,7 @@ fn golden_f16_kv_kernels() {
         scale: 0.125,
         window: 0,
         kv: DType::F16,
+        causal: true,
     };
     golden(qkv_rope::kernel(QkvRopeSpec {
         heads: 9,
@@ -522,6 +527,7 @@ fn golden_cpu_attention_and_sampling() {
             scale: 0.125,
             window: 0,
             kv: DType::F32,
+            causal: true,
         },
         Positions::Step,
     ));
@@ -533,6 +539,7 @@ fn golden_cpu_attention_and_sampling() {
             scale: 0.0625,
             window: 512,
             kv: DType::F16,
+            causal: true,
         },
         Positions::Table,
     ));
@@ -711,6 +718,7 @@ fn golden_row_table_kernels() {
             scale: 0.0625,
             window: 512,
             kv: DType::F32,
+            causal: true,
         },
         4096,
         Positions::Table,

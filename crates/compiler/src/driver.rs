@@ -20,10 +20,10 @@ use crate::materialize::WeightOptions;
 use crate::options::{CompileOptions, DEFAULT_MAX_CONTEXT_CAP};
 use crate::quantize;
 use gerbil_codegen_wgsl::CodegenOptions;
-use gerbil_frontend_hf::{lower_with, Checkpoint, LowerOptions, ModelFacts};
+use gerbil_frontend_hf::{lower_with, Checkpoint, EmbeddingFacts, LowerOptions, ModelFacts};
 use gerbil_ir::Graph;
 use gerbil_passes::{default_pipeline, PassManager, PassReport};
-use gerbil_plan::{limits, CompileInfo, ModelInfo};
+use gerbil_plan::{limits, CompileInfo, EmbeddingInfo, ModelInfo};
 use std::collections::BTreeMap;
 
 /// What a compilation produced.
@@ -161,6 +161,18 @@ fn check_value_sizes(graph: &Graph, max_context: u64) -> Result<(), CompileError
     Ok(())
 }
 
+/// The plan's record of an encoder's vector: an input may take `most`
+/// tokens (the step `--max-tokens-per-step` allows, else the context)
+/// unless the model says it was trained on less.
+fn embedding_info(e: &EmbeddingFacts, most: u64) -> EmbeddingInfo {
+    EmbeddingInfo {
+        dimension: e.dimension,
+        pooling: e.pipeline.pooling.name().to_string(),
+        normalized: e.pipeline.normalize,
+        max_tokens: e.pipeline.max_seq_length.map_or(most, |n| n.min(most)),
+    }
+}
+
 /// Compiles a checkpoint, showing `observer` the graph as lowered and after
 /// every pass.
 pub fn compile<'a>(
@@ -197,6 +209,16 @@ pub fn compile<'a>(
     }
     check_model_sizes(&facts)?;
     check_value_sizes(&graph, max_context)?;
+    if facts.embedding.is_some() && max_context > facts.max_position_embeddings {
+        return Err(CompileError::Option {
+            option: "--max-context",
+            value: max_context.to_string(),
+            reason: format!(
+                "an encoder has learned positions for {} tokens only; pick at most that",
+                facts.max_position_embeddings
+            ),
+        });
+    }
     if max_context > facts.max_position_embeddings {
         tracing::warn!(
             "--max-context {max_context} exceeds the model's max_position_embeddings {}",
@@ -241,10 +263,23 @@ pub fn compile<'a>(
         gemm_tiles: opts.tuning.as_ref().map(|t| t.tiles()).unwrap_or_default(),
         ..CodegenOptions::default()
     };
-    codegen.max_tokens_per_step = match opts.max_tokens_per_step {
-        Some(n) => n,
-        None => crate::chunk::choose(&graph, &codegen)?,
+    let embedding = facts
+        .embedding
+        .as_ref()
+        .map(|e| embedding_info(e, opts.max_tokens_per_step.unwrap_or(max_context)));
+    codegen.max_tokens_per_step = match (opts.max_tokens_per_step, &embedding) {
+        // An encoder takes each input whole, in one step.
+        (_, Some(e)) => e.max_tokens,
+        (Some(n), None) => n,
+        (None, None) => crate::chunk::choose(&graph, &codegen)?,
     };
+    if embedding.is_some() && opts.max_batch > 0 {
+        return Err(CompileError::Option {
+            option: "--max-batch",
+            value: opts.max_batch.to_string(),
+            reason: "an embedding model has no batch decode schedule; leave --max-batch out".into(),
+        });
+    }
     let max_tokens_per_step = codegen.max_tokens_per_step;
     if u64::from(opts.max_batch) > max_tokens_per_step {
         return Err(CompileError::Option {
@@ -266,6 +301,7 @@ pub fn compile<'a>(
         max_context,
         max_tokens_per_step,
         config: ckpt.config_json.clone(),
+        embedding,
     };
     let compile_info = CompileInfo {
         gerbil_version: env!("CARGO_PKG_VERSION").to_string(),

@@ -78,6 +78,7 @@ fn compile_streamed(
         max_context: 0,
         max_tokens_per_step: 0,
         config: serde_json::Value::Null,
+        embedding: None,
     };
     let options = WeightOptions {
         rounding: quantize.map(|q| q.rounding()).unwrap_or_default(),

@@ -78,6 +78,7 @@ struct RawConfig {
     #[serde(default)]
     head_dim: Option<u64>,
     vocab_size: u64,
+    #[serde(alias = "layer_norm_eps")]
     rms_norm_eps: f64,
     max_position_embeddings: u64,
     #[serde(default)]
@@ -288,7 +289,7 @@ pub struct HfConfig {
     pub explicit_head_dim: Option<u64>,
     /// Vocabulary size (rows of the embedding table).
     pub vocab_size: u64,
-    /// RMSNorm epsilon.
+    /// RMSNorm epsilon (an encoder's `layer_norm_eps`: its LayerNorm's).
     pub rms_norm_eps: f64,
     /// Maximum context length the model was trained for.
     pub max_position_embeddings: u64,

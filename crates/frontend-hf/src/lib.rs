@@ -30,6 +30,7 @@ pub mod generation;
 pub mod gguf;
 pub mod lower;
 pub mod rope;
+pub mod sentence;
 pub mod text;
 pub mod weights;
 
@@ -38,9 +39,10 @@ pub use config::{HfConfig, RopeConfig, RopeParameters};
 pub use error::FrontendError;
 pub use generation::GenerationConfig;
 pub use lower::{
-    family_of, lower, lower_with, required_weights, supported_architectures, LowerOptions, Lowered,
-    ModelFacts, RequiredWeight,
+    family_of, lower, lower_with, required_weights, supported_architectures, EmbeddingFacts,
+    LowerOptions, Lowered, ModelFacts, RequiredWeight,
 };
 pub use rope::{RopeContext, RopeFrequencies};
+pub use sentence::{PoolingMode, SentencePipeline};
 pub use text::TextAssets;
 pub use weights::{TensorView, WeightStore};

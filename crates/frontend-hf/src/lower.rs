@@ -20,6 +20,7 @@ use crate::checkpoint::Checkpoint;
 use crate::error::{FrontendError, Result};
 use crate::families;
 use crate::rope::{RopeContext, RopeFrequencies};
+use crate::sentence::SentencePipeline;
 use gerbil_ir::{DType, Dim, Graph, Op, Sym, TensorType, ValueRef, Weight, WeightSource};
 use serde::de::DeserializeOwned;
 use std::collections::HashMap;
@@ -41,6 +42,18 @@ pub struct ModelFacts {
     pub num_layers: u64,
     /// Context length the model was trained for.
     pub max_position_embeddings: u64,
+    /// For an encoder (its graph's output is [`gerbil_ir::EMBEDDING`]): the
+    /// vector it makes; `None` for a language model.
+    pub embedding: Option<EmbeddingFacts>,
+}
+
+/// What an embedding model's output vector is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EmbeddingFacts {
+    /// Length of the vector.
+    pub dimension: u64,
+    /// The sentence-transformers pipeline that makes it from the rows.
+    pub pipeline: SentencePipeline,
 }
 
 /// The result of lowering: the graph and facts about the model.
@@ -63,6 +76,7 @@ static FAMILIES: &[(&str, &str, BuildFn)] = &[
     ("MistralForCausalLM", "mistral", families::mistral::build),
     ("Gemma3ForCausalLM", "gemma3", families::gemma3::build),
     ("Phi3ForCausalLM", "phi3", families::phi3::build),
+    ("BertModel", "bert", families::bert::build),
 ];
 
 /// Settings of one lowering.
@@ -138,6 +152,7 @@ pub fn lower_with(ckpt: &Checkpoint, options: &LowerOptions) -> Result<Lowered> 
             hidden_size: c.hidden_size,
             num_layers: c.num_hidden_layers,
             max_position_embeddings: c.max_position_embeddings,
+            embedding: ctx.embedding,
         },
     })
 }
@@ -169,6 +184,8 @@ pub(crate) struct LowerCtx<'a> {
     /// In a dry run ([`required_weights`]): the tensors asked for so far;
     /// weights are then not read, only recorded (as f32).
     dry_run: Option<Vec<RequiredWeight>>,
+    /// What an encoder family's output vector is (it sets this).
+    pub embedding: Option<EmbeddingFacts>,
 }
 
 impl<'a> LowerCtx<'a> {
@@ -180,6 +197,7 @@ impl<'a> LowerCtx<'a> {
             options,
             weights: HashMap::new(),
             dry_run: None,
+            embedding: None,
         }
     }
 
@@ -295,6 +313,27 @@ impl<'a> LowerCtx<'a> {
         };
         let label = format!("{name}[{start}..{}]", start + count);
         self.weight_node(source, TensorType::fixed(dtype, &sliced), label)
+    }
+
+    /// The weight node of row `row` of checkpoint tensor `name` (checked
+    /// against `shape` as [`Self::weight`] does) as a vector of
+    /// `shape[1..]`: BERT's token-type row. Labelled `name[row]`.
+    pub fn weight_row(&mut self, name: &str, shape: &[u64], row: u64) -> Result<ValueRef> {
+        let dtype = self.check_tensor(name, shape)?;
+        if row >= shape.first().copied().unwrap_or(0) {
+            return Err(FrontendError::TensorShape {
+                name: format!("{name}[{row}]"),
+                expected: vec![row + 1],
+                found: shape.to_vec(),
+            });
+        }
+        let source = WeightSource::Rows {
+            tensor: name.to_string(),
+            start: row,
+            count: 1,
+        };
+        let ty = TensorType::fixed(dtype, &shape[1..]);
+        self.weight_node(source, ty, format!("{name}[{row}]"))
     }
 
     /// A RoPE table node `f32[Lmax, 2·inv_freq.len()]`.

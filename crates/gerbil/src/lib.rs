@@ -28,6 +28,7 @@ pub mod batch;
 pub mod chat;
 pub mod constraint;
 mod decoding;
+pub mod embedding;
 pub mod error;
 pub mod generation;
 pub mod model;
@@ -37,6 +38,7 @@ mod slots;
 pub use batch::Batch;
 pub use chat::{Chat, ChatReply};
 pub use constraint::TokenConstraint;
+pub use embedding::LongInputs;
 pub use error::Error;
 pub use generation::{
     CancelToken, FinishReason, Generation, GenerationSettings, GenerationStats, Piece,

@@ -234,7 +234,7 @@ impl Model {
             .encode_chat_with_tools(messages, tools, true)?)
     }
 
-    fn text_codec(&self) -> Result<&TextCodec, Error> {
+    pub(crate) fn text_codec(&self) -> Result<&TextCodec, Error> {
         match (&self.codec, &self.codec_error) {
             (Some(codec), _) => Ok(codec),
             (None, Some(reason)) => Err(Error::TextUnavailable(reason.clone())),

@@ -102,6 +102,11 @@ pub const LOGITS: &str = "logits";
 /// plan's `Output(NextToken)` buffer.
 pub const NEXT_TOKEN: &str = "next_token";
 
+/// The name of an encoder graph's output instead of [`LOGITS`]: the pooled
+/// (and, where the model says so, normalized) sentence embedding `[1, D]`;
+/// codegen maps it to the plan's `Output(Embedding)` buffer.
+pub const EMBEDDING: &str = "embedding";
+
 /// A dataflow graph with named outputs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Graph {

@@ -23,11 +23,12 @@ pub mod types;
 pub mod verify;
 
 pub use graph::{
-    layer_prefix, without_layers, Edge, Graph, Node, NodeId, ValueRef, LOGITS, NEXT_TOKEN,
+    layer_prefix, without_layers, Edge, Graph, Node, NodeId, ValueRef, EMBEDDING, LOGITS,
+    NEXT_TOKEN,
 };
 pub use op::{
-    Attention, BinaryOp, Embedding, Input, MatMul, MatMulGlu, MatMulPorts, NormPrologue, Op,
-    QkNorm, QkvRope, RmsNorm, Rope, UnaryOp, Weight, WeightSource,
+    Attention, BinaryOp, Embedding, Input, LayerNorm, MatMul, MatMulGlu, MatMulPorts, NormPrologue,
+    Op, Pooling, QkNorm, QkvRope, RmsNorm, Rope, UnaryOp, Weight, WeightSource,
 };
 pub use parse::{parse, ParseError};
 pub use types::{DType, Dim, Sym, TensorType, QUANTIZED};

@@ -223,6 +223,47 @@ pub struct Attention {
     pub scale: f32,
     /// Sliding window `W`: query `i` sees keys `j` with `i - W < j <= i`.
     pub window: Option<u32>,
+    /// Whether query `i` sees only keys `j <= i` (decoders); without it
+    /// (encoders, `bidirectional` in the text form) every query of a step
+    /// sees every key up to the step's last, and the window must be `None`.
+    #[serde(default = "yes")]
+    pub causal: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// LayerNorm over each row: `(x − mean(x)) / sqrt(var(x) + eps) · w + b`,
+/// with the biased variance (PyTorch's `nn.LayerNorm`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct LayerNorm {
+    /// Epsilon inside the square root.
+    pub eps: f32,
+}
+
+/// How an encoder's rows `[T, W]` become one vector `[1, W]` (the
+/// sentence-transformers `Pooling` module; last-token pooling is
+/// [`Op::SliceLastRow`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Pooling {
+    /// The mean of the rows.
+    Mean,
+    /// The first row (the `[CLS]` token's).
+    Cls,
+    /// The largest value of each column.
+    Max,
+}
+
+impl Pooling {
+    /// The name in the text form and in sentence-transformers' config.
+    pub fn name(self) -> &'static str {
+        match self {
+            Pooling::Mean => "mean",
+            Pooling::Cls => "cls",
+            Pooling::Max => "max",
+        }
+    }
 }
 
 /// A matmul over a weight `[2·I, K]` whose epilogue applies a gated linear
@@ -285,6 +326,8 @@ pub enum UnaryOp {
     Silu,
     /// GELU, tanh approximation (`gelu_pytorch_tanh`).
     GeluTanh,
+    /// GELU, exact: `x · Φ(x) = x · (1 + erf(x / √2)) / 2` (BERT's `gelu`).
+    Gelu,
     /// `tanh(x / cap) · cap`.
     Softcap(f32),
 }
@@ -365,6 +408,17 @@ pub enum Op {
     /// Fused q/k/v post-processing `(qkv, table, k_cache, v_cache[, q_norm_w,
     /// k_norm_w]) -> (q, k_cache, v_cache)`, see [`QkvRope`].
     QkvRope(QkvRope),
+    /// LayerNorm `(x, w, b)`, see [`LayerNorm`].
+    LayerNorm(LayerNorm),
+    /// `(x, table) -> x[t] + table[P + t]`: learned absolute position
+    /// embeddings (BERT) added to the step's rows at positions `P..P+T`;
+    /// the table `[N, W]` must have a row for every position of the context.
+    AddPositions,
+    /// `[T, W] -> [1, W]`: the step's rows pooled into one vector, see
+    /// [`Pooling`]. The step must hold the whole sequence.
+    Pool(Pooling),
+    /// `x[r] / max(‖x[r]‖₂, 1e-12)` for each row (`torch.nn.functional.normalize`).
+    L2Normalize,
 }
 
 /// Why an op rejected its inputs.
@@ -474,7 +528,9 @@ impl Op {
             Op::Weight(w) => {
                 expect_arity(ins, 0)?;
                 if let WeightSource::Rows { count, .. } = &w.source {
-                    if *count == 0 || w.ty.shape.first() != Some(&Dim::Const(*count)) {
+                    // One row may also be typed as a vector (BERT's token-type row).
+                    let vector = *count == 1 && w.ty.shape.len() == 1;
+                    if *count == 0 || (!vector && w.ty.shape.first() != Some(&Dim::Const(*count))) {
                         return Err(format!(
                             "a weight of {count} rows must have a leading dimension of {count} \
                              (at least 1), got {}",
@@ -701,6 +757,40 @@ impl Op {
                 let act = piece(Op::Unary(m.act), &[&gate], "activation")?;
                 piece(Op::Binary(BinaryOp::Mul), &[&act, &up], "mul")?
             }
+            Op::LayerNorm(_) => {
+                expect_arity(ins, 3)?;
+                expect_f32(ins[0], "normalized input")?;
+                let (_, w) = expect_matrix(ins[0], "normalized input")?;
+                expect_vector(ins[1], w, "norm weight")?;
+                expect_vector(ins[2], w, "norm bias")?;
+                ins[0].clone()
+            }
+            Op::AddPositions => {
+                expect_arity(ins, 2)?;
+                expect_f32(ins[0], "input")?;
+                let (_, w) = expect_matrix(ins[0], "input")?;
+                let (rows, tw) = expect_matrix(ins[1], "position table")?;
+                expect_float(ins[1], "position table")?;
+                if rows.as_const().is_none() || tw != w {
+                    return Err(format!(
+                        "position table must be [positions, {w}] with constant positions, got {}",
+                        ins[1]
+                    ));
+                }
+                ins[0].clone()
+            }
+            Op::Pool(_) => {
+                expect_arity(ins, 1)?;
+                expect_f32(ins[0], "input")?;
+                let (_, w) = expect_matrix(ins[0], "input")?;
+                TensorType::new(DType::F32, [Dim::Const(1), Dim::Const(w)])
+            }
+            Op::L2Normalize => {
+                expect_arity(ins, 1)?;
+                expect_f32(ins[0], "input")?;
+                expect_matrix(ins[0], "input")?;
+                ins[0].clone()
+            }
             Op::QkvRope(r) => {
                 let norm = r.qk_norm.is_some();
                 expect_arity(ins, if norm { 6 } else { 4 })?;
@@ -748,6 +838,7 @@ impl Op {
                     head_dim: r.head_dim,
                     scale: 1.0,
                     window: None,
+                    causal: true,
                 });
                 piece(attention, &[&q, &k_cache, &v_cache], "attention")?;
                 return Ok(vec![q, k_cache, v_cache]);
@@ -770,6 +861,7 @@ impl Op {
             Op::Attention(_) => "attention",
             Op::Unary(UnaryOp::Silu) => "silu",
             Op::Unary(UnaryOp::GeluTanh) => "gelu_tanh",
+            Op::Unary(UnaryOp::Gelu) => "gelu",
             Op::Unary(UnaryOp::Softcap(_)) => "softcap",
             Op::Binary(BinaryOp::Add) => "add",
             Op::AddBias => "add_bias",
@@ -783,9 +875,13 @@ impl Op {
             Op::MatMulGlu(m) => match m.act {
                 UnaryOp::Silu => "matmul_swiglu",
                 UnaryOp::GeluTanh => "matmul_geglu",
-                UnaryOp::Softcap(_) => "matmul_glu",
+                UnaryOp::Gelu | UnaryOp::Softcap(_) => "matmul_glu",
             },
             Op::QkvRope(_) => "qkv_rope",
+            Op::LayerNorm(_) => "layer_norm",
+            Op::AddPositions => "add_positions",
+            Op::Pool(_) => "pool",
+            Op::L2Normalize => "l2_normalize",
         }
     }
 }
@@ -877,6 +973,7 @@ impl fmt::Display for Op {
             Op::MatMulGlu(m) => {
                 let cap = match m.act {
                     UnaryOp::Softcap(c) => Some(format!("cap={c}")),
+                    UnaryOp::Gelu => Some("act=gelu".to_string()),
                     _ => None,
                 };
                 write_attrs(f, matmul_attrs(cap, m.has_bias, m.norm))
@@ -907,9 +1004,14 @@ impl fmt::Display for Op {
                 if let Some(w) = a.window {
                     write!(f, ", window={w}")?;
                 }
+                if !a.causal {
+                    f.write_str(", bidirectional")?;
+                }
                 f.write_str("}")
             }
             Op::Unary(UnaryOp::Softcap(c)) => write!(f, "{{cap={c}}}"),
+            Op::LayerNorm(n) => write!(f, "{{eps={:e}}}", n.eps),
+            Op::Pool(p) => write!(f, "{{{}}}", p.name()),
             _ => Ok(()),
         }
     }

@@ -124,6 +124,7 @@ fn every_op() -> Graph {
             head_dim: 8,
             scale: 0.353_553_38,
             window,
+            causal: true,
         })
     };
     let a0 = g
@@ -298,7 +299,53 @@ fn every_op() -> Graph {
         .unwrap();
     g.outputs.push(("logits".into(), capped));
     g.outputs.push(("the stream".into(), port(lr, 0)));
+    encoder_ops(&mut g, port(er, 0), (qr, kw, vw), (table, w16));
     g
+}
+
+/// The encoders' ops, on values of [`every_op`]: `x` `[T, 16]`, the
+/// attention operands, the embedding table and a `[16]` weight.
+fn encoder_ops(
+    g: &mut Graph,
+    x: ValueRef,
+    (q, k, v): (ValueRef, ValueRef, ValueRef),
+    (table, w16): (ValueRef, ValueRef),
+) {
+    let f = |dims: &[u64]| TensorType::fixed(DType::F32, dims);
+    let positions = weight(g, ckpt("positions"), f(&[8, 16]), "positions");
+    let types = WeightSource::Rows {
+        tensor: "token_types".into(),
+        start: 0,
+        count: 1,
+    };
+    let type_row = weight(g, types, f(&[16]), "type row");
+    let x = g.add(Op::AddPositions, &[x, positions], "pos").unwrap();
+    let x = g.add(Op::AddBias, &[x, type_row], "type").unwrap();
+    let ln = Op::LayerNorm(gerbil_ir::LayerNorm { eps: 1e-12 });
+    let x = g.add(ln, &[x, w16, type_row], "ln").unwrap();
+    let x = g.add(Op::Unary(UnaryOp::Gelu), &[x], "act").unwrap();
+    let gelu_glu = Op::MatMulGlu(MatMulGlu {
+        act: UnaryOp::Gelu,
+        has_bias: false,
+        norm: None,
+    });
+    g.add(gelu_glu, &[x, table], "dead").unwrap();
+    let bidirectional = Op::Attention(Attention {
+        n_heads: 2,
+        n_kv_heads: 1,
+        head_dim: 8,
+        scale: 0.25,
+        window: None,
+        causal: false,
+    });
+    g.add(bidirectional, &[q, k, v], "dead").unwrap();
+    use gerbil_ir::Pooling;
+    let mean = g.add(Op::Pool(Pooling::Mean), &[x], "mean").unwrap();
+    for kind in [Pooling::Cls, Pooling::Max] {
+        g.add(Op::Pool(kind), &[x], "dead").unwrap();
+    }
+    let e = g.add(Op::L2Normalize, &[mean], "normalize").unwrap();
+    g.outputs.push((gerbil_ir::EMBEDDING.into(), e));
 }
 
 #[test]

@@ -154,6 +154,26 @@ pub struct ModelInfo {
     pub max_tokens_per_step: u64,
     /// The model's config.json, verbatim, for inspection.
     pub config: serde_json::Value,
+    /// For an embedding model (an encoder: its output is a vector per
+    /// input, read from `io.logits`, not next-token logits), what the vector
+    /// is; absent for a language model.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedding: Option<EmbeddingInfo>,
+}
+
+/// What an embedding plan's output vector is.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmbeddingInfo {
+    /// Length of the vector.
+    pub dimension: u64,
+    /// How token rows become the vector: `mean`, `cls`, `max` or `last`.
+    pub pooling: String,
+    /// Whether the vector is L2-normalized (unit length).
+    pub normalized: bool,
+    /// Most tokens of one input, special tokens included (the model's
+    /// `max_seq_length`, or the context the plan was compiled for): the
+    /// whole input runs in one step.
+    pub max_tokens: u64,
 }
 
 /// Text processing that travels with the plan.
@@ -363,6 +383,8 @@ pub enum OutputKind {
     Logits,
     /// Greedy decoding's next token, `u32[1]`: the argmax of the logits.
     NextToken,
+    /// An embedding plan's vector, `f32[dimension]` ([`EmbeddingInfo`]).
+    Embedding,
 }
 
 impl OutputKind {
@@ -371,6 +393,7 @@ impl OutputKind {
         match self {
             OutputKind::Logits => "logits",
             OutputKind::NextToken => "next_token",
+            OutputKind::Embedding => "embedding",
         }
     }
 }
@@ -729,7 +752,8 @@ pub struct IoBindings {
     /// Buffer holding the token ids.
     pub token_ids: u32,
     /// Logits of the step: `f32[vocab]` of the last position, or `f32[T, vocab]`
-    /// of every position when `logits_all_rows` is set.
+    /// of every position when `logits_all_rows` is set. In an embedding plan
+    /// ([`ModelInfo::embedding`]), the step's vector, `f32[dimension]`.
     pub logits: BufferSlice,
     /// Whether `logits` holds a row per token of the step (the compiler ran
     /// without `slice-last-row`); the runtime then reads row `T - 1`.

@@ -20,8 +20,8 @@
 //! of range, however it was edited.
 
 use crate::header::{
-    Access, BindingDecl, BufferKind, BufferSlice, Dispatch, Kernel, OutputKind, PlanHeader, Port,
-    SectionRef, Variant, SAMPLING_PARAMS_BYTES, STEP_PARAMS_BYTES,
+    Access, BindingDecl, BufferKind, BufferSlice, Dispatch, EmbeddingInfo, Kernel, OutputKind,
+    PlanHeader, Port, SectionRef, Variant, SAMPLING_PARAMS_BYTES, STEP_PARAMS_BYTES,
 };
 use crate::limits::{self, Limit};
 
@@ -236,6 +236,9 @@ impl PlanHeader {
             ));
         }
         self.slice_ok(&io.logits, "logits output")?;
+        if let Some(e) = &self.model.embedding {
+            return self.embedding_io_ok(e);
+        }
         if !matches!(
             self.buffer_kind(io.logits.buffer, "logits")?,
             BufferKind::Output {
@@ -305,6 +308,40 @@ impl PlanHeader {
                      sampling-parameter uniform"
                 ));
             }
+        }
+        Ok(())
+    }
+
+    /// An embedding plan's outputs: the vector in an embedding output
+    /// buffer, no next token, no batch schedule, and every input in one step.
+    fn embedding_io_ok(&self, e: &EmbeddingInfo) -> Result<(), String> {
+        let io = &self.io;
+        if !matches!(
+            self.buffer_kind(io.logits.buffer, "embedding")?,
+            BufferKind::Output {
+                output: OutputKind::Embedding
+            }
+        ) {
+            return Err("an embedding plan's output is not an embedding output buffer".into());
+        }
+        within(limits::VOCABULARY, e.dimension, "model.embedding.dimension")?;
+        if e.dimension == 0
+            || io.logits.size < e.dimension * 4
+            || !io.logits.offset.is_multiple_of(4)
+        {
+            return Err(format!(
+                "the embedding output ({} bytes at {}) does not hold {} aligned f32 values",
+                io.logits.size, io.logits.offset, e.dimension
+            ));
+        }
+        if io.next_token.is_some() || io.max_batch > 0 {
+            return Err("an embedding plan has no next-token output and no batch schedule".into());
+        }
+        if e.max_tokens == 0 || e.max_tokens > self.model.max_tokens_per_step {
+            return Err(format!(
+                "an embedding input of {} tokens does not fit one step of {}",
+                e.max_tokens, self.model.max_tokens_per_step
+            ));
         }
         Ok(())
     }

@@ -54,6 +54,7 @@ fn header(weight: SectionRef) -> PlanHeader {
             max_context: 8,
             max_tokens_per_step: 8,
             config: serde_json::json!({"hidden_size": 2}),
+            embedding: None,
         },
         text: TextInfo::default(),
         compile: CompileInfo::default(),

@@ -95,6 +95,7 @@ fn valid(w: SectionRef) -> PlanHeader {
             max_context: CONTEXT,
             max_tokens_per_step: STEP,
             config: serde_json::json!({}),
+            embedding: None,
         },
         text: TextInfo::default(),
         compile: CompileInfo::default(),

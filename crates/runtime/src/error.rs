@@ -139,6 +139,17 @@ pub enum RuntimeError {
     /// Nothing to run.
     #[error("the input has no tokens")]
     EmptyInput,
+    /// Logits asked of an embedding plan, or a vector of a language model.
+    #[error("{0}")]
+    WrongModelKind(&'static str),
+    /// An embedding input longer than the plan takes in one step.
+    #[error("the input has {tokens} tokens, more than the {max} this embedding model takes; shorten it, or let it be truncated (`gerbil-run embed --truncate`)")]
+    InputTooLong {
+        /// Tokens of the input, special tokens included.
+        tokens: usize,
+        /// The plan's `embedding.max_tokens`.
+        max: u64,
+    },
     /// GPU decoding on a plan compiled without the `next_token` output.
     #[error("the plan has no `next_token` output (compiled by an older gerbilc): recompile it to decode on the GPU")]
     NoGpuSampler,

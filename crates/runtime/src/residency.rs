@@ -522,6 +522,7 @@ mod tests {
                 max_context: 4,
                 max_tokens_per_step: 4,
                 config: serde_json::Value::Null,
+                embedding: None,
             },
             text: TextInfo::default(),
             compile: CompileInfo::default(),

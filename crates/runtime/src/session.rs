@@ -401,8 +401,9 @@ impl Session {
         let pipelines = kernels.pipelines;
         let readback_desc = wgpu::BufferDescriptor {
             label: Some("logits readback"),
-            // vocab_size ≤ limits::VOCABULARY (validated): no overflow.
-            size: header.model.vocab_size * 4,
+            // vocab_size and an embedding's dimension ≤ limits::VOCABULARY
+            // (validated): no overflow.
+            size: header.model.vocab_size.max(header.io.logits.size / 4) * 4,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         };
@@ -629,6 +630,12 @@ impl Session {
 
     /// Like [`Session::forward`] but leaves the logits on the GPU.
     pub async fn forward_no_readback(&mut self, tokens: &[u32]) -> Result<(), RuntimeError> {
+        self.expect_logits()?;
+        self.run_tokens(tokens).await
+    }
+
+    /// Runs `tokens` after the cached ones, in chunks of the plan's step.
+    async fn run_tokens(&mut self, tokens: &[u32]) -> Result<(), RuntimeError> {
         if tokens.is_empty() {
             return Err(RuntimeError::EmptyInput);
         }
@@ -860,6 +867,59 @@ impl Session {
         Ok(())
     }
 
+    /// For an embedding plan: the vector of one input, `tokens` with its
+    /// special tokens (at most the plan's `embedding.max_tokens`), run in one
+    /// step from position 0 — the KV cache is the step's scratch, so the
+    /// session's position starts over.
+    pub async fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+        let Some(e) = &self.header.model.embedding else {
+            return Err(RuntimeError::WrongModelKind(
+                "this plan is a language model, not an embedding model: it makes logits, not vectors",
+            ));
+        };
+        let (dimension, max) = (e.dimension, e.max_tokens);
+        if tokens.len() as u64 > max {
+            return Err(RuntimeError::InputTooLong {
+                tokens: tokens.len(),
+                max,
+            });
+        }
+        self.reset();
+        self.run_tokens(tokens).await?;
+        let io = self.header.io.logits;
+        let enc = self
+            .gpu
+            .scoped("copying the embedding", || {
+                let mut enc =
+                    self.gpu
+                        .device
+                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                            label: Some("readback"),
+                        });
+                let buffer = self.buffer(io.buffer);
+                enc.copy_buffer_to_buffer(buffer, io.offset, &self.readback, 0, dimension * 4);
+                enc.finish()
+            })
+            .await?;
+        self.gpu.queue.submit([enc]);
+        self.gpu
+            .read_mapped(&self.readback, |bytes| {
+                bytemuck::cast_slice::<u8, f32>(bytes)[..dimension as usize].to_vec()
+            })
+            .await
+    }
+
+    /// Refuses to treat an embedding plan's vector as logits.
+    fn expect_logits(&self) -> Result<(), RuntimeError> {
+        match self.header.model.embedding {
+            Some(_) => Err(RuntimeError::WrongModelKind(
+                "this plan is an embedding model: it makes vectors (`Session::embed`, \
+                 `gerbil-run PLAN embed`), not next-token logits",
+            )),
+            None => Ok(()),
+        }
+    }
+
     /// Copies the last step's logits to the CPU.
     pub async fn read_logits(&self) -> Result<Vec<f32>, RuntimeError> {
         let rows = self.kept_rows();
@@ -907,6 +967,7 @@ impl Session {
         rows: u64,
         readback: &wgpu::Buffer,
     ) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        self.expect_logits()?;
         let io = self.header.io.logits;
         let row_bytes = self.vocab_size() * 4;
         let enc = self

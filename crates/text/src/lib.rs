@@ -246,6 +246,34 @@ impl TextCodec {
         Ok(encoding.get_ids().to_vec())
     }
 
+    /// `tokenizer(text, truncation=True, max_length=max_tokens)["input_ids"]`:
+    /// the text's tokens cut from the right so that, with the special tokens
+    /// the post-processor adds (BERT's `[CLS]` and `[SEP]`), at most
+    /// `max_tokens` remain — what sentence-transformers feeds an encoder.
+    pub fn encode_truncated(&self, text: &str, max_tokens: usize) -> Result<Vec<u32>, TextError> {
+        let encode_err = |e: tokenizers::Error| TextError::Encode {
+            detail: e.to_string(),
+        };
+        let mut encoding = self
+            .tokenizer
+            .encode_fast(text, false)
+            .map_err(encode_err)?;
+        let added = self
+            .tokenizer
+            .get_post_processor()
+            .map_or(0, |p| tokenizers::PostProcessor::added_tokens(p, false));
+        encoding.truncate(
+            max_tokens.saturating_sub(added),
+            0,
+            tokenizers::TruncationDirection::Right,
+        );
+        let encoding = self
+            .tokenizer
+            .post_process(encoding, None, true)
+            .map_err(encode_err)?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
     /// `tokenizer.decode(ids, skip_special_tokens=...)`. Like the Python library, ids the
     /// tokenizer does not know are silently left out.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String, TextError> {

@@ -49,6 +49,21 @@ pub struct AttentionSpec {
     pub window: u32,
     /// How the KV cache is stored (f32, or f16 in an f16 variant).
     pub kv: DType,
+    /// Whether row `t` sees keys up to its own position only; else every
+    /// row of the step sees every key up to the step's last (encoders; no
+    /// window). A decode step's one row sees the same keys either way.
+    pub causal: bool,
+}
+
+impl AttentionSpec {
+    /// What a kernel's name gets: nothing, or `_bi` for bidirectional.
+    pub(super) fn tag(&self) -> &'static str {
+        if self.causal {
+            ""
+        } else {
+            "_bi"
+        }
+    }
 }
 
 /// The block shape of a flash-attention kernel.
@@ -168,10 +183,17 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
     w.push_str(&load4_fn("load_q4", s.head_dim, |i| format!("q[{i}]")));
     w.push_str(&load4_fn("load_k4", s.head_dim, |i| kv_load(s.kv, "kc", i)));
     w.push_str(&load4_fn("load_v4", s.head_dim, |i| kv_load(s.kv, "vc", i)));
-    // The rows' positions and the keys the block may see (`lo..=hi`).
-    let positions = "\x20 let row = t0 + i;\n  let pos = params.p + row;\n\
-         \x20 let hi = params.p + min(t0 + BQ, params.t) - 1u;\n\
-         \x20 var lo = 0u;\n  if (WINDOW > 0u && params.p + t0 + 1u > WINDOW) { lo = params.p + t0 + 1u - WINDOW; }\n";
+    // The rows' positions and the keys the block may see (`lo..=hi`); a
+    // bidirectional row sees as far as the step's last row.
+    let (pos, hi) = match s.causal {
+        true => ("params.p + row", "params.p + min(t0 + BQ, params.t) - 1u"),
+        false => ("params.p + params.t - 1u", "params.p + params.t - 1u"),
+    };
+    let positions = format!(
+        "\x20 let row = t0 + i;\n  let pos = {pos};\n\
+         \x20 let hi = {hi};\n\
+         \x20 var lo = 0u;\n  if (WINDOW > 0u && params.p + t0 + 1u > WINDOW) {{ lo = params.p + t0 + 1u - WINDOW; }}\n"
+    );
     let key = "c + jj";
     let tile_load = |f: &str| {
         format!(
@@ -255,12 +277,13 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
     );
     KernelSource {
         name: format!(
-            "attention_h{}_kv{}_d{}_w{}{}",
+            "attention_h{}_kv{}_d{}_w{}{}{}",
             s.heads,
             s.kv_heads,
             s.head_dim,
             s.window,
             kv_tag(s.kv),
+            s.tag(),
         ),
         wgsl: w,
         workgroup_size: [threads, 1, 1],
@@ -286,6 +309,7 @@ mod tests {
             scale: 1.0,
             window: 0,
             kv: DType::F32,
+            causal: true,
         }
     }
 

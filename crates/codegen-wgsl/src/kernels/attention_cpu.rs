@@ -104,7 +104,7 @@ pub fn kernel_at(s: AttentionSpec, at: Positions) -> KernelSource {
          {q_loads}\
          \x20 var m = NEG;\n  var l = 0.0f;\n\
          {acc_init}\
-         \x20 for (var j = lo; j <= pos; j = j + 1u) {{\n\
+         \x20 for (var j = lo; j <= {last}; j = j + 1u) {{\n\
          \x20   let kb = ((seq0 + j) * NKV + kvh) * HD;\n\
          \x20   var s = 0.0f;\n{score}\
          \x20   s = s * SCALE;\n\
@@ -114,6 +114,10 @@ pub fn kernel_at(s: AttentionSpec, at: Positions) -> KernelSource {
          \x20 let inv = 1.0f / l;\n{stores}}}\n",
         pos = at.pos("row"),
         cache_row = at.cache_row("row"),
+        last = match s.causal {
+            true => "pos",
+            false => "params.p + params.t - 1u",
+        },
         q_loads = unrolled(&|d| format!("  let q{d} = load_q(qb, {d}u);\n")),
         acc_init = unrolled(&|d| format!("  var a{d} = vec4<f32>(0.0f);\n")),
         score = unrolled(&|d| format!("    s = s + dot(q{d}, load_kc(kb, {d}u));\n")),
@@ -122,13 +126,14 @@ pub fn kernel_at(s: AttentionSpec, at: Positions) -> KernelSource {
     );
     KernelSource {
         name: format!(
-            "attention_cpu_h{}_kv{}_d{}_w{}{}{}",
+            "attention_cpu_h{}_kv{}_d{}_w{}{}{}{}",
             s.heads,
             s.kv_heads,
             s.head_dim,
             s.window,
             kv_tag(s.kv),
-            at.tag()
+            at.tag(),
+            s.tag()
         ),
         wgsl: w,
         workgroup_size: [THREADS, 1, 1],

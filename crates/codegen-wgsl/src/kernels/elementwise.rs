@@ -47,9 +47,19 @@ fn entry(rows: Rows, body: &str) -> String {
 }
 
 /// WGSL expression of a unary function of `v`. `tanh` arguments are clamped
-/// to ±15 (where tanh is ±1 in f32) so no backend overflows `exp`.
+/// to ±15 (where tanh is ±1 in f32) so no backend overflows `exp`. WGSL has
+/// no `erf`: exact GELU takes Abramowitz and Stegun's 7.1.26 (absolute error
+/// below 1.5e-7, under f32's rounding of the `1 + erf` it feeds).
 pub fn unary_expr(op: UnaryOp, v: &str) -> String {
     match op {
+        UnaryOp::Gelu => {
+            let z = format!("(abs({v}) * 0.7071067811865476f)");
+            let t = format!("(1.0f / (1.0f + 0.3275911f * {z}))");
+            let poly = format!(
+                "(((((1.061405429f * {t} - 1.453152027f) * {t} + 1.421413741f) * {t} - 0.284496736f) * {t} + 0.254829592f) * {t})"
+            );
+            format!("0.5f * {v} * (1.0f + sign({v}) * (1.0f - {poly} * exp(-{z} * {z})))")
+        }
         UnaryOp::Silu => format!("{v} / (1.0f + exp(-{v}))"),
         UnaryOp::GeluTanh => format!(
             "0.5f * {v} * (1.0f + tanh(clamp(0.7978845608028654f * ({v} + 0.044715f * {v} * {v} * {v}), -15.0f, 15.0f)))"
@@ -65,6 +75,7 @@ fn unary_tag(op: UnaryOp) -> String {
     match op {
         UnaryOp::Silu => "silu".into(),
         UnaryOp::GeluTanh => "gelu_tanh".into(),
+        UnaryOp::Gelu => "gelu".into(),
         UnaryOp::Softcap(c) => format!("softcap{}", c.to_bits()),
     }
 }

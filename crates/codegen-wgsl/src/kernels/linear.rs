@@ -199,6 +199,7 @@ pub(super) fn name_parts(s: &MatMulSpec, shards: usize) -> (String, String) {
         None => String::new(),
         Some(UnaryOp::Silu) => "_swiglu".to_string(),
         Some(UnaryOp::GeluTanh) => "_geglu".to_string(),
+        Some(UnaryOp::Gelu) => "_glu_gelu".to_string(),
         Some(UnaryOp::Softcap(c)) => format!("_glu_softcap{}", c.to_bits()),
     };
     let options = format!(

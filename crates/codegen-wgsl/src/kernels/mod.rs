@@ -16,6 +16,7 @@ pub mod attention_cpu;
 pub mod attention_decode;
 pub mod elementwise;
 pub mod embedding;
+pub mod encoder;
 pub mod gemm;
 pub mod gemm_coop;
 pub mod gemv;

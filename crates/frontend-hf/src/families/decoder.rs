@@ -536,6 +536,7 @@ pub(crate) fn attention_block(
         head_dim: spec.head_dim,
         scale: spec.scale,
         window,
+        causal: true,
     });
     let a = ctx.add(attn, &[q, kc, vc], format!("{p}.attn.sdpa"))?;
     linear(

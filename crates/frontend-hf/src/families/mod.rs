@@ -8,6 +8,7 @@
 //! tables, embedding scale, logit softcap). A family module reads its config,
 //! states what differs from Llama, and calls [`decoder::build_decoder`].
 
+pub(crate) mod bert;
 pub(crate) mod decoder;
 pub(crate) mod gemma3;
 pub(crate) mod llama;

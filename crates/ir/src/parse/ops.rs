@@ -9,8 +9,8 @@
 use super::cursor::{parse_f32, parse_int, parse_range, Cursor};
 use super::ParseError;
 use crate::op::{
-    Attention, BinaryOp, Embedding, Input, KvKind, MatMul, MatMulGlu, NormPrologue, Op, QkNorm,
-    QkvRope, RmsNorm, Rope, UnaryOp, Weight, WeightSource,
+    Attention, BinaryOp, Embedding, Input, KvKind, LayerNorm, MatMul, MatMulGlu, NormPrologue, Op,
+    Pooling, QkNorm, QkvRope, RmsNorm, Rope, UnaryOp, Weight, WeightSource,
 };
 use crate::types::TensorType;
 
@@ -147,7 +147,15 @@ impl OpSyntax {
                 let act = match mnemonic.as_str() {
                     "matmul_swiglu" => UnaryOp::Silu,
                     "matmul_geglu" => UnaryOp::GeluTanh,
-                    _ => UnaryOp::Softcap(a.f32(cur, "cap")?),
+                    _ => match a.opt_scalar(cur, "act")? {
+                        Some((act, _)) if act == "gelu" => UnaryOp::Gelu,
+                        Some((act, col)) => {
+                            return Err(
+                                cur.err_at(col, format!("expected act=gelu, found act={act}"))
+                            )
+                        }
+                        None => UnaryOp::Softcap(a.f32(cur, "cap")?),
+                    },
                 };
                 Op::MatMulGlu(MatMulGlu {
                     act,
@@ -167,9 +175,27 @@ impl OpSyntax {
                 head_dim: a.u32(cur, "head_dim")?,
                 scale: a.f32(cur, "scale")?,
                 window: a.opt_u32(cur, "window")?,
+                causal: !a.flag("bidirectional"),
             }),
             "silu" => Op::Unary(UnaryOp::Silu),
             "gelu_tanh" => Op::Unary(UnaryOp::GeluTanh),
+            "gelu" => Op::Unary(UnaryOp::Gelu),
+            "layer_norm" => Op::LayerNorm(LayerNorm {
+                eps: a.f32(cur, "eps")?,
+            }),
+            "add_positions" => Op::AddPositions,
+            "l2_normalize" => Op::L2Normalize,
+            "pool" => {
+                let kinds = [Pooling::Mean, Pooling::Cls, Pooling::Max];
+                match kinds.into_iter().find(|k| a.flag(k.name())) {
+                    Some(k) => Op::Pool(k),
+                    None => {
+                        return Err(
+                            cur.err_at(col, "expected pool{mean}, pool{cls} or pool{max}".into())
+                        )
+                    }
+                }
+            }
             "softcap" => Op::Unary(UnaryOp::Softcap(a.f32(cur, "cap")?)),
             "add" => Op::Binary(BinaryOp::Add),
             "mul" => Op::Binary(BinaryOp::Mul),
@@ -231,6 +257,11 @@ const OP_NAMES: &[&str] = &[
     "attention",
     "silu",
     "gelu_tanh",
+    "gelu",
+    "layer_norm",
+    "add_positions",
+    "pool",
+    "l2_normalize",
     "softcap",
     "add",
     "mul",

@@ -1,0 +1,395 @@
+#!/usr/bin/env python3
+"""Make the sentence-embedding references: all-MiniLM-L6-v2 through sentence-transformers, and a
+tiny random BERT encoder through transformers.
+
+    python3 -m venv /tmp/stvenv && /tmp/stvenv/bin/pip install torch sentence-transformers transformers
+    python3 scripts/build-fixtures.py --out fixtures all-minilm-l6-v2
+    /tmp/stvenv/bin/python scripts/make-embedding-refs.py --fixture fixtures/all-minilm-l6-v2 [--only minilm|tiny]
+
+The committed references were made on CPU with torch 2.15.0 (PyPI's +cu132 build), transformers
+5.24.0, sentence-transformers 6.2.0, tokenizers 0.23.3, numpy 2.4.6, Python 3.11.7 (each file's
+"producer" has them); a second run writes identical files.
+
+minilm -> tests/data/refs/all-minilm-l6-v2.json ("embed-ref-v1"): the fixture directory loaded with
+  `SentenceTransformer(dir, device="cpu")` (float32, modules.json: Transformer -> mean Pooling ->
+  Normalize), each text in TEXTS encoded on its own (batch 1, so no padding), with the token ids the
+  model saw (`model.preprocess`; `tokenize` before sentence-transformers 6: [CLS] ... [SEP],
+  lower-cased WordPiece, truncated to max_seq_length 256 tokens including [CLS] and [SEP]; five
+  texts are longer on purpose, their cases carry "untruncated_len") and
+  the unit-length embedding rounded to 7 significant digits. Then a small retrieval check: for
+  each query, the documents ranked by descending cosine (and the cosines, in document order).
+  Each embedding is also recomputed from the BertModel by hand (mean over the tokens, L2
+  normalised) and must agree, so the file describes exactly that computation.
+
+tiny -> tests/data/models/tiny-encoder/bert/ (config.json, model.safetensors float32, modules.json,
+  sentence_bert_config.json, 1_Pooling/config.json: the MiniLM fixture's layout, no tokenizer) and
+  tests/data/refs/tiny-encoder/bert.json ("tiny-embed-ref-v1"): a random `BertModel(add_pooling_layer=False)`
+  of hidden 32, 2 layers, 4 heads, every parameter overwritten with random values (LayerNorm weights
+  1 + 0.3 r, LayerNorm and linear biases 0.3 r, embeddings 0.5 r, linear weights r / sqrt(fan-in)),
+  so no weight or bias is 0 or 1. For id sequences of lengths 1, 2, 7, 20, 63 (attention mask all
+  ones, token_type_ids all zeros) it records the last hidden state, its mean and first ([CLS]) rows
+  and the L2-normalised mean, computed in float64 from the saved float32 weights (eager attention),
+  written with 9 significant digits.
+"""
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # everything is local; read when huggingface_hub is imported
+
+import numpy as np
+import torch
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+REFS = os.path.join(REPO, "tests", "data", "refs")
+TINY_DIR = os.path.join(REPO, "tests", "data", "models", "tiny-encoder", "bert")
+TINY_SEED = 4242
+TINY_LENS = [1, 2, 7, 20, 63]
+
+LONG_PROSE = (
+    "The history of the river valley is written in its stones. Long before the first farmers cleared "
+    "the oak forests, glaciers had carved the wide basin and left behind ridges of gravel that still "
+    "shape the roads today. The earliest settlements clustered on these dry ridges, above the reach of "
+    "the spring floods, and the pattern persisted for centuries: churches, markets and later railway "
+    "stations were all built on the same narrow strips of high ground. When engineers finally "
+    "straightened the river in the nineteenth century, the floods became rarer but the meadows dried "
+    "out, the fish disappeared and the old mills fell silent one after another. Today conservation "
+    "groups are trying to restore some of the original meanders, arguing that a river which is allowed "
+    "to spread out over its floodplain protects the towns downstream better than any concrete wall. "
+    "Farmers are divided: some welcome the compensation payments and the return of the storks, others "
+    "fear losing fields their families have worked for generations. The debate has filled town hall "
+    "meetings for a decade, and every new proposal is met with petitions, counter-petitions, expert "
+    "reports and long letters to the local newspaper, which has published more articles about water "
+    "levels than about any other subject since it was founded. Whatever the outcome, everyone agrees "
+    "that the valley will look very different in fifty years, and that the decisions taken now will be "
+    "judged by grandchildren who will never have seen the river the way it is today."
+)
+LONG_TECH = (
+    "To configure the service, create a file named settings.toml in the working directory. The "
+    "[server] table accepts host, port and workers; the [storage] table accepts path, max_size_mb and "
+    "compression, which may be one of none, lz4 or zstd. Environment variables override the file: "
+    "APP_SERVER_PORT=8080 sets the port, APP_STORAGE_PATH=/var/lib/app sets the data directory. "
+    "On startup the service validates every value and refuses to run if, for example, the port is "
+    "outside 1-65535 or the storage path is not writable. Logs go to standard error in JSON lines; set "
+    "APP_LOG=debug for verbose output, including the timing of each request, the size of the response "
+    "and the identifier of the worker thread that handled it. Upgrading from version 1.x requires "
+    "running the migrate subcommand once, which rewrites the on-disk index in the new format and "
+    "keeps a backup copy next to it with the suffix .bak; the backup can be deleted after the first "
+    "successful start. If the migration is interrupted, simply run it again: it is idempotent and "
+    "resumes where it stopped. For high availability run at least three instances behind a load "
+    "balancer and point them at shared storage with consistent locking semantics."
+)
+
+# (name, text); names only label the cases
+TEXTS = [
+    ("empty", ""),
+    ("a", "a"),
+    ("hi", "Hi"),
+    ("question_mark", "?"),
+    ("space", " "),
+    ("ellipsis", "..."),
+    ("newline_tab", "\n\t"),
+    ("spaces_many", "      "),
+    ("single_word", "Embeddings"),
+    ("uppercase", "THE QUICK BROWN FOX JUMPS OVER THE LAZY DOG"),
+    ("sentence_fox", "The quick brown fox jumps over the lazy dog."),
+    ("sentence_cat", "A cat is sitting on the windowsill, watching the birds outside."),
+    ("sentence_weather", "It will probably rain tomorrow afternoon, so bring an umbrella."),
+    ("sentence_question", "How do I reset my password if I no longer have access to my email?"),
+    ("sentence_science", "Photosynthesis converts light energy into chemical energy stored in glucose."),
+    ("sentence_finance", "The central bank raised interest rates by a quarter of a percentage point."),
+    ("sentence_sport", "She scored twice in the second half and her team won the final 3-1."),
+    ("sentence_food", "Slice the onions thinly and fry them slowly in butter until golden brown."),
+    ("sentence_negation", "This is not a good idea at all."),
+    ("sentence_affirm", "This is a good idea."),
+    ("two_sentences", "I bought a new laptop last week. The battery lasts almost twelve hours."),
+    ("contractions", "We'll see what they've done; it isn't what we'd hoped, is it?"),
+    ("punctuation_heavy", "Wait -- what?! No... (really?) [yes]; {maybe}: \"quoted\" & 'single' / back\\slash"),
+    ("hyphenated", "state-of-the-art, well-known, mother-in-law, e-mail, co-operate"),
+    ("url_email", "Contact support@example.com or visit https://example.org/help?topic=login#faq"),
+    ("numbers", "3.14159 2.71828 1.41421 42 1000000 -7 0.001 1e-9"),
+    ("date_money", "On 2024-03-15 the invoice #A-1093 for $1,249.99 (EUR 1.150,00) was paid."),
+    ("phone_math", "Call +1 (555) 010-9999; x^2 + y^2 = r^2 and 7 * 6 = 42."),
+    ("code_python", "def fib(n):\n    return n if n < 2 else fib(n - 1) + fib(n - 2)\n"),
+    ("code_rust", "fn main() { let v: Vec<u32> = (0..10).map(|x| x * x).collect(); println!(\"{:?}\", v); }"),
+    ("code_sql", "SELECT name, COUNT(*) FROM users WHERE age >= 18 GROUP BY name ORDER BY 2 DESC;"),
+    ("json", "{\"id\": 17, \"tags\": [\"a\", \"b\"], \"ok\": true, \"score\": null}"),
+    ("repeated_word", "hello hello hello hello hello hello hello hello"),
+    ("repeated_char", "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa"),
+    ("rare_words", "Sesquipedalian floccinaucinihilipilification antidisestablishmentarianism"),
+    ("french", "Le cœur a ses raisons que la raison ne connaît point. Où est la bibliothèque ?"),
+    ("french_accents", "élève, garçon, naïve, déjà vu, crème brûlée, Noël, façade"),
+    ("german", "Die Straße ist nass, weil es gestern geregnet hat. Grüße aus München!"),
+    ("german_compound", "Donaudampfschifffahrtsgesellschaftskapitän"),
+    ("spanish", "¿Dónde está la estación de tren? ¡Muchas gracias, señor!"),
+    ("chinese", "我喜欢在周末去公园散步。"),
+    ("japanese", "東京は日本の首都です。ひらがなとカタカナも使います。"),
+    ("korean", "안녕하세요, 만나서 반갑습니다."),
+    ("arabic", "مرحبا بالعالم، كيف حالك اليوم؟"),
+    ("russian", "Москва — столица России. Привет, как дела?"),
+    ("greek", "Καλημέρα κόσμε, τι κάνεις;"),
+    ("hindi", "नमस्ते, आप कैसे हैं?"),
+    ("emoji_only", "😀🎉🚀"),
+    ("emoji_mixed", "I love pizza 🍕 and coffee ☕ in the morning ☀️!"),
+    ("mixed_scripts", "English, Français, Deutsch, 中文, 日本語, Русский, العربية"),
+    ("combining_marks", "cafe\u0301 vs caf\u00e9, n\u0303 vs \u00f1"),
+    ("zero_width_nbsp", "zero\u200bwidth\u00a0space\u3000ideographic"),
+    ("control_chars", "tab\there\rcarriage\x0bvertical\x0cform"),
+    ("leading_trailing_ws", "   padded with spaces and a newline   \n"),
+    ("long_prose_truncated", LONG_PROSE),
+    ("long_tech_truncated", LONG_TECH),
+    ("long_repeated_truncated", " ".join(["buffalo"] * 300)),
+    ("long_mixed_truncated", "Numbers: " + ", ".join(str(i * 37 % 1000) for i in range(200))),
+    ("exactly_limit", " ".join(["word"] * 254)),  # 254 + [CLS] + [SEP] = 256 tokens
+    ("one_over_limit_truncated", " ".join(["word"] * 255)),
+]
+
+RETRIEVAL_QUERIES = [
+    "How do I bake bread at home?",
+    "What is the capital of France?",
+    "Tips for improving sleep quality",
+    "How does a car engine work?",
+    "Best way to learn a programming language",
+]
+RETRIEVAL_DOCUMENTS = [
+    "Paris is the capital and most populous city of France.",
+    "Mix flour, water, salt and yeast, let the dough rise, then bake it in a hot oven.",
+    "Keep a regular bedtime, avoid screens late at night and keep your bedroom cool and dark.",
+    "An internal combustion engine burns fuel in cylinders to push pistons that turn a crankshaft.",
+    "Write small programs every day and read other people's code to learn a new language quickly.",
+    "Berlin is the capital of Germany and has a population of about 3.7 million.",
+    "Sourdough uses a fermented starter instead of commercial yeast.",
+    "Electric cars use batteries and motors instead of a combustion engine.",
+    "Caffeine in the afternoon can make it harder to fall asleep.",
+    "The Eiffel Tower was completed in 1889 for the World's Fair.",
+    "Python and JavaScript are popular first languages for beginners.",
+]
+
+
+def sig(x, digits):
+    """A float rounded to `digits` significant digits (a Python float, so JSON prints it short)."""
+    return float(f"{float(x):.{digits - 1}e}")
+
+
+def versions():
+    import tokenizers
+    import transformers
+    v = {"torch": torch.__version__, "transformers": transformers.__version__,
+         "tokenizers": tokenizers.__version__, "numpy": np.__version__,
+         "python": platform.python_version()}
+    try:
+        import sentence_transformers
+        v["sentence_transformers"] = sentence_transformers.__version__
+    except ImportError:
+        pass
+    return v
+
+
+def write_json(path, obj):
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(obj, f, ensure_ascii=False, separators=(",", ":"))
+        f.write("\n")
+    print(f"wrote {path} ({os.path.getsize(path) / 1e3:.1f} KB)")
+
+
+# ---------------------------------------------------------------------------------------------
+# all-MiniLM-L6-v2
+
+
+def check_pipeline(model):
+    """The loaded SentenceTransformer is Transformer -> mean Pooling -> Normalize, as the ref says."""
+    mods = list(model)
+    assert [type(m).__name__ for m in mods] == ["Transformer", "Pooling", "Normalize"], mods
+    assert mods[1].get_config_dict().get("pooling_mode") == "mean", mods[1].get_config_dict()
+    assert model.max_seq_length == 256, model.max_seq_length
+    assert type(mods[0].auto_model).__name__ == "BertModel", mods[0]
+
+
+def by_hand(model, ids):
+    """Mean over the BertModel's last hidden state, L2-normalised: what the ref claims encode does."""
+    bert = model[0].auto_model
+    x = torch.tensor([ids])
+    with torch.no_grad():
+        h = bert(input_ids=x, attention_mask=torch.ones_like(x), token_type_ids=torch.zeros_like(x))
+    m = h.last_hidden_state[0].mean(0)
+    return (m / m.norm().clamp_min(1e-12)).numpy()
+
+
+def minilm(fixture):
+    from sentence_transformers import SentenceTransformer
+    torch.manual_seed(0)
+    model = SentenceTransformer(fixture, device="cpu")
+    model.eval()
+    check_pipeline(model)
+    tok = model.tokenizer
+    cases, worst, truncated = [], 0.0, 0
+    for name, text in TEXTS:
+        features = (model.preprocess if hasattr(model, "preprocess") else model.tokenize)([text])
+        assert not features["token_type_ids"].any() and features["attention_mask"].all(), features
+        ids = features["input_ids"][0].tolist()
+        full = len(tok(text, add_special_tokens=True)["input_ids"])
+        assert ids[0] == tok.cls_token_id and ids[-1] == tok.sep_token_id, (name, ids)
+        assert len(ids) == min(full, model.max_seq_length), (name, len(ids), full)
+        truncated += full > len(ids)
+        emb = model.encode([text], batch_size=1, convert_to_numpy=True)[0]
+        assert emb.dtype == np.float32 and emb.shape == (384,), (emb.dtype, emb.shape)
+        worst = max(worst, float(np.abs(emb - by_hand(model, ids)).max()))
+        case = {"name": name, "text": text, "ids": ids, "embedding": [sig(v, 7) for v in emb]}
+        if full > len(ids):
+            case["untruncated_len"] = full
+        cases.append(case)
+    assert worst < 1e-5, f"encode and the by-hand mean pooling differ by {worst}"
+    print(f"minilm: {len(cases)} texts, {truncated} truncated to 256 tokens, "
+          f"encode vs by-hand max |diff| {worst:.2e}")
+
+    q = model.encode(RETRIEVAL_QUERIES, batch_size=1, convert_to_numpy=True)
+    d = model.encode(RETRIEVAL_DOCUMENTS, batch_size=1, convert_to_numpy=True)
+    scores = q.astype(np.float64) @ d.astype(np.float64).T
+    ranking = [[int(j) for j in np.argsort(-row, kind="stable")] for row in scores]
+    for qi, row in enumerate(scores):
+        top = sorted(row, reverse=True)
+        print(f"  query {qi}: top {ranking[qi][:3]}, margin top1-top2 {top[0] - top[1]:.4f}")
+
+    ref = {
+        "schema": "embed-ref-v1",
+        "model": "all-minilm-l6-v2",
+        "producer": versions(),
+        "compute": "SentenceTransformer(dir, device='cpu'), float32, each text encoded alone (batch 1, "
+                   "no padding); token_type_ids all 0, attention mask all 1",
+        "max_seq_length": model.max_seq_length,
+        "pooling": "mean",
+        "normalize": True,
+        "cases": cases,
+        "retrieval": {
+            "queries": RETRIEVAL_QUERIES,
+            "documents": RETRIEVAL_DOCUMENTS,
+            "ranking": ranking,
+            "scores": [[sig(v, 7) for v in row] for row in scores],
+        },
+    }
+    write_json(os.path.join(REFS, "all-minilm-l6-v2.json"), ref)
+
+
+# ---------------------------------------------------------------------------------------------
+# tiny random BERT
+
+
+def tiny_config():
+    from transformers import BertConfig
+    return BertConfig(vocab_size=120, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=64, max_position_embeddings=64, type_vocab_size=2,
+                      hidden_act="gelu", layer_norm_eps=1e-12, pad_token_id=0)
+
+
+def randomize(model, seed):
+    """Every parameter redrawn: nothing left at an initializer's 0 or 1."""
+    g = torch.Generator().manual_seed(seed)
+    for name, p in sorted(model.named_parameters()):
+        r = torch.randn(p.shape, generator=g, dtype=torch.float32)
+        if "LayerNorm.weight" in name:
+            val = 1.0 + 0.3 * r
+        elif p.ndim == 1:
+            val = 0.3 * r
+        elif "embeddings" in name:
+            val = 0.5 * r
+        else:
+            val = r / p.shape[1] ** 0.5
+        with torch.no_grad():
+            p.copy_(val)
+
+
+def save_tiny(model):
+    """config.json + model.safetensors (float32) from save_pretrained, then the sentence-transformers
+    files of the MiniLM fixture's layout."""
+    if os.path.isdir(TINY_DIR):
+        shutil.rmtree(TINY_DIR)
+    model.save_pretrained(TINY_DIR, safe_serialization=True)
+    for f in os.listdir(TINY_DIR):
+        if f not in ("config.json", "model.safetensors"):
+            os.remove(os.path.join(TINY_DIR, f))
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ]
+    pooling = {"word_embedding_dimension": model.config.hidden_size, "pooling_mode_cls_token": False,
+               "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+               "pooling_mode_mean_sqrt_len_tokens": False}
+    sbert = {"max_seq_length": model.config.max_position_embeddings, "do_lower_case": False}
+    for rel, obj in [("modules.json", modules), ("1_Pooling/config.json", pooling),
+                     ("sentence_bert_config.json", sbert)]:
+        path = os.path.join(TINY_DIR, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+
+
+def tiny():
+    from safetensors import safe_open
+    from transformers import BertModel
+    torch.manual_seed(TINY_SEED)
+    model = BertModel(tiny_config(), add_pooling_layer=False)
+    randomize(model, TINY_SEED)
+    save_tiny(model.to(torch.float32))
+    with safe_open(os.path.join(TINY_DIR, "model.safetensors"), "pt") as f:
+        names = sorted(f.keys())
+        for n in names:
+            t = f.get_tensor(n)
+            assert t.dtype == torch.float32, (n, t.dtype)
+            assert not ((t == 0).any() or (t == 1).any()), f"{n} has a 0 or a 1"
+    print(f"tiny: {TINY_DIR}: {len(names)} tensors: {', '.join(names[:6])}, ...")
+
+    model = BertModel.from_pretrained(TINY_DIR, add_pooling_layer=False, attn_implementation="eager").double().eval()
+    rng = random.Random(TINY_SEED)
+    cases = []
+    for n in TINY_LENS:
+        ids = [rng.randrange(1, model.config.vocab_size) for _ in range(n)]
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            h = model(input_ids=x, attention_mask=torch.ones_like(x),
+                      token_type_ids=torch.zeros_like(x)).last_hidden_state[0]
+        mean = h.mean(0)
+        cases.append({
+            "name": f"len{n}",
+            "ids": ids,
+            "last_hidden_state": [[sig(v, 9) for v in row] for row in h.tolist()],
+            "mean_pooled": [sig(v, 9) for v in mean.tolist()],
+            "cls_pooled": [sig(v, 9) for v in h[0].tolist()],
+            "embedding": [sig(v, 9) for v in (mean / mean.norm()).tolist()],
+        })
+    ref = {
+        "schema": "tiny-embed-ref-v1",
+        "model": "bert",
+        "model_dir": "tests/data/models/tiny-encoder/bert",
+        "architecture": "BertModel",
+        "checkpoint_dtype": "float32",
+        "seed": TINY_SEED,
+        "compute": "float64 (float32 weights upcast), attn_implementation=eager, CPU, batch 1, no padding; "
+                   "attention mask all 1, token_type_ids all 0; embedding = mean_pooled / ||mean_pooled||",
+        "producer": versions(),
+        "cases": cases,
+    }
+    write_json(os.path.join(REFS, "tiny-encoder", "bert.json"), ref)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--fixture", default=os.path.join(os.environ.get("GERBIL_FIXTURES", "fixtures"),
+                                                      "all-minilm-l6-v2"),
+                    help="all-MiniLM-L6-v2 from build-fixtures.py (default $GERBIL_FIXTURES/all-minilm-l6-v2)")
+    ap.add_argument("--only", choices=["minilm", "tiny"])
+    a = ap.parse_args()
+    torch.set_num_threads(max(1, os.cpu_count() or 1))
+    if a.only != "tiny":
+        minilm(a.fixture)
+    if a.only != "minilm":
+        tiny()
+
+
+if __name__ == "__main__":
+    main()

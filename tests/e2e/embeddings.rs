@@ -1,0 +1,251 @@
+//! Encoders against their references: the tiny random BERT against
+//! transformers (interpreter and every GPU variant, mean and CLS pooling),
+//! all-MiniLM-L6-v2 against sentence-transformers (tokens, vectors,
+//! retrieval ranking), and the errors an embedding plan gives.
+
+use gerbil::{LongInputs, Model, ModelOptions};
+use gerbil_compiler::Checkpoint;
+use gerbil_e2e::interpreter::Interpreter;
+use gerbil_e2e::*;
+use gerbil_frontend_hf::{lower_with, LowerOptions};
+use gerbil_plan::PlanFile;
+use gerbil_runtime::{RuntimeError, Session, SessionOptions};
+use pollster::block_on;
+use serde::Deserialize;
+use std::path::Path;
+
+/// Per-element tolerance of a tiny encoder's vector (the issue's bound).
+const TINY_TOL: f32 = 1e-4;
+/// Least cosine similarity with sentence-transformers' vector (f32).
+const REAL_COSINE: f32 = 0.9999;
+
+#[derive(Deserialize)]
+struct TinyEmbedCase {
+    name: String,
+    ids: Vec<u32>,
+    cls_pooled: Vec<f32>,
+    embedding: Vec<f32>,
+}
+
+#[derive(Deserialize)]
+struct TinyEmbedRef {
+    cases: Vec<TinyEmbedCase>,
+}
+
+#[derive(Deserialize)]
+struct EmbedCase {
+    name: String,
+    text: String,
+    ids: Vec<u32>,
+    embedding: Vec<f32>,
+}
+
+#[derive(Deserialize)]
+struct Retrieval {
+    queries: Vec<String>,
+    documents: Vec<String>,
+    ranking: Vec<Vec<usize>>,
+}
+
+#[derive(Deserialize)]
+struct EmbedRef {
+    max_seq_length: u64,
+    cases: Vec<EmbedCase>,
+    retrieval: Retrieval,
+}
+
+fn read_json<T: for<'de> Deserialize<'de>>(rel: &str) -> T {
+    let path = data_dir().join(rel);
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{rel}: {e}"));
+    serde_json::from_str(&text).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+fn tiny_bert() -> std::path::PathBuf {
+    data_dir().join("models/tiny-encoder/bert")
+}
+
+fn texts(v: &[String]) -> Vec<&str> {
+    v.iter().map(String::as_str).collect()
+}
+
+fn cosine(a: &[f32], b: &[f32]) -> f32 {
+    let dot = |x: &[f32], y: &[f32]| x.iter().zip(y).map(|(p, q)| p * q).sum::<f32>();
+    dot(a, b) / (dot(a, a).sqrt() * dot(b, b).sqrt())
+}
+
+/// A session running the plan's variant `variant`.
+fn session(plan: &PlanFile, variant: &str) -> Session {
+    let opts = SessionOptions {
+        variant: Some(variant.to_string()),
+        ..SessionOptions::default()
+    };
+    block_on(Session::open(plan, &opts)).unwrap_or_else(|e| panic!("{variant}: {e}"))
+}
+
+/// Every case's vector from every variant of the plan of `dir`, against
+/// `want` (the case's expected vector).
+fn check_variants(dir: &Path, want: impl Fn(&TinyEmbedCase) -> &[f32]) {
+    let reference: TinyEmbedRef = read_json("refs/tiny-encoder/bert.json");
+    let plan = compile_plan(dir, |_| {});
+    let plan = PlanFile::open(&plan).expect("plan");
+    let mut failures = Vec::new();
+    for variant in &plan.header.variants {
+        let mut s = session(&plan, &variant.name);
+        for case in &reference.cases {
+            let got = block_on(s.embed(&case.ids)).expect("embed");
+            let d = max_abs_diff(&got, want(case));
+            if d > TINY_TOL {
+                failures.push(format!("{} {}: max |Δ| {d:e}", variant.name, case.name));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+#[test]
+fn tiny_bert_interpreter_matches_transformers() {
+    let ckpt = Checkpoint::open(&tiny_bert()).expect("checkpoint");
+    let options = LowerOptions {
+        max_context: Some(64),
+    };
+    let graph = lower_with(&ckpt, &options).expect("lowering").graph;
+    let mut it = Interpreter::new(&graph, &ckpt, 64).expect("interpreter");
+    let reference: TinyEmbedRef = read_json("refs/tiny-encoder/bert.json");
+    for case in &reference.cases {
+        it.reset();
+        let out = it.step(&case.ids).expect("step").remove(0);
+        let got: Vec<f32> = out.data.iter().map(|&v| v as f32).collect();
+        let d = max_abs_diff(&got, &case.embedding);
+        assert!(d < 1e-6, "{}: max |Δ| {d:e}", case.name);
+    }
+}
+
+#[test]
+fn tiny_bert_matches_transformers_on_every_variant() {
+    let _gpu = gpu_lock();
+    check_variants(&tiny_bert(), |c| &c.embedding);
+}
+
+#[test]
+fn cls_pooling_without_normalize_matches_transformers() {
+    let _gpu = gpu_lock();
+    // The tiny model with its pipeline rewritten: CLS pooling, no Normalize.
+    let dir = temp_dir("bert-cls");
+    for file in ["config.json", "model.safetensors"] {
+        std::fs::copy(tiny_bert().join(file), dir.path().join(file)).expect("copy");
+    }
+    let modules = r#"[{"idx":0,"name":"0","path":"","type":"sentence_transformers.models.Transformer"},
+        {"idx":1,"name":"1","path":"1_Pooling","type":"sentence_transformers.models.Pooling"}]"#;
+    std::fs::write(dir.path().join("modules.json"), modules).expect("write");
+    std::fs::create_dir(dir.path().join("1_Pooling")).expect("mkdir");
+    std::fs::write(
+        dir.path().join("1_Pooling/config.json"),
+        r#"{"word_embedding_dimension": 32, "pooling_mode": "cls"}"#,
+    )
+    .expect("write");
+    check_variants(dir.path(), |c| &c.cls_pooled);
+}
+
+#[test]
+fn embedding_plans_refuse_what_they_cannot_do() {
+    let _gpu = gpu_lock();
+    let plan = compile_plan(&tiny_bert(), |_| {});
+    let plan = PlanFile::open(&plan).expect("plan");
+    let e = plan
+        .header
+        .model
+        .embedding
+        .clone()
+        .expect("an embedding plan");
+    assert_eq!(
+        (e.dimension, e.pooling.as_str(), e.normalized),
+        (32, "mean", true)
+    );
+    assert_eq!(
+        e.max_tokens, 64,
+        "max_seq_length of sentence_bert_config.json"
+    );
+    let mut s = block_on(Session::open(&plan, &SessionOptions::default())).expect("session");
+    let too_long = vec![5u32; 65];
+    assert!(matches!(
+        block_on(s.embed(&too_long)),
+        Err(RuntimeError::InputTooLong {
+            tokens: 65,
+            max: 64
+        })
+    ));
+    assert!(matches!(
+        block_on(s.embed(&[])),
+        Err(RuntimeError::EmptyInput)
+    ));
+    assert!(matches!(
+        block_on(s.embed(&[120])),
+        Err(RuntimeError::TokenOutOfRange { .. })
+    ));
+    let logits = block_on(s.forward(&[1, 2])).expect_err("no logits");
+    assert!(logits.to_string().contains("embedding model"), "{logits}");
+    // A language model makes no vectors.
+    let lm = compile_plan(&tiny_model("llama"), |_| {});
+    let lm = PlanFile::open(&lm).expect("plan");
+    let mut s = block_on(Session::open(&lm, &SessionOptions::default())).expect("session");
+    let err = block_on(s.embed(&[1, 2])).expect_err("no vector");
+    assert!(err.to_string().contains("not an embedding model"), "{err}");
+}
+
+#[test]
+fn minilm_matches_sentence_transformers() {
+    let _gpu = gpu_lock();
+    let reference: EmbedRef = read_json("refs/all-minilm-l6-v2.json");
+    let plan = compile_plan(&fixture("all-minilm-l6-v2"), |_| {});
+    let plan = PlanFile::open(&plan).expect("plan");
+    let max = plan
+        .header
+        .model
+        .embedding
+        .as_ref()
+        .expect("embedding")
+        .max_tokens;
+    assert_eq!(max, reference.max_seq_length);
+    let mut model = block_on(Model::load(&plan, &ModelOptions::default())).expect("model");
+    let mut failures = Vec::new();
+    for case in &reference.cases {
+        let codec = model.codec().expect("tokenizer");
+        let ids = codec
+            .encode_truncated(&case.text, max as usize)
+            .expect("encode");
+        if ids != case.ids {
+            failures.push(format!(
+                "{}: tokens {ids:?}, want {:?}",
+                case.name, case.ids
+            ));
+            continue;
+        }
+        let got = block_on(model.embed(&[case.text.as_str()], LongInputs::Truncate))
+            .expect("embed")
+            .remove(0);
+        let c = cosine(&got, &case.embedding);
+        if c < REAL_COSINE {
+            failures.push(format!("{}: cosine {c}", case.name));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+    // Inputs past the maximum are refused unless truncation is asked for.
+    let long = reference
+        .cases
+        .iter()
+        .find(|c| c.ids.len() as u64 == max && c.name.ends_with("_truncated"))
+        .map(|c| c.text.as_str());
+    if let Some(text) = long {
+        let err = block_on(model.embed(&[text], LongInputs::Refuse)).expect_err("too long");
+        assert!(err.to_string().contains("--truncate"), "{err}");
+    }
+    // The retrieval ranking is sentence-transformers'.
+    let r = &reference.retrieval;
+    let queries = block_on(model.embed(&texts(&r.queries), LongInputs::Truncate)).expect("q");
+    let docs = block_on(model.embed(&texts(&r.documents), LongInputs::Truncate)).expect("d");
+    for (q, want) in queries.iter().zip(&r.ranking) {
+        let mut order: Vec<usize> = (0..docs.len()).collect();
+        order.sort_by(|&a, &b| cosine(q, &docs[b]).total_cmp(&cosine(q, &docs[a])));
+        assert_eq!(&order, want);
+    }
+}
