@@ -26,6 +26,7 @@
 pub mod chat;
 pub mod console;
 pub mod devices;
+pub mod embed;
 pub mod env;
 pub mod gen_args;
 pub mod graph_svg;

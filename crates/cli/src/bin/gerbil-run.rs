@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use gerbil::ModelOptions;
 use gerbil_cli::chat::{chat, ChatOptions};
 use gerbil_cli::console;
+use gerbil_cli::embed::{embed, EmbedInput, EmbedOptions};
 use gerbil_cli::env;
 use gerbil_cli::gen_args::SamplingArgs;
 use gerbil_cli::numbers::{positive, whole_u64, whole_usize};
@@ -393,6 +394,22 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         web_dir: Option<PathBuf>,
     },
+    /// Sentence embeddings from an embedding plan (an encoder such as
+    /// all-MiniLM-L6-v2): one JSON line per input, `{"index", "tokens",
+    /// "embedding"}`. Texts from --text, else --jsonl, else standard input
+    /// (one a line).
+    Embed {
+        /// A text to embed (repeatable).
+        #[arg(long)]
+        text: Vec<String>,
+        /// A JSONL file: each line a JSON string or an object with `text`.
+        #[arg(long, value_name = "FILE", conflicts_with = "text")]
+        jsonl: Option<PathBuf>,
+        /// Keep the first tokens of an input longer than the model takes
+        /// (sentence-transformers' behaviour) instead of failing.
+        #[arg(long)]
+        truncate: bool,
+    },
     /// Score a text: perplexity, and with --against another plan of the
     /// same model the KL divergence and top-1 agreement of their next-token
     /// distributions (llama-perplexity's method: windows of --window tokens,
@@ -662,6 +679,23 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 report_text(&r)
             };
             console::print(&out)?;
+        }
+        Some(Cmd::Embed {
+            text,
+            jsonl,
+            truncate,
+        }) => {
+            let input = match (text.is_empty(), jsonl) {
+                (false, _) => EmbedInput::Texts(text),
+                (true, Some(path)) => EmbedInput::Jsonl(path),
+                (true, None) => EmbedInput::Stdin,
+            };
+            let opts = EmbedOptions {
+                input,
+                truncate,
+                model: cli.model_options(),
+            };
+            pollster::block_on(embed(&cli.plan()?, &opts))?;
         }
         Some(Cmd::Devices { json }) => {
             if let Some(plan) = &cli.plan {

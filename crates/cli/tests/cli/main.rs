@@ -8,6 +8,7 @@
 mod binaries;
 mod common;
 mod devices;
+mod embed;
 mod files;
 mod generation;
 mod gpu_faults;
