@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Make the sentence-embedding references: all-MiniLM-L6-v2 through sentence-transformers, and a
-tiny random BERT encoder through transformers.
+"""Make the sentence-embedding references: all-MiniLM-L6-v2 through sentence-transformers, and
+tiny random BERT and XLM-RoBERTa encoders through transformers.
 
     python3 -m venv /tmp/stvenv && /tmp/stvenv/bin/pip install torch sentence-transformers transformers
     python3 scripts/build-fixtures.py --out fixtures all-minilm-l6-v2
-    /tmp/stvenv/bin/python scripts/make-embedding-refs.py --fixture fixtures/all-minilm-l6-v2 [--only minilm|tiny]
+    /tmp/stvenv/bin/python scripts/make-embedding-refs.py --fixture fixtures/all-minilm-l6-v2 [--only minilm|tiny|xlmr]
 
 The committed references were made on CPU with torch 2.15.0 (PyPI's +cu132 build), transformers
 5.24.0, sentence-transformers 6.2.0, tokenizers 0.23.3, numpy 2.4.6, Python 3.11.7 (each file's
@@ -30,6 +30,23 @@ tiny -> tests/data/models/tiny-encoder/bert/ (config.json, model.safetensors flo
   ones, token_type_ids all zeros) it records the last hidden state, its mean and first ([CLS]) rows
   and the L2-normalised mean, computed in float64 from the saved float32 weights (eager attention),
   written with 9 significant digits.
+
+xlmr -> tests/data/models/tiny-encoder/xlm_roberta/ (the same files) and
+  tests/data/refs/tiny-encoder/xlm_roberta.json ("tiny-embed-ref-v1"): a random
+  `XLMRobertaModel(add_pooling_layer=False)` of hidden 48, 2 layers, 6 heads, intermediate 96,
+  vocab 130, max_position_embeddings 40, type_vocab_size 1, pad_token_id 1, layer_norm_eps 1e-5,
+  randomized like the tiny BERT (its own seed); row pad_token_id of the word and position embeddings
+  keeps its random values too (nn.Embedding's padding_idx only zeroes it at init; the position row
+  is never read). XLM-R numbers positions from padding_idx + 1: transformers derives the position
+  ids from input_ids as padding_idx + (cumulative count of non-pad tokens), which for ids that are
+  never the pad id is padding_idx + 1 + t, so at most max_position_embeddings - padding_idx - 1 = 38
+  positions are usable (sentence_bert_config.json's max_seq_length 38). Its sentence-transformers
+  pipeline is Transformer -> CLS Pooling -> Normalize (1_Pooling/config.json: pooling_mode_cls_token
+  only). Cases: id sequences of lengths 1, 2, 7, 20, 38 with ids in 3..129 (never <s> 0, <pad> 1 or
+  </s> 2), recorded as for the tiny BERT except that embedding = the L2-normalised first row
+  (cls_pooled), which is what the pipeline outputs.
+
+Each tiny model is also run in float32 and must agree with its float64 reference within 1e-5.
 """
 import argparse
 import json
@@ -48,6 +65,9 @@ REFS = os.path.join(REPO, "tests", "data", "refs")
 TINY_DIR = os.path.join(REPO, "tests", "data", "models", "tiny-encoder", "bert")
 TINY_SEED = 4242
 TINY_LENS = [1, 2, 7, 20, 63]
+XLMR_DIR = os.path.join(REPO, "tests", "data", "models", "tiny-encoder", "xlm_roberta")
+XLMR_SEED = 4243
+XLMR_LENS = [1, 2, 7, 20, 38]
 
 LONG_PROSE = (
     "The history of the river valley is written in its stones. Long before the first farmers cleared "
@@ -275,7 +295,7 @@ def minilm(fixture):
 
 
 # ---------------------------------------------------------------------------------------------
-# tiny random BERT
+# tiny random encoders: BERT and XLM-RoBERTa
 
 
 def tiny_config():
@@ -302,79 +322,131 @@ def randomize(model, seed):
             p.copy_(val)
 
 
-def save_tiny(model):
+def xlmr_config():
+    from transformers import XLMRobertaConfig
+    return XLMRobertaConfig(vocab_size=130, hidden_size=48, num_hidden_layers=2, num_attention_heads=6,
+                            intermediate_size=96, max_position_embeddings=40, type_vocab_size=1,
+                            pad_token_id=1, hidden_act="gelu", layer_norm_eps=1e-5)
+
+
+def save_tiny(model, out_dir=TINY_DIR, pooling="mean", max_seq_length=None):
     """config.json + model.safetensors (float32) from save_pretrained, then the sentence-transformers
-    files of the MiniLM fixture's layout."""
-    if os.path.isdir(TINY_DIR):
-        shutil.rmtree(TINY_DIR)
-    model.save_pretrained(TINY_DIR, safe_serialization=True)
-    for f in os.listdir(TINY_DIR):
+    files of the MiniLM fixture's layout (`pooling`: "mean" or "cls"; max_seq_length defaults to
+    max_position_embeddings)."""
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    for f in os.listdir(out_dir):
         if f not in ("config.json", "model.safetensors"):
-            os.remove(os.path.join(TINY_DIR, f))
+            os.remove(os.path.join(out_dir, f))
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
     ]
-    pooling = {"word_embedding_dimension": model.config.hidden_size, "pooling_mode_cls_token": False,
-               "pooling_mode_mean_tokens": True, "pooling_mode_max_tokens": False,
+    assert pooling in ("mean", "cls"), pooling
+    pooling = {"word_embedding_dimension": model.config.hidden_size,
+               "pooling_mode_cls_token": pooling == "cls",
+               "pooling_mode_mean_tokens": pooling == "mean", "pooling_mode_max_tokens": False,
                "pooling_mode_mean_sqrt_len_tokens": False}
-    sbert = {"max_seq_length": model.config.max_position_embeddings, "do_lower_case": False}
+    if max_seq_length is None:
+        max_seq_length = model.config.max_position_embeddings
+    sbert = {"max_seq_length": max_seq_length, "do_lower_case": False}
     for rel, obj in [("modules.json", modules), ("1_Pooling/config.json", pooling),
                      ("sentence_bert_config.json", sbert)]:
-        path = os.path.join(TINY_DIR, rel)
+        path = os.path.join(out_dir, rel)
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "w") as f:
             json.dump(obj, f, indent=2)
             f.write("\n")
 
 
-def tiny():
+def check_saved(out_dir):
+    """Every saved tensor is float32 and holds no exact 0 or 1; returns the sorted tensor names."""
     from safetensors import safe_open
-    from transformers import BertModel
-    torch.manual_seed(TINY_SEED)
-    model = BertModel(tiny_config(), add_pooling_layer=False)
-    randomize(model, TINY_SEED)
-    save_tiny(model.to(torch.float32))
-    with safe_open(os.path.join(TINY_DIR, "model.safetensors"), "pt") as f:
+    with safe_open(os.path.join(out_dir, "model.safetensors"), "pt") as f:
         names = sorted(f.keys())
         for n in names:
             t = f.get_tensor(n)
             assert t.dtype == torch.float32, (n, t.dtype)
             assert not ((t == 0).any() or (t == 1).any()), f"{n} has a 0 or a 1"
-    print(f"tiny: {TINY_DIR}: {len(names)} tensors: {', '.join(names[:6])}, ...")
+    return names
 
-    model = BertModel.from_pretrained(TINY_DIR, add_pooling_layer=False, attn_implementation="eager").double().eval()
-    rng = random.Random(TINY_SEED)
-    cases = []
-    for n in TINY_LENS:
-        ids = [rng.randrange(1, model.config.vocab_size) for _ in range(n)]
+
+def tiny_ref(model_cls, out_dir, model_name, seed, lens, first_id, pooling, compute):
+    """The tiny-embed-ref-v1 file for the saved model in out_dir: float64 from the float32 weights,
+    ids drawn from random.Random(seed) in first_id..vocab_size-1; the float32 model must agree."""
+    model = model_cls.from_pretrained(out_dir, add_pooling_layer=False, attn_implementation="eager").double().eval()
+    model32 = model_cls.from_pretrained(out_dir, add_pooling_layer=False, attn_implementation="eager").eval()
+    rng = random.Random(seed)
+    cases, worst = [], 0.0
+    for n in lens:
+        ids = [rng.randrange(first_id, model.config.vocab_size) for _ in range(n)]
         x = torch.tensor([ids])
         with torch.no_grad():
             h = model(input_ids=x, attention_mask=torch.ones_like(x),
                       token_type_ids=torch.zeros_like(x)).last_hidden_state[0]
+            h32 = model32(input_ids=x, attention_mask=torch.ones_like(x),
+                          token_type_ids=torch.zeros_like(x)).last_hidden_state[0]
         mean = h.mean(0)
+        pooled = mean if pooling == "mean" else h[0]
+        emb = pooled / pooled.norm()
+        pooled32 = h32.mean(0) if pooling == "mean" else h32[0]
+        worst = max(worst, float((h32.double() - h).abs().max()),
+                    float(((pooled32 / pooled32.norm()).double() - emb).abs().max()))
         cases.append({
             "name": f"len{n}",
             "ids": ids,
             "last_hidden_state": [[sig(v, 9) for v in row] for row in h.tolist()],
             "mean_pooled": [sig(v, 9) for v in mean.tolist()],
             "cls_pooled": [sig(v, 9) for v in h[0].tolist()],
-            "embedding": [sig(v, 9) for v in (mean / mean.norm()).tolist()],
+            "embedding": [sig(v, 9) for v in emb.tolist()],
         })
+    assert worst < 1e-5, f"{model_name}: float32 and float64 differ by {worst}"
+    print(f"{model_name}: float32 vs float64 max |diff| {worst:.2e} (last hidden state and embedding)")
     ref = {
         "schema": "tiny-embed-ref-v1",
-        "model": "bert",
-        "model_dir": "tests/data/models/tiny-encoder/bert",
-        "architecture": "BertModel",
+        "model": model_name,
+        "model_dir": os.path.relpath(out_dir, REPO),
+        "architecture": model_cls.__name__,
         "checkpoint_dtype": "float32",
-        "seed": TINY_SEED,
-        "compute": "float64 (float32 weights upcast), attn_implementation=eager, CPU, batch 1, no padding; "
-                   "attention mask all 1, token_type_ids all 0; embedding = mean_pooled / ||mean_pooled||",
+        "seed": seed,
+        "compute": compute,
         "producer": versions(),
         "cases": cases,
     }
-    write_json(os.path.join(REFS, "tiny-encoder", "bert.json"), ref)
+    write_json(os.path.join(REFS, "tiny-encoder", f"{model_name}.json"), ref)
+
+
+def tiny():
+    from transformers import BertModel
+    torch.manual_seed(TINY_SEED)
+    model = BertModel(tiny_config(), add_pooling_layer=False)
+    randomize(model, TINY_SEED)
+    save_tiny(model.to(torch.float32))
+    names = check_saved(TINY_DIR)
+    print(f"tiny: {TINY_DIR}: {len(names)} tensors: {', '.join(names[:6])}, ...")
+    tiny_ref(BertModel, TINY_DIR, "bert", TINY_SEED, TINY_LENS, 1, "mean",
+             "float64 (float32 weights upcast), attn_implementation=eager, CPU, batch 1, no padding; "
+             "attention mask all 1, token_type_ids all 0; embedding = mean_pooled / ||mean_pooled||")
+
+
+def xlmr():
+    from transformers import XLMRobertaModel
+    torch.manual_seed(XLMR_SEED)
+    model = XLMRobertaModel(xlmr_config(), add_pooling_layer=False)
+    randomize(model, XLMR_SEED)
+    pad = model.config.pad_token_id
+    usable = model.config.max_position_embeddings - pad - 1  # positions run pad + 1 .. pad + n
+    assert max(XLMR_LENS) == usable, (XLMR_LENS, usable)
+    save_tiny(model.to(torch.float32), XLMR_DIR, pooling="cls", max_seq_length=usable)
+    names = check_saved(XLMR_DIR)
+    print(f"xlmr: {XLMR_DIR}: {len(names)} tensors: {', '.join(names[:6])}, ...")
+    tiny_ref(XLMRobertaModel, XLMR_DIR, "xlm_roberta", XLMR_SEED, XLMR_LENS, pad + 2, "cls",
+             "float64 (float32 weights upcast), attn_implementation=eager, CPU, batch 1, no padding; "
+             "attention mask all 1, token_type_ids all 0; no id is the pad id 1, so position ids are "
+             f"padding_idx + 1 + t = {pad + 1}, {pad + 2}, ... (at most {usable} positions); "
+             "embedding = cls_pooled / ||cls_pooled||")
 
 
 def main():
@@ -382,13 +454,15 @@ def main():
     ap.add_argument("--fixture", default=os.path.join(os.environ.get("GERBIL_FIXTURES", "fixtures"),
                                                       "all-minilm-l6-v2"),
                     help="all-MiniLM-L6-v2 from build-fixtures.py (default $GERBIL_FIXTURES/all-minilm-l6-v2)")
-    ap.add_argument("--only", choices=["minilm", "tiny"])
+    ap.add_argument("--only", choices=["minilm", "tiny", "xlmr"])
     a = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
-    if a.only != "tiny":
+    if a.only in (None, "minilm"):
         minilm(a.fixture)
-    if a.only != "minilm":
+    if a.only in (None, "tiny"):
         tiny()
+    if a.only in (None, "xlmr"):
+        xlmr()
 
 
 if __name__ == "__main__":

@@ -134,6 +134,13 @@ fn admit(
         PromptInput::Ids(ids) => Ok(ids.clone()),
         PromptInput::Chat(messages) => batch.model().encode_chat(messages),
         PromptInput::Text(text) => batch.model().encode(text),
+        // Embedding plans have no batch schedule; a batching server never gets one.
+        PromptInput::Embed(_) => {
+            let _ = job
+                .events
+                .send(Event::Failed("an embedding job in a batch".into()));
+            return;
+        }
     };
     let prompt = match prompt {
         Ok(p) => p,

@@ -30,6 +30,7 @@
 //! prompt over the context is a 400 even with `"stream": true`.
 
 mod batching;
+pub mod embeddings;
 pub mod guard;
 pub mod limits;
 pub mod metrics;
@@ -213,6 +214,7 @@ fn router(
         .route("/v1/models/{id}", get(model))
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
+        .route("/v1/embeddings", post(embeddings_endpoint))
         .fallback(not_found)
         .method_not_allowed_fallback(method_not_allowed)
         .layer(DefaultBodyLimit::max(limits.max_body_bytes))
@@ -373,8 +375,68 @@ async fn metrics_text(State(app): State<Arc<App>>) -> Response {
         .into_response()
 }
 
+/// `POST /v1/embeddings`: tokenize, queue, answer the vectors.
+async fn embeddings_endpoint(State(app): State<Arc<App>>, body: Bytes) -> Response {
+    embed(&app, body)
+        .await
+        .unwrap_or_else(IntoResponse::into_response)
+}
+
+async fn embed(app: &App, body: Bytes) -> Result<Response, ApiError> {
+    let Some(info) = &app.info.embedding else {
+        return Err(ApiError::invalid(
+            "this server runs a language model, not an embedding model: /v1/embeddings needs a \
+             plan compiled from an encoder (e.g. sentence-transformers/all-MiniLM-L6-v2); use \
+             /v1/chat/completions or /v1/completions here",
+            None,
+        ));
+    };
+    let value: Value = serde_json::from_slice(&body)
+        .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}"), None))?;
+    let request = embeddings::EmbeddingsRequest::parse(&value)?;
+    let inputs = embeddings::inputs(&request, app.info.codec.as_deref(), info)?;
+    let tokens = inputs.iter().map(Vec::len).sum();
+    let mut events = app
+        .queue
+        .submit(
+            PromptInput::Embed(inputs),
+            gerbil::GenerationSettings::default(),
+            None,
+        )
+        .map_err(busy)?;
+    match events.recv().await {
+        Some(Event::Vectors(vectors)) => {
+            let body = embeddings::response(&request, info, &app.model_name, vectors, tokens)?;
+            Ok(Json(body).into_response())
+        }
+        Some(Event::Rejected(e)) => Err(ApiError::invalid(e.to_string(), Some("input"))),
+        Some(Event::Failed(e)) => Err(ApiError::server(e)),
+        _ => Err(ApiError::server(STOPPED)),
+    }
+}
+
+/// The answer when the queue refuses a job.
+fn busy(e: Submit) -> ApiError {
+    match e {
+        Submit::Full(max) => ApiError::server(format!(
+            "the server is busy: {max} requests already wait for the model; try again shortly \
+             (the limit is --max-queue)"
+        ))
+        .with_status(StatusCode::SERVICE_UNAVAILABLE)
+        .with_retry_after(1),
+        Submit::Stopped => ApiError::server("the model thread has stopped"),
+    }
+}
+
 /// Both completion endpoints: parse, queue, then answer whole or streamed.
 async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response, ApiError> {
+    if app.info.embedding.is_some() {
+        return Err(ApiError::invalid(
+            "this server runs an embedding model, not a language model: it answers POST \
+             /v1/embeddings, not completions",
+            None,
+        ));
+    }
     let request: Request = parse_request(&body)?;
     let style = app.info.tool_style;
     let form = Structured::of(&request, endpoint, &style)?;
@@ -393,15 +455,7 @@ async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response
     let mut events = app
         .queue
         .submit(prompt, settings, constraint)
-        .map_err(|e| match e {
-            Submit::Full(max) => ApiError::server(format!(
-                "the server is busy: {max} requests already wait for the model; try again shortly \
-             (the limit is --max-queue)"
-            ))
-            .with_status(StatusCode::SERVICE_UNAVAILABLE)
-            .with_retry_after(1),
-            Submit::Stopped => ApiError::server("the model thread has stopped"),
-        })?;
+        .map_err(busy)?;
     match events.recv().await {
         Some(Event::Started) => {}
         Some(Event::Rejected(e)) => return Err(rejected(e, endpoint)),
@@ -442,7 +496,7 @@ async fn complete(app: &App, endpoint: Endpoint, body: Bytes) -> Result<Response
                 return Ok(Json(body).into_response());
             }
             Event::Failed(e) => return Err(ApiError::server(e.to_string())),
-            Event::Started | Event::Rejected(_) => break,
+            Event::Started | Event::Rejected(_) | Event::Vectors(_) => break,
         }
     }
     Err(ApiError::server(STOPPED))
@@ -484,13 +538,13 @@ async fn tokenize(
         return Ok(prompt);
     };
     let bytes = match &prompt {
-        PromptInput::Ids(_) => 0,
+        PromptInput::Ids(_) | PromptInput::Embed(_) => 0,
         PromptInput::Chat(messages) => messages.iter().map(|m| m.content.len()).sum(),
         PromptInput::Text(text) => text.len(),
     };
     refuse_by_size(app, bytes as u64, endpoint)?;
     let encoded = match prompt {
-        PromptInput::Ids(_) => return Ok(prompt),
+        PromptInput::Ids(_) | PromptInput::Embed(_) => return Ok(prompt),
         PromptInput::Chat(messages) => {
             tokio::task::spawn_blocking(move || {
                 codec.encode_chat_with_tools(&messages, tools.as_ref(), true)
@@ -604,7 +658,7 @@ fn sse_stream(
                         let error = ApiError::server(e.to_string()).body();
                         return Some((vec![data(&error)], None));
                     }
-                    Event::Started | Event::Rejected(_) => {
+                    Event::Started | Event::Rejected(_) | Event::Vectors(_) => {
                         let error = ApiError::server(STOPPED).body();
                         return Some((vec![data(&error)], None));
                     }

@@ -291,6 +291,8 @@ pub enum PromptInput {
     Text(String),
     /// Token ids as they are.
     Ids(Vec<u32>),
+    /// An embedding request's inputs, tokenized (an embedding plan).
+    Embed(Vec<Vec<u32>>),
 }
 
 impl Request {

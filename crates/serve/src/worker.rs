@@ -29,7 +29,7 @@ use crate::structured::ToolStyle;
 use anyhow::{Context, Result};
 use gerbil::{
     Error as ModelError, FinishReason, GenerationSettings, GenerationStats, Model, ModelOptions,
-    TextCodec,
+    RuntimeError, TextCodec,
 };
 use gerbil_grammar::{GrammarConstraint, Grammars};
 use gerbil_plan::{GenerationDefaults, PlanFile};
@@ -70,6 +70,8 @@ pub enum Event {
     },
     /// The GPU failed during the generation (a 500).
     Failed(String),
+    /// An embedding job's vectors, one per input.
+    Vectors(Vec<Vec<f32>>),
 }
 
 /// What the handlers need to know of the loaded model.
@@ -96,6 +98,8 @@ pub struct ModelInfo {
     pub slots: usize,
     /// The plan's batch size (0: no batch schedule, one request at a time).
     pub max_batch: u32,
+    /// What an embedding plan's vectors are (`None`: a language model).
+    pub embedding: Option<gerbil_plan::EmbeddingInfo>,
 }
 
 /// The worker thread and its queue.
@@ -282,6 +286,7 @@ async fn load(plan: &std::path::Path, opts: &ModelOptions) -> Result<(Model, Mod
         tool_style: ToolStyle::of(model.codec()),
         slots: model.session().slots(),
         max_batch: model.session().header().io.max_batch,
+        embedding: plan.header.model.embedding.clone(),
     };
     Ok((model, info))
 }
@@ -327,6 +332,33 @@ pub(crate) fn count_finished(model: &Model, stats: &GenerationStats, metrics: &M
     metrics.finished(stats, &held);
 }
 
+/// Embeds every input of an embedding job and sends the vectors (or why
+/// the GPU failed).
+fn embed_job(model: &mut Model, inputs: &[Vec<u32>], events: &UnboundedSender<Event>) {
+    let mut vectors = Vec::with_capacity(inputs.len());
+    for ids in inputs {
+        match pollster::block_on(model.embed_ids(ids)) {
+            Ok(v) => vectors.push(v),
+            // The request's fault (a 400), or the GPU's (a 500).
+            Err(
+                e @ ModelError::Runtime(
+                    RuntimeError::TokenOutOfRange { .. }
+                    | RuntimeError::InputTooLong { .. }
+                    | RuntimeError::EmptyInput,
+                ),
+            ) => {
+                let _ = events.send(Event::Rejected(e));
+                return;
+            }
+            Err(e) => {
+                let _ = events.send(Event::Failed(e.to_string()));
+                return;
+            }
+        }
+    }
+    let _ = events.send(Event::Vectors(vectors));
+}
+
 /// Runs one job to its end, or until its client is gone; counts it in
 /// `metrics` when it generated (a rejected or failed job is not counted).
 fn run_job(model: &mut Model, job: Job, metrics: &Metrics) {
@@ -338,6 +370,7 @@ fn run_job(model: &mut Model, job: Job, metrics: &Metrics) {
         PromptInput::Chat(messages) => model.encode_chat(messages),
         PromptInput::Text(text) => model.encode(text),
         PromptInput::Ids(ids) => Ok(ids.clone()),
+        PromptInput::Embed(inputs) => return embed_job(model, inputs, &job.events),
     };
     let prompt = match prompt {
         Ok(p) => p,

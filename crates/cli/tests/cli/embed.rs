@@ -103,3 +103,84 @@ fn embed_prints_sentence_transformers_vectors_from_every_input() {
         "not an embedding model",
     );
 }
+
+/// `serve` on an embedding plan answers `POST /v1/embeddings` in OpenAI's
+/// shape (the OpenAI Python client's `embeddings.create` gets
+/// sentence-transformers' vectors), refuses bad requests with an OpenAI
+/// error naming the field, and says which endpoints each kind of plan has.
+#[test]
+fn serve_answers_embeddings_and_says_what_each_plan_is() {
+    use crate::serve::Server;
+    let (_dir, plan) = compile(&minilm_dir(), "minilm-serve", &["--quiet"]);
+    let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    let server = Server::start(&plan, &[]);
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../scripts/openai-embeddings-check.py"
+    );
+    let out = std::process::Command::new("python3")
+        .args([
+            script,
+            "--base-url",
+            &format!("http://127.0.0.1:{}/v1", server.port),
+            "--reference",
+            data("refs/all-minilm-l6-v2.json").to_str().unwrap(),
+        ])
+        .output()
+        .expect("python3");
+    assert!(
+        out.status.success(),
+        "{}\n{}\nserver: {}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+        server.log()
+    );
+    let (status, body) = server.post(
+        "/v1/embeddings",
+        &serde_json::json!({"input": [101, 7632, 102]}),
+    );
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"][0]["embedding"].as_array().unwrap().len(), 384);
+    let long = "word ".repeat(400);
+    for (request, param) in [
+        (serde_json::json!({"input": []}), "input"),
+        (serde_json::json!({"input": ["a", 7]}), "input"),
+        (serde_json::json!({"input": long}), "input"),
+        (serde_json::json!({"input": [999999]}), "input"),
+        (
+            serde_json::json!({"input": "a", "dimensions": 385}),
+            "dimensions",
+        ),
+    ] {
+        let (status, body) = server.post("/v1/embeddings", &request);
+        assert_eq!(status, 400, "{request}: {body}");
+        assert_eq!(body["error"]["param"], param, "{body}");
+    }
+    let (status, body) = server.post(
+        "/v1/embeddings",
+        &serde_json::json!({"input": long, "truncate": true}),
+    );
+    assert_eq!(
+        (status, body["usage"]["prompt_tokens"].as_u64()),
+        (200, Some(256))
+    );
+    let chat = serde_json::json!({"messages": [{"role": "user", "content": "hi"}]});
+    let (status, body) = server.post("/v1/chat/completions", &chat);
+    assert_eq!(status, 400);
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("/v1/embeddings"));
+    drop(server);
+    let (_lm_dir, lm) = tiny_plan("lm-serve", &[]);
+    let server = Server::start(&lm, &[]);
+    let (status, body) = server.post("/v1/embeddings", &serde_json::json!({"input": [1, 2]}));
+    assert_eq!(status, 400);
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("not an embedding model"),
+        "{body}"
+    );
+}
