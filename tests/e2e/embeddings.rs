@@ -1,5 +1,6 @@
-//! Encoders against their references: the tiny random BERT against
-//! transformers (interpreter and every GPU variant, mean and CLS pooling),
+//! Encoders against their references: the tiny random encoders (BERT with
+//! mean pooling, XLM-RoBERTa with CLS pooling and positions after the
+//! padding id) against transformers (interpreter and every GPU variant),
 //! all-MiniLM-L6-v2 against sentence-transformers (tokens, vectors,
 //! retrieval ranking), and the errors an embedding plan gives.
 
@@ -60,8 +61,19 @@ fn read_json<T: for<'de> Deserialize<'de>>(rel: &str) -> T {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
+/// The tiny random encoders of `tests/data/models/tiny-encoder`.
+const TINY_ENCODERS: &[&str] = &["bert", "xlm_roberta"];
+
+fn tiny_encoder(name: &str) -> std::path::PathBuf {
+    data_dir().join("models/tiny-encoder").join(name)
+}
+
 fn tiny_bert() -> std::path::PathBuf {
-    data_dir().join("models/tiny-encoder/bert")
+    tiny_encoder("bert")
+}
+
+fn tiny_ref(name: &str) -> TinyEmbedRef {
+    read_json(&format!("refs/tiny-encoder/{name}.json"))
 }
 
 fn texts(v: &[String]) -> Vec<&str> {
@@ -82,10 +94,13 @@ fn session(plan: &PlanFile, variant: &str) -> Session {
     block_on(Session::open(plan, &opts)).unwrap_or_else(|e| panic!("{variant}: {e}"))
 }
 
-/// Every case's vector from every variant of the plan of `dir`, against
-/// `want` (the case's expected vector).
-fn check_variants(dir: &Path, want: impl Fn(&TinyEmbedCase) -> &[f32]) {
-    let reference: TinyEmbedRef = read_json("refs/tiny-encoder/bert.json");
+/// Every case's vector of `reference` from every variant of the plan of
+/// `dir`, against `want` (the case's expected vector).
+fn check_variants(
+    dir: &Path,
+    reference: &TinyEmbedRef,
+    want: impl Fn(&TinyEmbedCase) -> &[f32],
+) -> Vec<String> {
     let plan = compile_plan(dir, |_| {});
     let plan = PlanFile::open(&plan).expect("plan");
     let mut failures = Vec::new();
@@ -95,35 +110,54 @@ fn check_variants(dir: &Path, want: impl Fn(&TinyEmbedCase) -> &[f32]) {
             let got = block_on(s.embed(&case.ids)).expect("embed");
             let d = max_abs_diff(&got, want(case));
             if d > TINY_TOL {
-                failures.push(format!("{} {}: max |Δ| {d:e}", variant.name, case.name));
+                let dir = dir.display();
+                failures.push(format!(
+                    "{dir} {} {}: max |Δ| {d:e}",
+                    variant.name, case.name
+                ));
             }
         }
     }
+    failures
+}
+
+#[test]
+fn tiny_encoders_interpreter_matches_transformers() {
+    for name in TINY_ENCODERS {
+        let ckpt = Checkpoint::open(&tiny_encoder(name)).expect("checkpoint");
+        let options = LowerOptions {
+            max_context: Some(64),
+        };
+        let graph = lower_with(&ckpt, &options).expect("lowering").graph;
+        let mut it = Interpreter::new(&graph, &ckpt, 64).expect("interpreter");
+        for case in &tiny_ref(name).cases {
+            it.reset();
+            let out = it.step(&case.ids).expect("step").remove(0);
+            let got: Vec<f32> = out.data.iter().map(|&v| v as f32).collect();
+            let d = max_abs_diff(&got, &case.embedding);
+            assert!(d < 1e-6, "{name} {}: max |Δ| {d:e}", case.name);
+        }
+    }
+}
+
+#[test]
+fn tiny_encoders_match_transformers_on_every_variant() {
+    let _gpu = gpu_lock();
+    let failures: Vec<String> = TINY_ENCODERS
+        .iter()
+        .flat_map(|name| check_variants(&tiny_encoder(name), &tiny_ref(name), |c| &c.embedding))
+        .collect();
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]
-fn tiny_bert_interpreter_matches_transformers() {
-    let ckpt = Checkpoint::open(&tiny_bert()).expect("checkpoint");
-    let options = LowerOptions {
-        max_context: Some(64),
-    };
-    let graph = lower_with(&ckpt, &options).expect("lowering").graph;
-    let mut it = Interpreter::new(&graph, &ckpt, 64).expect("interpreter");
-    let reference: TinyEmbedRef = read_json("refs/tiny-encoder/bert.json");
-    for case in &reference.cases {
-        it.reset();
-        let out = it.step(&case.ids).expect("step").remove(0);
-        let got: Vec<f32> = out.data.iter().map(|&v| v as f32).collect();
-        let d = max_abs_diff(&got, &case.embedding);
-        assert!(d < 1e-6, "{}: max |Δ| {d:e}", case.name);
-    }
-}
-
-#[test]
-fn tiny_bert_matches_transformers_on_every_variant() {
-    let _gpu = gpu_lock();
-    check_variants(&tiny_bert(), |c| &c.embedding);
+fn the_table_covers_every_tiny_encoder() {
+    let mut on_disk: Vec<String> = std::fs::read_dir(data_dir().join("models/tiny-encoder"))
+        .expect("tiny encoders dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    on_disk.sort();
+    assert_eq!(on_disk, TINY_ENCODERS);
 }
 
 #[test]
@@ -143,7 +177,8 @@ fn cls_pooling_without_normalize_matches_transformers() {
         r#"{"word_embedding_dimension": 32, "pooling_mode": "cls"}"#,
     )
     .expect("write");
-    check_variants(dir.path(), |c| &c.cls_pooled);
+    let failures = check_variants(dir.path(), &tiny_ref("bert"), |c| &c.cls_pooled);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 #[test]

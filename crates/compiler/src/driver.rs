@@ -195,6 +195,12 @@ pub fn compile<'a>(
     )?;
     let mut graph = lowered.graph;
     let facts = lowered.facts;
+    // An encoder's context is at most its learned positions.
+    let max_context = match (&facts.embedding, opts.max_context) {
+        (Some(e), None) => e.max_positions.min(DEFAULT_MAX_CONTEXT_CAP),
+        _ => max_context,
+    };
+    check_sizes(opts, max_context)?;
     if let Some(scheme) = opts.quantize {
         let weights = quantize::retype(&mut graph, scheme);
         tracing::info!(
@@ -209,13 +215,17 @@ pub fn compile<'a>(
     }
     check_model_sizes(&facts)?;
     check_value_sizes(&graph, max_context)?;
-    if facts.embedding.is_some() && max_context > facts.max_position_embeddings {
+    if let Some(e) = facts
+        .embedding
+        .as_ref()
+        .filter(|e| max_context > e.max_positions)
+    {
         return Err(CompileError::Option {
             option: "--max-context",
             value: max_context.to_string(),
             reason: format!(
                 "an encoder has learned positions for {} tokens only; pick at most that",
-                facts.max_position_embeddings
+                e.max_positions
             ),
         });
     }

@@ -52,6 +52,9 @@ pub struct ModelFacts {
 pub struct EmbeddingFacts {
     /// Length of the vector.
     pub dimension: u64,
+    /// Most tokens one input may have: the rows of the position table it
+    /// reads (RoBERTa's start after the padding id's).
+    pub max_positions: u64,
     /// The sentence-transformers pipeline that makes it from the rows.
     pub pipeline: SentencePipeline,
 }
@@ -77,6 +80,12 @@ static FAMILIES: &[(&str, &str, BuildFn)] = &[
     ("Gemma3ForCausalLM", "gemma3", families::gemma3::build),
     ("Phi3ForCausalLM", "phi3", families::phi3::build),
     ("BertModel", "bert", families::bert::build),
+    (
+        "XLMRobertaModel",
+        "xlm_roberta",
+        families::bert::build_roberta,
+    ),
+    ("RobertaModel", "roberta", families::bert::build_roberta),
 ];
 
 /// Settings of one lowering.

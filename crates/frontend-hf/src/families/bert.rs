@@ -1,5 +1,6 @@
-//! BERT encoders (`BertModel`): sentence-transformers models such as
-//! all-MiniLM-L6-v2, lowered to a graph whose output is the sentence
+//! BERT encoders (`BertModel`) and RoBERTa's (`XLMRobertaModel`,
+//! `RobertaModel`): sentence-transformers models such as all-MiniLM-L6-v2
+//! or multilingual-e5, lowered to a graph whose output is the sentence
 //! embedding ([`gerbil_ir::EMBEDDING`]).
 //!
 //! The embedding sums the word row, the learned position row (`add_positions`)
@@ -11,8 +12,11 @@
 //! `modules.json` follows ([`crate::sentence`]): pooling, and an L2 norm
 //! when the model has a `Normalize` module. The surprise: one input is one
 //! step, so no padding mask is needed — the whole step is the sequence.
-//! Tensors are read with or without the `bert.` prefix that
-//! `BertFor*` checkpoints carry; the pooler and the MLM head are not read.
+//! RoBERTa differs only in its positions: they start at `pad_token_id + 1`
+//! (transformers counts from the padding id), so the graph reads the
+//! position table from that row on, and the model has that many fewer.
+//! Tensors are read with or without the `bert.` / `roberta.` prefix that
+//! `*For*` checkpoints carry; the pooler and the MLM head are not read.
 
 use crate::error::Result;
 use crate::families::decoder::linear;
@@ -30,6 +34,16 @@ use serde::Deserialize;
 struct BertKeys {
     type_vocab_size: Option<u64>,
     position_embedding_type: Option<String>,
+    pad_token_id: Option<u64>,
+}
+
+/// Where an encoder's positions start in its position table.
+#[derive(Clone, Copy)]
+enum Positions {
+    /// At row 0 (BERT).
+    First,
+    /// After the padding id's row (RoBERTa).
+    AfterPadding,
 }
 
 /// The sizes one layer is built with.
@@ -44,6 +58,17 @@ struct Shape {
 
 /// Builds a `BertModel` graph.
 pub(crate) fn build(ctx: &mut LowerCtx<'_>) -> Result<()> {
+    build_encoder(ctx, Positions::First, "bert.")
+}
+
+/// Builds an `XLMRobertaModel` or `RobertaModel` graph.
+pub(crate) fn build_roberta(ctx: &mut LowerCtx<'_>) -> Result<()> {
+    build_encoder(ctx, Positions::AfterPadding, "roberta.")
+}
+
+/// Builds an encoder whose positions start as `positions` says and whose
+/// tensors may carry the prefix `prefix`.
+fn build_encoder(ctx: &mut LowerCtx<'_>, positions: Positions, prefix: &str) -> Result<()> {
     let c = ctx.ckpt.config.clone();
     let keys: BertKeys = ctx.family_keys()?;
     if let Some(kind) = keys.position_embedding_type.as_deref() {
@@ -81,8 +106,8 @@ pub(crate) fn build(ctx: &mut LowerCtx<'_>) -> Result<()> {
             format!("{heads} heads do not divide hidden_size {}", shape.hidden),
         ));
     }
-    let p = if ctx.has_tensor("bert.embeddings.word_embeddings.weight") {
-        "bert."
+    let p = if ctx.has_tensor(&format!("{prefix}embeddings.word_embeddings.weight")) {
+        prefix
     } else {
         ""
     };
@@ -97,11 +122,29 @@ pub(crate) fn build(ctx: &mut LowerCtx<'_>) -> Result<()> {
         &[words, ids],
         "embeddings.word",
     )?;
-    let positions = ctx.weight(
-        &format!("{p}embeddings.position_embeddings.weight"),
-        &[c.max_position_embeddings, h],
-    )?;
-    x = ctx.add(Op::AddPositions, &[x, positions], "embeddings.position")?;
+    let table = format!("{p}embeddings.position_embeddings.weight");
+    let dims = [c.max_position_embeddings, h];
+    let (table, max_positions) = match positions {
+        Positions::First => (ctx.weight(&table, &dims)?, c.max_position_embeddings),
+        Positions::AfterPadding => {
+            let first = keys.pad_token_id.unwrap_or(1) + 1;
+            let rows = c
+                .max_position_embeddings
+                .checked_sub(first)
+                .filter(|&n| n > 0);
+            let rows = rows.ok_or_else(|| {
+                ctx.config_err(
+                    "max_position_embeddings",
+                    format!(
+                        "leaves no position after the padding id's row {}",
+                        first - 1
+                    ),
+                )
+            })?;
+            (ctx.weight_rows(&table, &dims, first, rows)?, rows)
+        }
+    };
+    x = ctx.add(Op::AddPositions, &[x, table], "embeddings.position")?;
     let types = keys.type_vocab_size.unwrap_or(2);
     let type_row = ctx.weight_row(
         &format!("{p}embeddings.token_type_embeddings.weight"),
@@ -133,6 +176,7 @@ pub(crate) fn build(ctx: &mut LowerCtx<'_>) -> Result<()> {
     ctx.graph.outputs.push((EMBEDDING.to_string(), v));
     ctx.embedding = Some(EmbeddingFacts {
         dimension: h,
+        max_positions,
         pipeline,
     });
     Ok(())
