@@ -150,6 +150,39 @@ fn tiny_encoders_match_transformers_on_every_variant() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Every case at once through `embed_batch`: packed into one step by
+/// default, and split over steps by a plan of 64-token steps of at most 3
+/// inputs (the cases' lengths 1, 2, 7, 20 and 63 make steps of 3, 1 and 1
+/// inputs); each vector is transformers'.
+#[test]
+fn tiny_encoders_pack_inputs_into_steps() {
+    let _gpu = gpu_lock();
+    let mut failures = Vec::new();
+    for name in TINY_ENCODERS {
+        let reference = tiny_ref(name);
+        let inputs: Vec<&[u32]> = reference.cases.iter().map(|c| c.ids.as_slice()).collect();
+        let small = |o: &mut gerbil_compiler::CompileOptions| {
+            o.max_tokens_per_step = Some(64);
+            o.max_batch = 3;
+        };
+        for (how, plan) in [
+            ("default", compile_plan(&tiny_encoder(name), |_| {})),
+            ("small steps", compile_plan(&tiny_encoder(name), small)),
+        ] {
+            let plan = PlanFile::open(&plan).expect("plan");
+            let mut s = block_on(Session::open(&plan, &SessionOptions::default())).expect("s");
+            let got = block_on(s.embed_batch(&inputs)).expect("embed_batch");
+            for (case, v) in reference.cases.iter().zip(&got) {
+                let d = max_abs_diff(v, &case.embedding);
+                if d > TINY_TOL {
+                    failures.push(format!("{name} {how} {}: max |Δ| {d:e}", case.name));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 #[test]
 fn the_table_covers_every_tiny_encoder() {
     let mut on_disk: Vec<String> = std::fs::read_dir(data_dir().join("models/tiny-encoder"))
@@ -200,6 +233,9 @@ fn embedding_plans_refuse_what_they_cannot_do() {
         e.max_tokens, 64,
         "max_seq_length of sentence_bert_config.json"
     );
+    assert_eq!(e.max_inputs, 64, "inputs a step packs by default");
+    assert_eq!(plan.header.io.max_batch, 0, "no batch decode schedule");
+    assert_eq!(plan.header.model.max_tokens_per_step, 8192);
     let mut s = block_on(Session::open(&plan, &SessionOptions::default())).expect("session");
     let too_long = vec![5u32; 65];
     assert!(matches!(

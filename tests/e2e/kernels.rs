@@ -1388,7 +1388,7 @@ struct AttentionCase {
     kv: DType,
     /// The `cpu` variant's kernel (`attention_cpu`) instead of the tiled one.
     cpu: bool,
-    /// Causal (decoders), else bidirectional (encoders).
+    /// Causal (decoders); the bidirectional form is [`check_packed_attention`]'s.
     causal: bool,
 }
 
@@ -1452,7 +1452,6 @@ fn attention_matches_reference() {
         kv: DType::F16,
         ..c
     };
-    let bidirectional = |c: AttentionCase| AttentionCase { causal: false, ..c };
     let cases = [
         // An f16 KV cache (the f16 variants): decode, prefill, windowed.
         f16(case(4, 2, 16, 0, 0.3, 1, 70)),
@@ -1493,12 +1492,6 @@ fn attention_matches_reference() {
         case(5, 1, 30, 9, 0.2, 17, 11),
         f16(case(9, 3, 64, 0, 0.125, 45, 50)),
         f16(case(4, 1, 256, 7, 0.0625, 10, 20)),
-        // Encoders: every row sees the whole step (MiniLM's shape, several
-        // row blocks; after cached rows; one row; an f16 cache).
-        bidirectional(case(12, 12, 32, 0, 0.17677669, 37, 0)),
-        bidirectional(case(4, 2, 16, 0, 0.3, 13, 5)),
-        bidirectional(case(4, 2, 16, 0, 0.3, 1, 0)),
-        f16(bidirectional(case(5, 1, 30, 0, 0.2, 17, 0))),
     ];
     // The `cpu` variant's kernel on the cases, and decode steps deep in
     // the context (SmolLM2's shape; Gemma 3's sliding and global layers).
@@ -1519,6 +1512,88 @@ fn attention_matches_reference() {
         .chain(&deep)
         .map(|&c| AttentionCase { cpu: true, ..c });
     check_all(cases.into_iter().chain(cpu), check_attention);
+}
+
+/// Bidirectional attention over a packed encoder step: sequences of
+/// `lengths` laid end to end (position 0, the segment table of
+/// `kernels::Segments`), each row seeing every key of its own sequence.
+fn check_packed_attention(
+    (heads, kv_heads, head_dim, scale): (u32, u32, u32, f32),
+    lengths: &[usize],
+    kv: DType,
+    cpu: bool,
+) -> Result<(), String> {
+    let spec = kernels::attention::AttentionSpec {
+        heads,
+        kv_heads,
+        head_dim,
+        scale,
+        window: 0,
+        kv,
+        causal: false,
+    };
+    let src = if cpu {
+        kernels::attention_cpu::kernel_at(spec, kernels::Positions::Step)
+    } else {
+        kernels::attention::kernel(spec)
+    };
+    let (nh, nkv, hd) = (heads as usize, kv_heads as usize, head_dim as usize);
+    let t: usize = lengths.iter().sum();
+    let mut rng = Rng::from_label(&format!("packed {heads} {head_dim} {lengths:?}"));
+    let q = rng.vec(t * nh * hd);
+    let (kc, vc) = (rng.vec(t * nkv * hd), rng.vec(t * nkv * hd));
+    let (kc_bytes, kc) = encode(&kc, kv);
+    let (vc_bytes, vc) = encode(&vc, kv);
+    let a = Attention {
+        n_heads: heads,
+        n_kv_heads: kv_heads,
+        head_dim,
+        scale,
+        window: None,
+        causal: false,
+    };
+    // Each sequence alone is a step of its own, at position 0.
+    let (q64, qw, kw) = (widen(&q), nh * hd, nkv * hd);
+    let (mut want, mut table, mut first) = (Vec::new(), Vec::new(), 0);
+    for &len in lengths {
+        let rows = |v: &[f64], w: usize| v[first * w..(first + len) * w].to_vec();
+        let (q, k, v) = (rows(&q64, qw), rows(&kc, kw), rows(&vc, kw));
+        want.extend(reference::attention(&q, &k, &v, &a, 0));
+        table.extend((0..len).flat_map(|_| [first as u32, len as u32]));
+        first += len;
+    }
+    table.extend(std::iter::repeat_n(0u32, 2 * lengths.len()));
+    let inputs = [
+        f32_bytes(&q),
+        kc_bytes,
+        vc_bytes,
+        poison(q.len()),
+        u32_bytes(&table),
+    ];
+    expect(&src, t as u32, 0, &inputs, 3, &want)
+}
+
+#[test]
+fn packed_bidirectional_attention_matches_reference() {
+    let minilm = (12, 12, 32, 0.176_776_69);
+    let gqa = (4, 2, 16, 0.3);
+    let odd = (5, 1, 30, 0.2);
+    let mut failures = Vec::new();
+    for cpu in [false, true] {
+        for (shape, lengths, kv) in [
+            // One sequence over several row blocks; sequences that end
+            // inside a row block and a key tile; a one-token sequence.
+            (minilm, vec![37], DType::F32),
+            (gqa, vec![5, 1, 13, 20], DType::F32),
+            (gqa, vec![1], DType::F32),
+            (odd, vec![17, 3], DType::F16),
+        ] {
+            if let Err(e) = check_packed_attention(shape, &lengths, kv, cpu) {
+                failures.push(format!("{shape:?} {lengths:?} cpu={cpu}: {e}"));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
 // ------------------------------------------------------ decode attention

@@ -103,27 +103,39 @@ pub async fn embed(path: &Path, opts: &EmbedOptions) -> Result<()> {
     let texts = texts(&opts.input)?;
     let mut model = Model::load(&plan, &opts.model).await?;
     let max = info.max_tokens as usize;
+    let codec = model.shared_codec().context("the plan has no tokenizer")?;
+    let mut ids = Vec::with_capacity(texts.len());
     for (index, text) in texts.iter().enumerate() {
-        let codec = model.codec().context("the plan has no tokenizer")?;
-        let ids = if opts.truncate {
+        let tokens = if opts.truncate {
             codec.encode_truncated(text, max)?
         } else {
             codec.encode(text)?
         };
-        if ids.len() > max {
+        if tokens.len() > max {
             bail!(
                 "input {index} has {} tokens, more than the {max} this model takes: shorten it, \
                  or give --truncate to keep its first {max}",
-                ids.len()
+                tokens.len()
             );
         }
-        let embedding = model.embed_ids(&ids).await?;
-        let line = Line {
-            index,
-            tokens: ids.len(),
-            embedding: &embedding,
-        };
-        console::print(&format!("{}\n", serde_json::to_string(&line)?))?;
+        ids.push(tokens);
+    }
+    // A step's worth of inputs at a time, printed as each step ends.
+    let per_step = (info.max_inputs as usize).max(1);
+    for (step, chunk) in ids.chunks(per_step).enumerate() {
+        let inputs: Vec<&[u32]> = chunk.iter().map(Vec::as_slice).collect();
+        let vectors = model.embed_ids(&inputs).await?;
+        let mut out = String::new();
+        for (i, (tokens, embedding)) in chunk.iter().zip(&vectors).enumerate() {
+            let line = Line {
+                index: step * per_step + i,
+                tokens: tokens.len(),
+                embedding,
+            };
+            out.push_str(&serde_json::to_string(&line)?);
+            out.push('\n');
+        }
+        console::print(&out)?;
     }
     Ok(())
 }

@@ -391,8 +391,15 @@ impl Lowering<'_> {
                 return Err(unsupported("a position table split into row shards"))
             }
             Op::AddPositions => encoder::add_positions(width_of(out_ty), in_ty(1).dtype),
-            Op::Pool(p) => encoder::pool(*p, width_of(out_ty)),
-            Op::L2Normalize => encoder::l2_normalize(rows_of(out_ty), width_of(out_ty)),
+            // An encoder step packs up to `max_batch` sequences: a row each.
+            Op::Pool(p) => encoder::pool(*p, width_of(out_ty), self.max_batch.max(1)),
+            Op::L2Normalize => {
+                let rows = match rows_of(out_ty) {
+                    Rows::Fixed(1) => Rows::Fixed(self.max_batch.max(1)),
+                    rows => rows,
+                };
+                encoder::l2_normalize(rows, width_of(out_ty))
+            }
             Op::Unary(u) => elementwise::unary(*u, rows_of(out_ty), width_of(out_ty)),
             Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
             Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),

@@ -155,7 +155,8 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         let mut phase = |phase| schedule(&steps, &layout, &lowering, &mut asm, &spec, phase);
         let prefill = phase(Phase::Prefill(spec.prefill_rows_per_workgroup))?;
         let decode = phase(Phase::Decode)?;
-        let batch = if opts.max_batch > 0 {
+        // An encoder's steps pack sequences themselves: no batch schedule.
+        let batch = if opts.max_batch > 0 && !sources::is_encoder(graph) {
             phase(Phase::Batch)?
         } else {
             Vec::new()
@@ -199,7 +200,12 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         next_token: sources.next_token,
         sampling_params: sources.sampling_params,
         step_rows: sources.step_rows,
-        max_batch: opts.max_batch,
+        // An encoder's steps pack inputs themselves (`max_batch` of them).
+        max_batch: if sources::is_encoder(graph) {
+            0
+        } else {
+            opts.max_batch
+        },
     };
     Ok(Assembled {
         buffers: decls,

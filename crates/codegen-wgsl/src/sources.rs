@@ -233,6 +233,15 @@ fn weight_kind(name: String, ty: &TensorType, shape: Vec<u64>, position_rows: bo
 }
 
 /// The graph output a named output stands for.
+/// Whether `graph` is an encoder's: its output is an embedding, and its
+/// steps pack whole sequences.
+pub(crate) fn is_encoder(graph: &Graph) -> bool {
+    graph
+        .outputs
+        .iter()
+        .any(|(name, _)| name == gerbil_ir::EMBEDDING)
+}
+
 fn output_kind(name: &str) -> Result<OutputKind, CodegenError> {
     match name {
         gerbil_ir::LOGITS => Ok(OutputKind::Logits),
@@ -293,8 +302,14 @@ pub(crate) fn place<'o>(
         });
     }
     let step_params = b.push(STEP_PARAMS_BYTES, BufferKind::StepParams);
-    let step_rows =
-        (opts.max_batch > 0).then(|| b.push(8 * u64::from(opts.max_batch), BufferKind::StepRows));
+    // A batch step's row table, or an encoder step's segment table (a pair
+    // per row, then one per sequence place: `kernels::Segments`).
+    let step_rows = if is_encoder(graph) {
+        let pairs = opts.max_tokens_per_step + u64::from(opts.max_batch.max(1));
+        Some(b.push(8 * pairs, BufferKind::StepRows))
+    } else {
+        (opts.max_batch > 0).then(|| b.push(8 * u64::from(opts.max_batch), BufferKind::StepRows))
+    };
     let mut token_ids = None;
     let mut caches = Vec::new();
     for &id in order {

@@ -73,7 +73,11 @@ pub fn op_counts(graph: &Graph) -> Vec<(String, u64)> {
 /// multiplies them: `--max-context` (`max_context`, the flag's value or the
 /// model's default), `--max-tokens-per-step` (at least 1, at most the
 /// context) and `--max-storage-binding`.
-fn check_sizes(opts: &CompileOptions, max_context: u64) -> Result<(), CompileError> {
+fn check_sizes(
+    opts: &CompileOptions,
+    max_context: u64,
+    step_within_context: bool,
+) -> Result<(), CompileError> {
     let refuse = |option, value: u64, reason: String| CompileError::Option {
         option,
         value: value.to_string(),
@@ -98,7 +102,7 @@ fn check_sizes(opts: &CompileOptions, max_context: u64) -> Result<(), CompileErr
             ));
         }
         limits::TOKENS_PER_STEP.check(n, "--max-tokens-per-step")?;
-        if n > max_context {
+        if step_within_context && n > max_context {
             return Err(refuse(
                 "--max-tokens-per-step",
                 n,
@@ -161,6 +165,14 @@ fn check_value_sizes(graph: &Graph, max_context: u64) -> Result<(), CompileError
     Ok(())
 }
 
+/// Sequences an encoder step packs when `--max-batch` does not say.
+const DEFAULT_ENCODER_BATCH: u32 = 64;
+/// Tokens of a typical input, for sizing an encoder step.
+const ENCODER_TYPICAL_TOKENS: u64 = 128;
+/// Most tokens of an encoder step when `--max-tokens-per-step` does not say
+/// (unless one input takes more).
+const ENCODER_STEP_TOKENS: u64 = 8192;
+
 /// The plan's record of an encoder's vector: an input may take `most`
 /// tokens (the step `--max-tokens-per-step` allows, else the context)
 /// unless the model says it was trained on less.
@@ -170,6 +182,7 @@ fn embedding_info(e: &EmbeddingFacts, most: u64) -> EmbeddingInfo {
         pooling: e.pipeline.pooling.name().to_string(),
         normalized: e.pipeline.normalize,
         max_tokens: e.pipeline.max_seq_length.map_or(most, |n| n.min(most)),
+        max_inputs: 1,
     }
 }
 
@@ -185,7 +198,9 @@ pub fn compile<'a>(
             .max_position_embeddings
             .min(DEFAULT_MAX_CONTEXT_CAP)
     });
-    check_sizes(opts, max_context)?;
+    // Whether a step must fit the context is known once lowering says
+    // whether this is an encoder (whose steps pack inputs).
+    check_sizes(opts, max_context, false)?;
     let start = std::time::Instant::now();
     let lowered = lower_with(
         ckpt,
@@ -200,7 +215,7 @@ pub fn compile<'a>(
         (Some(e), None) => e.max_positions.min(DEFAULT_MAX_CONTEXT_CAP),
         _ => max_context,
     };
-    check_sizes(opts, max_context)?;
+    check_sizes(opts, max_context, facts.embedding.is_none())?;
     if let Some(scheme) = opts.quantize {
         let weights = quantize::retype(&mut graph, scheme);
         tracing::info!(
@@ -273,34 +288,61 @@ pub fn compile<'a>(
         gemm_tiles: opts.tuning.as_ref().map(|t| t.tiles()).unwrap_or_default(),
         ..CodegenOptions::default()
     };
-    let embedding = facts
+    let mut embedding = facts
         .embedding
         .as_ref()
-        .map(|e| embedding_info(e, opts.max_tokens_per_step.unwrap_or(max_context)));
+        .map(|e| embedding_info(e, max_context));
+    // An encoder's `--max-batch` is the inputs one step packs.
+    let max_batch = match &mut embedding {
+        Some(e) => {
+            e.max_inputs = match opts.max_batch {
+                0 => DEFAULT_ENCODER_BATCH,
+                n => n,
+            };
+            e.max_inputs
+        }
+        None => opts.max_batch,
+    };
     codegen.max_tokens_per_step = match (opts.max_tokens_per_step, &embedding) {
-        // An encoder takes each input whole, in one step.
-        (_, Some(e)) => e.max_tokens,
-        (Some(n), None) => n,
+        (Some(n), Some(e)) if n < e.max_tokens => {
+            return Err(CompileError::Option {
+                option: "--max-tokens-per-step",
+                value: n.to_string(),
+                reason: format!(
+                    "an encoder step holds whole inputs, of up to {} tokens here; give at least \
+                     that (or a smaller --max-context, which caps an input)",
+                    e.max_tokens
+                ),
+            })
+        }
+        // An encoder step packs whole inputs: room for `max_batch` typical
+        // ones (ENCODER_TYPICAL_TOKENS each), or one of the longest.
+        (None, Some(e)) => e
+            .max_tokens
+            .max((u64::from(max_batch) * ENCODER_TYPICAL_TOKENS).min(ENCODER_STEP_TOKENS)),
+        (Some(n), _) => n,
         (None, None) => crate::chunk::choose(&graph, &codegen)?,
     };
-    if embedding.is_some() && opts.max_batch > 0 {
-        return Err(CompileError::Option {
-            option: "--max-batch",
-            value: opts.max_batch.to_string(),
-            reason: "an embedding model has no batch decode schedule; leave --max-batch out".into(),
-        });
-    }
     let max_tokens_per_step = codegen.max_tokens_per_step;
-    if u64::from(opts.max_batch) > max_tokens_per_step {
+    if u64::from(max_batch) > max_tokens_per_step {
         return Err(CompileError::Option {
             option: "--max-batch",
-            value: opts.max_batch.to_string(),
+            value: max_batch.to_string(),
             reason: format!(
                 "a batch step takes at most --max-tokens-per-step ({max_tokens_per_step}) sequences"
             ),
         });
     }
-    codegen.max_batch = opts.max_batch;
+    codegen.max_batch = max_batch;
+    // An encoder's KV cache holds one packed step: a row per token.
+    let max_context = match &embedding {
+        Some(_) => {
+            check_value_sizes(&graph, max_tokens_per_step)?;
+            max_tokens_per_step
+        }
+        None => max_context,
+    };
+    codegen.max_context = max_context;
     let model = ModelInfo {
         architecture: facts.architecture.clone(),
         family: facts.family.clone(),

@@ -11,8 +11,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Each text is tokenized as sentence-transformers does (`[CLS] … [SEP]`)
-//! and runs as one step of its own. The surprise: inputs longer than the
+//! Each text is tokenized as sentence-transformers does (`[CLS] … [SEP]`),
+//! and the inputs are packed end to end into as few GPU steps as the plan
+//! allows (`Session::embed_batch`). The surprise: inputs longer than the
 //! model takes are refused unless asked to be truncated
 //! ([`LongInputs::Truncate`]), where sentence-transformers truncates
 //! silently — a cut input's vector describes only its start.
@@ -40,21 +41,22 @@ impl Model {
         long: LongInputs,
     ) -> Result<Vec<Vec<f32>>, Error> {
         let max = self.embedding_max_tokens()?;
-        let mut vectors = Vec::with_capacity(texts.len());
-        for text in texts {
-            let codec = self.text_codec()?;
-            let ids = match long {
-                LongInputs::Truncate => codec.encode_truncated(text, max)?,
-                LongInputs::Refuse => codec.encode(text)?,
-            };
-            vectors.push(self.embed_ids(&ids).await?);
-        }
-        Ok(vectors)
+        let codec = self.text_codec()?;
+        let ids = texts
+            .iter()
+            .map(|text| match long {
+                LongInputs::Truncate => codec.encode_truncated(text, max),
+                LongInputs::Refuse => codec.encode(text),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let ids: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+        self.embed_ids(&ids).await
     }
 
-    /// The vector of one input given as token ids, special tokens included.
-    pub async fn embed_ids(&mut self, ids: &[u32]) -> Result<Vec<f32>, Error> {
-        Ok(self.session_mut().embed(ids).await?)
+    /// The vector of each input given as token ids, special tokens included;
+    /// inputs are packed into as few GPU steps as the plan allows.
+    pub async fn embed_ids(&mut self, inputs: &[&[u32]]) -> Result<Vec<Vec<f32>>, Error> {
+        Ok(self.session_mut().embed_batch(inputs).await?)
     }
 
     /// Most tokens one input may have, or why this plan makes no vectors.

@@ -174,6 +174,14 @@ pub struct EmbeddingInfo {
     /// `max_seq_length`, or the context the plan was compiled for): the
     /// whole input runs in one step.
     pub max_tokens: u64,
+    /// Most inputs one step packs end to end (their tokens together at most
+    /// `max_tokens_per_step`); the vectors fill the output's first rows.
+    #[serde(default = "one_input")]
+    pub max_inputs: u32,
+}
+
+fn one_input() -> u32 {
+    1
 }
 
 /// Text processing that travels with the plan.

@@ -313,7 +313,8 @@ impl PlanHeader {
     }
 
     /// An embedding plan's outputs: the vector in an embedding output
-    /// buffer, no next token, no batch schedule, and every input in one step.
+    /// buffer, no next token, every input in one step, and a segment table
+    /// for steps of up to `max_batch` sequences.
     fn embedding_io_ok(&self, e: &EmbeddingInfo) -> Result<(), String> {
         let io = &self.io;
         if !matches!(
@@ -336,6 +337,29 @@ impl PlanHeader {
         }
         if io.next_token.is_some() || io.max_batch > 0 {
             return Err("an embedding plan has no next-token output and no batch schedule".into());
+        }
+        let (steps, seqs) = (self.model.max_tokens_per_step, u64::from(e.max_inputs));
+        if seqs == 0 || seqs > steps {
+            return Err(format!(
+                "an embedding plan packs 1 to {steps} inputs a step, not max_inputs {seqs}"
+            ));
+        }
+        if io.logits.size < seqs * e.dimension * 4 {
+            return Err(format!(
+                "the embedding output holds {} bytes, less than {seqs} vectors",
+                io.logits.size
+            ));
+        }
+        let table = io
+            .step_rows
+            .ok_or("an embedding plan has no segment table (step-rows buffer)")?;
+        if !matches!(self.buffer_kind(table, "segments")?, BufferKind::StepRows)
+            || self.buffers[table as usize].size < 8 * (steps + seqs)
+        {
+            return Err(format!(
+                "the segment table is not a step-rows buffer of {} pairs",
+                steps + seqs
+            ));
         }
         if e.max_tokens == 0 || e.max_tokens > self.model.max_tokens_per_step {
             return Err(format!(

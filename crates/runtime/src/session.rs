@@ -868,45 +868,113 @@ impl Session {
     }
 
     /// For an embedding plan: the vector of one input, `tokens` with its
-    /// special tokens (at most the plan's `embedding.max_tokens`), run in one
-    /// step from position 0 — the KV cache is the step's scratch, so the
-    /// session's position starts over.
+    /// special tokens (at most the plan's `embedding.max_tokens`).
     pub async fn embed(&mut self, tokens: &[u32]) -> Result<Vec<f32>, RuntimeError> {
+        let mut vectors = self.embed_batch(&[tokens]).await?;
+        Ok(vectors.pop().unwrap_or_default())
+    }
+
+    /// For an embedding plan: the vector of each input (token ids with
+    /// their special tokens, each at most the plan's `embedding.max_tokens`),
+    /// in order. Inputs are packed end to end into steps of up to the plan's
+    /// `max_tokens_per_step` tokens and `io.max_batch` inputs, each step at
+    /// position 0 (the KV cache is the step's scratch, so the session's
+    /// position starts over).
+    pub async fn embed_batch(&mut self, inputs: &[&[u32]]) -> Result<Vec<Vec<f32>>, RuntimeError> {
         let Some(e) = &self.header.model.embedding else {
             return Err(RuntimeError::WrongModelKind(
                 "this plan is a language model, not an embedding model: it makes logits, not vectors",
             ));
         };
-        let (dimension, max) = (e.dimension, e.max_tokens);
-        if tokens.len() as u64 > max {
-            return Err(RuntimeError::InputTooLong {
-                tokens: tokens.len(),
-                max,
-            });
+        let (dimension, max) = (e.dimension as usize, e.max_tokens);
+        let places = (e.max_inputs as usize).max(1);
+        let vocab = self.vocab_size();
+        for tokens in inputs {
+            if tokens.is_empty() {
+                return Err(RuntimeError::EmptyInput);
+            }
+            if tokens.len() as u64 > max {
+                return Err(RuntimeError::InputTooLong {
+                    tokens: tokens.len(),
+                    max,
+                });
+            }
+            if let Some(&id) = tokens.iter().find(|&&id| u64::from(id) >= vocab) {
+                return Err(RuntimeError::TokenOutOfRange { id, vocab });
+            }
         }
         self.reset();
-        self.run_tokens(tokens).await?;
-        let io = self.header.io.logits;
-        let enc = self
-            .gpu
-            .scoped("copying the embedding", || {
-                let mut enc =
-                    self.gpu
-                        .device
-                        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                            label: Some("readback"),
-                        });
-                let buffer = self.buffer(io.buffer);
-                enc.copy_buffer_to_buffer(buffer, io.offset, &self.readback, 0, dimension * 4);
-                enc.finish()
-            })
-            .await?;
-        self.gpu.queue.submit([enc]);
-        self.gpu
-            .read_mapped(&self.readback, |bytes| {
-                bytemuck::cast_slice::<u8, f32>(bytes)[..dimension as usize].to_vec()
-            })
-            .await
+        let step_tokens = self.header.model.max_tokens_per_step as usize;
+        let mut vectors = Vec::with_capacity(inputs.len());
+        let mut rest = inputs;
+        while !rest.is_empty() {
+            // As many whole inputs as one step holds (at least one: each fits).
+            let mut take = 0;
+            let mut tokens = 0;
+            while take < rest.len().min(places) && tokens + rest[take].len() <= step_tokens {
+                tokens += rest[take].len();
+                take += 1;
+            }
+            let (group, later) = rest.split_at(take);
+            rest = later;
+            let packed: Vec<u32> = group.iter().flat_map(|t| t.iter().copied()).collect();
+            self.write_segments(group, places);
+            self.gpu
+                .scoped("running an embedding step", || self.run_step(&packed))
+                .await??;
+            let io = self.header.io.logits;
+            let bytes = (group.len() * dimension * 4) as u64;
+            let enc =
+                self.gpu
+                    .scoped("copying the embeddings", || {
+                        let mut enc = self.gpu.device.create_command_encoder(
+                            &wgpu::CommandEncoderDescriptor {
+                                label: Some("readback"),
+                            },
+                        );
+                        let buffer = self.buffer(io.buffer);
+                        enc.copy_buffer_to_buffer(buffer, io.offset, &self.readback, 0, bytes);
+                        enc.finish()
+                    })
+                    .await?;
+            self.gpu.queue.submit([enc]);
+            let step = self
+                .gpu
+                .read_mapped(&self.readback, |bytes| {
+                    let all: &[f32] = bytemuck::cast_slice(bytes);
+                    all.chunks(dimension)
+                        .take(group.len())
+                        .map(<[f32]>::to_vec)
+                        .collect::<Vec<_>>()
+                })
+                .await?;
+            vectors.extend(step);
+        }
+        Ok(vectors)
+    }
+
+    /// Writes an encoder step's segment table for `group` packed end to end
+    /// (`gerbil_codegen_wgsl::kernels::Segments`): each row's sequence's
+    /// first row and length, then each of `places` sequence places' (zero
+    /// past the group).
+    fn write_segments(&self, group: &[&[u32]], places: usize) {
+        let mut table = Vec::new();
+        let mut first = 0u32;
+        let mut sequences = Vec::with_capacity(places);
+        for tokens in group {
+            let len = tokens.len() as u32;
+            for _ in 0..len {
+                table.extend([first, len]);
+            }
+            sequences.push([first, len]);
+            first += len;
+        }
+        sequences.resize(places, [0, 0]);
+        table.extend(sequences.into_iter().flatten());
+        if let Some(rows) = self.header.io.step_rows {
+            let q = &self.gpu.queue;
+            q.write_buffer(self.buffer(rows), 0, bytemuck::cast_slice(&table));
+        }
     }
 
     /// Refuses to treat an embedding plan's vector as logits.

@@ -298,6 +298,7 @@ mod tests {
             pooling: "mean".into(),
             normalized: true,
             max_tokens: 8,
+            max_inputs: 1,
         };
         let request = parse(json!({"input": "a", "dimensions": 2})).unwrap();
         let body = response(&request, &info, "m", vec![vec![0.6, 0.0, 0.8, 0.0]], 3).unwrap();

@@ -335,28 +335,20 @@ pub(crate) fn count_finished(model: &Model, stats: &GenerationStats, metrics: &M
 /// Embeds every input of an embedding job and sends the vectors (or why
 /// the GPU failed).
 fn embed_job(model: &mut Model, inputs: &[Vec<u32>], events: &UnboundedSender<Event>) {
-    let mut vectors = Vec::with_capacity(inputs.len());
-    for ids in inputs {
-        match pollster::block_on(model.embed_ids(ids)) {
-            Ok(v) => vectors.push(v),
-            // The request's fault (a 400), or the GPU's (a 500).
-            Err(
-                e @ ModelError::Runtime(
-                    RuntimeError::TokenOutOfRange { .. }
-                    | RuntimeError::InputTooLong { .. }
-                    | RuntimeError::EmptyInput,
-                ),
-            ) => {
-                let _ = events.send(Event::Rejected(e));
-                return;
-            }
-            Err(e) => {
-                let _ = events.send(Event::Failed(e.to_string()));
-                return;
-            }
-        }
-    }
-    let _ = events.send(Event::Vectors(vectors));
+    let inputs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+    let event = match pollster::block_on(model.embed_ids(&inputs)) {
+        Ok(vectors) => Event::Vectors(vectors),
+        // The request's fault (a 400), or the GPU's (a 500).
+        Err(
+            e @ ModelError::Runtime(
+                RuntimeError::TokenOutOfRange { .. }
+                | RuntimeError::InputTooLong { .. }
+                | RuntimeError::EmptyInput,
+            ),
+        ) => Event::Rejected(e),
+        Err(e) => Event::Failed(e.to_string()),
+    };
+    let _ = events.send(event);
 }
 
 /// Runs one job to its end, or until its client is gone; counts it in

@@ -323,7 +323,8 @@ enum Cmd {
     },
     /// Serve the model over HTTP with OpenAI's API: POST
     /// /v1/chat/completions and /v1/completions (`"stream": true` for
-    /// server-sent events), GET /v1/models and /health, and a chat page at
+    /// server-sent events), or /v1/embeddings for an embedding plan, GET
+    /// /v1/models and /health, and a chat page at
     /// / (which can also run the plan in the browser, downloading it from
     /// GET /v1/plan, when given --web-dir). Ctrl-C stops.
     Serve {

@@ -49,9 +49,11 @@ pub struct AttentionSpec {
     pub window: u32,
     /// How the KV cache is stored (f32, or f16 in an f16 variant).
     pub kv: DType,
-    /// Whether row `t` sees keys up to its own position only; else every
-    /// row of the step sees every key up to the step's last (encoders; no
-    /// window). A decode step's one row sees the same keys either way.
+    /// Whether row `t` sees keys up to its own position only; else
+    /// (encoders; no window) the step packs whole sequences and each row
+    /// sees every key of its own sequence, read from the segment table (see
+    /// [`super::Segments`]). A decode step's one row sees the same keys
+    /// either way.
     pub causal: bool,
 }
 
@@ -180,20 +182,25 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
     b.kv_cache(&mut w, input(1), "kc", s.kv, false);
     b.kv_cache(&mut w, input(2), "vc", s.kv, false);
     b.activation(&mut w, output(0), "y");
+    if !s.causal {
+        super::Segments::declare(&mut b, &mut w);
+    }
     w.push_str(&load4_fn("load_q4", s.head_dim, |i| format!("q[{i}]")));
     w.push_str(&load4_fn("load_k4", s.head_dim, |i| kv_load(s.kv, "kc", i)));
     w.push_str(&load4_fn("load_v4", s.head_dim, |i| kv_load(s.kv, "vc", i)));
-    // The rows' positions and the keys the block may see (`lo..=hi`); a
-    // bidirectional row sees as far as the step's last row.
-    let (pos, hi) = match s.causal {
-        true => ("params.p + row", "params.p + min(t0 + BQ, params.t) - 1u"),
-        false => ("params.p + params.t - 1u", "params.p + params.t - 1u"),
+    // The rows' positions and the keys the block may see (`lo..=hi`), and
+    // the keys row `row` sees (`row_lo..=pos`): causally up to its position
+    // (within the window), or its whole sequence in a packed encoder step.
+    let positions = if s.causal {
+        "\x20 let row = t0 + i;\n  let pos = params.p + row;\n\
+         \x20 let hi = params.p + min(t0 + BQ, params.t) - 1u;\n\
+         \x20 var lo = 0u;\n  if (WINDOW > 0u && params.p + t0 + 1u > WINDOW) { lo = params.p + t0 + 1u - WINDOW; }\n\
+         \x20 var row_lo = 0u;\n  if (WINDOW > 0u && pos + 1u > WINDOW) { row_lo = pos + 1u - WINDOW; }\n"
+    } else {
+        "\x20 let row = t0 + i;\n  let rr = min(row, params.t - 1u);\n\
+         \x20 let row_lo = seq_start(rr);\n  let pos = seq_end(rr) - 1u;\n\
+         \x20 let lo = seq_start(t0);\n  let hi = seq_end(min(t0 + BQ, params.t) - 1u) - 1u;\n"
     };
-    let positions = format!(
-        "\x20 let row = t0 + i;\n  let pos = {pos};\n\
-         \x20 let hi = {hi};\n\
-         \x20 var lo = 0u;\n  if (WINDOW > 0u && params.p + t0 + 1u > WINDOW) {{ lo = params.p + t0 + 1u - WINDOW; }}\n"
-    );
     let key = "c + jj";
     let tile_load = |f: &str| {
         format!(
@@ -218,7 +225,6 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
          \x20 let lane = lid.x % LANES;\n  let i = lid.x / LANES;\n\
          \x20 let h0 = wid.x * HG;\n  let kvh = h0 / GROUP;\n  let t0 = wid.y * BQ;\n\
          {positions}\
-         \x20 var row_lo = 0u;\n  if (WINDOW > 0u && pos + 1u > WINDOW) {{ row_lo = pos + 1u - WINDOW; }}\n\
          \x20 for (var e = lid.x; e < BQ * HG * HD4; e = e + NT) {{\n\
          \x20   let d4 = e % HD4;\n    let r = e / HD4;\n    var v = vec4<f32>(0.0);\n\
          \x20   if (t0 + r / HG < params.t) {{ v = load_q4(((t0 + r / HG) * NH + h0 + r % HG) * HD, d4); }}\n\

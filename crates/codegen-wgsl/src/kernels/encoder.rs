@@ -3,15 +3,16 @@
 //!
 //! [`layer_norm`] and [`l2_normalize`] run one workgroup per row and reduce
 //! in workgroup memory; [`add_positions`] is elementwise; [`pool`] runs one
-//! thread per column over the step's `T` rows, so a pooled vector is only
-//! the sequence's when the step holds all of it (embedding plans take a
-//! whole input in one step). The surprising part: `layer_norm` reduces
+//! thread per column and sequence. An encoder step packs whole sequences
+//! ([`Segments`]): a row's position is its offset in its sequence, and
+//! `pool` makes one row per sequence from that sequence's rows. The
+//! surprising part: `layer_norm` reduces
 //! twice — the mean, then the mean of squared deviations — instead of
 //! `E[x²] − E[x]²` in one pass, which loses digits when a row's mean is
 //! large against its spread (BERT's residual stream), and PyTorch's
 //! reference does not.
 
-use super::{f32_lit, input, output, prelude, tree_reduce, Bindings, KernelSource, Rows};
+use super::{f32_lit, input, output, prelude, tree_reduce, Bindings, KernelSource, Rows, Segments};
 use gerbil_ir::{DType, Pooling};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
@@ -114,7 +115,8 @@ pub fn l2_normalize(rows: Rows, width: u32) -> KernelSource {
     )
 }
 
-/// `y[t, c] = x[t, c] + table[P + t, c]`, the table stored as `tdtype`.
+/// `y[t, c] = x[t, c] + table[t − start(t), c]`: each row's position is
+/// its offset in its sequence, the table stored as `tdtype`.
 pub fn add_positions(width: u32, tdtype: DType) -> KernelSource {
     let mut w = prelude();
     let _ = writeln!(w, "const W: u32 = {width}u;\nconst WG: u32 = {WG}u;");
@@ -122,11 +124,13 @@ pub fn add_positions(width: u32, tdtype: DType) -> KernelSource {
     b.activation(&mut w, input(0), "x");
     b.weight(&mut w, input(1), "pt", tdtype);
     b.activation(&mut w, output(0), "y");
+    Segments::declare(&mut b, &mut w);
     w.push_str(
         "@compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
          \x20 let i = gid.x;\n  if (i >= params.t * W) { return; }\n\
-         \x20 y[i] = x[i] + load_pt(params.p * W + i);\n}\n",
+         \x20 let t = i / W;\n\
+         \x20 y[i] = x[i] + load_pt((t - seq_start(t)) * W + i % W);\n}\n",
     );
     KernelSource {
         name: format!("add_positions_{tdtype}_w{width}"),
@@ -142,38 +146,44 @@ pub fn add_positions(width: u32, tdtype: DType) -> KernelSource {
     }
 }
 
-/// `y[0, c]` = the `pooling` of column `c` over the step's `T` rows.
-pub fn pool(pooling: Pooling, width: u32) -> KernelSource {
+/// `y[b, c]` = the `pooling` of column `c` over sequence `b`'s rows, for
+/// each of `seqs` sequence places (a place past the step's sequences, of
+/// length zero, gets zeros).
+pub fn pool(pooling: Pooling, width: u32, seqs: u32) -> KernelSource {
     let mut w = prelude();
     let _ = writeln!(w, "const W: u32 = {width}u;\nconst WG: u32 = {WG}u;");
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
     b.activation(&mut w, output(0), "y");
+    Segments::declare(&mut b, &mut w);
     let body = match pooling {
         Pooling::Mean => {
-            "  var s = 0.0f;\n  for (var t = 0u; t < params.t; t = t + 1u) { s = s + x[t * W + c]; }\n\
-             \x20 y[c] = s / f32(params.t);\n"
+            "  var s = 0.0f;\n  for (var t = first; t < first + n; t = t + 1u) { s = s + x[t * W + c]; }\n\
+             \x20 y[b * W + c] = s / f32(n);\n"
         }
-        Pooling::Cls => "  y[c] = x[c];\n",
+        Pooling::Cls => "  y[b * W + c] = x[first * W + c];\n",
         Pooling::Max => {
-            "  var m = x[c];\n  for (var t = 1u; t < params.t; t = t + 1u) { m = max(m, x[t * W + c]); }\n\
-             \x20 y[c] = m;\n"
+            "  var m = x[first * W + c];\n\
+             \x20 for (var t = first + 1u; t < first + n; t = t + 1u) { m = max(m, x[t * W + c]); }\n\
+             \x20 y[b * W + c] = m;\n"
         }
     };
     let _ = write!(
         w,
         "@compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n\
-         \x20 let c = gid.x;\n  if (c >= W) {{ return; }}\n{body}}}\n"
+         \x20 let c = gid.x;\n  let b = gid.y;\n  if (c >= W) {{ return; }}\n\
+         \x20 let first = seq_first(b);\n  let n = seq_len(b);\n\
+         \x20 if (n == 0u) {{ y[b * W + c] = 0.0f; return; }}\n{body}}}\n"
     );
     KernelSource {
-        name: format!("pool_{}_w{width}", pooling.name()),
+        name: format!("pool_{}_w{width}_b{seqs}", pooling.name()),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
         bindings: b.finish(),
         workgroups: [
             WorkgroupCount::fixed(width.div_ceil(WG)),
-            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(seqs),
             WorkgroupCount::fixed(1),
         ],
         workgroup_bytes: 0,

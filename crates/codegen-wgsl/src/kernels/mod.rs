@@ -102,6 +102,29 @@ impl Positions {
     }
 }
 
+/// The segment table of a packed encoder step: the step's `T` rows are
+/// whole sequences laid end to end (at position 0, so cache row = row).
+/// Entries `2t` and `2t + 1` give row `t`'s sequence's first row and length;
+/// after the `T` rows' pairs, sequence `b`'s first row and length (zero
+/// length past the step's sequences, up to the plan's `max_batch`). The
+/// runtime writes it into the plan's step-rows buffer before each step.
+pub struct Segments;
+
+impl Segments {
+    /// Declares the table and its readers: `seq_start(t)` and `seq_end(t)`
+    /// (one past the last row) of row `t`'s sequence, and `seq_first(b)` and
+    /// `seq_len(b)` of sequence `b`.
+    pub fn declare(b: &mut Bindings, out: &mut String) {
+        b.rows(out);
+        out.push_str(
+            "fn seq_start(t: u32) -> u32 { return rows[2u * t]; }\n\
+             fn seq_end(t: u32) -> u32 { return rows[2u * t] + rows[2u * t + 1u]; }\n\
+             fn seq_first(b: u32) -> u32 { return rows[2u * (params.t + b)]; }\n\
+             fn seq_len(b: u32) -> u32 { return rows[2u * (params.t + b) + 1u]; }\n",
+        );
+    }
+}
+
 /// Row count of an operand: a constant or the step's `T`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rows {
