@@ -139,3 +139,93 @@ pub async fn embed(path: &Path, opts: &EmbedOptions) -> Result<()> {
     }
     Ok(())
 }
+
+/// Settings of `gerbil-run PLAN bench` on an embedding plan.
+#[derive(Clone, Debug)]
+pub struct EmbedBenchOptions {
+    /// Tokens of each input (special tokens included).
+    pub tokens: usize,
+    /// Inputs of the throughput run.
+    pub batch: usize,
+    /// Timed repetitions (median reported).
+    pub repeats: usize,
+    /// How the plan is loaded.
+    pub model: ModelOptions,
+}
+
+/// What `bench` measured on an embedding plan (its `--json` object).
+#[derive(Clone, Debug, Serialize)]
+pub struct EmbedBenchReport {
+    /// Tokens of each input.
+    pub input_tokens: usize,
+    /// One input's vector, wall clock (median), readback included.
+    pub latency_ms: f64,
+    /// Inputs of the throughput run.
+    pub batch: usize,
+    /// The batch's vectors, wall clock (median).
+    pub batch_ms: f64,
+    /// Inputs per second at `batch`.
+    pub sentences_per_s: f64,
+    /// Tokens per second at `batch`.
+    pub tokens_per_s: f64,
+}
+
+/// Median of `samples` (not empty).
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+/// Times an embedding plan: the latency of one input of `opts.tokens`
+/// tokens, and the throughput of `opts.batch` of them in one call (packed
+/// into as few steps as the plan allows). One untimed call of each first.
+pub async fn bench_embeddings(path: &Path, opts: &EmbedBenchOptions) -> Result<EmbedBenchReport> {
+    let plan = PlanFile::open(path)?;
+    let Some(info) = plan.header.model.embedding.clone() else {
+        bail!("{} is not an embedding plan", path.display());
+    };
+    if opts.tokens == 0 || opts.tokens as u64 > info.max_tokens {
+        bail!(
+            "--prompt-tokens {} must be 1 to the model's input maximum, {}",
+            opts.tokens,
+            info.max_tokens
+        );
+    }
+    let mut model = Model::load(&plan, &opts.model).await?;
+    let vocab = plan.header.model.vocab_size as u32;
+    // Ids spread over the vocabulary, a different input each.
+    let inputs: Vec<Vec<u32>> = (0..opts.batch.max(1))
+        .map(|b| {
+            (0..opts.tokens)
+                .map(|t| ((b * 7919 + t * 104_729) as u32) % vocab)
+                .collect()
+        })
+        .collect();
+    let all: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
+    let mut time = |inputs: &[&[u32]]| -> Result<f64> {
+        let start = std::time::Instant::now();
+        pollster::block_on(model.embed_ids(inputs))?;
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    };
+    time(&all[..1])?;
+    time(&all)?;
+    let latency_ms = median(
+        (0..opts.repeats)
+            .map(|_| time(&all[..1]))
+            .collect::<Result<_>>()?,
+    );
+    let batch_ms = median(
+        (0..opts.repeats)
+            .map(|_| time(&all))
+            .collect::<Result<_>>()?,
+    );
+    let sentences_per_s = all.len() as f64 / (batch_ms / 1e3);
+    Ok(EmbedBenchReport {
+        input_tokens: opts.tokens,
+        latency_ms,
+        batch: all.len(),
+        batch_ms,
+        sentences_per_s,
+        tokens_per_s: sentences_per_s * opts.tokens as f64,
+    })
+}

@@ -5,7 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use gerbil::ModelOptions;
 use gerbil_cli::chat::{chat, ChatOptions};
 use gerbil_cli::console;
-use gerbil_cli::embed::{embed, EmbedInput, EmbedOptions};
+use gerbil_cli::embed::{bench_embeddings, embed, EmbedBenchOptions, EmbedInput, EmbedOptions};
 use gerbil_cli::env;
 use gerbil_cli::gen_args::SamplingArgs;
 use gerbil_cli::numbers::{positive, whole_u64, whole_usize};
@@ -550,6 +550,37 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 seed: 0,
                 ..SamplingParams::default()
             };
+            let plan = cli.plan()?;
+            if gerbil_plan::PlanFile::open(&plan)?
+                .header
+                .model
+                .embedding
+                .is_some()
+            {
+                let opts = EmbedBenchOptions {
+                    tokens: prompt_tokens,
+                    batch: batch.unwrap_or(64),
+                    repeats,
+                    model: cli.model_options(),
+                };
+                let r = pollster::block_on(bench_embeddings(&plan, &opts))?;
+                let out = if json {
+                    serde_json::to_string(&r)? + "\n"
+                } else {
+                    format!(
+                        "embedding: {} tokens an input; one input {:.2} ms; {} inputs {:.1} ms \
+                         ({:.0} inputs/s, {:.0} tok/s)\n",
+                        r.input_tokens,
+                        r.latency_ms,
+                        r.batch,
+                        r.batch_ms,
+                        r.sentences_per_s,
+                        r.tokens_per_s
+                    )
+                };
+                console::print(&out)?;
+                return Ok(());
+            }
             if sweep {
                 let opts = SweepOptions {
                     new_tokens,
