@@ -24,6 +24,7 @@ const REAL_COSINE: f32 = 0.9999;
 struct TinyEmbedCase {
     name: String,
     ids: Vec<u32>,
+    last_hidden_state: Vec<Vec<f32>>,
     cls_pooled: Vec<f32>,
     embedding: Vec<f32>,
 }
@@ -193,11 +194,15 @@ fn the_table_covers_every_tiny_encoder() {
     assert_eq!(on_disk, TINY_ENCODERS);
 }
 
-#[test]
-fn cls_pooling_without_normalize_matches_transformers() {
-    let _gpu = gpu_lock();
-    // The tiny model with its pipeline rewritten: CLS pooling, no Normalize.
-    let dir = temp_dir("bert-cls");
+/// A case's last row of the last hidden state (last-token pooling).
+fn last_row(c: &TinyEmbedCase) -> &[f32] {
+    c.last_hidden_state.last().expect("rows")
+}
+
+/// The tiny BERT with its pipeline rewritten to `pooling` and no
+/// Normalize, in a temporary directory.
+fn rewritten_pipeline(pooling: &str) -> tempfile::TempDir {
+    let dir = temp_dir("bert-pooling");
     for file in ["config.json", "model.safetensors"] {
         std::fs::copy(tiny_bert().join(file), dir.path().join(file)).expect("copy");
     }
@@ -205,12 +210,33 @@ fn cls_pooling_without_normalize_matches_transformers() {
         {"idx":1,"name":"1","path":"1_Pooling","type":"sentence_transformers.models.Pooling"}]"#;
     std::fs::write(dir.path().join("modules.json"), modules).expect("write");
     std::fs::create_dir(dir.path().join("1_Pooling")).expect("mkdir");
-    std::fs::write(
-        dir.path().join("1_Pooling/config.json"),
-        r#"{"word_embedding_dimension": 32, "pooling_mode": "cls"}"#,
-    )
-    .expect("write");
-    let failures = check_variants(dir.path(), &tiny_ref("bert"), |c| &c.cls_pooled);
+    let config = format!(r#"{{"word_embedding_dimension": 32, "pooling_mode": "{pooling}"}}"#);
+    std::fs::write(dir.path().join("1_Pooling/config.json"), config).expect("write");
+    dir
+}
+
+/// CLS and last-token pooling without Normalize, one input a step and
+/// packed (each input's own first or last row).
+#[test]
+fn cls_and_last_token_pooling_match_transformers() {
+    let _gpu = gpu_lock();
+    let reference = tiny_ref("bert");
+    let mut failures = Vec::new();
+    let cls = rewritten_pipeline("cls");
+    failures.extend(check_variants(cls.path(), &reference, |c| &c.cls_pooled));
+    let last = rewritten_pipeline("lasttoken");
+    failures.extend(check_variants(last.path(), &reference, last_row));
+    let plan = compile_plan(last.path(), |_| {});
+    let plan = PlanFile::open(&plan).expect("plan");
+    let mut s = block_on(Session::open(&plan, &SessionOptions::default())).expect("session");
+    let inputs: Vec<&[u32]> = reference.cases.iter().map(|c| c.ids.as_slice()).collect();
+    let packed = block_on(s.embed_batch(&inputs)).expect("embed_batch");
+    for (case, got) in reference.cases.iter().zip(&packed) {
+        let d = max_abs_diff(got, last_row(case));
+        if d > TINY_TOL {
+            failures.push(format!("packed last-token {}: max |Δ| {d:e}", case.name));
+        }
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
@@ -237,6 +263,29 @@ fn embedding_plans_refuse_what_they_cannot_do() {
     assert_eq!(plan.header.io.max_batch, 0, "no batch decode schedule");
     assert_eq!(plan.header.model.max_tokens_per_step, 8192);
     let mut s = block_on(Session::open(&plan, &SessionOptions::default())).expect("session");
+    // A session with a smaller context takes shorter inputs, in smaller steps.
+    let small = SessionOptions {
+        context: Some(16),
+        ..SessionOptions::default()
+    };
+    let mut short = block_on(Session::open(&plan, &small)).expect("session");
+    let err = block_on(short.embed(&[5u32; 17])).expect_err("past the context");
+    assert!(
+        matches!(
+            err,
+            RuntimeError::InputTooLong {
+                tokens: 17,
+                max: 16
+            }
+        ),
+        "{err}"
+    );
+    let four: Vec<&[u32]> = vec![&[5u32; 9], &[6u32; 9], &[7u32; 16], &[8u32; 1]];
+    let packed = block_on(short.embed_batch(&four)).expect("embed_batch");
+    for (ids, got) in four.iter().zip(&packed) {
+        let alone = block_on(s.embed(ids)).expect("embed");
+        assert!(max_abs_diff(got, &alone) < 1e-5);
+    }
     let too_long = vec![5u32; 65];
     assert!(matches!(
         block_on(s.embed(&too_long)),

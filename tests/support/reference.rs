@@ -255,6 +255,7 @@ pub fn pool(x: &[f64], width: usize, pooling: Pooling) -> Vec<f64> {
                 Pooling::Mean => column.sum::<f64>() / n as f64,
                 Pooling::Cls => x[c],
                 Pooling::Max => column.fold(f64::NEG_INFINITY, f64::max),
+                Pooling::Last => x[(n - 1) * width + c],
             }
         })
         .collect()

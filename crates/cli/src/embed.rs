@@ -2,8 +2,9 @@
 //! encoder such as all-MiniLM-L6-v2), one JSON line per input.
 //!
 //! Inputs come from `--text` (repeatable), else from `--jsonl FILE` (each
-//! line a JSON string, or an object with a `text` field), else from
-//! standard input, one text a line. Each input's vector is printed as soon
+//! line a JSON string, or an object with a `text` field; blank lines are
+//! skipped), else from standard input, one text a line (a blank line is an
+//! empty text, as `""` is). Each input's vector is printed as soon
 //! as it is made, `{"index": i, "tokens": n, "embedding": [...]}`, so a
 //! large file streams. The surprise: an input longer than the model takes
 //! is an error unless `--truncate` is given, where sentence-transformers

@@ -232,7 +232,6 @@ fn weight_kind(name: String, ty: &TensorType, shape: Vec<u64>, position_rows: bo
     }
 }
 
-/// The graph output a named output stands for.
 /// Whether `graph` is an encoder's: its output is an embedding, and its
 /// steps pack whole sequences.
 pub(crate) fn is_encoder(graph: &Graph) -> bool {
@@ -242,6 +241,7 @@ pub(crate) fn is_encoder(graph: &Graph) -> bool {
         .any(|(name, _)| name == gerbil_ir::EMBEDDING)
 }
 
+/// The graph output a named output stands for.
 fn output_kind(name: &str) -> Result<OutputKind, CodegenError> {
     match name {
         gerbil_ir::LOGITS => Ok(OutputKind::Logits),

@@ -174,8 +174,8 @@ const ENCODER_TYPICAL_TOKENS: u64 = 128;
 const ENCODER_STEP_TOKENS: u64 = 8192;
 
 /// The plan's record of an encoder's vector: an input may take `most`
-/// tokens (the step `--max-tokens-per-step` allows, else the context)
-/// unless the model says it was trained on less.
+/// tokens (the context: the model's positions, or `--max-context`) unless
+/// its `max_seq_length` says less; one input a step until the caller says.
 fn embedding_info(e: &EmbeddingFacts, most: u64) -> EmbeddingInfo {
     EmbeddingInfo {
         dimension: e.dimension,
@@ -292,12 +292,14 @@ pub fn compile<'a>(
         .embedding
         .as_ref()
         .map(|e| embedding_info(e, max_context));
-    // An encoder's `--max-batch` is the inputs one step packs.
+    // An encoder's `--max-batch` is the inputs one step packs (by default
+    // 64, or as many one-token inputs as a smaller given step holds).
     let max_batch = match &mut embedding {
         Some(e) => {
-            e.max_inputs = match opts.max_batch {
-                0 => DEFAULT_ENCODER_BATCH,
-                n => n,
+            e.max_inputs = match (opts.max_batch, opts.max_tokens_per_step) {
+                (0, Some(n)) => DEFAULT_ENCODER_BATCH.min(u32::try_from(n).unwrap_or(u32::MAX)),
+                (0, None) => DEFAULT_ENCODER_BATCH,
+                (n, _) => n,
             };
             e.max_inputs
         }

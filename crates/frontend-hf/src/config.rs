@@ -78,8 +78,11 @@ struct RawConfig {
     #[serde(default)]
     head_dim: Option<u64>,
     vocab_size: u64,
-    #[serde(alias = "layer_norm_eps")]
-    rms_norm_eps: f64,
+    #[serde(default)]
+    rms_norm_eps: Option<f64>,
+    /// An encoder's LayerNorm epsilon, read where `rms_norm_eps` is absent.
+    #[serde(default)]
+    layer_norm_eps: Option<f64>,
     max_position_embeddings: u64,
     #[serde(default)]
     tie_word_embeddings: Option<bool>,
@@ -364,13 +367,20 @@ impl HfConfig {
                 ))
             }
         };
-        if !(raw.rms_norm_eps.is_finite() && raw.rms_norm_eps >= 0.0) {
+        let Some(eps) = raw.rms_norm_eps.or(raw.layer_norm_eps) else {
             return Err(bad(
                 "rms_norm_eps",
-                format!("{} is not a finite non-negative number", raw.rms_norm_eps),
+                "missing field `rms_norm_eps` (an encoder's `layer_norm_eps` is absent too)"
+                    .to_string(),
+            ));
+        };
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(bad(
+                "rms_norm_eps",
+                format!("{eps} is not a finite non-negative number"),
             ));
         }
-        kernel_f32(raw.rms_norm_eps).map_err(|why| bad("rms_norm_eps", why))?;
+        kernel_f32(eps).map_err(|why| bad("rms_norm_eps", why))?;
         let rope = parse_rope(&raw, path)?;
         Ok(HfConfig {
             path: path.to_path_buf(),
@@ -384,7 +394,7 @@ impl HfConfig {
             head_dim,
             explicit_head_dim: raw.head_dim,
             vocab_size: raw.vocab_size,
-            rms_norm_eps: raw.rms_norm_eps,
+            rms_norm_eps: eps,
             max_position_embeddings: raw.max_position_embeddings,
             tie_word_embeddings: raw.tie_word_embeddings,
             hidden_act: raw.hidden_act.or(raw.hidden_activation),

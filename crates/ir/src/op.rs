@@ -224,8 +224,10 @@ pub struct Attention {
     /// Sliding window `W`: query `i` sees keys `j` with `i - W < j <= i`.
     pub window: Option<u32>,
     /// Whether query `i` sees only keys `j <= i` (decoders); without it
-    /// (encoders, `bidirectional` in the text form) every query of a step
-    /// sees every key up to the step's last, and the window must be `None`.
+    /// (encoders, `bidirectional` in the text form) every query sees every
+    /// key of its own input — the whole step when it holds one input, its
+    /// input's rows when the step packs several (the segment table) — and
+    /// the window must be `None`.
     #[serde(default = "yes")]
     pub causal: bool,
 }
@@ -242,9 +244,8 @@ pub struct LayerNorm {
     pub eps: f32,
 }
 
-/// How an encoder's rows `[T, W]` become one vector `[1, W]` (the
-/// sentence-transformers `Pooling` module; last-token pooling is
-/// [`Op::SliceLastRow`]).
+/// How an encoder's rows become one vector per input (the
+/// sentence-transformers `Pooling` module).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub enum Pooling {
     /// The mean of the rows.
@@ -253,6 +254,8 @@ pub enum Pooling {
     Cls,
     /// The largest value of each column.
     Max,
+    /// The last row (decoder-based embedders' last token).
+    Last,
 }
 
 impl Pooling {
@@ -262,6 +265,7 @@ impl Pooling {
             Pooling::Mean => "mean",
             Pooling::Cls => "cls",
             Pooling::Max => "max",
+            Pooling::Last => "last",
         }
     }
 }
@@ -410,12 +414,14 @@ pub enum Op {
     QkvRope(QkvRope),
     /// LayerNorm `(x, w, b)`, see [`LayerNorm`].
     LayerNorm(LayerNorm),
-    /// `(x, table) -> x[t] + table[P + t]`: learned absolute position
-    /// embeddings (BERT) added to the step's rows at positions `P..P+T`;
-    /// the table `[N, W]` must have a row for every position of the context.
+    /// `(x, table) -> x[t] + table[pos(t)]`: learned absolute position
+    /// embeddings (BERT), `pos(t)` the row's offset in its input (encoder
+    /// steps hold whole inputs from position 0, several packed end to end);
+    /// the table `[N, W]` must have a row for every position of an input.
     AddPositions,
-    /// `[T, W] -> [1, W]`: the step's rows pooled into one vector, see
-    /// [`Pooling`]. The step must hold the whole sequence.
+    /// `[T, W] -> [1, W]`: an input's rows pooled into one vector, see
+    /// [`Pooling`]. Inputs are whole within a step; a step packing several
+    /// makes a row per input (as a batch step's one-row values do).
     Pool(Pooling),
     /// `x[r] / max(‖x[r]‖₂, 1e-12)` for each row (`torch.nn.functional.normalize`).
     L2Normalize,

@@ -341,7 +341,7 @@ fn encoder_ops(
     g.add(bidirectional, &[q, k, v], "dead").unwrap();
     use gerbil_ir::Pooling;
     let mean = g.add(Op::Pool(Pooling::Mean), &[x], "mean").unwrap();
-    for kind in [Pooling::Cls, Pooling::Max] {
+    for kind in [Pooling::Cls, Pooling::Max, Pooling::Last] {
         g.add(Op::Pool(kind), &[x], "dead").unwrap();
     }
     let e = g.add(Op::L2Normalize, &[mean], "normalize").unwrap();

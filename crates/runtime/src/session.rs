@@ -401,9 +401,12 @@ impl Session {
         let pipelines = kernels.pipelines;
         let readback_desc = wgpu::BufferDescriptor {
             label: Some("logits readback"),
-            // vocab_size and an embedding's dimension ≤ limits::VOCABULARY
-            // (validated): no overflow.
-            size: header.model.vocab_size.max(header.io.logits.size / 4) * 4,
+            // One row of logits (vocab_size ≤ limits::VOCABULARY, validated),
+            // or an embedding plan's whole output (validated slice).
+            size: match header.model.embedding {
+                Some(_) => header.io.logits.size,
+                None => header.model.vocab_size * 4,
+            },
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
         };
@@ -886,7 +889,10 @@ impl Session {
                 "this plan is a language model, not an embedding model: it makes logits, not vectors",
             ));
         };
-        let (dimension, max) = (e.dimension as usize, e.max_tokens);
+        // A session opened with a smaller context has a smaller KV cache:
+        // a step (and so an input) must fit it.
+        let room = self.context.min(self.header.model.max_tokens_per_step);
+        let (dimension, max) = (e.dimension as usize, e.max_tokens.min(room));
         let places = (e.max_inputs as usize).max(1);
         let vocab = self.vocab_size();
         for tokens in inputs {
@@ -904,7 +910,7 @@ impl Session {
             }
         }
         self.reset();
-        let step_tokens = self.header.model.max_tokens_per_step as usize;
+        let step_tokens = room as usize;
         let mut vectors = Vec::with_capacity(inputs.len());
         let mut rest = inputs;
         while !rest.is_empty() {

@@ -149,12 +149,23 @@ impl EmbeddingsRequest {
 }
 
 /// Each input's token ids: texts through `codec` (cut to the model's
-/// maximum when `truncate`), ids as given; a 400 for an input too long.
+/// maximum when `truncate`, keeping the closing special token), ids as given
+/// (cut as given); a 400 for an input too long, or for `dimensions` past the
+/// model's, before any GPU work.
 pub fn inputs(
     request: &EmbeddingsRequest,
     codec: Option<&TextCodec>,
     info: &EmbeddingInfo,
 ) -> Result<Vec<Vec<u32>>, ApiError> {
+    if let Some(d) = request.dimensions.filter(|&d| d as u64 > info.dimension) {
+        return Err(invalid(
+            format!(
+                "`dimensions` {d} is more than the model's {}",
+                info.dimension
+            ),
+            "dimensions",
+        ));
+    }
     let max = usize::try_from(info.max_tokens).unwrap_or(usize::MAX);
     let mut out = Vec::with_capacity(request.inputs.len());
     for (i, input) in request.inputs.iter().enumerate() {

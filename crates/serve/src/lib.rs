@@ -394,7 +394,13 @@ async fn embed(app: &App, body: Bytes) -> Result<Response, ApiError> {
     let value: Value = serde_json::from_slice(&body)
         .map_err(|e| ApiError::invalid(format!("the request body is not valid JSON: {e}"), None))?;
     let request = embeddings::EmbeddingsRequest::parse(&value)?;
-    let inputs = embeddings::inputs(&request, app.info.codec.as_deref(), info)?;
+    // Up to 2048 texts: tokenized off the async executor.
+    let (codec, shared_info, asked) = (app.info.codec.clone(), info.clone(), request.clone());
+    let inputs = tokio::task::spawn_blocking(move || {
+        embeddings::inputs(&asked, codec.as_deref(), &shared_info)
+    })
+    .await
+    .map_err(|e| ApiError::server(format!("tokenizing the inputs failed: {e}")))??;
     let tokens = inputs.iter().map(Vec::len).sum();
     let mut events = app
         .queue

@@ -557,6 +557,19 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 .embedding
                 .is_some()
             {
+                let decode_only = [
+                    ("--sweep", sweep),
+                    ("--profile", profile),
+                    ("--cold", cold),
+                    ("--depth", depth.is_some()),
+                    ("--temperature", temperature > 0.0),
+                ];
+                if let Some((flag, _)) = decode_only.iter().find(|(_, given)| *given) {
+                    bail!(
+                        "{flag} times decoding, and this is an embedding plan: its bench takes \
+                         --prompt-tokens (each input), --batch (inputs), --repeats and --json"
+                    );
+                }
                 let opts = EmbedBenchOptions {
                     tokens: prompt_tokens,
                     batch: batch.unwrap_or(64),

@@ -162,6 +162,7 @@ pub fn pool(pooling: Pooling, width: u32, seqs: u32) -> KernelSource {
              \x20 y[b * W + c] = s / f32(n);\n"
         }
         Pooling::Cls => "  y[b * W + c] = x[first * W + c];\n",
+        Pooling::Last => "  y[b * W + c] = x[(first + n - 1u) * W + c];\n",
         Pooling::Max => {
             "  var m = x[first * W + c];\n\
              \x20 for (var t = first + 1u; t < first + n; t = t + 1u) { m = max(m, x[t * W + c]); }\n\

@@ -10,8 +10,10 @@
 //! like a decoder's, so the attention kernels are shared), `LayerNorm(x +
 //! attn)`, then `LayerNorm(x + W₂·gelu(W₁·x))`. The pipeline of
 //! `modules.json` follows ([`crate::sentence`]): pooling, and an L2 norm
-//! when the model has a `Normalize` module. The surprise: one input is one
-//! step, so no padding mask is needed — the whole step is the sequence.
+//! when the model has a `Normalize` module. The surprise: no padding mask —
+//! a step packs whole inputs end to end, and the kernels that care
+//! (positions, attention, pooling) read each row's input from the step's
+//! segment table.
 //! RoBERTa differs only in its positions: they start at `pad_token_id + 1`
 //! (transformers counts from the padding id), so the graph reads the
 //! position table from that row on, and the model has that many fewer.
@@ -168,7 +170,7 @@ fn build_encoder(ctx: &mut LowerCtx<'_>, positions: Positions, prefix: &str) -> 
         PoolingMode::Mean => ctx.add(Op::Pool(Pooling::Mean), &[x], "pooling")?,
         PoolingMode::Cls => ctx.add(Op::Pool(Pooling::Cls), &[x], "pooling")?,
         PoolingMode::Max => ctx.add(Op::Pool(Pooling::Max), &[x], "pooling")?,
-        PoolingMode::LastToken => ctx.add(Op::SliceLastRow, &[x], "pooling")?,
+        PoolingMode::LastToken => ctx.add(Op::Pool(Pooling::Last), &[x], "pooling")?,
     };
     if pipeline.normalize {
         v = ctx.add(Op::L2Normalize, &[v], "normalize")?;

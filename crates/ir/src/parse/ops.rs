@@ -186,13 +186,14 @@ impl OpSyntax {
             "add_positions" => Op::AddPositions,
             "l2_normalize" => Op::L2Normalize,
             "pool" => {
-                let kinds = [Pooling::Mean, Pooling::Cls, Pooling::Max];
+                let kinds = [Pooling::Mean, Pooling::Cls, Pooling::Max, Pooling::Last];
                 match kinds.into_iter().find(|k| a.flag(k.name())) {
                     Some(k) => Op::Pool(k),
                     None => {
-                        return Err(
-                            cur.err_at(col, "expected pool{mean}, pool{cls} or pool{max}".into())
-                        )
+                        return Err(cur.err_at(
+                            col,
+                            "expected pool{mean}, pool{cls}, pool{max} or pool{last}".into(),
+                        ))
                     }
                 }
             }
