@@ -50,6 +50,19 @@ fn reduce_into(name: &str) -> String {
     )
 }
 
+/// The entry point of a one-workgroup-per-row kernel: `red` for the
+/// reductions, `row` (the row's first element), `lane` and a zero `s`,
+/// then `body`.
+fn row_main(body: &str) -> String {
+    format!(
+        "var<workgroup> red: array<f32, WG>;\n\
+         @compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let row = wid.x * H;\n  let lane = lid.x;\n\
+         \x20 var s = 0.0f;\n{body}}}\n"
+    )
+}
+
 /// `y = (x − mean) / sqrt(var + eps) · w + b` per row of width `width`,
 /// weight and bias stored as `wdtype`.
 pub fn layer_norm(rows: Rows, width: u32, eps: f32, wdtype: DType) -> KernelSource {
@@ -64,22 +77,16 @@ pub fn layer_norm(rows: Rows, width: u32, eps: f32, wdtype: DType) -> KernelSour
     b.weight(&mut w, input(1), "w", wdtype);
     b.weight(&mut w, input(2), "b", wdtype);
     b.activation(&mut w, output(0), "y");
-    let _ = write!(
-        w,
-        "var<workgroup> red: array<f32, WG>;\n\
-         @compute @workgroup_size(WG, 1, 1)\n\
-         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
-         \x20 let row = wid.x * H;\n  let lane = lid.x;\n\
-         \x20 var s = 0.0f;\n\
-         \x20 for (var i = lane; i < H; i = i + WG) {{ s = s + x[row + i]; }}\n{sum}\
+    w.push_str(&row_main(&format!(
+        "  for (var i = lane; i < H; i = i + WG) {{ s = s + x[row + i]; }}\n{sum}\
          \x20 let mean = total / f32(H);\n\
          \x20 s = 0.0f;\n\
          \x20 for (var i = lane; i < H; i = i + WG) {{ let d = x[row + i] - mean; s = s + d * d; }}\n{squares}\
          \x20 let inv = 1.0f / sqrt(dev / f32(H) + EPS);\n\
-         \x20 for (var i = lane; i < H; i = i + WG) {{ y[row + i] = (x[row + i] - mean) * inv * load_w(i) + load_b(i); }}\n}}\n",
+         \x20 for (var i = lane; i < H; i = i + WG) {{ y[row + i] = (x[row + i] - mean) * inv * load_w(i) + load_b(i); }}\n",
         sum = reduce_into("total"),
         squares = reduce_into("dev"),
-    );
+    )));
     per_row(
         format!("layer_norm_{wdtype}_r{}_h{width}", rows.tag()),
         w,
@@ -95,18 +102,12 @@ pub fn l2_normalize(rows: Rows, width: u32) -> KernelSource {
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
     b.activation(&mut w, output(0), "y");
-    let _ = write!(
-        w,
-        "var<workgroup> red: array<f32, WG>;\n\
-         @compute @workgroup_size(WG, 1, 1)\n\
-         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
-         \x20 let row = wid.x * H;\n  let lane = lid.x;\n\
-         \x20 var s = 0.0f;\n\
-         \x20 for (var i = lane; i < H; i = i + WG) {{ let v = x[row + i]; s = s + v * v; }}\n{squares}\
+    w.push_str(&row_main(&format!(
+        "  for (var i = lane; i < H; i = i + WG) {{ let v = x[row + i]; s = s + v * v; }}\n{squares}\
          \x20 let inv = 1.0f / max(sqrt(total), 1e-12f);\n\
-         \x20 for (var i = lane; i < H; i = i + WG) {{ y[row + i] = x[row + i] * inv; }}\n}}\n",
+         \x20 for (var i = lane; i < H; i = i + WG) {{ y[row + i] = x[row + i] * inv; }}\n",
         squares = reduce_into("total"),
-    );
+    )));
     per_row(
         format!("l2_normalize_r{}_h{width}", rows.tag()),
         w,
