@@ -114,27 +114,12 @@ fn serve_answers_embeddings_and_says_what_each_plan_is() {
     let (_dir, plan) = compile(&minilm_dir(), "minilm-serve", &["--quiet"]);
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let server = Server::start(&plan, &[]);
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/openai-embeddings-check.py"
+    let reference = data("refs/all-minilm-l6-v2.json");
+    let said = server.run_client(
+        "openai-embeddings-check.py",
+        &["--reference", reference.to_str().unwrap()],
     );
-    let out = std::process::Command::new("python3")
-        .args([
-            script,
-            "--base-url",
-            &format!("http://127.0.0.1:{}/v1", server.port),
-            "--reference",
-            data("refs/all-minilm-l6-v2.json").to_str().unwrap(),
-        ])
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "{}\n{}\nserver: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        server.log()
-    );
+    assert!(said.contains("embeddings match"), "{said}");
     let (status, body) = server.post(
         "/v1/embeddings",
         &serde_json::json!({"input": [101, 7632, 102]}),

@@ -79,6 +79,27 @@ impl Server {
         panic!("no `shut down` line: {}", self.log());
     }
 
+    /// Runs `python3 scripts/SCRIPT --base-url <this server's /v1> EXTRA…`
+    /// (an OpenAI Python client check), asserts that it succeeded, and
+    /// returns what it printed.
+    pub(crate) fn run_client(&self, script: &str, extra: &[&str]) -> String {
+        let path = format!("{}/../../scripts/{script}", env!("CARGO_MANIFEST_DIR"));
+        let out = Command::new("python3")
+            .arg(path)
+            .args(["--base-url", &format!("http://127.0.0.1:{}/v1", self.port)])
+            .args(extra)
+            .output()
+            .expect("python3");
+        assert!(
+            out.status.success(),
+            "{}\n{}\nserver: {}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            self.log()
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     pub(crate) fn log(&self) -> String {
         self.log.lock().unwrap().clone()
     }

@@ -313,26 +313,7 @@ fn malformed_forms_and_schemas_are_400s_naming_the_field() {
 fn the_openai_python_client_parses_into_a_pydantic_model() {
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let server = Server::start(plan(), &[]);
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../../scripts/openai-parse-check.py"
-    );
-    let out = std::process::Command::new("python3")
-        .args([
-            script,
-            "--base-url",
-            &format!("http://127.0.0.1:{}/v1", server.port),
-        ])
-        .output()
-        .expect("python3");
-    assert!(
-        out.status.success(),
-        "{}\n{}\nserver: {}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr),
-        server.log()
-    );
-    let said = String::from_utf8_lossy(&out.stdout);
+    let said = server.run_client("openai-parse-check.py", &[]);
     assert!(said.contains("parsed 3 answers"), "{said}");
     assert!(said.contains("parsed tool calls"), "{said}");
 }
