@@ -1,22 +1,32 @@
 //! `gerbil-run PLAN embed`: sentence embeddings from an embedding plan (an
-//! encoder such as all-MiniLM-L6-v2), one JSON line per input.
+//! encoder such as all-MiniLM-L6-v2), one JSON line per input or one `.npy`
+//! array.
 //!
 //! Inputs come from `--text` (repeatable), else from `--jsonl FILE` (each
 //! line a JSON string, or an object with a `text` field; blank lines are
 //! skipped), else from standard input, one text a line (a blank line is an
-//! empty text, as `""` is). Each input's vector is printed as soon
-//! as it is made, `{"index": i, "tokens": n, "embedding": [...]}`, so a
-//! large file streams. The surprise: an input longer than the model takes
-//! is an error unless `--truncate` is given, where sentence-transformers
-//! would cut it silently.
+//! empty text, as `""` is). Texts are read a step's worth at a time (the
+//! plan's `max_inputs`), embedded, and written before the next are read, so
+//! a large file streams through in constant memory with a progress bar on
+//! standard error. JSON lines are `{"index": i, "tokens": n, "embedding":
+//! [...]}`; `--format npy` writes one float32 array of shape (inputs,
+//! dimensions) instead, to `--output FILE` (streamed, its shape written at
+//! the end) or to standard output (held until the end). `--dimensions D`
+//! keeps the first D values of each vector, renormalized when the model's
+//! are unit length. The surprise: an input longer than the model takes is
+//! an error unless `--truncate` is given, where sentence-transformers would
+//! cut it silently.
 
-use crate::console;
+use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
-use gerbil::{Model, ModelOptions};
+use gerbil::{Model, ModelOptions, TextCodec};
 use gerbil_plan::PlanFile;
+use npyz::WriterBuilder;
 use serde::Serialize;
-use std::io::BufRead;
+use std::cell::RefCell;
+use std::io::{BufRead, BufWriter, Cursor, IsTerminal, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 
 /// Where `embed` reads its texts.
 #[derive(Clone, Debug)]
@@ -29,6 +39,15 @@ pub enum EmbedInput {
     Stdin,
 }
 
+/// How `embed` writes the vectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum EmbedFormat {
+    /// One JSON object a line.
+    Json,
+    /// One NumPy float32 array, a row per input.
+    Npy,
+}
+
 /// Settings of `gerbil-run embed`.
 #[derive(Clone, Debug)]
 pub struct EmbedOptions {
@@ -36,6 +55,14 @@ pub struct EmbedOptions {
     pub input: EmbedInput,
     /// Cut inputs longer than the model takes instead of failing.
     pub truncate: bool,
+    /// Keep the first this many values of each vector.
+    pub dimensions: Option<usize>,
+    /// JSON lines or `.npy`.
+    pub format: EmbedFormat,
+    /// Write here instead of standard output.
+    pub output: Option<PathBuf>,
+    /// No progress bar.
+    pub quiet: bool,
     /// How the plan is loaded.
     pub model: ModelOptions,
 }
@@ -48,35 +75,56 @@ struct Line<'a> {
     embedding: &'a [f32],
 }
 
-/// The texts of `input`, or why they cannot be read.
-fn texts(input: &EmbedInput) -> Result<Vec<String>> {
-    let texts = match input {
-        EmbedInput::Texts(t) => t.clone(),
-        EmbedInput::Stdin => std::io::stdin()
-            .lock()
-            .lines()
-            .collect::<std::io::Result<_>>()
-            .context("reading texts from standard input")?,
+/// The texts of `input`, read as they are asked for, and how many there
+/// are when that is known without reading them all (not for standard input).
+type Texts = (Box<dyn Iterator<Item = Result<String>>>, Option<u64>);
+
+/// Opens the texts of `input`.
+fn texts(input: &EmbedInput) -> Result<Texts> {
+    Ok(match input {
+        EmbedInput::Texts(t) => (
+            Box::new(t.clone().into_iter().map(Ok)),
+            Some(t.len() as u64),
+        ),
+        EmbedInput::Stdin => (
+            Box::new(
+                std::io::stdin()
+                    .lock()
+                    .lines()
+                    .map(|l| l.context("reading texts from standard input")),
+            ),
+            None,
+        ),
         EmbedInput::Jsonl(path) => {
-            let file =
-                std::fs::File::open(path).with_context(|| format!("opening {}", path.display()))?;
-            let mut texts = Vec::new();
-            for (n, line) in std::io::BufReader::new(file).lines().enumerate() {
+            let open = || {
+                std::fs::File::open(path)
+                    .map(std::io::BufReader::new)
+                    .with_context(|| format!("opening {}", path.display()))
+            };
+            // Counting the lines first is cheap beside embedding them, and
+            // gives the bar its end.
+            let mut count = 0;
+            for line in open()?.lines() {
                 let line = line.with_context(|| format!("reading {}", path.display()))?;
-                if !line.trim().is_empty() {
-                    texts.push(
-                        jsonl_text(&line)
-                            .with_context(|| format!("{} line {}", path.display(), n + 1))?,
-                    );
-                }
+                count += u64::from(!line.trim().is_empty());
             }
-            texts
+            let path = path.clone();
+            let lines = open()?.lines().enumerate().filter_map(move |(n, line)| {
+                let text = line
+                    .with_context(|| format!("reading {}", path.display()))
+                    .and_then(|line| {
+                        if line.trim().is_empty() {
+                            return Ok(None);
+                        }
+                        jsonl_text(&line)
+                            .map(Some)
+                            .with_context(|| format!("{} line {}", path.display(), n + 1))
+                    });
+                text.transpose()
+            });
+            (Box::new(lines), Some(count))
         }
-    };
-    if texts.is_empty() {
-        bail!("no texts to embed: give --text TEXT, --jsonl FILE, or lines on standard input");
-    }
-    Ok(texts)
+    })
 }
 
 /// The text of one JSONL line: a JSON string or `{"text": ...}`.
@@ -91,7 +139,151 @@ fn jsonl_text(line: &str) -> Result<String> {
     }
 }
 
-/// Embeds the texts of `opts` with the plan at `path`, printing a line each.
+/// Where the vectors go, as they are made.
+enum Sink {
+    /// JSON lines.
+    Json(Box<dyn Write>),
+    /// A `.npy` array of `dimensions` columns, its rows counted as written.
+    Npy {
+        out: npyz::NpyWriter<f32, Box<dyn WriteSeek>>,
+        /// Standard output, when the array is held in memory for it.
+        stdout: Option<Memory>,
+    },
+}
+
+/// A seekable writer (a file, or memory).
+trait WriteSeek: Write + Seek {}
+impl<T: Write + Seek> WriteSeek for T {}
+
+/// An array held in memory until standard output gets it at the end.
+type Memory = Rc<RefCell<Cursor<Vec<u8>>>>;
+
+/// The npy writer's handle on [`Memory`] (it owns its writer, and its
+/// `finish` gives nothing back).
+struct Shared(Memory);
+
+impl Write for Shared {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.borrow_mut().write(buf)
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Seek for Shared {
+    fn seek(&mut self, pos: SeekFrom) -> std::io::Result<u64> {
+        self.0.borrow_mut().seek(pos)
+    }
+}
+
+impl Sink {
+    /// A sink for `format` writing to `output` (standard output when `None`).
+    fn open(format: EmbedFormat, output: Option<&Path>, dimensions: usize) -> Result<Sink> {
+        let file = |path: &Path| {
+            std::fs::File::create(path)
+                .map(BufWriter::new)
+                .with_context(|| format!("creating {}", path.display()))
+        };
+        Ok(match format {
+            EmbedFormat::Json => Sink::Json(match output {
+                Some(path) => Box::new(file(path)?),
+                None => Box::new(BufWriter::new(std::io::stdout())),
+            }),
+            EmbedFormat::Npy => {
+                let (writer, stdout): (Box<dyn WriteSeek>, _) = match output {
+                    Some(path) => (Box::new(file(path)?), None),
+                    None if std::io::stdout().is_terminal() => bail!(
+                        "--format npy writes binary data: give --output FILE, or redirect \
+                         standard output to a file"
+                    ),
+                    None => {
+                        let memory = Memory::default();
+                        (Box::new(Shared(Rc::clone(&memory))), Some(memory))
+                    }
+                };
+                let out = npyz::WriteOptions::new()
+                    .default_dtype()
+                    .writer(writer)
+                    .begin_2d(dimensions as u64)?;
+                Sink::Npy { out, stdout }
+            }
+        })
+    }
+
+    /// Writes the vectors of inputs `first..` (of `tokens` tokens each).
+    fn write(&mut self, first: usize, tokens: &[Vec<u32>], vectors: &[Vec<f32>]) -> Result<()> {
+        match self {
+            Sink::Json(out) => {
+                for (i, (tokens, embedding)) in tokens.iter().zip(vectors).enumerate() {
+                    let line = Line {
+                        index: first + i,
+                        tokens: tokens.len(),
+                        embedding,
+                    };
+                    serde_json::to_writer(&mut *out, &line)?;
+                    out.write_all(b"\n")?;
+                }
+                // Each step's lines leave at once: a reader sees them stream.
+                out.flush()?;
+            }
+            Sink::Npy { out, .. } => {
+                for v in vectors {
+                    out.extend(v.iter().copied())?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the output: the array's shape, the bytes held for standard output.
+    fn finish(self) -> Result<()> {
+        if let Sink::Npy { out, stdout } = self {
+            out.finish()?;
+            if let Some(memory) = stdout {
+                let bytes = memory.take().into_inner();
+                let mut stdout = std::io::stdout().lock();
+                stdout.write_all(&bytes)?;
+                stdout.flush()?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The token ids of `texts`, checked against the model's maximum `max`;
+/// `first` is the index of the first (for errors).
+fn tokenize(
+    codec: &TextCodec,
+    texts: &[String],
+    first: usize,
+    max: usize,
+    truncate: bool,
+) -> Result<Vec<Vec<u32>>> {
+    texts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| {
+            let tokens = if truncate {
+                codec.encode_truncated(text, max)?
+            } else {
+                codec.encode(text)?
+            };
+            if tokens.len() > max {
+                bail!(
+                    "input {} has {} tokens, more than the {max} this model takes: shorten it, \
+                     or give --truncate to keep its first {max}",
+                    first + i,
+                    tokens.len()
+                );
+            }
+            Ok(tokens)
+        })
+        .collect()
+}
+
+/// Embeds the texts of `opts` with the plan at `path`, writing each step's
+/// vectors as they are made.
 pub async fn embed(path: &Path, opts: &EmbedOptions) -> Result<()> {
     let plan = PlanFile::open(path)?;
     let Some(info) = plan.header.model.embedding.clone() else {
@@ -101,44 +293,41 @@ pub async fn embed(path: &Path, opts: &EmbedOptions) -> Result<()> {
             path.display()
         );
     };
-    let texts = texts(&opts.input)?;
+    let dimensions = match opts.dimensions {
+        Some(d) if d == 0 || d as u64 > info.dimension => bail!(
+            "--dimensions {d}: this model's vectors have {} values; give 1 to {}",
+            info.dimension,
+            info.dimension
+        ),
+        Some(d) => d,
+        None => info.dimension as usize,
+    };
+    let (mut texts, total) = texts(&opts.input)?;
+    // A step's worth of inputs at a time, written as each step ends.
+    let per_step = (info.max_inputs as usize).max(1);
+    let mut next = || -> Result<Vec<String>> { texts.by_ref().take(per_step).collect() };
+    let mut chunk = next()?;
+    if chunk.is_empty() {
+        bail!("no texts to embed: give --text TEXT, --jsonl FILE, or lines on standard input");
+    }
+    let mut sink = Sink::open(opts.format, opts.output.as_deref(), dimensions)?;
     let mut model = Model::load(&plan, &opts.model).await?;
     let max = info.max_tokens as usize;
     let codec = model.shared_codec().context("the plan has no tokenizer")?;
-    let mut ids = Vec::with_capacity(texts.len());
-    for (index, text) in texts.iter().enumerate() {
-        let tokens = if opts.truncate {
-            codec.encode_truncated(text, max)?
-        } else {
-            codec.encode(text)?
-        };
-        if tokens.len() > max {
-            bail!(
-                "input {index} has {} tokens, more than the {max} this model takes: shorten it, \
-                 or give --truncate to keep its first {max}",
-                tokens.len()
-            );
-        }
-        ids.push(tokens);
+    let bar = Progress::new(opts.quiet).items("embedding", total, "inputs");
+    let mut done = 0;
+    while !chunk.is_empty() {
+        let ids = tokenize(&codec, &chunk, done, max, opts.truncate)?;
+        let inputs: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+        let mut vectors = model.embed_ids(&inputs).await?;
+        model.shorten(&mut vectors, dimensions)?;
+        crate::progress::suspend(|| sink.write(done, &ids, &vectors))?;
+        done += chunk.len();
+        bar.set_position(done as u64);
+        chunk = next()?;
     }
-    // A step's worth of inputs at a time, printed as each step ends.
-    let per_step = (info.max_inputs as usize).max(1);
-    for (step, chunk) in ids.chunks(per_step).enumerate() {
-        let inputs: Vec<&[u32]> = chunk.iter().map(Vec::as_slice).collect();
-        let vectors = model.embed_ids(&inputs).await?;
-        let mut out = String::new();
-        for (i, (tokens, embedding)) in chunk.iter().zip(&vectors).enumerate() {
-            let line = Line {
-                index: step * per_step + i,
-                tokens: tokens.len(),
-                embedding,
-            };
-            out.push_str(&serde_json::to_string(&line)?);
-            out.push('\n');
-        }
-        console::print(&out)?;
-    }
-    Ok(())
+    bar.finish_and_clear();
+    sink.finish()
 }
 
 /// Settings of `gerbil-run PLAN bench` on an embedding plan.

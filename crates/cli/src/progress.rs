@@ -80,6 +80,19 @@ impl Progress {
         )
     }
 
+    /// A bar of `total` things called `unit` (`inputs`), labelled
+    /// `message`; a counter with a rate when the total is not known.
+    pub fn items(&self, message: &str, total: Option<u64>, unit: &str) -> ProgressBar {
+        match total {
+            Some(total) => self.bar(
+                message,
+                total,
+                &format!("{{msg}} [{{wide_bar}}] {{pos}}/{{len}} {unit} ({{per_sec}}, {{eta}})"),
+            ),
+            None => self.bar(message, 0, &format!("{{msg}} {{pos}} {unit} ({{per_sec}})")),
+        }
+    }
+
     fn bar(&self, message: &str, total: u64, template: &str) -> ProgressBar {
         if !self.shown {
             return ProgressBar::hidden();
@@ -130,6 +143,7 @@ mod tests {
         assert!(!p.shown());
         assert!(p.bytes("x", 10).is_hidden());
         assert!(p.tokens("x", 10).is_hidden());
+        assert!(p.items("x", None, "inputs").is_hidden());
         assert!(p.runtime_hook().is_none());
     }
 }

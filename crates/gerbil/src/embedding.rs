@@ -17,6 +17,11 @@
 //! model takes are refused unless asked to be truncated
 //! ([`LongInputs::Truncate`]), where sentence-transformers truncates
 //! silently — a cut input's vector describes only its start.
+//!
+//! [`Model::shorten`] keeps a Matryoshka prefix of each vector (the first
+//! `dimensions` values, renormalized when the model's vectors are unit
+//! length), as `dimensions` does in OpenAI's API; [`shorten_embedding`] is
+//! the same for one vector.
 
 use crate::error::Error;
 use crate::model::Model;
@@ -59,13 +64,65 @@ impl Model {
         Ok(self.session_mut().embed_batch(inputs).await?)
     }
 
+    /// Keeps the first `dimensions` values of each vector, renormalized to
+    /// unit length when the model's vectors are (a Matryoshka model's
+    /// shorter embedding); an error when `dimensions` is 0 or more than the
+    /// model makes.
+    pub fn shorten(&self, vectors: &mut [Vec<f32>], dimensions: usize) -> Result<(), Error> {
+        let Some(info) = &self.session.header().model.embedding else {
+            return Err(Error::Runtime(RuntimeError::WrongModelKind(NOT_EMBEDDING)));
+        };
+        if dimensions == 0 || dimensions as u64 > info.dimension {
+            return Err(Error::BadDimensions {
+                asked: dimensions,
+                model: info.dimension,
+            });
+        }
+        for v in vectors {
+            shorten_embedding(v, dimensions, info.normalized);
+        }
+        Ok(())
+    }
+
     /// Most tokens one input may have, or why this plan makes no vectors.
     fn embedding_max_tokens(&self) -> Result<usize, Error> {
         match &self.session.header().model.embedding {
             Some(e) => Ok(usize::try_from(e.max_tokens).unwrap_or(usize::MAX)),
-            None => Err(Error::Runtime(RuntimeError::WrongModelKind(
-                "this plan is a language model, not an embedding model: it makes logits, not vectors",
-            ))),
+            None => Err(Error::Runtime(RuntimeError::WrongModelKind(NOT_EMBEDDING))),
         }
+    }
+}
+
+/// Why a language model's plan makes no vectors.
+const NOT_EMBEDDING: &str =
+    "this plan is a language model, not an embedding model: it makes logits, not vectors";
+
+/// Keeps the first `dimensions` values of `vector` (all when it has no
+/// more), scaled back to unit length when `renormalize` and values were cut.
+pub fn shorten_embedding(vector: &mut Vec<f32>, dimensions: usize, renormalize: bool) {
+    if dimensions >= vector.len() {
+        return;
+    }
+    vector.truncate(dimensions);
+    if renormalize {
+        let norm = vector.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+        vector.iter_mut().for_each(|x| *x /= norm);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shorten_embedding;
+
+    #[test]
+    fn shorten_cuts_and_renormalizes_only_when_asked_and_needed() {
+        let mut v = vec![0.6, 0.0, 0.8, 0.0];
+        shorten_embedding(&mut v, 4, true);
+        assert_eq!(v, [0.6, 0.0, 0.8, 0.0]);
+        let mut cut = v.clone();
+        shorten_embedding(&mut cut, 2, false);
+        assert_eq!(cut, [0.6, 0.0]);
+        shorten_embedding(&mut v, 2, true);
+        assert!((v[0] - 1.0).abs() < 1e-6 && v[1] == 0.0, "{v:?}");
     }
 }

@@ -37,6 +37,16 @@ pub enum Error {
     /// Text in or out, but the plan's tokenizer or chat template does not load.
     #[error("{0}; this plan still runs on token ids (--input-ids), or recompile it from a checkpoint with a working tokenizer")]
     TextUnavailable(String),
+    /// [`crate::Model::shorten`] to no dimensions, or more than the model makes.
+    #[error(
+        "{asked} dimensions asked for, but this model's vectors have {model}: give 1 to {model}"
+    )]
+    BadDimensions {
+        /// The dimensions asked for.
+        asked: usize,
+        /// The model's.
+        model: u64,
+    },
 }
 
 impl From<gerbil_plan::PlanError> for Error {

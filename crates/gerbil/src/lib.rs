@@ -38,7 +38,7 @@ mod slots;
 pub use batch::Batch;
 pub use chat::{Chat, ChatReply};
 pub use constraint::TokenConstraint;
-pub use embedding::LongInputs;
+pub use embedding::{shorten_embedding, LongInputs};
 pub use error::Error;
 pub use generation::{
     CancelToken, FinishReason, Generation, GenerationSettings, GenerationStats, Piece,

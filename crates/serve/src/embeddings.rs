@@ -228,11 +228,7 @@ pub fn response(
         .into_iter()
         .enumerate()
         .map(|(index, mut v)| {
-            v.truncate(keep);
-            if info.normalized && (keep as u64) < info.dimension {
-                let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-                v.iter_mut().for_each(|x| *x /= norm);
-            }
+            gerbil::shorten_embedding(&mut v, keep, info.normalized);
             let embedding = if request.base64 {
                 let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
                 Value::String(base64::engine::general_purpose::STANDARD.encode(bytes))

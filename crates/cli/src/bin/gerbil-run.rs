@@ -5,7 +5,9 @@ use clap::{Args, Parser, Subcommand};
 use gerbil::ModelOptions;
 use gerbil_cli::chat::{chat, ChatOptions};
 use gerbil_cli::console;
-use gerbil_cli::embed::{bench_embeddings, embed, EmbedBenchOptions, EmbedInput, EmbedOptions};
+use gerbil_cli::embed::{
+    bench_embeddings, embed, EmbedBenchOptions, EmbedFormat, EmbedInput, EmbedOptions,
+};
 use gerbil_cli::env;
 use gerbil_cli::gen_args::SamplingArgs;
 use gerbil_cli::numbers::{positive, whole_u64, whole_usize};
@@ -397,8 +399,9 @@ enum Cmd {
     },
     /// Sentence embeddings from an embedding plan (an encoder such as
     /// all-MiniLM-L6-v2): one JSON line per input, `{"index", "tokens",
-    /// "embedding"}`. Texts from --text, else --jsonl, else standard input
-    /// (one a line).
+    /// "embedding"}`, or with --format npy one float32 array. Texts from
+    /// --text, else --jsonl, else standard input (one a line), read and
+    /// written a step at a time.
     Embed {
         /// A text to embed (repeatable).
         #[arg(long)]
@@ -410,6 +413,17 @@ enum Cmd {
         /// (sentence-transformers' behaviour) instead of failing.
         #[arg(long)]
         truncate: bool,
+        /// Keep the first N values of each vector (a Matryoshka model's
+        /// shorter embedding), renormalized when the model's are unit length.
+        #[arg(long, value_name = "N")]
+        dimensions: Option<usize>,
+        /// `json`: a line per input; `npy`: one NumPy float32 array of shape
+        /// (inputs, dimensions).
+        #[arg(long, value_enum, default_value_t = EmbedFormat::Json)]
+        format: EmbedFormat,
+        /// Write the vectors to FILE instead of standard output.
+        #[arg(long, short, value_name = "FILE")]
+        output: Option<PathBuf>,
     },
     /// Score a text: perplexity, and with --against another plan of the
     /// same model the KL divergence and top-1 agreement of their next-token
@@ -729,6 +743,9 @@ fn real_main(mut cli: Cli) -> Result<()> {
             text,
             jsonl,
             truncate,
+            dimensions,
+            format,
+            output,
         }) => {
             let input = match (text.is_empty(), jsonl) {
                 (false, _) => EmbedInput::Texts(text),
@@ -738,6 +755,10 @@ fn real_main(mut cli: Cli) -> Result<()> {
             let opts = EmbedOptions {
                 input,
                 truncate,
+                dimensions,
+                format,
+                output,
+                quiet: cli.quiet,
                 model: cli.model_options(),
             };
             pollster::block_on(embed(&cli.plan()?, &opts))?;

@@ -31,7 +31,8 @@ fn vectors(o: &std::process::Output) -> Vec<Vec<f64>> {
 
 #[test]
 fn embed_prints_sentence_transformers_vectors_from_every_input() {
-    let (dir, plan) = compile(&minilm_dir(), "minilm", &["--quiet"]);
+    // Two inputs a step: three texts already take two steps.
+    let (dir, plan) = compile(&minilm_dir(), "minilm", &["--quiet", "--max-batch", "2"]);
     let plan = plan.to_str().unwrap();
     let reference: Value =
         serde_json::from_str(&std::fs::read_to_string(data("refs/all-minilm-l6-v2.json")).unwrap())
@@ -77,8 +78,39 @@ fn embed_prints_sentence_transformers_vectors_from_every_input() {
     ]));
     assert_eq!(from_jsonl, from_args);
 
+    // Across steps, as a .npy file and through standard output, cut to 64
+    // dimensions: the same vectors' first values, back at unit length.
+    let npy = dir.path().join("out.npy");
+    let three = [plan, "embed", "--text", "Hi", "--text", "a", "--text", "Hi"];
+    let shortened = [&three[..], &["--dimensions", "64", "--format", "npy"]].concat();
+    let to_file = gerbil_run_clean(&[&shortened[..], &["-o", npy.to_str().unwrap()]].concat());
+    assert!(to_file.status.success(), "{}", stderr(&to_file));
+    let to_stdout = gerbil_run_clean(&shortened);
+    assert!(to_stdout.status.success(), "{}", stderr(&to_stdout));
+    let file = std::fs::read(&npy).unwrap();
+    assert_eq!(to_stdout.stdout, file);
+    let array = npyz::NpyFile::new(&file[..]).unwrap();
+    assert_eq!(array.shape(), [3, 64]);
+    let values: Vec<f32> = array.into_vec().unwrap();
+    for (row, want) in values
+        .chunks(64)
+        .zip([&from_args[0], &from_args[1], &from_args[0]])
+    {
+        let norm = want[..64].iter().map(|x| x * x).sum::<f64>().sqrt();
+        for (got, want) in row.iter().zip(&want[..64]) {
+            assert!(
+                (f64::from(*got) - want / norm).abs() < 1e-5,
+                "{got} vs {want}"
+            );
+        }
+    }
+
     // What it cannot embed, each a clear error.
     assert_fails_with(&gerbil_run_stdin(&[plan, "embed"], ""), "no texts to embed");
+    assert_fails_with(
+        &gerbil_run_clean(&[plan, "embed", "--text", "a", "--dimensions", "385"]),
+        "give 1 to 384",
+    );
     let long = "word ".repeat(400);
     assert_fails_with(
         &gerbil_run_clean(&[plan, "embed", "--text", &long]),
