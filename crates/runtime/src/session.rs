@@ -877,23 +877,18 @@ impl Session {
         Ok(vectors.pop().unwrap_or_default())
     }
 
-    /// For an embedding plan: the vector of each input (token ids with
-    /// their special tokens, each at most the plan's `embedding.max_tokens`),
-    /// in order. Inputs are packed end to end into steps of up to the plan's
-    /// `max_tokens_per_step` tokens and `io.max_batch` inputs, each step at
-    /// position 0 (the KV cache is the step's scratch, so the session's
-    /// position starts over).
-    pub async fn embed_batch(&mut self, inputs: &[&[u32]]) -> Result<Vec<Vec<f32>>, RuntimeError> {
+    /// Whether [`Session::embed_batch`] takes `inputs`: an embedding plan,
+    /// and each input not empty, within the most tokens an input may have
+    /// (the plan's, or fewer in a session opened with a smaller context),
+    /// and of ids in the vocabulary.
+    pub fn check_embedding_inputs(&self, inputs: &[&[u32]]) -> Result<(), RuntimeError> {
         let Some(e) = &self.header.model.embedding else {
-            return Err(RuntimeError::WrongModelKind(
-                "this plan is a language model, not an embedding model: it makes logits, not vectors",
-            ));
+            return Err(RuntimeError::WrongModelKind(NOT_EMBEDDING));
         };
         // A session opened with a smaller context has a smaller KV cache:
         // a step (and so an input) must fit it.
         let room = self.context.min(self.header.model.max_tokens_per_step);
-        let (dimension, max) = (e.dimension as usize, e.max_tokens.min(room));
-        let places = (e.max_inputs as usize).max(1);
+        let max = e.max_tokens.min(room);
         let vocab = self.vocab_size();
         for tokens in inputs {
             if tokens.is_empty() {
@@ -909,6 +904,22 @@ impl Session {
                 return Err(RuntimeError::TokenOutOfRange { id, vocab });
             }
         }
+        Ok(())
+    }
+
+    /// For an embedding plan: the vector of each input (token ids with
+    /// their special tokens, each at most the plan's `embedding.max_tokens`),
+    /// in order. Inputs are packed end to end into steps of up to the plan's
+    /// `max_tokens_per_step` tokens and `io.max_batch` inputs, each step at
+    /// position 0 (the KV cache is the step's scratch, so the session's
+    /// position starts over).
+    pub async fn embed_batch(&mut self, inputs: &[&[u32]]) -> Result<Vec<Vec<f32>>, RuntimeError> {
+        self.check_embedding_inputs(inputs)?;
+        let Some(e) = &self.header.model.embedding else {
+            return Err(RuntimeError::WrongModelKind(NOT_EMBEDDING));
+        };
+        let room = self.context.min(self.header.model.max_tokens_per_step);
+        let (dimension, places) = (e.dimension as usize, (e.max_inputs as usize).max(1));
         self.reset();
         let step_tokens = room as usize;
         let mut vectors = Vec::with_capacity(inputs.len());
@@ -1081,3 +1092,7 @@ impl Session {
         self.gpu.idle().await
     }
 }
+
+/// Why a language model's plan makes no vectors.
+const NOT_EMBEDDING: &str =
+    "this plan is a language model, not an embedding model: it makes logits, not vectors";

@@ -30,6 +30,7 @@
 //! prompt over the context is a 400 even with `"stream": true`.
 
 mod batching;
+mod embedding_batches;
 pub mod embeddings;
 pub mod guard;
 pub mod limits;

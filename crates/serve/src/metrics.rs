@@ -1,7 +1,9 @@
 //! What `GET /metrics` says, in Prometheus' text format: requests and
 //! errors per endpoint, the queue, the request the model is running,
 //! prompt, cached and generated tokens with the time spent on them, and
-//! the KV cache in use.
+//! the KV cache in use; for an embedding plan, the requests, inputs and
+//! tokens embedded and the model calls that did it (fewer calls than
+//! requests: requests were batched).
 //!
 //! [`Metrics`] is shared by the handlers (requests and their errors) and
 //! the model thread (tokens and times, once per finished or cancelled job,
@@ -33,6 +35,10 @@ pub struct Metrics {
     kv_tokens: Mutex<Vec<u64>>,
     /// The slots of the requests the model is answering now.
     active: Mutex<Vec<usize>>,
+    embedding_requests: AtomicU64,
+    embedding_batches: AtomicU64,
+    embedding_inputs: AtomicU64,
+    embedding_tokens: AtomicU64,
 }
 
 fn slot(endpoint: Endpoint) -> usize {
@@ -74,6 +80,16 @@ impl Metrics {
         add(&self.decode_micros, stats.decode.as_micros() as u64);
         let tokens = kv_tokens.iter().map(|&t| t as u64).collect();
         *self.kv_tokens.lock().unwrap_or_else(|e| e.into_inner()) = tokens;
+    }
+
+    /// `requests` embedding requests were answered together, embedding
+    /// `inputs` in one call.
+    pub fn embedded(&self, requests: usize, inputs: &[&[u32]]) {
+        let add = |c: &AtomicU64, v: usize| c.fetch_add(v as u64, Ordering::Relaxed);
+        add(&self.embedding_requests, requests);
+        add(&self.embedding_batches, 1);
+        add(&self.embedding_inputs, inputs.len());
+        add(&self.embedding_tokens, inputs.iter().map(|i| i.len()).sum());
     }
 
     /// Whether a request runs in `slot` now.
@@ -180,6 +196,30 @@ impl Metrics {
             "Positions the KV cache holds (every slot's).",
             &one(capacity as f64),
         );
+        family(
+            "gerbil_embedding_requests_total",
+            "counter",
+            "Embedding requests answered.",
+            &one(get(&self.embedding_requests) as f64),
+        );
+        family(
+            "gerbil_embedding_batches_total",
+            "counter",
+            "Model calls that embedded one or more requests together.",
+            &one(get(&self.embedding_batches) as f64),
+        );
+        family(
+            "gerbil_embedding_inputs_total",
+            "counter",
+            "Inputs embedded.",
+            &one(get(&self.embedding_inputs) as f64),
+        );
+        family(
+            "gerbil_embedding_tokens_total",
+            "counter",
+            "Tokens of the inputs embedded.",
+            &one(get(&self.embedding_tokens) as f64),
+        );
         out
     }
 }
@@ -204,6 +244,7 @@ mod tests {
             decode: Duration::from_millis(1500),
         };
         m.finished(&stats, &[12, 5]);
+        m.embedded(3, &[&[1, 2], &[3], &[4, 5, 6]]);
         let text = m.render(3, 2048);
         for line in [
             "gerbil_requests_total{endpoint=\"chat\"} 2",
@@ -216,6 +257,10 @@ mod tests {
             "gerbil_decode_seconds_total 1.5",
             "gerbil_kv_cache_tokens 17",
             "gerbil_kv_cache_capacity_tokens 2048",
+            "gerbil_embedding_requests_total 3",
+            "gerbil_embedding_batches_total 1",
+            "gerbil_embedding_inputs_total 3",
+            "gerbil_embedding_tokens_total 6",
             "# TYPE gerbil_generated_tokens_total counter",
         ] {
             assert!(text.lines().any(|l| l == line), "{line} in\n{text}");

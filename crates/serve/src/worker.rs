@@ -1,6 +1,8 @@
 //! The one thread that owns the [`Model`]: it takes [`Job`]s from a FIFO
-//! queue, one at a time, and sends each job's [`Event`]s back to its HTTP
-//! handler.
+//! queue, one at a time (or, for an embedding plan, the embedding requests
+//! waiting together: [`crate::embedding_batches`]; for a plan compiled with
+//! `--max-batch`, the requests in flight together: `crate::batching`), and
+//! sends each job's [`Event`]s back to its HTTP handler.
 //!
 //! Start it with [`Worker::start`], which loads the plan on the new thread
 //! and returns once the model is ready; give it work with [`Queue::submit`]
@@ -29,7 +31,7 @@ use crate::structured::ToolStyle;
 use anyhow::{Context, Result};
 use gerbil::{
     Error as ModelError, FinishReason, GenerationSettings, GenerationStats, Model, ModelOptions,
-    RuntimeError, TextCodec,
+    TextCodec,
 };
 use gerbil_grammar::{GrammarConstraint, Grammars};
 use gerbil_plan::{GenerationDefaults, PlanFile};
@@ -138,6 +140,11 @@ impl Worker {
                         return;
                     }
                 };
+                // A job taken from the queue that did not join an embedding
+                // batch: it runs next.
+                let mut next: Option<Job> = None;
+                let embedding_step = model.session().header().model.embedding.as_ref();
+                let embedding_step = embedding_step.map(|e| (e.max_inputs as usize).max(1));
                 loop {
                     if crate::batching::can_batch(&model) {
                         // A panic is a gerbil bug: the requests in flight fail
@@ -158,13 +165,29 @@ impl Worker {
                         }
                         continue;
                     }
-                    let Ok(job) = queue.recv() else { break };
-                    taken.fetch_sub(1, Ordering::SeqCst);
+                    let job = match next.take() {
+                        Some(job) => job,
+                        None => {
+                            let Ok(job) = queue.recv() else { break };
+                            taken.fetch_sub(1, Ordering::SeqCst);
+                            job
+                        }
+                    };
+
                     // A panic is a gerbil bug; it fails its own request (the
                     // job's channel closes) and the server goes on.
                     metrics.running(1);
                     let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-                        run_job(&mut model, job, &metrics)
+                        match embedding_step {
+                            // Embedding requests queued behind this one join it.
+                            Some(max) if matches!(job.prompt, PromptInput::Embed(_)) => {
+                                let (jobs, rest) =
+                                    crate::embedding_batches::gather(job, &queue, &taken, max);
+                                next = rest;
+                                crate::embedding_batches::run(&mut model, jobs, &metrics)
+                            }
+                            _ => run_job(&mut model, job, &metrics),
+                        }
                     }));
                     if ran.is_err() {
                         tracing::error!("a request panicked; the KV cache is cleared");
@@ -332,25 +355,6 @@ pub(crate) fn count_finished(model: &Model, stats: &GenerationStats, metrics: &M
     metrics.finished(stats, &held);
 }
 
-/// Embeds every input of an embedding job and sends the vectors (or why
-/// the GPU failed).
-fn embed_job(model: &mut Model, inputs: &[Vec<u32>], events: &UnboundedSender<Event>) {
-    let inputs: Vec<&[u32]> = inputs.iter().map(Vec::as_slice).collect();
-    let event = match pollster::block_on(model.embed_ids(&inputs)) {
-        Ok(vectors) => Event::Vectors(vectors),
-        // The request's fault (a 400), or the GPU's (a 500).
-        Err(
-            e @ ModelError::Runtime(
-                RuntimeError::TokenOutOfRange { .. }
-                | RuntimeError::InputTooLong { .. }
-                | RuntimeError::EmptyInput,
-            ),
-        ) => Event::Rejected(e),
-        Err(e) => Event::Failed(e.to_string()),
-    };
-    let _ = events.send(event);
-}
-
 /// Runs one job to its end, or until its client is gone; counts it in
 /// `metrics` when it generated (a rejected or failed job is not counted).
 fn run_job(model: &mut Model, job: Job, metrics: &Metrics) {
@@ -362,7 +366,9 @@ fn run_job(model: &mut Model, job: Job, metrics: &Metrics) {
         PromptInput::Chat(messages) => model.encode_chat(messages),
         PromptInput::Text(text) => model.encode(text),
         PromptInput::Ids(ids) => Ok(ids.clone()),
-        PromptInput::Embed(inputs) => return embed_job(model, inputs, &job.events),
+        PromptInput::Embed(_) => {
+            return crate::embedding_batches::run(model, vec![job], metrics);
+        }
     };
     let prompt = match prompt {
         Ok(p) => p,

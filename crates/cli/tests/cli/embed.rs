@@ -181,6 +181,69 @@ fn serve_answers_embeddings_and_says_what_each_plan_is() {
         (status, body["usage"]["prompt_tokens"].as_u64()),
         (200, Some(256))
     );
+    // Concurrent requests share steps, each answered with its own vectors;
+    // a bad one among them fails alone.
+    let solo = |text: &str| {
+        let (status, body) = server.post("/v1/embeddings", &serde_json::json!({"input": text}));
+        assert_eq!(status, 200, "{body}");
+        body["data"][0]["embedding"].clone()
+    };
+    let texts = ["Hi", "a", "A cat sat on the mat.", "Un chat s'assit."];
+    let alone: Vec<Value> = texts.iter().map(|t| solo(t)).collect();
+    let metric = |name: &str| -> f64 {
+        let mut r = crate::serve::Response::read(server.send_with(
+            "GET",
+            "/metrics",
+            &[("Host", "127.0.0.1")],
+            b"",
+        ));
+        let text = r.text();
+        let line = text.lines().find(|l| l.starts_with(&format!("{name} ")));
+        line.and_then(|l| l.split(' ').nth(1)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    };
+    let (requests, batches) = (
+        metric("gerbil_embedding_requests_total"),
+        metric("gerbil_embedding_batches_total"),
+    );
+    let headers = [("Host", "127.0.0.1"), ("Content-Type", "application/json")];
+    let sent: Vec<_> = (0..16)
+        .map(|i| {
+            let input = match i {
+                5 => serde_json::json!([999999]),
+                _ => serde_json::json!(texts[i % texts.len()]),
+            };
+            let body = serde_json::json!({"input": input}).to_string();
+            server.send_with("POST", "/v1/embeddings", &headers, body.as_bytes())
+        })
+        .collect();
+    for (i, stream) in sent.into_iter().enumerate() {
+        let mut r = crate::serve::Response::read(stream);
+        let body: Value = serde_json::from_str(&r.text()).unwrap();
+        if i == 5 {
+            assert_eq!(
+                (r.status, &body["error"]["param"]),
+                (400, &Value::from("input"))
+            );
+            continue;
+        }
+        assert_eq!(r.status, 200, "{body}");
+        let (got, want) = (&body["data"][0]["embedding"], &alone[i % texts.len()]);
+        let d = got.as_array().unwrap().iter().zip(want.as_array().unwrap());
+        let d = d.map(|(a, b)| (a.as_f64().unwrap() - b.as_f64().unwrap()).abs());
+        assert!(d.fold(0.0, f64::max) < 1e-5, "request {i}");
+    }
+    let (requests, batches) = (
+        metric("gerbil_embedding_requests_total") - requests,
+        metric("gerbil_embedding_batches_total") - batches,
+    );
+    // The bad request was refused before it joined; the 15 others took
+    // fewer calls than requests.
+    assert_eq!(requests, 15.0);
+    assert!(
+        batches < requests,
+        "{batches} calls for {requests} requests"
+    );
     let chat = serde_json::json!({"messages": [{"role": "user", "content": "hi"}]});
     let (status, body) = server.post("/v1/chat/completions", &chat);
     assert_eq!(status, 400);
