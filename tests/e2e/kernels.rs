@@ -1401,6 +1401,7 @@ fn check_attention(c: &AttentionCase) -> Result<(), String> {
         window: c.window,
         kv: c.kv,
         causal: c.causal,
+        packed: false,
     };
     let src = if c.cpu {
         kernels::attention_cpu::kernel_at(spec, kernels::Positions::Step)
@@ -1522,18 +1523,20 @@ fn check_packed_attention(
     lengths: &[usize],
     kv: DType,
     cpu: bool,
+    (causal, window): (bool, Option<u32>),
 ) -> Result<(), String> {
     let spec = kernels::attention::AttentionSpec {
         heads,
         kv_heads,
         head_dim,
         scale,
-        window: 0,
+        window: window.unwrap_or(0),
         kv,
-        causal: false,
+        causal,
+        packed: true,
     };
     let src = if cpu {
-        kernels::attention_cpu::kernel_at(spec, kernels::Positions::Step)
+        kernels::attention_cpu::kernel_at(spec, kernels::Positions::Packed)
     } else {
         kernels::attention::kernel(spec)
     };
@@ -1549,8 +1552,8 @@ fn check_packed_attention(
         n_kv_heads: kv_heads,
         head_dim,
         scale,
-        window: None,
-        causal: false,
+        window,
+        causal,
     };
     // Each sequence alone is a step of its own, at position 0.
     let (q64, qw, kw) = (widen(&q), nh * hd, nkv * hd);
@@ -1573,23 +1576,32 @@ fn check_packed_attention(
     expect(&src, t as u32, 0, &inputs, 3, &want)
 }
 
+/// Packed steps of whole sequences: bidirectional (BERT), bidirectional
+/// within a window on both sides (EmbeddingGemma's local layers), and
+/// causal within each sequence (decoder-based embedders), windowed or not.
 #[test]
-fn packed_bidirectional_attention_matches_reference() {
+fn packed_attention_matches_reference() {
     let minilm = (12, 12, 32, 0.176_776_69);
     let gqa = (4, 2, 16, 0.3);
     let odd = (5, 1, 30, 0.2);
+    let bidirectional = (false, None);
     let mut failures = Vec::new();
     for cpu in [false, true] {
-        for (shape, lengths, kv) in [
+        for (shape, lengths, kv, mask) in [
             // One sequence over several row blocks; sequences that end
             // inside a row block and a key tile; a one-token sequence.
-            (minilm, vec![37], DType::F32),
-            (gqa, vec![5, 1, 13, 20], DType::F32),
-            (gqa, vec![1], DType::F32),
-            (odd, vec![17, 3], DType::F16),
+            (minilm, vec![37], DType::F32, bidirectional),
+            (gqa, vec![5, 1, 13, 20], DType::F32, bidirectional),
+            (gqa, vec![1], DType::F32, bidirectional),
+            (odd, vec![17, 3], DType::F16, bidirectional),
+            (gqa, vec![5, 1, 13, 20], DType::F32, (false, Some(4))),
+            (minilm, vec![37, 2], DType::F32, (false, Some(9))),
+            (gqa, vec![5, 1, 13, 20], DType::F32, (true, None)),
+            (odd, vec![17, 3], DType::F16, (true, None)),
+            (gqa, vec![9, 30], DType::F32, (true, Some(6))),
         ] {
-            if let Err(e) = check_packed_attention(shape, &lengths, kv, cpu) {
-                failures.push(format!("{shape:?} {lengths:?} cpu={cpu}: {e}"));
+            if let Err(e) = check_packed_attention(shape, &lengths, kv, cpu, mask) {
+                failures.push(format!("{shape:?} {lengths:?} {mask:?} cpu={cpu}: {e}"));
             }
         }
     }
@@ -1625,6 +1637,7 @@ fn check_decode_attention(c: &DecodeAttentionCase) -> Result<(), String> {
         window: c.window,
         kv: c.kv,
         causal: true,
+        packed: false,
     };
     let src = kernels::attention_decode::kernel(spec, c.max_context);
     let (nh, nkv, hd, p) = (
@@ -1696,6 +1709,7 @@ fn decode_attention_matches_reference() {
             window: 0,
             kv: DType::F32,
             causal: true,
+            packed: false,
         },
         4096,
     );

@@ -169,7 +169,8 @@ pub fn cache_write(cache: &[f64], x: &[f64], width: usize, p: usize) -> Vec<f64>
 /// Causal attention of `q` (`[T, n_heads·head_dim]`, positions `p..p+T`)
 /// against caches holding rows `0..p+T`: query head `h` reads KV head
 /// `h / (n_heads / n_kv_heads)`, keys `j ≤ pos` (and `j > pos − window`),
-/// softmax of `scale · q·k`.
+/// softmax of `scale · q·k`. Bidirectional attention sees every key of the
+/// step (within `|pos − j| < window`).
 pub fn attention(q: &[f64], k_cache: &[f64], v_cache: &[f64], a: &Attention, p: usize) -> Vec<f64> {
     let (nh, nkv, hd) = (
         a.n_heads as usize,
@@ -182,8 +183,12 @@ pub fn attention(q: &[f64], k_cache: &[f64], v_cache: &[f64], a: &Attention, p: 
     let mut out = vec![0.0; q.len()];
     for t in 0..t_rows {
         // A bidirectional row sees every key up to the step's last.
-        let pos = if a.causal { p + t } else { p + t_rows - 1 };
-        let lo = a.window.map_or(0, |w| (pos + 1).saturating_sub(w as usize));
+        let me = p + t;
+        let last = if a.causal { me } else { p + t_rows - 1 };
+        let (lo, pos) = match a.window.map(|w| w as usize) {
+            Some(w) => ((me + 1).saturating_sub(w), last.min(me + w - 1)),
+            None => (0, last),
+        };
         for h in 0..nh {
             let qrow = &q[(t * nh + h) * hd..][..hd];
             let kvh = h / group;

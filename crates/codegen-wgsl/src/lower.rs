@@ -153,8 +153,13 @@ impl Lowering<'_> {
             Rows::Fixed(1) if batch => Rows::Tokens,
             rows => rows,
         };
+        // An encoder's prefill steps pack whole sequences; its one-row
+        // (decode) steps are one sequence at position 0 either way.
+        let packed = matches!(phase, Phase::Prefill(_)) && crate::sources::is_encoder(self.graph);
         let at = if batch {
             Positions::Table
+        } else if packed {
+            Positions::Packed
         } else {
             Positions::Step
         };
@@ -355,9 +360,9 @@ impl Lowering<'_> {
                 at,
             ),
             Op::CacheWrite => elementwise::cache_write_at(width_of(out_ty), kv(in_ty(0)), at),
-            Op::Attention(a) if !a.causal && (a.window.is_some() || batch) => {
+            Op::Attention(a) if !a.causal && batch => {
                 return Err(unsupported(
-                    "bidirectional attention takes no window and no batch schedule",
+                    "bidirectional attention takes no batch schedule",
                 ))
             }
             Op::Attention(a) => {
@@ -369,6 +374,7 @@ impl Lowering<'_> {
                     window: a.window.unwrap_or(0),
                     kv: kv(in_ty(1)),
                     causal: a.causal,
+                    packed,
                 };
                 match phase {
                     _ if variant.features.contains(&Feature::Cpu) => {

@@ -296,6 +296,7 @@ fn golden_kernels() {
         window: 0,
         kv: DType::F32,
         causal: true,
+        packed: false,
     }));
     golden(attention::kernel(AttentionSpec {
         heads: 4,
@@ -305,6 +306,7 @@ fn golden_kernels() {
         window: 512,
         kv: DType::F32,
         causal: true,
+        packed: false,
     }));
     // Decode: SmolLM2 at a 4096-token context, a Gemma 3 270M sliding layer.
     golden(attention_decode::kernel(
@@ -316,6 +318,7 @@ fn golden_kernels() {
             window: 0,
             kv: DType::F32,
             causal: true,
+            packed: false,
         },
         4096,
     ));
@@ -328,6 +331,7 @@ fn golden_kernels() {
             window: 512,
             kv: DType::F32,
             causal: true,
+            packed: false,
         },
         32768,
     ));
@@ -355,6 +359,7 @@ fn golden_f16_kv_kernels() {
         window: 0,
         kv: DType::F16,
         causal: true,
+        packed: false,
     };
     golden(qkv_rope::kernel(QkvRopeSpec {
         heads: 9,
@@ -528,6 +533,7 @@ fn golden_cpu_attention_and_sampling() {
             window: 0,
             kv: DType::F32,
             causal: true,
+            packed: false,
         },
         Positions::Step,
     ));
@@ -540,6 +546,7 @@ fn golden_cpu_attention_and_sampling() {
             window: 512,
             kv: DType::F16,
             causal: true,
+            packed: false,
         },
         Positions::Table,
     ));
@@ -719,6 +726,7 @@ fn golden_row_table_kernels() {
             window: 512,
             kv: DType::F32,
             causal: true,
+            packed: false,
         },
         4096,
         Positions::Table,

@@ -49,21 +49,51 @@ pub struct AttentionSpec {
     pub window: u32,
     /// How the KV cache is stored (f32, or f16 in an f16 variant).
     pub kv: DType,
-    /// Whether row `t` sees keys up to its own position only; else
-    /// (encoders; no window) the step packs whole sequences and each row
-    /// sees every key of its own sequence, read from the segment table (see
-    /// [`super::Segments`]). A decode step's one row sees the same keys
-    /// either way.
+    /// Whether row `t` sees keys up to its own position only; else each
+    /// row sees every key of its own sequence (within the window on both
+    /// sides, `|row - key| < window`, as Gemma 3's bidirectional layers do).
+    /// A decode step's one row sees the same keys either way.
     pub causal: bool,
+    /// Whether the step packs whole sequences end to end (an encoder's
+    /// prefill step): each row's sequence is read from the segment table
+    /// (see [`super::Segments`]). Bidirectional attention is always packed.
+    pub packed: bool,
 }
 
 impl AttentionSpec {
-    /// What a kernel's name gets: nothing, or `_bi` for bidirectional.
+    /// What a kernel's name gets: nothing, `_packed` for causal attention
+    /// in a packed step, or `_bi` for bidirectional.
     pub(super) fn tag(&self) -> &'static str {
-        if self.causal {
-            ""
+        match (self.causal, self.packed) {
+            (true, false) => "",
+            (true, true) => "_packed",
+            (false, _) => "_bi",
+        }
+    }
+
+    /// Whether the kernel reads the segment table.
+    pub(super) fn segmented(&self) -> bool {
+        self.packed || !self.causal
+    }
+
+    /// WGSL for the first key row `t` sees in a packed step: its sequence's
+    /// first row, or the window's start when that is later.
+    pub(super) fn first_key(&self, t: &str) -> String {
+        if self.window > 0 {
+            format!("max(seq_start({t}), select(0u, ({t}) + 1u - WINDOW, ({t}) + 1u > WINDOW))")
         } else {
-            "_bi"
+            format!("seq_start({t})")
+        }
+    }
+
+    /// WGSL for the last key row `t` sees in a packed step: itself
+    /// (causal), or its sequence's last row, or the window's end when that
+    /// is sooner.
+    pub(super) fn last_key(&self, t: &str) -> String {
+        match (self.causal, self.window) {
+            (true, _) => format!("({t})"),
+            (false, 0) => format!("seq_end({t}) - 1u"),
+            (false, _) => format!("min(seq_end({t}) - 1u, ({t}) + WINDOW - 1u)"),
         }
     }
 }
@@ -182,7 +212,7 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
     b.kv_cache(&mut w, input(1), "kc", s.kv, false);
     b.kv_cache(&mut w, input(2), "vc", s.kv, false);
     b.activation(&mut w, output(0), "y");
-    if !s.causal {
+    if s.segmented() {
         super::Segments::declare(&mut b, &mut w);
     }
     w.push_str(&load4_fn("load_q4", s.head_dim, |i| format!("q[{i}]")));
@@ -191,15 +221,22 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
     // The rows' positions and the keys the block may see (`lo..=hi`), and
     // the keys row `row` sees (`row_lo..=pos`): causally up to its position
     // (within the window), or its whole sequence in a packed encoder step.
-    let positions = if s.causal {
+    let positions = if s.segmented() {
+        format!(
+            "\x20 let row = t0 + i;\n  let rr = min(row, params.t - 1u);\n\
+             \x20 let row_lo = {};\n  let pos = {};\n\
+             \x20 let lo = {};\n  let hi = {};\n",
+            s.first_key("rr"),
+            s.last_key("rr"),
+            s.first_key("t0"),
+            s.last_key("min(t0 + BQ, params.t) - 1u"),
+        )
+    } else {
         "\x20 let row = t0 + i;\n  let pos = params.p + row;\n\
          \x20 let hi = params.p + min(t0 + BQ, params.t) - 1u;\n\
          \x20 var lo = 0u;\n  if (WINDOW > 0u && params.p + t0 + 1u > WINDOW) { lo = params.p + t0 + 1u - WINDOW; }\n\
          \x20 var row_lo = 0u;\n  if (WINDOW > 0u && pos + 1u > WINDOW) { row_lo = pos + 1u - WINDOW; }\n"
-    } else {
-        "\x20 let row = t0 + i;\n  let rr = min(row, params.t - 1u);\n\
-         \x20 let row_lo = seq_start(rr);\n  let pos = seq_end(rr) - 1u;\n\
-         \x20 let lo = seq_start(t0);\n  let hi = seq_end(min(t0 + BQ, params.t) - 1u) - 1u;\n"
+            .to_string()
     };
     let key = "c + jj";
     let tile_load = |f: &str| {
@@ -316,6 +353,7 @@ mod tests {
             window: 0,
             kv: DType::F32,
             causal: true,
+            packed: false,
         }
     }
 

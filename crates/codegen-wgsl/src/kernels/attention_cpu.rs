@@ -53,8 +53,8 @@ fn bind_rows(w: &mut String, b: &mut Bindings, s: &AttentionSpec, port: u32, nam
 
 /// The loop over a row's keys around `body` (which reads `j`); see
 /// [`kernel_at`] for why a packed step of one sequence gets its own.
-fn key_loops(causal: bool, body: &str) -> String {
-    if causal {
+fn key_loops(s: &AttentionSpec, body: &str) -> String {
+    if s.causal || s.window > 0 {
         return format!("  for (var j = lo; j <= pos; j = j + 1u) {{\n{body}  }}\n");
     }
     format!(
@@ -111,7 +111,7 @@ pub fn kernel_at(s: AttentionSpec, at: Positions) -> KernelSource {
     // encoder step. A step of one sequence gets a loop whose bounds every
     // thread shares: lavapipe ran MiniLM's 256-token input 6x slower with
     // bounds read from the segment table, even when they were the same.
-    let range = if s.causal {
+    let range = if !s.segmented() {
         format!(
             "\x20 let pos = {pos};\n  let seq0 = {cache_row} - pos;\n\
              \x20 var lo = 0u;\n  if (WINDOW > 0u && pos + 1u > WINDOW) {{ lo = pos + 1u - WINDOW; }}\n",
@@ -120,7 +120,16 @@ pub fn kernel_at(s: AttentionSpec, at: Positions) -> KernelSource {
         )
     } else {
         super::Segments::declare(&mut b, &mut w);
-        "  let seq0 = 0u;\n".to_string()
+        let mut range = "  let seq0 = 0u;\n".to_string();
+        if s.causal || s.window > 0 {
+            let _ = write!(
+                range,
+                "  let lo = {};\n  let pos = {};\n",
+                s.first_key("row"),
+                s.last_key("row")
+            );
+        }
+        range
     };
     let unrolled = |f: &dyn Fn(u32) -> String| (0..hd4).map(f).collect::<String>();
     let _ = write!(
@@ -137,7 +146,7 @@ pub fn kernel_at(s: AttentionSpec, at: Positions) -> KernelSource {
          {loops}\
          \x20 let inv = 1.0f / l;\n{stores}}}\n",
         loops = key_loops(
-            s.causal,
+            &s,
             &format!(
                 "    let kb = ((seq0 + j) * NKV + kvh) * HD;\n\
              \x20   var s = 0.0f;\n{score}\

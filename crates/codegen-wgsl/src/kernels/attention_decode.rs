@@ -165,8 +165,10 @@ pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
 /// takes row `z`, its position and the first KV-cache row of its sequence
 /// from the table, and its partials and counters are its own.
 pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u32) -> KernelSource {
+    // A packed encoder step of one row (the only kind a decode step is)
+    // sees its one key like a step at position 0.
     let rows = match at {
-        Positions::Step => 1,
+        Positions::Step | Positions::Packed => 1,
         Positions::Table => max_rows.max(1),
     };
     let geo = Geometry::new(&s);
@@ -323,7 +325,7 @@ pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u3
                 ..WorkgroupCount::fixed(splits)
             },
             match at {
-                Positions::Step => WorkgroupCount::fixed(1),
+                Positions::Step | Positions::Packed => WorkgroupCount::fixed(1),
                 Positions::Table => super::Rows::Tokens.count(1, 1),
             },
         ],

@@ -152,7 +152,7 @@ pub fn cache_write_at(width: u32, kv: DType, at: Positions) -> KernelSource {
     at.declare(&mut b, &mut w);
     let body = match at {
         Positions::Step => format!("  cache[params.p * W + i] = {};\n", kv_store(kv, "x[i]")),
-        Positions::Table => format!(
+        Positions::Table | Positions::Packed => format!(
             "  cache[{} * W + i % W] = {};\n",
             at.cache_row("i / W"),
             kv_store(kv, "x[i]")

@@ -67,12 +67,16 @@ pub enum Positions {
     /// `rows[2t]` and `rows[2t + 1]` (the runtime's row table; a cache row is
     /// the sequence's slot times the rows a slot spans, plus its position).
     Table,
+    /// A packed encoder step ([`Segments`]): whole sequences end to end
+    /// from cache row 0, so row `t` is in cache row `t`, at position `t`
+    /// minus its sequence's first row.
+    Packed,
 }
 
 impl Positions {
     /// Declares the row table when the kernel reads one.
     pub fn declare(self, b: &mut Bindings, out: &mut String) {
-        if self == Positions::Table {
+        if self != Positions::Step {
             b.rows(out);
         }
     }
@@ -82,6 +86,7 @@ impl Positions {
         match self {
             Positions::Step => format!("(params.p + {t})"),
             Positions::Table => format!("rows[2u * ({t}) + 1u]"),
+            Positions::Packed => format!("(({t}) - rows[2u * ({t})])"),
         }
     }
 
@@ -90,6 +95,7 @@ impl Positions {
         match self {
             Positions::Step => format!("(params.p + {t})"),
             Positions::Table => format!("rows[2u * ({t})]"),
+            Positions::Packed => format!("({t})"),
         }
     }
 
@@ -98,6 +104,7 @@ impl Positions {
         match self {
             Positions::Step => "",
             Positions::Table => "_rows",
+            Positions::Packed => "_packed",
         }
     }
 }
@@ -270,6 +277,10 @@ impl Bindings {
 
     /// The batch step's row table ([`Port::Rows`]) as `rows: array<u32>`.
     pub fn rows(&mut self, out: &mut String) {
+        // Positions and the segment table both read it: bound once.
+        if self.decls.iter().any(|d| d.port == Port::Rows) {
+            return;
+        }
         let n = self.push("rows", Port::Rows, Access::Read, Elem::U32);
         let _ = writeln!(
             out,
