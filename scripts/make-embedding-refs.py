@@ -46,6 +46,22 @@ xlmr -> tests/data/models/tiny-encoder/xlm_roberta/ (the same files) and
   </s> 2), recorded as for the tiny BERT except that embedding = the L2-normalised first row
   (cls_pooled), which is what the pipeline outputs.
 
+qwen3 -> tests/data/models/tiny-encoder/qwen3_embedding/ and refs/tiny-encoder/qwen3_embedding.json:
+  a decoder-based embedder laid out as Qwen3-Embedding is: a random `Qwen3Model` (no LM head, so
+  its tensors have no `model.` prefix) of hidden 32, 2 layers, 4 heads, 2 KV heads, head_dim 16,
+  intermediate 64, vocab 150, max_position_embeddings 128, whose config.json still says
+  `Qwen3ForCausalLM`; pipeline Transformer -> last-token Pooling -> Normalize (max_seq_length 64).
+  Causal attention; embedding = the L2-normalised last row.
+
+gemma -> tests/data/models/tiny-encoder/embedding_gemma/ and refs/tiny-encoder/embedding_gemma.json:
+  EmbeddingGemma's layout: a random `Gemma3TextModel` with use_bidirectional_attention (hidden 32,
+  3 layers of types sliding, sliding, full with sliding_window 4 -- which transformers turns into
+  4 // 2 + 1 = 3 for bidirectional attention, two-sided: a token sees keys within distance 2 -- 4 heads, 2 KV heads, head_dim 16, intermediate 64, vocab 150,
+  query_pre_attn_scalar 16); pipeline Transformer -> mean Pooling -> Dense 32->64 (no bias) ->
+  Dense 64->32 (bias) -> Normalize, each Dense an identity-activation linear layer in
+  N_Dense/model.safetensors (`linear.weight`, `linear.bias`) with N_Dense/config.json.
+  embedding = normalize(D2(D1(mean rows))), computed by hand in float64.
+
 Each tiny model is also run in float32 and must agree with its float64 reference within 1e-5.
 """
 import argparse
@@ -68,6 +84,11 @@ TINY_LENS = [1, 2, 7, 20, 63]
 XLMR_DIR = os.path.join(REPO, "tests", "data", "models", "tiny-encoder", "xlm_roberta")
 XLMR_SEED = 4243
 XLMR_LENS = [1, 2, 7, 20, 38]
+QWEN3_DIR = os.path.join(REPO, "tests", "data", "models", "tiny-encoder", "qwen3_embedding")
+QWEN3_SEED = 4244
+GEMMA_DIR = os.path.join(REPO, "tests", "data", "models", "tiny-encoder", "embedding_gemma")
+GEMMA_SEED = 4245
+DECODER_LENS = [1, 2, 7, 20, 63]
 
 LONG_PROSE = (
     "The history of the river valley is written in its stones. Long before the first farmers cleared "
@@ -449,12 +470,149 @@ def xlmr():
              "embedding = cls_pooled / ||cls_pooled||")
 
 
+# ---------------------------------------------------------------------------------------------
+# tiny random decoder-based embedders: Qwen3-Embedding's and EmbeddingGemma's layouts
+
+
+def write_files(out_dir, files):
+    for rel, obj in files:
+        path = os.path.join(out_dir, rel)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            json.dump(obj, f, indent=2)
+            f.write("\n")
+
+
+def save_decoder(model, out_dir, architecture, pooling, dense, max_seq_length):
+    """config.json (architectures set to `architecture`) + model.safetensors + the
+    sentence-transformers files; `dense` is a list of (in, out, bias, weight, bias tensor)."""
+    from safetensors.torch import save_file
+    if os.path.isdir(out_dir):
+        shutil.rmtree(out_dir)
+    model.save_pretrained(out_dir, safe_serialization=True)
+    for f in os.listdir(out_dir):
+        if f not in ("config.json", "model.safetensors"):
+            os.remove(os.path.join(out_dir, f))
+    with open(os.path.join(out_dir, "config.json")) as f:
+        config = json.load(f)
+    config["architectures"] = [architecture]
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
+    files = [("config.json", config),
+             ("1_Pooling/config.json", {"word_embedding_dimension": model.config.hidden_size,
+                                        "pooling_mode": pooling}),
+             ("sentence_bert_config.json", {"max_seq_length": max_seq_length, "do_lower_case": False})]
+    for i, (fin, fout, bias, w, b) in enumerate(dense):
+        path = f"{i + 2}_Dense"
+        modules.append({"idx": i + 2, "name": str(i + 2), "path": path,
+                        "type": "sentence_transformers.models.Dense"})
+        files.append((f"{path}/config.json", {"in_features": fin, "out_features": fout, "bias": bias,
+                                              "activation_function": "torch.nn.modules.linear.Identity"}))
+        tensors = {"linear.weight": w.contiguous()}
+        if bias:
+            tensors["linear.bias"] = b.contiguous()
+        os.makedirs(os.path.join(out_dir, path), exist_ok=True)
+        save_file(tensors, os.path.join(out_dir, path, "model.safetensors"))
+    n = len(modules)
+    modules.append({"idx": n, "name": str(n), "path": f"{n}_Normalize",
+                    "type": "sentence_transformers.models.Normalize"})
+    files.append(("modules.json", modules))
+    write_files(out_dir, files)
+
+
+def decoder_ref(model_cls, out_dir, model_name, seed, pooling, dense, compute):
+    """tiny-embed-ref-v1 for a decoder-based embedder: float64 from the float32 weights."""
+    model = model_cls.from_pretrained(out_dir, attn_implementation="eager").double().eval()
+    model32 = model_cls.from_pretrained(out_dir, attn_implementation="eager").eval()
+    rng = random.Random(seed)
+    cases, worst = [], 0.0
+
+    def head(h, dtype):
+        v = h.mean(0) if pooling == "mean" else h[-1]
+        for (_, _, bias, w, b) in dense:
+            v = w.to(dtype) @ v + (b.to(dtype) if bias else 0)
+        return v, v / v.norm()
+
+    for n in DECODER_LENS:
+        ids = [rng.randrange(0, model.config.vocab_size) for _ in range(n)]
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            h = model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state[0]
+            h32 = model32(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state[0]
+        pooled, emb = head(h, torch.float64)
+        _, emb32 = head(h32, torch.float32)
+        worst = max(worst, float((h32.double() - h).abs().max()), float((emb32.double() - emb).abs().max()))
+        cases.append({
+            "name": f"len{n}",
+            "ids": ids,
+            "last_hidden_state": [[sig(v, 9) for v in row] for row in h.tolist()],
+            "mean_pooled": [sig(v, 9) for v in h.mean(0).tolist()],
+            "cls_pooled": [sig(v, 9) for v in h[0].tolist()],
+            "embedding": [sig(v, 9) for v in emb.tolist()],
+        })
+    assert worst < 1e-5, f"{model_name}: float32 and float64 differ by {worst}"
+    print(f"{model_name}: float32 vs float64 max |diff| {worst:.2e} (last hidden state and embedding)")
+    write_json(os.path.join(REFS, "tiny-encoder", f"{model_name}.json"), {
+        "schema": "tiny-embed-ref-v1",
+        "model": model_name,
+        "model_dir": os.path.relpath(out_dir, REPO),
+        "architecture": model_cls.__name__,
+        "checkpoint_dtype": "float32",
+        "seed": seed,
+        "compute": compute,
+        "producer": versions(),
+        "cases": cases,
+    })
+
+
+def qwen3():
+    from transformers import Qwen3Config, Qwen3Model
+    torch.manual_seed(QWEN3_SEED)
+    config = Qwen3Config(vocab_size=150, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                         max_position_embeddings=128, rms_norm_eps=1e-6, tie_word_embeddings=False)
+    model = Qwen3Model(config)
+    randomize(model, QWEN3_SEED)
+    save_decoder(model.to(torch.float32), QWEN3_DIR, "Qwen3ForCausalLM", "lasttoken", [], 64)
+    names = check_saved(QWEN3_DIR)
+    assert not any(n.startswith("model.") for n in names), names[:4]
+    print(f"qwen3: {QWEN3_DIR}: {len(names)} tensors: {', '.join(names[:6])}, ...")
+    decoder_ref(Qwen3Model, QWEN3_DIR, "qwen3_embedding", QWEN3_SEED, "lasttoken", [],
+                "float64 (float32 weights upcast), attn_implementation=eager, CPU, batch 1, no padding; "
+                "causal attention; embedding = last row / ||last row||")
+
+
+def gemma():
+    from transformers import Gemma3TextConfig, Gemma3TextModel
+    torch.manual_seed(GEMMA_SEED)
+    config = Gemma3TextConfig(vocab_size=150, hidden_size=32, intermediate_size=64, num_hidden_layers=3,
+                              num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                              max_position_embeddings=128, query_pre_attn_scalar=16, sliding_window=4,
+                              layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+                              use_bidirectional_attention=True, final_logit_softcapping=None,
+                              attn_logit_softcapping=None, tie_word_embeddings=True)
+    model = Gemma3TextModel(config)
+    randomize(model, GEMMA_SEED)
+    g = torch.Generator().manual_seed(GEMMA_SEED + 1)
+    dense = [(32, 64, False, torch.randn(64, 32, generator=g) / 32 ** 0.5, None),
+             (64, 32, True, torch.randn(32, 64, generator=g) / 64 ** 0.5, 0.3 * torch.randn(32, generator=g))]
+    save_decoder(model.to(torch.float32), GEMMA_DIR, "Gemma3TextModel", "mean", dense, 64)
+    names = check_saved(GEMMA_DIR)
+    print(f"gemma: {GEMMA_DIR}: {len(names)} tensors: {', '.join(names[:6])}, ...")
+    decoder_ref(Gemma3TextModel, GEMMA_DIR, "embedding_gemma", GEMMA_SEED, "mean", dense,
+                "float64 (float32 weights upcast), attn_implementation=eager, CPU, batch 1, no padding; "
+                "bidirectional attention (sliding layers: |i - j| < sliding_window // 2 + 1 = 3); "
+                "embedding = normalize(Dense2(Dense1(mean rows)))")
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--fixture", default=os.path.join(os.environ.get("GERBIL_FIXTURES", "fixtures"),
                                                       "all-minilm-l6-v2"),
                     help="all-MiniLM-L6-v2 from build-fixtures.py (default $GERBIL_FIXTURES/all-minilm-l6-v2)")
-    ap.add_argument("--only", choices=["minilm", "tiny", "xlmr"])
+    ap.add_argument("--only", choices=["minilm", "tiny", "xlmr", "qwen3", "gemma"])
     a = ap.parse_args()
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     if a.only in (None, "minilm"):
@@ -463,6 +621,10 @@ def main():
         tiny()
     if a.only in (None, "xlmr"):
         xlmr()
+    if a.only in (None, "qwen3"):
+        qwen3()
+    if a.only in (None, "gemma"):
+        gemma()
 
 
 if __name__ == "__main__":

@@ -1,6 +1,9 @@
 //! Encoders against their references: the tiny random encoders (BERT with
 //! mean pooling, XLM-RoBERTa with CLS pooling and positions after the
-//! padding id) against transformers (interpreter and every GPU variant),
+//! padding id, a Qwen3-Embedding-style causal decoder with last-token
+//! pooling, an EmbeddingGemma-style bidirectional Gemma 3 with two-sided
+//! windows and Dense projections) against transformers (interpreter and
+//! every GPU variant, one input a step and packed),
 //! all-MiniLM-L6-v2 against sentence-transformers (tokens, vectors,
 //! retrieval ranking), and the errors an embedding plan gives.
 
@@ -63,7 +66,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(rel: &str) -> T {
 }
 
 /// The tiny random encoders of `tests/data/models/tiny-encoder`.
-const TINY_ENCODERS: &[&str] = &["bert", "xlm_roberta"];
+const TINY_ENCODERS: &[&str] = &["bert", "embedding_gemma", "qwen3_embedding", "xlm_roberta"];
 
 fn tiny_encoder(name: &str) -> std::path::PathBuf {
     data_dir().join("models/tiny-encoder").join(name)
@@ -182,6 +185,69 @@ fn tiny_encoders_pack_inputs_into_steps() {
         }
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A copy of the tiny EmbeddingGemma with `edit` applied to its directory.
+fn edited_gemma(edit: impl Fn(&Path)) -> tempfile::TempDir {
+    let dir = temp_dir("gemma-edit");
+    let from = tiny_encoder("embedding_gemma");
+    for sub in ["", "1_Pooling", "2_Dense", "3_Dense"] {
+        std::fs::create_dir_all(dir.path().join(sub)).expect("mkdir");
+        for e in std::fs::read_dir(from.join(sub)).expect("read dir") {
+            let e = e.expect("entry");
+            if e.file_type().expect("type").is_file() {
+                std::fs::copy(e.path(), dir.path().join(sub).join(e.file_name())).expect("copy");
+            }
+        }
+    }
+    edit(dir.path());
+    dir
+}
+
+/// The lowering error of the checkpoint in `dir`.
+fn lowering_error(dir: &Path) -> String {
+    let ckpt = Checkpoint::open(dir).expect("checkpoint");
+    match lower_with(&ckpt, &LowerOptions::default()) {
+        Ok(_) => panic!("{} lowered", dir.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// What a decoder-based embedder cannot be, each a clear error: a
+/// bidirectional Gemma 3 as a language model, a Dense module with an
+/// activation, or one whose width does not follow the vector before it.
+#[test]
+fn decoder_embedders_refuse_what_they_cannot_be() {
+    let causal_lm = edited_gemma(|d| {
+        std::fs::remove_file(d.join("modules.json")).expect("rm");
+        let config = std::fs::read_to_string(d.join("config.json")).expect("read");
+        let config = config.replace("Gemma3TextModel", "Gemma3ForCausalLM");
+        std::fs::write(d.join("config.json"), config).expect("write");
+    });
+    let e = lowering_error(causal_lm.path());
+    assert!(
+        e.contains("bidirectional attention is for embedding models"),
+        "{e}"
+    );
+    let tanh = edited_gemma(|d| {
+        let path = d.join("2_Dense/config.json");
+        let config = std::fs::read_to_string(&path).expect("read");
+        let config = config.replace("linear.Identity", "activation.Tanh");
+        std::fs::write(&path, config).expect("write");
+    });
+    let e = lowering_error(tanh.path());
+    assert!(
+        e.contains("activation.Tanh") && e.contains("Identity"),
+        "{e}"
+    );
+    let wide = edited_gemma(|d| {
+        let path = d.join("3_Dense/config.json");
+        let config = std::fs::read_to_string(&path).expect("read");
+        let config = config.replace("\"in_features\": 64", "\"in_features\": 65");
+        std::fs::write(&path, config).expect("write");
+    });
+    let e = lowering_error(wide.path());
+    assert!(e.contains("takes 65 features"), "{e}");
 }
 
 #[test]

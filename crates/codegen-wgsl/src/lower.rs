@@ -148,14 +148,18 @@ impl Lowering<'_> {
             Phase::Decode | Phase::Batch => 1,
         };
         let batch = phase == Phase::Batch;
-        // In a batch, a value of one row has a row per sequence.
+        let encoder = crate::sources::is_encoder(self.graph);
+        // In a batch, a value of one row has a row per sequence; in an
+        // encoder, a row per input the step packs (a pooled vector, and the
+        // projections and norm after it).
         let rows_of = |ty: &TensorType| match rows_of(ty) {
             Rows::Fixed(1) if batch => Rows::Tokens,
+            Rows::Fixed(1) if encoder => Rows::Fixed(self.max_batch.max(1)),
             rows => rows,
         };
         // An encoder's prefill steps pack whole sequences; its one-row
         // (decode) steps are one sequence at position 0 either way.
-        let packed = matches!(phase, Phase::Prefill(_)) && crate::sources::is_encoder(self.graph);
+        let packed = matches!(phase, Phase::Prefill(_)) && encoder;
         let at = if batch {
             Positions::Table
         } else if packed {
@@ -399,13 +403,7 @@ impl Lowering<'_> {
             Op::AddPositions => encoder::add_positions(width_of(out_ty), in_ty(1).dtype),
             // An encoder step packs up to `max_batch` sequences: a row each.
             Op::Pool(p) => encoder::pool(*p, width_of(out_ty), self.max_batch.max(1)),
-            Op::L2Normalize => {
-                let rows = match rows_of(out_ty) {
-                    Rows::Fixed(1) => Rows::Fixed(self.max_batch.max(1)),
-                    rows => rows,
-                };
-                encoder::l2_normalize(rows, width_of(out_ty))
-            }
+            Op::L2Normalize => encoder::l2_normalize(rows_of(out_ty), width_of(out_ty)),
             Op::Unary(u) => elementwise::unary(*u, rows_of(out_ty), width_of(out_ty)),
             Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
             Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),

@@ -86,10 +86,17 @@ impl Checkpoint {
                 source,
             })?;
         let config = HfConfig::from_json_str(&text, &config_path)?;
-        let (weights, has_weights) = match WeightStore::open_dir(dir)? {
+        let (mut weights, has_weights) = match WeightStore::open_dir(dir)? {
             Some(store) => (store, true),
             None => (WeightStore::empty(), false),
         };
+        // A decoder saved without its LM head (an embedder's `Qwen3Model`)
+        // names its tensors without the `model.` the families read.
+        if weights.contains("embed_tokens.weight") && !weights.contains("model.embed_tokens.weight")
+        {
+            weights.prefix_names("model.");
+        }
+        crate::sentence::add_module_weights(dir, &mut weights)?;
         let text = TextAssets::load_with_config(dir, Some(&config_json))?;
         Ok(Checkpoint {
             dir: dir.to_path_buf(),

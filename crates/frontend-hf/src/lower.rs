@@ -76,8 +76,10 @@ static FAMILIES: &[(&str, &str, BuildFn)] = &[
     ("LlamaForCausalLM", "llama", families::llama::build),
     ("Qwen2ForCausalLM", "qwen2", families::qwen2::build),
     ("Qwen3ForCausalLM", "qwen3", families::qwen3::build),
+    ("Qwen3Model", "qwen3", families::qwen3::build),
     ("MistralForCausalLM", "mistral", families::mistral::build),
     ("Gemma3ForCausalLM", "gemma3", families::gemma3::build),
+    ("Gemma3TextModel", "gemma3", families::gemma3::build),
     ("Phi3ForCausalLM", "phi3", families::phi3::build),
     ("BertModel", "bert", families::bert::build),
     (

@@ -3,17 +3,22 @@
 //!
 //! [`SentencePipeline::read`] reads what sentence-transformers saves beside
 //! the transformer's own files: `modules.json` (the modules in order: the
-//! `Transformer`, then `Pooling`, optionally `Normalize`), the pooling
-//! module's `config.json` (both the old `pooling_mode_*_tokens` booleans
-//! and the newer `pooling_mode` string) and `sentence_bert_config.json`
+//! `Transformer`, then `Pooling`, any `Dense` projections, optionally
+//! `Normalize`), the pooling module's `config.json` (both the old
+//! `pooling_mode_*_tokens` booleans and the newer `pooling_mode` string),
+//! each `Dense` module's `config.json` and `sentence_bert_config.json`
 //! (`max_seq_length`). A directory without `modules.json` gets what
 //! sentence-transformers gives a plain transformers model: mean pooling, no
-//! normalization. The surprise: `Normalize` has no files of its own (the
-//! `2_Normalize` directory it names usually does not exist), so only its
-//! entry in `modules.json` says the vectors are unit length.
+//! normalization. A `Dense` module keeps its weights in its own directory
+//! (`2_Dense/model.safetensors`, `linear.weight`); [`add_module_weights`]
+//! adds them to the checkpoint's store as `2_Dense.linear.weight`. The
+//! surprise: `Normalize` has no files of its own (the `2_Normalize`
+//! directory it names usually does not exist), so only its entry in
+//! `modules.json` says the vectors are unit length.
 
 use crate::checkpoint::check_regular;
 use crate::error::{FrontendError, Result};
+use crate::weights::WeightStore;
 use serde::Deserialize;
 use std::path::Path;
 
@@ -51,6 +56,42 @@ pub struct SentencePipeline {
     pub normalize: bool,
     /// Most tokens of an input (`sentence_bert_config.json`), if said.
     pub max_seq_length: Option<u64>,
+    /// Linear projections of the pooled vector, in order (EmbeddingGemma's
+    /// 768 → 3072 → 768).
+    pub dense: Vec<DenseLayer>,
+}
+
+/// A sentence-transformers `Dense` module: `y = W·x (+ b)`, no activation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DenseLayer {
+    /// Its weights' names start with this (`2_Dense.`): `linear.weight`,
+    /// `linear.bias`.
+    pub prefix: String,
+    /// Input width.
+    pub in_features: u64,
+    /// Output width.
+    pub out_features: u64,
+    /// Whether it adds a bias.
+    pub bias: bool,
+}
+
+#[derive(Deserialize)]
+struct DenseConfig {
+    in_features: u64,
+    out_features: u64,
+    #[serde(default = "yes")]
+    bias: bool,
+    #[serde(default = "tanh")]
+    activation_function: String,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// sentence-transformers' default activation of a `Dense` module.
+fn tanh() -> String {
+    "torch.nn.modules.activation.Tanh".into()
 }
 
 #[derive(Deserialize)]
@@ -99,6 +140,7 @@ impl SentencePipeline {
             pooling: PoolingMode::Mean,
             normalize: false,
             max_seq_length: None,
+            dense: Vec::new(),
         };
         let bert_config = dir.join("sentence_bert_config.json");
         if bert_config.exists() {
@@ -110,30 +152,97 @@ impl SentencePipeline {
             return Ok(pipeline);
         }
         let modules: Vec<Module> = read_json(&modules_path)?;
+        let bad = |why: String| FrontendError::Config {
+            path: modules_path.clone(),
+            key: "type".into(),
+            why,
+        };
+        // Where the pipeline is: the transformer, pooled, then normalized.
+        let (mut pooled, mut normalized) = (false, false);
         for m in modules {
             let kind = m.kind.rsplit('.').next().unwrap_or_default();
+            if normalized && kind != "Normalize" {
+                return Err(bad(format!(
+                    "module `{}` after Normalize is not supported",
+                    m.kind
+                )));
+            }
             match kind {
                 "Transformer" => {}
-                "Normalize" => pipeline.normalize = true,
+                "Normalize" => {
+                    pipeline.normalize = true;
+                    normalized = true;
+                }
                 "Pooling" => {
                     let path = dir.join(&m.path).join("config.json");
                     pipeline.pooling = pooling_of(&read_json(&path)?, &path)?;
+                    pooled = true;
                 }
+                "Dense" if !pooled => {
+                    return Err(bad("a Dense module before Pooling is not supported".into()))
+                }
+                "Dense" => pipeline.dense.push(dense_of(dir, &m.path)?),
                 _ => {
-                    return Err(FrontendError::Config {
-                        path: modules_path,
-                        key: "type".into(),
-                        why: format!(
-                            "sentence-transformers module `{}` is not supported (gerbil runs \
-                             Transformer, Pooling and Normalize)",
-                            m.kind
-                        ),
-                    })
+                    return Err(bad(format!(
+                        "sentence-transformers module `{}` is not supported (gerbil runs \
+                         Transformer, Pooling, Dense and Normalize)",
+                        m.kind
+                    )))
                 }
             }
         }
         Ok(pipeline)
     }
+}
+
+/// The `Dense` module saved in `dir/path`.
+fn dense_of(dir: &Path, path: &str) -> Result<DenseLayer> {
+    let config_path = dir.join(path).join("config.json");
+    let c: DenseConfig = read_json(&config_path)?;
+    if c.activation_function.rsplit('.').next() != Some("Identity") {
+        return Err(FrontendError::Config {
+            path: config_path,
+            key: "activation_function".into(),
+            why: format!(
+                "`{}` is not supported; gerbil runs Dense modules without an activation \
+                 (torch.nn.modules.linear.Identity)",
+                c.activation_function
+            ),
+        });
+    }
+    Ok(DenseLayer {
+        prefix: format!("{}.", path.trim_end_matches('/')),
+        in_features: c.in_features,
+        out_features: c.out_features,
+        bias: c.bias,
+    })
+}
+
+/// Adds the weights of the `Dense` modules `modules.json` in `dir` names
+/// (`PATH/model.safetensors`) to `store`, under `PATH.` (nothing when the
+/// directory has no `modules.json`). A module saved only as
+/// `pytorch_model.bin` is an error naming the conversion.
+pub(crate) fn add_module_weights(dir: &Path, store: &mut WeightStore) -> Result<()> {
+    let modules_path = dir.join("modules.json");
+    if !modules_path.exists() {
+        return Ok(());
+    }
+    let modules: Vec<Module> = read_json(&modules_path)?;
+    for m in modules.iter().filter(|m| m.kind.ends_with(".Dense")) {
+        let file = dir.join(&m.path).join("model.safetensors");
+        if !file.exists() {
+            return Err(FrontendError::Config {
+                path: dir.join(&m.path),
+                key: "model.safetensors".into(),
+                why: "the Dense module has no model.safetensors (an old save in \
+                      pytorch_model.bin?): load and save the model again with a recent \
+                      sentence-transformers, which writes safetensors"
+                    .into(),
+            });
+        }
+        store.add_file(&file, &format!("{}.", m.path.trim_end_matches('/')))?;
+    }
+    Ok(())
 }
 
 /// The one pooling mode a pooling config selects.

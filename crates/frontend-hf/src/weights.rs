@@ -229,12 +229,29 @@ impl WeightStore {
     pub fn open_files(paths: &[PathBuf]) -> Result<Self> {
         let mut store = Self::empty();
         for path in paths {
-            crate::checkpoint::check_regular(path)?;
-            let file = File::open(path).map_err(io_err(path))?;
-            let len = file.metadata().map_err(io_err(path))?.len();
-            store.add_shard(path, ShardBytes::File { file, len })?;
+            store.add_file(path, "")?;
         }
         Ok(store)
+    }
+
+    /// Adds the tensors of safetensors file `path`, each name after
+    /// `prefix` (a sentence-transformers module's own weights, such as
+    /// `2_Dense/model.safetensors`, under `2_Dense.`).
+    pub fn add_file(&mut self, path: &Path, prefix: &str) -> Result<()> {
+        crate::checkpoint::check_regular(path)?;
+        let file = File::open(path).map_err(io_err(path))?;
+        let len = file.metadata().map_err(io_err(path))?.len();
+        self.add_shard(path, ShardBytes::File { file, len }, prefix)
+    }
+
+    /// Puts `prefix` before every tensor name: a bare transformer saved
+    /// without its task head (`Qwen3Model`: `layers.0…`) then reads as the
+    /// `*ForCausalLM` checkpoint the families expect (`model.layers.0…`).
+    pub fn prefix_names(&mut self, prefix: &str) {
+        self.tensors = std::mem::take(&mut self.tensors)
+            .into_iter()
+            .map(|(name, e)| (format!("{prefix}{name}"), e))
+            .collect();
     }
 
     /// A store over safetensors files already in memory, each a name (for
@@ -244,7 +261,7 @@ impl WeightStore {
     pub fn from_bytes(files: &[(PathBuf, &[u8])]) -> Result<Self> {
         let mut store = Self::empty();
         for (path, bytes) in files {
-            store.add_shard(path, ShardBytes::Memory(bytes.to_vec()))?;
+            store.add_shard(path, ShardBytes::Memory(bytes.to_vec()), "")?;
         }
         Ok(store)
     }
@@ -298,8 +315,8 @@ impl WeightStore {
         })
     }
 
-    /// Validates one file's header and adds its tensors.
-    fn add_shard(&mut self, path: &Path, bytes: ShardBytes) -> Result<()> {
+    /// Validates one file's header and adds its tensors, named after `prefix`.
+    fn add_shard(&mut self, path: &Path, bytes: ShardBytes, prefix: &str) -> Result<()> {
         let shard = self.shards.len();
         let corrupt = |msg: String| FrontendError::Safetensors {
             path: path.to_path_buf(),
@@ -331,9 +348,13 @@ impl WeightStore {
                 end: data_start + e,
                 gguf: None,
             };
-            if self.tensors.insert(name.clone(), entry).is_some() {
+            if self
+                .tensors
+                .insert(format!("{prefix}{name}"), entry)
+                .is_some()
+            {
                 return Err(corrupt(format!(
-                    "tensor `{name}` also appears in an earlier shard"
+                    "tensor `{prefix}{name}` also appears in an earlier shard"
                 )));
             }
         }

@@ -101,7 +101,7 @@ pub fn kernel_at(s: QkvRopeSpec, at: Positions) -> KernelSource {
         "var<workgroup> hv: array<f32, HD>;\n{red}\
          @compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
-         \x20 let t = wid.x / SLOTS;\n  let h = wid.x % SLOTS;\n  let lane = lid.x;\n\
+         \x20 let t = wid.y;\n  let h = wid.x;\n  let lane = lid.x;\n\
          \x20 let src = t * XW + h * HD;\n\
          \x20 if (h >= NH + NKV) {{\n\
          \x20   let dst = {crow} * KW + (h - NH - NKV) * HD;\n\
@@ -145,9 +145,12 @@ pub fn kernel_at(s: QkvRopeSpec, at: Positions) -> KernelSource {
         wgsl: w,
         workgroup_size: [WG, 1, 1],
         bindings: b.finish(),
+        // A workgroup per head slot and row, rows on the second axis: an
+        // encoder step of 8192 rows times 32 slots is past the 65535
+        // workgroups one axis may have.
         workgroups: [
-            Rows::Tokens.count(s.heads + 2 * s.kv_heads, 1),
-            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(s.heads + 2 * s.kv_heads),
+            Rows::Tokens.count(1, 1),
             WorkgroupCount::fixed(1),
         ],
         workgroup_bytes: (s.head_dim + if s.norm.is_some() { WG } else { 0 }) * 4,

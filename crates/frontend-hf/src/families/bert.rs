@@ -22,12 +22,9 @@
 
 use crate::error::Result;
 use crate::families::decoder::linear;
-use crate::lower::{EmbeddingFacts, LowerCtx};
-use crate::sentence::{PoolingMode, SentencePipeline};
+use crate::lower::LowerCtx;
 use gerbil_ir::op::KvKind;
-use gerbil_ir::{
-    Attention, BinaryOp, Embedding, LayerNorm, Op, Pooling, UnaryOp, ValueRef, EMBEDDING,
-};
+use gerbil_ir::{Attention, BinaryOp, Embedding, LayerNorm, Op, UnaryOp, ValueRef};
 use serde::Deserialize;
 
 /// BERT's own `config.json` keys.
@@ -165,23 +162,7 @@ fn build_encoder(ctx: &mut LowerCtx<'_>, positions: Positions, prefix: &str) -> 
         let layer = ctx.u32_of("num_hidden_layers", layer)?;
         x = encoder_layer(ctx, x, layer, &format!("{p}encoder.layer.{layer}"), &shape)?;
     }
-    let pipeline = SentencePipeline::read(&ctx.ckpt.dir)?;
-    let mut v = match pipeline.pooling {
-        PoolingMode::Mean => ctx.add(Op::Pool(Pooling::Mean), &[x], "pooling")?,
-        PoolingMode::Cls => ctx.add(Op::Pool(Pooling::Cls), &[x], "pooling")?,
-        PoolingMode::Max => ctx.add(Op::Pool(Pooling::Max), &[x], "pooling")?,
-        PoolingMode::LastToken => ctx.add(Op::Pool(Pooling::Last), &[x], "pooling")?,
-    };
-    if pipeline.normalize {
-        v = ctx.add(Op::L2Normalize, &[v], "normalize")?;
-    }
-    ctx.graph.outputs.push((EMBEDDING.to_string(), v));
-    ctx.embedding = Some(EmbeddingFacts {
-        dimension: h,
-        max_positions,
-        pipeline,
-    });
-    Ok(())
+    super::sentence_head::build(ctx, x, h, max_positions)
 }
 
 /// `LayerNorm(x)` with the weight and bias under `prefix`.

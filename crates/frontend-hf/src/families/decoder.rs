@@ -73,6 +73,9 @@ pub(crate) struct AttentionSpec {
     pub qk_norm: bool,
     /// Queries, keys and values are row ranges of one `qkv_proj` (Phi-3).
     pub fused_qkv: bool,
+    /// Whether a token sees only the keys before it (language models);
+    /// else every key of its input (EmbeddingGemma).
+    pub causal: bool,
 }
 
 /// The gated MLP's shape and options.
@@ -314,6 +317,7 @@ impl DecoderSpec {
                 scale: f64::from(head_dim).powf(-0.5) as f32,
                 qk_norm: false,
                 fused_qkv: false,
+                causal: true,
             },
             mlp: MlpSpec {
                 intermediate: c.intermediate_size,
@@ -536,7 +540,7 @@ pub(crate) fn attention_block(
         head_dim: spec.head_dim,
         scale: spec.scale,
         window,
-        causal: true,
+        causal: spec.causal,
     });
     let a = ctx.add(attn, &[q, kc, vc], format!("{p}.attn.sdpa"))?;
     linear(
@@ -713,6 +717,11 @@ pub(crate) fn build_decoder(ctx: &mut LowerCtx<'_>, spec: &DecoderSpec) -> Resul
         &spec.norm,
         "final_norm".to_string(),
     )?;
+    // An embedder ends with its sentence-transformers head instead.
+    if super::sentence_head::is_embedder(ctx) {
+        let positions = ctx.ckpt.config.max_position_embeddings;
+        return super::sentence_head::build(ctx, h, hidden, positions);
+    }
     let mut logits = lm_head(ctx, h, table, spec.tie_embeddings, spec.vocab, hidden)?;
     if let Some(cap) = spec.logit_softcap {
         logits = ctx.add(Op::Unary(UnaryOp::Softcap(cap)), &[logits], "logit_softcap")?;

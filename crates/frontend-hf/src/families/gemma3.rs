@@ -19,6 +19,12 @@
 //!
 //! `attn_logit_softcapping` is read by transformers' config but never applied
 //! by its Gemma 3 attention, so it is ignored here too.
+//!
+//! EmbeddingGemma (`Gemma3TextModel`, `use_bidirectional_attention: true`)
+//! is the same graph with bidirectional attention, ending in its
+//! sentence-transformers head instead of logits. The surprise: transformers
+//! halves such a model's `sliding_window` (`w / 2 + 1`, so 512 becomes 257)
+//! and applies it on both sides: a token sees keys less than 257 away.
 
 use super::decoder::{self, DecoderSpec, FamilyDefaults, LayerType, NormLayout};
 use crate::config::{kernel_f32, RopeConfig, RopeParameters};
@@ -112,13 +118,17 @@ fn rope_params(ctx: &LowerCtx<'_>, keys: &GemmaKeys) -> Result<[(RopeParameters,
 /// Builds a Gemma 3 graph.
 pub(crate) fn build(ctx: &mut LowerCtx<'_>) -> Result<()> {
     let keys: GemmaKeys = ctx.family_keys()?;
-    if keys.use_bidirectional_attention == Some(true) {
+    let bidirectional = keys.use_bidirectional_attention == Some(true);
+    if bidirectional && !super::sentence_head::is_embedder(ctx) {
         return Err(ctx.config_err(
             "use_bidirectional_attention",
-            "bidirectional attention is not supported (only causal decoding)",
+            "bidirectional attention is for embedding models (EmbeddingGemma: \
+             Gemma3TextModel, or a sentence-transformers directory with modules.json); \
+             a language model decodes causally",
         ));
     }
     let mut spec = DecoderSpec::without_rope(ctx, &DEFAULTS)?;
+    spec.attn.causal = !bidirectional;
     let hidden = spec.hidden;
     spec.embed_scale = Some((hidden as f64).sqrt() as f32);
     spec.norm.weight_offset = 1.0;
@@ -162,7 +172,13 @@ pub(crate) fn build(ctx: &mut LowerCtx<'_>) -> Result<()> {
             }
         },
     )?;
-    let window = decoder::window(ctx, "sliding_window", keys.sliding_window)?;
+    let mut window = decoder::window(ctx, "sliding_window", keys.sliding_window)?;
+    // transformers reads a bidirectional model's window as half of it, plus
+    // one, on each side (`Gemma3TextConfig.__post_init__`): EmbeddingGemma's
+    // 512 lets a token see keys up to 256 away.
+    if bidirectional {
+        window = window.map(|w| w / 2 + 1);
+    }
     // One table per layer type in use, in transformers' (sorted) order.
     let mut tables: Vec<(LayerType, usize)> = Vec::new();
     for (t, (params, theta)) in [LayerType::FullAttention, LayerType::SlidingAttention]

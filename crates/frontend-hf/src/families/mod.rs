@@ -16,3 +16,4 @@ pub(crate) mod mistral;
 pub(crate) mod phi3;
 pub(crate) mod qwen2;
 pub(crate) mod qwen3;
+pub(crate) mod sentence_head;

@@ -2,7 +2,10 @@
 //! (`attention_bias` applies to all four projections) and with a per-head
 //! RMSNorm of queries and keys (`q_norm`, `k_norm`, weights `[head_dim]`)
 //! before RoPE. `head_dim` is explicit (128 when absent), so the attention
-//! width need not equal the hidden size.
+//! width need not equal the hidden size. Qwen3-Embedding is this graph
+//! ending in last-token pooling (`families::sentence_head`): its weights are
+//! a `Qwen3Model`'s, without the `model.` prefix, under a config that still
+//! says `Qwen3ForCausalLM`; its `modules.json` says it embeds.
 
 use super::decoder::{self, DecoderSpec, FamilyDefaults};
 use crate::error::Result;
