@@ -339,6 +339,8 @@ pub struct EmbedBenchOptions {
     pub batch: usize,
     /// Timed repetitions (median reported).
     pub repeats: usize,
+    /// Also time every dispatch of one step of the batch.
+    pub profile: bool,
     /// How the plan is loaded.
     pub model: ModelOptions,
 }
@@ -358,6 +360,12 @@ pub struct EmbedBenchReport {
     pub sentences_per_s: f64,
     /// Tokens per second at `batch`.
     pub tokens_per_s: f64,
+    /// The device's copy bandwidth in GB/s, the profile's roofline (with
+    /// `profile`).
+    pub copy_gb_s: Option<f64>,
+    /// GPU time by dispatch kind of one step of the batch's first inputs
+    /// (as many as a step packs; with `profile`).
+    pub profile: Option<Vec<crate::run::ProfileRow>>,
 }
 
 /// Median of `samples` (not empty).
@@ -381,7 +389,9 @@ pub async fn bench_embeddings(path: &Path, opts: &EmbedBenchOptions) -> Result<E
             info.max_tokens
         );
     }
-    let mut model = Model::load(&plan, &opts.model).await?;
+    let mut load = opts.model.clone();
+    load.session.profiling = opts.profile;
+    let mut model = Model::load(&plan, &load).await?;
     let vocab = plan.header.model.vocab_size as u32;
     // Ids spread over the vocabulary, a different input each.
     let inputs: Vec<Vec<u32>> = (0..opts.batch.max(1))
@@ -410,6 +420,23 @@ pub async fn bench_embeddings(path: &Path, opts: &EmbedBenchOptions) -> Result<E
             .collect::<Result<_>>()?,
     );
     let sentences_per_s = all.len() as f64 / (batch_ms / 1e3);
+    let (mut copy_gb_s, mut profile) = (None, None);
+    if opts.profile {
+        let session = model.session_mut();
+        let copy = session.copy_bandwidth().await? / 1e9;
+        // As many inputs as one step packs.
+        let step = session
+            .header()
+            .model
+            .max_tokens_per_step
+            .min(session.context()) as usize;
+        let fit = (info.max_inputs as usize).max(1).min(step / opts.tokens);
+        let times = session
+            .profile_embedding(&all[..fit.clamp(1, all.len())])
+            .await?;
+        copy_gb_s = Some(copy);
+        profile = Some(crate::run::summarize(&times, copy));
+    }
     Ok(EmbedBenchReport {
         input_tokens: opts.tokens,
         latency_ms,
@@ -417,5 +444,7 @@ pub async fn bench_embeddings(path: &Path, opts: &EmbedBenchOptions) -> Result<E
         batch_ms,
         sentences_per_s,
         tokens_per_s: sentences_per_s * opts.tokens as f64,
+        copy_gb_s,
+        profile,
     })
 }

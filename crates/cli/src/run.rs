@@ -267,7 +267,8 @@ pub struct ProfileRow {
     pub tflop_s: f64,
 }
 
-fn summarize(times: &[gerbil_runtime::DispatchTime], copy_gb_s: f64) -> Vec<ProfileRow> {
+/// The rows of a profile: `times` grouped by what ran, longest first.
+pub(crate) fn summarize(times: &[gerbil_runtime::DispatchTime], copy_gb_s: f64) -> Vec<ProfileRow> {
     let mut by: std::collections::BTreeMap<String, (usize, f64, u64, u64)> = Default::default();
     for t in times {
         let what = t.group.clone();

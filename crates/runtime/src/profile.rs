@@ -78,6 +78,38 @@ impl Session {
         Ok(times)
     }
 
+    /// For an embedding plan: runs one packed step of `inputs` (which must
+    /// fit one step: at most the plan's `max_inputs`, their tokens at most a
+    /// step's) with a timestamp after every dispatch and returns each
+    /// dispatch's GPU time; needs what [`Session::profile`] needs.
+    pub async fn profile_embedding(
+        &mut self,
+        inputs: &[&[u32]],
+    ) -> Result<Vec<DispatchTime>, RuntimeError> {
+        self.need_timestamps()?;
+        self.check_embedding_inputs(inputs)?;
+        let places = self
+            .header
+            .model
+            .embedding
+            .as_ref()
+            .map_or(1, |e| (e.max_inputs as usize).max(1));
+        let room = self.context().min(self.header.model.max_tokens_per_step);
+        let packed: Vec<u32> = inputs.iter().flat_map(|t| t.iter().copied()).collect();
+        if inputs.is_empty() || inputs.len() > places || packed.len() as u64 > room {
+            return Err(RuntimeError::Sampling(format!(
+                "profile one embedding step: 1 to {places} inputs of {room} tokens in all"
+            )));
+        }
+        self.reset();
+        self.write_segments(inputs, places);
+        let t = packed.len() as u32;
+        let steps = self.prepare_step(&packed)?;
+        let times = self.time_steps(steps, t, u64::from(t)).await?;
+        self.reset();
+        Ok(times)
+    }
+
     fn need_timestamps(&self) -> Result<(), RuntimeError> {
         if self.gpu.has_timestamps() {
             return Ok(());

@@ -974,7 +974,7 @@ impl Session {
     /// (`gerbil_codegen_wgsl::kernels::Segments`): each row's sequence's
     /// first row and length, then each of `places` sequence places' (zero
     /// past the group).
-    fn write_segments(&self, group: &[&[u32]], places: usize) {
+    pub(crate) fn write_segments(&self, group: &[&[u32]], places: usize) {
         let mut table = Vec::new();
         let mut first = 0u32;
         let mut sequences = Vec::with_capacity(places);

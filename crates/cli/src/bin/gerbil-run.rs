@@ -14,7 +14,7 @@ use gerbil_cli::numbers::{positive, whole_u64, whole_usize};
 use gerbil_cli::perplexity::{perplexity, report_text, PerplexityOptions};
 use gerbil_cli::plan_cache;
 use gerbil_cli::progress::Progress;
-use gerbil_cli::run::{bench, run, BenchOptions, BenchReport, Prompt, RunOptions};
+use gerbil_cli::run::{bench, run, BenchOptions, BenchReport, ProfileRow, Prompt, RunOptions};
 use gerbil_cli::sweep::{run_sweep, SweepOptions};
 use gerbil_grammar::Grammar;
 use gerbil_runtime::{PipelineCacheOptions, PrecisionChoice, SamplingParams, SessionOptions};
@@ -573,7 +573,6 @@ fn real_main(mut cli: Cli) -> Result<()> {
             {
                 let decode_only = [
                     ("--sweep", sweep),
-                    ("--profile", profile),
                     ("--cold", cold),
                     ("--depth", depth.is_some()),
                     ("--temperature", temperature > 0.0),
@@ -581,20 +580,22 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 if let Some((flag, _)) = decode_only.iter().find(|(_, given)| *given) {
                     bail!(
                         "{flag} times decoding, and this is an embedding plan: its bench takes \
-                         --prompt-tokens (each input), --batch (inputs), --repeats and --json"
+                         --prompt-tokens (each input), --batch (inputs), --repeats, --profile and \
+                         --json"
                     );
                 }
                 let opts = EmbedBenchOptions {
                     tokens: prompt_tokens,
                     batch: batch.unwrap_or(64),
                     repeats,
+                    profile,
                     model: cli.model_options(),
                 };
                 let r = pollster::block_on(bench_embeddings(&plan, &opts))?;
                 let out = if json {
                     serde_json::to_string(&r)? + "\n"
                 } else {
-                    format!(
+                    let mut out = format!(
                         "embedding: {} tokens an input; one input {:.2} ms; {} inputs {:.1} ms \
                          ({:.0} inputs/s, {:.0} tok/s)\n",
                         r.input_tokens,
@@ -603,7 +604,12 @@ fn real_main(mut cli: Cli) -> Result<()> {
                         r.batch_ms,
                         r.sentences_per_s,
                         r.tokens_per_s
-                    )
+                    );
+                    if let (Some(copy), Some(rows)) = (r.copy_gb_s, &r.profile) {
+                        writeln!(out, "copy        {copy:.0} GB/s (the profile's roofline)")?;
+                        write_profile(&mut out, "embedding", rows)?;
+                    }
+                    out
                 };
                 console::print(&out)?;
                 return Ok(());
@@ -873,26 +879,32 @@ fn bench_text(
         ("batch", batch_profile),
     ] {
         if let Some(rows) = rows {
-            let total: f64 = rows.iter().map(|x| x.micros).sum();
-            writeln!(s, "{name} step GPU time {:.1} µs:", total)?;
-            for x in rows {
-                let tflops = if x.tflop_s > 0.0 {
-                    format!("  {:>6.2} TFLOP/s", x.tflop_s)
-                } else {
-                    String::new()
-                };
-                writeln!(
-s,
-                                "  {:<22} {:>4}×  {:>10.1} µs  {:>5.1}%  {:>8.1} GB/s  {:>4.0}% of copy{tflops}",
-                                x.what,
-                                x.count,
-                                x.micros,
-                                100.0 * x.micros / total.max(1e-9),
-                                x.gb_s,
-                                100.0 * x.of_copy
-                            )?;
-            }
+            write_profile(&mut s, name, rows)?;
         }
     }
     Ok(s)
+}
+
+/// A profile's table: `name`'s step GPU time, then a line per dispatch kind.
+fn write_profile(s: &mut String, name: &str, rows: &[ProfileRow]) -> std::fmt::Result {
+    let total: f64 = rows.iter().map(|x| x.micros).sum();
+    writeln!(s, "{name} step GPU time {total:.1} µs:")?;
+    for x in rows {
+        let tflops = if x.tflop_s > 0.0 {
+            format!("  {:>6.2} TFLOP/s", x.tflop_s)
+        } else {
+            String::new()
+        };
+        writeln!(
+            s,
+            "  {:<22} {:>4}×  {:>10.1} µs  {:>5.1}%  {:>8.1} GB/s  {:>4.0}% of copy{tflops}",
+            x.what,
+            x.count,
+            x.micros,
+            100.0 * x.micros / total.max(1e-9),
+            x.gb_s,
+            100.0 * x.of_copy
+        )?;
+    }
+    Ok(())
 }
