@@ -137,6 +137,8 @@ struct MatMulCase {
     /// `x` has `t` rows and the one output row (`rows` is `Fixed(1)`) is
     /// computed from its last (`matmul{last_row}`).
     last_row: bool,
+    /// Activation epilogue (`matmul{act}`), after the bias.
+    act: Option<UnaryOp>,
 }
 
 /// The epsilon of the matmul cases' norm prologues.
@@ -158,6 +160,7 @@ fn matmul_spec(c: &MatMulCase) -> kernels::matmul::MatMulSpec {
             .map(|(offset, dtype)| (MATMUL_NORM_EPS, offset, dtype)),
         residual: c.residual,
         last_row: c.last_row,
+        act: c.act,
     }
 }
 
@@ -210,7 +213,7 @@ fn check_matmul_kernel_seeing(
     });
     let residual = c.residual.then_some(res.as_slice());
     let want = match c.glu {
-        None => reference::fused_matmul(&x, k, &w, bias, norm, residual),
+        None => reference::fused_matmul(&x, k, &w, bias, norm, c.act, residual),
         Some(act) => {
             let y = reference::fused_matmul_glu(&x, k, &w, bias, norm, act);
             match residual {
@@ -320,6 +323,15 @@ fn matmul_cases() -> Vec<MatMulCase> {
                     norm: None,
                     residual: false,
                     last_row: false,
+                    // The activation epilogue on every weight dtype and
+                    // row layout (the GEMV, GEMM and cpu kernels take these
+                    // cases too).
+                    act: match j % 5 {
+                        1 => Some(UnaryOp::Gelu),
+                        3 => Some(UnaryOp::Silu),
+                        4 => Some(UnaryOp::GeluTanh),
+                        _ => None,
+                    },
                 });
             }
         }
@@ -337,6 +349,7 @@ fn matmul_cases() -> Vec<MatMulCase> {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     };
     cases.extend([
         // What codegen emits for a fixed row count below the prefill TT.
@@ -554,6 +567,7 @@ proptest! {
         let norm = norm.map(|(offset, dtype)| (f32::from(offset), dtype));
         let case = MatMulCase {
             rows, t, k, n, wdtype, bias, tt, shard_rows: None, glu: None, norm, residual, last_row,
+            act: None,
         };
         check_matmul(&case).map_err(|e| TestCaseError::fail(format!("{case:?}: {e}")))?;
     }
@@ -580,6 +594,7 @@ fn gemv_cases() -> Vec<MatMulCase> {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     };
     let mut cases = matmul_cases();
     for wdtype in [DType::F32, DType::BF16, DType::F16] {
@@ -792,6 +807,7 @@ proptest! {
             shard_rows: shards.map(|s| (n * (1 + u32::from(glu))).div_ceil(s).next_multiple_of(4)),
             glu: glu.then_some(UnaryOp::Silu),
             norm, residual, last_row,
+            act: None,
         };
         let reduce = if subgroup {
             kernels::gemv::Reduce::Subgroup
@@ -852,6 +868,7 @@ fn matmul_cpu_matches_reference() {
             norm: Some((1.0, wdtype)),
             residual: true,
             last_row: false,
+            act: None,
         });
     }
     check_all(cases, check_matmul_cpu);
@@ -902,6 +919,7 @@ fn gemm_cases() -> Vec<(MatMulCase, GemmTile)> {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     };
     for tile in GemmTile::CANDIDATES.into_iter().chain(GemmTile::SHORT) {
         let gated = |act| tile.supports(true).then_some(act);
@@ -977,6 +995,7 @@ proptest! {
             rows: Rows::Tokens, t, k, n, wdtype, bias, tt: 1,
             shard_rows: shards.map(|s| (n * (1 + u32::from(glu.is_some()))).div_ceil(s)),
             glu, norm, residual, last_row: false,
+            act: None,
         };
         let tile = gemm_tile(tile, glu.is_some());
         check_gemm(&case, tile).map_err(|e| TestCaseError::fail(format!("{case:?} {tile:?}: {e}")))?;
@@ -1251,6 +1270,7 @@ fn quant_cases() -> Vec<QuantCase> {
             norm: (i % 3 == 1).then_some(([0.0, 1.0][i % 2], DType::F32)),
             residual: i % 2 == 0,
             last_row: false,
+            act: None,
         };
         let reduce = [
             kernels::gemv::Reduce::Workgroup,
@@ -2450,9 +2470,10 @@ fn coop_reference(
                 + bias
         };
         for col in 0..n {
-            let v = match c.glu {
-                Some(act) => reference::unary_scalar(act, dot(col)) * dot(n + col),
-                None => dot(col),
+            let v = match (c.glu, c.act) {
+                (Some(act), _) => reference::unary_scalar(act, dot(col)) * dot(n + col),
+                (None, Some(act)) => reference::unary_scalar(act, dot(col)),
+                (None, None) => dot(col),
             };
             let add = if c.residual {
                 f64::from(res[r * n + col])
@@ -2505,6 +2526,7 @@ fn coop_cases() -> Vec<MatMulCase> {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     };
     cases.extend([
         case(70, 64, 100, DType::BF16),
@@ -2787,6 +2809,7 @@ fn check_emulated(keep: impl Fn(&MatMulCase) -> bool) {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     };
     // Quantized weights reach the tile through the `pair_` loaders, which
     // `quantized_weights_match_reference` checks on lavapipe; their

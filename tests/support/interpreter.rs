@@ -310,6 +310,7 @@ fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize) -> Vec<Vec<f64>>
                 ins[1],
                 ports.bias.map(|i| ins[i]),
                 m.norm.zip(ports.norm).map(|(n, i)| (ins[i], n)),
+                m.act,
                 ports.residual.map(|i| ins[i]),
             )]
         }

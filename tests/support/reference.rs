@@ -91,16 +91,21 @@ fn prologue<'a>(x: &'a [f64], norm: Option<NormOperand>) -> std::borrow::Cow<'a,
 }
 
 /// `matmul` with its fused prologue and epilogue (`gerbil_ir::MatMul`):
-/// `rms_norm` of `x` (with `norm`), the matmul, then `+ residual`.
+/// `rms_norm` of `x` (with `norm`), the matmul, its activation `act`, then
+/// `+ residual`.
 pub fn fused_matmul(
     x: &[f64],
     k: usize,
     w: &[f64],
     bias: Option<&[f64]>,
     norm: Option<NormOperand>,
+    act: Option<UnaryOp>,
     residual: Option<&[f64]>,
 ) -> Vec<f64> {
-    let y = matmul(&prologue(x, norm), k, w, bias);
+    let mut y = matmul(&prologue(x, norm), k, w, bias);
+    if let Some(act) = act {
+        y = unary(act, &y);
+    }
     match residual {
         Some(r) => binary(BinaryOp::Add, &y, r),
         None => y,

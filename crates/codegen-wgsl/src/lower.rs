@@ -203,9 +203,9 @@ impl Lowering<'_> {
             }),
             Op::MatMul(MatMul { has_bias, norm, .. })
             | Op::MatMulGlu(MatMulGlu { has_bias, norm, .. }) => {
-                let (glu, ports, last_row) = match &node.op {
-                    Op::MatMulGlu(m) => (Some(m.act), m.ports(), false),
-                    Op::MatMul(m) => (None, m.ports(), m.last_row && !batch),
+                let (glu, ports, last_row, act) = match &node.op {
+                    Op::MatMulGlu(m) => (Some(m.act), m.ports(), false, None),
+                    Op::MatMul(m) => (None, m.ports(), m.last_row && !batch, m.act),
                     _ => return Err(unsupported("not a matmul")),
                 };
                 let rows = rows_of(out_ty);
@@ -226,6 +226,7 @@ impl Lowering<'_> {
                         .map(|(n, i)| (n.eps, n.weight_offset, in_ty(i).dtype)),
                     residual: ports.residual.is_some(),
                     last_row,
+                    act,
                 };
                 let workgroup_bytes = variant.limits(self.target).max_workgroup_storage;
                 let step_rows = if batch {

@@ -37,6 +37,7 @@ fn spec(k: u32, n: u32, wdtype: DType) -> MatMulSpec {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     }
 }
 
@@ -68,6 +69,12 @@ fn specs() -> Vec<MatMulSpec> {
             out.push(MatMulSpec {
                 residual: true,
                 bias: j % 2 == 1,
+                ..base
+            });
+            out.push(MatMulSpec {
+                act: Some([UnaryOp::Gelu, UnaryOp::Silu][j % 2]),
+                bias: true,
+                residual: j % 3 == 0,
                 ..base
             });
             for act in [UnaryOp::Silu, UnaryOp::GeluTanh, UnaryOp::Softcap(30.0)] {

@@ -59,6 +59,7 @@ fn golden_fused_kernels() {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     }));
     // GeGLU with a bias over an odd K, prefill rows, and a sharded weight.
     golden(matmul::kernel(MatMulSpec {
@@ -73,6 +74,7 @@ fn golden_fused_kernels() {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     }));
     // SmolLM2 decode: the input norm in the q/k/v matmul's prologue.
     golden(matmul::kernel(MatMulSpec {
@@ -87,6 +89,7 @@ fn golden_fused_kernels() {
         norm: Some((1e-5, 0.0, DType::BF16)),
         residual: false,
         last_row: false,
+        act: None,
     }));
     // SmolLM2 prefill: the residual add in down_proj's epilogue.
     golden(matmul::kernel(MatMulSpec {
@@ -101,6 +104,7 @@ fn golden_fused_kernels() {
         norm: None,
         residual: true,
         last_row: false,
+        act: None,
     }));
     // Gemma 3 270M decode: the pre-MLP norm `(1 + w)` in GeGLU's prologue.
     golden(matmul::kernel(MatMulSpec {
@@ -115,6 +119,7 @@ fn golden_fused_kernels() {
         norm: Some((1e-6, 1.0, DType::BF16)),
         residual: false,
         last_row: false,
+        act: None,
     }));
     // An odd K (unpacked loads), f32 norm weight, bias and residual, prefill.
     golden(matmul::kernel(MatMulSpec {
@@ -129,6 +134,7 @@ fn golden_fused_kernels() {
         norm: Some((1e-6, 1.0, DType::F32)),
         residual: true,
         last_row: false,
+        act: None,
     }));
     // SmolLM2 prefill's LM head: the final norm on the last row of the stream.
     golden(matmul::kernel(MatMulSpec {
@@ -143,6 +149,7 @@ fn golden_fused_kernels() {
         norm: Some((1e-5, 0.0, DType::BF16)),
         residual: false,
         last_row: true,
+        act: None,
     }));
     golden(rms_norm::add_kernel(RmsNormSpec {
         rows: Rows::Tokens,
@@ -185,6 +192,7 @@ fn golden_kernels() {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: None,
@@ -198,6 +206,7 @@ fn golden_kernels() {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: None,
@@ -211,6 +220,7 @@ fn golden_kernels() {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     }));
     golden(matmul::kernel(MatMulSpec {
         shard_rows: Some(104_856),
@@ -224,6 +234,7 @@ fn golden_kernels() {
         norm: None,
         residual: false,
         last_row: false,
+        act: None,
     }));
     golden(embedding::kernel(EmbeddingSpec {
         shard_rows: Some(104_856),
@@ -399,6 +410,7 @@ fn rows_spec(
         norm,
         residual,
         last_row: false,
+        act: None,
     }
 }
 
@@ -570,6 +582,7 @@ fn golden_gemm_kernels() {
         norm,
         residual,
         last_row: false,
+        act: None,
     };
     let bf16_norm = Some((1e-5, 0.0, DType::BF16));
     let limit = gerbil_codegen_wgsl::Limits::webgpu_default().max_workgroup_storage;
@@ -637,6 +650,7 @@ fn every_gemm_tile_validates() {
                             norm,
                             residual,
                             last_row: false,
+                            act: None,
                         },
                         tile,
                     );
@@ -670,6 +684,7 @@ fn golden_quantized_kernels() {
                 norm: None,
                 residual: true,
                 last_row: false,
+                act: None,
             },
             Reduce::Subgroup,
             dots,

@@ -371,6 +371,7 @@ mod tests {
                 norm: None,
                 last_row: false,
                 residual: false,
+                act: None,
             })
         };
         g.add(mm(false), &[x, up], "up_proj").unwrap();

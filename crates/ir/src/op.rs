@@ -145,6 +145,11 @@ pub struct MatMul {
     /// Whether a residual `[rows, N]` is added to the result; it is the last input.
     #[serde(default)]
     pub residual: bool,
+    /// An activation of each output after the bias and before the residual
+    /// (`fuse-matmul-act`: BERT's `gelu(x·W₁ + b₁)`); `silu`, `gelu` or
+    /// `gelu_tanh`.
+    #[serde(default)]
+    pub act: Option<UnaryOp>,
 }
 
 /// Input ports of a matmul's optional operands, from its attributes.
@@ -188,6 +193,7 @@ impl MatMul {
             norm: None,
             last_row: false,
             residual: false,
+            act: None,
         }
     }
 
@@ -620,6 +626,9 @@ impl Op {
                 if m.has_bias {
                     expect_vector(ins[2], n, "matmul bias")?;
                 }
+                if let Some(UnaryOp::Softcap(_)) = m.act {
+                    return Err("a matmul's activation is silu, gelu or gelu_tanh".into());
+                }
                 TensorType::new(DType::F32, [rows, Dim::Const(n)])
             }
             Op::Rope(r) => {
@@ -748,6 +757,7 @@ impl Op {
                     norm: m.norm,
                     last_row: false,
                     residual: false,
+                    act: None,
                 };
                 let both = piece(Op::MatMul(plain), ins, "matmul")?;
                 let (_, n) = expect_matrix(&both, "gated matmul")?;
@@ -973,8 +983,9 @@ impl fmt::Display for Op {
             Op::MatMul(m) => {
                 let last_row = m.last_row.then(|| "last_row".to_string());
                 let residual = m.residual.then(|| "residual".to_string());
+                let act = m.act.map(|a| format!("act={}", Op::Unary(a).mnemonic()));
                 let attrs = matmul_attrs(None, m.has_bias, m.norm);
-                write_attrs(f, attrs.chain(last_row).chain(residual))
+                write_attrs(f, attrs.chain(act).chain(last_row).chain(residual))
             }
             Op::MatMulGlu(m) => {
                 let cap = match m.act {
@@ -1247,6 +1258,7 @@ mod tests {
             norm: norm.then_some(PROLOGUE),
             last_row: false,
             residual,
+            act: None,
         };
         let ports = |m: MatMul| {
             let p = m.ports();
@@ -1278,6 +1290,7 @@ mod tests {
                 norm: norm.then_some(PROLOGUE),
                 last_row: false,
                 residual,
+                act: None,
             })
         };
         let out = vec![TensorType::rows(40)];
@@ -1320,6 +1333,7 @@ mod tests {
                 norm: norm.then_some(PROLOGUE),
                 last_row: true,
                 residual,
+                act: None,
             })
         };
         assert_eq!(
@@ -1356,6 +1370,7 @@ mod tests {
                 norm: norm.then_some(PROLOGUE),
                 last_row: false,
                 residual,
+                act: None,
             })
             .to_string()
         };

@@ -194,6 +194,7 @@ fn every_op() -> Graph {
             norm,
             last_row: false,
             residual,
+            act: None,
         })
     };
     g.add(
@@ -204,6 +205,20 @@ fn every_op() -> Graph {
     .unwrap();
     g.add(fused(false, None, true), &[a0, wo, o0], "fused")
         .unwrap();
+    // Activation epilogues (BERT's `gelu(x·W₁ + b₁)`), one with a residual.
+    for (act, residual) in [(UnaryOp::Gelu, false), (UnaryOp::Silu, true)] {
+        let op = Op::MatMul(MatMul {
+            act: Some(act),
+            residual,
+            ..MatMul::linear(true)
+        });
+        let ins: &[_] = if residual {
+            &[a0, wo, b16, o0]
+        } else {
+            &[a0, wo, b16]
+        };
+        g.add(op, ins, "act").unwrap();
+    }
     g.add(
         fused(false, Some(prologue(0.0)), false),
         &[a0, wo, w16],

@@ -14,6 +14,7 @@ pub mod dce;
 pub mod fuse_gate_up;
 pub mod fuse_glu;
 pub mod fuse_last_row_matmul;
+pub mod fuse_matmul_act;
 pub mod fuse_matmul_bias;
 pub mod fuse_matmul_residual;
 pub mod fuse_norm_matmul;

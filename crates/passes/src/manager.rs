@@ -106,6 +106,7 @@ pub struct PassManager {
 /// `fuse-residual-norm` could claim it; each fusion matches what the one
 /// before it leaves (`fuse-qkv` → `fuse-qkv-rope`, `fuse-gate-up` →
 /// `fuse-swiglu` / `fuse-geglu`) and is correct without it.
+/// `fuse-matmul-act` follows them (a gate's activation is theirs), then
 /// `fuse-matmul-residual` and `fuse-norm-matmul` run after the matmuls are
 /// merged (they fold into the merged ones) and before `fuse-residual-norm`,
 /// which takes the norms they leave: the final one when it reads the last
@@ -127,6 +128,7 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(crate::fuse_glu::FuseGlu {
             act: gerbil_ir::UnaryOp::GeluTanh,
         }),
+        Box::new(crate::fuse_matmul_act::FuseMatMulAct),
         Box::new(crate::fuse_matmul_residual::FuseMatMulResidual),
         Box::new(crate::fuse_norm_matmul::FuseNormMatMul),
         Box::new(crate::fuse_last_row_matmul::FuseLastRowMatMul),

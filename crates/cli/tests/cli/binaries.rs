@@ -529,8 +529,8 @@ fn disabling_a_pass_by_name() {
     assert_fails_with(
         &o,
         "unknown pass `fuse-everything`; passes are: dce, slice-last-row, fuse-matmul-bias, fuse-qkv, \
-         fuse-qkv-rope, fuse-gate-up, fuse-swiglu, fuse-geglu, fuse-matmul-residual, \
-         fuse-norm-matmul, fuse-last-row-matmul, fuse-residual-norm",
+         fuse-qkv-rope, fuse-gate-up, fuse-swiglu, fuse-geglu, fuse-matmul-act, \
+         fuse-matmul-residual, fuse-norm-matmul, fuse-last-row-matmul, fuse-residual-norm",
     );
 }
 
@@ -707,6 +707,8 @@ fn smollm2_decode_dispatches_and_arena() {
         "--disable-pass",
         "fuse-swiglu",
         "--disable-pass",
+        "fuse-matmul-act",
+        "--disable-pass",
         "fuse-matmul-residual",
         "--disable-pass",
         "fuse-norm-matmul",
@@ -849,9 +851,9 @@ fn dump_dot_writes_only_passes_that_changed_the_graph() {
             "05-fuse-qkv-rope.dot",
             "06-fuse-gate-up.dot",
             "07-fuse-swiglu.dot",
-            "09-fuse-matmul-residual.dot",
-            "10-fuse-norm-matmul.dot",
-            "11-fuse-last-row-matmul.dot"
+            "10-fuse-matmul-residual.dot",
+            "11-fuse-norm-matmul.dot",
+            "12-fuse-last-row-matmul.dot"
         ]
     );
     let dot = std::fs::read_to_string(dir.join("07-fuse-swiglu.dot")).unwrap();

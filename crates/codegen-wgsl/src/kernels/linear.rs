@@ -164,7 +164,8 @@ pub(super) fn bind_after_weight(
 
 /// The epilogue of output `(row, n)` (`n` is the WGSL column variable), one
 /// line of WGSL: `y` gets the sum `sum` plus the bias — gated, `act(sum +
-/// b[n]) · (up + b[N + n])` — plus the residual. `sum` and `up` are WGSL
+/// b[n]) · (up + b[N + n])`; with an activation epilogue, `act(sum + b[n])`
+/// — plus the residual. `sum` and `up` are WGSL
 /// expressions already scaled by the norm prologue's inverse RMS where there
 /// is one; `up` is unused without a gated epilogue.
 pub(super) fn store(s: &MatMulSpec, row: &str, sum: &str, up: &str) -> String {
@@ -180,9 +181,14 @@ pub(super) fn store(s: &MatMulSpec, row: &str, sum: &str, up: &str) -> String {
     } else {
         String::new()
     };
-    match s.glu {
-        None => format!("y[{row} * N + n] = {sum}{}{res};", bias("n")),
-        Some(act) => format!(
+    match (s.glu, s.act) {
+        (None, None) => format!("y[{row} * N + n] = {sum}{}{res};", bias("n")),
+        (None, Some(act)) => format!(
+            "let av = {sum}{}; y[{row} * N + n] = {}{res};",
+            bias("n"),
+            unary_expr(act, "av"),
+        ),
+        (Some(act), _) => format!(
             "let gv = {sum}{}; let uv = {up}{}; y[{row} * N + n] = ({}) * uv{res};",
             bias("n"),
             bias("N + n"),
@@ -202,8 +208,15 @@ pub(super) fn name_parts(s: &MatMulSpec, shards: usize) -> (String, String) {
         Some(UnaryOp::Gelu) => "_glu_gelu".to_string(),
         Some(UnaryOp::Softcap(c)) => format!("_glu_softcap{}", c.to_bits()),
     };
+    let act = match s.act {
+        None => String::new(),
+        Some(UnaryOp::Silu) => "_silu".to_string(),
+        Some(UnaryOp::GeluTanh) => "_gelu_tanh".to_string(),
+        Some(UnaryOp::Gelu) => "_gelu".to_string(),
+        Some(UnaryOp::Softcap(c)) => format!("_softcap{}", c.to_bits()),
+    };
     let options = format!(
-        "{}{}{}{}{}",
+        "{}{act}{}{}{}{}",
         if s.bias { "_bias" } else { "" },
         match s.norm {
             Some((_, _, gdtype)) => format!("_norm_{gdtype}"),

@@ -23,7 +23,9 @@
 //! adds `res[r, n]` (the `fuse-matmul-residual` epilogue); `res` is a
 //! separate `read_write` activation, never the output's own buffer. With
 //! [`MatMulSpec::last_row`], the one output row is computed from row `T − 1`
-//! of an `x` of `T` rows (the LM head after `fuse-last-row-matmul`).
+//! of an `x` of `T` rows (the LM head after `fuse-last-row-matmul`). With
+//! [`MatMulSpec::act`], the store applies the activation after the bias (the
+//! `fuse-matmul-act` epilogue).
 
 use super::linear::{bind_after_weight, bind_weight, name_parts, row_loader, store, WeightRead};
 use super::{input, prelude, split_groups, Bindings, KernelSource, Rows};
@@ -72,6 +74,9 @@ pub struct MatMulSpec {
     /// `x` has `T` rows (`params.t`) and only its last is read, for the one
     /// output row (`rows` must be `Fixed(1)`): `matmul{last_row}`.
     pub last_row: bool,
+    /// Activation epilogue (`matmul{act}`, not with `glu`): each output is
+    /// `act(sum + b[n])`, before the residual.
+    pub act: Option<UnaryOp>,
 }
 
 /// The K loop of one output column: `loads` are the expressions of its

@@ -142,6 +142,20 @@ impl OpSyntax {
                 norm: norm_prologue(&mut a)?,
                 last_row: a.flag("last_row"),
                 residual: a.flag("residual"),
+                act: match a.opt_scalar(cur, "act")? {
+                    None => None,
+                    Some((act, _)) if act == "silu" => Some(UnaryOp::Silu),
+                    Some((act, _)) if act == "gelu" => Some(UnaryOp::Gelu),
+                    Some((act, _)) if act == "gelu_tanh" => Some(UnaryOp::GeluTanh),
+                    Some((act, col)) => {
+                        return Err(cur.err_at(
+                            col,
+                            format!(
+                                "expected act=silu, act=gelu or act=gelu_tanh, found act={act}"
+                            ),
+                        ))
+                    }
+                },
             }),
             "matmul_swiglu" | "matmul_geglu" | "matmul_glu" => {
                 let act = match mnemonic.as_str() {
