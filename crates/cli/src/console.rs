@@ -115,8 +115,13 @@ pub fn timing_line(stats: &GenerationStats, finish: Option<FinishReason>) -> Str
 /// Writes `text` to standard output. A reader that went away gives an
 /// error that [`exit`] turns into a quiet exit.
 pub fn print(text: &str) -> std::io::Result<()> {
+    print_bytes(text.as_bytes())
+}
+
+/// Writes `bytes` to standard output, as [`print`] writes text.
+pub fn print_bytes(bytes: &[u8]) -> std::io::Result<()> {
     let mut out = StdoutWriter::new();
-    out.write_all(text.as_bytes())?;
+    out.write_all(bytes)?;
     out.flush()
 }
 

@@ -11,12 +11,14 @@
 //! standard error. JSON lines are `{"index": i, "tokens": n, "embedding":
 //! [...]}`; `--format npy` writes one float32 array of shape (inputs,
 //! dimensions) instead, to `--output FILE` (streamed, its shape written at
-//! the end) or to standard output (held until the end). `--dimensions D`
+//! the end) or to standard output (held until the end). A file is written
+//! as `FILE.partial` and renamed when every vector is in it. `--dimensions D`
 //! keeps the first D values of each vector, renormalized when the model's
 //! are unit length. The surprise: an input longer than the model takes is
 //! an error unless `--truncate` is given, where sentence-transformers would
 //! cut it silently.
 
+use crate::console;
 use crate::progress::Progress;
 use anyhow::{bail, Context, Result};
 use gerbil::{Model, ModelOptions, TextCodec};
@@ -101,12 +103,18 @@ fn texts(input: &EmbedInput) -> Result<Texts> {
                     .map(std::io::BufReader::new)
                     .with_context(|| format!("opening {}", path.display()))
             };
-            // Counting the lines first is cheap beside embedding them, and
-            // gives the bar its end.
-            let mut count = 0;
-            for line in open()?.lines() {
-                let line = line.with_context(|| format!("reading {}", path.display()))?;
-                count += u64::from(!line.trim().is_empty());
+            // Counting a regular file's lines first is cheap beside
+            // embedding them, and gives the bar its end; a pipe or FIFO
+            // (`--jsonl <(zcat corpus.gz)`) can be read only once.
+            let regular = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+            let mut count = None;
+            if regular {
+                let mut n = 0;
+                for line in open()?.lines() {
+                    let line = line.with_context(|| format!("reading {}", path.display()))?;
+                    n += u64::from(!line.trim().is_empty());
+                }
+                count = Some(n);
             }
             let path = path.clone();
             let lines = open()?.lines().enumerate().filter_map(move |(n, line)| {
@@ -122,7 +130,7 @@ fn texts(input: &EmbedInput) -> Result<Texts> {
                     });
                 text.transpose()
             });
-            (Box::new(lines), Some(count))
+            (Box::new(lines), count)
         }
     })
 }
@@ -140,7 +148,15 @@ fn jsonl_text(line: &str) -> Result<String> {
 }
 
 /// Where the vectors go, as they are made.
-enum Sink {
+struct Sink {
+    out: Out,
+    /// With `-o FILE`: the file being written (`FILE.partial`) and `FILE`,
+    /// which it becomes once every vector is in it.
+    file: Option<(PathBuf, PathBuf)>,
+}
+
+/// The writer of a [`Sink`].
+enum Out {
     /// JSON lines.
     Json(Box<dyn Write>),
     /// A `.npy` array of `dimensions` columns, its rows counted as written.
@@ -180,19 +196,26 @@ impl Seek for Shared {
 impl Sink {
     /// A sink for `format` writing to `output` (standard output when `None`).
     fn open(format: EmbedFormat, output: Option<&Path>, dimensions: usize) -> Result<Sink> {
-        let file = |path: &Path| {
+        // A file is written beside its name and renamed at the end: a run
+        // that fails leaves `FILE.partial`, never a short `FILE`.
+        let file = output.map(|path| {
+            let mut partial = path.as_os_str().to_owned();
+            partial.push(".partial");
+            (PathBuf::from(partial), path.to_path_buf())
+        });
+        let create = |path: &Path| {
             std::fs::File::create(path)
                 .map(BufWriter::new)
                 .with_context(|| format!("creating {}", path.display()))
         };
-        Ok(match format {
-            EmbedFormat::Json => Sink::Json(match output {
-                Some(path) => Box::new(file(path)?),
-                None => Box::new(BufWriter::new(std::io::stdout())),
+        let out = match format {
+            EmbedFormat::Json => Out::Json(match &file {
+                Some((partial, _)) => Box::new(create(partial)?),
+                None => Box::new(BufWriter::new(console::StdoutWriter::new())),
             }),
             EmbedFormat::Npy => {
-                let (writer, stdout): (Box<dyn WriteSeek>, _) = match output {
-                    Some(path) => (Box::new(file(path)?), None),
+                let (writer, stdout): (Box<dyn WriteSeek>, _) = match &file {
+                    Some((partial, _)) => (Box::new(create(partial)?), None),
                     None if std::io::stdout().is_terminal() => bail!(
                         "--format npy writes binary data: give --output FILE, or redirect \
                          standard output to a file"
@@ -206,28 +229,32 @@ impl Sink {
                     .default_dtype()
                     .writer(writer)
                     .begin_2d(dimensions as u64)?;
-                Sink::Npy { out, stdout }
+                Out::Npy { out, stdout }
             }
-        })
+        };
+        Ok(Sink { out, file })
     }
 
     /// Writes the vectors of inputs `first..` (of `tokens` tokens each).
     fn write(&mut self, first: usize, tokens: &[Vec<u32>], vectors: &[Vec<f32>]) -> Result<()> {
-        match self {
-            Sink::Json(out) => {
+        match &mut self.out {
+            Out::Json(out) => {
                 for (i, (tokens, embedding)) in tokens.iter().zip(vectors).enumerate() {
                     let line = Line {
                         index: first + i,
                         tokens: tokens.len(),
                         embedding,
                     };
-                    serde_json::to_writer(&mut *out, &line)?;
-                    out.write_all(b"\n")?;
+                    // Serialized first: a write error keeps its io cause
+                    // (a reader gone from standard output exits quietly).
+                    let mut bytes = serde_json::to_vec(&line)?;
+                    bytes.push(b'\n');
+                    out.write_all(&bytes)?;
                 }
                 // Each step's lines leave at once: a reader sees them stream.
                 out.flush()?;
             }
-            Sink::Npy { out, .. } => {
+            Out::Npy { out, .. } => {
                 for v in vectors {
                     out.extend(v.iter().copied())?;
                 }
@@ -236,16 +263,21 @@ impl Sink {
         Ok(())
     }
 
-    /// Ends the output: the array's shape, the bytes held for standard output.
+    /// Ends the output: the array's shape, the bytes held for standard
+    /// output, the file under its own name.
     fn finish(self) -> Result<()> {
-        if let Sink::Npy { out, stdout } = self {
-            out.finish()?;
-            if let Some(memory) = stdout {
-                let bytes = memory.take().into_inner();
-                let mut stdout = std::io::stdout().lock();
-                stdout.write_all(&bytes)?;
-                stdout.flush()?;
+        match self.out {
+            Out::Json(mut out) => out.flush()?,
+            Out::Npy { out, stdout } => {
+                out.finish()?;
+                if let Some(memory) = stdout {
+                    console::print_bytes(&memory.take().into_inner())?;
+                }
             }
+        }
+        if let Some((partial, path)) = &self.file {
+            std::fs::rename(partial, path)
+                .with_context(|| format!("renaming {} to {}", partial.display(), path.display()))?;
         }
         Ok(())
     }
@@ -310,8 +342,8 @@ pub async fn embed(path: &Path, opts: &EmbedOptions) -> Result<()> {
     if chunk.is_empty() {
         bail!("no texts to embed: give --text TEXT, --jsonl FILE, or lines on standard input");
     }
-    let mut sink = Sink::open(opts.format, opts.output.as_deref(), dimensions)?;
     let mut model = Model::load(&plan, &opts.model).await?;
+    let mut sink = Sink::open(opts.format, opts.output.as_deref(), dimensions)?;
     let max = info.max_tokens as usize;
     let codec = model.shared_codec().context("the plan has no tokenizer")?;
     let bar = Progress::new(opts.quiet).items("embedding", total, "inputs");

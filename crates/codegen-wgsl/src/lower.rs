@@ -367,7 +367,9 @@ impl Lowering<'_> {
             Op::CacheWrite => elementwise::cache_write_at(width_of(out_ty), kv(in_ty(0)), at),
             Op::Attention(a) if !a.causal && batch => {
                 return Err(unsupported(
-                    "bidirectional attention takes no batch schedule",
+                    "bidirectional attention takes no batch schedule: compile without \
+                     --max-batch (an encoder's graph, whose output is `embedding`, packs its \
+                     inputs instead)",
                 ))
             }
             Op::Attention(a) => {

@@ -210,6 +210,14 @@ pub fn compile<'a>(
     )?;
     let mut graph = lowered.graph;
     let facts = lowered.facts;
+    if let Some(e) = &facts.embedding {
+        tracing::info!(
+            dimension = e.dimension,
+            pooling = e.pipeline.pooling.name(),
+            "an embedding model (a bare transformer, or a sentence-transformers modules.json): \
+             the plan makes one vector per input, not logits"
+        );
+    }
     // An encoder's context is at most its learned positions.
     let max_context = match (&facts.embedding, opts.max_context) {
         (Some(e), None) => e.max_positions.min(DEFAULT_MAX_CONTEXT_CAP),

@@ -16,7 +16,11 @@
 //! builder: that happens in [`crate::lower()`], so a directory of an
 //! unsupported architecture can still be inspected. A directory without
 //! weight files opens too (tokenizer-only fixtures); lowering it fails with
-//! [`FrontendError::NoWeights`].
+//! [`FrontendError::NoWeights`]. Two fix-ups make an embedder's files read
+//! like the rest: a decoder saved without its head (`Qwen3Model`:
+//! `layers.0…`, no `model.` prefix) gets the prefix the families read, and
+//! the weights of sentence-transformers `Dense` modules (`2_Dense/model.safetensors`)
+//! join the store as `2_Dense.linear.weight` ([`crate::sentence`]).
 
 use crate::config::HfConfig;
 use crate::error::{FrontendError, Result};

@@ -160,7 +160,7 @@ impl SentencePipeline {
         // Where the pipeline is: the transformer, pooled, then normalized.
         let (mut pooled, mut normalized) = (false, false);
         for m in modules {
-            let kind = m.kind.rsplit('.').next().unwrap_or_default();
+            let kind = kind(&m);
             if normalized && kind != "Normalize" {
                 return Err(bad(format!(
                     "module `{}` after Normalize is not supported",
@@ -193,6 +193,19 @@ impl SentencePipeline {
         }
         Ok(pipeline)
     }
+}
+
+/// A module's type without its Python package (`Pooling`, `Dense`, ...).
+fn kind(m: &Module) -> &str {
+    m.kind.rsplit('.').next().unwrap_or_default()
+}
+
+/// Whether `dir` has a `modules.json` with a `Pooling` module (one that
+/// does not parse says no here; [`SentencePipeline::read`] names its fault).
+pub(crate) fn pools(dir: &Path) -> bool {
+    let path = dir.join("modules.json");
+    path.exists()
+        && read_json::<Vec<Module>>(&path).is_ok_and(|ms| ms.iter().any(|m| kind(m) == "Pooling"))
 }
 
 /// The `Dense` module saved in `dir/path`.
@@ -228,7 +241,7 @@ pub(crate) fn add_module_weights(dir: &Path, store: &mut WeightStore) -> Result<
         return Ok(());
     }
     let modules: Vec<Module> = read_json(&modules_path)?;
-    for m in modules.iter().filter(|m| m.kind.ends_with(".Dense")) {
+    for m in modules.iter().filter(|m| kind(m) == "Dense") {
         let file = dir.join(&m.path).join("model.safetensors");
         if !file.exists() {
             return Err(FrontendError::Config {

@@ -247,10 +247,15 @@ impl WeightStore {
     /// Puts `prefix` before every tensor name: a bare transformer saved
     /// without its task head (`Qwen3Model`: `layers.0…`) then reads as the
     /// `*ForCausalLM` checkpoint the families expect (`model.layers.0…`).
+    /// An LM head (`lm_head.*`) keeps its name: it sits beside the model,
+    /// not in it.
     pub fn prefix_names(&mut self, prefix: &str) {
         self.tensors = std::mem::take(&mut self.tensors)
             .into_iter()
-            .map(|(name, e)| (format!("{prefix}{name}"), e))
+            .map(|(name, e)| match name.starts_with("lm_head.") {
+                true => (name, e),
+                false => (format!("{prefix}{name}"), e),
+            })
             .collect();
     }
 

@@ -25,6 +25,7 @@
 
 use crate::error::Error;
 use crate::model::Model;
+use gerbil_runtime::session::NOT_EMBEDDING;
 use gerbil_runtime::RuntimeError;
 
 /// What [`Model::embed`] does with a text longer than the model takes.
@@ -92,10 +93,6 @@ impl Model {
         }
     }
 }
-
-/// Why a language model's plan makes no vectors.
-const NOT_EMBEDDING: &str =
-    "this plan is a language model, not an embedding model: it makes logits, not vectors";
 
 /// Keeps the first `dimensions` values of `vector` (all when it has no
 /// more), scaled back to unit length when `renormalize` and values were cut.

@@ -1,6 +1,7 @@
 //! Per-dispatch GPU timing with timestamp queries, for `gerbil-run bench
-//! --profile`: where a prefill or decode step spends its time, and how close
-//! each dispatch comes to the memory bandwidth of a plain copy.
+//! --profile`: where a prefill, decode, batch or packed embedding step
+//! ([`Session::profile_embedding`]) spends its time, and how close each
+//! dispatch comes to the memory bandwidth of a plain copy.
 //!
 //! [`Session::profile`] times every dispatch of one step and estimates the
 //! bytes it moves; [`Session::copy_bandwidth`] measures the roofline those

@@ -1094,5 +1094,5 @@ impl Session {
 }
 
 /// Why a language model's plan makes no vectors.
-const NOT_EMBEDDING: &str =
+pub const NOT_EMBEDDING: &str =
     "this plan is a language model, not an embedding model: it makes logits, not vectors";

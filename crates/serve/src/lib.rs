@@ -22,7 +22,10 @@
 //! in flight are answered. The model lives on one thread
 //! ([`worker`]); requests queue for it in arrival order, so concurrent
 //! clients are answered one after another, each exactly as if it were
-//! alone, and past [`ServeOptions::max_queue`] waiting ones a request gets
+//! alone — except embedding requests, which the model thread runs together
+//! when they queue behind one another (`embedding_batches`; a vector packed
+//! with others may differ from a lone one's in its last bits), and a plan's
+//! batch schedule (`--max-batch`) — and past [`ServeOptions::max_queue`] waiting ones a request gets
 //! a 503 with `Retry-After`. Prompts are tokenized (and chat templates rendered) by the
 //! handlers on tokio's blocking pool first, so a long prompt, or one refused
 //! for the context, never holds the model thread. The surprise: a streamed request's status is decided before the

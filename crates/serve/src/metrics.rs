@@ -146,7 +146,7 @@ impl Metrics {
         family(
             "gerbil_requests_running",
             "gauge",
-            "Requests the model is answering (0 or 1).",
+            "Requests the model is answering (more than 1 when embedding requests run together).",
             &one(get(&self.running) as f64),
         );
         family(

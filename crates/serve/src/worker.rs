@@ -184,6 +184,7 @@ impl Worker {
                                 let (jobs, rest) =
                                     crate::embedding_batches::gather(job, &queue, &taken, max);
                                 next = rest;
+                                metrics.running(jobs.len());
                                 crate::embedding_batches::run(&mut model, jobs, &metrics)
                             }
                             _ => run_job(&mut model, job, &metrics),

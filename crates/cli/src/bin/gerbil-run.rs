@@ -397,8 +397,8 @@ enum Cmd {
         #[arg(long, value_name = "DIR")]
         web_dir: Option<PathBuf>,
     },
-    /// Sentence embeddings from an embedding plan (an encoder such as
-    /// all-MiniLM-L6-v2): one JSON line per input, `{"index", "tokens",
+    /// Sentence embeddings from an embedding plan (all-MiniLM-L6-v2,
+    /// Qwen3-Embedding, EmbeddingGemma, ...): one JSON line per input, `{"index", "tokens",
     /// "embedding"}`, or with --format npy one float32 array. Texts from
     /// --text, else --jsonl, else standard input (one a line), read and
     /// written a step at a time.

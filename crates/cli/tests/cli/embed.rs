@@ -77,6 +77,12 @@ fn embed_prints_sentence_transformers_vectors_from_every_input() {
         jsonl.to_str().unwrap(),
     ]));
     assert_eq!(from_jsonl, from_args);
+    // A JSONL stream that can be read once (a pipe, as `<(zcat …)` is).
+    let from_pipe = vectors(&gerbil_run_stdin(
+        &[plan, "embed", "--jsonl", "/dev/stdin"],
+        "\"Hi\"\n{\"text\": \"a\"}\n",
+    ));
+    assert_eq!(from_pipe, from_args);
 
     // Across steps, as a .npy file and through standard output, cut to 64
     // dimensions: the same vectors' first values, back at unit length.
@@ -116,6 +122,12 @@ fn embed_prints_sentence_transformers_vectors_from_every_input() {
         &gerbil_run_clean(&[plan, "embed", "--text", &long]),
         "--truncate",
     );
+    // A run that fails part way leaves no output file that looks whole.
+    let failed = dir.path().join("failed.npy");
+    let args = ["--format", "npy", "-o", failed.to_str().unwrap()];
+    let o = gerbil_run_clean(&[&three[..], &["--text", &long], &args].concat());
+    assert_fails_with(&o, "--truncate");
+    assert!(!failed.exists(), "a failed run wrote {}", failed.display());
     let cut = vectors(&gerbil_run_clean(&[
         plan,
         "embed",

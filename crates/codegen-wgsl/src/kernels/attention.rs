@@ -22,6 +22,13 @@
 //! at the same dimension hit different banks, and masked keys get a finite
 //! sentinel score and an explicit zero probability, so a row whose first
 //! tiles are all masked neither divides by zero nor makes a NaN.
+//!
+//! An encoder's prefill step packs whole inputs end to end
+//! ([`AttentionSpec::packed`]): each row's keys come from the segment table
+//! — up to itself (causal, decoder-based embedders) or its input's whole
+//! length, within `|row − key| < window` on both sides when there is a
+//! window (bidirectional: BERT, EmbeddingGemma) — and a block walks from its
+//! first row's first key to its last row's last, masking per row.
 
 use super::{f32_lit, input, kv_load, kv_tag, output, prelude, Bindings, KernelSource, Rows};
 use gerbil_ir::DType;

@@ -67,8 +67,10 @@ fn key_loops(s: &AttentionSpec, body: &str) -> String {
 }
 
 /// Builds the kernel for rows at `at`: a prefill or decode step's rows at
-/// `P + t` ([`Positions::Step`]), or a batch step's rows, each a query of its
-/// own sequence ([`Positions::Table`]).
+/// `P + t` ([`Positions::Step`]), a batch step's rows, each a query of its
+/// own sequence ([`Positions::Table`]), or an encoder step's packed inputs
+/// ([`Positions::Packed`]; [`AttentionSpec::packed`] then reads each row's
+/// keys from the segment table).
 pub fn kernel_at(s: AttentionSpec, at: Positions) -> KernelSource {
     let hd4 = s.head_dim.div_ceil(4);
     let vec_rows = s.head_dim.is_multiple_of(4);

@@ -165,8 +165,8 @@ pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
 /// takes row `z`, its position and the first KV-cache row of its sequence
 /// from the table, and its partials and counters are its own.
 pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u32) -> KernelSource {
-    // A packed encoder step of one row (the only kind a decode step is)
-    // sees its one key like a step at position 0.
+    // Lowering gives a decode step `Step` (an encoder's one-row step is one
+    // input at position 0); `Packed` would read the same one key.
     let rows = match at {
         Positions::Step | Positions::Packed => 1,
         Positions::Table => max_rows.max(1),

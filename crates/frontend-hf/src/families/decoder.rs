@@ -11,7 +11,7 @@
 //!     x = x + a                                          # sandwich: x + post_norm(a)
 //!     m = down_proj(act(gate_proj(norm(x))) * up_proj(..))   # or rows of gate_up_proj
 //!     x = x + m                                          # sandwich: x + post_norm(m)
-//! logits = lm_head(norm(x)) [→ softcap]
+//! logits = lm_head(norm(x)) [→ softcap]     # an embedder: pool(norm(x)) …
 //! ```
 //!
 //! A family reads its config into a [`DecoderSpec`] (usually
@@ -635,7 +635,8 @@ pub(crate) fn lm_head(
 /// The whole model: embedding, one block per entry of `spec.layers`
 /// (attention then gated MLP, each with a residual, norms placed by
 /// `spec.norm_layout`), final norm, LM head and optional logit softcap.
-/// Sets the graph's `logits` output.
+/// Sets the graph's `logits` output, or for an embedder
+/// ([`super::sentence_head::is_embedder`]) its `embedding`.
 pub(crate) fn build_decoder(ctx: &mut LowerCtx<'_>, spec: &DecoderSpec) -> Result<()> {
     let hidden = spec.hidden;
     let (table, mut x) = embed(ctx, spec.vocab, hidden, spec.embed_scale)?;

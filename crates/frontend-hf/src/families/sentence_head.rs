@@ -18,14 +18,17 @@ use crate::lower::{EmbeddingFacts, LowerCtx};
 use crate::sentence::{PoolingMode, SentencePipeline};
 use gerbil_ir::{Op, Pooling, ValueRef, EMBEDDING};
 
-/// Whether the checkpoint is an embedding model rather than a language model.
+/// Whether the checkpoint is an embedding model rather than a language
+/// model: a bare transformer (no head to make logits with), or a
+/// `modules.json` whose pipeline pools (sentence-transformers saves one
+/// beside any model it wraps).
 pub(crate) fn is_embedder(ctx: &LowerCtx<'_>) -> bool {
     let bare = ctx
         .ckpt
         .config
         .architecture()
         .is_ok_and(|a| a.ends_with("Model"));
-    bare || ctx.ckpt.dir.join("modules.json").exists()
+    bare || crate::sentence::pools(&ctx.ckpt.dir)
 }
 
 /// Ends the graph with the pipeline's vector of the rows `x` (`[T, width]`):
