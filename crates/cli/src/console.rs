@@ -118,7 +118,7 @@ pub fn print(text: &str) -> std::io::Result<()> {
     print_bytes(text.as_bytes())
 }
 
-/// Writes `bytes` to standard output, as [`print`] writes text.
+/// Writes `bytes` to standard output, as [`print()`] writes text.
 pub fn print_bytes(bytes: &[u8]) -> std::io::Result<()> {
     let mut out = StdoutWriter::new();
     out.write_all(bytes)?;

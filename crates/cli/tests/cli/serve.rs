@@ -989,8 +989,10 @@ fn a_full_queue_answers_503_with_retry_after() {
     let plan = tiny_text_plan(dir.path(), &["--max-context", "2048"]);
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let server = Arc::new(Server::start(&plan, &["--max-queue", "1"]));
+    // As long an answer as the context allows: the tiny model decodes
+    // ~1,800 tok/s on lavapipe, so it runs for about a second.
     let long = json!({"prompt": "a long answer", "temperature": 0, "ignore_eos": true,
-                      "max_tokens": 600, "stream": true});
+                      "max_tokens": 2030, "stream": true});
     let mut busy = server.stream("/v1/completions", &long);
     for _ in 0..2 {
         assert!(busy.next_data().is_some());
@@ -1001,7 +1003,22 @@ fn a_full_queue_answers_503_with_retry_after() {
             server.post("/v1/completions", &greedy_completion("hi", 3, false))
         })
     };
-    std::thread::sleep(Duration::from_millis(800));
+    // Until the second request waits (no fixed sleep: a fast machine
+    // would finish the long answer first).
+    let queued = |server: &Server| {
+        let headers = [("Host", "127.0.0.1")];
+        let text = Response::read(server.send_with("GET", "/metrics", &headers, b"")).text();
+        text.lines().any(|l| l == "gerbil_queue_waiting 1")
+    };
+    let start = std::time::Instant::now();
+    while !queued(&server) {
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "{}",
+            server.log()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     let mut r = Response::read(server.send(
         "POST",
         "/v1/completions",

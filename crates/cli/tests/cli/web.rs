@@ -450,7 +450,9 @@ fn web_dist() -> PathBuf {
 fn the_page_runs_the_plan_in_the_browser_and_answers_as_the_server_does() {
     // Each family's plan is downloaded from its own server (a new origin: a new page storage).
     let dir = temp("web-browser");
-    let plan = tiny_text_plan(dir.path(), &[]);
+    // A context of 2048: the answer `stop_an_answer` stops runs for
+    // seconds, where 128 tokens end between two of the page's polls.
+    let plan = tiny_text_plan(dir.path(), &["--max-context", "2048"]);
     let dist = web_dist();
     let _gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
     let server = Server::start(&plan, &["--web-dir", dist.to_str().unwrap()]);
