@@ -11,8 +11,8 @@
 //! epilogue adds after the activation.
 
 use crate::manager::{Pass, PassError};
-use crate::rewrite::{add_err, join_labels, op_of, remove_if_dead};
-use gerbil_ir::{Graph, MatMul, Op, UnaryOp, ValueRef};
+use crate::rewrite::{join_labels, op_of, replace_node};
+use gerbil_ir::{Graph, MatMul, Op, UnaryOp};
 
 /// Folds activations into the matmuls they read.
 pub struct FuseMatMulAct;
@@ -49,18 +49,11 @@ impl Pass for FuseMatMulAct {
             }
             let inputs = graph.inputs(m.node);
             let label = join_labels(&[&graph.node(m.node).label, &graph.node(id).label]);
-            let fused = graph
-                .add(
-                    Op::MatMul(MatMul {
-                        act: Some(act),
-                        ..mm
-                    }),
-                    &inputs,
-                    label,
-                )
-                .map_err(add_err(self.name()))?;
-            graph.replace_all_uses(ValueRef::of(id), fused);
-            remove_if_dead(graph, id);
+            let op = Op::MatMul(MatMul {
+                act: Some(act),
+                ..mm
+            });
+            replace_node(graph, id, op, &inputs, label, self.name())?;
             rewrites += 1;
         }
         Ok(rewrites)

@@ -6,8 +6,8 @@
 //! Runs before `fuse-qkv` and `fuse-gate-up`, which stack biased matmuls.
 
 use crate::manager::{Pass, PassError};
-use crate::rewrite::{add_err, remove_if_dead};
-use gerbil_ir::{Graph, MatMul, Op, ValueRef};
+use crate::rewrite::replace_node;
+use gerbil_ir::{Graph, MatMul, Op};
 
 /// Folds bias adds into matmuls.
 pub struct FuseMatMulBias;
@@ -37,11 +37,8 @@ impl Pass for FuseMatMulBias {
             }
             let xw = graph.inputs(m.node);
             let label = graph.node(m.node).label.clone();
-            let fused = graph
-                .add(Op::MatMul(MatMul::linear(true)), &[xw[0], xw[1], b], label)
-                .map_err(add_err(self.name()))?;
-            graph.replace_all_uses(ValueRef::of(id), fused);
-            remove_if_dead(graph, id);
+            let op = Op::MatMul(MatMul::linear(true));
+            replace_node(graph, id, op, &[xw[0], xw[1], b], label, self.name())?;
             rewrites += 1;
         }
         Ok(rewrites)

@@ -11,7 +11,7 @@
 //! layer as many dispatches as the others.
 
 use crate::manager::{Pass, PassError};
-use crate::rewrite::{add_err, join_labels, op_of, remove_if_dead};
+use crate::rewrite::{join_labels, op_of, replace_node};
 use gerbil_ir::{BinaryOp, Graph, MatMul, Op, ValueRef};
 
 /// Folds residual adds into the matmuls they add.
@@ -57,18 +57,11 @@ impl Pass for FuseMatMulResidual {
             let mut inputs = graph.inputs(m.node);
             inputs.push(r);
             let label = join_labels(&[&graph.node(m.node).label, &graph.node(id).label]);
-            let fused = graph
-                .add(
-                    Op::MatMul(MatMul {
-                        residual: true,
-                        ..mm
-                    }),
-                    &inputs,
-                    label,
-                )
-                .map_err(add_err(self.name()))?;
-            graph.replace_all_uses(ValueRef::of(id), fused);
-            remove_if_dead(graph, id);
+            let op = Op::MatMul(MatMul {
+                residual: true,
+                ..mm
+            });
+            replace_node(graph, id, op, &inputs, label, self.name())?;
             rewrites += 1;
         }
         Ok(rewrites)

@@ -1,4 +1,4 @@
-//! Helpers shared by the fusion passes: error mapping, dead-node cleanup,
+//! Helpers shared by the fusion passes: error mapping, node replacement, dead-node cleanup,
 //! weight concatenation, matmul merging, and the final-norm pattern that
 //! the norm fusion leaves to `fuse-residual-norm`.
 
@@ -29,6 +29,23 @@ pub(crate) fn remove_if_dead(graph: &mut Graph, id: NodeId) {
         stack.extend(graph.inputs(n).iter().map(|v| v.node));
         graph.remove(n);
     }
+}
+
+/// Replaces node `id` by a new node of `op` on `inputs` labelled `label`:
+/// its readers read the new node, and `id` (with whatever only it read) is
+/// removed once dead. A failed add is a [`PassError::Rewrite`] of `pass`.
+pub(crate) fn replace_node(
+    graph: &mut Graph,
+    id: NodeId,
+    op: Op,
+    inputs: &[ValueRef],
+    label: String,
+    pass: &'static str,
+) -> Result<(), PassError> {
+    let fused = graph.add(op, inputs, label).map_err(add_err(pass))?;
+    graph.replace_all_uses(ValueRef::of(id), fused);
+    remove_if_dead(graph, id);
+    Ok(())
 }
 
 /// Whether `s` is read only by a `slice_last_row` that feeds an `rms_norm`
