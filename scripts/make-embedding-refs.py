@@ -415,17 +415,28 @@ def tiny_ref(model_cls, out_dir, model_name, seed, lens, first_id, pooling, comp
         pooled32 = h32.mean(0) if pooling == "mean" else h32[0]
         worst = max(worst, float((h32.double() - h).abs().max()),
                     float(((pooled32 / pooled32.norm()).double() - emb).abs().max()))
-        cases.append({
-            "name": f"len{n}",
-            "ids": ids,
-            "last_hidden_state": [[sig(v, 9) for v in row] for row in h.tolist()],
-            "mean_pooled": [sig(v, 9) for v in mean.tolist()],
-            "cls_pooled": [sig(v, 9) for v in h[0].tolist()],
-            "embedding": [sig(v, 9) for v in emb.tolist()],
-        })
+        cases.append(tiny_case(n, ids, h, emb))
+    write_tiny_ref(model_cls, out_dir, model_name, seed, compute, cases, worst)
+
+
+def tiny_case(n, ids, h, emb):
+    """One case of a tiny-embed-ref-v1 file: the ids, the last hidden state `h`, its mean and first
+    rows, and the pipeline's embedding `emb`, at 9 significant digits."""
+    return {
+        "name": f"len{n}",
+        "ids": ids,
+        "last_hidden_state": [[sig(v, 9) for v in row] for row in h.tolist()],
+        "mean_pooled": [sig(v, 9) for v in h.mean(0).tolist()],
+        "cls_pooled": [sig(v, 9) for v in h[0].tolist()],
+        "embedding": [sig(v, 9) for v in emb.tolist()],
+    }
+
+
+def write_tiny_ref(model_cls, out_dir, model_name, seed, compute, cases, worst):
+    """Writes refs/tiny-encoder/MODEL.json, once the float32 run (`worst` from float64) agrees."""
     assert worst < 1e-5, f"{model_name}: float32 and float64 differ by {worst}"
     print(f"{model_name}: float32 vs float64 max |diff| {worst:.2e} (last hidden state and embedding)")
-    ref = {
+    write_json(os.path.join(REFS, "tiny-encoder", f"{model_name}.json"), {
         "schema": "tiny-embed-ref-v1",
         "model": model_name,
         "model_dir": os.path.relpath(out_dir, REPO),
@@ -435,8 +446,7 @@ def tiny_ref(model_cls, out_dir, model_name, seed, lens, first_id, pooling, comp
         "compute": compute,
         "producer": versions(),
         "cases": cases,
-    }
-    write_json(os.path.join(REFS, "tiny-encoder", f"{model_name}.json"), ref)
+    })
 
 
 def tiny():
@@ -541,30 +551,11 @@ def decoder_ref(model_cls, out_dir, model_name, seed, pooling, dense, compute):
         with torch.no_grad():
             h = model(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state[0]
             h32 = model32(input_ids=x, attention_mask=torch.ones_like(x)).last_hidden_state[0]
-        pooled, emb = head(h, torch.float64)
+        _, emb = head(h, torch.float64)
         _, emb32 = head(h32, torch.float32)
         worst = max(worst, float((h32.double() - h).abs().max()), float((emb32.double() - emb).abs().max()))
-        cases.append({
-            "name": f"len{n}",
-            "ids": ids,
-            "last_hidden_state": [[sig(v, 9) for v in row] for row in h.tolist()],
-            "mean_pooled": [sig(v, 9) for v in h.mean(0).tolist()],
-            "cls_pooled": [sig(v, 9) for v in h[0].tolist()],
-            "embedding": [sig(v, 9) for v in emb.tolist()],
-        })
-    assert worst < 1e-5, f"{model_name}: float32 and float64 differ by {worst}"
-    print(f"{model_name}: float32 vs float64 max |diff| {worst:.2e} (last hidden state and embedding)")
-    write_json(os.path.join(REFS, "tiny-encoder", f"{model_name}.json"), {
-        "schema": "tiny-embed-ref-v1",
-        "model": model_name,
-        "model_dir": os.path.relpath(out_dir, REPO),
-        "architecture": model_cls.__name__,
-        "checkpoint_dtype": "float32",
-        "seed": seed,
-        "compute": compute,
-        "producer": versions(),
-        "cases": cases,
-    })
+        cases.append(tiny_case(n, ids, h, emb))
+    write_tiny_ref(model_cls, out_dir, model_name, seed, compute, cases, worst)
 
 
 def qwen3():
