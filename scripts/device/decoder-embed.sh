@@ -19,19 +19,7 @@ python3 scripts/device/decoder-embed-models.py "$1" "$out" 2>&1 | grep -E '^TORC
 for name in qwen3-embedding-0.6b embeddinggemma-300m; do
   model="$out/$name"
   "$bin/gerbilc" compile "$model" -o "$model.plan" --target desktop --quiet
-  python3 - "$bin/gerbil-run" "$model" <<'PY'
-import json, math, subprocess, sys
-run, model = sys.argv[1], sys.argv[2]
-refs = json.load(open(f"{model}/refs.json"))
-for flags in (["--precision", "f32"], ["--precision", "f16"], ["--tensor-cores"]):
-    for text, want in refs.items():
-        out = subprocess.run([run, f"{model}.plan", *flags, "embed", "--text", text],
-                             capture_output=True, text=True, check=True).stdout
-        got = json.loads(out)["embedding"]
-        dot = sum(a * b for a, b in zip(got, want))
-        cos = dot / math.sqrt(sum(a * a for a in got) * sum(b * b for b in want))
-        print("CHECK", model.rsplit("/", 1)[1], " ".join(flags), f"{len(text)} chars: cosine {cos:.8f}")
-PY
+  python3 scripts/device/embed-check.py "$bin/gerbil-run" "$model"
   for r in 1 2 3; do
     echo "GERBIL $name default $("$bin/gerbil-run" "$model.plan" bench --prompt-tokens 128 --batch 64 --repeats 7 --json)"
     echo "GERBIL $name tensor-cores $("$bin/gerbil-run" "$model.plan" --tensor-cores bench --prompt-tokens 128 --batch 64 --repeats 7 --json)"

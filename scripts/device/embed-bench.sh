@@ -22,16 +22,4 @@ for r in 1 2 3; do
   echo "GERBIL default $("$bin/gerbil-run" "$model.plan" bench --prompt-tokens 128 --batch 64 --repeats 7 --json)"
   echo "GERBIL tensor-cores $("$bin/gerbil-run" "$model.plan" --tensor-cores bench --prompt-tokens 128 --batch 64 --repeats 7 --json)"
 done
-python3 - "$bin/gerbil-run" "$model" <<'PY'
-import json, math, subprocess, sys
-run, model = sys.argv[1], sys.argv[2]
-refs = json.load(open(f"{model}/refs.json"))
-for flags in (["--precision", "f32"], ["--precision", "f16"], ["--tensor-cores"]):
-    for text, want in refs.items():
-        out = subprocess.run([run, f"{model}.plan", *flags, "embed", "--text", text],
-                             capture_output=True, text=True, check=True).stdout
-        got = json.loads(out)["embedding"]
-        dot = sum(a * b for a, b in zip(got, want))
-        cos = dot / math.sqrt(sum(a * a for a in got) * sum(b * b for b in want))
-        print("CHECK", " ".join(flags), f"{len(text)} chars: cosine {cos:.10f}")
-PY
+python3 scripts/device/embed-check.py "$bin/gerbil-run" "$model"
