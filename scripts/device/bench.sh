@@ -4,7 +4,7 @@
 # Expects what scripts/device/check-gpu.sh expects (.device/bin/{gerbilc,gerbil-run},
 # .device/random_ref.py, .gl/), see docs/gpu-checks.md. For each model shape (default: SmolLM2-135M,
 # Gemma 3 270M, Llama-3.2-1B), makes a random-weight bf16 model of that shape with transformers,
-# compiles it for the desktop target (context 4608), checks its last-position logits against
+# compiles it as a user would (the default target, context 4608), checks its last-position logits against
 # transformers (scripts/check-ref.py, one 13-token prompt: f32 within 1e-4 per unit of max |logit|,
 # f16 within 5e-2), and runs for each precision variant (f16, f32), in the llama-bench convention,
 #   gerbil-run bench --precision P --prompt-tokens 512 --new-tokens 128 --depth 0    --repeats 5 --json   (pp512, tg128)
@@ -68,7 +68,7 @@ with_memory() {
 }
 
 # The fixed cost of a process's Vulkan context: the tiny Llama plan decoding.
-$bin/gerbilc compile tests/data/models/tiny/llama -o /tmp/tiny-llama.plan --target desktop 2>/dev/null \
+$bin/gerbilc compile tests/data/models/tiny/llama -o /tmp/tiny-llama.plan 2>/dev/null \
     && with_memory "$out/mem-baseline.json" /tmp/tiny-llama.plan bench --prompt-tokens 8 --new-tokens 100 \
         --repeats 30 --json > "$out/bench-baseline.json" 2>"$out/bench-baseline.log" || status=1
 
@@ -77,7 +77,7 @@ for cfg in "${shapes[@]}"; do
     work=/tmp/bench-$name
     python3 .device/random_ref.py --config "$cfg" --out "$work" --lens 13 --dtype bfloat16 >/dev/null 2>&1 \
         || { echo "$name: making the random model failed"; status=1; continue; }
-    $bin/gerbilc compile "$work/model" -o "$work/model.plan" --target desktop --max-context 4608 2>/dev/null \
+    $bin/gerbilc compile "$work/model" -o "$work/model.plan" --max-context 4608 2>/dev/null \
         || { echo "$name: compile failed"; status=1; continue; }
     python3 scripts/check-ref.py --run $bin/gerbil-run --plan "$work/model.plan" --ref "$work/ref.json" \
         > "$out/check-$name-f32.log" 2>&1 || status=1
@@ -125,7 +125,7 @@ for cfg in "${shapes[@]}"; do
             $bin/gerbil-run "$work/model.plan" bench --precision f16 --prompt-tokens 512 --new-tokens 128 \
                 --depth 0 --repeats 5 --json > "$out/bench-$name-f16-d0.json" 2>>"$out/bench-$name.log" || status=1
         fi
-        $bin/gerbilc compile "$work/model" -o "$work/model-$q.plan" --target desktop --max-context 4608 \
+        $bin/gerbilc compile "$work/model" -o "$work/model-$q.plan" --max-context 4608 \
             --quantize "$q" 2>>"$out/bench-$name.log" || { echo "$name $q: compile failed"; status=1; continue; }
         with_memory "$out/mem-$name-$q.json" "$work/model-$q.plan" bench --precision f16 --prompt-tokens 512 \
             --new-tokens 128 --depth 0 --repeats 5 --json > "$out/bench-$name-$q.json" \

@@ -43,11 +43,6 @@ fn check_real_at(name: &str, checkpoint: &std::path::Path, precision: Precision)
         // kernel on lavapipe, and 128-row blocks made it 4 times the work.
         o.max_tokens_per_step = Some(32);
         o.disabled_passes = vec!["slice-last-row".into()];
-        if precision == Precision::F16 {
-            // lavapipe's bindings hold 128 MiB: shard larger weights.
-            o.target = gerbil_codegen_wgsl::Target::desktop();
-            o.max_storage_binding = Some(128 << 20);
-        }
     });
     let tol = match precision {
         Precision::F32 => REAL_TOL,
@@ -160,7 +155,10 @@ fn gemma3_270m_matches_transformers() {
 }
 
 /// `--precision f16` on the real models: logits within 5e-2 of
-/// transformers, greedy tokens identical but at near-ties.
+/// transformers, greedy tokens identical but at near-ties. The default
+/// plan, on lavapipe's 128 MiB bindings: Gemma 3's f16 variant there is
+/// `portable-f16`, its 320 MiB embedding in row shards (the desktop
+/// variants bind it whole and need larger bindings).
 #[test]
 fn real_models_f16_match_transformers() {
     for name in ["smollm2-135m", "gemma3-270m"] {

@@ -1,4 +1,10 @@
 //! `gerbilc inspect`: what a plan contains and what the compiler did.
+//!
+//! The surprise: a weight can appear twice without being stored twice. A
+//! default (`universal`) plan's desktop variants bind a large weight whole
+//! and its portable ones bind row shards of it, and each shard's section is
+//! a range of the whole weight's bytes: `--weights` says so
+//! (`range_of`), and the totals count those bytes once.
 
 use gerbil_plan::{BufferKind, Dispatch, PlanHeader, Variant};
 use serde::Serialize;
@@ -71,6 +77,10 @@ pub struct WeightSummary {
     pub shape: Vec<u64>,
     /// Its bytes in the plan.
     pub bytes: u64,
+    /// The weight whose bytes these are a range of (a row shard of a weight
+    /// the plan also binds whole), stored once; absent for bytes of its own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub range_of: Option<String>,
 }
 
 /// One variant of a plan.
@@ -90,6 +100,11 @@ pub struct VariantSummary {
     pub decode_dispatches: usize,
     /// Decode dispatches inside one transformer layer.
     pub decode_dispatches_per_layer: f64,
+    /// The largest storage binding it needs, in bytes: an adapter with less
+    /// runs a later variant.
+    pub max_binding_bytes: u64,
+    /// The most workgroup memory one of its kernels uses, in bytes.
+    pub workgroup_storage_bytes: u32,
 }
 
 /// Dispatches of `list` inside transformer layers, per layer.
@@ -118,7 +133,37 @@ fn summarize(h: &PlanHeader, v: &Variant) -> VariantSummary {
         prefill_dispatches: v.prefill.len(),
         decode_dispatches: v.decode.len(),
         decode_dispatches_per_layer: per_layer(&v.decode, h.model.num_layers),
+        max_binding_bytes: v.requirements.max_storage_buffer_binding_size,
+        workgroup_storage_bytes: v.requirements.max_compute_workgroup_storage_size,
     }
+}
+
+/// For each weight buffer whose section lies inside another weight buffer's
+/// (a row shard of a weight stored whole), that weight's name.
+fn ranges_of(h: &PlanHeader) -> BTreeMap<usize, String> {
+    let sections: Vec<(usize, u64, u64, &str)> = h
+        .buffers
+        .iter()
+        .enumerate()
+        .filter_map(|(i, b)| match &b.kind {
+            BufferKind::Weight { section, name, .. } => Some((
+                i,
+                section.offset,
+                section.offset.saturating_add(section.len),
+                name.as_str(),
+            )),
+            _ => None,
+        })
+        .collect();
+    sections
+        .iter()
+        .filter_map(|&(i, start, end, _)| {
+            sections
+                .iter()
+                .find(|&&(j, s, e, _)| j != i && s <= start && end <= e && (s, e) != (start, end))
+                .map(|&(_, _, _, name)| (i, name.to_string()))
+        })
+        .collect()
 }
 
 /// Summarizes a plan header.
@@ -127,18 +172,23 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
     let mut weights = Vec::new();
     let mut arena = 0u64;
     let mut arena_sizes = Vec::new();
-    for b in &h.buffers {
+    let mut ranges = ranges_of(h);
+    for (i, b) in h.buffers.iter().enumerate() {
         match &b.kind {
             BufferKind::Weight {
                 dtype, name, shape, ..
             } => {
-                let sum: &mut u64 = weight_bytes_by_dtype.entry(dtype.clone()).or_default();
-                *sum = sum.saturating_add(b.size);
+                let range_of = ranges.remove(&i);
+                if range_of.is_none() {
+                    let sum: &mut u64 = weight_bytes_by_dtype.entry(dtype.clone()).or_default();
+                    *sum = sum.saturating_add(b.size);
+                }
                 weights.push(WeightSummary {
                     name: name.clone(),
                     dtype: dtype.clone(),
                     shape: shape.clone(),
                     bytes: b.size,
+                    range_of,
                 });
             }
             BufferKind::Arena => {
@@ -188,8 +238,12 @@ pub fn render_weights(i: &Inspection) -> String {
     let mut s = String::new();
     for w in &i.weights {
         let shape: Vec<String> = w.shape.iter().map(u64::to_string).collect();
+        let stored = match &w.range_of {
+            Some(whole) => format!(" (a range of {whole}'s)"),
+            None => String::new(),
+        };
         s += &format!(
-            "{:<width$}  {:<5} [{}]  {} bytes\n",
+            "{:<width$}  {:<5} [{}]  {} bytes{stored}\n",
             w.name,
             w.dtype,
             shape.join(", "),
@@ -246,10 +300,19 @@ pub fn render(i: &Inspection) -> String {
             v.features.join(", ")
         };
         s += &format!(
-            "variant    {} ({}; {features}): prefill {} / decode {} dispatches, kv cache {} bytes\n",
-            v.name, v.precision, v.prefill_dispatches, v.decode_dispatches, v.kv_cache_bytes
+            "variant    {} ({}; {features}; bindings {}, workgroup memory {}): prefill {} / \
+             decode {} dispatches, kv cache {} bytes\n",
+            v.name,
+            v.precision,
+            mib(v.max_binding_bytes),
+            kib(v.workgroup_storage_bytes),
+            v.prefill_dispatches,
+            v.decode_dispatches,
+            v.kv_cache_bytes
         );
     }
+    s += "           (an adapter runs the first variant whose features and limits it has; \
+          only a CPU adapter runs `cpu`)\n";
     s += &format!(
         "dispatches prefill {} ({:.1} per layer) / decode {} ({:.1} per layer)\n",
         i.prefill_dispatches_total,
@@ -276,4 +339,14 @@ pub fn render(i: &Inspection) -> String {
         );
     }
     s
+}
+
+/// `bytes` in MiB, one decimal.
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / f64::from(1u32 << 20))
+}
+
+/// `bytes` in KiB, one decimal.
+fn kib(bytes: u32) -> String {
+    format!("{:.1} KiB", f64::from(bytes) / 1024.0)
 }

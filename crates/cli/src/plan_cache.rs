@@ -8,8 +8,8 @@
 //! ([`crate::env::cache_root`]). The key hashes what decides the plan's
 //! bytes: gerbil's version, the resolved snapshot (its path holds the
 //! commit, and the GGUF file a quantization name chose) and the compile
-//! options (the `desktop` target, whose plans also carry the portable
-//! variants, so one plan serves any GPU). A miss compiles and writes the
+//! options (the default `universal` target, whose plans carry the desktop
+//! and the portable variants, so one plan serves any adapter). A miss compiles and writes the
 //! plan through a temporary file renamed into place, so an interrupted
 //! compile never leaves a partial plan to be found later.
 //!
@@ -21,7 +21,7 @@
 use crate::progress::Progress;
 use anyhow::{Context, Result};
 use gerbil_compiler::Checkpoint;
-use gerbil_compiler::{check_text_assets, compile, CompileOptions, Target};
+use gerbil_compiler::{check_text_assets, compile, CompileOptions};
 use gerbil_hub::{resolve, HubOptions};
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
@@ -38,12 +38,9 @@ pub fn is_hub_model(arg: &Path) -> bool {
     gerbil_hub::is_repo_id(id)
 }
 
-/// The options every cached plan is compiled with.
+/// The options every cached plan is compiled with: the defaults.
 fn options() -> CompileOptions {
-    CompileOptions {
-        target: Target::desktop(),
-        ..CompileOptions::default()
-    }
+    CompileOptions::default()
 }
 
 /// The cached plan of hub model `arg` (`ORG/NAME[:QUANT]`), compiled and

@@ -11,7 +11,8 @@
 //!
 //! The surprise: the same IR value can bind different buffers in different
 //! variants — a KV cache (or a value written into one in place) binds the
-//! cache's f16 twin in an f16 variant.
+//! cache's f16 twin in an f16 variant, and a sharded weight binds its whole
+//! buffer in a desktop variant that has one.
 
 use crate::planner::{self, BufferPlan, Home, Step};
 use crate::sources::{Own, Sources};
@@ -105,16 +106,18 @@ impl<'g, 'o> Layout<'g, 'o> {
         }
     }
 
-    /// The slices of value `v` (several for a sharded weight).
-    fn slices(&self, v: ValueRef, precision: Precision) -> Vec<BufferSlice> {
+    /// The slices of value `v` (several for a sharded weight, unless a
+    /// `wide` variant binds it whole).
+    fn slices(&self, v: ValueRef, precision: Precision, wide: bool) -> Vec<BufferSlice> {
         if let Some(c) = self.cache(v, precision) {
             return vec![c];
         }
         let b = &self.sources.buffers;
-        let own = |r: ValueRef| match b.own.get(&r) {
-            Some(Own::Whole(i)) => vec![b.whole(*i)],
-            Some(Own::Shards(list)) => list.iter().map(|&i| b.whole(i)).collect(),
-            None => Vec::new(),
+        let own = |r: ValueRef| match (b.own.get(&r), b.wide.get(&r)) {
+            (Some(Own::Shards(_)), Some(&whole)) if wide => vec![b.whole(whole)],
+            (Some(Own::Whole(i)), _) => vec![b.whole(*i)],
+            (Some(Own::Shards(list)), _) => list.iter().map(|&i| b.whole(i)).collect(),
+            (None, _) => Vec::new(),
         };
         match self.plan.homes.get(&v) {
             Some(&Home::Arena { arena, offset, .. }) => vec![BufferSlice {
@@ -127,9 +130,16 @@ impl<'g, 'o> Layout<'g, 'o> {
         }
     }
 
-    /// The slice node `id` binds at `port` in a variant of `precision`, if it
+    /// The slice node `id` binds at `port` in a variant of `precision`
+    /// (`wide`: one that binds weights whole, `VariantSpec::wide`), if it
     /// has that operand (scratch is the assembler's, not an operand).
-    pub fn slice(&self, id: NodeId, port: Port, precision: Precision) -> Option<BufferSlice> {
+    pub fn slice(
+        &self,
+        id: NodeId,
+        port: Port,
+        precision: Precision,
+        wide: bool,
+    ) -> Option<BufferSlice> {
         let whole = |i: Option<u32>| i.map(|i| self.sources.buffers.whole(i));
         match port {
             Port::Params => whole(Some(self.sources.step_params)),
@@ -137,7 +147,7 @@ impl<'g, 'o> Layout<'g, 'o> {
             Port::Rows => whole(self.sources.step_rows),
             Port::Input { index, shard } => {
                 let v = *self.graph.inputs(id).get(index as usize)?;
-                self.slices(v, precision).get(shard as usize).copied()
+                self.slices(v, precision, wide).get(shard as usize).copied()
             }
             Port::Output { index } => self
                 .slices(
@@ -146,6 +156,7 @@ impl<'g, 'o> Layout<'g, 'o> {
                         port: index,
                     },
                     precision,
+                    wide,
                 )
                 .first()
                 .copied(),
@@ -155,7 +166,7 @@ impl<'g, 'o> Layout<'g, 'o> {
 
     /// The bytes the operand of node `id` at `port` has (at the largest
     /// step) by its IR type, independently of where the planner put it.
-    pub fn bytes(&self, id: NodeId, port: Port, precision: Precision) -> Option<u64> {
+    pub fn bytes(&self, id: NodeId, port: Port, precision: Precision, wide: bool) -> Option<u64> {
         let b = &self.sources.buffers;
         match port {
             Port::Params => Some(STEP_PARAMS_BYTES),
@@ -168,7 +179,13 @@ impl<'g, 'o> Layout<'g, 'o> {
                 let v = *self.graph.inputs(id).get(index as usize)?;
                 match self.cache(v, precision) {
                     Some(c) => Some(c.size),
-                    None => b.operand_bytes(self.graph.value_type(v), b.shard_rows.get(&v), shard),
+                    None => {
+                        let rows = b
+                            .shard_rows
+                            .get(&v)
+                            .filter(|_| !wide || !b.wide.contains_key(&v));
+                        b.operand_bytes(self.graph.value_type(v), rows, shard)
+                    }
                 }
             }
             Port::Output { index } => {

@@ -20,8 +20,9 @@ use crate::target::Target;
 use crate::tuning::GemmTiles;
 use crate::variant::{variants_for, VariantSpec};
 use crate::CodegenError;
-use gerbil_ir::{Graph, NodeId, Op, TensorType, WeightSource};
+use gerbil_ir::{Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
 use gerbil_plan::{BufferDecl, BufferSlice, Dispatch, IoBindings, Variant};
+use std::collections::HashMap;
 
 /// What the target allows and how large the plan's steps are.
 #[derive(Clone, Debug)]
@@ -68,6 +69,21 @@ pub struct WeightBuffer {
     pub rows: Option<(u64, u64)>,
 }
 
+/// A weight shard whose bytes are a range of another weight buffer's (a
+/// whole weight that desktop variants bind, [`crate::VariantSpec::wide`]):
+/// the plan gives it a section inside that buffer's instead of bytes of its
+/// own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WeightAlias {
+    /// Index into [`Program::buffers`] of the shard.
+    pub buffer: u32,
+    /// Index of the whole weight's buffer, one of [`Program::weights`].
+    pub of: u32,
+    /// Where the shard's bytes start in the whole's, a multiple of
+    /// `gerbil_plan::SECTION_ALIGN`.
+    pub offset: u64,
+}
+
 /// Codegen's result: everything in a plan header but the weight sections.
 #[derive(Clone, Debug)]
 pub struct Program {
@@ -81,6 +97,8 @@ pub struct Program {
     pub io: IoBindings,
     /// Weight buffers to fill.
     pub weights: Vec<WeightBuffer>,
+    /// Weight buffers whose bytes are ranges of others'.
+    pub aliases: Vec<WeightAlias>,
     /// Sum of all activation sizes at `max_tokens_per_step`.
     pub activation_naive_bytes: u64,
 }
@@ -93,6 +111,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         variants,
         io,
         weights,
+        aliases,
         activation_naive_bytes,
     } = assemble(graph, opts)?;
     Ok(Program {
@@ -101,6 +120,7 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
         variants,
         io,
         weights,
+        aliases,
         activation_naive_bytes,
     })
 }
@@ -119,6 +139,7 @@ struct Assembled {
     variants: Vec<Variant>,
     io: IoBindings,
     weights: Vec<WeightBuffer>,
+    aliases: Vec<WeightAlias>,
     activation_naive_bytes: u64,
 }
 
@@ -138,7 +159,7 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         .filter(|&id| !graph.node(id).op.is_source())
         .collect();
     let layout = Layout::plan(graph, &steps, sources)?;
-    let lowering = Lowering {
+    let narrow = Lowering {
         graph,
         shard_rows: &layout.sources.buffers.shard_rows,
         max_context: opts.max_context as u32,
@@ -147,12 +168,24 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         target: &opts.target,
         gemm_tiles: &opts.gemm_tiles,
     };
+    // Desktop variants see the weights they bind whole as unsharded.
+    let wide_shard_rows: HashMap<ValueRef, u32> = narrow
+        .shard_rows
+        .iter()
+        .filter(|(v, _)| !layout.sources.buffers.wide.contains_key(v))
+        .map(|(&v, &rows)| (v, rows))
+        .collect();
+    let wide = Lowering {
+        shard_rows: &wide_shard_rows,
+        ..narrow
+    };
     // The scratch buffer, if any kernel needs one, comes after the arenas.
     let scratch = layout.sources.buffers.decls.len() as u32;
     let mut asm = Assembler::new(scratch);
     let mut variants = Vec::new();
     for spec in specs {
-        let mut phase = |phase| schedule(&steps, &layout, &lowering, &mut asm, &spec, phase);
+        let lowering = if spec.wide { &wide } else { &narrow };
+        let mut phase = |phase| schedule(&steps, &layout, lowering, &mut asm, &spec, phase);
         let prefill = phase(Phase::Prefill(spec.prefill_rows_per_workgroup))?;
         let decode = phase(Phase::Decode)?;
         // An encoder's steps pack sequences themselves: no batch schedule.
@@ -213,6 +246,7 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         variants,
         io,
         weights: sources.buffers.weights,
+        aliases: sources.buffers.aliases,
         activation_naive_bytes,
     })
 }
@@ -239,8 +273,8 @@ fn schedule(
             let ops = Operands {
                 label: &node.label,
                 layer: node.layer(),
-                slice: &|port| layout.slice(id, port, spec.precision),
-                bytes: &|port| layout.bytes(id, port, spec.precision),
+                slice: &|port| layout.slice(id, port, spec.precision, spec.wide),
+                bytes: &|port| layout.bytes(id, port, spec.precision, spec.wide),
                 flops: lowering.flops(id),
             };
             asm.dispatch(

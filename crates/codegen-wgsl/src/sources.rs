@@ -10,17 +10,20 @@
 //!
 //! The surprise: a weight too large for one binding is split by leading rows
 //! into shards of a multiple of 4 rows, so every shard starts on a 4-byte
-//! boundary whatever the dtype; templates pick the shard by row.
+//! boundary whatever the dtype; templates pick the shard by row. When the
+//! plan also has desktop variants that bind it whole
+//! ([`VariantSpec::wide`]), the weight gets a whole buffer too, and each
+//! shard is a range of its bytes ([`WeightAlias`]) rather than a copy.
 
 use crate::kernels::quant;
-use crate::schedule::{CodegenOptions, WeightBuffer};
+use crate::schedule::{CodegenOptions, WeightAlias, WeightBuffer};
 use crate::variant::VariantSpec;
 use crate::CodegenError;
 use gerbil_ir::op::KvKind;
 use gerbil_ir::{DType, Dim, Graph, NodeId, Op, Sym, TensorType, ValueRef, WeightSource};
 use gerbil_plan::{
     BufferDecl, BufferKind, BufferSlice, KvHalf, OutputKind, Precision, SectionRef,
-    BINDING_OFFSET_ALIGN, SAMPLING_PARAMS_BYTES, STEP_PARAMS_BYTES,
+    BINDING_OFFSET_ALIGN, SAMPLING_PARAMS_BYTES, SECTION_ALIGN, STEP_PARAMS_BYTES,
 };
 use std::collections::HashMap;
 
@@ -53,7 +56,8 @@ fn buffer_bytes(ty: &TensorType, t: u64, lmax: u64) -> u64 {
 /// Rows per shard for a weight of `shape` that exceeds one binding of
 /// `max_binding` bytes, or `None` if it fits. Shards hold a multiple of 4
 /// rows so every shard starts on a 4-byte boundary whatever the dtype (a
-/// quantized row is whole blocks).
+/// quantized row is whole blocks), and of 64 where one binding holds that
+/// many.
 fn shard_plan(shape: &[u64], dtype: DType, max_binding: u64) -> Option<u64> {
     // Saturating: a product past u64 is "too large", never a small wrapped size.
     let bytes = |dims: &[u64]| {
@@ -65,7 +69,14 @@ fn shard_plan(shape: &[u64], dtype: DType, max_binding: u64) -> Option<u64> {
         return None;
     }
     let row_bytes = bytes(&shape[1..]);
-    let rows = (max_binding / row_bytes.max(1)) / 4 * 4;
+    let fit = max_binding / row_bytes.max(1);
+    // 64 rows of a 4-byte multiple are a multiple of 256 bytes: every shard
+    // then starts where a plan section may, as a range of the whole weight.
+    let rows = if fit >= 64 {
+        fit / 64 * 64
+    } else {
+        fit / 4 * 4
+    };
     (rows > 0).then_some(rows)
 }
 
@@ -78,8 +89,15 @@ pub(crate) struct Buffers<'o> {
     pub own: HashMap<ValueRef, Own>,
     /// Rows per shard of every sharded weight.
     pub shard_rows: HashMap<ValueRef, u32>,
+    /// Sharded weights that [`VariantSpec::wide`] variants bind whole: the
+    /// whole buffer.
+    pub wide: HashMap<ValueRef, u32>,
+    /// Whether any variant to build is [`VariantSpec::wide`].
+    wide_variants: bool,
     /// Weight buffers to fill.
     pub weights: Vec<WeightBuffer>,
+    /// Shards whose bytes are a range of a whole weight's.
+    pub aliases: Vec<WeightAlias>,
 }
 
 impl<'o> Buffers<'o> {
@@ -174,13 +192,14 @@ impl<'o> Buffers<'o> {
     ) -> Result<(), CodegenError> {
         let resolved = self.resolved(ty);
         let shape: Vec<u64> = resolved.shape.iter().filter_map(|d| d.as_const()).collect();
-        let limit = self.opts.target.limits.max_storage_binding;
+        let target = &self.opts.target;
+        let limit = target.limits.max_storage_binding;
         let Some(rows_per_shard) = shard_plan(&shape, resolved.dtype, limit) else {
             let bytes = buffer_bytes(&resolved, 0, 0);
             self.check_binding(
                 format!("weight `{label}`"),
                 bytes,
-                "it cannot be split into shards of 4 rows each within one binding; use a target with a larger binding limit (--target desktop)",
+                "it cannot be split into shards of 4 rows each within one binding; use a target with a larger binding limit (--target desktop, or the default universal)",
             )?;
             // A table of `Lmax` rows is indexed by position (the RoPE table).
             let position_rows = ty.shape.first() == Some(&Dim::Sym(Sym::Lmax));
@@ -195,10 +214,38 @@ impl<'o> Buffers<'o> {
             self.own.insert(v, Own::Whole(i));
             return Ok(());
         };
+        let row_values: u64 = shape[1..].iter().product();
+        let shards: Vec<(u64, u64)> = (0..shape[0])
+            .step_by(rows_per_shard as usize)
+            .map(|start| (start, rows_per_shard.min(shape[0] - start)))
+            .collect();
+        // Desktop variants bind the weight whole where it fits their
+        // binding and its shards can be ranges of its bytes (each starting
+        // where a plan section may).
+        let offset = |start: u64| {
+            start
+                .checked_mul(row_values)
+                .and_then(|n| resolved.dtype.bytes_for(n))
+                .filter(|o| o.is_multiple_of(SECTION_ALIGN))
+        };
+        let whole = (self.wide_variants
+            && quant::rows_are_ranges(resolved.dtype)
+            && shard_plan(&shape, resolved.dtype, target.wide_binding).is_none()
+            && shards.iter().all(|&(start, _)| offset(start).is_some()))
+        .then(|| {
+            let kind = weight_kind(label.to_string(), &resolved, shape.clone(), false);
+            let i = self.push(buffer_bytes(&resolved, 0, 0), kind);
+            self.weights.push(WeightBuffer {
+                buffer: i,
+                source: source.clone(),
+                ty: resolved.clone(),
+                rows: None,
+            });
+            self.wide.insert(v, i);
+            i
+        });
         let mut buffers = Vec::new();
-        let mut start = 0;
-        while start < shape[0] {
-            let count = rows_per_shard.min(shape[0] - start);
+        for (start, count) in shards {
             let mut shard_shape = shape.clone();
             shard_shape[0] = count;
             let ty = TensorType::fixed(resolved.dtype, &shard_shape);
@@ -207,14 +254,20 @@ impl<'o> Buffers<'o> {
                 buffer_bytes(&ty, 0, 0),
                 weight_kind(name, &ty, shard_shape, false),
             );
-            self.weights.push(WeightBuffer {
-                buffer: i,
-                source: source.clone(),
-                ty,
-                rows: Some((start, count)),
-            });
+            match whole.zip(offset(start)) {
+                Some((of, offset)) => self.aliases.push(WeightAlias {
+                    buffer: i,
+                    of,
+                    offset,
+                }),
+                None => self.weights.push(WeightBuffer {
+                    buffer: i,
+                    source: source.clone(),
+                    ty,
+                    rows: Some((start, count)),
+                }),
+            }
             buffers.push(i);
-            start += count;
         }
         self.own.insert(v, Own::Shards(buffers));
         self.shard_rows.insert(v, rows_per_shard as u32);
@@ -289,7 +342,10 @@ pub(crate) fn place<'o>(
         decls: Vec::new(),
         own: HashMap::new(),
         shard_rows: HashMap::new(),
+        wide: HashMap::new(),
+        wide_variants: specs.iter().any(|s| s.wide),
         weights: Vec::new(),
+        aliases: Vec::new(),
     };
     let align = opts.target.limits.binding_align;
     if align == 0 || !align.is_multiple_of(BINDING_OFFSET_ALIGN) {

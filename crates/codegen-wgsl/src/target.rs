@@ -7,6 +7,14 @@
 //! runtime then runs the best variant the adapter supports, so one plan serves
 //! a browser without `shader-f16` and a desktop GPU with tensor cores. Limits
 //! are the ones every variant must meet (WebGPU's defaults for `portable`).
+//!
+//! The surprise: one limit is not the same for every variant. The default
+//! target, [`Target::universal`], keeps WebGPU's 128 MiB binding for what
+//! variants share (activations, caches) and for its portable variants'
+//! weights, which come in row shards; its desktop variants
+//! ([`crate::variant::VariantSpec::wide`]) bind each weight whole, up to
+//! [`Target::wide_binding`], and the plan stores the bytes once (the shards
+//! are ranges of the whole weight's section).
 
 use gerbil_plan::Feature;
 
@@ -48,6 +56,9 @@ pub struct SubgroupSizes {
     pub max: u32,
 }
 
+/// Largest storage binding of a desktop GPU: 2 GiB − 4 (wgpu's ceiling).
+const DESKTOP_BINDING: u64 = (2u64 << 30) - 4;
+
 /// A compilation target.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Target {
@@ -59,6 +70,11 @@ pub struct Target {
     pub subgroups: Option<SubgroupSizes>,
     /// Limits every variant respects.
     pub limits: Limits,
+    /// Largest binding of a weight in the variants made for desktop GPUs
+    /// ([`crate::variant::VariantSpec::wide`]): a weight up to this size is
+    /// bound whole there, and in row shards of [`Limits::max_storage_binding`]
+    /// in the others. At least `limits.max_storage_binding`.
+    pub wide_binding: u64,
 }
 
 impl Target {
@@ -66,17 +82,23 @@ impl Target {
     /// adapter, lavapipe and browsers included; its feature
     /// [`Feature::Cpu`] adds the `cpu` variant, which CPU adapters run.
     pub fn portable() -> Self {
+        let limits = Limits::webgpu_default();
         Target {
             name: "portable".into(),
             features: vec![Feature::Cpu],
             subgroups: None,
-            limits: Limits::webgpu_default(),
+            wide_binding: limits.max_storage_binding,
+            limits,
         }
     }
 
     /// Desktop GPUs: 2 GiB − 4 storage bindings; may use f16, subgroups and
     /// cooperative matrices (tensor cores).
     pub fn desktop() -> Self {
+        let limits = Limits {
+            max_storage_binding: DESKTOP_BINDING,
+            ..Limits::webgpu_default()
+        };
         Target {
             name: "desktop".into(),
             features: vec![
@@ -85,23 +107,45 @@ impl Target {
                 Feature::CooperativeMatrix,
             ],
             subgroups: Some(SubgroupSizes { min: 4, max: 128 }),
-            limits: Limits {
-                max_storage_binding: (2u64 << 30) - 4,
-                ..Limits::webgpu_default()
-            },
+            wide_binding: limits.max_storage_binding,
+            limits,
+        }
+    }
+
+    /// Every adapter, each at its best (the default): the variants of
+    /// [`Target::desktop`], whose weights bind whole up to 2 GiB − 4, and
+    /// those of [`Target::portable`] (with `portable-f16`), within WebGPU's
+    /// default limits, weights in row shards of 128 MiB.
+    pub fn universal() -> Self {
+        let desktop = Target::desktop();
+        Target {
+            name: "universal".into(),
+            features: [Feature::Cpu].into_iter().chain(desktop.features).collect(),
+            subgroups: desktop.subgroups,
+            limits: Limits::webgpu_default(),
+            wide_binding: DESKTOP_BINDING,
         }
     }
 
     /// The targets `--target` names.
-    pub const NAMES: [&'static str; 2] = ["portable", "desktop"];
+    pub const NAMES: [&'static str; 3] = ["universal", "portable", "desktop"];
 
-    /// The target called `name` (`portable` or `desktop`).
+    /// The target called `name` (`universal`, `portable` or `desktop`).
     pub fn named(name: &str) -> Option<Self> {
         match name {
+            "universal" => Some(Target::universal()),
             "portable" => Some(Target::portable()),
             "desktop" => Some(Target::desktop()),
             _ => None,
         }
+    }
+
+    /// The target with no binding larger than `bytes` (`--max-storage-binding`):
+    /// both its shared limit and its desktop variants' weights.
+    pub fn with_max_binding(mut self, bytes: u64) -> Self {
+        self.limits.max_storage_binding = bytes;
+        self.wide_binding = bytes;
+        self
     }
 
     /// Whether kernels for this target may use `f`.

@@ -34,6 +34,14 @@
 //! `subgroupAdd` (any subgroup size); the `portable` ones need no optional
 //! feature beyond their precision's, and `portable` none at all, so every
 //! plan runs on every WebGPU adapter that meets its limits.
+//!
+//! The `tensor`, `subgroups` and int8 variants are [`VariantSpec::wide`]:
+//! made for desktop GPUs, they bind each weight whole up to the target's
+//! [`Target::wide_binding`] (2 GiB − 4 on `desktop` and the default
+//! `universal`), while `portable`, `portable-f16` and `cpu` bind row shards
+//! within the target's `max_storage_binding` (WebGPU's 128 MiB on
+//! `universal`), so Gemma 3's 320 MiB embedding runs in f16 on an adapter
+//! with 128 MiB bindings and unsharded on a desktop GPU, from one plan.
 
 use crate::target::{Limits, Target};
 use gerbil_plan::{Feature, Precision};
@@ -62,6 +70,10 @@ pub struct VariantSpec {
     /// Decode GEMVs of quantized weights use integer dot products with
     /// int8 activations.
     pub int8_dots: bool,
+    /// Made for desktop GPUs: binds each weight whole up to the target's
+    /// [`Target::wide_binding`], where the others bind row shards of its
+    /// `max_storage_binding` (the same bytes in the plan).
+    pub wide: bool,
 }
 
 impl VariantSpec {
@@ -81,6 +93,7 @@ impl VariantSpec {
             prefill_rows_per_workgroup,
             workgroup_storage: None,
             int8_dots: false,
+            wide: true,
         }
     }
 
@@ -110,6 +123,7 @@ impl VariantSpec {
             prefill_rows_per_workgroup,
             workgroup_storage: Some(TENSOR_WORKGROUP_STORAGE),
             int8_dots: false,
+            wide: true,
         }
     }
 
@@ -126,6 +140,7 @@ impl VariantSpec {
             prefill_rows_per_workgroup,
             workgroup_storage: None,
             int8_dots: false,
+            wide: false,
         }
     }
 }
@@ -144,12 +159,18 @@ impl VariantSpec {
     }
 
     /// The limits its kernels must meet on `target`: the target's, with
-    /// [`VariantSpec::workgroup_storage`] where it has one.
+    /// [`VariantSpec::workgroup_storage`] where it has one, and the
+    /// target's [`Target::wide_binding`] for a [`VariantSpec::wide`] one.
     pub fn limits(&self, target: &Target) -> Limits {
         Limits {
             max_workgroup_storage: self
                 .workgroup_storage
                 .unwrap_or(target.limits.max_workgroup_storage),
+            max_storage_binding: if self.wide {
+                target.wide_binding
+            } else {
+                target.limits.max_storage_binding
+            },
             ..target.limits.clone()
         }
     }

@@ -23,7 +23,7 @@ use gerbil_frontend_hf::{GenerationConfig, TextAssets};
 use gerbil_ir::Graph;
 use gerbil_plan::{
     write_plan_streaming, BufferKind, CompileInfo, DataLayout, GenerationDefaults, ModelInfo,
-    PlanHeader, SectionData, TextInfo,
+    PlanHeader, SectionData, SectionRef, TextInfo,
 };
 use std::borrow::Cow;
 use std::path::Path;
@@ -117,12 +117,34 @@ pub fn build_plan<'a>(
     let mut data = DataLayout::default();
     let mut buffers = program.buffers;
     let mut weight_bytes = 0;
+    let mut sections = Vec::new();
     for w in &program.weights {
         let decl = &mut buffers[w.buffer as usize];
         weight_bytes += decl.size;
         let section = data.reserve(decl.size);
+        sections.push((w.buffer, section));
         if let BufferKind::Weight { section: s, .. } = &mut decl.kind {
             *s = section;
+        }
+    }
+    // A shard desktop variants bind whole is a range of the whole's bytes.
+    for alias in &program.aliases {
+        let whole = sections
+            .iter()
+            .find(|(b, _)| *b == alias.of)
+            .map(|&(_, s)| s)
+            .ok_or_else(|| {
+                CompileError::Inconsistent(format!(
+                    "weight buffer {} is a range of buffer {}, which has no bytes of its own",
+                    alias.buffer, alias.of
+                ))
+            })?;
+        let decl = &mut buffers[alias.buffer as usize];
+        if let BufferKind::Weight { section, .. } = &mut decl.kind {
+            *section = SectionRef {
+                offset: whole.offset + alias.offset,
+                len: decl.size,
+            };
         }
     }
     let tokenizer = text

@@ -2,9 +2,9 @@
 //! (`max_tokens_per_step`) — when `--max-tokens-per-step` is not given.
 //!
 //! The rule: start from what the target prefers, clamped to the context —
-//! [`LARGE_MAX_TOKENS_PER_STEP`] (1024) on a target whose largest storage
-//! binding is at least 1 GiB (desktop GPUs: a larger step keeps the GEMMs'
-//! tiles busy, and a 512-token prompt is one step), else
+//! [`LARGE_MAX_TOKENS_PER_STEP`] (1024) on a target whose desktop variants
+//! bind at least 1 GiB (`desktop` and the default `universal`: a larger step
+//! keeps the GEMMs' tiles busy, and a 512-token prompt is one step), else
 //! [`PORTABLE_MAX_TOKENS_PER_STEP`] (256: WebGPU's default limits, for
 //! browsers, integrated GPUs and CPU drivers). Then halve it while the
 //! step's activations cost too much memory: while everything a step
@@ -72,7 +72,7 @@ fn choose_within(
     base: &CodegenOptions,
     budget: impl Fn(u64) -> u64,
 ) -> Result<u64, CompileError> {
-    let preferred = if base.target.limits.max_storage_binding >= LARGE_BINDING {
+    let preferred = if base.target.wide_binding >= LARGE_BINDING {
         LARGE_MAX_TOKENS_PER_STEP
     } else {
         PORTABLE_MAX_TOKENS_PER_STEP
@@ -139,6 +139,7 @@ mod tests {
             chunk(4096, Target::portable()),
             PORTABLE_MAX_TOKENS_PER_STEP
         );
+        assert_eq!(chunk(4096, Target::universal()), LARGE_MAX_TOKENS_PER_STEP);
         assert_eq!(chunk(100, Target::desktop()), 100);
     }
 

@@ -286,10 +286,10 @@ pub fn compile<'a>(
 
     let mut passes: Vec<String> = report.ran.iter().map(|r| r.name.clone()).collect();
     passes.push("plan-buffers".into());
-    let mut target = opts.target.clone();
-    if let Some(max) = opts.max_storage_binding {
-        target.limits.max_storage_binding = max;
-    }
+    let target = match opts.max_storage_binding {
+        Some(max) => opts.target.clone().with_max_binding(max),
+        None => opts.target.clone(),
+    };
     let mut codegen = CodegenOptions {
         max_context,
         target,

@@ -30,8 +30,9 @@ pub struct CompileOptions {
     pub bisect: Option<usize>,
     /// Features and limits to compile for (`Target::named` reads `--target`).
     pub target: Target,
-    /// Overrides the target's largest storage binding (bytes); weights larger
-    /// than this are split into row shards.
+    /// Overrides the target's largest storage binding (bytes), for every
+    /// variant ([`Target::with_max_binding`]); weights larger than this are
+    /// split into row shards.
     pub max_storage_binding: Option<u64>,
     /// Prefill GEMM tiles measured on a device (`gerbilc tune`); `None`:
     /// the built-in choice.
@@ -54,7 +55,7 @@ impl Default for CompileOptions {
             max_tokens_per_step: None,
             disabled_passes: Vec::new(),
             bisect: None,
-            target: Target::portable(),
+            target: Target::universal(),
             max_storage_binding: None,
             tuning: None,
             allow_non_finite: false,

@@ -5,9 +5,9 @@
 //! in-memory checkpoint whose weights are the shapes the config implies,
 //! filled with small random numbers.
 //!
-//! Input layout: one byte of flags (bit 0: the `desktop` target, which adds
-//! the f16-KV variants; bit 1: give `--max-context`; bit 2: give
-//! `--max-tokens-per-step`), the two sizes as little-endian `u64`s, then the
+//! Input layout: one byte of flags (bit 0: the `desktop` target, bit 4: the
+//! `universal` one, both: `portable`; bit 1: give `--max-context`; bit 2:
+//! give `--max-tokens-per-step`; bit 3: `--quantize q4_0`), the two sizes as little-endian `u64`s, then the
 //! config. `compile` stops after the passes (an observer error ends it
 //! before codegen); `codegen` goes on to the prefill chunk choice, kernels,
 //! naga validation and the plan, which is ~100× slower per input (60–190 ms
@@ -62,10 +62,10 @@ fn run(mut data: &[u8], codegen: bool) -> Option<Result<(), CompileError>> {
         max_context: (flags & 2 != 0).then_some(max_context),
         max_tokens_per_step: (flags & 4 != 0).then_some(max_tokens_per_step),
         quantize: (flags & 8 != 0).then_some(gerbil_compiler::Quantization::Q4_0),
-        target: if flags & 1 != 0 {
-            Target::desktop()
-        } else {
-            Target::portable()
+        target: match flags & 17 {
+            1 => Target::desktop(),
+            16 => Target::universal(),
+            _ => Target::portable(),
         },
         ..CompileOptions::default()
     };

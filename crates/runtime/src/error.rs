@@ -25,7 +25,7 @@ pub enum RuntimeError {
     )]
     AdapterChoiceUnsupported,
     /// The adapter cannot meet a limit the plan needs.
-    #[error("the GPU `{adapter}` does not support this plan: its {limit} is {available}, the plan needs {needed}; recompile the plan for this device (`gerbilc compile` with a smaller --max-context or --max-tokens-per-step, or `--target portable`), or run it on another GPU (`gerbil-run devices` lists them, --device N picks one)")]
+    #[error("the GPU `{adapter}` does not support this plan: its {limit} is {available}, the plan needs {needed}; recompile the plan for this device (`gerbilc compile` with a smaller --max-context or --max-tokens-per-step, or without `--target`), or run it on another GPU (`gerbil-run devices` lists them, --device N picks one)")]
     Limit {
         /// Adapter name.
         adapter: String,
@@ -37,7 +37,7 @@ pub enum RuntimeError {
         available: u64,
     },
     /// No variant of the plan runs on this device.
-    #[error("the GPU `{adapter}` can run none of the plan's variants: {reasons}; recompile with `--target portable` (for a missing feature) or a smaller --max-context / --max-tokens-per-step (for a limit), or run on another GPU (`gerbil-run devices` lists them, --device N picks one)")]
+    #[error("the GPU `{adapter}` can run none of the plan's variants: {reasons}; recompile without `--target` (the default plan has a variant for every adapter), or with a smaller --max-context / --max-tokens-per-step (for a limit), or run on another GPU (`gerbil-run devices` lists them, --device N picks one)")]
     NoVariant {
         /// Adapter name.
         adapter: String,
@@ -53,7 +53,7 @@ pub enum RuntimeError {
         available: String,
     },
     /// `--precision` asked for numerics the plan has no variant of.
-    #[error("the plan has no {precision} variant: it was compiled for target `{target}`, and f16 variants need a target with shader-f16; recompile with `gerbilc compile --target desktop`, or run with `--precision auto`")]
+    #[error("the plan has no {precision} variant: it was compiled for target `{target}`, and f16 variants need a target with shader-f16; recompile without `--target` (the default plan has f16 variants), or run with `--precision auto`")]
     NoPrecision {
         /// The precision asked for.
         precision: &'static str,

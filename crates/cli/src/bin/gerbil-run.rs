@@ -53,7 +53,8 @@ struct Cli {
     #[arg(long, global = true, value_name = "N", allow_negative_numbers = true, value_parser = whole_usize)]
     device: Option<usize>,
     /// Numerics: `f32` (exact against transformers), `f16` (f16 KV cache;
-    /// needs shader-f16 and a plan compiled with `--target desktop`), or
+    /// needs shader-f16 and a plan with f16 variants: any but `--target
+    /// portable`), or
     /// `auto`: f16 where the device and the plan allow it, else f32.
     #[arg(long, global = true, default_value = "auto", value_parser = parse_precision)]
     precision: PrecisionChoice,

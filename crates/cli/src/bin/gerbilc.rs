@@ -84,11 +84,14 @@ enum Cmd {
         /// Write every kernel's WGSL to this directory.
         #[arg(long, value_name = "DIR")]
         emit_wgsl: Option<PathBuf>,
-        /// Device limits to compile for.
-        #[arg(long, default_value = "portable", value_parser = parse_target)]
+        /// Which adapters the plan runs on: `universal` (every one, each
+        /// its best variant), `desktop` (desktop GPUs only: no `cpu` variant,
+        /// weights unsharded up to 2 GiB) or `portable` (WebGPU's defaults,
+        /// no optional feature).
+        #[arg(long, default_value = "universal", value_parser = parse_target)]
         target: Box<Target>,
-        /// Override the target's largest storage binding in bytes (weights
-        /// larger than this are split into row shards).
+        /// Override the target's largest storage binding in bytes, for every
+        /// variant (weights larger than this are split into row shards).
         #[arg(long, value_name = "BYTES", allow_negative_numbers = true, value_parser = whole_u64)]
         max_storage_binding: Option<u64>,
         /// Use the prefill GEMM tiles `gerbilc tune` measured (a JSON file);
@@ -125,8 +128,8 @@ enum Cmd {
         /// Prefill chunk, as `compile` takes it: the tiles are timed at it.
         #[arg(long, allow_negative_numbers = true, value_parser = whole_u64)]
         max_tokens_per_step: Option<u64>,
-        /// Device limits to compile for.
-        #[arg(long, default_value = "portable", value_parser = parse_target)]
+        /// Device limits to compile for, as `compile` takes them.
+        #[arg(long, default_value = "universal", value_parser = parse_target)]
         target: Box<Target>,
     },
     /// Run passes on textual IR (`.gir`, as `--dump-ir` prints it) and print

@@ -59,6 +59,13 @@ fn planes(dtype: DType) -> &'static [(usize, usize)] {
     }
 }
 
+/// Whether consecutive rows of a stored `dtype` buffer are one byte range
+/// of it: for plain dtypes; a quantized buffer keeps each plane of every
+/// block together, so a run of rows is spread over the planes.
+pub fn rows_are_ranges(dtype: DType) -> bool {
+    planes(dtype).is_empty()
+}
+
 /// The first word of each plane of a buffer of `blocks` blocks of `dtype`.
 fn plane_words(dtype: DType, blocks: u64) -> Vec<u64> {
     let mut at = 0;
