@@ -98,9 +98,10 @@ for cfg in "${shapes[@]}"; do
             --depth 0 --repeats 5 --json --temperature 0.8 --top-k 40 --top-p 0.95 \
             > "$out/bench-$name-f16-sampled.json" 2>>"$out/bench-$name.log" || status=1
     fi
-    # Prefill of each of the plan's variants (--variant): tensor cores, subgroups, portable.
+    # Prefill of each of the plan's GPU variants (--variant): tensor cores, subgroups, portable (not
+    # `cpu`, made for CPU adapters).
     variants=$($bin/gerbilc inspect "$work/model.plan" --json \
-        | python3 -c "import json, sys; print(' '.join(v['name'] for v in json.load(sys.stdin)['variants']))")
+        | python3 -c "import json, sys; print(' '.join(v['name'] for v in json.load(sys.stdin)['variants'] if 'cpu' not in v['features']))")
     for v in $variants; do
         part prefill || continue
         $bin/gerbil-run "$work/model.plan" bench --variant "$v" --prompt-tokens 512 --new-tokens 8 --repeats 5 \
