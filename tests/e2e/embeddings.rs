@@ -150,7 +150,8 @@ fn tiny_encoders_interpreter_matches_transformers() {
             max_context: Some(64),
         };
         let graph = lower_with(&ckpt, &options).expect("lowering").graph;
-        let mut it = Interpreter::new(&graph, &ckpt, 64).expect("interpreter");
+        let mut it =
+            Interpreter::new(&graph, &interpreter_weights(&ckpt), 64).expect("interpreter");
         for case in &tiny_ref(name).cases {
             it.reset();
             let out = it.step(&case.ids).expect("step").remove(0);

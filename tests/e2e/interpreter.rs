@@ -10,7 +10,7 @@
 
 use gerbil_compiler::Checkpoint;
 use gerbil_e2e::interpreter::{Interpreter, Tensor};
-use gerbil_e2e::{tiny_model, tiny_ref, TinyCase};
+use gerbil_e2e::{interpreter_weights, tiny_model, tiny_ref, TinyCase};
 use gerbil_frontend_hf::{lower_with, LowerOptions};
 use gerbil_ir::Graph;
 use gerbil_passes::{default_pipeline, PassManager};
@@ -137,8 +137,8 @@ fn interpreter_matches_transformers() {
     for name in TINY_MODELS {
         let ckpt = Checkpoint::open(&tiny_model(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let graph = lowered(&ckpt);
-        let mut it =
-            Interpreter::new(&graph, &ckpt, MAX_CONTEXT).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let mut it = Interpreter::new(&graph, &interpreter_weights(&ckpt), MAX_CONTEXT)
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
         let reference = tiny_ref(name);
         let mut worst = 0.0f64;
         for case in &reference.cases {
@@ -165,8 +165,8 @@ fn optimized_graphs_interpret_like_lowered_ones() {
         let longest = reference.cases.iter().map(|c| &c.input_ids);
         let ids = longest.max_by_key(|ids| ids.len()).expect("a case");
         let run = |g: &Graph| {
-            let mut it =
-                Interpreter::new(g, &ckpt, MAX_CONTEXT).unwrap_or_else(|e| panic!("{name}: {e}"));
+            let mut it = Interpreter::new(g, &interpreter_weights(&ckpt), MAX_CONTEXT)
+                .unwrap_or_else(|e| panic!("{name}: {e}"));
             let mut out: Vec<Vec<f64>> = ids
                 .chunks(4)
                 .map(|c| logits(&mut it, c).last_row().to_vec())

@@ -15,7 +15,7 @@
 use gerbil_codegen_wgsl::CodegenOptions;
 use gerbil_compiler::{build_plan, TensorSource, WeightOptions};
 use gerbil_e2e::interpreter::Interpreter;
-use gerbil_e2e::{gpu_lock, proptest_config, temp_dir};
+use gerbil_e2e::{gpu_lock, interpreter_weights, proptest_config, temp_dir};
 use gerbil_frontend_hf::{FrontendError, TensorView, TextAssets};
 use gerbil_ir::op::KvKind;
 use gerbil_ir::{
@@ -295,7 +295,7 @@ fn optimized(graph: &Graph, disabled: &[&str]) -> Graph {
 /// The CPU interpreter's logits (each step's last row, as the runtime reads
 /// them back) of `graph` over consecutive `steps`.
 fn interpret(graph: &Graph, tensors: &Tensors, steps: &[&[u32]]) -> Vec<Vec<f64>> {
-    let mut it = Interpreter::new(graph, tensors, MAX_CONTEXT as usize)
+    let mut it = Interpreter::new(graph, &interpreter_weights(tensors), MAX_CONTEXT as usize)
         .unwrap_or_else(|e| panic!("interpreter: {e}"));
     steps
         .iter()

@@ -3,15 +3,30 @@
 //! and a lock that keeps GPU tests from running at the same time (lavapipe
 //! already uses every core).
 
-pub mod interpreter;
 pub mod kernel_harness;
-pub mod reference;
 
-use gerbil_compiler::{compile, Checkpoint, CompileOptions};
+pub use gerbil_interp::{interpreter, reference};
+
+use gerbil_compiler::{
+    compile, Checkpoint, CompileOptions, Materializer, Rounding, TensorSource, WeightOptions,
+};
 use gerbil_passes::PassReport;
 use serde::Deserialize;
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard};
+
+/// The CPU interpreter's weights from `tensors`: as a plan would hold them,
+/// but a NaN is computed with, not refused (the interpreter checks what it
+/// is given).
+pub fn interpreter_weights(tensors: &dyn TensorSource) -> Materializer<'_> {
+    Materializer {
+        tensors,
+        options: WeightOptions {
+            rounding: Rounding::Ggml,
+            allow_non_finite: true,
+        },
+    }
+}
 
 /// The repository root: `$GERBIL_REPO` if set (for test binaries copied to
 /// another machine), else the checkout this crate was built from.
@@ -118,7 +133,13 @@ pub fn compile_plan_reporting(
 ) -> (TempFile, PassReport) {
     let dir = temp_dir("plan");
     let out = dir.path().join("model.plan");
-    let mut opts = CompileOptions::default();
+    // These tests check the plans against transformers themselves: the
+    // self-test's reference (seconds of CPU time on a real model) is left
+    // out unless `tweak` asks for it (the CLI's tests check it).
+    let mut opts = CompileOptions {
+        selftest: false,
+        ..CompileOptions::default()
+    };
     tweak(&mut opts);
     let ckpt = Checkpoint::open(repo).unwrap_or_else(|e| panic!("opening {}: {e}", repo.display()));
     let compiled = compile(&ckpt, &opts, &mut ())

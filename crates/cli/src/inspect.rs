@@ -64,6 +64,9 @@ pub struct Inspection {
     /// The plan's variants, best first; the `*_dispatches*` and
     /// `kv_cache_bytes` fields above are those of the best GPU variant.
     pub variants: Vec<VariantSummary>,
+    /// Tokens of each step of the plan's self-test (`gerbil-run PLAN
+    /// selftest`); empty when it has none.
+    pub selftest_steps: Vec<usize>,
 }
 
 /// One weight buffer of a plan.
@@ -229,6 +232,11 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
             .map(|k| (k.name.clone(), k.workgroup_size))
             .collect(),
         variants: h.variants.iter().map(|v| summarize(h, v)).collect(),
+        selftest_steps: h
+            .selftest
+            .iter()
+            .flat_map(|t| t.steps.iter().map(|s| s.input_ids.len()))
+            .collect(),
     }
 }
 
@@ -313,6 +321,16 @@ pub fn render(i: &Inspection) -> String {
     }
     s += "           (an adapter runs the first variant whose features and limits it has; \
           only a CPU adapter runs `cpu`)\n";
+    if i.selftest_steps.is_empty() {
+        s += "self-test  none (compiled with --no-selftest)\n";
+    } else {
+        let steps: Vec<String> = i.selftest_steps.iter().map(usize::to_string).collect();
+        s += &format!(
+            "self-test  {} tokens in steps of {} (`gerbil-run PLAN selftest`)\n",
+            i.selftest_steps.iter().sum::<usize>(),
+            steps.join(" + ")
+        );
+    }
     s += &format!(
         "dispatches prefill {} ({:.1} per layer) / decode {} ({:.1} per layer)\n",
         i.prefill_dispatches_total,

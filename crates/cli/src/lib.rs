@@ -41,6 +41,7 @@ pub mod plot;
 pub mod progress;
 pub mod run;
 pub mod schedule;
+pub mod selftest;
 pub mod svg_canvas;
 pub mod sweep;
 

@@ -214,6 +214,7 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
             requirements: asm.requirements(&decls, &[&prefill, &decode, &batch]),
             features: spec.features,
             precision: spec.precision,
+            int8_dots: spec.int8_dots,
             prefill,
             decode,
             batch,

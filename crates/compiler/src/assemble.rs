@@ -84,6 +84,20 @@ impl<'a> Plan<'a> {
         Ok(bytes)
     }
 
+    /// Appends `bytes` to the data region, after the weights and tokenizer.
+    pub(crate) fn push_section(&mut self, bytes: SectionData<'a>) -> SectionRef {
+        self.data.push(bytes)
+    }
+
+    /// Gives the plan its self-test (whose outputs [`Plan::push_section`]
+    /// placed), checking the header again.
+    pub(crate) fn set_selftest(&mut self, t: gerbil_plan::SelfTest) -> Result<(), CompileError> {
+        self.header.selftest = Some(t);
+        self.header
+            .validate(self.data.len())
+            .map_err(CompileError::Inconsistent)
+    }
+
     /// Writes every kernel's WGSL to `dir/<kernel>.wgsl`.
     pub fn emit_wgsl(&self, dir: &Path) -> Result<(), CompileError> {
         std::fs::create_dir_all(dir).map_err(|e| CompileError::io(dir, e))?;
@@ -166,6 +180,7 @@ pub fn build_plan<'a>(
         kernels: program.kernels,
         variants: program.variants,
         io: program.io,
+        selftest: None,
     };
     header
         .validate(data.len())

@@ -19,6 +19,7 @@ use crate::finite::check_rope_tables_finite;
 use crate::materialize::WeightOptions;
 use crate::options::{CompileOptions, DEFAULT_MAX_CONTEXT_CAP};
 use crate::quantize;
+use crate::selftest;
 use gerbil_codegen_wgsl::CodegenOptions;
 use gerbil_frontend_hf::{lower_with, Checkpoint, EmbeddingFacts, LowerOptions, ModelFacts};
 use gerbil_ir::Graph;
@@ -268,6 +269,8 @@ pub fn compile<'a>(
         "lowered the checkpoint"
     );
 
+    // The self-test's reference runs the graph as lowered, weights retyped.
+    let lowered = opts.selftest.then(|| graph.clone());
     let mut pm = PassManager::new(default_pipeline());
     for name in &opts.disabled_passes {
         pm.disable(name)?;
@@ -379,7 +382,9 @@ pub fn compile<'a>(
         rounding: opts.quantize.map(|q| q.rounding()).unwrap_or_default(),
         allow_non_finite: opts.allow_non_finite,
     };
-    let plan = build_plan(
+    let is_embedding = model.embedding.is_some();
+    let (vocab, step_tokens) = (model.vocab_size, model.max_tokens_per_step);
+    let mut plan = build_plan(
         &graph,
         ckpt,
         model,
@@ -388,6 +393,18 @@ pub fn compile<'a>(
         &codegen,
         weights,
     )?;
+    if let Some(lowered) = &lowered {
+        let start = std::time::Instant::now();
+        let most = step_tokens.min(max_context);
+        let prompt = selftest::prompt(vocab, most);
+        let steps = selftest::reference(lowered, ckpt, weights, &prompt, is_embedding)?;
+        selftest::attach(&mut plan, steps)?;
+        tracing::info!(
+            tokens = prompt.len(),
+            ms = start.elapsed().as_millis() as u64,
+            "computed the self-test's reference on the CPU"
+        );
+    }
     tracing::info!(
         target = %codegen.target.name,
         max_tokens_per_step,

@@ -91,6 +91,12 @@ pub enum CompileError {
     /// The compiler produced a plan that fails its own consistency check: a bug.
     #[error("internal error: the generated plan is inconsistent: {0}")]
     Inconsistent(String),
+    /// The CPU interpreter could not compute the self-test's reference.
+    #[error(
+        "the self-test reference (the CPU interpreter on a short prompt) failed: {0}; compile \
+         with --no-selftest to leave it out"
+    )]
+    SelfTest(String),
 }
 
 impl CompileError {

@@ -31,6 +31,7 @@ pub mod materialize;
 pub mod opt;
 pub mod options;
 pub mod quantize;
+pub mod selftest;
 pub mod text_check;
 pub mod tuning;
 
@@ -44,7 +45,9 @@ pub use gerbil_frontend_hf::Checkpoint;
 pub use gerbil_ir::rope_table::rope_table;
 pub use gerbil_passes::manager::PassRun;
 pub use gerbil_passes::PassReport;
-pub use materialize::{materialize, weight_buffer_bytes, TensorSource, WeightOptions};
+pub use materialize::{
+    materialize, weight_buffer_bytes, Materializer, TensorSource, WeightOptions,
+};
 pub use opt::{opt, OptOptions, Optimized, PassSelection};
 pub use options::{CompileOptions, Target, DEFAULT_MAX_CONTEXT_CAP};
 pub use quantize::{Quantization, Rounding};

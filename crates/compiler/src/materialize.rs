@@ -301,6 +301,27 @@ fn materialize_shard<'a>(
     }
 }
 
+/// The compiler's materialization as the CPU interpreter's source of
+/// weights ([`gerbil_interp::Weights`]): the bytes a plan would hold,
+/// before the GPU's plane layout.
+pub struct Materializer<'a> {
+    /// Where the tensors come from.
+    pub tensors: &'a dyn TensorSource,
+    /// Quantization rounding and the non-finite check.
+    pub options: WeightOptions,
+}
+
+impl gerbil_interp::Weights for Materializer<'_> {
+    fn weight_bytes(
+        &self,
+        source: &WeightSource,
+        dtype: DType,
+        rows: u64,
+    ) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>> {
+        Ok(materialize(self.tensors, source, dtype, rows, self.options)?.into_owned())
+    }
+}
+
 /// The bytes of one weight buffer: its source materialized (only its rows,
 /// for a row shard), padded to a multiple of 4 bytes; quantized blocks are
 /// then laid out as the kernels read them ([`quant::gpu_layout`]).

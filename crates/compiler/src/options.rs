@@ -46,6 +46,9 @@ pub struct CompileOptions {
     /// Most sequences one batch step decodes together (`--max-batch`; 0, the
     /// default: the plan has no batch schedule).
     pub max_batch: u32,
+    /// Compute the self-test's reference ([`crate::selftest`]) and store it
+    /// in the plan (the default; `--no-selftest` leaves it out).
+    pub selftest: bool,
 }
 
 impl Default for CompileOptions {
@@ -61,6 +64,7 @@ impl Default for CompileOptions {
             allow_non_finite: false,
             quantize: None,
             max_batch: 0,
+            selftest: true,
         }
     }
 }

@@ -30,6 +30,50 @@ pub struct PlanHeader {
     pub variants: Vec<Variant>,
     /// Where the runtime finds inputs and outputs.
     pub io: IoBindings,
+    /// What `gerbil-run PLAN selftest` checks every variant against (plans
+    /// compiled without one, or before it existed, have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub selftest: Option<SelfTest>,
+}
+
+/// A short prompt and the CPU interpreter's output for it, computed when the
+/// plan was compiled: every variant a device runs should give that output
+/// within [`SelfTest::tolerance`], so a kernel the driver gets wrong shows
+/// as a failed self-test, not as quietly wrong text.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SelfTest {
+    /// The steps, run in order from position 0 in one session: for a
+    /// language model a prefill of several tokens then one decode step (so
+    /// both schedules are checked); for an embedding model one input.
+    pub steps: Vec<SelfTestStep>,
+}
+
+/// One step of a [`SelfTest`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct SelfTestStep {
+    /// The step's token ids.
+    pub input_ids: Vec<u32>,
+    /// The output the runtime reads after it, as the interpreter computed it
+    /// (in f64, stored as little-endian f32): the last row's logits, or the
+    /// embedding.
+    pub output: SectionRef,
+}
+
+impl SelfTest {
+    /// Largest |Δ| a variant's output may have from the reference whose
+    /// largest |value| is `max_abs`: for f32 variants 1e-4 per unit of
+    /// `max_abs` (at least 1), what transformers' checks hold them to; for
+    /// f16 ones 5e-2; for a variant that dots quantized blocks with int8
+    /// activations ([`Variant::int8_dots`]) 5e-2 per unit of `max_abs` (SmolLM2
+    /// Q4_1 on lavapipe: 0.71 at a largest logit of 30, 2.4%).
+    pub fn tolerance(variant: &Variant, max_abs: f32) -> f32 {
+        let scale = max_abs.max(1.0);
+        match (variant.precision, variant.int8_dots) {
+            (_, true) => 5e-2 * scale,
+            (Precision::F16, false) => 5e-2,
+            (Precision::F32, false) => 1e-4 * scale,
+        }
+    }
 }
 
 /// One way to run the plan: a prefill and a decode schedule whose kernels
@@ -56,6 +100,10 @@ pub struct Variant {
     /// was compiled without `--max-batch`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub batch: Vec<Dispatch>,
+    /// Its decode GEMVs of quantized weights dot the blocks with `x` rounded
+    /// to int8 (absent when false, and in plans from before it was recorded).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub int8_dots: bool,
 }
 
 /// The numerics of a variant. Arithmetic, accumulation, softmax and norms

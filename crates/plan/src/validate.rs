@@ -93,6 +93,9 @@ impl PlanHeader {
             }
         }
         self.check_io()?;
+        if let Some(t) = &self.selftest {
+            self.check_selftest(t, data_len)?;
+        }
         for (i, k) in self.kernels.iter().enumerate() {
             check_kernel(i, k)?;
         }
@@ -212,6 +215,44 @@ impl PlanHeader {
             .get(index as usize)
             .map(|b| &b.kind)
             .ok_or_else(|| format!("{what} names buffer {index} of {}", self.buffers.len()))
+    }
+
+    /// The self-test's steps fit the plan: tokens of the vocabulary, each
+    /// step within a step's tokens and all within the context, each output
+    /// the size the runtime reads back.
+    fn check_selftest(&self, t: &crate::SelfTest, data_len: u64) -> Result<(), String> {
+        let m = &self.model;
+        let width = m.embedding.as_ref().map_or(m.vocab_size, |e| e.dimension);
+        let mut tokens = 0u64;
+        for (i, step) in t.steps.iter().enumerate() {
+            let what = format!("self-test step {i}");
+            section_ok(&step.output, &what, data_len)?;
+            let n = step.input_ids.len() as u64;
+            tokens += n;
+            if n == 0 || n > m.max_tokens_per_step || tokens > m.max_context {
+                return Err(format!(
+                    "{what} has {n} tokens ({tokens} so far), not 1 to {} within a context of {}",
+                    m.max_tokens_per_step, m.max_context
+                ));
+            }
+            if let Some(id) = step
+                .input_ids
+                .iter()
+                .find(|&&id| u64::from(id) >= m.vocab_size)
+            {
+                return Err(format!(
+                    "{what} has token {id}, past the vocabulary of {}",
+                    m.vocab_size
+                ));
+            }
+            if step.output.len != 4 * width {
+                return Err(format!(
+                    "{what}'s output has {} bytes, not {width} f32 values",
+                    step.output.len
+                ));
+            }
+        }
+        Ok(())
     }
 
     fn check_io(&self) -> Result<(), String> {

@@ -104,6 +104,7 @@ fn header(weight: SectionRef) -> PlanHeader {
             prefill: vec![copy(weight.len)],
             decode: vec![copy(weight.len)],
             batch: Vec::new(),
+            int8_dots: false,
         }],
         io: IoBindings {
             step_params: 0,
@@ -119,6 +120,7 @@ fn header(weight: SectionRef) -> PlanHeader {
             step_rows: None,
             max_batch: 0,
         },
+        selftest: None,
     }
 }
 

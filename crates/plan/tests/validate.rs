@@ -194,6 +194,7 @@ fn valid(w: SectionRef) -> PlanHeader {
             prefill: schedule(),
             decode: schedule(),
             batch: Vec::new(),
+            int8_dots: false,
         }],
         io: IoBindings {
             step_params: 0,
@@ -205,6 +206,7 @@ fn valid(w: SectionRef) -> PlanHeader {
             step_rows: None,
             max_batch: 0,
         },
+        selftest: None,
     }
 }
 
@@ -233,6 +235,45 @@ fn the_valid_header_passes_and_runs_through_a_file() {
     let path = dir.path().join("v.plan");
     write_plan(&path, &h, &data).unwrap();
     assert_eq!(PlanFile::open(&path).unwrap().header, h);
+}
+
+/// A self-test's steps are tokens of the vocabulary, steps within a step's
+/// tokens and the context, and outputs of the size the runtime reads.
+#[test]
+fn self_tests_fit_the_plan() {
+    let mut data = DataLayout::default();
+    let w = data.push(Cow::Owned(vec![1u8; 12]));
+    let out = data.push(Cow::Owned(vec![0u8; 4 * VOCAB as usize]));
+    let step = |ids: Vec<u32>, output| SelfTestStep {
+        input_ids: ids,
+        output,
+    };
+    let check = |steps: Vec<SelfTestStep>| {
+        let mut h = valid(w);
+        h.selftest = Some(SelfTest { steps });
+        h.validate(data.len())
+    };
+    assert_eq!(
+        check(vec![step(vec![1, 2, 3], out), step(vec![0], out)]),
+        Ok(())
+    );
+    let err = |steps| check(steps).expect_err("refused");
+    assert!(err(vec![step(vec![VOCAB as u32], out)]).contains("past the vocabulary of 4"));
+    assert!(err(vec![step(vec![0; STEP as usize + 1], out)]).contains("not 1 to 4"));
+    assert!(err(vec![
+        step(vec![0; 4], out),
+        step(vec![0; 4], out),
+        step(vec![0], out)
+    ])
+    .contains("within a context of 8"));
+    assert!(err(vec![step(vec![], out)]).contains("has 0 tokens"));
+    let short = SectionRef { len: 4, ..out };
+    assert!(err(vec![step(vec![1], short)]).contains("not 4 f32 values"));
+    let outside = SectionRef {
+        offset: data.len(),
+        ..out
+    };
+    assert!(err(vec![step(vec![1], outside)]).contains("outside the data region"));
 }
 
 #[test]

@@ -44,6 +44,9 @@ pub enum RuntimeError {
         /// Each variant and what it lacks.
         reasons: String,
     },
+    /// The plan carries no self-test reference.
+    #[error("the plan has no self-test: it was compiled with `--no-selftest`, or by a gerbil from before self-tests; recompile it without that flag")]
+    NoSelfTest,
     /// `--variant` named a variant the plan does not have.
     #[error("the plan has no variant `{name}`; its variants are: {available} (`gerbilc inspect` lists them)")]
     UnknownVariant {

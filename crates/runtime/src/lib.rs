@@ -35,6 +35,7 @@ pub mod profile;
 pub mod progress;
 mod residency;
 pub mod sampling;
+pub mod selftest;
 pub mod session;
 pub mod variant;
 

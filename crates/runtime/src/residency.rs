@@ -543,6 +543,7 @@ mod tests {
                 prefill: vec![dispatch.clone()],
                 decode: vec![dispatch],
                 batch: Vec::new(),
+                int8_dots: false,
             }],
             io: IoBindings {
                 step_params: 0,
@@ -558,6 +559,7 @@ mod tests {
                 step_rows: None,
                 max_batch: 0,
             },
+            selftest: None,
         };
         gerbil_plan::write_plan(path, &header, &data).expect("write the test plan");
     }

@@ -452,6 +452,15 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Check every variant this device runs against the reference output
+    /// the plan carries (a short prompt computed on the CPU when it was
+    /// compiled): the largest difference per variant, passed or failed
+    /// against its tolerance. Exits with status 1 when a variant fails.
+    Selftest {
+        /// Print one JSON object.
+        #[arg(long)]
+        json: bool,
+    },
     /// Measure prefill and decode speed and GPU memory.
     Bench {
         /// Prompt length.
@@ -714,6 +723,20 @@ fn real_main(mut cli: Cli) -> Result<()> {
                 notes: std::sync::Arc::new(console::note),
             };
             serve(&cli.plan()?, &opts)?;
+        }
+        Some(Cmd::Selftest { json }) => {
+            let plan = gerbil_plan::PlanFile::open(&cli.plan()?)?;
+            let opts = cli.model_options().session;
+            let report = pollster::block_on(gerbil_runtime::selftest::run(&plan, &opts))?;
+            let out = if json {
+                format!("{}\n", serde_json::to_string(&report)?)
+            } else {
+                gerbil_cli::selftest::report_text(&report)
+            };
+            console::print(&out)?;
+            if !report.passed() {
+                bail!("{}", gerbil_cli::selftest::failure(&report));
+            }
         }
         Some(Cmd::Perplexity {
             file,

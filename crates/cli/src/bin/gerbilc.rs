@@ -64,6 +64,12 @@ enum Cmd {
         /// requests together); 0 (default): none.
         #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u32).range(0..=256))]
         max_batch: u32,
+        /// Leave out the self-test's reference (a short prompt run through
+        /// the model on the CPU at compile time, which `gerbil-run PLAN
+        /// selftest` checks every variant against): for a large model whose
+        /// reference would take long.
+        #[arg(long)]
+        no_selftest: bool,
         /// Skip a pass by name (repeatable).
         #[arg(long = "disable-pass", value_name = "NAME")]
         disable_pass: Vec<String>,
@@ -299,6 +305,7 @@ fn real_main(cli: Cli) -> Result<()> {
             max_context,
             max_tokens_per_step,
             max_batch,
+            no_selftest,
             disable_pass,
             dump_ir,
             dump_dot,
@@ -338,6 +345,8 @@ fn real_main(cli: Cli) -> Result<()> {
                 allow_non_finite,
                 quantize,
                 max_batch,
+                // Only a plan that is written carries one.
+                selftest: !no_selftest && output.is_some(),
             };
             let mut dumps = Dumps::new(dump_ir, dump_dot, gerbil_cli::console::StdoutWriter::new());
             let compiled = compile(&ckpt, &opts, &mut dumps)?;

@@ -15,6 +15,7 @@ mod gpu_faults;
 mod hardening_sizes;
 mod hardening_values;
 mod hub;
+mod selftest;
 mod serve;
 mod slots;
 mod structured;

@@ -1,15 +1,18 @@
 //! A CPU interpreter of a `gerbil_ir::Graph`, in f64, built on the op
 //! references of [`crate::reference`]: the GPU-free oracle of the
-//! pass-equivalence and model tests.
+//! pass-equivalence and model tests, and of a plan's self-test.
 //!
 //! [`Interpreter::new`] materializes every weight from its `WeightSource`
-//! (through `gerbil_compiler::materialize`, the compiler's own code, so a RoPE
-//! table is the very table a plan holds) and decodes it to f64; it zeroes one
-//! `[max_context, width]` buffer per KV cache. [`Interpreter::step`] runs
-//! one step of `T` tokens at positions `P..P+T`, like one runtime step, and
-//! returns every graph output; the caches keep their rows across steps, so
-//! a prompt may run in chunks followed by one-token decode steps.
-//! [`Interpreter::reset`] starts over at position 0.
+//! through [`Weights`] (the compiler's own materialization in practice, so a
+//! RoPE table is the very table a plan holds) and decodes it to f64 once;
+//! [`Interpreter::streaming`] instead materializes each weight when a step
+//! reaches it and drops it after its last use, so a step holds one weight
+//! and the live activations, not the model in f64 (eight times its bf16
+//! bytes). Either zeroes one `[max_context, width]` buffer per KV cache.
+//! [`Interpreter::step`] runs one step of `T` tokens at positions `P..P+T`,
+//! like one runtime step, and returns every graph output; the caches keep
+//! their rows across steps, so a prompt may run in chunks followed by
+//! one-token decode steps. [`Interpreter::reset`] starts over at position 0.
 //!
 //! The surprise: in-place writes (`cache_write`, `qkv_rope`'s caches) produce
 //! a new value in the graph, and the interpreter stores it back into the
@@ -17,18 +20,23 @@
 //! which is what sharing the buffer does on the GPU.
 
 use crate::reference as r;
-use gerbil_compiler::{materialize, CompileError, Rounding, TensorSource, WeightOptions};
-use gerbil_ir::{DType, Graph, NodeId, Op, TensorType, ValueRef};
+use gerbil_ir::{DType, Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
 
-/// How the interpreter materializes weights: as the plan would, but a NaN
-/// is computed with, not refused (the interpreter checks what it is given).
-const ALLOW_NON_FINITE: WeightOptions = WeightOptions {
-    rounding: Rounding::Ggml,
-    allow_non_finite: true,
-};
+/// Where the interpreter gets a weight's bytes.
+pub trait Weights {
+    /// The bytes of `source` stored as `dtype` (ggml blocks for a quantized
+    /// one, in ggml's order) with `rows` leading rows (a table of `Lmax`
+    /// rows is made for the interpreter's context).
+    fn weight_bytes(
+        &self,
+        source: &WeightSource,
+        dtype: DType,
+        rows: u64,
+    ) -> Result<Vec<u8>, Box<dyn std::error::Error + Send + Sync>>;
+}
 
 /// Why the interpreter could not run a graph.
 #[derive(Debug)]
@@ -39,8 +47,8 @@ pub enum InterpretError {
     Weight {
         /// The weight node's label.
         label: String,
-        /// What the compiler's materialization said.
-        source: Box<CompileError>,
+        /// Why not.
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A weight of a dtype that is not a float.
     WeightDType {
@@ -121,8 +129,14 @@ impl Tensor {
 pub struct Interpreter<'g> {
     graph: &'g Graph,
     order: Vec<NodeId>,
+    /// Every weight decoded, or none ([`Interpreter::streaming`]: each is
+    /// made from `source` when a step needs it).
     weights: HashMap<NodeId, Rc<Vec<f64>>>,
+    source: Option<&'g dyn Weights>,
     caches: HashMap<NodeId, Rc<Vec<f64>>>,
+    /// The position in `order` of each value's last reader; graph outputs
+    /// and cache writes live to the end of the step.
+    last_use: HashMap<ValueRef, usize>,
     max_context: usize,
     position: usize,
 }
@@ -159,49 +173,75 @@ fn decode(bytes: &[u8], dtype: DType) -> Option<Vec<f64>> {
 }
 
 impl<'g> Interpreter<'g> {
-    /// Prepares `graph` with its weights from `tensors` and KV caches of
-    /// `max_context` rows (also the RoPE tables' row count).
+    /// Prepares `graph` with every weight from `weights`, decoded once, and
+    /// KV caches of `max_context` rows (also the RoPE tables' row count).
     pub fn new(
         graph: &'g Graph,
-        tensors: &dyn TensorSource,
+        weights: &dyn Weights,
+        max_context: usize,
+    ) -> Result<Self, InterpretError> {
+        let mut it = Self::prepare(graph, None, max_context)?;
+        for &id in &it.order.clone() {
+            let node = graph.node(id);
+            if let Op::Weight(w) = &node.op {
+                let values = weight_values(&node.label, w, Some(weights), max_context)?;
+                it.weights.insert(id, Rc::new(values));
+            }
+        }
+        Ok(it)
+    }
+
+    /// As [`Interpreter::new`], but each weight is made from `weights` when a
+    /// step reaches it and dropped after its last reader: for one step of a
+    /// large model (a plan's self-test), at the cost of making every weight
+    /// again in each step.
+    pub fn streaming(
+        graph: &'g Graph,
+        weights: &'g dyn Weights,
+        max_context: usize,
+    ) -> Result<Self, InterpretError> {
+        Self::prepare(graph, Some(weights), max_context)
+    }
+
+    fn prepare(
+        graph: &'g Graph,
+        source: Option<&'g dyn Weights>,
         max_context: usize,
     ) -> Result<Self, InterpretError> {
         let order = graph.topo_order().ok_or(InterpretError::Cycle)?;
-        let (mut weights, mut caches) = (HashMap::new(), HashMap::new());
-        for &id in &order {
-            let node = graph.node(id);
-            match &node.op {
-                Op::Weight(w) => {
-                    let rows =
-                        w.ty.shape
-                            .first()
-                            .map_or(1, |d| d.resolve(0, max_context as u64));
-                    let bytes = materialize(tensors, &w.source, w.ty.dtype, rows, ALLOW_NON_FINITE)
-                        .map_err(|source| InterpretError::Weight {
-                            label: node.label.clone(),
-                            source: Box::new(source),
-                        })?;
-                    let values =
-                        decode(&bytes, w.ty.dtype).ok_or_else(|| InterpretError::WeightDType {
-                            label: node.label.clone(),
-                            dtype: w.ty.dtype,
-                        })?;
-                    weights.insert(id, Rc::new(values));
-                }
-                Op::KvCache { width, .. } => {
-                    caches.insert(id, Rc::new(vec![0.0; max_context * *width as usize]));
-                }
-                _ => {}
+        let mut caches = HashMap::new();
+        let mut last_use = HashMap::new();
+        for (i, &id) in order.iter().enumerate() {
+            if let Op::KvCache { width, .. } = graph.node(id).op {
+                caches.insert(id, Rc::new(vec![0.0; max_context * width as usize]));
+            }
+            for v in graph.inputs(id) {
+                last_use.insert(v, i);
             }
         }
-        Ok(Interpreter {
+        // Outputs are read at the end, and cache writes are kept.
+        for (_, v) in &graph.outputs {
+            last_use.insert(*v, usize::MAX);
+        }
+        let mut it = Interpreter {
             graph,
             order,
-            weights,
+            weights: HashMap::new(),
+            source,
             caches,
+            last_use,
             max_context,
             position: 0,
-        })
+        };
+        for &id in &it.order.clone() {
+            for port in 0..graph.node(id).outputs.len() as u32 {
+                let v = ValueRef { node: id, port };
+                if it.aliased_cache(v).is_some() {
+                    it.last_use.insert(v, usize::MAX);
+                }
+            }
+        }
+        Ok(it)
     }
 
     /// Tokens cached so far (`P` of the next step).
@@ -233,14 +273,19 @@ impl<'g> Interpreter<'g> {
         }
         let g = self.graph;
         let mut values: HashMap<ValueRef, Rc<Vec<f64>>> = HashMap::new();
-        for &id in &self.order {
+        for (i, &id) in self.order.iter().enumerate() {
             let node = g.node(id);
             let inputs = g.inputs(id);
             let ins: Vec<&[f64]> = inputs.iter().map(|v| values[v].as_slice()).collect();
             let tys: Vec<&TensorType> = inputs.iter().map(|v| g.value_type(*v)).collect();
             let outs: Vec<Rc<Vec<f64>>> = match &node.op {
                 Op::Input(_) => vec![Rc::new(tokens.iter().map(|&i| f64::from(i)).collect())],
-                Op::Weight(_) => vec![self.weights[&id].clone()],
+                Op::Weight(w) => vec![match (self.weights.get(&id), self.source) {
+                    (Some(values), _) => values.clone(),
+                    (None, source) => {
+                        Rc::new(weight_values(&node.label, w, source, self.max_context)?)
+                    }
+                }],
                 Op::KvCache { .. } => vec![self.caches[&id].clone()],
                 op => eval(op, &ins, &tys, p).into_iter().map(Rc::new).collect(),
             };
@@ -252,6 +297,13 @@ impl<'g> Interpreter<'g> {
                     },
                     out,
                 );
+            }
+            // Values no later node reads are dropped (weights too, when
+            // streaming).
+            for v in inputs {
+                if self.last_use.get(&v) == Some(&i) {
+                    values.remove(&v);
+                }
             }
         }
         // In-place outputs become the new contents of the caches they alias.
@@ -367,4 +419,30 @@ fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize) -> Vec<Vec<f64>>
             unreachable!("sources are read from the interpreter's state")
         }
     }
+}
+
+/// The f64 values of weight `w` (called `label`), made by `weights` with
+/// the rows its type gives at `max_context`.
+fn weight_values(
+    label: &str,
+    w: &gerbil_ir::Weight,
+    weights: Option<&dyn Weights>,
+    max_context: usize,
+) -> Result<Vec<f64>, InterpretError> {
+    let failed = |source| InterpretError::Weight {
+        label: label.to_string(),
+        source,
+    };
+    let weights = weights.ok_or_else(|| failed("no source of weights was given".into()))?;
+    let rows =
+        w.ty.shape
+            .first()
+            .map_or(1, |d| d.resolve(0, max_context as u64));
+    let bytes = weights
+        .weight_bytes(&w.source, w.ty.dtype, rows)
+        .map_err(failed)?;
+    decode(&bytes, w.ty.dtype).ok_or_else(|| InterpretError::WeightDType {
+        label: label.to_string(),
+        dtype: w.ty.dtype,
+    })
 }
