@@ -57,9 +57,10 @@ pub fn failure(r: &SelfTestReport) -> String {
         return "the self-test ran no variant on this device: see the reasons above".into();
     }
     format!(
-        "the self-test failed for {}: its output differs from the reference past its tolerance, \
-         so this device (or its driver) computes it wrongly; run another variant with --variant, \
-         and report the device and driver to gerbil's issues",
+        "the self-test failed for {}: its output differs from the reference past its tolerance \
+         (this device or its driver computes it wrongly, or the variant is less accurate on this \
+         model than its tolerance allows); run another variant with --variant, and report the \
+         device, driver and model to gerbil's issues",
         failed
             .iter()
             .map(|n| format!("`{n}`"))

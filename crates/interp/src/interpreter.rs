@@ -149,14 +149,15 @@ fn width(ty: &TensorType) -> usize {
 /// Little-endian values of `dtype` (ggml blocks for a quantized one),
 /// widened exactly to f64.
 fn decode(bytes: &[u8], dtype: DType) -> Option<Vec<f64>> {
+    use rayon::prelude::*;
     let pairs = || {
         bytes
-            .chunks_exact(2)
+            .par_chunks_exact(2)
             .map(|c| u16::from_le_bytes([c[0], c[1]]))
     };
     Some(match dtype {
         DType::F32 => bytes
-            .chunks_exact(4)
+            .par_chunks_exact(4)
             .map(|c| f64::from(f32::from_le_bytes([c[0], c[1], c[2], c[3]])))
             .collect(),
         DType::BF16 => pairs().map(|b| half::bf16::from_bits(b).to_f64()).collect(),
