@@ -9,7 +9,8 @@
 // Scripts drive the page through its address (the README's contract): run=1 generates once from
 // prompt=TEXT (chat=1: as one user message through the chat template) or input_ids=1,2,3, with
 // max_new_tokens=N and temperature=T, and writes one JSON object into <pre id="result">:
-// {output_ids, text, prompt_tokens, tok_s, adapter, variant}, or {error}.
+// {output_ids, text, prompt_tokens, tok_s, adapter, variant}, or {error}; selftest=1 (with
+// engine=browser&plan=URL) runs the plan's self-test instead and writes {selftest: report}.
 const $ = (id) => document.getElementById(id);
 const params = new URLSearchParams(location.search);
 
@@ -22,6 +23,7 @@ const state = {
     answer: null, // the answer in progress: {bubble, text, started, first, abort}
     loaded: null, // the browser engine's info, once a plan is loaded
     run: params.get("run") === "1", // the address asks for one generation (the contract)
+    selftest: params.get("selftest") === "1", // the address asks for the plan's self-test
 };
 
 const setState = (s) => (document.body.dataset.state = s);
@@ -158,12 +160,18 @@ function fromWorker(m) {
         $("progress-text").textContent = m.cached ? "(from this browser's cache)" : "";
         $("where").textContent = `${i.name} (${i.family}) in this browser on ${i.adapter || "an unnamed adapter"}, variant ${i.variant} (the plan has ${i.variants.join(", ")}); ${megabytes(i.weights_bytes)} MB of weights, context ${i.context}, ${megabytes(i.wasm_memory_bytes)} MB of wasm memory${i.text ? "" : "; the plan has no tokenizer, so it takes token ids only (input_ids= in the address)"}`;
         state.loaded = i;
+        $("selftest").hidden = false;
         setState("ready");
-        if (state.run) runOnce();
+        if (state.selftest) runSelftest();
+        else if (state.run) runOnce();
     } else if (m.type === "text") {
         addText(m.text);
     } else if (m.type === "done") {
         finished(m.stats);
+    } else if (m.type === "selftest") {
+        $("selftest").disabled = false;
+        $("stats").textContent = selftestSummary(m.report);
+        if (state.selftest) writeResult({ selftest: m.report });
     } else if (m.type === "error") {
         $("progress").hidden = true;
         if (state.answer) abandonAnswer();
@@ -350,6 +358,24 @@ function endAnswer() {
     if (document.body.dataset.state === "answering") setState("ready");
 }
 
+// One line of a self-test report: each variant's outcome, and whether all passed.
+function selftestSummary(r) {
+    const each = r.variants.map((v) =>
+        v.status === "skipped" ? `${v.name} skipped`
+            : v.max_abs_diff == null ? `${v.name} FAILED (${v.reason})`
+            : `${v.name} ${v.status === "passed" ? "passed" : "FAILED"} (max |Δ| ${v.max_abs_diff.toExponential(2)}, tolerance ${v.tolerance.toExponential(2)})`);
+    // wgpu has no adapter name in a browser; the page has WebGPU's own (see "loaded").
+    const on = state.loaded?.adapter || r.device || "this adapter";
+    return `Self-test on ${on}: ${r.passed ? "passed" : "FAILED"}: ${each.join("; ")}`;
+}
+
+function runSelftest() {
+    if (!state.worker || !state.loaded) return;
+    $("selftest").disabled = true;
+    $("stats").textContent = "self-test running…";
+    state.worker.postMessage({ type: "selftest" });
+}
+
 function clearConversation() {
     state.answer?.abort?.();
     state.conversation = [];
@@ -362,6 +388,7 @@ function chooseEngine(engine) {
     state.engine = engine;
     document.querySelector(`input[name=engine][value=${engine}]`).checked = true;
     $("loader").hidden = engine !== "browser";
+    $("selftest").hidden = engine !== "browser" || !state.loaded;
     clearConversation();
     clearAlert();
     if (engine === "server") {
@@ -382,6 +409,7 @@ async function main() {
     });
     $("stop").addEventListener("click", () => state.answer?.abort?.());
     $("clear").addEventListener("click", clearConversation);
+    $("selftest").addEventListener("click", runSelftest);
     $("reload").addEventListener("click", () => {
         startWorker();
         load(state.lastLoad);

@@ -1,9 +1,10 @@
 // gerbil's engine in a Web Worker: loads a plan (from a URL, cached in the Origin Private File
 // System, or from a file the user picked) and answers chats, posting progress and text to the
 // page. Messages in: {type: "load", url} | {type: "load", file} | {type: "generate", request,
-// settings} (request: {messages} | {prompt} | {input_ids}) | {type: "stop"} | {type: "clear"}.
+// settings} (request: {messages} | {prompt} | {input_ids}) | {type: "stop"} | {type: "clear"} |
+// {type: "selftest"} (the loaded plan's self-test, read again from where it was loaded).
 // Messages out: {type: "progress", stage, done, total} | {type: "loaded", info} | {type: "text",
-// text} | {type: "done", stats} | {type: "error", message, lost}.
+// text} | {type: "done", stats} | {type: "selftest", report} | {type: "error", message, lost}.
 //
 // The engine reads the plan synchronously (FileSystemSyncAccessHandle, FileReaderSync), which
 // only a worker may: the weights go to the GPU window by window and the plan is never whole in
@@ -11,6 +12,7 @@
 import init, { Engine } from "./pkg/gerbil_web.js";
 
 let engine = null;
+let lastLoad = null;
 let closeSource = () => {};
 const post = (m) => self.postMessage(m);
 
@@ -20,6 +22,7 @@ self.onmessage = async ({ data: m }) => {
         else if (m.type === "generate") await generate(m);
         else if (m.type === "stop") engine?.stop();
         else if (m.type === "clear") engine?.clear();
+        else if (m.type === "selftest") await selftest();
     } catch (e) {
         const message = String(e?.message ?? e);
         post({ type: "error", message, lost: /device (was )?lost|lost the device/i.test(message) });
@@ -32,6 +35,7 @@ async function load(m) {
     engine?.free();
     engine = null;
     closeSource();
+    lastLoad = m;
     const source = m.file ? fileSource(m.file) : await urlSource(m.url, m.headers ?? {});
     closeSource = source.close;
     const progress = (done, total) => post({ type: "progress", stage: "upload", done, total });
@@ -55,6 +59,19 @@ async function load(m) {
         info.adapter = [a.vendor, a.architecture, a.description].filter(Boolean).join(" ");
     }
     post({ type: "loaded", info, cached: source.cached ?? false });
+}
+
+// The loaded plan's self-test: its source opened again (from this browser's cache for a URL), every
+// variant this adapter runs checked against the reference the plan carries.
+async function selftest() {
+    if (!engine || !lastLoad) throw new Error("no model is loaded");
+    const source = lastLoad.file ? fileSource(lastLoad.file) : await urlSource(lastLoad.url, lastLoad.headers ?? {});
+    try {
+        const report = JSON.parse(await Engine.selftest(source.name, source.size, source.read));
+        post({ type: "selftest", report });
+    } finally {
+        source.close();
+    }
 }
 
 // One answer. The time to its first token is timed here, as tokens leave the engine; its decode

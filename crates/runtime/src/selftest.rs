@@ -123,9 +123,9 @@ pub async fn run(plan: &PlanFile, base: &SessionOptions) -> Result<SelfTestRepor
                 continue;
             }
         };
-        let info = &session.gpu().adapter;
-        device.clone_from(&info.name);
-        if v.features.contains(&Feature::Cpu) && info.device_type != wgpu::DeviceType::Cpu {
+        device.clone_from(&session.gpu().adapter.name);
+        let cpu_adapter = crate::variant::device_features(session.gpu()).contains(&Feature::Cpu);
+        if v.features.contains(&Feature::Cpu) && !cpu_adapter {
             let reason = "made for CPU adapters: a GPU runs it only when named (--variant cpu)";
             variants.push(check(Status::Skipped, None, Some(reason.into())));
             continue;

@@ -98,6 +98,23 @@ impl Engine {
         }
     }
 
+    /// The plan's self-test (`gerbil-run PLAN selftest`) in this browser: every variant its
+    /// adapter runs against the reference the plan carries, the plan of `size` bytes read through
+    /// `read(at, len)` as [`Engine::load`] reads it. Resolves to the report as JSON (`device`,
+    /// `steps`, `max_abs`, `variants`: name, precision, status, max |Δ|, tolerance, reason) with
+    /// `passed`; rejects when the plan has none. Sessions open one at a time beside the loaded
+    /// model's, so the GPU holds two copies of the weights meanwhile.
+    pub async fn selftest(name: String, size: f64, read: Function) -> Result<String, JsError> {
+        let source = JsSource::new(size as u64, read);
+        let plan = PlanFile::from_source(name, Box::new(source)).map_err(error)?;
+        let report = gerbil_runtime::selftest::run(&plan, &SessionOptions::default())
+            .await
+            .map_err(error)?;
+        let mut json = serde_json::to_value(&report).map_err(error)?;
+        json["passed"] = report.passed().into();
+        Ok(json.to_string())
+    }
+
     /// Forgets the conversation the KV cache holds (the next answer runs its whole prompt).
     pub fn clear(&self) {
         if let Some(model) = &mut *self.model.borrow_mut() {

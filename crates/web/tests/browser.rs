@@ -143,3 +143,27 @@ async fn tiny_models_match_transformers_in_the_browser() {
         failures.join("\n  ")
     );
 }
+
+/// The plans' self-tests (the reference `gerbilc` computed on the CPU) in
+/// the browser: every variant SwiftShader runs passes (`cpu`, which a
+/// browser's fallback adapter runs, and `portable`), none fails.
+#[wasm_bindgen_test]
+async fn tiny_plans_pass_their_self_tests_in_the_browser() {
+    let mut failures = Vec::new();
+    for tiny in &TINY {
+        let plan = PlanFile::from_bytes(format!("{}.plan", tiny.name), tiny.plan.to_vec())
+            .expect("the embedded plan opens");
+        let report = gerbil_runtime::selftest::run(&plan, &SessionOptions::default())
+            .await
+            .unwrap_or_else(|e| panic!("{}: {e}", tiny.name));
+        for v in &report.variants {
+            use gerbil_runtime::selftest::Status;
+            let want_pass = ["cpu", "portable"].contains(&v.name.as_str());
+            let bad = v.status == Status::Failed || (want_pass && v.status != Status::Passed);
+            if bad {
+                failures.push(format!("{} {}: {v:?}", tiny.name, v.name));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

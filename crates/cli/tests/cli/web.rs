@@ -492,6 +492,31 @@ fn the_page_runs_the_plan_in_the_browser_and_answers_as_the_server_does() {
     browser.wait_ready();
     let note = browser.script("return document.getElementById('progress-text').textContent");
     assert_eq!(note, "(from this browser's cache)");
+    // The plan's self-test in the browser: the button, then the address's `selftest=1`.
+    browser.click("#selftest");
+    let summary = browser.wait_for(
+        "const s = document.getElementById('stats').textContent; \
+         return s.startsWith('Self-test on') ? s : null",
+        Duration::from_secs(120),
+    );
+    assert!(
+        summary.as_str().unwrap().contains(": passed: cpu passed"),
+        "{summary}"
+    );
+    browser.screenshot("selftest");
+    browser.open(&format!("{base}/?engine=browser&plan=/v1/plan&selftest=1"));
+    let result = browser.wait_for(
+        "const r = document.getElementById('result'); return r.hidden ? null : r.textContent",
+        Duration::from_secs(120),
+    );
+    let report: Value = serde_json::from_str(result.as_str().unwrap()).unwrap();
+    assert_eq!(report["selftest"]["passed"], true, "{report}");
+    let cpu = &report["selftest"]["variants"][0];
+    assert_eq!(
+        (&cpu["name"], &cpu["status"]),
+        (&json!("cpu"), &json!("passed")),
+        "{report}"
+    );
     // The address's contract: one generation from token ids gives the native greedy ids, and a
     // chat prompt the server's answer, on either engine.
     // (This test holds the GPU lock already.)
