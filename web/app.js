@@ -172,11 +172,19 @@ function fromWorker(m) {
         $("selftest").disabled = false;
         $("stats").textContent = selftestSummary(m.report);
         if (state.selftest) writeResult({ selftest: m.report });
+        // Once: a later load (after a lost device) does not run it again.
+        state.selftest = false;
     } else if (m.type === "error") {
         $("progress").hidden = true;
         if (state.answer) abandonAnswer();
         alertUser(m.lost ? `The GPU device was lost: ${m.message}` : m.message, { reload: m.lost });
-        if (state.run) writeResult({ error: m.message });
+        if (state.run || state.selftest) writeResult({ error: m.message });
+        state.selftest = false;
+        if ($("selftest").disabled) {
+            // The self-test itself failed: the button works again.
+            $("selftest").disabled = false;
+            $("stats").textContent = "";
+        }
     }
 }
 
@@ -439,13 +447,15 @@ async function main() {
     if (state.server) $("plan-url").value = new URL("/v1/plan", location.href).href;
     if (!state.server) state.engine = "browser";
     const plan = params.get("plan");
-    if (state.engine === "browser" && (plan || (state.run && state.server))) {
+    if (state.engine === "browser" && (plan || ((state.run || state.selftest) && state.server))) {
         if (plan) $("plan-url").value = new URL(plan, location.href).href;
         state.lastLoad = { type: "load", url: $("plan-url").value, headers: authHeaders() };
     }
     chooseEngine(state.engine);
     if (state.run && state.engine === "server") runOnce();
     else if (state.run && !state.lastLoad) writeResult({ error: "run=1 in this browser needs plan=URL" });
+    else if (state.selftest && state.engine !== "browser") writeResult({ error: "selftest=1 runs in this browser: add engine=browser" });
+    else if (state.selftest && !state.lastLoad) writeResult({ error: "selftest=1 needs plan=URL" });
 }
 
 main();

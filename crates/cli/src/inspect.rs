@@ -322,7 +322,7 @@ pub fn render(i: &Inspection) -> String {
     s += "           (an adapter runs the first variant whose features and limits it has; \
           only a CPU adapter runs `cpu`)\n";
     if i.selftest_steps.is_empty() {
-        s += "self-test  none (compiled with --no-selftest)\n";
+        s += "self-test  none (compiled with --no-selftest, or by a gerbil from before self-tests)\n";
     } else {
         let steps: Vec<String> = i.selftest_steps.iter().map(usize::to_string).collect();
         s += &format!(

@@ -45,26 +45,35 @@ pub fn report_text(r: &SelfTestReport) -> String {
     s
 }
 
-/// Why the self-test failed, naming the variants.
+/// Why the self-test failed, naming the variants: those whose output is
+/// past their tolerance, and those that could not run (with the reason).
 pub fn failure(r: &SelfTestReport) -> String {
-    let failed: Vec<&str> = r
-        .variants
-        .iter()
-        .filter(|v| v.status == Status::Failed)
-        .map(|v| v.name.as_str())
-        .collect();
-    if failed.is_empty() {
+    let failed = |wrong: bool| -> Vec<String> {
+        r.variants
+            .iter()
+            .filter(|v| v.status == Status::Failed && v.max_abs_diff.is_some() == wrong)
+            .map(|v| match (&v.reason, wrong) {
+                (Some(reason), false) => format!("`{}` ({reason})", v.name),
+                _ => format!("`{}`", v.name),
+            })
+            .collect()
+    };
+    let (wrong, broken) = (failed(true), failed(false));
+    let mut parts = Vec::new();
+    if !wrong.is_empty() {
+        parts.push(format!(
+            "the self-test failed for {}: the output differs from the reference past the \
+             tolerance (this device or its driver computes it wrongly, or the variant is less \
+             accurate on this model than its tolerance allows); run another variant with \
+             --variant, and report the device, driver and model to gerbil's issues",
+            wrong.join(", ")
+        ));
+    }
+    if !broken.is_empty() {
+        parts.push(format!("the self-test could not run {}", broken.join(", ")));
+    }
+    if parts.is_empty() {
         return "the self-test ran no variant on this device: see the reasons above".into();
     }
-    format!(
-        "the self-test failed for {}: its output differs from the reference past its tolerance \
-         (this device or its driver computes it wrongly, or the variant is less accurate on this \
-         model than its tolerance allows); run another variant with --variant, and report the \
-         device, driver and model to gerbil's issues",
-        failed
-            .iter()
-            .map(|n| format!("`{n}`"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    )
+    parts.join("; ")
 }

@@ -268,10 +268,21 @@ fn check_limits(src: &KernelSource, limits: &Limits, max_t: u32) -> Result<(), C
 
 impl Assembler {
     /// The device limits a set of schedules needs (`max_buffer_size` over
-    /// every buffer of the plan: the runtime creates them all).
+    /// the buffers they bind, which are the ones the runtime creates for
+    /// them: in a default plan a portable variant does not need the whole
+    /// weight only the desktop variants bind).
     pub fn requirements(&self, buffers: &[BufferDecl], schedules: &[&[Dispatch]]) -> Requirements {
+        let bound = schedules
+            .iter()
+            .flat_map(|s| s.iter())
+            .flat_map(|d| d.bindings.iter())
+            .map(|b| b.buffer as usize);
         let mut r = Requirements {
-            max_buffer_size: buffers.iter().map(|b| b.size).max().unwrap_or(0),
+            max_buffer_size: bound
+                .filter_map(|b| buffers.get(b))
+                .map(|b| b.size)
+                .max()
+                .unwrap_or(0),
             ..Requirements::default()
         };
         for d in schedules.iter().flat_map(|s| s.iter()) {

@@ -199,7 +199,7 @@ impl<'o> Buffers<'o> {
             self.check_binding(
                 format!("weight `{label}`"),
                 bytes,
-                "it cannot be split into shards of 4 rows each within one binding; use a target with a larger binding limit (--target desktop, or the default universal)",
+                "it cannot be split into shards of 4 rows each within one binding; use a target with a larger binding limit (--target desktop)",
             )?;
             // A table of `Lmax` rows is indexed by position (the RoPE table).
             let position_rows = ty.shape.first() == Some(&Dim::Sym(Sym::Lmax));

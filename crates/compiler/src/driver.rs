@@ -383,7 +383,13 @@ pub fn compile<'a>(
         allow_non_finite: opts.allow_non_finite,
     };
     let is_embedding = model.embedding.is_some();
-    let (vocab, step_tokens) = (model.vocab_size, model.max_tokens_per_step);
+    // An embedding input takes at most its model's tokens; a language
+    // model's prompt, one step within the context.
+    let most = match &model.embedding {
+        Some(e) => e.max_tokens.min(model.max_tokens_per_step),
+        None => model.max_tokens_per_step.min(max_context),
+    };
+    let vocab = model.vocab_size;
     let mut plan = build_plan(
         &graph,
         ckpt,
@@ -393,18 +399,6 @@ pub fn compile<'a>(
         &codegen,
         weights,
     )?;
-    if let Some(lowered) = &lowered {
-        let start = std::time::Instant::now();
-        let most = step_tokens.min(max_context);
-        let prompt = selftest::prompt(vocab, most);
-        let steps = selftest::reference(lowered, ckpt, weights, &prompt, is_embedding)?;
-        selftest::attach(&mut plan, steps)?;
-        tracing::info!(
-            tokens = prompt.len(),
-            ms = start.elapsed().as_millis() as u64,
-            "computed the self-test's reference on the CPU"
-        );
-    }
     tracing::info!(
         target = %codegen.target.name,
         max_tokens_per_step,
@@ -414,6 +408,17 @@ pub fn compile<'a>(
         ms = codegen_start.elapsed().as_millis() as u64,
         "generated the kernels and laid out the plan"
     );
+    if let Some(lowered) = &lowered {
+        let start = std::time::Instant::now();
+        let prompt = selftest::prompt(vocab, most);
+        let steps = selftest::reference(lowered, ckpt, weights, &prompt, is_embedding)?;
+        selftest::attach(&mut plan, steps)?;
+        tracing::info!(
+            tokens = prompt.len(),
+            ms = start.elapsed().as_millis() as u64,
+            "computed the self-test's reference on the CPU"
+        );
+    }
     Ok(Compiled {
         graph,
         passes: report,

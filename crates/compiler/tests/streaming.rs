@@ -292,6 +292,24 @@ fn shards_of_a_weight_bound_whole_are_ranges_of_its_bytes() {
             shards += 1;
         }
         assert!(shards >= 3, "{name}: {shards} shards");
+        // A portable variant needs no buffer larger than its bindings: the
+        // whole weights are the desktop variants' alone.
+        for v in universal.header.variants.iter().filter(|v| {
+            ![
+                "tensor-f16",
+                "subgroups-f16",
+                "subgroups-f16-i8",
+                "subgroups",
+            ]
+            .contains(&v.name.as_str())
+        }) {
+            let r = &v.requirements;
+            assert!(
+                r.max_buffer_size <= max_binding,
+                "{name}: {} needs {r:?}",
+                v.name
+            );
+        }
         // Each byte is stored once: the weights' sections that are not
         // ranges of another add up to the portable plan's, give or take
         // section padding.

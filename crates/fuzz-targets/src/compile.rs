@@ -6,7 +6,7 @@
 //! filled with small random numbers.
 //!
 //! Input layout: one byte of flags (bit 0: the `desktop` target, bit 4: the
-//! `universal` one, both: `portable`; bit 1: give `--max-context`; bit 2:
+//! `universal` one, both or neither: `portable`; bit 1: give `--max-context`; bit 2:
 //! give `--max-tokens-per-step`; bit 3: `--quantize q4_0`), the two sizes as little-endian `u64`s, then the
 //! config. `compile` stops after the passes (an observer error ends it
 //! before codegen); `codegen` goes on to the prefill chunk choice, kernels,
@@ -67,6 +67,8 @@ fn run(mut data: &[u8], codegen: bool) -> Option<Result<(), CompileError>> {
             16 => Target::universal(),
             _ => Target::portable(),
         },
+        // The f64 interpreter's reference is not what these targets probe.
+        selftest: false,
         ..CompileOptions::default()
     };
     let mut ckpt = checkpoint(data)?;

@@ -119,9 +119,13 @@ impl Tensor {
         &self.data[i * self.width..(i + 1) * self.width]
     }
 
-    /// The last row (what the runtime reads back as a step's logits).
+    /// The last row (what the runtime reads back as a step's logits); empty
+    /// when there is none.
     pub fn last_row(&self) -> &[f64] {
-        self.row(self.rows() - 1)
+        match self.rows() {
+            0 => &[],
+            n => self.row(n - 1),
+        }
     }
 }
 

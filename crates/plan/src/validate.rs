@@ -223,16 +223,28 @@ impl PlanHeader {
     fn check_selftest(&self, t: &crate::SelfTest, data_len: u64) -> Result<(), String> {
         let m = &self.model;
         let width = m.embedding.as_ref().map_or(m.vocab_size, |e| e.dimension);
+        if t.steps.is_empty() {
+            return Err("the self-test has no step".into());
+        }
         let mut tokens = 0u64;
         for (i, step) in t.steps.iter().enumerate() {
             let what = format!("self-test step {i}");
             section_ok(&step.output, &what, data_len)?;
             let n = step.input_ids.len() as u64;
-            tokens += n;
-            if n == 0 || n > m.max_tokens_per_step || tokens > m.max_context {
+            // An embedding step is an input of its own; a language model's
+            // steps share the context.
+            let (most, context) = match &m.embedding {
+                Some(e) => (e.max_tokens.min(m.max_tokens_per_step), n),
+                None => {
+                    tokens += n;
+                    (m.max_tokens_per_step, tokens)
+                }
+            };
+            if n == 0 || n > most || context > m.max_context {
                 return Err(format!(
-                    "{what} has {n} tokens ({tokens} so far), not 1 to {} within a context of {}",
-                    m.max_tokens_per_step, m.max_context
+                    "{what} has {n} tokens ({context} in the context), not 1 to {most} within \
+                     a context of {}",
+                    m.max_context
                 ));
             }
             if let Some(id) = step

@@ -267,6 +267,7 @@ fn self_tests_fit_the_plan() {
     ])
     .contains("within a context of 8"));
     assert!(err(vec![step(vec![], out)]).contains("has 0 tokens"));
+    assert!(err(vec![]).contains("has no step"));
     let short = SectionRef { len: 4, ..out };
     assert!(err(vec![step(vec![1], short)]).contains("not 4 f32 values"));
     let outside = SectionRef {

@@ -1,8 +1,9 @@
 //! A plan's self-test: every variant this device runs, on the short prompt
 //! whose output the compiler computed on the CPU (`gerbil_plan::SelfTest`).
 //!
-//! [`run`] opens a session per variant (asking for tensor cores, so a
-//! device that has them checks its tensor-core variant too), runs the
+//! [`run`] opens a session per variant (tensor cores as the options ask,
+//! as the variant would run: `tensor-f16` is opt-in because it misses its
+//! tolerance on some models), its KV cache as long as the prompt, runs the
 //! prompt's steps in order from an empty cache — for a language model a
 //! prefill then one decode step, so both schedules are checked — and
 //! compares each step's output with the reference: the largest |Δ| against
@@ -93,6 +94,7 @@ pub async fn run(plan: &PlanFile, base: &SessionOptions) -> Result<SelfTestRepor
         .collect::<Result<_, RuntimeError>>()?;
     let max_abs = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
     let embedding = header.model.embedding.is_some();
+    let tokens = test.steps.iter().map(|s| s.input_ids.len() as u64).sum();
     let mut device = String::new();
     let mut variants = Vec::new();
     for v in &header.variants {
@@ -108,7 +110,8 @@ pub async fn run(plan: &PlanFile, base: &SessionOptions) -> Result<SelfTestRepor
         let opts = SessionOptions {
             variant: Some(v.name.clone()),
             precision: crate::PrecisionChoice::Auto,
-            tensor_cores: true,
+            context: (!embedding).then_some(tokens),
+            slots: 1,
             progress: None,
             ..base.clone()
         };
@@ -149,6 +152,13 @@ pub async fn run(plan: &PlanFile, base: &SessionOptions) -> Result<SelfTestRepor
         variants.push(match error {
             Some(e) => check(Status::Failed, None, Some(e)),
             None if worst <= tolerance => check(Status::Passed, Some(worst), None),
+            // JSON has no infinity: a NaN, an infinity or a wrong length is
+            // said in words.
+            None if !worst.is_finite() => check(
+                Status::Failed,
+                None,
+                Some("the output holds NaN or infinity, or has the wrong length".into()),
+            ),
             None => check(Status::Failed, Some(worst), None),
         });
     }

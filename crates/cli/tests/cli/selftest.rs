@@ -49,7 +49,8 @@ fn every_variant_passes_and_a_broken_kernel_fails_naming_its_variant() {
     assert_eq!(status(&all, "tensor-f16"), "skipped", "{report}");
     for v in report["variants"].as_array().unwrap() {
         if v["status"] == "passed" {
-            assert!(v["max_abs_diff"].as_f64() <= v["tolerance"].as_f64(), "{v}");
+            let (d, tol) = (v["max_abs_diff"].as_f64(), v["tolerance"].as_f64());
+            assert!(d.unwrap() <= tol.unwrap(), "{v}");
         }
     }
     let text = stdout(&gerbil_run(&[path, "selftest"]));
@@ -86,7 +87,10 @@ fn every_variant_passes_and_a_broken_kernel_fails_naming_its_variant() {
     let broken = broken.to_str().unwrap();
     let o = gerbil_run(&[broken, "selftest", "--json"]);
     assert!(!o.status.success());
-    assert_fails_with(&o, "the self-test failed for `portable`:");
+    assert_fails_with(
+        &o,
+        "the self-test failed for `portable`: the output differs",
+    );
     let all = statuses(&serde_json::from_str(&stdout(&o)).expect("one JSON object"));
     assert_eq!(status(&all, "portable"), "failed");
     for name in ["cpu", "portable-f16"] {
@@ -94,14 +98,23 @@ fn every_variant_passes_and_a_broken_kernel_fails_naming_its_variant() {
     }
 }
 
+/// One input, of at most the tokens the model takes (4 with `--max-context 4`).
 #[test]
 fn an_embedding_plan_checks_its_vector() {
-    let (_dir, plan) = compile(&data("models/tiny-encoder/bert"), "selftest-bert", &[]);
-    let o = gerbil_run(&[plan.to_str().unwrap(), "selftest", "--json"]);
-    assert!(o.status.success(), "{}", stderr(&o));
-    let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
-    assert_eq!(report["steps"].as_array().unwrap().len(), 1, "{report}");
-    assert_eq!(status(&statuses(&report), "cpu"), "passed", "{report}");
+    let bert = data("models/tiny-encoder/bert");
+    for (tag, flags, tokens) in [
+        ("bert", &[][..], 8),
+        ("bert-4", &["--max-context", "4"][..], 4),
+    ] {
+        let (_dir, plan) = compile(&bert, tag, flags);
+        let o = gerbil_run(&[plan.to_str().unwrap(), "selftest", "--json"]);
+        assert!(o.status.success(), "{tag}: {}", stderr(&o));
+        let report: Value = serde_json::from_str(&stdout(&o)).unwrap();
+        let steps = report["steps"].as_array().unwrap();
+        assert_eq!(steps.len(), 1, "{report}");
+        assert_eq!(steps[0].as_array().unwrap().len(), tokens, "{report}");
+        assert_eq!(status(&statuses(&report), "cpu"), "passed", "{report}");
+    }
 }
 
 #[test]
