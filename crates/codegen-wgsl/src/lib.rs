@@ -27,7 +27,7 @@ pub mod tuning;
 mod validate;
 mod variant;
 
-pub use schedule::{buffers, generate, CodegenOptions, Program, WeightAlias, WeightBuffer};
+pub use schedule::{buffer_table, generate, CodegenOptions, Program, WeightAlias, WeightBuffer};
 pub use target::{Limits, SubgroupSizes, Target};
 pub use validate::{validate, validate_with};
 pub use variant::{variants_for, VariantSpec, TENSOR_WORKGROUP_STORAGE};

@@ -7,7 +7,7 @@
 //! into arenas by liveness and answers which slice each operand binds;
 //! here, each phase of each variant lowers every compute node
 //! ([`crate::lower`]) and assembles its dispatch ([`crate::dispatch`]);
-//! last, every distinct kernel is validated by naga. [`buffers`] stops
+//! last, every distinct kernel is validated by naga. [`buffer_table`] stops
 //! before validation: the buffer table alone, for choosing the prefill chunk.
 //! Weights are placed before any variant is built, so every variant binds the
 //! same weight buffers.
@@ -127,9 +127,14 @@ pub fn generate(graph: &Graph, opts: &CodegenOptions) -> Result<Program, Codegen
 
 /// The buffer table [`generate`] would produce (weights, KV caches, arenas,
 /// outputs, scratch), without validating a kernel: what choosing the prefill
-/// chunk needs.
-pub fn buffers(graph: &Graph, opts: &CodegenOptions) -> Result<Vec<BufferDecl>, CodegenError> {
-    Ok(assemble(graph, opts)?.buffers)
+/// chunk needs; and which weight buffers are ranges of others
+/// ([`WeightAlias`]: their bytes are not stored or uploaded twice).
+pub fn buffer_table(
+    graph: &Graph,
+    opts: &CodegenOptions,
+) -> Result<(Vec<BufferDecl>, Vec<WeightAlias>), CodegenError> {
+    let a = assemble(graph, opts)?;
+    Ok((a.buffers, a.aliases))
 }
 
 /// Everything of a [`Program`] but validated kernels.

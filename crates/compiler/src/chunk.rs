@@ -14,13 +14,13 @@
 //! largest binding. An explicit `--max-tokens-per-step` always wins.
 //!
 //! The surprise: the sizes come from the code generator's buffer table at
-//! the candidate chunk ([`gerbil_codegen_wgsl::buffers`]: the buffer planner
+//! the candidate chunk ([`gerbil_codegen_wgsl::buffer_table`]: the buffer planner
 //! decides the arena, the kernels the scratch), so a model that needs a
 //! smaller chunk is laid out once per halving — without weights, and without
 //! validating a kernel.
 
 use crate::error::CompileError;
-use gerbil_codegen_wgsl::{buffers, CodegenOptions};
+use gerbil_codegen_wgsl::{buffer_table, CodegenOptions, WeightAlias};
 use gerbil_ir::Graph;
 use gerbil_plan::BufferKind;
 
@@ -42,11 +42,15 @@ pub fn activation_budget(weight_bytes: u64) -> u64 {
     (weight_bytes / 8).max(MIN_ACTIVATION_BUDGET)
 }
 
-/// What a program's buffers cost per step: the weights, every other
+/// What a program's buffers cost per step: the weights (a shard stored as
+/// a range of its whole weight, `aliases`, counted once), every other
 /// buffer but the KV caches (total), and the largest of those.
-fn sizes(buffers: &[gerbil_plan::BufferDecl]) -> (u64, u64, u64) {
+fn sizes(buffers: &[gerbil_plan::BufferDecl], aliases: &[WeightAlias]) -> (u64, u64, u64) {
     let (mut weights, mut activations, mut largest) = (0, 0, 0);
-    for b in buffers {
+    for (i, b) in buffers.iter().enumerate() {
+        if aliases.iter().any(|a| a.buffer as usize == i) {
+            continue;
+        }
         match b.kind {
             BufferKind::Weight { .. } => weights += b.size,
             BufferKind::KvCache { .. } => {}
@@ -83,7 +87,8 @@ fn choose_within(
             max_tokens_per_step: chunk,
             ..base.clone()
         };
-        let (weights, activations, largest) = sizes(&buffers(graph, &opts)?);
+        let (table, aliases) = buffer_table(graph, &opts)?;
+        let (weights, activations, largest) = sizes(&table, &aliases);
         let budget = budget(weights);
         let fits = activations <= budget && largest <= base.target.limits.max_storage_binding;
         if fits || chunk / 2 < MIN_CHUNK {
@@ -152,10 +157,10 @@ mod tests {
                 max_tokens_per_step: chunk,
                 ..base.clone()
             };
-            let table = buffers(&graph, &opts).unwrap();
+            let (table, aliases) = buffer_table(&graph, &opts).unwrap();
             // The table without validation is the generated program's.
             assert_eq!(table, generate(&graph, &opts).unwrap().buffers);
-            sizes(&table).1
+            sizes(&table, &aliases).1
         };
         // Activations grow with the chunk, so a budget of what 128 tokens
         // take stops the halving at 128, and one byte less at 64.
