@@ -17,9 +17,10 @@
 //! when named (`--variant cpu`), never unasked, so a GPU's self-test is of
 //! the variants it would run; on a CPU adapter it is the first one checked.
 
+use crate::device::{DeviceOptions, Gpu};
 use crate::error::RuntimeError;
 use crate::session::{Session, SessionOptions};
-use gerbil_plan::{Feature, PlanFile, SelfTest};
+use gerbil_plan::{Feature, PlanFile, Requirements, SelfTest};
 use serde::Serialize;
 
 /// What the self-test found for one variant.
@@ -95,7 +96,20 @@ pub async fn run(plan: &PlanFile, base: &SessionOptions) -> Result<SelfTestRepor
     let max_abs = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
     let embedding = header.model.embedding.is_some();
     let tokens = test.steps.iter().map(|s| s.input_ids.len() as u64).sum();
-    let mut device = String::new();
+    // The device the sessions open on (native processes share it): whether
+    // it is a CPU adapter, before any session uploads weights.
+    let gpu = Gpu::open_on(
+        &Requirements::default(),
+        &DeviceOptions {
+            timestamps: base.profiling,
+            adapter: base.adapter,
+            tensor_cores: base.tensor_cores,
+        },
+    )
+    .await?;
+    let cpu_adapter = crate::variant::device_features(&gpu).contains(&Feature::Cpu);
+    let device = gpu.adapter.name.clone();
+    drop(gpu);
     let mut variants = Vec::new();
     for v in &header.variants {
         let tolerance = SelfTest::tolerance(v, max_abs);
@@ -107,6 +121,11 @@ pub async fn run(plan: &PlanFile, base: &SessionOptions) -> Result<SelfTestRepor
             tolerance,
             reason,
         };
+        if v.features.contains(&Feature::Cpu) && !cpu_adapter {
+            let reason = "made for CPU adapters: a GPU runs it only when named (--variant cpu)";
+            variants.push(check(Status::Skipped, None, Some(reason.into())));
+            continue;
+        }
         let opts = SessionOptions {
             variant: Some(v.name.clone()),
             precision: crate::PrecisionChoice::Auto,
@@ -118,7 +137,15 @@ pub async fn run(plan: &PlanFile, base: &SessionOptions) -> Result<SelfTestRepor
         let mut session = match Session::open(plan, &opts).await {
             Ok(s) => s,
             Err(RuntimeError::NoVariant { reasons, .. }) => {
-                variants.push(check(Status::Skipped, None, Some(reasons)));
+                let opt_in = v.features.contains(&Feature::CooperativeMatrix) && !base.tensor_cores;
+                let reason = if opt_in {
+                    "tensor cores are opt-in: --tensor-cores (GERBIL_TENSOR_CORES=1) checks it \
+                     where the device has them"
+                        .to_string()
+                } else {
+                    reasons
+                };
+                variants.push(check(Status::Skipped, None, Some(reason)));
                 continue;
             }
             Err(e) => {
@@ -126,13 +153,6 @@ pub async fn run(plan: &PlanFile, base: &SessionOptions) -> Result<SelfTestRepor
                 continue;
             }
         };
-        device.clone_from(&session.gpu().adapter.name);
-        let cpu_adapter = crate::variant::device_features(session.gpu()).contains(&Feature::Cpu);
-        if v.features.contains(&Feature::Cpu) && !cpu_adapter {
-            let reason = "made for CPU adapters: a GPU runs it only when named (--variant cpu)";
-            variants.push(check(Status::Skipped, None, Some(reason.into())));
-            continue;
-        }
         let mut worst = 0f32;
         let mut error = None;
         for (step, want) in test.steps.iter().zip(&want) {
