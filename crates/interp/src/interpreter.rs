@@ -141,6 +141,8 @@ pub struct Interpreter<'g> {
     /// The position in `order` of each value's last reader; graph outputs
     /// and cache writes live to the end of the step.
     last_use: HashMap<ValueRef, usize>,
+    /// Each value written into a KV cache in place, and that cache.
+    cache_writes: Vec<(ValueRef, NodeId)>,
     max_context: usize,
     position: usize,
 }
@@ -186,7 +188,7 @@ impl<'g> Interpreter<'g> {
         max_context: usize,
     ) -> Result<Self, InterpretError> {
         let mut it = Self::prepare(graph, None, max_context)?;
-        for &id in &it.order.clone() {
+        for &id in &it.order {
             let node = graph.node(id);
             if let Op::Weight(w) = &node.op {
                 let values = weight_values(&node.label, w, Some(weights), max_context)?;
@@ -224,29 +226,34 @@ impl<'g> Interpreter<'g> {
                 last_use.insert(v, i);
             }
         }
+        let cache_writes: Vec<(ValueRef, NodeId)> = order
+            .iter()
+            .flat_map(|&id| {
+                (0..graph.node(id).outputs.len() as u32)
+                    .map(move |port| ValueRef { node: id, port })
+            })
+            .filter_map(|v| aliased_cache(graph, v).map(|cache| (v, cache)))
+            .collect();
         // Outputs are read at the end, and cache writes are kept.
-        for (_, v) in &graph.outputs {
-            last_use.insert(*v, usize::MAX);
+        for v in graph
+            .outputs
+            .iter()
+            .map(|(_, v)| *v)
+            .chain(cache_writes.iter().map(|w| w.0))
+        {
+            last_use.insert(v, usize::MAX);
         }
-        let mut it = Interpreter {
+        Ok(Interpreter {
             graph,
             order,
             weights: HashMap::new(),
             source,
             caches,
             last_use,
+            cache_writes,
             max_context,
             position: 0,
-        };
-        for &id in &it.order.clone() {
-            for port in 0..graph.node(id).outputs.len() as u32 {
-                let v = ValueRef { node: id, port };
-                if it.aliased_cache(v).is_some() {
-                    it.last_use.insert(v, usize::MAX);
-                }
-            }
-        }
-        Ok(it)
+        })
     }
 
     /// Tokens cached so far (`P` of the next step).
@@ -312,13 +319,8 @@ impl<'g> Interpreter<'g> {
             }
         }
         // In-place outputs become the new contents of the caches they alias.
-        for &id in &self.order {
-            for port in 0..g.node(id).outputs.len() as u32 {
-                if let Some(cache) = self.aliased_cache(ValueRef { node: id, port }) {
-                    let written = values[&ValueRef { node: id, port }].clone();
-                    self.caches.insert(cache, written);
-                }
-            }
+        for (v, cache) in &self.cache_writes {
+            self.caches.insert(*cache, values[v].clone());
         }
         self.position += t;
         Ok(g.outputs
@@ -329,16 +331,15 @@ impl<'g> Interpreter<'g> {
             })
             .collect())
     }
+}
 
-    /// The KV cache that value `v` is written into in place, if any.
-    fn aliased_cache(&self, v: ValueRef) -> Option<NodeId> {
-        let op = &self.graph.node(v.node).op;
-        let input = op.aliased_input(v.port)?;
-        let src = *self.graph.inputs(v.node).get(input)?;
-        match self.graph.node(src.node).op {
-            Op::KvCache { .. } => Some(src.node),
-            _ => self.aliased_cache(src),
-        }
+/// The KV cache that value `v` of `graph` is written into in place, if any.
+fn aliased_cache(graph: &Graph, v: ValueRef) -> Option<NodeId> {
+    let input = graph.node(v.node).op.aliased_input(v.port)?;
+    let src = *graph.inputs(v.node).get(input)?;
+    match graph.node(src.node).op {
+        Op::KvCache { .. } => Some(src.node),
+        _ => aliased_cache(graph, src),
     }
 }
 

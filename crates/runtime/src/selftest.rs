@@ -86,11 +86,8 @@ pub async fn run(plan: &PlanFile, base: &SessionOptions) -> Result<SelfTestRepor
         .steps
         .iter()
         .map(|s| {
-            let bytes = plan.section_bytes(s.output)?;
-            Ok(bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect())
+            // Little-endian f32, possibly unaligned in the file.
+            Ok(bytemuck::pod_collect_to_vec(&plan.section_bytes(s.output)?))
         })
         .collect::<Result<_, RuntimeError>>()?;
     let max_abs = want.iter().flatten().fold(0f32, |m, v| m.max(v.abs()));
