@@ -18,6 +18,22 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0, f32::max)
 }
 
+/// One batch step of `rows`: every row's logits, after checking that the
+/// token the GPU chose for each row is its logits' argmax (`what` names
+/// the case in a failure).
+fn batch_step(session: &mut Session, rows: &[(usize, u32)], what: &str) -> Vec<Vec<f32>> {
+    let out = block_on(session.forward_batch_select(rows, |_| true)).expect("batch step");
+    let logits: Vec<Vec<f32>> = out.logits.into_iter().map(|l| l.expect("logits")).collect();
+    for (i, l) in logits.iter().enumerate() {
+        assert_eq!(
+            out.tokens[i],
+            Some(argmax(l)),
+            "{what}: row {i}'s GPU token"
+        );
+    }
+    logits
+}
+
 /// The prompt of sequence `i`: lengths 5, 2, 9, … of ids below `vocab`.
 fn prompt(i: usize, vocab: u32) -> Vec<u32> {
     let len = [5, 2, 9, 4][i % 4];
@@ -55,7 +71,7 @@ fn a_batch_step_gives_each_sequence_its_own_logits() {
         // Three batch steps, the rows in a different order each time.
         for order in [[0usize, 1, 2], [2, 0, 1], [1, 2, 0]] {
             let rows: Vec<(usize, u32)> = order.iter().map(|&s| (s, next[s])).collect();
-            let got = block_on(batched.forward_batch(&rows)).expect("batch step");
+            let got = batch_step(&mut batched, &rows, family);
             assert_eq!(got.len(), rows.len());
             for (&(slot, token), logits) in rows.iter().zip(&got) {
                 history[slot].push(token);
@@ -135,7 +151,7 @@ fn every_desktop_variant_batches_rows_like_its_own_decode() {
                 step.push((i, argmax(&logits)));
                 history.push(p);
             }
-            let got = block_on(batched.forward_batch(&step)).expect("batch step");
+            let got = batch_step(&mut batched, &step, &v.name);
             let tol = if v.name.ends_with("-i8") { 0.4 } else { 2e-3 };
             for (&(slot, token), logits) in step.iter().zip(&got) {
                 history[slot].push(token);

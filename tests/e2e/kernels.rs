@@ -2430,6 +2430,73 @@ fn sample_token_matches_the_cpu_sampler() {
     check_all(gpu.chain(cpu).collect::<Vec<Case>>(), check);
 }
 
+// ---------------------------------------------------------- argmax_rows
+
+/// `argmax_rows` gives every row of a batch step the CPU's greedy token —
+/// the largest value, the lowest column among equals — and a row holding a
+/// NaN or an infinity `NOT_FINITE`; rows past `T` are left alone. Random
+/// rows, ties across the threads' strides, a vocabulary smaller than a
+/// workgroup, and the GPU's and the `cpu` variant's workgroups.
+#[test]
+fn argmax_rows_matches_the_cpu_argmax() {
+    use gerbil_codegen_wgsl::kernels::argmax_rows::{kernel, NOT_FINITE};
+    for (vocab, t, cpu) in [
+        (100, 3, false),
+        (49_152, 5, false),
+        (1_000, 4, true),
+        (7, 2, true),
+    ] {
+        let mut r = rng(&(vocab, t, cpu));
+        let rows = t + 1;
+        let mut x: Vec<f32> = r
+            .vec((rows * vocab) as usize)
+            .iter()
+            .map(|v| v * 6.0)
+            .collect();
+        let row = |i: u32| (i * vocab) as usize..((i + 1) * vocab) as usize;
+        // Row 1: the maximum tied at three columns; row 2: a NaN; row 3
+        // (where there is one): an infinity among finite values.
+        let tied = row(1);
+        for _ in 0..3 {
+            let c = tied.start + r.below(vocab) as usize;
+            x[c] = 7.0;
+        }
+        if t > 2 {
+            let nan = row(2);
+            x[nan.start + r.below(vocab) as usize] = f32::NAN;
+        }
+        if t > 3 {
+            let inf = row(3);
+            x[inf.start + r.below(vocab) as usize] = f32::NEG_INFINITY;
+        }
+        let src = kernel(vocab, cpu);
+        let out = gerbil_e2e::kernel_harness::run(
+            &src,
+            t,
+            0,
+            &[f32_bytes(&x), u32_bytes(&vec![12_345; rows as usize])],
+        );
+        let got: Vec<u32> = out[1]
+            .chunks(4)
+            .map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect();
+        for i in 0..rows {
+            let values = &x[row(i)];
+            let want = if i >= t {
+                12_345
+            } else if values.iter().any(|v| !v.is_finite()) {
+                NOT_FINITE
+            } else {
+                gerbil_runtime::argmax(values)
+            };
+            assert_eq!(
+                got[i as usize], want,
+                "vocab {vocab}, row {i} of {t}, cpu {cpu}"
+            );
+        }
+    }
+}
+
 // ------------------------------------------------------------- gemm_coop
 
 /// The exact result of the tensor-core GEMM for case `c`: the operands

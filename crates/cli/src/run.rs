@@ -602,9 +602,23 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     })
 }
 
+/// One batch step of `rows`, each row's next token its greedy choice: the
+/// GPU's where the plan chooses there (as a served batch of greedy
+/// requests does), else the CPU's from the row's logits.
+async fn greedy_batch_step(session: &mut Session, rows: &mut [(usize, u32)]) -> Result<()> {
+    let out = session.forward_batch_select(rows, |_| false).await?;
+    for (i, row) in rows.iter_mut().enumerate() {
+        row.1 = match (out.tokens[i], &out.logits[i]) {
+            (Some(token), _) => token,
+            (None, Some(logits)) => gerbil_runtime::argmax(logits),
+            (None, None) => bail!("the batch step returned neither a token nor logits"),
+        };
+    }
+    Ok(())
+}
+
 /// Seconds for `new` batch steps of `rows` sequences, each in its own slot
-/// with `context` run first, greedy (each row's argmax chosen on the CPU,
-/// as a served batch does); with `opts.profiling`, the dispatch times of
+/// with `context` run first, greedy ([`greedy_batch_step`]); with `opts.profiling`, the dispatch times of
 /// one more step.
 async fn time_batch(
     plan: &PlanFile,
@@ -632,16 +646,10 @@ async fn time_batch(
         next.push((slot, gerbil_runtime::argmax(&logits)));
     }
     // Warm-up: the batch pipelines' first use.
-    let logits = session.forward_batch(&next).await?;
-    for (row, l) in next.iter_mut().zip(&logits) {
-        row.1 = gerbil_runtime::argmax(l);
-    }
+    greedy_batch_step(&mut session, &mut next).await?;
     let t = Instant::now();
     for _ in 0..new {
-        let logits = session.forward_batch(&next).await?;
-        for (row, l) in next.iter_mut().zip(&logits) {
-            row.1 = gerbil_runtime::argmax(l);
-        }
+        greedy_batch_step(&mut session, &mut next).await?;
     }
     let seconds = t.elapsed().as_secs_f64();
     let profile = match opts.profiling {

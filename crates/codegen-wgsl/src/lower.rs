@@ -16,6 +16,7 @@
 use crate::dispatch::Lowered;
 use crate::kernels::gemm_coop::CoopGemm;
 use crate::kernels::{
+    argmax_rows,
     attention::{self, AttentionSpec},
     attention_cpu, attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
@@ -416,6 +417,11 @@ impl Lowering<'_> {
                 elementwise::slice_cols(Rows::Tokens, w, 0, w)
             }
             Op::SliceLastRow => elementwise::slice_last_row(width_of(out_ty)),
+            // A batch step's rows each get their greedy token; rows that
+            // sample read their logits back.
+            Op::SampleToken if batch => {
+                argmax_rows::kernel(width_of(in_ty(0)), variant.features.contains(&Feature::Cpu))
+            }
             Op::SampleToken if width_of(in_ty(0)) > sample_token::MAX_VOCAB => {
                 return Err(unsupported("sample_token takes at most 2^24 columns"))
             }

@@ -231,6 +231,11 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         size: decls[i as usize].size,
     };
     let (logits, logits_all_rows) = sources.logits;
+    let max_batch = if sources::is_encoder(graph) {
+        0
+    } else {
+        opts.max_batch
+    };
     let io = IoBindings {
         step_params: sources.step_params,
         token_ids: sources.token_ids,
@@ -240,11 +245,15 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         sampling_params: sources.sampling_params,
         step_rows: sources.step_rows,
         // An encoder's steps pack inputs themselves (`max_batch` of them).
-        max_batch: if sources::is_encoder(graph) {
-            0
-        } else {
-            opts.max_batch
-        },
+        max_batch,
+        // The batch schedule lowers `next_token` to every row's argmax.
+        batch_tokens: sources
+            .next_token
+            .filter(|_| max_batch > 0)
+            .map(|n| BufferSlice {
+                size: 4 * u64::from(max_batch),
+                ..n
+            }),
     };
     Ok(Assembled {
         buffers: decls,
@@ -270,10 +279,6 @@ fn schedule(
     let target = lowering.target;
     steps
         .iter()
-        // A batch step keeps every row's logits and chooses on the CPU.
-        .filter(|&&id| {
-            phase != Phase::Batch || !matches!(lowering.graph.node(id).op, Op::SampleToken)
-        })
         .map(|&id| {
             let node = lowering.graph.node(id);
             let ops = Operands {

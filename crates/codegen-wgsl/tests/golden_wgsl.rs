@@ -2,6 +2,7 @@
 //! compared with its committed snapshot (`cargo insta review` to update).
 
 use gerbil_codegen_wgsl::kernels::{
+    argmax_rows,
     attention::{self, AttentionSpec},
     attention_cpu, attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
@@ -563,6 +564,7 @@ fn golden_cpu_attention_and_sampling() {
         Positions::Table,
     ));
     golden(sample_token::kernel(Rows::Fixed(1), 49152, Shape::CPU));
+    golden(argmax_rows::kernel(49152, false));
 }
 
 /// The prefill GEMMs: SmolLM2's gate/up + SwiGLU with its norm prologue and

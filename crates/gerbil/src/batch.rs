@@ -32,10 +32,13 @@
 //! step per [`Batch::step`] instead, on its own, so it delays the running
 //! sequences' next tokens by one chunk at a time, never by its whole length.
 //! A sequence's first piece comes from the step that runs its prompt's last
-//! token. Every token is chosen on the CPU from read-back
-//! logits — a batch step's logits are one row per sequence — by the same
-//! rules as [`crate::Generation`]'s (sampling, penalties, stop strings,
-//! constraints), so a sequence's tokens equal the ones it would get alone.
+//! token. A greedy answer (no penalties, constraint or top logits) takes
+//! the token the batch step chose on the GPU for its row, the argmax of the
+//! row's logits; any other reads its row back and chooses on the CPU by the
+//! same rules as [`crate::Generation`]'s (sampling, penalties, stop strings,
+//! constraints), so a sequence's tokens equal the ones it would get alone —
+//! and a step of greedy rows reads back a word a row, not a row of logits
+//! (8 MB for 16 rows of a 128,256-token vocabulary).
 //! The surprise: the answers are the same, the arithmetic not always — a
 //! batch step's matmuls sum in a single step's order only in variants with
 //! subgroups (`gemv_batch`) and in `cpu` (one kernel whatever the rows);
@@ -247,7 +250,23 @@ impl Batch<'_> {
             return Ok(out);
         }
         let feed: Vec<(usize, u32)> = rows.iter().map(|&(_, slot, t)| (slot, t)).collect();
-        let mut logits = self.model.session.forward_batch(&feed).await?;
+        // Rows that choose a token, and those that need their logits for it.
+        let chooses = |i: usize| i < decoding || completes[i];
+        let on_cpu: Vec<bool> = rows
+            .iter()
+            .enumerate()
+            .map(|(i, &(id, _, _))| {
+                chooses(i)
+                    && self.sequences[id]
+                        .as_ref()
+                        .is_some_and(|s| !s.decoding.greedy_on_gpu())
+            })
+            .collect();
+        let mut out_rows = self
+            .model
+            .session
+            .forward_batch_select(&feed, |i| on_cpu[i])
+            .await?;
         for &(_, slot, token) in &rows {
             self.model.push_token(slot, token);
         }
@@ -259,7 +278,7 @@ impl Batch<'_> {
             after[slot] += 1;
         }
         for (i, &(id, _, _)) in rows.iter().enumerate() {
-            if i >= decoding && !completes[i] {
+            if !chooses(i) {
                 continue;
             }
             let Some(s) = self.sequences[id].as_mut() else {
@@ -268,7 +287,16 @@ impl Batch<'_> {
             if i >= decoding {
                 s.decoding.stats.prefill = s.clock.elapsed();
             }
-            let (next, top) = s.decoding.choose(&mut logits[i], positions[i])?;
+            let (next, top) = match (out_rows.tokens[i], out_rows.logits[i].as_mut()) {
+                (Some(token), _) if !on_cpu[i] => s.decoding.chosen_on_gpu(token),
+                (_, Some(logits)) => s.decoding.choose(logits, positions[i])?,
+                _ => {
+                    let gpu = self.model.session.gpu();
+                    return Err(gpu
+                        .device_lost("decoding", "the GPU returned no token".into())
+                        .into());
+                }
+            };
             let piece = s.decoding.piece(next, top)?;
             let prefill = s.decoding.stats.prefill;
             s.decoding.stats.decode = s.clock.elapsed().saturating_sub(prefill);

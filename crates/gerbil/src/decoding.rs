@@ -124,6 +124,23 @@ impl Decoding {
         Ok((token, top))
     }
 
+    /// Whether the GPU's greedy token is this answer's choice: greedy, no
+    /// penalties, no constraint, no largest logits asked for.
+    pub(crate) fn greedy_on_gpu(&self) -> bool {
+        let sampling = &self.settings.sampling;
+        self.settings.top_logits.is_none()
+            && self.constraint.is_none()
+            && sampling.is_greedy()
+            && !sampling.has_penalties()
+    }
+
+    /// Takes `token`, chosen on the GPU as [`Decoding::greedy_on_gpu`]
+    /// allows, as [`Decoding::choose`] would have chosen it.
+    pub(crate) fn chosen_on_gpu(&mut self, token: u32) -> Choice {
+        self.history.push_generated(token);
+        (token, None)
+    }
+
     /// Records `token` (with its step's `top` logits) and turns it into a
     /// piece; sets the finish reason when the answer ends with it.
     pub(crate) fn piece(

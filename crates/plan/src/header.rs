@@ -461,6 +461,11 @@ pub const STEP_PARAMS_BYTES: u64 = 16;
 /// top-k, top-p, min-p, two zero words ([`crate::sampling::SamplingUniform`]).
 pub const SAMPLING_PARAMS_BYTES: u64 = 32;
 
+/// The token a batch step gives a row whose logits hold a NaN or an
+/// infinity ([`IoBindings::batch_tokens`]): no column, so the runtime
+/// reads that row back and reports it.
+pub const NOT_FINITE_TOKEN: u32 = u32::MAX;
+
 /// A GPU buffer.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct BufferDecl {
@@ -830,6 +835,13 @@ pub struct IoBindings {
     /// Most rows of a batch step (0: the plan has no batch schedule).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub max_batch: u32,
+    /// Each batch-step row's greedy token, `u32[max_batch]` (the argmax
+    /// of its logits row, or [`NOT_FINITE_TOKEN`] where that row holds a
+    /// NaN or an infinity), written by every batch step, so greedy rows need not read
+    /// their logits back. Plans without it (compiled before it existed)
+    /// choose every row on the CPU.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub batch_tokens: Option<BufferSlice>,
 }
 
 fn is_zero(n: &u32) -> bool {

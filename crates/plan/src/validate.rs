@@ -351,6 +351,24 @@ impl PlanHeader {
                 return Err("the next-token binding is not a u32 next-token output buffer".into());
             }
         }
+        if let Some(tokens) = &io.batch_tokens {
+            self.slice_ok(tokens, "batch tokens output")?;
+            if !matches!(
+                self.buffer_kind(tokens.buffer, "batch tokens")?,
+                BufferKind::Output {
+                    output: OutputKind::NextToken
+                }
+            ) || io.max_batch == 0
+                || tokens.size < 4 * u64::from(io.max_batch)
+                || !tokens.offset.is_multiple_of(4)
+            {
+                return Err(format!(
+                    "the batch-tokens binding is not a next-token output buffer of {} u32 \
+                     tokens (one per batch row)",
+                    io.max_batch
+                ));
+            }
+        }
         if let Some(i) = io.sampling_params {
             let kind = self.buffer_kind(i, "sampling parameters")?;
             if !matches!(kind, BufferKind::SamplingParams)

@@ -119,6 +119,7 @@ fn header(weight: SectionRef) -> PlanHeader {
             sampling_params: None,
             step_rows: None,
             max_batch: 0,
+            batch_tokens: None,
         },
         selftest: None,
     }

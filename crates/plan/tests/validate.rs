@@ -205,6 +205,7 @@ fn valid(w: SectionRef) -> PlanHeader {
             sampling_params: Some(6),
             step_rows: None,
             max_batch: 0,
+            batch_tokens: None,
         },
         selftest: None,
     }

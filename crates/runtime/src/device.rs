@@ -660,7 +660,18 @@ impl Gpu {
         buffer: &wgpu::Buffer,
         read: impl FnOnce(&[u8]) -> T,
     ) -> Result<T, RuntimeError> {
-        self.map_and_read(buffer, None, read).await
+        self.map_and_read(buffer, None, None, read).await
+    }
+
+    /// Like [`Gpu::read_mapped`], but maps only the first `len` bytes (a
+    /// multiple of 4).
+    pub(crate) async fn read_mapped_prefix<T>(
+        &self,
+        buffer: &wgpu::Buffer,
+        len: u64,
+        read: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T, RuntimeError> {
+        self.map_and_read(buffer, Some(len), None, read).await
     }
 
     /// Like [`Gpu::read_mapped`], but on native targets waits only for
@@ -672,17 +683,23 @@ impl Gpu {
         submission: wgpu::SubmissionIndex,
         read: impl FnOnce(&[u8]) -> T,
     ) -> Result<T, RuntimeError> {
-        self.map_and_read(buffer, Some(submission), read).await
+        self.map_and_read(buffer, None, Some(submission), read)
+            .await
     }
 
-    /// Maps `buffer`, waits as [`Gpu::settle`] does, reads, unmaps.
+    /// Maps `buffer` (its first `len` bytes, else all), waits as
+    /// [`Gpu::settle`] does, reads, unmaps.
     async fn map_and_read<T>(
         &self,
         buffer: &wgpu::Buffer,
+        len: Option<u64>,
         submission: Option<wgpu::SubmissionIndex>,
         read: impl FnOnce(&[u8]) -> T,
     ) -> Result<T, RuntimeError> {
-        let slice = buffer.slice(..);
+        let slice = match len {
+            Some(len) => buffer.slice(..len),
+            None => buffer.slice(..),
+        };
         let (tx, rx) = futures::channel::oneshot::channel();
         slice.map_async(wgpu::MapMode::Read, move |r| {
             let _ = tx.send(r);

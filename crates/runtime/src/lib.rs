@@ -25,6 +25,7 @@
 #![warn(missing_docs)]
 
 pub mod ahead;
+pub mod batch_step;
 pub mod clock;
 pub mod device;
 pub mod error;
@@ -40,6 +41,7 @@ pub mod session;
 pub mod variant;
 
 pub use ahead::{AheadDecoder, DECODE_BATCH, DECODE_BATCH_MOST};
+pub use batch_step::BatchOutput;
 pub use clock::Clock;
 pub use device::{AdapterSummary, Gpu};
 pub use error::RuntimeError;

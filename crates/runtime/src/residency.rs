@@ -558,6 +558,7 @@ mod tests {
                 sampling_params: None,
                 step_rows: None,
                 max_batch: 0,
+                batch_tokens: None,
             },
             selftest: None,
         };

@@ -50,7 +50,7 @@ pub struct Session {
     pub(crate) batch: Vec<Step>,
     /// Where a batch step's logits are read back: `max_batch` rows, made
     /// once (a plan with a batch schedule only).
-    batch_readback: Option<wgpu::Buffer>,
+    pub(crate) batch_readback: Option<wgpu::Buffer>,
     /// The variant that runs (its schedules are `prefill` and `decode`).
     variant: Variant,
     readback: wgpu::Buffer,
@@ -419,7 +419,7 @@ impl Session {
             let desc = wgpu::BufferDescriptor {
                 label: Some("batch logits readback"),
                 // max_batch ≤ max_tokens_per_step and vocab_size are validated.
-                size: u64::from(header.io.max_batch) * header.model.vocab_size * 4,
+                size: crate::batch_step::readback_bytes(&header),
                 ..readback_desc
             };
             let buffer = gpu
@@ -676,40 +676,6 @@ impl Session {
             }
         }
         Ok(())
-    }
-
-    /// One step of several sequences: `rows[i] = (slot, token)` feeds
-    /// `token` to the sequence in `slot` at that slot's next position, all in
-    /// one batch step, and returns each row's logits. A slot named several
-    /// times takes its next positions in row order (a prompt's tokens fed
-    /// beside other sequences' single tokens); every slot moves on by the
-    /// rows it was given. Needs a plan with a batch schedule (`gerbilc
-    /// compile --max-batch N`, at least `rows.len()` rows).
-    pub async fn forward_batch(
-        &mut self,
-        rows: &[(usize, u32)],
-    ) -> Result<Vec<Vec<f32>>, RuntimeError> {
-        let (t, taken) = self.prepare_batch(rows)?;
-        let mut enc = self
-            .gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("batch step"),
-            });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("batch"),
-                timestamp_writes: None,
-            });
-            let keys = self.batch_keys(&taken);
-            for s in &self.batch {
-                self.record(&mut pass, s, t, keys);
-            }
-        }
-        self.gpu.queue.submit([enc.finish()]);
-        self.advance_batch(&taken);
-        let readback = self.batch_readback.as_ref().unwrap_or(&self.readback);
-        self.read_logit_rows(0, u64::from(t), readback).await
     }
 
     /// Checks a batch step's rows and writes its inputs (the step's `T`,
@@ -1046,7 +1012,7 @@ impl Session {
     }
 
     /// Copies logit rows `first..first + rows` through `readback`.
-    async fn read_logit_rows(
+    pub(crate) async fn read_logit_rows(
         &self,
         first: u64,
         rows: u64,
