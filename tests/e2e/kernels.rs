@@ -2686,6 +2686,117 @@ fn coop_gemm(c: &MatMulCase, i: usize) -> CoopGemm {
     coop_split(c, tiles[i % tiles.len()], i / tiles.len())
 }
 
+/// `gemv_batch` in every layout it takes — one group of threads or
+/// several sharing the workgroup's `x` (2 and 4 groups of 32 and 64
+/// threads, which a subgroup of 64 holds whole), 1 to 4 outputs a group,
+/// 4 and 16 rows a workgroup — against the reference, with every option
+/// (gated, normed, biased, residual, sharded, quantized) and `T` short of,
+/// at and past a workgroup's rows.
+#[test]
+fn gemv_batch_matches_reference() {
+    use gerbil_codegen_wgsl::kernels::gemv_batch::{kernel_with, Layout};
+    let base = |k, n, wdtype| MatMulCase {
+        rows: Rows::Tokens,
+        t: 1,
+        k,
+        n,
+        wdtype,
+        bias: false,
+        tt: 1,
+        shard_rows: None,
+        glu: None,
+        norm: None,
+        residual: false,
+        last_row: false,
+        act: None,
+    };
+    let cases = [
+        // (case, rows per workgroup, outputs a group, groups, threads)
+        (
+            MatMulCase {
+                t: 5,
+                ..base(256, 37, DType::F32)
+            },
+            16,
+            1,
+            1,
+            64,
+        ),
+        (
+            MatMulCase {
+                t: 16,
+                residual: true,
+                ..base(512, 130, DType::BF16)
+            },
+            16,
+            2,
+            2,
+            64,
+        ),
+        (
+            MatMulCase {
+                t: 7,
+                glu: Some(UnaryOp::Silu),
+                norm: Some((1.0, DType::F32)),
+                ..base(384, 70, DType::F16)
+            },
+            4,
+            2,
+            4,
+            128,
+        ),
+        (
+            MatMulCase {
+                t: 17,
+                bias: true,
+                shard_rows: Some(64),
+                ..base(576, 150, DType::BF16)
+            },
+            16,
+            4,
+            2,
+            128,
+        ),
+        (
+            MatMulCase {
+                t: 9,
+                residual: true,
+                ..base(512, 100, DType::Q4_0)
+            },
+            16,
+            2,
+            4,
+            256,
+        ),
+        (
+            MatMulCase {
+                t: 3,
+                glu: Some(UnaryOp::Gelu),
+                norm: Some((0.0, DType::BF16)),
+                ..base(256, 40, DType::Q8_0)
+            },
+            4,
+            1,
+            2,
+            64,
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (c, br, r, groups, threads) in cases {
+        let layout = Layout {
+            br,
+            r,
+            groups,
+            threads,
+        };
+        let src = kernel_with(&matmul_spec(&c), layout);
+        if let Err(e) = check_matmul_kernel(&c, &src) {
+            failures.push(format!("{layout:?} {c:?}: {e}"));
+        }
+    }
+    assert!(failures.is_empty(), "{failures:#?}");
+}
+
 /// Case `c` as a batch step: 1 to 16 rows (by `i`).
 fn batch_case(c: &MatMulCase, i: usize) -> MatMulCase {
     MatMulCase {

@@ -9,21 +9,28 @@
 //! dense weights wide enough to fill the GPU).
 //!
 //! It is the decode [`gemv`](super::gemv) with `BR` rows of `x` instead of
-//! one: a workgroup computes `R` consecutive outputs for `BR` rows, its
+//! one: a workgroup's threads form up to [`MAX_GROUPS`] *groups*
+//! ([`Layout`]), each computing `R` consecutive outputs for `BR` rows, its
 //! threads striding over the chunks of `K`; each thread loads a chunk of its
 //! `R` weight rows once (dequantized in registers for a quantized weight,
 //! through the GEMM's chunk loaders) and dots it with the same chunk of each
 //! of the `BR` rows of `x`, so a weight is read from memory once per step
 //! whatever the rows, the way a decode step reads it once per token. `R ·
 //! BR` accumulators (twice that gated) live in registers, so `R` shrinks
-//! as `BR` grows (at most [`ACCUMULATORS`]). Rows past the step's `T`
+//! as `BR` grows (at most [`ACCUMULATORS`]). The groups of a workgroup load
+//! the same chunks of `x` at the same time, so one read of `x` from L2
+//! serves `groups · R` outputs: every workgroup reads all `BR` rows of `x`,
+//! and with one group of `R = 2` outputs a 16-row step of the Llama-3.2-1B
+//! shape moved 8× more bytes of `x` than of weights, at the L2's rate
+//! (2.2–2.7 TB/s on an H200); four groups made it 47% faster (q4_0: 30%). Rows past the step's `T`
 //! (`params.t`) are skipped, a block of [`ROW_BLOCK`] at a time, by a
 //! branch every thread takes alike, so a step of one row costs little more
 //! than a decode step. The partial sums are
 //! reduced in passes of as many rows as fit [`REDUCE_BYTES`] of workgroup
-//! memory (all 16 at SmolLM2's and the 1B's widths): `subgroupAdd` of each,
-//! one slot per subgroup, one barrier, then a thread per (row, output) sums
-//! the slots and stores — with one row per pass, a barrier pair per row, a
+//! memory (all 16 at SmolLM2's and the 1B's widths): `subgroupAdd` of each
+//! (over a group's lanes by `subgroupShuffleXor` where a subgroup is wider
+//! than a group), one slot per subgroup, one barrier, then a thread per
+//! (row, output) sums its group's slots and stores — with one row per pass, a barrier pair per row, a
 //! 16-row step of the 1B shape waited in barriers more than it multiplied.
 //!
 //! The surprise is why this is not the prefill [`gemm`](super::gemm): its
@@ -55,8 +62,19 @@ const ROW_BLOCK: u32 = 4;
 /// H200, Llama-3.2-1B shape, 16-row steps 12.8 ms against 17.3 (SmolLM2's
 /// 576-wide rows take 96 threads either way).
 const MAX_THREADS: u32 = 128;
-/// Workgroups a dispatch aims for, as the decode GEMV's.
-const TARGET_GROUPS: u32 = super::gemv::TARGET_GROUPS;
+/// Workgroups a dispatch aims for: about one and a half per SM of a
+/// 132-SM GPU, fewer than the decode GEMV's 528 because each workgroup
+/// reads every row of `x` once, so more outputs per workgroup read `x`
+/// fewer times. H200, 16-row steps (tok/s, Llama-3.2-1B bf16 / q4_0 /
+/// SmolLM2 bf16): 528 and one group 2,079 / 1,698 / 5,223; 264 and up to
+/// two groups 2,594 / 1,895 / 5,293; 200 and up to four 3,052 / 2,209 /
+/// 5,343; 132 and four 3,002 / 2,172 / 5,081; 66 and four 2,627 / 1,933 /
+/// 4,609.
+const TARGET_GROUPS: u32 = 200;
+/// Most groups of threads in a workgroup: eight groups of 16 threads
+/// (target 132) measured as four of 32; 256-thread workgroups of four
+/// groups were 30% slower (registers).
+const MAX_GROUPS: u32 = 4;
 /// Workgroup memory for the reduction's slots (WebGPU's default limit is
 /// 16 KiB).
 const REDUCE_BYTES: u32 = 12 << 10;
@@ -74,30 +92,76 @@ pub fn rows_per_group(max_rows: u32) -> u32 {
     max_rows.clamp(1, MAX_ROWS)
 }
 
-/// Outputs per workgroup: the largest power of two that keeps the
-/// accumulators within [`ACCUMULATORS`] and leaves at least
-/// [`TARGET_GROUPS`] workgroups.
-fn outputs_per_group(s: &MatMulSpec, br: u32) -> u32 {
-    let per_output = br * if s.glu.is_some() { 2 } else { 1 };
-    let mut r = 1;
-    while 2 * r * per_output <= ACCUMULATORS && s.n.div_ceil(2 * r) >= TARGET_GROUPS {
-        r *= 2;
+/// How a workgroup splits its outputs: `groups` groups of `threads /
+/// groups` threads, each group computing `r` consecutive outputs for `br`
+/// rows of `x`, its threads striding over the chunks of `K`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// Rows of `x` per workgroup ([`rows_per_group`]).
+    pub br: u32,
+    /// Outputs per group (a power of two).
+    pub r: u32,
+    /// Groups per workgroup (a power of two; the threads of a group are a
+    /// power of two when there are several).
+    pub groups: u32,
+    /// Threads per workgroup.
+    pub threads: u32,
+}
+
+impl Layout {
+    /// For `s` with `br` rows: threads for the chunks of `K` (at most
+    /// [`MAX_THREADS`]); then outputs per group doubling while the
+    /// accumulators fit [`ACCUMULATORS`] and [`TARGET_GROUPS`] workgroups
+    /// remain; then groups doubling, up to [`MAX_GROUPS`], on the same
+    /// condition (a workgroup of several groups has [`MAX_THREADS`]).
+    pub fn choose(s: &MatMulSpec, br: u32) -> Layout {
+        let kc = s.k / elems_per_load(s.wdtype, s.k);
+        let per_output = br * if s.glu.is_some() { 2 } else { 1 };
+        let mut r = 1;
+        while 2 * r * per_output <= ACCUMULATORS && s.n.div_ceil(2 * r) >= TARGET_GROUPS {
+            r *= 2;
+        }
+        let mut groups = 1;
+        while 2 * groups <= MAX_GROUPS && s.n.div_ceil(2 * groups * r) >= TARGET_GROUPS {
+            groups *= 2;
+        }
+        let threads = match groups {
+            1 => (kc.div_ceil(32) * 32).clamp(32, MAX_THREADS),
+            _ => MAX_THREADS,
+        };
+        Layout {
+            br,
+            r,
+            groups,
+            threads,
+        }
     }
-    r
 }
 
 /// Builds the kernel for `s` (rows `T`, not `last_row`) with `br` rows of
-/// `x` per workgroup ([`rows_per_group`]).
+/// `x` per workgroup ([`rows_per_group`]), laid out as [`Layout::choose`]
+/// says.
 pub fn kernel(s: &MatMulSpec, br: u32) -> KernelSource {
+    kernel_with(s, Layout::choose(s, br))
+}
+
+/// Builds the kernel for `s` laid out as `l`.
+pub fn kernel_with(s: &MatMulSpec, l: Layout) -> KernelSource {
     debug_assert!(s.rows == Rows::Tokens && !s.last_row);
+    let Layout {
+        br,
+        r,
+        groups,
+        threads,
+    } = l;
     let glu = s.glu.is_some();
     let norm = s.norm.is_some();
     let e = elems_per_load(s.wdtype, s.k);
     let kc = s.k / e;
-    let threads = (kc.div_ceil(32) * 32).clamp(32, MAX_THREADS);
-    let iters = kc.div_ceil(threads);
-    let r = outputs_per_group(s, br);
-    let (gx, gy) = split_groups(s.n.div_ceil(r));
+    let tpg = threads / groups;
+    let iters = kc.div_ceil(tpg);
+    let outs = r * groups;
+    let (gx, gy) = split_groups(s.n.div_ceil(outs));
     // Reduction slots of one row: its R sums, R up sums, Σx².
     let sq_slot = r * if glu { 2 } else { 1 };
     let slots = sq_slot + u32::from(norm);
@@ -107,7 +171,8 @@ pub fn kernel(s: &MatMulSpec, br: u32) -> KernelSource {
     let _ = writeln!(
         w,
         "const K: u32 = {k}u;\nconst N: u32 = {n}u;\nconst KC: u32 = {kc}u;\n\
-         const THREADS: u32 = {threads}u;\nconst ITERS: u32 = {iters}u;\nconst R: u32 = {r}u;\n\
+         const THREADS: u32 = {threads}u;\nconst TPG: u32 = {tpg}u;\nconst ITERS: u32 = {iters}u;\n\
+         const R: u32 = {r}u;\nconst OUTS: u32 = {outs}u;\n\
          const BR: u32 = {br}u;\nconst SLOTS: u32 = {slots}u;\nconst PSLOTS: u32 = {pslots}u;\n\
          const MAX_SUBGROUPS: u32 = {max_subgroups}u;\n\
          const GX: u32 = {gx}u;",
@@ -172,13 +237,13 @@ pub fn kernel(s: &MatMulSpec, br: u32) -> KernelSource {
         body += "    }\n";
     }
     // A constant trip count, so the compiler can unroll the loop; chunks
-    // past KC only where THREADS does not divide KC.
-    let k_loop = if kc.is_multiple_of(threads) {
-        format!("  for (var it = 0u; it < ITERS; it = it + 1u) {{\n    let c = tid + it * THREADS;\n{body}  }}\n")
+    // past KC only where TPG does not divide KC.
+    let k_loop = if kc.is_multiple_of(tpg) {
+        format!("  for (var it = 0u; it < ITERS; it = it + 1u) {{\n    let c = lane + it * TPG;\n{body}  }}\n")
     } else {
         let body = body.replace("\n    ", "\n      ");
         format!(
-            "  for (var it = 0u; it < ITERS; it = it + 1u) {{\n    let c = tid + it * THREADS;\n    if (c < KC) {{\n  {body}    }}\n  }}\n"
+            "  for (var it = 0u; it < ITERS; it = it + 1u) {{\n    let c = lane + it * TPG;\n    if (c < KC) {{\n  {body}    }}\n  }}\n"
         )
     };
 
@@ -202,13 +267,13 @@ pub fn kernel(s: &MatMulSpec, br: u32) -> KernelSource {
             let at = (row - p0) * slots;
             let _ = writeln!(reduce, "    if (t0 + {row}u < rows) {{");
             for (slot, v) in &parts {
-                let _ = writeln!(reduce, "      let s{slot} = subgroupAdd({v});");
+                let _ = writeln!(reduce, "      let s{slot} = seg_sum({v}, sg_size);");
             }
-            reduce += "      if (sg_lane == 0u && sg_id < MAX_SUBGROUPS) {\n";
+            reduce += "      if (lin % seg == 0u && lin / seg < MAX_SUBGROUPS) {\n";
             for (slot, _) in &parts {
                 let _ = writeln!(
                     reduce,
-                    "        red[sg_id * PSLOTS + {}u] = s{slot};",
+                    "        red[(lin / seg) * PSLOTS + {}u] = s{slot};",
                     at + slot
                 );
             }
@@ -218,10 +283,11 @@ pub fn kernel(s: &MatMulSpec, br: u32) -> KernelSource {
             reduce,
             "    workgroupBarrier();\n    \
              for (var o = tid; o < {outs}u; o = o + THREADS) {{\n      \
-             let lr = o / R;\n      let i = o % R;\n      let t = t0 + {p0}u + lr;\n      \
-             let n = n0 + i;\n      let at = lr * SLOTS;\n      \
+             let lr = o / OUTS;\n      let i = o % R;\n      let g = (o % OUTS) / R;\n      \
+             let t = t0 + {p0}u + lr;\n      \
+             let n = wbase + o % OUTS;\n      let at = lr * SLOTS;\n      \
              if (t < rows && n < N) {{\n        var sum = 0.0f;",
-            outs = (pr.min(br - p0)) * r,
+            outs = (pr.min(br - p0)) * outs,
         );
         let mut adds = "          sum = sum + red[j * PSLOTS + at + i];\n".to_string();
         if glu {
@@ -237,7 +303,8 @@ pub fn kernel(s: &MatMulSpec, br: u32) -> KernelSource {
         }
         let _ = writeln!(
             reduce,
-            "        for (var j = 0u; j < min(sg_count, MAX_SUBGROUPS); j = j + 1u) {{\n{adds}        }}"
+            "        let per = (TPG + seg - 1u) / seg;\n        \
+             for (var j = g * per; j < min((g + 1u) * per, MAX_SUBGROUPS); j = j + 1u) {{\n{adds}        }}"
         );
         if norm {
             reduce += "        let inv = 1.0f / sqrt(sq / f32(K) + EPS);\n";
@@ -249,16 +316,37 @@ pub fn kernel(s: &MatMulSpec, br: u32) -> KernelSource {
         );
     }
 
+    // A group's partial sums: the whole subgroup's when the workgroup is
+    // one group (any subgroup size) or a subgroup is no wider than a group;
+    // else (a subgroup holding several groups) over its group's lanes.
+    let seg_sum = if groups == 1 {
+        "fn seg_sum(v: f32, sg_size: u32) -> f32 { return subgroupAdd(v); }\n"
+    } else {
+        "fn seg_sum(v: f32, sg_size: u32) -> f32 {\n  if (sg_size <= TPG) { return subgroupAdd(v); }\n  \
+         var s = v;\n  for (var o = TPG / 2u; o > 0u; o = o >> 1u) { s = s + subgroupShuffleXor(s, o); }\n  \
+         return s;\n}\n"
+    };
+    // One group: a segment per subgroup. Several: a segment is a subgroup
+    // or a group, whichever is smaller.
+    let seg = if groups == 1 {
+        "sg_size"
+    } else {
+        "min(sg_size, TPG)"
+    };
     let _ = write!(
         w,
-        "var<workgroup> red: array<f32, {red_len}>;\n\
+        "var<workgroup> red: array<f32, {red_len}>;\n{seg_sum}\
          @compute @workgroup_size({threads}, 1, 1)\n\
          fn main(@builtin(local_invocation_index) tid: u32,\n        \
          @builtin(workgroup_id) wid: vec3<u32>,\n        \
          @builtin(subgroup_invocation_id) sg_lane: u32,\n        \
          @builtin(subgroup_id) sg_id: u32,\n        \
-         @builtin(num_subgroups) sg_count: u32) {{\n\
-         \x20 let n0 = (wid.x + wid.y * GX) * R;\n\
+         @builtin(subgroup_size) sg_size: u32) {{\n\
+         \x20 let lin = sg_id * sg_size + sg_lane;\n\
+         \x20 let lane = lin % TPG;\n\
+         \x20 let seg = {seg};\n\
+         \x20 let wbase = (wid.x + wid.y * GX) * OUTS;\n\
+         \x20 let n0 = wbase + (lin / TPG) * R;\n\
          \x20 let t0 = wid.z * BR;\n\
          \x20 let rows = params.t;\n{accs}{k_loop}{reduce}}}\n",
         red_len = pr * slots * max_subgroups,
@@ -266,8 +354,15 @@ pub fn kernel(s: &MatMulSpec, br: u32) -> KernelSource {
     let (glu_tag, options) = name_parts(s, shards.len());
     KernelSource {
         name: format!(
-            "gemv_batch{glu_tag}_{}_k{}_n{}{options}_br{br}",
-            s.wdtype, s.k, s.n
+            "gemv_batch{glu_tag}_{}_k{}_n{}{options}_br{br}{}",
+            s.wdtype,
+            s.k,
+            s.n,
+            if groups > 1 {
+                format!("_g{groups}x{tpg}")
+            } else {
+                String::new()
+            }
         ),
         wgsl: w,
         workgroup_size: [threads, 1, 1],
