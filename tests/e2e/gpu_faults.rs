@@ -68,6 +68,33 @@ fn assert_mentions(message: &str, parts: &[&str]) {
     assert!(!message.contains("panicked"), "{message}");
 }
 
+/// The tensor-core variant asked for without `--tensor-cores` (lavapipe has
+/// none either way) is refused with how to opt in, not only what is missing.
+#[test]
+fn a_tensor_core_variant_asked_for_says_tensor_cores_are_opt_in() {
+    let _gpu = gpu_lock();
+    let path = compile_plan(&tiny_model("llama"), |o| {
+        o.target = gerbil_codegen_wgsl::Target::desktop();
+    });
+    let plan = PlanFile::open(&path).expect("plan");
+    let opts = gerbil_runtime::SessionOptions {
+        variant: Some("tensor-f16".into()),
+        ..gerbil_runtime::SessionOptions::default()
+    };
+    let err = match block_on(gerbil_runtime::Session::open(&plan, &opts)) {
+        Ok(_) => panic!("the tensor-core variant opened without tensor cores"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, RuntimeError::NoVariant { .. }), "{err:?}");
+    assert_mentions(
+        &err.to_string(),
+        &[
+            "`tensor-f16` needs cooperative_matrix",
+            "tensor cores are opt-in: `--tensor-cores` or GERBIL_TENSOR_CORES=1",
+        ],
+    );
+}
+
 #[test]
 fn a_plan_needing_more_than_the_adapter_allows_names_the_limit_and_both_values() {
     let _gpu = gpu_lock();

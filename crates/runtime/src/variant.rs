@@ -44,9 +44,18 @@ fn refusal(variant: &Variant, features: &[Feature], gpu: &Gpu) -> Option<String>
         .map(|f| f.name())
         .collect();
     if !missing.is_empty() {
-        let hint = match variant.precision {
-            Precision::F16 => " (`--precision f32` runs without it)",
-            Precision::F32 => "",
+        // Tensor cores are opt-in: a GPU that has them still lacks the
+        // feature until asked.
+        let hint = if variant.features.contains(&Feature::CooperativeMatrix)
+            && !features.contains(&Feature::CooperativeMatrix)
+        {
+            " (tensor cores are opt-in: `--tensor-cores` or GERBIL_TENSOR_CORES=1, on a GPU \
+             that has them)"
+        } else {
+            match variant.precision {
+                Precision::F16 => " (`--precision f32` runs without it)",
+                Precision::F32 => "",
+            }
         };
         return Some(format!("needs {}{hint}", missing.join(", ")));
     }
