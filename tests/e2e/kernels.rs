@@ -141,6 +141,28 @@ struct MatMulCase {
     act: Option<UnaryOp>,
 }
 
+impl MatMulCase {
+    /// One row over the step's tokens of a `K × N` matmul of `wdtype`
+    /// weights, with no option.
+    fn plain(k: u32, n: u32, wdtype: DType) -> MatMulCase {
+        MatMulCase {
+            rows: Rows::Tokens,
+            t: 1,
+            k,
+            n,
+            wdtype,
+            bias: false,
+            tt: 1,
+            shard_rows: None,
+            glu: None,
+            norm: None,
+            residual: false,
+            last_row: false,
+            act: None,
+        }
+    }
+}
+
 /// The epsilon of the matmul cases' norm prologues.
 const MATMUL_NORM_EPS: f32 = 1e-5;
 
@@ -581,21 +603,7 @@ proptest! {
 /// (`K / E` above 256, with and without a partial last chunk row), and `N` large enough for 2 to 16 outputs per
 /// workgroup with a partial last workgroup, plain, gated, normed, sharded.
 fn gemv_cases() -> Vec<MatMulCase> {
-    let case = |k, n, wdtype| MatMulCase {
-        rows: Rows::Tokens,
-        t: 1,
-        k,
-        n,
-        wdtype,
-        bias: false,
-        tt: 1,
-        shard_rows: None,
-        glu: None,
-        norm: None,
-        residual: false,
-        last_row: false,
-        act: None,
-    };
+    let case = MatMulCase::plain;
     let mut cases = matmul_cases();
     for wdtype in [DType::F32, DType::BF16, DType::F16] {
         for k in [96, 100, 130, 7, 2056] {
@@ -907,19 +915,8 @@ fn gemm_cases() -> Vec<(MatMulCase, GemmTile)> {
         .map(|(i, c)| (c, gemm_tile(i, c.glu.is_some())))
         .collect();
     let case = |t, k, n, wdtype| MatMulCase {
-        rows: Rows::Tokens,
         t,
-        k,
-        n,
-        wdtype,
-        bias: false,
-        tt: 1,
-        shard_rows: None,
-        glu: None,
-        norm: None,
-        residual: false,
-        last_row: false,
-        act: None,
+        ..MatMulCase::plain(k, n, wdtype)
     };
     for tile in GemmTile::CANDIDATES.into_iter().chain(GemmTile::SHORT) {
         let gated = |act| tile.supports(true).then_some(act);
@@ -2581,19 +2578,9 @@ fn coop_cases() -> Vec<MatMulCase> {
         .step_by(3)
         .collect();
     let case = |t, k, n, wdtype| MatMulCase {
-        rows: Rows::Tokens,
         t,
-        k,
-        n,
-        wdtype,
-        bias: false,
         tt: 8,
-        shard_rows: None,
-        glu: None,
-        norm: None,
-        residual: false,
-        last_row: false,
-        act: None,
+        ..MatMulCase::plain(k, n, wdtype)
     };
     cases.extend([
         case(70, 64, 100, DType::BF16),
@@ -2695,21 +2682,7 @@ fn coop_gemm(c: &MatMulCase, i: usize) -> CoopGemm {
 #[test]
 fn gemv_batch_matches_reference() {
     use gerbil_codegen_wgsl::kernels::gemv_batch::{kernel_with, Layout};
-    let base = |k, n, wdtype| MatMulCase {
-        rows: Rows::Tokens,
-        t: 1,
-        k,
-        n,
-        wdtype,
-        bias: false,
-        tt: 1,
-        shard_rows: None,
-        glu: None,
-        norm: None,
-        residual: false,
-        last_row: false,
-        act: None,
-    };
+    let base = MatMulCase::plain;
     let cases = [
         // (case, rows per workgroup, outputs a group, groups, threads)
         (
@@ -2975,19 +2948,9 @@ fn gemm_coop_emulated_matches_reference() {
 /// Runs the emulated kernel on the emulation cases that `keep` selects.
 fn check_emulated(keep: impl Fn(&MatMulCase) -> bool) {
     let case = |t, k, n| MatMulCase {
-        rows: Rows::Tokens,
         t,
-        k,
-        n,
-        wdtype: DType::BF16,
-        bias: false,
         tt: 8,
-        shard_rows: None,
-        glu: None,
-        norm: None,
-        residual: false,
-        last_row: false,
-        act: None,
+        ..MatMulCase::plain(k, n, DType::BF16)
     };
     // Quantized weights reach the tile through the `pair_` loaders, which
     // `quantized_weights_match_reference` checks on lavapipe; their

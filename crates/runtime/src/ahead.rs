@@ -306,15 +306,9 @@ impl Session {
                 let p = i as u64 * STEP_PARAMS_BYTES;
                 enc.copy_buffer_to_buffer(&slot.params, p, params_buf, 0, STEP_PARAMS_BYTES);
                 enc.copy_buffer_to_buffer(next_buf, next.offset, ids, 0, 4);
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                    label: Some("decode"),
-                    timestamp_writes: None,
-                });
                 // The step at position start + first + i - 1 holds one more key.
                 let keys = start + (first + i) as u64;
-                for s in &self.decode {
-                    self.record(&mut pass, s, 1, keys);
-                }
+                self.record_pass(&mut enc, "decode", &self.decode, 1, keys);
             }
             enc.copy_buffer_to_buffer(next_buf, next.offset, &slot.history, i as u64 * 4, 4);
         }

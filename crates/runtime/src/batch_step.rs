@@ -92,16 +92,7 @@ impl Session {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("batch step"),
             });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("batch"),
-                timestamp_writes: None,
-            });
-            let keys = self.batch_keys(&taken);
-            for s in &self.batch {
-                self.record(&mut pass, s, t, keys);
-            }
-        }
+        self.record_pass(&mut enc, "batch", &self.batch, t, self.batch_keys(&taken));
         if let Some(tokens) = tokens_at {
             enc.copy_buffer_to_buffer(
                 self.buffer(tokens.buffer),

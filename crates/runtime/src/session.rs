@@ -812,6 +812,25 @@ impl Session {
         true
     }
 
+    /// Records `steps` at `t` rows, the longest row holding `keys` keys,
+    /// into one compute pass of `enc` called `label`.
+    pub(crate) fn record_pass(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        label: &str,
+        steps: &[Step],
+        t: u32,
+        keys: u64,
+    ) {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some(label),
+            timestamp_writes: None,
+        });
+        for s in steps {
+            self.record(&mut pass, s, t, keys);
+        }
+    }
+
     fn run_step(&self, tokens: &[u32]) -> Result<(), RuntimeError> {
         let steps = self.prepare_step(tokens)?;
         // prepare_step checked that the length fits u32.
@@ -822,16 +841,7 @@ impl Session {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("step"),
             });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("forward"),
-                timestamp_writes: None,
-            });
-            let keys = self.position + u64::from(t);
-            for s in steps {
-                self.record(&mut pass, s, t, keys);
-            }
-        }
+        self.record_pass(&mut enc, "forward", steps, t, self.position + u64::from(t));
         self.gpu.queue.submit([enc.finish()]);
         Ok(())
     }
