@@ -358,3 +358,58 @@ fn a_full_batch_refuses_one_more_sequence() {
     .expect("model");
     assert!(plain.batch().is_err());
 }
+
+/// A batch row whose logits hold a NaN (a plan compiled from a checkpoint
+/// with a NaN norm weight, `allow_non_finite`) gets no GPU token: its row
+/// is read back and the step fails naming the step, the position and the
+/// token, as a single generation does — never a token chosen from NaN.
+#[test]
+fn a_batch_row_with_non_finite_logits_stops_with_a_clear_error() {
+    use gerbil::{Error, GenerationSettings, Model, ModelOptions};
+    let _gpu = gpu_lock();
+    let src = tiny_model("llama");
+    let dir = temp_dir("poisoned");
+    for f in ["config.json", "generation_config.json"] {
+        std::fs::copy(src.join(f), dir.path().join(f)).expect("copy");
+    }
+    let mut bytes = std::fs::read(src.join("model.safetensors")).expect("weights");
+    let n = u64::from_le_bytes(bytes[..8].try_into().expect("header length")) as usize;
+    let header: serde_json::Value = serde_json::from_slice(&bytes[8..8 + n]).expect("header");
+    let start = 8
+        + n
+        + header["model.norm.weight"]["data_offsets"][0]
+            .as_u64()
+            .unwrap() as usize;
+    bytes[start + 12..start + 16].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(dir.path().join("model.safetensors"), bytes).expect("write");
+    let plan_path = compile_plan(dir.path(), |o| {
+        o.max_batch = 2;
+        o.allow_non_finite = true;
+    });
+    let plan = PlanFile::open(&plan_path).expect("plan");
+    assert!(plan.header.io.batch_tokens.is_some());
+    let mut opts = ModelOptions::default();
+    opts.session.slots = 2;
+    let mut model = block_on(Model::load(&plan, &opts)).expect("model");
+    let mut batch = model.batch().expect("batch");
+    let greedy = GenerationSettings {
+        max_new_tokens: 4,
+        ..GenerationSettings::default()
+    };
+    batch.start(&[1, 2, 3], &greedy, None).expect("start");
+    // Two rows a step: the prompt's last token, and the first choice, come
+    // in the second step.
+    assert!(block_on(batch.step())
+        .expect("the prompt's first rows")
+        .is_empty());
+    let err = block_on(batch.step()).expect_err("a step over NaN logits");
+    assert!(
+        matches!(err, Error::Runtime(RuntimeError::NonFiniteLogits { .. })),
+        "{err:?}"
+    );
+    assert!(
+        err.to_string()
+            .contains("the logits hold a non-finite value (NaN"),
+        "{err}"
+    );
+}

@@ -2674,8 +2674,9 @@ fn coop_gemm(c: &MatMulCase, i: usize) -> CoopGemm {
 }
 
 /// `gemv_batch` in every layout it takes — one group of threads or
-/// several sharing the workgroup's `x` (2 and 4 groups of 32 and 64
-/// threads, which a subgroup of 64 holds whole), 1 to 4 outputs a group,
+/// several sharing the workgroup's `x` (2 and 4 groups of 16 to 64
+/// threads, and 4 groups of 4, which lavapipe's wider subgroups hold
+/// several of: the shuffle reduction), 1 to 4 outputs a group,
 /// 4 and 16 rows a workgroup — against the reference, with every option
 /// (gated, normed, biased, residual, sharded, quantized) and `T` short of,
 /// at and past a workgroup's rows.
@@ -2740,6 +2741,17 @@ fn gemv_batch_matches_reference() {
             2,
             4,
             256,
+        ),
+        (
+            MatMulCase {
+                t: 6,
+                norm: Some((0.0, DType::F32)),
+                ..base(128, 45, DType::F32)
+            },
+            16,
+            2,
+            4,
+            16,
         ),
         (
             MatMulCase {

@@ -426,11 +426,7 @@ pub(crate) fn place<'o>(
     for (name, v) in &graph.outputs {
         let output = output_kind(name)?;
         let ty = graph.value_type(*v);
-        // A batch step writes a token per row where a step writes one.
-        let bytes = match output {
-            OutputKind::NextToken => b.value_bytes(ty).max(4 * u64::from(opts.max_batch)),
-            _ => b.value_bytes(ty),
-        };
+        let bytes = b.value_bytes(ty);
         b.check_binding(
             format!("output `{name}`"),
             bytes,
@@ -442,7 +438,7 @@ pub(crate) fn place<'o>(
             next_token = Some(BufferSlice {
                 buffer: i,
                 offset: 0,
-                size: b.value_bytes(ty),
+                size: bytes,
             });
             sampling_params = Some(b.push(SAMPLING_PARAMS_BYTES, BufferKind::SamplingParams));
             continue;

@@ -43,7 +43,46 @@ pub(crate) fn readback_bytes(header: &PlanHeader) -> u64 {
     4 * rows + rows * header.model.vocab_size * 4
 }
 
+/// Fills `logits[rows[i]]` with the `i`-th row of `vocab` f32 values in
+/// `bytes`.
+fn unpack_rows(bytes: &[u8], rows: &[usize], vocab: usize, logits: &mut [Option<Vec<f32>>]) {
+    let values: &[f32] = bytemuck::cast_slice(bytes);
+    for (&row, chunk) in rows.iter().zip(values.chunks(vocab)) {
+        logits[row] = Some(chunk.to_vec());
+    }
+}
+
 impl Session {
+    /// Copies the logits `rows` (ascending) of the last step into
+    /// `readback`, packed from byte `at`: a run of consecutive rows is one
+    /// copy.
+    fn copy_logit_rows(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        rows: &[usize],
+        readback: &wgpu::Buffer,
+        at: u64,
+    ) {
+        let logits = self.header.io.logits;
+        let row_bytes = self.vocab_size() * 4;
+        let mut k = 0;
+        while k < rows.len() {
+            let run = rows[k..]
+                .iter()
+                .enumerate()
+                .take_while(|&(j, &row)| row == rows[k] + j)
+                .count();
+            enc.copy_buffer_to_buffer(
+                self.buffer(logits.buffer),
+                logits.offset + rows[k] as u64 * row_bytes,
+                readback,
+                at + k as u64 * row_bytes,
+                run as u64 * row_bytes,
+            );
+            k += run;
+        }
+    }
+
     /// One step of several sequences: `rows[i] = (slot, token)` feeds
     /// `token` to the sequence in `slot` at that slot's next position, all in
     /// one batch step, and returns each row's logits. A slot named several
@@ -80,7 +119,6 @@ impl Session {
             .ok_or(RuntimeError::NoBatchSchedule)?;
         let io = &self.header.io;
         let tokens_at = io.batch_tokens;
-        let logits_at = io.logits;
         let token_region = 4 * u64::from(io.max_batch);
         let row_bytes = self.vocab_size() * 4;
         let wanted: Vec<usize> = (0..rows.len())
@@ -102,24 +140,7 @@ impl Session {
                 4 * u64::from(t),
             );
         }
-        // The wanted rows, packed after the tokens: a run of consecutive
-        // rows is one copy.
-        let mut k = 0;
-        while k < wanted.len() {
-            let run = wanted[k..]
-                .iter()
-                .enumerate()
-                .take_while(|&(j, &row)| row == wanted[k] + j)
-                .count();
-            enc.copy_buffer_to_buffer(
-                self.buffer(logits_at.buffer),
-                logits_at.offset + wanted[k] as u64 * row_bytes,
-                &readback,
-                token_region + k as u64 * row_bytes,
-                run as u64 * row_bytes,
-            );
-            k += run;
-        }
+        self.copy_logit_rows(&mut enc, &wanted, &readback, token_region);
         self.gpu.queue.submit([enc.finish()]);
         self.advance_batch(&taken);
         let vocab = self.vocab_size() as usize;
@@ -134,20 +155,31 @@ impl Session {
                     .iter()
                     .map(|&w| tokens_at.map(|_| w).filter(|&w| w != NOT_FINITE_TOKEN))
                     .collect();
-                let values: &[f32] = bytemuck::cast_slice(values);
                 let mut logits = vec![None; n];
-                for (row, chunk) in wanted.iter().zip(values.chunks(vocab)) {
-                    logits[*row] = Some(chunk.to_vec());
-                }
+                unpack_rows(values, &wanted, vocab, &mut logits);
                 (tokens, logits)
             })
             .await?;
-        // A row without a token comes back whole, for the CPU's check.
-        for row in 0..n {
-            if tokens[row].is_none() && logits[row].is_none() {
-                let mut one = self.read_logit_rows(row as u64, 1, &readback).await?;
-                logits[row] = one.pop();
-            }
+        // A row without a token comes back whole, for the CPU's check (one
+        // more copy of every such row, which only NaN or ±Inf causes).
+        let flagged: Vec<usize> = (0..n)
+            .filter(|&row| tokens[row].is_none() && logits[row].is_none())
+            .collect();
+        if !flagged.is_empty() {
+            let mut enc = self
+                .gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("non-finite rows"),
+                });
+            self.copy_logit_rows(&mut enc, &flagged, &readback, 0);
+            self.gpu.queue.submit([enc.finish()]);
+            let len = flagged.len() as u64 * row_bytes;
+            self.gpu
+                .read_mapped_prefix(&readback, len, |bytes| {
+                    unpack_rows(bytes, &flagged, vocab, &mut logits)
+                })
+                .await?;
         }
         Ok(BatchOutput { tokens, logits })
     }

@@ -1022,7 +1022,7 @@ impl Session {
     }
 
     /// Copies logit rows `first..first + rows` through `readback`.
-    pub(crate) async fn read_logit_rows(
+    async fn read_logit_rows(
         &self,
         first: u64,
         rows: u64,

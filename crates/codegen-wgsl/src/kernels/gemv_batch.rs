@@ -29,8 +29,9 @@
 //! reduced in passes of as many rows as fit [`REDUCE_BYTES`] of workgroup
 //! memory (all 16 at SmolLM2's and the 1B's widths): `subgroupAdd` of each
 //! (over a group's lanes by `subgroupShuffleXor` where a subgroup is wider
-//! than a group), one slot per subgroup, one barrier, then a thread per
-//! (row, output) sums its group's slots and stores — with one row per pass, a barrier pair per row, a
+//! than a group), one slot per subgroup (per group where a subgroup holds
+//! several), one barrier, then a thread per (row, output) sums its group's
+//! slots and stores — with one row per pass, a barrier pair per row, a
 //! 16-row step of the 1B shape waited in barriers more than it multiplied.
 //!
 //! The surprise is why this is not the prefill [`gemm`](super::gemm): its
@@ -154,6 +155,13 @@ pub fn kernel_with(s: &MatMulSpec, l: Layout) -> KernelSource {
         groups,
         threads,
     } = l;
+    // The reduction's slot ranges and shuffles need whole groups of a
+    // power of two threads when there are several.
+    debug_assert!(
+        threads.is_multiple_of(groups)
+            && (groups == 1 || (groups.is_power_of_two() && (threads / groups).is_power_of_two())),
+        "{l:?}"
+    );
     let glu = s.glu.is_some();
     let norm = s.norm.is_some();
     let e = elems_per_load(s.wdtype, s.k);
