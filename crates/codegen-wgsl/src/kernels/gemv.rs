@@ -110,6 +110,19 @@ fn outputs_per_group(s: &MatMulSpec, threads: u32, reduce: Reduce) -> u32 {
     r
 }
 
+/// `fn seg_sum(v, sg_size)`: the sum of `v` over a segment of `width`
+/// (a power-of-two module constant) threads — the whole subgroup's where a
+/// subgroup is no wider, else by `subgroupShuffleXor` over the segment's
+/// lanes. Shared by [`gemv_int8`](super::gemv_int8) (its row groups) and
+/// [`gemv_batch`](super::gemv_batch) (its groups).
+pub(super) fn seg_sum(width: &str) -> String {
+    format!(
+        "fn seg_sum(v: f32, sg_size: u32) -> f32 {{\n  if (sg_size <= {width}) {{ return subgroupAdd(v); }}\n  \
+         var s = v;\n  for (var o = {width} / 2u; o > 0u; o = o >> 1u) {{ s = s + subgroupShuffleXor(s, o); }}\n  \
+         return s;\n}}\n"
+    )
+}
+
 /// Every partial sum a GEMV thread reduces, as (reduction slot,
 /// WGSL expression): its `r` sums, with a gated epilogue its `r` up sums,
 /// with a norm prologue its `Σx²` (the last slot); shared with

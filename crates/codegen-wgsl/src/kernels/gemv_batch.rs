@@ -328,11 +328,9 @@ pub fn kernel_with(s: &MatMulSpec, l: Layout) -> KernelSource {
     // one group (any subgroup size) or a subgroup is no wider than a group;
     // else (a subgroup holding several groups) over its group's lanes.
     let seg_sum = if groups == 1 {
-        "fn seg_sum(v: f32, sg_size: u32) -> f32 { return subgroupAdd(v); }\n"
+        "fn seg_sum(v: f32, sg_size: u32) -> f32 { return subgroupAdd(v); }\n".to_string()
     } else {
-        "fn seg_sum(v: f32, sg_size: u32) -> f32 {\n  if (sg_size <= TPG) { return subgroupAdd(v); }\n  \
-         var s = v;\n  for (var o = TPG / 2u; o > 0u; o = o >> 1u) { s = s + subgroupShuffleXor(s, o); }\n  \
-         return s;\n}\n"
+        super::gemv::seg_sum("TPG")
     };
     // One group: a segment per subgroup. Several: a segment is a subgroup
     // or a group, whichever is smaller.

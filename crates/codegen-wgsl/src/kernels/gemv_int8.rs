@@ -302,9 +302,7 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
          r.lo = dot4I8Packed(a.x, ones) + dot4I8Packed(a.y, ones) + dot4I8Packed(a.z, ones) + dot4I8Packed(a.w, ones);\n  \
          r.hi = dot4I8Packed(b.x, ones) + dot4I8Packed(b.y, ones) + dot4I8Packed(b.z, ones) + dot4I8Packed(b.w, ones);\n  \
          r.sx = r.d * f32(r.lo + r.hi);\n  return r;\n}}\n\
-         fn seg_sum(v: f32, sg_size: u32) -> f32 {{\n  if (sg_size <= TPR) {{ return subgroupAdd(v); }}\n  \
-         var s = v;\n  for (var o = TPR / 2u; o > 0u; o = o >> 1u) {{ s = s + subgroupShuffleXor(s, o); }}\n  \
-         return s;\n}}\n\
+         {seg_sum}\
          @compute @workgroup_size({threads}, 1, 1)\n\
          fn main(@builtin(local_invocation_index) tid: u32,\n        \
          @builtin(workgroup_id) wid: vec3<u32>,\n        \
@@ -321,6 +319,7 @@ pub fn kernel(s: &MatMulSpec) -> KernelSource {
          {reduce}\
          \x20 if (tid < OUTPUTS) {{\n{total}  }}\n}}\n",
         q_len = 8 * l.units,
+        seg_sum = super::gemv::seg_sum("TPR"),
         kt = l.units,
         stages = l.stages,
     );
