@@ -124,14 +124,17 @@ impl Decoding {
         Ok((token, top))
     }
 
+    /// Whether every choice needs the step's logits on the CPU: a
+    /// constraint masks them, or the caller asked for the largest ones.
+    pub(crate) fn needs_logits(&self) -> bool {
+        self.settings.top_logits.is_some() || self.constraint.is_some()
+    }
+
     /// Whether the GPU's greedy token is this answer's choice: greedy, no
-    /// penalties, no constraint, no largest logits asked for.
+    /// penalties, and the logits not needed ([`Decoding::needs_logits`]).
     pub(crate) fn greedy_on_gpu(&self) -> bool {
         let sampling = &self.settings.sampling;
-        self.settings.top_logits.is_none()
-            && self.constraint.is_none()
-            && sampling.is_greedy()
-            && !sampling.has_penalties()
+        !self.needs_logits() && sampling.is_greedy() && !sampling.has_penalties()
     }
 
     /// Takes `token`, chosen on the GPU as [`Decoding::greedy_on_gpu`]

@@ -285,9 +285,7 @@ impl<'m> Generation<'m> {
         let rest = &self.prompt[keep..];
         let settings = &self.decoding.settings;
         let session = &mut self.model.session;
-        let on_gpu = settings.top_logits.is_none()
-            && self.decoding.constraint.is_none()
-            && session.can_sample_on_gpu(&settings.sampling);
+        let on_gpu = !self.decoding.needs_logits() && session.can_sample_on_gpu(&settings.sampling);
         self.source = if on_gpu {
             session.set_sampling(&settings.sampling);
             // The prompt's logits are read back once (a row, far cheaper than the
