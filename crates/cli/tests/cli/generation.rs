@@ -15,23 +15,22 @@ use std::sync::OnceLock;
 /// SmolLM2 compiled once for the whole file (a 256-token context keeps it
 /// quick on lavapipe).
 fn smollm2_plan() -> &'static PathBuf {
-    static PLAN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    &PLAN
-        .get_or_init(|| compile(&smollm2_dir(), "smollm2", &["--max-context", "256"]))
-        .1
+    static PLAN: OnceLock<PathBuf> = OnceLock::new();
+    PLAN.get_or_init(|| {
+        let plan = process_dir("smollm2").join("smollm2.plan");
+        compile_to(&smollm2_dir(), &plan, &["--max-context", "256"]);
+        plan
+    })
 }
 
 /// The tiny Llama with text of the tests' own, compiled once for the whole
 /// file, its context far past the model's 128 positions (it only warns) so
 /// that a long generation outlasts a reader by seconds.
 fn tiny_text() -> &'static str {
-    static PLAN: OnceLock<(tempfile::TempDir, PathBuf)> = OnceLock::new();
-    let (_, plan) = PLAN.get_or_init(|| {
-        let dir = temp("tiny-text");
-        let plan = tiny_text_plan(dir.path(), &["--max-context", "1024"]);
-        (dir, plan)
-    });
-    plan.to_str().unwrap()
+    static PLAN: OnceLock<PathBuf> = OnceLock::new();
+    PLAN.get_or_init(|| tiny_text_plan(&process_dir("tiny-text"), &["--max-context", "1024"]))
+        .to_str()
+        .unwrap()
 }
 
 fn codec() -> TextCodec {

@@ -13,16 +13,14 @@ use serde_json::{json, Value};
 use std::sync::OnceLock;
 
 fn plan() -> &'static std::path::Path {
-    static PLAN: OnceLock<(tempfile::TempDir, std::path::PathBuf)> = OnceLock::new();
-    let (_, plan) = PLAN.get_or_init(|| {
-        let dir = temp("structured");
-        // A batch schedule: the server decodes these requests together, so
-        // constraints run through `gerbil::Batch` (the serve tests cover
-        // one request at a time).
-        let plan = tiny_text_plan(dir.path(), &["--max-context", "2048", "--max-batch", "4"]);
-        (dir, plan)
-    });
-    plan
+    static PLAN: OnceLock<std::path::PathBuf> = OnceLock::new();
+    // A batch schedule: the server decodes these requests together, so
+    // constraints run through `gerbil::Batch` (the serve tests cover one
+    // request at a time).
+    PLAN.get_or_init(|| {
+        let args = ["--max-context", "2048", "--max-batch", "4"];
+        tiny_text_plan(&process_dir("structured"), &args)
+    })
 }
 
 /// Schemas with nested objects, enums, arrays and numbers, each value

@@ -27,6 +27,19 @@ pub fn temp(tag: &str) -> tempfile::TempDir {
         .expect("create temp dir")
 }
 
+/// A directory for files that live as long as the test process (plans a
+/// `static` compiles once): statics are never dropped, so a [`temp`] there
+/// would leak its files into `/tmp` on every run. This one lies under the
+/// target directory's scratch space and is emptied when first asked for.
+pub fn process_dir(tag: &str) -> PathBuf {
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gerbil-cli-{tag}"));
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).expect("empty the process directory");
+    }
+    std::fs::create_dir_all(&dir).expect("create the process directory");
+    dir
+}
+
 /// Runs `gerbilc` and collects its output.
 pub fn gerbilc(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_gerbilc"))
