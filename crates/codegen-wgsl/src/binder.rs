@@ -14,6 +14,7 @@
 //! cache's f16 twin in an f16 variant, and a sharded weight binds its whole
 //! buffer in a desktop variant that has one.
 
+use crate::fusion::RopeAttention;
 use crate::planner::{self, BufferPlan, Home, Step};
 use crate::sources::{Own, Sources};
 use crate::CodegenError;
@@ -33,11 +34,13 @@ pub(crate) struct Layout<'g, 'o> {
 
 impl<'g, 'o> Layout<'g, 'o> {
     /// Plans the activations of `steps` (compute nodes in schedule order)
-    /// around `sources`, declaring the arenas.
+    /// around `sources`, declaring the arenas; a value a `fused` dispatch
+    /// reads lives until that dispatch.
     pub fn plan(
         graph: &'g Graph,
         steps: &[NodeId],
         mut sources: Sources<'o>,
+        fused: &RopeAttention,
     ) -> Result<Self, CodegenError> {
         let plan_steps: Vec<Step<ValueRef>> = steps
             .iter()
@@ -51,7 +54,10 @@ impl<'g, 'o> Layout<'g, 'o> {
                             (ValueRef { node: id, port }, alias)
                         })
                         .collect(),
-                    reads: ins,
+                    reads: ins
+                        .into_iter()
+                        .chain(fused.extra_reads(graph, id))
+                        .collect(),
                 }
             })
             .collect();

@@ -17,6 +17,7 @@
 
 mod binder;
 mod dispatch;
+mod fusion;
 pub mod kernels;
 mod lower;
 pub mod planner;

@@ -137,6 +137,61 @@ impl Lowering<'_> {
         })
     }
 
+    /// The one kernel of attention node `attn` and the `qkv_rope` node
+    /// `rope` before it, in a decode or batch step of a GPU variant
+    /// ([`crate::fusion::RopeAttention`]). Its input ports are `rope`'s,
+    /// its output `attn`'s.
+    pub fn rope_attention(
+        &self,
+        rope: NodeId,
+        attn: NodeId,
+        phase: Phase,
+        variant: &VariantSpec,
+    ) -> Result<Lowered, CodegenError> {
+        let g = self.graph;
+        let (Op::QkvRope(r), Op::Attention(a)) = (&g.node(rope).op, &g.node(attn).op) else {
+            return Err(CodegenError::Unsupported {
+                label: g.node(attn).label.clone(),
+                reason: "fused with a node that is not a qkv_rope (a compiler bug)".into(),
+            });
+        };
+        let ins = g.inputs(rope);
+        let kv = match variant.precision {
+            Precision::F16 => DType::F16,
+            Precision::F32 => g.value_type(ins[2]).dtype,
+        };
+        let spec = AttentionSpec {
+            heads: a.n_heads,
+            kv_heads: a.n_kv_heads,
+            head_dim: a.head_dim,
+            scale: a.scale,
+            window: a.window.unwrap_or(0),
+            kv,
+            causal: true,
+            packed: false,
+        };
+        let rope_spec = QkvRopeSpec {
+            heads: r.n_heads,
+            kv_heads: r.n_kv_heads,
+            head_dim: r.head_dim,
+            rotary_dim: r.rotary_dim,
+            norm: r
+                .qk_norm
+                .map(|n| (n.eps, n.weight_offset, g.value_type(ins[4]).dtype)),
+            kv,
+        };
+        let (at, rows) = match phase {
+            Phase::Batch => (Positions::Table, self.max_batch),
+            _ => (Positions::Step, 1),
+        };
+        let source =
+            attention_decode::kernel_with_rope(spec, rope_spec, self.max_context, at, rows);
+        Ok(Lowered {
+            source,
+            op: KernelOp::Other,
+        })
+    }
+
     /// The kernel for compute node `id` in a schedule of `phase` of `variant`.
     pub fn kernel(
         &self,

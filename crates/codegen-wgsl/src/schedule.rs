@@ -14,6 +14,7 @@
 
 use crate::binder::Layout;
 use crate::dispatch::{Assembler, Operands};
+use crate::fusion::RopeAttention;
 use crate::lower::{Lowering, Phase};
 use crate::sources;
 use crate::target::Target;
@@ -21,7 +22,7 @@ use crate::tuning::GemmTiles;
 use crate::variant::{variants_for, VariantSpec};
 use crate::CodegenError;
 use gerbil_ir::{Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
-use gerbil_plan::{BufferDecl, BufferSlice, Dispatch, IoBindings, Variant};
+use gerbil_plan::{BufferDecl, BufferSlice, Dispatch, IoBindings, Port, Variant};
 use std::collections::HashMap;
 
 /// What the target allows and how large the plan's steps are.
@@ -163,7 +164,8 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         .copied()
         .filter(|&id| !graph.node(id).op.is_source())
         .collect();
-    let layout = Layout::plan(graph, &steps, sources)?;
+    let fused = RopeAttention::find(graph, &steps);
+    let layout = Layout::plan(graph, &steps, sources, &fused)?;
     let narrow = Lowering {
         graph,
         shard_rows: &layout.sources.buffers.shard_rows,
@@ -190,7 +192,10 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
     let mut variants = Vec::new();
     for spec in specs {
         let lowering = if spec.wide { &wide } else { &narrow };
-        let mut phase = |phase| schedule(&steps, &layout, lowering, &mut asm, &spec, phase);
+        let mut phase = |phase| {
+            let fused = Some(&fused).filter(|_| RopeAttention::applies(phase, &spec));
+            schedule(&steps, &layout, lowering, &mut asm, &spec, phase, fused)
+        };
         let prefill = phase(Phase::Prefill(spec.prefill_rows_per_workgroup))?;
         let decode = phase(Phase::Decode)?;
         // An encoder's steps pack sequences themselves: no batch schedule.
@@ -267,7 +272,7 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
 }
 
 /// One phase's schedule of variant `spec`: every compute node in `steps`
-/// lowered and bound.
+/// lowered and bound, each `fused` pair as one dispatch.
 fn schedule(
     steps: &[NodeId],
     layout: &Layout<'_, '_>,
@@ -275,26 +280,40 @@ fn schedule(
     asm: &mut Assembler,
     spec: &VariantSpec,
     phase: Phase,
+    fused: Option<&RopeAttention>,
 ) -> Result<Vec<Dispatch>, CodegenError> {
     let target = lowering.target;
-    steps
-        .iter()
-        .map(|&id| {
-            let node = lowering.graph.node(id);
-            let ops = Operands {
-                label: &node.label,
-                layer: node.layer(),
-                slice: &|port| layout.slice(id, port, spec.precision, spec.wide),
-                bytes: &|port| layout.bytes(id, port, spec.precision, spec.wide),
-                flops: lowering.flops(id),
-            };
-            asm.dispatch(
-                lowering.kernel(id, phase, spec)?,
-                &ops,
-                &spec.features,
-                &spec.limits(target),
-                lowering.max_tokens,
-            )
-        })
-        .collect()
+    let precision = spec.precision;
+    let mut out = Vec::with_capacity(steps.len());
+    for &id in steps {
+        if fused.is_some_and(|f| f.is_absorbed(id)) {
+            continue;
+        }
+        let node = lowering.graph.node(id);
+        let rope = fused.and_then(|f| f.rope_of(id));
+        // A fused dispatch's inputs are its `qkv_rope`'s, its output the attention's.
+        let of = |port: Port| match (rope, port) {
+            (Some(r), Port::Input { .. }) => r,
+            _ => id,
+        };
+        let ops = Operands {
+            label: &node.label,
+            layer: node.layer(),
+            slice: &|port| layout.slice(of(port), port, precision, spec.wide),
+            bytes: &|port| layout.bytes(of(port), port, precision, spec.wide),
+            flops: lowering.flops(id),
+        };
+        let lowered = match rope {
+            Some(r) => lowering.rope_attention(r, id, phase, spec)?,
+            None => lowering.kernel(id, phase, spec)?,
+        };
+        out.push(asm.dispatch(
+            lowered,
+            &ops,
+            &spec.features,
+            &spec.limits(target),
+            lowering.max_tokens,
+        )?);
+    }
+    Ok(out)
 }

@@ -347,6 +347,54 @@ fn golden_kernels() {
         },
         32768,
     ));
+    // Decode attention with its RoPE and cache writes: SmolLM2 (f16 caches,
+    // a batch step) and a Gemma 3 270M sliding layer (per-head norms).
+    golden(attention_decode::kernel_with_rope(
+        AttentionSpec {
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            scale: 0.125,
+            window: 0,
+            kv: DType::F16,
+            causal: true,
+            packed: false,
+        },
+        QkvRopeSpec {
+            heads: 9,
+            kv_heads: 3,
+            head_dim: 64,
+            rotary_dim: 64,
+            norm: None,
+            kv: DType::F16,
+        },
+        4096,
+        Positions::Table,
+        16,
+    ));
+    golden(attention_decode::kernel_with_rope(
+        AttentionSpec {
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            scale: 0.0625,
+            window: 512,
+            kv: DType::F32,
+            causal: true,
+            packed: false,
+        },
+        QkvRopeSpec {
+            heads: 4,
+            kv_heads: 1,
+            head_dim: 256,
+            rotary_dim: 256,
+            norm: Some((1e-6, 1.0, DType::BF16)),
+            kv: DType::F32,
+        },
+        32768,
+        Positions::Step,
+        1,
+    ));
     golden(elementwise::unary(UnaryOp::GeluTanh, Rows::Tokens, 2048));
     golden(elementwise::unary(
         UnaryOp::Softcap(30.0),

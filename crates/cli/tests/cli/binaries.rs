@@ -875,11 +875,24 @@ fn inspect_schedule_lists_dispatches_with_labels_and_kernels() {
     assert!(o.status.success(), "{}", stderr(&o));
     let text = stdout(&o);
     // The cpu variant first (CPU adapters), portable last; the desktop
-    // ones between.
+    // ones between. A GPU variant's decode attention does its layer's RoPE
+    // and cache writes: two dispatches fewer.
     let cpu = text.find("cpu decode (15 dispatches)");
-    let tensor = text.find("tensor-f16 decode (15 dispatches)");
-    let portable = text.find("\nportable decode (15 dispatches)");
+    let tensor = text.find("tensor-f16 decode (13 dispatches)");
+    let portable = text.find("\nportable decode (13 dispatches)");
     assert!(cpu < tensor && tensor < portable && cpu.is_some(), "{text}");
+    let decode = &text[portable.unwrap_or_default()..];
+    let attention: Vec<&str> = decode
+        .lines()
+        .filter(|l| l.contains("rope") || l.contains("sdpa"))
+        .collect();
+    assert_eq!(attention.len(), 2, "{decode}");
+    assert!(
+        attention.iter().all(|l| l.contains("attn.sdpa")
+            && l.trim_end()
+                .contains("attention_decode_h4_kv2_d16_w0_s4_rope16")),
+        "{decode}"
+    );
     // Every step ends choosing the greedy token on the GPU.
     let last = text.lines().last().unwrap_or_default();
     assert!(

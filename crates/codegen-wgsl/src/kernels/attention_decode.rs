@@ -38,9 +38,23 @@
 //! [`KeySplits`], so the runtime launches only the splits the step's keys
 //! fill (in a batch step, its deepest row's): on a CPU driver each launch of
 //! a workgroup with barriers costs tens of microseconds, work or none.
+//!
+//! [`kernel_with_rope`] also does the `qkv_rope` dispatch's work: it reads
+//! the fused q|k|v row, normalizes (per-head norms: a segment of lanes sums
+//! each head's squares first) and rotates the group's queries once into the
+//! reduction region (or, where they do not fit, each dimension as a score
+//! lane loads it), and the split that holds the step's own key rotates that
+//! key, stores it and the value in the caches, and makes them visible to
+//! its own threads with a `storageBarrier()` before scoring. No other workgroup
+//! reads that cache row, so nothing waits across workgroups; the schedule
+//! then skips the `qkv_rope` dispatch (`crate::fusion`).
 
 use super::attention::AttentionSpec;
-use super::{f32_lit, input, kv_load, kv_tag, output, prelude, Bindings, KernelSource, Positions};
+use super::qkv_rope::QkvRopeSpec;
+use super::{
+    f32_lit, input, kv_load, kv_store, kv_tag, output, prelude, tree_reduce, Bindings,
+    KernelSource, Positions,
+};
 use gerbil_ir::DType;
 use gerbil_plan::{KeySplits, WorkgroupCount};
 use std::fmt::Write;
@@ -165,6 +179,34 @@ pub fn kernel(s: AttentionSpec, max_context: u32) -> KernelSource {
 /// takes row `z`, its position and the first KV-cache row of its sequence
 /// from the table, and its partials and counters are its own.
 pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u32) -> KernelSource {
+    build(s, max_context, at, max_rows, None)
+}
+
+/// [`kernel_at`] fused with the `qkv_rope` before it, as `r` specifies it
+/// (its heads and cache type are `s`'s). Bindings: `x` (the fused q|k|v
+/// rows), `table`, `kc` and `vc` (written), with norms `qn` and `kn`, then
+/// `y`. Per-head norms need a group of at most [`MAX_NORMED_GROUP`] heads.
+pub fn kernel_with_rope(
+    s: AttentionSpec,
+    r: QkvRopeSpec,
+    max_context: u32,
+    at: Positions,
+    max_rows: u32,
+) -> KernelSource {
+    build(s, max_context, at, max_rows, Some(r))
+}
+
+/// Largest GQA group whose query heads and key head the fused kernel
+/// normalizes (each gets at least one of the smallest workgroup's lanes).
+pub const MAX_NORMED_GROUP: u32 = MIN_WG - 1;
+
+fn build(
+    s: AttentionSpec,
+    max_context: u32,
+    at: Positions,
+    max_rows: u32,
+    rope: Option<QkvRopeSpec>,
+) -> KernelSource {
     // Lowering gives a decode step `Step` (an encoder's one-row step is one
     // input at position 0); `Packed` would read the same one key.
     let rows = match at {
@@ -202,9 +244,31 @@ pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u3
         MIN_KEYS.min(cap),
     );
     let mut b = Bindings::new();
-    b.activation(&mut w, input(0), "q");
-    b.kv_cache(&mut w, input(1), "kc", s.kv, false);
-    b.kv_cache(&mut w, input(2), "vc", s.kv, false);
+    let (queries, own) = match rope {
+        None => {
+            b.activation(&mut w, input(0), "q");
+            b.kv_cache(&mut w, input(1), "kc", s.kv, false);
+            b.kv_cache(&mut w, input(2), "vc", s.kv, false);
+            (Queries::Plain, String::new())
+        }
+        Some(r) => {
+            declare_rope(&mut w, &mut b, &s, &r);
+            let norm = r.norm.is_some();
+            let queries = match group * hd <= red {
+                true => Queries::Staged,
+                false => Queries::Rotated { norm },
+            };
+            let prologue = Prologue {
+                kv: s.kv,
+                at,
+                norm,
+                wg,
+                group,
+                staged: queries == Queries::Staged,
+            };
+            (queries, prologue.wgsl())
+        }
+    };
     b.activation(&mut w, output(0), "y");
     at.declare(&mut b, &mut w);
     b.scratch(
@@ -240,6 +304,7 @@ pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u3
          \x20 let start = split * chunk;\n\
          \x20 var nk = 0u;\n  if (start < n) {{ nk = min(min(chunk, n - start), CAP); }}\n\
          \x20 let k0 = lo + start;\n  let h0 = kvh * G;\n\
+         {own}\
          {scores_wgsl}\
          \x20 // Each head's maximum once, then its probabilities in place.\n\
          \x20 if (lane < G) {{\n\
@@ -284,7 +349,7 @@ pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u3
         } else {
             String::new()
         },
-        scores_wgsl = score_passes(group, hd, tpk, dpt, s.kv),
+        scores_wgsl = score_passes(group, hd, tpk, dpt, s.kv, queries),
         values_wgsl = values(group, hd, dl, kg, pt, u, s.kv),
         combine_body = combine_body(),
     );
@@ -302,11 +367,17 @@ pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u3
     }
     KernelSource {
         name: format!(
-            "attention_decode_h{}_kv{}_d{}_w{}_s{splits}{}{}",
+            "attention_decode_h{}_kv{}_d{}_w{}_s{splits}{}{}{}",
             s.heads,
             s.kv_heads,
             hd,
             s.window,
+            rope.map(|r| format!(
+                "_rope{}{}",
+                r.rotary_dim,
+                r.norm.map(|n| format!("_norm_{}", n.2)).unwrap_or_default()
+            ))
+            .unwrap_or_default(),
             kv_tag(s.kv),
             at.tag()
         ),
@@ -329,7 +400,175 @@ pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u3
                 Positions::Table => super::Rows::Tokens.count(1, 1),
             },
         ],
-        workgroup_bytes: (red + group * cap + group + if kg > 1 { kg * group } else { 0 } + 1) * 4,
+        workgroup_bytes: (red
+            + group * cap
+            + group
+            + if kg > 1 { kg * group } else { 0 }
+            + 1
+            + if rope.is_some_and(|r| r.norm.is_some()) {
+                group + 1
+            } else {
+                0
+            })
+            * 4,
+    }
+}
+
+/// Declares what the fused kernel reads instead of rotated queries: the
+/// q|k|v rows `x`, the RoPE table, the caches it writes, the norms' weights,
+/// with norms `nrm` (each query head's and the key head's inverse RMS), and `rot(b, d, tr, s, k)`: dimension `d` of the head at `x[b..]`
+/// normalized by `s` (and the key's or the query's weights, by `k`), then
+/// rotated by table row `tr`. The arithmetic is `qkv_rope`'s, so both paths
+/// store the same key.
+fn declare_rope(w: &mut String, b: &mut Bindings, s: &AttentionSpec, r: &QkvRopeSpec) {
+    let _ = writeln!(
+        w,
+        "const NH: u32 = {}u;\nconst KW: u32 = NKV * HD;\nconst XW: u32 = NH * HD + 2u * KW;\n\
+         const ROT: u32 = {}u;\nconst HALF: u32 = {}u;",
+        s.heads,
+        r.rotary_dim,
+        r.rotary_dim / 2,
+    );
+    b.activation(w, input(0), "x");
+    b.read_f32(w, input(1), "table");
+    b.kv_cache(w, input(2), "kc", s.kv, true);
+    b.kv_cache(w, input(3), "vc", s.kv, true);
+    match r.norm {
+        Some((eps, offset, dt)) => {
+            w.push_str("var<workgroup> nrm: array<f32, G + 1u>;\n");
+            let _ = writeln!(
+                w,
+                "const EPS: f32 = {};\nconst OFFSET: f32 = {};",
+                f32_lit(eps),
+                f32_lit(offset)
+            );
+            b.weight(w, input(4), "qn", dt);
+            b.weight(w, input(5), "kn", dt);
+            w.push_str(
+                "fn xv(b: u32, i: u32, s: f32, k: bool) -> f32 { return (x[b + i] * s) * (select(load_qn(i), load_kn(i), k) + OFFSET); }\n",
+            );
+        }
+        None => w.push_str("fn xv(b: u32, i: u32, s: f32, k: bool) -> f32 { return x[b + i]; }\n"),
+    }
+    w.push_str(
+        "fn rot(b: u32, d: u32, tr: u32, s: f32, k: bool) -> f32 {\n\
+         \x20 if (d < HALF) { return xv(b, d, s, k) * table[tr + d] - xv(b, d + HALF, s, k) * table[tr + HALF + d]; }\n\
+         \x20 if (d < ROT) { let i = d - HALF; return xv(b, d, s, k) * table[tr + i] + xv(b, i, s, k) * table[tr + HALF + i]; }\n\
+         \x20 return xv(b, d, s, k);\n}\n",
+    );
+}
+
+/// Where the score lanes get the group's queries.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Queries {
+    /// From the rotated queries `q` (the unfused kernel).
+    Plain,
+    /// From `red`, where the fused kernel's prologue rotated them.
+    Staged,
+    /// Rotated from `x` as they load (normalized by `nrm`, with norms).
+    Rotated { norm: bool },
+}
+
+impl Queries {
+    /// WGSL of dimension `d` of the group's query head `g`.
+    fn load(self, g: u32, d: &str) -> String {
+        match self {
+            Queries::Plain => format!("q[(h0 + {g}u) * HD + {d}]"),
+            Queries::Staged => format!("red[{g}u * HD + {d}]"),
+            Queries::Rotated { norm } => {
+                let scale = if norm {
+                    format!("nrm[{g}u]")
+                } else {
+                    "1.0f".into()
+                };
+                format!("rot(xq + {g}u * HD, {d}, tr, {scale}, false)")
+            }
+        }
+    }
+}
+
+/// What the fused kernel does before scoring.
+#[derive(Clone, Copy)]
+struct Prologue {
+    kv: DType,
+    at: Positions,
+    /// Per-head norms.
+    norm: bool,
+    wg: u32,
+    group: u32,
+    /// Whether the group's rotated queries are staged in `red` (they fit:
+    /// unless `head_dim` exceeds the workgroup).
+    staged: bool,
+}
+
+impl Prologue {
+    /// The norm scale of head `h` (`G` for the key head).
+    fn scale(self, h: &str) -> String {
+        match self.norm {
+            true => format!("nrm[{h}]"),
+            false => "1.0f".into(),
+        }
+    }
+
+    /// WGSL for `xq`, `xk`, `tr` (where the group's query heads and its key
+    /// head start in `x`, and the position's table row); with norms `nrm`,
+    /// the workgroup's lanes in `group + 1` segments each summing one head's
+    /// squares; the group's rotated queries staged in `red` (if `staged`);
+    /// and the step's own key (normalized and rotated) and value stored by
+    /// the split holding that key (the last it reads), made visible to the
+    /// workgroup's threads.
+    fn wgsl(self) -> String {
+        let (xrow, crow) = match self.at {
+            Positions::Table => ("brow * XW + ", "rows[2u * brow]"),
+            Positions::Step | Positions::Packed => ("", "pos"),
+        };
+        let mut w = format!(
+            "  // The group's query heads and its key head in x, the position's table row.\n\
+             \x20 let xq = {xrow}kvh * G * HD;\n  let xk = {xrow}NH * HD + kvh * HD;\n\
+             \x20 let tr = pos * ROT;\n"
+        );
+        if self.norm {
+            debug_assert!(self.group <= MAX_NORMED_GROUP && self.wg >= MIN_WG);
+            let seg = pow2_floor(self.wg / (self.group + 1));
+            let _ = write!(
+                w,
+                "  // Each head's inverse RMS: a segment of {seg} lanes per head, the key's last.\n\
+                 \x20 let hh = lane / {seg}u;\n  let sl = lane % {seg}u;\n\
+                 \x20 var ss = 0.0f;\n\
+                 \x20 if (hh <= G) {{\n\
+                 \x20   let hb = select(xq + hh * HD, xk, hh == G);\n\
+                 \x20   for (var i = sl; i < HD; i = i + {seg}u) {{ let v = x[hb + i]; ss = ss + v * v; }}\n\
+                 \x20 }}\n\
+                 \x20 red[lane] = ss;\n  workgroupBarrier();\n{}\
+                 \x20 if (sl == 0u && hh <= G) {{ nrm[hh] = 1.0f / sqrt(red[lane] / f32(HD) + EPS); }}\n\
+                 \x20 workgroupBarrier();\n",
+                tree_reduce(seg, "sl", "hh * SEG", "+").replace("SEG", &format!("{seg}u")),
+            );
+        }
+        if self.staged {
+            let _ = writeln!(
+                w,
+                "  // The group's queries, rotated once.\n\
+                 \x20 for (var i = lane; i < G * HD; i = i + WG) {{\n\
+                 \x20   red[i] = rot(xq + i - i % HD, i % HD, tr, {}, false);\n  }}",
+                self.scale("i / HD")
+            );
+        }
+        let _ = write!(
+            w,
+            "  // The step's own key and value, stored by the split that reads them.\n\
+             \x20 if (split == (n - 1u) / chunk) {{\n\
+             \x20   let dst = {crow} * KW + kvh * HD;\n\
+             \x20   for (var d = lane; d < HD; d = d + WG) {{\n\
+             \x20     kc[dst + d] = {k};\n      vc[dst + d] = {v};\n\
+             \x20   }}\n  }}\n  storageBarrier();\n  workgroupBarrier();\n",
+            k = kv_store(
+                self.kv,
+                &format!("rot(xk, d, tr, {}, true)", self.scale("G"))
+            ),
+            v = kv_store(self.kv, "x[xk + KW + d]"),
+        );
+        w
     }
 }
 
@@ -338,8 +577,9 @@ pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u3
 /// dimensions `c + i·TPK` (`i < DPT`, in vec4 quads, zero past `HD`) in
 /// registers, loads the same dimensions of its K row, and leaves one partial
 /// dot per head in `red`; then one thread per (head, key) sums the `TPK`
-/// partials into `sc`.
-fn score_passes(group: u32, hd: u32, tpk: u32, dpt: u32, kv: DType) -> String {
+/// partials into `sc`. Queries `staged` in `red` are read out of it before
+/// the first pass overwrites it.
+fn score_passes(group: u32, hd: u32, tpk: u32, dpt: u32, kv: DType, queries: Queries) -> String {
     let quads = dpt.div_ceil(4);
     // Dimension i of this lane: its index expression, and whether it can
     // fall past HD (then clamped and masked).
@@ -369,7 +609,7 @@ fn score_passes(group: u32, hd: u32, tpk: u32, dpt: u32, kv: DType) -> String {
                         return "0.0f".to_string();
                     }
                     let (e, masked) = dim(i);
-                    let load = format!("q[(h0 + {g}u) * HD + {e}]");
+                    let load = queries.load(g, &e);
                     if masked {
                         format!("select(0.0f, {load}, c + {}u < HD)", i * tpk)
                     } else {
@@ -379,6 +619,10 @@ fn score_passes(group: u32, hd: u32, tpk: u32, dpt: u32, kv: DType) -> String {
                 .collect();
             let _ = writeln!(w, "  let q{g}_{v} = vec4<f32>({});", parts.join(", "));
         }
+    }
+    if queries == Queries::Staged {
+        // The queries came from `red`, which the passes overwrite.
+        w.push_str("  workgroupBarrier();\n");
     }
     w.push_str(
         "  for (var p0 = 0u; p0 < nk; p0 = p0 + KP) {\n    let kb = row(k0, p0 + kq, nk, kvh);\n",
