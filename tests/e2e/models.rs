@@ -622,6 +622,94 @@ fn every_position_logits_match_transformers() {
 /// logits that only sum in different orders (tiny models: ≤ 1e-5 in torch).
 const SAME_MATH_TOL: f32 = 1e-4;
 
+/// A prefill step of at most `SHORT_PROMPT` tokens multiplies through the
+/// batch step's matmuls (`gemv_batch`), a longer one through the GEMM
+/// tiles. Either form is right for any `T`, so each is checked over every
+/// length: the `subgroups` variant as compiled, with its short forms only
+/// and with its long forms only (each widened to every step) gives every
+/// position the logits the `cpu` variant gives (one matmul kernel for every
+/// step), for prompts of 2, 16 (the longest short one), 17 and 40 tokens.
+/// Which form a step runs is `Dispatch::runs_at`'s (the plan's tests).
+#[test]
+fn short_and_long_prompts_take_their_own_matmuls_to_the_same_logits() {
+    use gerbil_codegen_wgsl::SHORT_PROMPT;
+    use gerbil_plan::TokenRange;
+    let mut failures = Vec::new();
+    for name in ["llama", "gemma3"] {
+        let plan_path = compile_plan(&tiny_model(name), |o| {
+            o.disabled_passes = vec!["slice-last-row".into()];
+            o.max_tokens_per_step = Some(64);
+        });
+        let plan = PlanFile::open(&plan_path).expect("open plan");
+        let index = plan
+            .header
+            .variants
+            .iter()
+            .position(|v| v.name == "subgroups");
+        let index = index.expect("a subgroups variant");
+        let forms = |d: &gerbil_plan::Dispatch| d.tokens.map(|r| (r.min, r.max));
+        let ranges: Vec<_> = plan.header.variants[index]
+            .prefill
+            .iter()
+            .filter_map(forms)
+            .collect();
+        assert!(
+            ranges.contains(&(1, SHORT_PROMPT)) && ranges.contains(&(SHORT_PROMPT + 1, 64)),
+            "{name}: {ranges:?}"
+        );
+        // The plan with only one form of each matmul, run for every `T`.
+        let only = |short: bool| {
+            let mut p = PlanFile::open(&plan_path).expect("open plan");
+            let prefill = &mut p.header.variants[index].prefill;
+            prefill.retain(|d| d.tokens.is_none_or(|r| (r.min == 1) == short));
+            for d in prefill.iter_mut() {
+                d.tokens = d.tokens.map(|_| TokenRange { min: 1, max: 64 });
+            }
+            p
+        };
+        let _gpu = gpu_lock();
+        let open = |plan: &PlanFile, variant: &str| {
+            let opts = SessionOptions {
+                variant: Some(variant.into()),
+                ..SessionOptions::default()
+            };
+            block_on(Session::open(plan, &opts)).expect("session")
+        };
+        let mut cpu = open(&plan, "cpu");
+        let mut runs = [
+            ("as compiled", open(&plan, "subgroups")),
+            ("short forms", open(&only(true), "subgroups")),
+            ("long forms", open(&only(false), "subgroups")),
+        ];
+        let vocab = plan.header.model.vocab_size as usize;
+        for len in [2usize, SHORT_PROMPT as usize, SHORT_PROMPT as usize + 1, 40] {
+            let tokens: Vec<u32> = (0..len).map(|i| ((i * 37 + 11) % vocab) as u32).collect();
+            let logits = |s: &mut Session| {
+                s.reset();
+                block_on(s.forward_no_readback(&tokens)).expect("prefill");
+                block_on(s.read_step_logits()).expect("logits")
+            };
+            let want = logits(&mut cpu);
+            for (form, session) in &mut runs {
+                let got = logits(session);
+                let worst = got
+                    .iter()
+                    .zip(&want)
+                    .map(|(g, w)| max_abs_diff(g, w))
+                    .fold(0f32, f32::max);
+                if got.len() != len || want.len() != len || worst > SAME_MATH_TOL {
+                    failures.push(format!(
+                        "{name}, {form}, {len} tokens: {} / {} rows, worst |Δ| {worst}",
+                        got.len(),
+                        want.len()
+                    ));
+                }
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
 /// Shapes that do not divide evenly (head widths that are not multiples of
 /// 8, odd MLP widths, 1 and 3 KV heads, partial rotation, YaRN, LongRoPE,
 /// windows shorter than the prompt) compile and run: on random weights, a

@@ -38,7 +38,7 @@ pub struct Inspection {
     pub ops_before: BTreeMap<String, u64>,
     /// Op counts after the passes.
     pub ops_after: BTreeMap<String, u64>,
-    /// Dispatches per prefill step.
+    /// Dispatches per prefill step of a full chunk.
     pub prefill_dispatches_total: usize,
     /// Prefill dispatches inside one transformer layer.
     pub prefill_dispatches_per_layer: f64,
@@ -97,7 +97,8 @@ pub struct VariantSummary {
     pub precision: &'static str,
     /// Bytes of the KV caches it binds.
     pub kv_cache_bytes: u64,
-    /// Dispatches per prefill step.
+    /// Dispatches per prefill step of a full chunk (a short prompt's step
+    /// may run other matmul kernels, as many).
     pub prefill_dispatches: usize,
     /// Dispatches per decode step.
     pub decode_dispatches: usize,
@@ -111,8 +112,8 @@ pub struct VariantSummary {
 }
 
 /// Dispatches of `list` inside transformer layers, per layer.
-fn per_layer(list: &[Dispatch], layers: u64) -> f64 {
-    list.iter().filter(|d| d.layer.is_some()).count() as f64 / layers.max(1) as f64
+fn per_layer<'a>(list: impl IntoIterator<Item = &'a Dispatch>, layers: u64) -> f64 {
+    list.into_iter().filter(|d| d.layer.is_some()).count() as f64 / layers.max(1) as f64
 }
 
 /// Bytes of the KV-cache buffers `v` binds.
@@ -133,7 +134,7 @@ fn summarize(h: &PlanHeader, v: &Variant) -> VariantSummary {
         features: v.features.iter().map(|f| f.name()).collect(),
         precision: v.precision.name(),
         kv_cache_bytes: kv_bytes(h, v),
-        prefill_dispatches: v.prefill.len(),
+        prefill_dispatches: v.prefill_at(h.model.max_tokens_per_step).len(),
         decode_dispatches: v.decode.len(),
         decode_dispatches_per_layer: per_layer(&v.decode, h.model.num_layers),
         max_binding_bytes: v.requirements.max_storage_buffer_binding_size,
@@ -203,6 +204,7 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
     }
     let layers = h.model.num_layers;
     let best = h.best_gpu_variant();
+    let full_chunk = best.prefill_at(h.model.max_tokens_per_step);
     Inspection {
         architecture: h.model.architecture.clone(),
         family: h.model.family.clone(),
@@ -216,10 +218,10 @@ pub fn inspect(h: &PlanHeader) -> Inspection {
         tuned_on: h.compile.tuned_on.clone(),
         ops_before: h.compile.ops_before.iter().cloned().collect(),
         ops_after: h.compile.ops_after.iter().cloned().collect(),
-        prefill_dispatches_total: best.prefill.len(),
+        prefill_dispatches_total: full_chunk.len(),
         decode_dispatches_total: best.decode.len(),
         decode_dispatches_per_layer: per_layer(&best.decode, layers),
-        prefill_dispatches_per_layer: per_layer(&best.prefill, layers),
+        prefill_dispatches_per_layer: per_layer(full_chunk, layers),
         activation_arena_bytes: arena,
         arena_sizes,
         activation_naive_bytes: h.compile.activation_naive_bytes,

@@ -350,7 +350,8 @@ pub struct BenchReport {
     pub kv_cache_bytes: u64,
     /// GPU bytes of activations and I/O buffers.
     pub activation_bytes: u64,
-    /// Dispatches per prefill step and per decode step.
+    /// Dispatches per prefill step (of the prompt's first chunk) and per
+    /// decode step.
     pub dispatches: (usize, usize),
     /// GPU time by dispatch kind of one prefill step (with `profile`).
     pub prefill_profile: Option<Vec<ProfileRow>>,
@@ -583,7 +584,10 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
             (false, _) => "cpu".into(),
         },
         dispatches: (
-            session.variant().prefill.len(),
+            session
+                .variant()
+                .prefill_at((opts.prompt_tokens as u64).min(plan.header.model.max_tokens_per_step))
+                .len(),
             session.variant().decode.len(),
         ),
         prefill_profile,

@@ -1,11 +1,14 @@
 //! `gerbilc inspect PLAN --schedule`: every dispatch of every schedule, in
-//! order, with the IR label it came from and the kernel it runs.
+//! order, with the IR label it came from and the kernel it runs, and the
+//! steps it runs in where it runs in some only (`T ≤ 16`, `T ≥ 17`: a
+//! prefill matmul's short-prompt and tiled forms).
 
 use gerbil_plan::{Dispatch, PlanHeader};
 use std::fmt::Write;
 
 /// The prefill and decode schedules of each variant, one dispatch a line:
-/// index, layer (`-` outside the layers), IR label, kernel name.
+/// index, layer (`-` outside the layers), IR label, kernel name, the range
+/// of `T` it runs in (if not every step).
 pub fn render_schedule(header: &PlanHeader) -> String {
     let mut out = String::new();
     for v in &header.variants {
@@ -25,6 +28,15 @@ fn render_list(out: &mut String, header: &PlanHeader, list: &[Dispatch]) {
             || format!("<kernel {} missing>", d.kernel),
             |k| k.name.clone(),
         );
-        let _ = writeln!(out, "  {i:>4}  {layer:>3}  {:<width$}  {kernel}", d.label);
+        let tokens = match d.tokens {
+            None => String::new(),
+            Some(r) if r.min <= 1 => format!("  (T ≤ {})", r.max),
+            Some(r) => format!("  (T ≥ {})", r.min),
+        };
+        let _ = writeln!(
+            out,
+            "  {i:>4}  {layer:>3}  {:<width$}  {kernel}{tokens}",
+            d.label
+        );
     }
 }

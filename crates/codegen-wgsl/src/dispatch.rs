@@ -130,6 +130,7 @@ impl Assembler {
             layer: ops.layer,
             group: gerbil_ir::without_layers(ops.label),
             flops: ops.flops,
+            tokens: None,
         })
     }
 

@@ -28,6 +28,7 @@ pub mod tuning;
 mod validate;
 mod variant;
 
+pub use lower::SHORT_PROMPT;
 pub use schedule::{buffer_table, generate, CodegenOptions, Program, WeightAlias, WeightBuffer};
 pub use target::{Limits, SubgroupSizes, Target};
 pub use validate::{validate, validate_with};

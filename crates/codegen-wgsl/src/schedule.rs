@@ -15,14 +15,14 @@
 use crate::binder::Layout;
 use crate::dispatch::{Assembler, Operands};
 use crate::fusion::RopeAttention;
-use crate::lower::{Lowering, Phase};
+use crate::lower::{Lowering, Phase, SHORT_PROMPT};
 use crate::sources;
 use crate::target::Target;
 use crate::tuning::GemmTiles;
 use crate::variant::{variants_for, VariantSpec};
 use crate::CodegenError;
 use gerbil_ir::{Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
-use gerbil_plan::{BufferDecl, BufferSlice, Dispatch, IoBindings, Port, Variant};
+use gerbil_plan::{BufferDecl, BufferSlice, Dispatch, IoBindings, Port, TokenRange, Variant};
 use std::collections::HashMap;
 
 /// What the target allows and how large the plan's steps are.
@@ -272,7 +272,8 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
 }
 
 /// One phase's schedule of variant `spec`: every compute node in `steps`
-/// lowered and bound, each `fused` pair as one dispatch.
+/// lowered and bound, each `fused` pair as one dispatch, and in prefill a
+/// matmul with a short form as two, each for its own range of `T`.
 fn schedule(
     steps: &[NodeId],
     layout: &Layout<'_, '_>,
@@ -303,17 +304,33 @@ fn schedule(
             bytes: &|port| layout.bytes(of(port), port, precision, spec.wide),
             flops: lowering.flops(id),
         };
-        let lowered = match rope {
-            Some(r) => lowering.rope_attention(r, id, phase, spec)?,
-            None => lowering.kernel(id, phase, spec)?,
+        let mut dispatch = |lowered| {
+            asm.dispatch(
+                lowered,
+                &ops,
+                &spec.features,
+                &spec.limits(target),
+                lowering.max_tokens,
+            )
         };
-        out.push(asm.dispatch(
-            lowered,
-            &ops,
-            &spec.features,
-            &spec.limits(target),
-            lowering.max_tokens,
-        )?);
+        if let Some(r) = rope {
+            out.push(dispatch(lowering.rope_attention(r, id, phase, spec)?)?);
+        } else if matches!(phase, Phase::Prefill(_)) && lowering.has_short_form(id, spec) {
+            // Short prompts take the batch step's matmul, the rest the tiles.
+            let mut short = dispatch(lowering.kernel(id, Phase::ShortPrefill, spec)?)?;
+            short.tokens = Some(TokenRange {
+                min: 1,
+                max: SHORT_PROMPT,
+            });
+            let mut long = dispatch(lowering.kernel(id, phase, spec)?)?;
+            long.tokens = Some(TokenRange {
+                min: SHORT_PROMPT + 1,
+                max: lowering.max_tokens,
+            });
+            out.extend([short, long]);
+        } else {
+            out.push(dispatch(lowering.kernel(id, phase, spec)?)?);
+        }
     }
     Ok(out)
 }

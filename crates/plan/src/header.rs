@@ -132,6 +132,14 @@ impl PlanHeader {
 }
 
 impl Variant {
+    /// The prefill dispatches a step of `t` tokens runs
+    /// ([`Dispatch::runs_at`]): a full chunk's (`t` = the plan's
+    /// `max_tokens_per_step`) are what a long prompt costs per step.
+    pub fn prefill_at(&self, t: u64) -> Vec<&Dispatch> {
+        let t = u32::try_from(t).unwrap_or(u32::MAX);
+        self.prefill.iter().filter(|d| d.runs_at(t)).collect()
+    }
+
     /// The plan buffers its dispatches bind (with repeats).
     pub fn bound_buffers(&self) -> impl Iterator<Item = u32> + '_ {
         self.prefill
@@ -771,9 +779,29 @@ pub struct Dispatch {
     /// counted; absent in older plans).
     #[serde(default)]
     pub flops: FlopCount,
+    /// The steps it runs in, by their `T`: absent, every step. A node may
+    /// have one dispatch per range (a prefill matmul of a few rows and one
+    /// of many take different kernels); each computes the same values from
+    /// the same inputs, so a runtime that ran both would only be slower.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tokens: Option<TokenRange>,
+}
+
+/// The steps a [`Dispatch`] runs in: those of `min ≤ T ≤ max` tokens.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenRange {
+    /// Fewest tokens (≥ 1).
+    pub min: u32,
+    /// Most tokens (≥ `min`).
+    pub max: u32,
 }
 
 impl Dispatch {
+    /// Whether it runs in a step of `t` tokens.
+    pub fn runs_at(&self, t: u32) -> bool {
+        self.tokens.is_none_or(|r| (r.min..=r.max).contains(&t))
+    }
+
     /// [`Dispatch::group`], or the label in a plan written before groups.
     pub fn group_or_label(&self) -> &str {
         if self.group.is_empty() {

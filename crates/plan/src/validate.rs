@@ -473,6 +473,14 @@ impl PlanHeader {
             ));
         }
         let max_t = self.model.max_tokens_per_step;
+        if let Some(r) = d.tokens {
+            if r.min == 0 || r.min > r.max {
+                return Err(format!(
+                    "{what} runs in steps of {}..={} tokens: an empty range or one with 0",
+                    r.min, r.max
+                ));
+            }
+        }
         for (axis, w) in d.workgroups.iter().enumerate() {
             if w.divisor == 0 {
                 return Err(format!(

@@ -39,6 +39,7 @@ fn copy(weight_len: u64) -> Dispatch {
         layer: None,
         group: String::new(),
         flops: FlopCount::default(),
+        tokens: None,
     }
 }
 

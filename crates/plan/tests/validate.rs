@@ -47,6 +47,7 @@ fn dispatch(kernel: u32, bindings: Vec<BufferSlice>, workgroups: WorkgroupCount)
         layer: Some(0),
         group: String::new(),
         flops: FlopCount::default(),
+        tokens: None,
     }
 }
 
@@ -587,6 +588,29 @@ fn kernels_and_dispatches_stay_within_the_limits() {
         h.variants[0].requirements.max_storage_buffer_binding_size = 1 << 40;
     })
     .starts_with("variant `portable` requirement max_storage_buffer_binding_size 1099511627776 exceeds the largest storage binding"));
+}
+
+/// A dispatch for some steps only runs in the steps of its range, bounds
+/// included; a range that is empty or starts at 0 tokens is refused.
+#[test]
+fn dispatches_for_some_steps_run_in_their_range_only() {
+    let mut d = schedule().remove(0);
+    assert!(d.runs_at(1) && d.runs_at(4096), "no range: every step");
+    d.tokens = Some(TokenRange { min: 1, max: 16 });
+    assert!(d.runs_at(1) && d.runs_at(16) && !d.runs_at(17));
+    d.tokens = Some(TokenRange { min: 17, max: 64 });
+    assert!(!d.runs_at(16) && d.runs_at(17) && d.runs_at(64) && !d.runs_at(65));
+    for (min, max) in [(0, 16), (9, 8)] {
+        let e = error_after(|h| {
+            h.variants[0].prefill[0].tokens = Some(TokenRange { min, max });
+        });
+        assert!(
+            e.ends_with(&format!(
+                "runs in steps of {min}..={max} tokens: an empty range or one with 0"
+            )),
+            "{e}"
+        );
+    }
 }
 
 #[test]

@@ -510,6 +510,7 @@ mod tests {
             layer: None,
             group: String::new(),
             flops: Default::default(),
+            tokens: None,
         };
         let header = PlanHeader {
             model: ModelInfo {

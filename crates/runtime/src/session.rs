@@ -789,7 +789,8 @@ impl Session {
 
     /// Records one dispatch for a step of `t` rows whose longest row has
     /// `keys` keys in its cache (its position plus one), which bounds a
-    /// split-K attention's workgroups; returns false if it has no work.
+    /// split-K attention's workgroups; returns false if it has no work or
+    /// is for steps of another size ([`gerbil_plan::Dispatch::runs_at`]).
     pub(crate) fn record(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
@@ -797,6 +798,9 @@ impl Session {
         t: u32,
         keys: u64,
     ) -> bool {
+        if !step.dispatch.runs_at(t) {
+            return false;
+        }
         let keys = u32::try_from(keys).unwrap_or(u32::MAX);
         let [x, y, z] = step.dispatch.workgroups.map(|w| w.eval_at(t, keys));
         if x == 0 || y == 0 || z == 0 {

@@ -377,7 +377,9 @@ fn real_main(cli: Cli) -> Result<()> {
                     "wrote {} ({} kernels, {} prefill / {} decode dispatches, {:.1} MB of weights)",
                     out.display(),
                     h.kernels.len(),
-                    h.best_gpu_variant().prefill.len(),
+                    h.best_gpu_variant()
+                        .prefill_at(h.model.max_tokens_per_step)
+                        .len(),
                     h.best_gpu_variant().decode.len(),
                     plan.weight_bytes as f64 / 1e6
                 ));
