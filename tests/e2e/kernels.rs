@@ -1101,6 +1101,36 @@ fn rms_norm_matches_reference() {
     check_all(rms_norm_cases(), check_rms_norm);
 }
 
+/// `rms_norm_add`: the norm of a row added to the residual stream's row
+/// (Gemma 3's post-norms), on the one-group cases of the norm.
+#[test]
+fn rms_norm_add_matches_reference() {
+    let cases = rms_norm_cases().into_iter().filter(|c| c.groups == 1);
+    check_all(cases, |c| {
+        let src = kernels::rms_norm::add_after_kernel(kernels::rms_norm::RmsNormSpec {
+            rows: c.rows,
+            width: c.width,
+            groups: 1,
+            eps: c.eps,
+            offset: c.offset,
+            wdtype: c.wdtype,
+        });
+        let (m, h) = (row_count(c.rows, c.t), c.width as usize);
+        let mut rng = rng(c);
+        let (x, r) = (rng.vec(m * h), rng.vec(m * h));
+        let (w_bytes, w) = encode(&rng.vec(h), c.wdtype);
+        let norm = RmsNorm {
+            eps: c.eps,
+            weight_offset: c.offset,
+            groups: 1,
+        };
+        let normed = reference::rms_norm(&widen(&x), &w, &norm);
+        let want = reference::binary(BinaryOp::Add, &widen(&r), &normed);
+        let inputs = [f32_bytes(&x), w_bytes, f32_bytes(&r), poison(m * h)];
+        expect(&src, c.t, 0, &inputs, 3, &want)
+    });
+}
+
 // ------------------------------------------------------------- embedding
 
 #[derive(Clone, Copy, Debug)]

@@ -57,8 +57,14 @@ enum Block {
         head_dim: u32,
         window: u32,
     },
-    /// Pre-norm gated MLP (SwiGLU or GeGLU), plus the residual add.
-    Mlp { inter: u64, gelu: bool },
+    /// Pre-norm gated MLP (SwiGLU or GeGLU), plus the residual add; with
+    /// `post_norm`, its output normalized before the add (Gemma 3's
+    /// sandwich layers).
+    Mlp {
+        inter: u64,
+        gelu: bool,
+        post_norm: bool,
+    },
     /// Two matmuls of one input added: a diamond; with biases (add_bias).
     Diamond { bias: bool },
 }
@@ -213,7 +219,11 @@ impl Builder {
                     &format!("{p}.attn.residual"),
                 )
             }
-            Block::Mlp { inter, gelu } => {
+            Block::Mlp {
+                inter,
+                gelu,
+                post_norm,
+            } => {
                 let h = self.norm(x, hidden);
                 let g = self.linear(h, inter, hidden, &format!("{p}.mlp.gate_proj"));
                 let u = self.linear(h, inter, hidden, &format!("{p}.mlp.up_proj"));
@@ -228,7 +238,10 @@ impl Builder {
                     &[s, u],
                     &format!("{p}.mlp.gate_mul"),
                 );
-                let d = self.linear(m, hidden, inter, &format!("{p}.mlp.down_proj"));
+                let mut d = self.linear(m, hidden, inter, &format!("{p}.mlp.down_proj"));
+                if post_norm {
+                    d = self.norm(d, hidden);
+                }
                 self.add(
                     Op::Binary(BinaryOp::Add),
                     &[x, d],
@@ -381,8 +394,16 @@ fn block_strategy() -> impl Strategy<Value = Block> {
                 head_dim,
                 window
             }),
-        (prop::sample::select(vec![17u64, 40, 63]), any::<bool>())
-            .prop_map(|(inter, gelu)| Block::Mlp { inter, gelu }),
+        (
+            prop::sample::select(vec![17u64, 40, 63]),
+            any::<bool>(),
+            any::<bool>()
+        )
+            .prop_map(|(inter, gelu, post_norm)| Block::Mlp {
+                inter,
+                gelu,
+                post_norm
+            }),
         any::<bool>().prop_map(|bias| Block::Diamond { bias }),
     ]
 }

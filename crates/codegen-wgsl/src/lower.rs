@@ -409,6 +409,14 @@ impl Lowering<'_> {
                 };
                 return Ok(Lowered { source, op });
             }
+            Op::RmsNormAdd(n) => rms_norm::add_after_kernel(RmsNormSpec {
+                rows: rows_of(out_ty),
+                width: width_of(out_ty),
+                groups: 1,
+                eps: n.eps,
+                offset: n.weight_offset,
+                wdtype: in_ty(1).dtype,
+            }),
             Op::AddRmsNorm(n) | Op::AddRmsNormLastRow(n) => {
                 let spec = RmsNormSpec {
                     rows: rows_of(out_ty),

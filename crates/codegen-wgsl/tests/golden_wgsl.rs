@@ -160,6 +160,15 @@ fn golden_fused_kernels() {
         offset: 1.0,
         wdtype: DType::BF16,
     }));
+    // Gemma 3 270M's post-norms with their residual adds.
+    golden(rms_norm::add_after_kernel(RmsNormSpec {
+        rows: Rows::Tokens,
+        width: 640,
+        groups: 1,
+        eps: 1e-6,
+        offset: 1.0,
+        wdtype: DType::BF16,
+    }));
     golden(qkv_rope::kernel(QkvRopeSpec {
         heads: 9,
         kv_heads: 3,

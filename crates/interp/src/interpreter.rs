@@ -20,7 +20,7 @@
 //! which is what sharing the buffer does on the GPU.
 
 use crate::reference as r;
-use gerbil_ir::{DType, Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
+use gerbil_ir::{BinaryOp, DType, Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
@@ -393,6 +393,11 @@ fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize) -> Vec<Vec<f64>>
             let (sum, normed) = r::add_rms_norm(ins[0], ins[1], ins[2], n);
             vec![sum, normed]
         }
+        Op::RmsNormAdd(n) => vec![r::binary(
+            BinaryOp::Add,
+            ins[2],
+            &r::rms_norm(ins[0], ins[1], n),
+        )],
         Op::AddRmsNormLastRow(n) => {
             let (sum, normed) = r::add_rms_norm_last_row(ins[0], ins[1], ins[2], n);
             vec![sum, normed]

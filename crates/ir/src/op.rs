@@ -406,6 +406,10 @@ pub enum Op {
     /// norm that follows it, with both results as outputs (ports 0 and 1).
     /// `groups` must be 1.
     AddRmsNorm(RmsNorm),
+    /// `(x, w, r) -> r + rms_norm(x, w)`: a norm and the residual add that
+    /// reads it (Gemma's post-attention and post-MLP norms). `groups` must
+    /// be 1.
+    RmsNormAdd(RmsNorm),
     /// `(a, b, w) -> (s, rms_norm(s, w))` with `s = a[T-1] + b[T-1]`: the last
     /// row of a residual add and the final norm, both outputs `[1, W]` (what
     /// `slice_last_row` between the two leaves after `fuse-residual-norm`).
@@ -743,6 +747,12 @@ impl Op {
                 let normed = piece(Op::RmsNorm(n.clone()), &[&sum, ins[2]], "rms_norm")?;
                 return Ok(vec![sum, normed]);
             }
+            Op::RmsNormAdd(n) => {
+                expect_arity(ins, 3)?;
+                expect_one_group(n)?;
+                let normed = piece(Op::RmsNorm(n.clone()), &ins[..2], "rms_norm")?;
+                piece(Op::Binary(BinaryOp::Add), &[ins[2], &normed], "add")?
+            }
             Op::AddRmsNormLastRow(n) => {
                 expect_arity(ins, 3)?;
                 expect_one_group(n)?;
@@ -886,6 +896,7 @@ impl Op {
             Op::SampleToken => "sample_token",
             Op::SliceCols { .. } => "slice_cols",
             Op::AddRmsNorm(_) => "add_rms_norm",
+            Op::RmsNormAdd(_) => "rms_norm_add",
             Op::AddRmsNormLastRow(_) => "add_rms_norm_last_row",
             Op::EmbeddingRmsNorm(..) => "embedding_rms_norm",
             Op::MatMulGlu(m) => match m.act {
@@ -973,7 +984,7 @@ impl fmt::Display for Op {
                 }
                 f.write_str("}")
             }
-            Op::RmsNorm(n) | Op::AddRmsNorm(n) | Op::AddRmsNormLastRow(n) => {
+            Op::RmsNorm(n) | Op::AddRmsNorm(n) | Op::RmsNormAdd(n) | Op::AddRmsNormLastRow(n) => {
                 write!(f, "{{eps={:e}, offset={}", n.eps, n.weight_offset)?;
                 if n.groups != 1 {
                     write!(f, ", groups={}", n.groups)?;
@@ -1203,6 +1214,22 @@ mod tests {
             "{err}"
         );
         let err = rejects(&Op::AddRmsNorm(rms(2)), &[&x, &x, &vector(24)]);
+        assert!(err.contains("groups must be 1"), "{err}");
+    }
+
+    #[test]
+    fn rms_norm_add_is_rms_norm_then_add() {
+        let (x, w) = (TensorType::rows(48), vector(48));
+        let op = Op::RmsNormAdd(rms(1));
+        assert_eq!(op.infer(&[&x, &w, &x]).unwrap(), vec![x.clone()]);
+        let err = rejects(&op, &[&x, &vector(47), &x]);
+        assert!(
+            err.starts_with("rms_norm: norm weight must be [48]"),
+            "{err}"
+        );
+        let err = rejects(&op, &[&x, &w, &TensorType::rows(47)]);
+        assert!(err.starts_with("add: operands differ"), "{err}");
+        let err = rejects(&Op::RmsNormAdd(rms(2)), &[&x, &w, &x]);
         assert!(err.contains("groups must be 1"), "{err}");
     }
 

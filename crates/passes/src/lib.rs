@@ -17,6 +17,7 @@ pub mod fuse_last_row_matmul;
 pub mod fuse_matmul_act;
 pub mod fuse_matmul_bias;
 pub mod fuse_matmul_residual;
+pub mod fuse_norm_add;
 pub mod fuse_norm_matmul;
 pub mod fuse_qkv;
 pub mod fuse_qkv_rope;

@@ -133,6 +133,7 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
         Box::new(crate::fuse_norm_matmul::FuseNormMatMul),
         Box::new(crate::fuse_last_row_matmul::FuseLastRowMatMul),
         Box::new(crate::fuse_residual_norm::FuseResidualNorm),
+        Box::new(crate::fuse_norm_add::FuseNormAdd),
     ]
 }
 

@@ -7,7 +7,9 @@
 //!
 //! [`add_kernel`] is the residual form (`add_rms_norm`): it adds two rows,
 //! writes the sum (the new residual stream) and normalizes it in the same
-//! dispatch.
+//! dispatch. [`add_after_kernel`] is the other order (`rms_norm_add`, the
+//! sandwich layers' post-norms): it normalizes a row and adds it to the
+//! residual stream.
 
 use super::{f32_lit, input, output, prelude, tree_reduce, Bindings, KernelSource, Rows};
 use gerbil_ir::DType;
@@ -48,10 +50,26 @@ fn header(s: &RmsNormSpec) -> String {
 
 /// Builds the kernel.
 pub fn kernel(s: RmsNormSpec) -> KernelSource {
+    build(s, false)
+}
+
+/// Builds the norm-then-residual kernel (`rms_norm_add`, `groups` must be
+/// 1): bindings `x`, `w`, `r`, then `y = r + rms_norm(x)`.
+pub fn add_after_kernel(s: RmsNormSpec) -> KernelSource {
+    build(s, true)
+}
+
+fn build(s: RmsNormSpec, residual: bool) -> KernelSource {
     let mut w = header(&s);
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
     b.weight(&mut w, input(1), "w", s.wdtype);
+    let store = if residual {
+        b.activation(&mut w, input(2), "r");
+        "y[row * H + i] = r[row * H + i] + (x[row * H + i] * inv) * (load_w(i) + OFFSET);"
+    } else {
+        "y[row * H + i] = (x[row * H + i] * inv) * (load_w(i) + OFFSET);"
+    };
     b.activation(&mut w, output(0), "y");
     let _ = write!(
         w,
@@ -63,12 +81,13 @@ pub fn kernel(s: RmsNormSpec) -> KernelSource {
          \x20 for (var i = lane; i < H; i = i + WG) {{ let v = x[row * H + i]; s = s + v * v; }}\n\
          \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
          \x20 let inv = 1.0f / sqrt(red[0] / f32(H) + EPS);\n\
-         \x20 for (var i = lane; i < H; i = i + WG) {{ y[row * H + i] = (x[row * H + i] * inv) * (load_w(i) + OFFSET); }}\n}}\n",
+         \x20 for (var i = lane; i < H; i = i + WG) {{ {store} }}\n}}\n",
         reduce = tree_reduce(WG, "lane", "0u", "+")
     );
+    let kind = if residual { "rms_norm_add" } else { "rms_norm" };
     KernelSource {
         name: if s.groups == 1 {
-            format!("rms_norm_{}_r{}_h{}", s.wdtype, s.rows.tag(), s.width)
+            format!("{kind}_{}_r{}_h{}", s.wdtype, s.rows.tag(), s.width)
         } else {
             format!(
                 "rms_norm_{}_r{}_g{}_h{}",

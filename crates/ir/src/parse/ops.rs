@@ -136,6 +136,7 @@ impl OpSyntax {
             }
             "rms_norm" => Op::RmsNorm(norm(&mut a)?),
             "add_rms_norm" => Op::AddRmsNorm(norm(&mut a)?),
+            "rms_norm_add" => Op::RmsNormAdd(norm(&mut a)?),
             "add_rms_norm_last_row" => Op::AddRmsNormLastRow(norm(&mut a)?),
             "matmul" => Op::MatMul(MatMul {
                 has_bias: a.flag("bias"),

@@ -1,0 +1,72 @@
+//! `fuse-norm-add`: a norm and the residual add that reads it, in one kernel.
+//!
+//! Pattern: `s = add(r, n)` (either order) where `n = rms_norm(x, w)` has
+//! one group and no other reader. Rewrite: `s' = rms_norm_add(x, w, r)`.
+//! Gemma 3's sandwich layers normalize each block's output before adding
+//! it to the stream (`post_attention_layernorm`, `post_feedforward_layernorm`):
+//! their norms read a matmul and their adds read the norms, so neither
+//! `fuse-matmul-residual` nor `fuse-residual-norm` reaches them. It runs
+//! after `fuse-residual-norm`, which keeps the adds it fuses with the norm
+//! after them (the last layer's, with the final norm).
+
+use crate::manager::{Pass, PassError};
+use crate::rewrite::{join_labels, replace_node};
+use gerbil_ir::{BinaryOp, Graph, Op, ValueRef};
+
+/// Fuses post-norms with the residual adds that read them.
+pub struct FuseNormAdd;
+
+/// `(norm, residual)` if `add(a, b)` reads a sole-reader one-group
+/// `rms_norm` on one side (the left one if both).
+fn post_norm(graph: &Graph, a: ValueRef, b: ValueRef) -> Option<(ValueRef, ValueRef)> {
+    let fusable = |v: ValueRef| match &graph.node(v.node).op {
+        Op::RmsNorm(n) => n.groups == 1 && graph.users(v).len() == 1 && !graph.is_output(v),
+        _ => false,
+    };
+    if fusable(a) {
+        Some((a, b))
+    } else if fusable(b) {
+        Some((b, a))
+    } else {
+        None
+    }
+}
+
+impl Pass for FuseNormAdd {
+    fn name(&self) -> &'static str {
+        "fuse-norm-add"
+    }
+
+    fn description(&self) -> &'static str {
+        "fuse rms_norm and the residual add reading it into rms_norm_add"
+    }
+
+    fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
+        let order = graph.topo_order().unwrap_or_default();
+        let mut rewrites = 0;
+        for id in order {
+            if graph.g.node_weight(id).is_none() || graph.node(id).op != Op::Binary(BinaryOp::Add) {
+                continue;
+            }
+            let ins = graph.inputs(id);
+            let Some((norm, residual)) = post_norm(graph, ins[0], ins[1]) else {
+                continue;
+            };
+            let Op::RmsNorm(n) = graph.node(norm.node).op.clone() else {
+                continue;
+            };
+            let xw = graph.inputs(norm.node);
+            let label = join_labels(&[&graph.node(norm.node).label, &graph.node(id).label]);
+            replace_node(
+                graph,
+                id,
+                Op::RmsNormAdd(n),
+                &[xw[0], xw[1], residual],
+                label,
+                self.name(),
+            )?;
+            rewrites += 1;
+        }
+        Ok(rewrites)
+    }
+}
