@@ -1657,6 +1657,18 @@ fn packed_attention_matches_reference() {
 
 // ------------------------------------------------------ decode attention
 
+/// SmolLM2's attention shape (9 heads, 3 KV heads of 64).
+const SMOLLM2_ATTENTION: kernels::attention::AttentionSpec = kernels::attention::AttentionSpec {
+    heads: 9,
+    kv_heads: 3,
+    head_dim: 64,
+    scale: 0.125,
+    window: 0,
+    kv: DType::F32,
+    causal: true,
+    packed: false,
+};
+
 #[derive(Clone, Copy, Debug)]
 struct DecodeAttentionCase {
     heads: u32,
@@ -1747,19 +1759,7 @@ fn decode_attention_matches_reference() {
         kv: DType::F32,
     };
     // SmolLM2's shape at a 4096-token context: 43 splits.
-    let splits = kernels::attention_decode::splits(
-        &kernels::attention::AttentionSpec {
-            heads: 9,
-            kv_heads: 3,
-            head_dim: 64,
-            scale: 0.125,
-            window: 0,
-            kv: DType::F32,
-            causal: true,
-            packed: false,
-        },
-        4096,
-    );
+    let splits = kernels::attention_decode::splits(&SMOLLM2_ATTENTION, 4096);
     assert_eq!(splits, 43);
     let full = MIN_KEYS * splits;
     let mut cases = vec![
@@ -1971,19 +1971,7 @@ fn decode_attention_with_rope_matches_reference() {
         norm: Some(norm),
         ..c
     };
-    let splits = kernels::attention_decode::splits(
-        &kernels::attention::AttentionSpec {
-            heads: 9,
-            kv_heads: 3,
-            head_dim: 64,
-            scale: 0.125,
-            window: 0,
-            kv: DType::F32,
-            causal: true,
-            packed: false,
-        },
-        4096,
-    );
+    let splits = kernels::attention_decode::splits(&SMOLLM2_ATTENTION, 4096);
     let full = MIN_KEYS * splits;
     let mut cases = vec![
         case(9, 3, 64, 64, 0, &[0]),

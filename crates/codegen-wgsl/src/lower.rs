@@ -34,7 +34,9 @@ use crate::target::Target;
 use crate::tuning::{tile_for, GemmShape, GemmTiles};
 use crate::variant::VariantSpec;
 use crate::CodegenError;
-use gerbil_ir::{DType, Dim, Graph, MatMul, MatMulGlu, NodeId, Op, TensorType, ValueRef};
+use gerbil_ir::{
+    Attention, DType, Dim, Graph, MatMul, MatMulGlu, NodeId, Op, TensorType, ValueRef,
+};
 use gerbil_plan::{Feature, FlopCount, KernelOp, MatMulTemplate, Precision};
 use std::collections::HashMap;
 
@@ -47,6 +49,21 @@ fn rows_of(ty: &TensorType) -> Rows {
 
 fn width_of(ty: &TensorType) -> u32 {
     ty.last_const().unwrap_or(0) as u32
+}
+
+/// The attention kernels' specialization of `a` with KV caches stored as
+/// `kv`, over packed sequences if `packed`.
+fn attention_spec(a: &Attention, kv: DType, packed: bool) -> AttentionSpec {
+    AttentionSpec {
+        heads: a.n_heads,
+        kv_heads: a.n_kv_heads,
+        head_dim: a.head_dim,
+        scale: a.scale,
+        window: a.window.unwrap_or(0),
+        kv,
+        causal: a.causal,
+        packed,
+    }
 }
 
 /// Which schedule a kernel is lowered for.
@@ -172,16 +189,7 @@ impl Lowering<'_> {
             Precision::F16 => DType::F16,
             Precision::F32 => g.value_type(ins[2]).dtype,
         };
-        let spec = AttentionSpec {
-            heads: a.n_heads,
-            kv_heads: a.n_kv_heads,
-            head_dim: a.head_dim,
-            scale: a.scale,
-            window: a.window.unwrap_or(0),
-            kv,
-            causal: true,
-            packed: false,
-        };
+        let spec = attention_spec(a, kv, false);
         let rope_spec = QkvRopeSpec {
             heads: r.n_heads,
             kv_heads: r.n_kv_heads,
@@ -468,16 +476,7 @@ impl Lowering<'_> {
                 ))
             }
             Op::Attention(a) => {
-                let spec = AttentionSpec {
-                    heads: a.n_heads,
-                    kv_heads: a.n_kv_heads,
-                    head_dim: a.head_dim,
-                    scale: a.scale,
-                    window: a.window.unwrap_or(0),
-                    kv: kv(in_ty(1)),
-                    causal: a.causal,
-                    packed,
-                };
+                let spec = attention_spec(a, kv(in_ty(1)), packed);
                 match phase {
                     _ if variant.features.contains(&Feature::Cpu) => {
                         attention_cpu::kernel_at(spec, at)

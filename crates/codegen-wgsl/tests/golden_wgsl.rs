@@ -309,7 +309,9 @@ fn golden_kernels() {
         head_dim: 40,
         rotary_dim: 24,
     }));
-    golden(attention::kernel(AttentionSpec {
+    // Prefill and decode: SmolLM2 (decode at a 4096-token context) and a
+    // Gemma 3 270M sliding layer.
+    let smollm2 = AttentionSpec {
         heads: 9,
         kv_heads: 3,
         head_dim: 64,
@@ -318,88 +320,43 @@ fn golden_kernels() {
         kv: DType::F32,
         causal: true,
         packed: false,
-    }));
-    golden(attention::kernel(AttentionSpec {
+    };
+    let gemma_sliding = AttentionSpec {
         heads: 4,
         kv_heads: 1,
         head_dim: 256,
         scale: 0.0625,
         window: 512,
-        kv: DType::F32,
-        causal: true,
-        packed: false,
-    }));
-    // Decode: SmolLM2 at a 4096-token context, a Gemma 3 270M sliding layer.
-    golden(attention_decode::kernel(
-        AttentionSpec {
-            heads: 9,
-            kv_heads: 3,
-            head_dim: 64,
-            scale: 0.125,
-            window: 0,
-            kv: DType::F32,
-            causal: true,
-            packed: false,
-        },
-        4096,
-    ));
-    golden(attention_decode::kernel(
-        AttentionSpec {
-            heads: 4,
-            kv_heads: 1,
-            head_dim: 256,
-            scale: 0.0625,
-            window: 512,
-            kv: DType::F32,
-            causal: true,
-            packed: false,
-        },
-        32768,
-    ));
+        ..smollm2
+    };
+    golden(attention::kernel(smollm2));
+    golden(attention::kernel(gemma_sliding));
+    golden(attention_decode::kernel(smollm2, 4096));
+    golden(attention_decode::kernel(gemma_sliding, 32768));
     // Decode attention with its RoPE and cache writes: SmolLM2 (f16 caches,
-    // a batch step) and a Gemma 3 270M sliding layer (per-head norms).
+    // a batch step) and the Gemma 3 sliding layer (per-head norms).
+    let rope = |s: AttentionSpec, norm| QkvRopeSpec {
+        heads: s.heads,
+        kv_heads: s.kv_heads,
+        head_dim: s.head_dim,
+        rotary_dim: s.head_dim,
+        norm,
+        kv: s.kv,
+    };
+    let smollm2_f16 = AttentionSpec {
+        kv: DType::F16,
+        ..smollm2
+    };
     golden(attention_decode::kernel_with_rope(
-        AttentionSpec {
-            heads: 9,
-            kv_heads: 3,
-            head_dim: 64,
-            scale: 0.125,
-            window: 0,
-            kv: DType::F16,
-            causal: true,
-            packed: false,
-        },
-        QkvRopeSpec {
-            heads: 9,
-            kv_heads: 3,
-            head_dim: 64,
-            rotary_dim: 64,
-            norm: None,
-            kv: DType::F16,
-        },
+        smollm2_f16,
+        rope(smollm2_f16, None),
         4096,
         Positions::Table,
         16,
     ));
     golden(attention_decode::kernel_with_rope(
-        AttentionSpec {
-            heads: 4,
-            kv_heads: 1,
-            head_dim: 256,
-            scale: 0.0625,
-            window: 512,
-            kv: DType::F32,
-            causal: true,
-            packed: false,
-        },
-        QkvRopeSpec {
-            heads: 4,
-            kv_heads: 1,
-            head_dim: 256,
-            rotary_dim: 256,
-            norm: Some((1e-6, 1.0, DType::BF16)),
-            kv: DType::F32,
-        },
+        gemma_sliding,
+        rope(gemma_sliding, Some((1e-6, 1.0, DType::BF16))),
         32768,
         Positions::Step,
         1,

@@ -245,8 +245,12 @@ fn every_op() -> Graph {
     let s = g.add(Op::Binary(BinaryOp::Add), &[x, o0], "s").unwrap();
     let s = g.add(Op::Binary(BinaryOp::Mul), &[s, o1], "s").unwrap();
     let s = g.add(Op::Binary(BinaryOp::Add), &[s, a2], "s").unwrap();
-    g.add(Op::RmsNormAdd(norm(1e-5, 1.0, 1)), &[s, w16, x], "post_norm")
-        .unwrap();
+    g.add(
+        Op::RmsNormAdd(norm(1e-5, 1.0, 1)),
+        &[s, w16, x],
+        "post_norm",
+    )
+    .unwrap();
     let arn = g
         .add(Op::AddRmsNorm(norm(1e-6, 0.0, 1)), &[s, x, w16], "arn")
         .unwrap();

@@ -11,8 +11,8 @@
 //! layer as many dispatches as the others.
 
 use crate::manager::{Pass, PassError};
-use crate::rewrite::{join_labels, op_of, replace_node};
-use gerbil_ir::{BinaryOp, Graph, MatMul, Op, ValueRef};
+use crate::rewrite::{fuse_adds, op_of};
+use gerbil_ir::{Graph, MatMul, Op, ValueRef};
 
 /// Folds residual adds into the matmuls they add.
 pub struct FuseMatMulResidual;
@@ -42,28 +42,15 @@ impl Pass for FuseMatMulResidual {
     }
 
     fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
-        let order = graph.topo_order().unwrap_or_default();
-        let mut rewrites = 0;
-        for id in order {
-            if graph.g.node_weight(id).is_none() || graph.node(id).op != Op::Binary(BinaryOp::Add) {
-                continue;
-            }
-            let [a, b] = graph.inputs(id)[..] else {
-                continue;
-            };
-            let Some((m, mm, r)) = match_add(graph, a, b) else {
-                continue;
-            };
+        fuse_adds(graph, self.name(), |graph, a, b| {
+            let (m, mm, r) = match_add(graph, a, b)?;
             let mut inputs = graph.inputs(m.node);
             inputs.push(r);
-            let label = join_labels(&[&graph.node(m.node).label, &graph.node(id).label]);
             let op = Op::MatMul(MatMul {
                 residual: true,
                 ..mm
             });
-            replace_node(graph, id, op, &inputs, label, self.name())?;
-            rewrites += 1;
-        }
-        Ok(rewrites)
+            Some((m.node, op, inputs))
+        })
     }
 }

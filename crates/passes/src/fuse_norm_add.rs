@@ -10,8 +10,8 @@
 //! after them (the last layer's, with the final norm).
 
 use crate::manager::{Pass, PassError};
-use crate::rewrite::{join_labels, replace_node};
-use gerbil_ir::{BinaryOp, Graph, Op, ValueRef};
+use crate::rewrite::fuse_adds;
+use gerbil_ir::{Graph, Op, ValueRef};
 
 /// Fuses post-norms with the residual adds that read them.
 pub struct FuseNormAdd;
@@ -42,31 +42,14 @@ impl Pass for FuseNormAdd {
     }
 
     fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
-        let order = graph.topo_order().unwrap_or_default();
-        let mut rewrites = 0;
-        for id in order {
-            if graph.g.node_weight(id).is_none() || graph.node(id).op != Op::Binary(BinaryOp::Add) {
-                continue;
-            }
-            let ins = graph.inputs(id);
-            let Some((norm, residual)) = post_norm(graph, ins[0], ins[1]) else {
-                continue;
-            };
-            let Op::RmsNorm(n) = graph.node(norm.node).op.clone() else {
-                continue;
+        fuse_adds(graph, self.name(), |graph, a, b| {
+            let (norm, residual) = post_norm(graph, a, b)?;
+            let Op::RmsNorm(n) = &graph.node(norm.node).op else {
+                return None;
             };
             let xw = graph.inputs(norm.node);
-            let label = join_labels(&[&graph.node(norm.node).label, &graph.node(id).label]);
-            replace_node(
-                graph,
-                id,
-                Op::RmsNormAdd(n),
-                &[xw[0], xw[1], residual],
-                label,
-                self.name(),
-            )?;
-            rewrites += 1;
-        }
-        Ok(rewrites)
+            let op = Op::RmsNormAdd(n.clone());
+            Some((norm.node, op, vec![xw[0], xw[1], residual]))
+        })
     }
 }

@@ -4,7 +4,9 @@
 
 use crate::manager::PassError;
 use gerbil_ir::graph::AddError;
-use gerbil_ir::{Dim, Graph, MatMul, NodeId, Op, TensorType, ValueRef, Weight, WeightSource};
+use gerbil_ir::{
+    BinaryOp, Dim, Graph, MatMul, NodeId, Op, TensorType, ValueRef, Weight, WeightSource,
+};
 use petgraph::Direction;
 
 /// A [`PassError::Rewrite`] of `pass` from a failed `Graph::add`.
@@ -46,6 +48,35 @@ pub(crate) fn replace_node(
     graph.replace_all_uses(ValueRef::of(id), fused);
     remove_if_dead(graph, id);
     Ok(())
+}
+
+/// Replaces each `add(a, b)` still in the graph (in topological order) by
+/// what `fuse` makes of it (the producer it absorbs, the op, its inputs),
+/// labelled by the producer's label and the add's ([`join_labels`]);
+/// returns the rewrites. The shared loop of the passes that fold a residual add into
+/// the kernel of one of its operands.
+pub(crate) fn fuse_adds(
+    graph: &mut Graph,
+    pass: &'static str,
+    mut fuse: impl FnMut(&Graph, ValueRef, ValueRef) -> Option<(NodeId, Op, Vec<ValueRef>)>,
+) -> Result<usize, PassError> {
+    let order = graph.topo_order().unwrap_or_default();
+    let mut rewrites = 0;
+    for id in order {
+        if graph.g.node_weight(id).is_none() || graph.node(id).op != Op::Binary(BinaryOp::Add) {
+            continue;
+        }
+        let [a, b] = graph.inputs(id)[..] else {
+            continue;
+        };
+        let Some((producer, op, inputs)) = fuse(graph, a, b) else {
+            continue;
+        };
+        let label = join_labels(&[&graph.node(producer).label, &graph.node(id).label]);
+        replace_node(graph, id, op, &inputs, label, pass)?;
+        rewrites += 1;
+    }
+    Ok(rewrites)
 }
 
 /// Whether `s` is read only by a `slice_last_row` that feeds an `rms_norm`
