@@ -1,6 +1,7 @@
 //! A CPU interpreter of a `gerbil_ir::Graph`, in f64: what every op
-//! computes ([`mod@reference`], written as plainly as possible), and a graph run
-//! step by step on it ([`interpreter`]).
+//! computes ([`mod@reference`], written as plainly as possible), a graph run
+//! step by step on it ([`interpreter`]), and the gradients of the ops a
+//! decoder trains through ([`gradient`]).
 //!
 //! It is the oracle twice: the tests check every kernel, pass and family
 //! against it, and `gerbilc compile` runs a short prompt through the lowered
@@ -13,6 +14,7 @@
 //! the interpreter is not what the kernels do but what they approximate;
 //! every comparison with it carries a tolerance.
 
+pub mod gradient;
 pub mod interpreter;
 pub mod reference;
 

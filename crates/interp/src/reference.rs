@@ -23,7 +23,7 @@ use gerbil_ir::{
 };
 
 /// Rows of `x` at `width` columns (a zero width has no rows).
-fn rows(x: &[f64], width: usize) -> usize {
+pub(crate) fn rows(x: &[f64], width: usize) -> usize {
     x.len().checked_div(width).unwrap_or(0)
 }
 
