@@ -1826,7 +1826,7 @@ fn decode_attention_matches_reference() {
 
 // --------------------------------------- decode attention with its RoPE
 
-#[derive(Clone, Debug)]
+#[derive(Clone, Copy, Debug)]
 struct RopeAttentionCase {
     heads: u32,
     kv_heads: u32,
@@ -1834,9 +1834,8 @@ struct RopeAttentionCase {
     rotary_dim: u32,
     window: u32,
     max_context: u32,
-    /// Each row's position: one row is a decode step, several a batch step
-    /// (row `b`'s sequence in cache rows `b·span ..`).
-    positions: Vec<u32>,
+    /// Position of the step's one token.
+    p: u32,
     /// `(weight offset, weight dtype)` of the per-head norms.
     norm: Option<(f32, DType)>,
     kv: DType,
@@ -1845,7 +1844,6 @@ struct RopeAttentionCase {
 /// The fused kernel against `qkv_rope` then attention in the reference: its
 /// output, and both caches (the step's row written, every other row kept).
 fn check_rope_attention(c: &RopeAttentionCase) -> Result<(), String> {
-    use kernels::Positions;
     let spec = kernels::attention::AttentionSpec {
         heads: c.heads,
         kv_heads: c.kv_heads,
@@ -1856,12 +1854,6 @@ fn check_rope_attention(c: &RopeAttentionCase) -> Result<(), String> {
         causal: true,
         packed: false,
     };
-    let rows = c.positions.len();
-    let at = if rows == 1 {
-        Positions::Step
-    } else {
-        Positions::Table
-    };
     let rope = kernels::qkv_rope::QkvRopeSpec {
         heads: c.heads,
         kv_heads: c.kv_heads,
@@ -1870,21 +1862,20 @@ fn check_rope_attention(c: &RopeAttentionCase) -> Result<(), String> {
         norm: c.norm.map(|(off, dt)| (1e-6, off, dt)),
         kv: c.kv,
     };
-    let src =
-        kernels::attention_decode::kernel_with_rope(spec, rope, c.max_context, at, rows as u32);
+    let src = kernels::attention_decode::kernel_with_rope(spec, rope, c.max_context);
     let (nh, nkv, hd) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
-    let (qw, kw) = (nh * hd, nkv * hd);
-    let deepest = *c.positions.iter().max().unwrap_or(&0) as usize;
-    let span = deepest + 2;
-    let table = theta_table(c.rotary_dim, span);
+    let (qw, kw, p) = (nh * hd, nkv * hd, c.p as usize);
+    let rows = p + 2;
+    let table = theta_table(c.rotary_dim, rows);
     let mut rng = rng(c);
-    let x = rng.vec(rows * (qw + 2 * kw));
-    let (kc_bytes, kc) = encode(&rng.vec(rows * span * kw), c.kv);
-    let (vc_bytes, vc) = encode(&rng.vec(rows * span * kw), c.kv);
+    let x = rng.vec(qw + 2 * kw);
+    // Every cache row random: a read past the step's key would change the
+    // output, a write past its row the caches.
+    let (kc_bytes, kc) = encode(&rng.vec(rows * kw), c.kv);
+    let (vc_bytes, vc) = encode(&rng.vec(rows * kw), c.kv);
     let norm_dtype = c.norm.map_or(DType::F32, |n| n.1);
     let (qn_bytes, qn) = encode(&rng.vec(hd), norm_dtype);
     let (kn_bytes, kn) = encode(&rng.vec(hd), norm_dtype);
-    let norms = c.norm.map(|_| (qn.as_slice(), kn.as_slice()));
     let r = QkvRope {
         n_heads: c.heads,
         n_kv_heads: c.kv_heads,
@@ -1895,6 +1886,11 @@ fn check_rope_attention(c: &RopeAttentionCase) -> Result<(), String> {
             weight_offset: offset,
         }),
     };
+    let norms = c.norm.map(|_| (qn.as_slice(), kn.as_slice()));
+    let out = reference::qkv_rope(&widen(&x), &widen(&table), &kc, &vc, &r, norms, p);
+    // The caches hold what the kernel stores: the new row rounded as `kv`.
+    let stored = |v: &[f64]| encode(&v.iter().map(|&v| v as f32).collect::<Vec<_>>(), c.kv).1;
+    let (want_k, want_v) = (stored(&out.k_cache), stored(&out.v_cache));
     let a = Attention {
         n_heads: c.heads,
         n_kv_heads: c.kv_heads,
@@ -1903,45 +1899,14 @@ fn check_rope_attention(c: &RopeAttentionCase) -> Result<(), String> {
         window: (c.window > 0).then_some(c.window),
         causal: true,
     };
-    let (mut want_y, mut want_k, mut want_v) = (Vec::new(), Vec::new(), Vec::new());
-    let mut row_table = Vec::new();
-    for (b, &pos) in c.positions.iter().enumerate() {
-        let p = pos as usize;
-        let region = |v: &[f64]| v[b * span * kw..(b + 1) * span * kw].to_vec();
-        let xb = widen(&x[b * (qw + 2 * kw)..(b + 1) * (qw + 2 * kw)]);
-        let out = reference::qkv_rope(
-            &xb,
-            &widen(&table),
-            &region(&kc),
-            &region(&vc),
-            &r,
-            norms,
-            p,
-        );
-        // The caches hold what the kernel stores: the new row rounded as `kv`.
-        let (_, k) = encode(
-            &out.k_cache.iter().map(|&v| v as f32).collect::<Vec<_>>(),
-            c.kv,
-        );
-        let (_, v) = encode(
-            &out.v_cache.iter().map(|&v| v as f32).collect::<Vec<_>>(),
-            c.kv,
-        );
-        want_y.extend(reference::attention(&out.q, &k, &v, &a, p));
-        want_k.extend(k);
-        want_v.extend(v);
-        row_table.extend([(b * span + p) as u32, pos]);
-    }
+    let want_y = reference::attention(&out.q, &want_k, &want_v, &a, p);
     let mut inputs = vec![f32_bytes(&x), f32_bytes(&table), kc_bytes, vc_bytes];
     if c.norm.is_some() {
         inputs.extend([qn_bytes, kn_bytes]);
     }
     let y = inputs.len();
-    inputs.push(poison(rows * qw));
-    if at == Positions::Table {
-        inputs.push(u32_bytes(&row_table));
-    }
-    let got = run_outputs(&src, rows as u32, deepest as u32, &inputs, &[y, 2, 3])?;
+    inputs.push(poison(qw));
+    let got = run_outputs(&src, 1, c.p, &inputs, &[y, 2, 3])?;
     check_close(&format!("{} y", src.name), &got[0], &want_y, TOL)?;
     check_close(&format!("{} k cache", src.name), &got[1], &want_k, TOL)?;
     check_close(&format!("{} v cache", src.name), &got[2], &want_v, TOL)
@@ -1950,58 +1915,53 @@ fn check_rope_attention(c: &RopeAttentionCase) -> Result<(), String> {
 /// The decode attention that rotates its own queries and stores the step's
 /// key and value: one split, several, the step's key in the last split and
 /// (every split full) in the one before it, windows, partial rotation, GQA
-/// groups, per-head norms (Gemma 3's and Qwen 3's), f16 caches, and batch
-/// steps of rows at different depths.
+/// groups, per-head norms (Gemma 3's and Qwen 3's), f16 caches.
 #[test]
 fn decode_attention_with_rope_matches_reference() {
     use kernels::attention_decode::MIN_KEYS;
-    let case =
-        |heads, kv_heads, head_dim, rotary_dim, window, positions: &[u32]| RopeAttentionCase {
-            heads,
-            kv_heads,
-            head_dim,
-            rotary_dim,
-            window,
-            max_context: 4096,
-            positions: positions.to_vec(),
-            norm: None,
-            kv: DType::F32,
-        };
+    let case = |heads, kv_heads, head_dim, rotary_dim, window, p| RopeAttentionCase {
+        heads,
+        kv_heads,
+        head_dim,
+        rotary_dim,
+        window,
+        max_context: 4096,
+        p,
+        norm: None,
+        kv: DType::F32,
+    };
     let normed = |norm, c: RopeAttentionCase| RopeAttentionCase {
         norm: Some(norm),
         ..c
     };
     let splits = kernels::attention_decode::splits(&SMOLLM2_ATTENTION, 4096);
     let full = MIN_KEYS * splits;
-    let mut cases = vec![
-        case(9, 3, 64, 64, 0, &[0]),
-        case(9, 3, 64, 64, 0, &[5]),
-        case(9, 3, 64, 64, 0, &[MIN_KEYS]),
-        case(9, 3, 64, 64, 0, &[full]),
-        case(9, 3, 64, 64, 0, &[700]),
-        case(32, 8, 64, 64, 0, &[511]),
-        case(4, 1, 256, 256, 512, &[1000]),
-        case(8, 1, 100, 64, 0, &[333]),
-        case(2, 1, 96, 32, 0, &[40]),
-        // Heads wider than the workgroup: queries rotated as they load.
-        case(4, 1, 512, 512, 0, &[70]),
-        case(9, 3, 64, 64, 0, &[3, 200, 0, 64]),
-        case(4, 1, 256, 256, 100, &[150, 7]),
-    ];
     let gemma = (1.0, DType::BF16);
     let qwen = (0.0, DType::F32);
-    cases.extend([
-        normed(gemma, case(4, 1, 256, 256, 512, &[1000])),
-        normed(gemma, case(4, 1, 256, 256, 0, &[3, 600])),
-        normed(qwen, case(16, 8, 128, 128, 0, &[77])),
-        normed(qwen, case(6, 2, 7, 4, 0, &[9])),
+    let mut cases = vec![
+        case(9, 3, 64, 64, 0, 0),
+        case(9, 3, 64, 64, 0, 5),
+        case(9, 3, 64, 64, 0, MIN_KEYS),
+        case(9, 3, 64, 64, 0, full),
+        case(9, 3, 64, 64, 0, 700),
+        case(32, 8, 64, 64, 0, 511),
+        case(4, 1, 256, 256, 512, 1000),
+        case(8, 1, 100, 64, 0, 333),
+        case(2, 1, 96, 32, 0, 40),
+        // Heads wider than the workgroup: queries rotated as they load.
+        case(4, 1, 512, 512, 0, 70),
+        case(4, 1, 256, 256, 100, 150),
+        normed(gemma, case(4, 1, 256, 256, 512, 1000)),
+        normed(gemma, case(4, 1, 256, 256, 0, 600)),
+        normed(qwen, case(16, 8, 128, 128, 0, 77)),
+        normed(qwen, case(6, 2, 7, 4, 0, 9)),
         // The largest group normalized: 64-thread workgroups, a lane per head.
-        normed(qwen, case(63, 1, 64, 64, 0, &[40])),
-    ]);
+        normed(qwen, case(63, 1, 64, 64, 0, 40)),
+    ];
     for c in [
-        case(9, 3, 64, 64, 0, &[700]),
-        case(8, 1, 100, 64, 0, &[3, 90]),
-        normed(gemma, case(4, 1, 256, 256, 512, &[20])),
+        case(9, 3, 64, 64, 0, 700),
+        case(8, 1, 100, 64, 0, 90),
+        normed(gemma, case(4, 1, 256, 256, 512, 20)),
     ] {
         cases.push(RopeAttentionCase {
             kv: DType::F16,

@@ -28,10 +28,12 @@ fn render_list(out: &mut String, header: &PlanHeader, list: &[Dispatch]) {
             || format!("<kernel {} missing>", d.kernel),
             |k| k.name.clone(),
         );
+        let most = header.model.max_tokens_per_step;
         let tokens = match d.tokens {
             None => String::new(),
             Some(r) if r.min <= 1 => format!("  (T ≤ {})", r.max),
-            Some(r) => format!("  (T ≥ {})", r.min),
+            Some(r) if u64::from(r.max) >= most => format!("  (T ≥ {})", r.min),
+            Some(r) => format!("  ({} ≤ T ≤ {})", r.min, r.max),
         };
         let _ = writeln!(
             out,

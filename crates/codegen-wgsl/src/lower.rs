@@ -73,7 +73,7 @@ pub enum Phase {
     /// many matmul rows per workgroup.
     Prefill(u32),
     /// A prefill step of at most [`SHORT_PROMPT`] tokens, for its matmuls
-    /// only ([`Lowering::short_matmul`]): they run as a batch step's, one
+    /// only ([`Lowering::has_short_form`]): they run as a batch step's, one
     /// workgroup row for every row of `x`, not in GEMM tiles.
     ShortPrefill,
     /// A decode step: `T = 1`.
@@ -167,14 +167,13 @@ impl Lowering<'_> {
     }
 
     /// The one kernel of attention node `attn` and the `qkv_rope` node
-    /// `rope` before it, in a decode or batch step of a GPU variant
+    /// `rope` before it, in a decode step of a GPU variant
     /// ([`crate::fusion::RopeAttention`]). Its input ports are `rope`'s,
     /// its output `attn`'s.
     pub fn rope_attention(
         &self,
         rope: NodeId,
         attn: NodeId,
-        phase: Phase,
         variant: &VariantSpec,
     ) -> Result<Lowered, CodegenError> {
         let g = self.graph;
@@ -200,12 +199,7 @@ impl Lowering<'_> {
                 .map(|n| (n.eps, n.weight_offset, g.value_type(ins[4]).dtype)),
             kv,
         };
-        let (at, rows) = match phase {
-            Phase::Batch => (Positions::Table, self.max_batch),
-            _ => (Positions::Step, 1),
-        };
-        let source =
-            attention_decode::kernel_with_rope(spec, rope_spec, self.max_context, at, rows);
+        let source = attention_decode::kernel_with_rope(spec, rope_spec, self.max_context);
         Ok(Lowered {
             source,
             op: KernelOp::Other,

@@ -304,32 +304,28 @@ fn schedule(
             bytes: &|port| layout.bytes(of(port), port, precision, spec.wide),
             flops: lowering.flops(id),
         };
-        let mut dispatch = |lowered| {
-            asm.dispatch(
-                lowered,
-                &ops,
-                &spec.features,
-                &spec.limits(target),
-                lowering.max_tokens,
-            )
-        };
+        // `most`: the largest step the dispatch runs in, for the limit checks.
+        let mut dispatch =
+            |lowered, most| asm.dispatch(lowered, &ops, &spec.features, &spec.limits(target), most);
+        let most = lowering.max_tokens;
         if let Some(r) = rope {
-            out.push(dispatch(lowering.rope_attention(r, id, phase, spec)?)?);
+            out.push(dispatch(lowering.rope_attention(r, id, spec)?, most)?);
         } else if matches!(phase, Phase::Prefill(_)) && lowering.has_short_form(id, spec) {
             // Short prompts take the batch step's matmul, the rest the tiles.
-            let mut short = dispatch(lowering.kernel(id, Phase::ShortPrefill, spec)?)?;
+            let short_form = lowering.kernel(id, Phase::ShortPrefill, spec)?;
+            let mut short = dispatch(short_form, SHORT_PROMPT)?;
             short.tokens = Some(TokenRange {
                 min: 1,
                 max: SHORT_PROMPT,
             });
-            let mut long = dispatch(lowering.kernel(id, phase, spec)?)?;
+            let mut long = dispatch(lowering.kernel(id, phase, spec)?, most)?;
             long.tokens = Some(TokenRange {
                 min: SHORT_PROMPT + 1,
                 max: lowering.max_tokens,
             });
             out.extend([short, long]);
         } else {
-            out.push(dispatch(lowering.kernel(id, phase, spec)?)?);
+            out.push(dispatch(lowering.kernel(id, phase, spec)?, most)?);
         }
     }
     Ok(out)

@@ -333,8 +333,8 @@ fn golden_kernels() {
     golden(attention::kernel(gemma_sliding));
     golden(attention_decode::kernel(smollm2, 4096));
     golden(attention_decode::kernel(gemma_sliding, 32768));
-    // Decode attention with its RoPE and cache writes: SmolLM2 (f16 caches,
-    // a batch step) and the Gemma 3 sliding layer (per-head norms).
+    // Decode attention with its RoPE and cache writes: SmolLM2 (f16 caches)
+    // and the Gemma 3 sliding layer (per-head norms).
     let rope = |s: AttentionSpec, norm| QkvRopeSpec {
         heads: s.heads,
         kv_heads: s.kv_heads,
@@ -351,15 +351,11 @@ fn golden_kernels() {
         smollm2_f16,
         rope(smollm2_f16, None),
         4096,
-        Positions::Table,
-        16,
     ));
     golden(attention_decode::kernel_with_rope(
         gemma_sliding,
         rope(gemma_sliding, Some((1e-6, 1.0, DType::BF16))),
         32768,
-        Positions::Step,
-        1,
     ));
     golden(elementwise::unary(UnaryOp::GeluTanh, Rows::Tokens, 2048));
     golden(elementwise::unary(

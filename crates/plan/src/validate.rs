@@ -115,6 +115,7 @@ impl PlanHeader {
             for (i, d) in v.batch.iter().enumerate() {
                 let what = format!("{} batch dispatch {i} ({})", v.name, d.label);
                 self.check_dispatch(d, &what)?;
+                only_prefill_is_split(d, &what)?;
             }
             for (phase, list) in [("prefill", &v.prefill), ("decode", &v.decode)] {
                 if list.is_empty() {
@@ -126,6 +127,9 @@ impl PlanHeader {
                 for (i, d) in list.iter().enumerate() {
                     let what = format!("{} {phase} dispatch {i} ({})", v.name, d.label);
                     self.check_dispatch(d, &what)?;
+                    if phase == "decode" {
+                        only_prefill_is_split(d, &what)?;
+                    }
                 }
             }
         }
@@ -474,13 +478,15 @@ impl PlanHeader {
         }
         let max_t = self.model.max_tokens_per_step;
         if let Some(r) = d.tokens {
-            if r.min == 0 || r.min > r.max {
+            if r.min == 0 || r.min > r.max || u64::from(r.max) > max_t {
                 return Err(format!(
-                    "{what} runs in steps of {}..={} tokens: an empty range or one with 0",
+                    "{what} runs in steps of {}..={} tokens: not a range within 1..={max_t}",
                     r.min, r.max
                 ));
             }
         }
+        // The largest step it runs in.
+        let max_t = d.tokens.map_or(max_t, |r| u64::from(r.max));
         for (axis, w) in d.workgroups.iter().enumerate() {
             if w.divisor == 0 {
                 return Err(format!(
@@ -700,5 +706,17 @@ fn check_binding(
             decl.access.name(),
             kind.describe()
         ))
+    }
+}
+
+/// A dispatch of a decode or batch schedule runs in every step of it: only
+/// prefill steps, whose `T` varies, pick a matmul's form by their length.
+fn only_prefill_is_split(d: &Dispatch, what: &str) -> Result<(), String> {
+    match d.tokens {
+        Some(r) => Err(format!(
+            "{what} runs in steps of {}..={} tokens only; ranges are for prefill dispatches",
+            r.min, r.max
+        )),
+        None => Ok(()),
     }
 }

@@ -600,17 +600,24 @@ fn dispatches_for_some_steps_run_in_their_range_only() {
     assert!(d.runs_at(1) && d.runs_at(16) && !d.runs_at(17));
     d.tokens = Some(TokenRange { min: 17, max: 64 });
     assert!(!d.runs_at(16) && d.runs_at(17) && d.runs_at(64) && !d.runs_at(65));
-    for (min, max) in [(0, 16), (9, 8)] {
+    for (min, max) in [(0, 16), (9, 8), (1, STEP as u32 + 1)] {
         let e = error_after(|h| {
             h.variants[0].prefill[0].tokens = Some(TokenRange { min, max });
         });
         assert!(
             e.ends_with(&format!(
-                "runs in steps of {min}..={max} tokens: an empty range or one with 0"
+                "runs in steps of {min}..={max} tokens: not a range within 1..={STEP}"
             )),
             "{e}"
         );
     }
+    let e = error_after(|h| {
+        h.variants[0].decode[0].tokens = Some(TokenRange { min: 1, max: 1 });
+    });
+    assert!(
+        e.ends_with("runs in steps of 1..=1 tokens only; ranges are for prefill dispatches"),
+        "{e}"
+    );
 }
 
 #[test]

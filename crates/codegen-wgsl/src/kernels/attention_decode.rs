@@ -39,15 +39,18 @@
 //! fill (in a batch step, its deepest row's): on a CPU driver each launch of
 //! a workgroup with barriers costs tens of microseconds, work or none.
 //!
-//! [`kernel_with_rope`] also does the `qkv_rope` dispatch's work: it reads
-//! the fused q|k|v row, normalizes (per-head norms: a segment of lanes sums
-//! each head's squares first) and rotates the group's queries once into the
-//! reduction region (or, where they do not fit, each dimension as a score
-//! lane loads it), and the split that holds the step's own key rotates that
-//! key, stores it and the value in the caches, and makes them visible to
-//! its own threads with a `storageBarrier()` before scoring. No other workgroup
-//! reads that cache row, so nothing waits across workgroups; the schedule
-//! then skips the `qkv_rope` dispatch (`crate::fusion`).
+//! [`kernel_with_rope`] also does the `qkv_rope` dispatch's work in a
+//! decode step: it reads the fused q|k|v row, normalizes (per-head norms: a
+//! segment of lanes sums each head's squares first) and rotates the group's
+//! queries once into the reduction region (or, where they do not fit, each
+//! dimension as a score lane loads it), and the split that holds the step's
+//! own key rotates that key, stores it and the value in the caches, and
+//! makes them visible to its own threads with a `storageBarrier()` before
+//! scoring. In a decode step no other workgroup reads that cache row, so
+//! nothing waits across workgroups; the schedule then skips the `qkv_rope`
+//! dispatch (`crate::fusion`). A batch step is not fused: a prompt's tokens
+//! can be several of its rows, each reading keys another row's workgroups
+//! store.
 
 use super::attention::AttentionSpec;
 use super::qkv_rope::QkvRopeSpec;
@@ -182,18 +185,15 @@ pub fn kernel_at(s: AttentionSpec, max_context: u32, at: Positions, max_rows: u3
     build(s, max_context, at, max_rows, None)
 }
 
-/// [`kernel_at`] fused with the `qkv_rope` before it, as `r` specifies it
-/// (its heads and cache type are `s`'s). Bindings: `x` (the fused q|k|v
-/// rows), `table`, `kc` and `vc` (written), with norms `qn` and `kn`, then
-/// `y`. Per-head norms need a group of at most [`MAX_NORMED_GROUP`] heads.
-pub fn kernel_with_rope(
-    s: AttentionSpec,
-    r: QkvRopeSpec,
-    max_context: u32,
-    at: Positions,
-    max_rows: u32,
-) -> KernelSource {
-    build(s, max_context, at, max_rows, Some(r))
+/// [`kernel`] fused with the `qkv_rope` before it, as `r` specifies it
+/// (its heads and cache type are `s`'s), for a decode step. Bindings: `x`
+/// (the fused q|k|v row), `table`, `kc` and `vc` (written), with norms `qn`
+/// and `kn`, then `y`. Per-head norms need a group of at most
+/// [`MAX_NORMED_GROUP`] heads. Not for batch steps: there a prompt's tokens
+/// can be several rows of one sequence, each reading the keys the rows
+/// before it write, which other workgroups would store.
+pub fn kernel_with_rope(s: AttentionSpec, r: QkvRopeSpec, max_context: u32) -> KernelSource {
+    build(s, max_context, Positions::Step, 1, Some(r))
 }
 
 /// Largest GQA group whose query heads and key head the fused kernel
@@ -256,11 +256,10 @@ fn build(
             let norm = r.norm.is_some();
             let queries = match group * hd <= red {
                 true => Queries::Staged,
-                false => Queries::Rotated { norm },
+                false => Queries::RotatedOnLoad { norm },
             };
             let prologue = Prologue {
                 kv: s.kv,
-                at,
                 norm,
                 wg,
                 group,
@@ -415,11 +414,12 @@ fn build(
 }
 
 /// Declares what the fused kernel reads instead of rotated queries: the
-/// q|k|v rows `x`, the RoPE table, the caches it writes, the norms' weights,
-/// with norms `nrm` (each query head's and the key head's inverse RMS), and `rot(b, d, tr, s, k)`: dimension `d` of the head at `x[b..]`
-/// normalized by `s` (and the key's or the query's weights, by `k`), then
-/// rotated by table row `tr`. The arithmetic is `qkv_rope`'s, so both paths
-/// store the same key.
+/// q|k|v row `x`, the RoPE table, the caches it writes, the norms' weights,
+/// with norms `nrm` (each query head's and the key head's inverse RMS), and
+/// `rot(b, d, tr, s, k)`: dimension `d` of the head at `x[b..]` normalized
+/// by `s` (and the key's or the query's weights, by `k`), then rotated by
+/// table row `tr` — `qkv_rope`'s formula (its sums of squares are added in
+/// another order, so a normed key may differ in the last bits).
 fn declare_rope(w: &mut String, b: &mut Bindings, s: &AttentionSpec, r: &QkvRopeSpec) {
     let _ = writeln!(
         w,
@@ -466,7 +466,7 @@ enum Queries {
     /// From `red`, where the fused kernel's prologue rotated them.
     Staged,
     /// Rotated from `x` as they load (normalized by `nrm`, with norms).
-    Rotated { norm: bool },
+    RotatedOnLoad { norm: bool },
 }
 
 impl Queries {
@@ -475,7 +475,7 @@ impl Queries {
         match self {
             Queries::Plain => format!("q[(h0 + {g}u) * HD + {d}]"),
             Queries::Staged => format!("red[{g}u * HD + {d}]"),
-            Queries::Rotated { norm } => {
+            Queries::RotatedOnLoad { norm } => {
                 let scale = if norm {
                     format!("nrm[{g}u]")
                 } else {
@@ -491,13 +491,12 @@ impl Queries {
 #[derive(Clone, Copy)]
 struct Prologue {
     kv: DType,
-    at: Positions,
     /// Per-head norms.
     norm: bool,
     wg: u32,
     group: u32,
-    /// Whether the group's rotated queries are staged in `red` (they fit:
-    /// unless `head_dim` exceeds the workgroup).
+    /// Whether the group's rotated queries are staged in `red` (where its
+    /// `G · head_dim` values fit).
     staged: bool,
 }
 
@@ -518,14 +517,10 @@ impl Prologue {
     /// the split holding that key (the last it reads), made visible to the
     /// workgroup's threads.
     fn wgsl(self) -> String {
-        let (xrow, crow) = match self.at {
-            Positions::Table => ("brow * XW + ", "rows[2u * brow]"),
-            Positions::Step | Positions::Packed => ("", "pos"),
-        };
-        let mut w = format!(
+        let mut w = String::from(
             "  // The group's query heads and its key head in x, the position's table row.\n\
-             \x20 let xq = {xrow}kvh * G * HD;\n  let xk = {xrow}NH * HD + kvh * HD;\n\
-             \x20 let tr = pos * ROT;\n"
+             \x20 let xq = kvh * G * HD;\n  let xk = NH * HD + kvh * HD;\n\
+             \x20 let tr = pos * ROT;\n",
         );
         if self.norm {
             debug_assert!(self.group <= MAX_NORMED_GROUP && self.wg >= MIN_WG);
@@ -542,7 +537,7 @@ impl Prologue {
                  \x20 red[lane] = ss;\n  workgroupBarrier();\n{}\
                  \x20 if (sl == 0u && hh <= G) {{ nrm[hh] = 1.0f / sqrt(red[lane] / f32(HD) + EPS); }}\n\
                  \x20 workgroupBarrier();\n",
-                tree_reduce(seg, "sl", "hh * SEG", "+").replace("SEG", &format!("{seg}u")),
+                tree_reduce(seg, "sl", &format!("hh * {seg}u"), "+"),
             );
         }
         if self.staged {
@@ -558,7 +553,7 @@ impl Prologue {
             w,
             "  // The step's own key and value, stored by the split that reads them.\n\
              \x20 if (split == (n - 1u) / chunk) {{\n\
-             \x20   let dst = {crow} * KW + kvh * HD;\n\
+             \x20   let dst = pos * KW + kvh * HD;\n\
              \x20   for (var d = lane; d < HD; d = d + WG) {{\n\
              \x20     kc[dst + d] = {k};\n      vc[dst + d] = {v};\n\
              \x20   }}\n  }}\n  storageBarrier();\n  workgroupBarrier();\n",

@@ -30,12 +30,12 @@ pub fn temp(tag: &str) -> tempfile::TempDir {
 /// A directory for files that live as long as the test process (plans a
 /// `static` compiles once): statics are never dropped, so a [`temp`] there
 /// would leak its files into `/tmp` on every run. This one lies under the
-/// target directory's scratch space and is emptied when first asked for.
+/// target directory's scratch space, and each run writes the same names
+/// again. It is never emptied: two test processes may share it, and
+/// `gerbilc` writes a plan under a temporary name and renames it into
+/// place, so one process's compile never pulls a plan from under another.
 pub fn process_dir(tag: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("gerbil-cli-{tag}"));
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir).expect("empty the process directory");
-    }
     std::fs::create_dir_all(&dir).expect("create the process directory");
     dir
 }
