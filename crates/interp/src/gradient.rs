@@ -15,7 +15,6 @@
 //! row looked up by several tokens ([`embedding`] adds into it).
 
 use crate::reference::{self as r, rows};
-use gerbil_ir::rope_table::{cos_index, sin_index};
 use gerbil_ir::{Attention, Embedding, RmsNorm, Rope, UnaryOp};
 
 /// Gradients of `y = x · wᵀ` (`w` in `[N, k]` layout): `(dx, dw)`.
@@ -59,27 +58,7 @@ pub fn rms_norm(x: &[f64], w: &[f64], n: &RmsNorm, dy: &[f64]) -> (Vec<f64>, Vec
 
 /// Gradient of [`r::rope`]: each rotated pair turned back by its angle.
 pub fn rope(dy: &[f64], table: &[f64], r: &Rope, p: usize) -> Vec<f64> {
-    let (nh, hd, rot) = (
-        r.n_heads as usize,
-        r.head_dim as usize,
-        r.rotary_dim as usize,
-    );
-    let half = rot / 2;
-    let mut dx = dy.to_vec();
-    for t in 0..rows(dy, nh * hd) {
-        let pos = (p + t) as u64;
-        for h in 0..nh {
-            let base = (t * nh + h) * hd;
-            for j in 0..half {
-                let cos = table[cos_index(pos, j as u64, rot as u64) as usize];
-                let sin = table[sin_index(pos, j as u64, rot as u64) as usize];
-                let (a, b) = (dy[base + j], dy[base + half + j]);
-                dx[base + j] = a * cos + b * sin;
-                dx[base + half + j] = b * cos - a * sin;
-            }
-        }
-    }
-    dx
+    r::rotate(dy, table, r, p, -1.0)
 }
 
 /// The derivative of [`r::unary_scalar`] at `v`.

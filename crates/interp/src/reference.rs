@@ -151,6 +151,12 @@ pub fn matmul_glu(x: &[f64], k: usize, w: &[f64], bias: Option<&[f64]>, act: Una
 /// dimensions past `rotary_dim` pass through. `table` has the layout of
 /// `gerbil_ir::rope_table` (`rotary_dim` columns per position).
 pub fn rope(x: &[f64], table: &[f64], r: &Rope, p: usize) -> Vec<f64> {
+    rotate(x, table, r, p, 1.0)
+}
+
+/// [`rope`] by the table's angles times `turn` (1: the op; −1: turning each
+/// pair back, its gradient).
+pub(crate) fn rotate(x: &[f64], table: &[f64], r: &Rope, p: usize, turn: f64) -> Vec<f64> {
     let (nh, hd, rot) = (
         r.n_heads as usize,
         r.head_dim as usize,
@@ -164,7 +170,7 @@ pub fn rope(x: &[f64], table: &[f64], r: &Rope, p: usize) -> Vec<f64> {
             let base = (t * nh + h) * hd;
             for j in 0..half {
                 let cos = table[cos_index(pos, j as u64, rot as u64) as usize];
-                let sin = table[sin_index(pos, j as u64, rot as u64) as usize];
+                let sin = turn * table[sin_index(pos, j as u64, rot as u64) as usize];
                 let (a, b) = (x[base + j], x[base + half + j]);
                 out[base + j] = a * cos - b * sin;
                 out[base + half + j] = b * cos + a * sin;
