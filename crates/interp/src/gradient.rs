@@ -135,12 +135,7 @@ pub fn attention(
     p: usize,
     dy: &[f64],
 ) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-    let (nh, nkv, hd) = (
-        a.n_heads as usize,
-        a.n_kv_heads as usize,
-        a.head_dim as usize,
-    );
-    let group = nh / nkv;
+    let r::Heads { nh, nkv, hd, group } = r::Heads::of(a);
     let scale = f64::from(a.scale);
     let t_rows = rows(q, nh * hd);
     let mut dq = vec![0.0; q.len()];
@@ -148,12 +143,7 @@ pub fn attention(
     let mut dv = vec![0.0; v_cache.len()];
     let dot = |a: &[f64], b: &[f64]| a.iter().zip(b).map(|(x, y)| x * y).sum::<f64>();
     for t in 0..t_rows {
-        let me = p + t;
-        let last = if a.causal { me } else { p + t_rows - 1 };
-        let (lo, pos) = match a.window.map(|w| w as usize) {
-            Some(w) => ((me + 1).saturating_sub(w), last.min(me + w - 1)),
-            None => (0, last),
-        };
+        let (lo, pos) = r::keys_seen(a, p, t, t_rows);
         for h in 0..nh {
             let at = (t * nh + h) * hd;
             let (qrow, drow) = (&q[at..at + hd], &dy[at..at + hd]);

@@ -193,23 +193,12 @@ pub fn cache_write(cache: &[f64], x: &[f64], width: usize, p: usize) -> Vec<f64>
 /// softmax of `scale · q·k`. Bidirectional attention sees every key of the
 /// step (within `|pos − j| < window`).
 pub fn attention(q: &[f64], k_cache: &[f64], v_cache: &[f64], a: &Attention, p: usize) -> Vec<f64> {
-    let (nh, nkv, hd) = (
-        a.n_heads as usize,
-        a.n_kv_heads as usize,
-        a.head_dim as usize,
-    );
-    let group = nh / nkv;
+    let Heads { nh, nkv, hd, group } = Heads::of(a);
     let scale = f64::from(a.scale);
     let t_rows = rows(q, nh * hd);
     let mut out = vec![0.0; q.len()];
     for t in 0..t_rows {
-        // A bidirectional row sees every key up to the step's last.
-        let me = p + t;
-        let last = if a.causal { me } else { p + t_rows - 1 };
-        let (lo, pos) = match a.window.map(|w| w as usize) {
-            Some(w) => ((me + 1).saturating_sub(w), last.min(me + w - 1)),
-            None => (0, last),
-        };
+        let (lo, pos) = keys_seen(a, p, t, t_rows);
         for h in 0..nh {
             let qrow = &q[(t * nh + h) * hd..][..hd];
             let kvh = h / group;
@@ -232,6 +221,38 @@ pub fn attention(q: &[f64], k_cache: &[f64], v_cache: &[f64], a: &Attention, p: 
         }
     }
     out
+}
+
+/// An attention's head counts and width, and its GQA group size.
+pub(crate) struct Heads {
+    pub nh: usize,
+    pub nkv: usize,
+    pub hd: usize,
+    pub group: usize,
+}
+
+impl Heads {
+    pub(crate) fn of(a: &Attention) -> Heads {
+        let (nh, nkv) = (a.n_heads as usize, a.n_kv_heads as usize);
+        Heads {
+            nh,
+            nkv,
+            hd: a.head_dim as usize,
+            group: nh / nkv,
+        }
+    }
+}
+
+/// The first and last cache row query row `t` of a `t_rows`-row step at
+/// `p` sees: up to itself (causal) or the step's last (bidirectional),
+/// within the window.
+pub(crate) fn keys_seen(a: &Attention, p: usize, t: usize, t_rows: usize) -> (usize, usize) {
+    let me = p + t;
+    let last = if a.causal { me } else { p + t_rows - 1 };
+    match a.window.map(|w| w as usize) {
+        Some(w) => ((me + 1).saturating_sub(w), last.min(me + w - 1)),
+        None => (0, last),
+    }
 }
 
 /// One value of an elementwise unary function.
