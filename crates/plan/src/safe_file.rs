@@ -51,6 +51,20 @@ impl Drop for Unfinished {
     }
 }
 
+/// A new file at `path`, readable and writable, failing if one exists;
+/// on Unix with what `File::create` gives (0666 less the umask), not a
+/// temporary file's usual 0600.
+fn create_new(path: &Path) -> std::io::Result<File> {
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true).write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o666);
+    }
+    options.open(path)
+}
+
 fn lock_unfinished() -> std::sync::MutexGuard<'static, Vec<PathBuf>> {
     // A panic while the list was held leaves it intact: keep using it.
     UNFINISHED.lock().unwrap_or_else(|e| e.into_inner())
@@ -295,17 +309,21 @@ pub fn write_file_seekable(
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
     let prefix = format!(".{name}.gerbil-tmp-");
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(&prefix).rand_bytes(6);
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        // What `File::create` gives (0666 less the umask), not tempfile's 0600.
-        builder.permissions(std::fs::Permissions::from_mode(0o666));
-    }
-    let tmp = builder.tempfile_in(&dir).map_err(io_err(&dir))?;
+    // Listed before the file exists: an interrupt from the moment it
+    // appears finds it (listed after, a Ctrl-C between the two left it).
+    let mut listed = None;
+    let tmp = tempfile::Builder::new()
+        .prefix(&prefix)
+        .rand_bytes(6)
+        .make_in(&dir, |path| {
+            let entry = Unfinished::new(path);
+            let file = create_new(path)?;
+            listed = Some(entry);
+            Ok(file)
+        })
+        .map_err(io_err(&dir))?;
+    let _listed = listed;
     let tmp_path = tmp.path().to_path_buf();
-    let _listed = Unfinished::new(&tmp_path);
     let mut w = BufWriter::with_capacity(1 << 20, tmp);
     write(&mut w).map_err(io_err(&tmp_path))?;
     let tmp = w
