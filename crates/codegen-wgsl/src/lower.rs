@@ -35,7 +35,7 @@ use crate::tuning::{tile_for, GemmShape, GemmTiles};
 use crate::variant::VariantSpec;
 use crate::CodegenError;
 use gerbil_ir::{
-    Attention, DType, Dim, Graph, MatMul, MatMulGlu, NodeId, Op, TensorType, ValueRef,
+    Attention, DType, Dim, Graph, MatMul, MatMulGlu, NodeId, Op, QkvRope, TensorType, ValueRef,
 };
 use gerbil_plan::{Feature, FlopCount, KernelOp, MatMulTemplate, Precision};
 use std::collections::HashMap;
@@ -63,6 +63,22 @@ fn attention_spec(a: &Attention, kv: DType, packed: bool) -> AttentionSpec {
         kv,
         causal: a.causal,
         packed,
+    }
+}
+
+/// The `qkv_rope` kernels' specialization of `r`, its norms' weights
+/// stored as `norm_dtype` (when it has norms) and its caches as `kv`.
+fn qkv_rope_spec(r: &QkvRope, norm_dtype: Option<DType>, kv: DType) -> QkvRopeSpec {
+    QkvRopeSpec {
+        heads: r.n_heads,
+        kv_heads: r.n_kv_heads,
+        head_dim: r.head_dim,
+        rotary_dim: r.rotary_dim,
+        norm: r
+            .qk_norm
+            .zip(norm_dtype)
+            .map(|(n, dt)| (n.eps, n.weight_offset, dt)),
+        kv,
     }
 }
 
@@ -189,16 +205,8 @@ impl Lowering<'_> {
             Precision::F32 => g.value_type(ins[2]).dtype,
         };
         let spec = attention_spec(a, kv, false);
-        let rope_spec = QkvRopeSpec {
-            heads: r.n_heads,
-            kv_heads: r.n_kv_heads,
-            head_dim: r.head_dim,
-            rotary_dim: r.rotary_dim,
-            norm: r
-                .qk_norm
-                .map(|n| (n.eps, n.weight_offset, g.value_type(ins[4]).dtype)),
-            kv,
-        };
+        let norm_dtype = r.qk_norm.map(|_| g.value_type(ins[4]).dtype);
+        let rope_spec = qkv_rope_spec(r, norm_dtype, kv);
         let source = attention_decode::kernel_with_rope(spec, rope_spec, self.max_context);
         Ok(Lowered {
             source,
@@ -436,14 +444,7 @@ impl Lowering<'_> {
                 }
             }
             Op::QkvRope(r) => qkv_rope::kernel_at(
-                QkvRopeSpec {
-                    heads: r.n_heads,
-                    kv_heads: r.n_kv_heads,
-                    head_dim: r.head_dim,
-                    rotary_dim: r.rotary_dim,
-                    norm: r.qk_norm.map(|n| (n.eps, n.weight_offset, in_ty(4).dtype)),
-                    kv: kv(in_ty(2)),
-                },
+                qkv_rope_spec(r, r.qk_norm.map(|_| in_ty(4).dtype), kv(in_ty(2))),
                 at,
             ),
             Op::SliceCols { start, len } => elementwise::slice_cols(

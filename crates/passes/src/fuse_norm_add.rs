@@ -11,25 +11,22 @@
 
 use crate::manager::{Pass, PassError};
 use crate::rewrite::fuse_adds;
-use gerbil_ir::{Graph, Op, ValueRef};
+use gerbil_ir::{Graph, NodeId, Op, RmsNorm, ValueRef};
 
 /// Fuses post-norms with the residual adds that read them.
 pub struct FuseNormAdd;
 
-/// `(norm, residual)` if `add(a, b)` reads a sole-reader one-group
-/// `rms_norm` on one side (the left one if both).
-fn post_norm(graph: &Graph, a: ValueRef, b: ValueRef) -> Option<(ValueRef, ValueRef)> {
-    let fusable = |v: ValueRef| match &graph.node(v.node).op {
-        Op::RmsNorm(n) => n.groups == 1 && graph.users(v).len() == 1 && !graph.is_output(v),
-        _ => false,
-    };
-    if fusable(a) {
-        Some((a, b))
-    } else if fusable(b) {
-        Some((b, a))
-    } else {
-        None
-    }
+/// The norm node, its op and the other operand, if `add(a, b)` reads a
+/// sole-reader one-group `rms_norm` on one side (the left one if both).
+fn post_norm(graph: &Graph, a: ValueRef, b: ValueRef) -> Option<(NodeId, RmsNorm, ValueRef)> {
+    [(a, b), (b, a)]
+        .into_iter()
+        .find_map(|(v, r)| match &graph.node(v.node).op {
+            Op::RmsNorm(n) if n.groups == 1 && graph.users(v).len() == 1 && !graph.is_output(v) => {
+                Some((v.node, n.clone(), r))
+            }
+            _ => None,
+        })
 }
 
 impl Pass for FuseNormAdd {
@@ -43,13 +40,9 @@ impl Pass for FuseNormAdd {
 
     fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
         fuse_adds(graph, self.name(), |graph, a, b| {
-            let (norm, residual) = post_norm(graph, a, b)?;
-            let Op::RmsNorm(n) = &graph.node(norm.node).op else {
-                return None;
-            };
-            let xw = graph.inputs(norm.node);
-            let op = Op::RmsNormAdd(n.clone());
-            Some((norm.node, op, vec![xw[0], xw[1], residual]))
+            let (norm, n, residual) = post_norm(graph, a, b)?;
+            let xw = graph.inputs(norm);
+            Some((norm, Op::RmsNormAdd(n), vec![xw[0], xw[1], residual]))
         })
     }
 }

@@ -476,14 +476,19 @@ impl Queries {
             Queries::Plain => format!("q[(h0 + {g}u) * HD + {d}]"),
             Queries::Staged => format!("red[{g}u * HD + {d}]"),
             Queries::RotatedOnLoad { norm } => {
-                let scale = if norm {
-                    format!("nrm[{g}u]")
-                } else {
-                    "1.0f".into()
-                };
+                let scale = norm_scale(norm, &format!("{g}u"));
                 format!("rot(xq + {g}u * HD, {d}, tr, {scale}, false)")
             }
         }
+    }
+}
+
+/// WGSL of head `h`'s norm scale (`G` for the key head): its inverse RMS
+/// with per-head norms, else 1.
+fn norm_scale(norm: bool, h: &str) -> String {
+    match norm {
+        true => format!("nrm[{h}]"),
+        false => "1.0f".into(),
     }
 }
 
@@ -501,14 +506,6 @@ struct Prologue {
 }
 
 impl Prologue {
-    /// The norm scale of head `h` (`G` for the key head).
-    fn scale(self, h: &str) -> String {
-        match self.norm {
-            true => format!("nrm[{h}]"),
-            false => "1.0f".into(),
-        }
-    }
-
     /// WGSL for `xq`, `xk`, `tr` (where the group's query heads and its key
     /// head start in `x`, and the position's table row); with norms `nrm`,
     /// the workgroup's lanes in `group + 1` segments each summing one head's
@@ -546,7 +543,7 @@ impl Prologue {
                 "  // The group's queries, rotated once.\n\
                  \x20 for (var i = lane; i < G * HD; i = i + WG) {{\n\
                  \x20   red[i] = rot(xq + i - i % HD, i % HD, tr, {}, false);\n  }}",
-                self.scale("i / HD")
+                norm_scale(self.norm, "i / HD")
             );
         }
         let _ = write!(
@@ -559,7 +556,7 @@ impl Prologue {
              \x20   }}\n  }}\n  storageBarrier();\n  workgroupBarrier();\n",
             k = kv_store(
                 self.kv,
-                &format!("rot(xk, d, tr, {}, true)", self.scale("G"))
+                &format!("rot(xk, d, tr, {}, true)", norm_scale(self.norm, "G"))
             ),
             v = kv_store(self.kv, "x[xk + KW + d]"),
         );
