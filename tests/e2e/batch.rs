@@ -413,3 +413,59 @@ fn a_batch_row_with_non_finite_logits_stops_with_a_clear_error() {
         "{err}"
     );
 }
+
+/// A session creates each pipeline when a step first runs it: none at
+/// load, the short-prompt kernels (not the long prompts' GEMM tiles) for a
+/// short prompt, the decode kernels at the next token, the batch step's only
+/// when one runs; and its logits are those of a session that created every
+/// pipeline up front.
+#[test]
+fn pipelines_are_created_when_a_step_first_needs_them() {
+    let _gpu = gpu_lock();
+    let plan_path = compile_plan(&tiny_model("llama"), |o| o.max_batch = 2);
+    let plan = PlanFile::open(&plan_path).expect("plan");
+    // Not the `cpu` variant lavapipe would pick: its prompts of every
+    // length run the same kernels.
+    let opts = SessionOptions {
+        slots: 2,
+        variant: Some("subgroups".into()),
+        ..SessionOptions::default()
+    };
+    let mut lazy = block_on(Session::open(&plan, &opts)).expect("session");
+    let v = lazy.variant().clone();
+    fn all(list: &[gerbil_plan::Dispatch]) -> Vec<&gerbil_plan::Dispatch> {
+        list.iter().collect()
+    }
+    let kernels = |lists: &[Vec<&gerbil_plan::Dispatch>]| {
+        let mut k: Vec<u32> = lists.iter().flatten().map(|d| d.kernel).collect();
+        k.sort_unstable();
+        k.dedup();
+        k
+    };
+    let short = kernels(&[v.prefill_at(5)]);
+    let long = kernels(&[v.prefill_at(40)]);
+    assert!(
+        long.iter().any(|k| !short.contains(k)),
+        "{}: long prompts run kernels short ones do not",
+        v.name
+    );
+    assert_eq!(lazy.pipeline_stats().created, 0, "a load creates none");
+
+    let prompt: Vec<u32> = (1..6).collect();
+    let logits = block_on(lazy.forward(&prompt)).expect("prompt");
+    assert_eq!(lazy.pipeline_stats().created, short.len());
+    let next = block_on(lazy.forward(&[7])).expect("decode");
+    let with_decode = kernels(&[v.prefill_at(5), all(&v.decode)]);
+    assert_eq!(lazy.pipeline_stats().created, with_decode.len());
+    block_on(lazy.forward_batch(&[(0, 8), (1, 9)])).expect("batch step");
+    let with_batch = kernels(&[v.prefill_at(5), all(&v.decode), all(&v.batch)]);
+    assert_eq!(lazy.pipeline_stats().created, with_batch.len());
+    block_on(lazy.create_all_pipelines()).expect("the rest");
+    let every = kernels(&[all(&v.prefill), all(&v.decode), all(&v.batch)]);
+    assert_eq!(lazy.pipeline_stats().created, every.len());
+
+    let mut eager = block_on(Session::open(&plan, &opts)).expect("session");
+    block_on(eager.create_all_pipelines()).expect("every pipeline");
+    assert_eq!(block_on(eager.forward(&prompt)).expect("prompt"), logits);
+    assert_eq!(block_on(eager.forward(&[7])).expect("decode"), next);
+}

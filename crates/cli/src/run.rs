@@ -331,14 +331,25 @@ pub struct BenchReport {
     pub load_device_ms: f64,
     /// Of `load_ms`: allocating the buffers and uploading the weights.
     pub load_weights_ms: f64,
-    /// Of `load_ms`: creating the pipelines (through the pipeline cache).
+    /// Of `load_ms`: creating the kernels' layouts and opening the
+    /// pipeline cache (a pipeline is created when a step first runs it:
+    /// `first_token_pipelines_ms`, `pipelines_ms`).
     pub load_pipelines_ms: f64,
+    /// Of `first_token_ms`: creating the pipelines the prompt's steps run
+    /// (through the pipeline cache).
+    pub first_token_pipelines_ms: f64,
+    /// Pipelines created for the prompt's first token.
+    pub first_token_pipelines: usize,
+    /// Milliseconds creating pipelines over the whole bench (every kind of
+    /// step it ran).
+    pub pipelines_ms: f64,
     /// What the on-disk pipeline cache did: `warm` (a stored cache was
     /// used), `cold` (none yet, unusable, or `--cold`; written for the next
     /// run), `off` (`--no-pipeline-cache`) or `unsupported` (the device
     /// cannot keep one).
     pub pipeline_cache: String,
-    /// Pipelines created (the kernels of the variant that ran).
+    /// Pipelines created over the whole bench (kernels of the variant that
+    /// ran, each when a step first ran it).
     pub pipelines: usize,
     /// Threads that created them.
     pub pipeline_threads: usize,
@@ -500,6 +511,9 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     session.reset();
     session.forward(&prompt).await?;
     let first_token_s = start.elapsed().as_secs_f64();
+    let first_pipelines = session.pipeline_stats();
+    // Warm-up of a decode step (its pipelines), outside the timed runs.
+    session.forward(&prompt[..1]).await?;
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     for _ in 0..opts.repeats.max(1) {
@@ -549,6 +563,7 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     let decode_s = median(decode);
     let mem = session.memory();
     let loaded = session.load_report();
+    let pipelines = session.pipeline_stats();
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
     Ok(BenchReport {
         device: format!(
@@ -567,8 +582,11 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         load_weights_ms: ms(loaded.buffers + loaded.weights),
         load_pipelines_ms: ms(loaded.pipelines),
         pipeline_cache: loaded.pipeline_cache.name().to_string(),
-        pipelines: loaded.pipelines_created,
-        pipeline_threads: loaded.pipeline_threads,
+        first_token_pipelines_ms: ms(first_pipelines.time),
+        first_token_pipelines: first_pipelines.created,
+        pipelines_ms: ms(pipelines.time),
+        pipelines: pipelines.created,
+        pipeline_threads: pipelines.threads,
         max_tokens_per_step: plan.header.model.max_tokens_per_step,
         weights_bytes: mem.weights,
         kv_cache_bytes: mem.kv_cache,

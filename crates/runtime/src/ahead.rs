@@ -141,6 +141,7 @@ impl AheadDecoder {
     /// have been returned. Keeps the next batch running on the GPU while it
     /// waits for this one.
     pub async fn next_batch(&mut self, session: &Session) -> Result<Vec<u32>, RuntimeError> {
+        session.ensure_pipelines(&session.decode, 1).await?;
         while self.queue.len() < self.slots.len() && self.encoded < self.max_new {
             let slot = self.next_slot;
             self.next_slot = (self.next_slot + 1) % self.slots.len();
@@ -151,7 +152,7 @@ impl AheadDecoder {
                 self.start,
                 self.encoded,
                 tokens,
-            );
+            )?;
             self.encoded += tokens;
             self.queue.push_back(InFlight {
                 slot,
@@ -280,7 +281,7 @@ impl Session {
         start: u64,
         first: usize,
         tokens: usize,
-    ) -> wgpu::SubmissionIndex {
+    ) -> Result<wgpu::SubmissionIndex, RuntimeError> {
         let io = &self.header.io;
         let next_buf = self.buffer(next.buffer);
         let ids = self.buffer(io.token_ids);
@@ -308,11 +309,11 @@ impl Session {
                 enc.copy_buffer_to_buffer(next_buf, next.offset, ids, 0, 4);
                 // The step at position start + first + i - 1 holds one more key.
                 let keys = start + (first + i) as u64;
-                self.record_pass(&mut enc, "decode", &self.decode, 1, keys);
+                self.record_pass(&mut enc, "decode", &self.decode, 1, keys)?;
             }
             enc.copy_buffer_to_buffer(next_buf, next.offset, &slot.history, i as u64 * 4, 4);
         }
         enc.copy_buffer_to_buffer(&slot.history, 0, &slot.readback, 0, tokens as u64 * 4);
-        self.gpu.queue.submit([enc.finish()])
+        Ok(self.gpu.queue.submit([enc.finish()]))
     }
 }

@@ -111,6 +111,7 @@ impl Session {
         want_logits: impl Fn(usize) -> bool,
     ) -> Result<BatchOutput, RuntimeError> {
         let (t, taken) = self.prepare_batch(rows)?;
+        self.ensure_pipelines(&self.batch, t).await?;
         // A handle (wgpu buffers are shared references), so the session
         // can move its slots on while the copy is in flight.
         let readback = self
@@ -130,7 +131,7 @@ impl Session {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("batch step"),
             });
-        self.record_pass(&mut enc, "batch", &self.batch, t, self.batch_keys(&taken));
+        self.record_pass(&mut enc, "batch", &self.batch, t, self.batch_keys(&taken))?;
         if let Some(tokens) = tokens_at {
             enc.copy_buffer_to_buffer(
                 self.buffer(tokens.buffer),

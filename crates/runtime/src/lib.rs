@@ -13,9 +13,11 @@
 //! `PlanFile::from_bytes`) and inside an async server; a command-line tool
 //! blocks at the top with `pollster::block_on(...)`.
 //!
-//! Everything that can be created ahead of time — buffers, pipelines, bind
-//! groups — is created in [`Session::new`]; a step writes two small buffers
-//! (token ids, `T`/`P`), records one compute pass and submits once. The
+//! Everything that can be created ahead of time — buffers, bind groups — is
+//! created in [`Session::new`]; pipelines are created when a step first
+//! needs them ([`variant_pipelines`]), so a load compiles nothing. A step
+//! writes two small buffers (token ids, `T`/`P`), records one compute pass
+//! and submits once. The
 //! runtime never runs a compiler pass and knows nothing of HF configs.
 //!
 //! This is the GPU half only: device, session, residency, pipelines and their cache,
@@ -39,6 +41,7 @@ pub mod sampling;
 pub mod selftest;
 pub mod session;
 pub mod variant;
+pub mod variant_pipelines;
 
 pub use ahead::{AheadDecoder, DECODE_BATCH, DECODE_BATCH_MOST};
 pub use batch_step::BatchOutput;
@@ -51,6 +54,7 @@ pub use progress::{Progress, ProgressHook};
 pub use sampling::{argmax, top_logits, Sampler, SamplingParams, TokenHistory};
 pub use session::{LoadReport, MemoryReport, Session, SessionOptions};
 pub use variant::PrecisionChoice;
+pub use variant_pipelines::PipelineStats;
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
 mod tests {

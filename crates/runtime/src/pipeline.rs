@@ -14,8 +14,8 @@
 //! tests run every template both ways between poisoned guard bands, so an
 //! index the templates fail to guard shows up there.
 //!
-//! [`create_pipelines`] builds a variant's pipelines at load: on native
-//! targets on several threads at once (wgpu's device is `Send + Sync`, and
+//! [`create_pipelines`] builds the pipelines a step needs first
+//! ([`crate::variant_pipelines`]): on native targets on several threads at once (wgpu's device is `Send + Sync`, and
 //! the driver's compile is most of a load on a GPU), biggest kernel first;
 //! in a browser one after another. Each worker thread opens its own error
 //! scopes (wgpu's scopes belong to the thread that pushed them), and the
@@ -58,17 +58,27 @@ pub fn create_pipeline(
     kernel: &Kernel,
     checks: ShaderChecks,
 ) -> KernelPipeline {
-    create_pipeline_cached(device, kernel, checks, None)
+    let layout = create_layout(device, kernel);
+    let pipeline = compile(device, kernel, &layout.pipeline, checks, None);
+    KernelPipeline {
+        layout: layout.bind_group,
+        pipeline,
+    }
 }
 
-/// Like [`create_pipeline`], through the driver's pipeline `cache` when
-/// given (see [`crate::pipeline_cache`]).
-pub fn create_pipeline_cached(
-    device: &wgpu::Device,
-    kernel: &Kernel,
-    checks: ShaderChecks,
-    cache: Option<&wgpu::PipelineCache>,
-) -> KernelPipeline {
+/// A kernel's bind-group layout (group 0) and the pipeline layout holding
+/// it: cheap to create, and all a bind group needs, so a session makes them
+/// at load and the pipeline only when a step needs it
+/// ([`crate::variant_pipelines`]).
+pub struct KernelLayout {
+    /// Layout of the kernel's bindings, for creating bind groups.
+    pub bind_group: wgpu::BindGroupLayout,
+    /// The pipeline layout the kernel's pipeline is created with.
+    pub pipeline: wgpu::PipelineLayout,
+}
+
+/// Creates `kernel`'s layouts from its binding declarations.
+pub fn create_layout(device: &wgpu::Device, kernel: &Kernel) -> KernelLayout {
     let entries: Vec<wgpu::BindGroupLayoutEntry> = kernel
         .bindings
         .iter()
@@ -84,15 +94,30 @@ pub fn create_pipeline_cached(
             count: None,
         })
         .collect();
-    let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+    let bind_group = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
         label: Some(&kernel.name),
         entries: &entries,
     });
-    let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+    let pipeline = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
         label: Some(&kernel.name),
-        bind_group_layouts: &[Some(&layout)],
+        bind_group_layouts: &[Some(&bind_group)],
         immediate_size: 0,
     });
+    KernelLayout {
+        bind_group,
+        pipeline,
+    }
+}
+
+/// Compiles `kernel` into a pipeline of `layout`, through the driver's
+/// pipeline `cache` when given (see [`crate::pipeline_cache`]).
+fn compile(
+    device: &wgpu::Device,
+    kernel: &Kernel,
+    layout: &wgpu::PipelineLayout,
+    checks: ShaderChecks,
+    cache: Option<&wgpu::PipelineCache>,
+) -> wgpu::ComputePipeline {
     let desc = wgpu::ShaderModuleDescriptor {
         label: Some(&kernel.name),
         source: wgpu::ShaderSource::Wgsl(kernel.wgsl.as_str().into()),
@@ -111,9 +136,9 @@ pub fn create_pipeline_cached(
             device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
         },
     };
-    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(&kernel.name),
-        layout: Some(&pipeline_layout),
+        layout: Some(layout),
         module: &module,
         entry_point: Some(&kernel.entry),
         compilation_options: wgpu::PipelineCompilationOptions {
@@ -121,8 +146,7 @@ pub fn create_pipeline_cached(
             ..Default::default()
         },
         cache,
-    });
-    KernelPipeline { layout, pipeline }
+    })
 }
 
 /// Most threads [`create_pipelines`] uses (more compile no faster: drivers
@@ -130,17 +154,20 @@ pub fn create_pipeline_cached(
 #[cfg(not(target_arch = "wasm32"))]
 const MAX_THREADS: usize = 16;
 
-/// Creates the pipelines of `kernels`, in their order, through `cache` when
+/// A kernel to compile and the pipeline layout it gets.
+pub type PipelineJob<'a> = (&'a Kernel, &'a wgpu::PipelineLayout);
+
+/// Creates the pipelines of `jobs`, in their order, through `cache` when
 /// given; on native targets on up to [`MAX_THREADS`] threads (one per core,
 /// or `threads` when given, at least 1). Returns the pipelines and how many
 /// threads built them.
 pub async fn create_pipelines(
     gpu: &Gpu,
-    kernels: &[&Kernel],
+    jobs: &[PipelineJob<'_>],
     checks: ShaderChecks,
     cache: Option<&wgpu::PipelineCache>,
     threads: Option<usize>,
-) -> Result<(Vec<KernelPipeline>, usize), RuntimeError> {
+) -> Result<(Vec<wgpu::ComputePipeline>, usize), RuntimeError> {
     #[cfg(target_arch = "wasm32")]
     let _ = threads;
     #[cfg(not(target_arch = "wasm32"))]
@@ -149,17 +176,17 @@ pub async fn create_pipelines(
             .map(|n| n.max(1))
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
             .min(MAX_THREADS)
-            .min(kernels.len());
+            .min(jobs.len());
         if threads > 1 {
-            let pipelines = create_in_parallel(gpu, kernels, checks, cache, threads).await?;
+            let pipelines = create_in_parallel(gpu, jobs, checks, cache, threads).await?;
             return Ok((pipelines, threads));
         }
     }
-    let mut pipelines = Vec::with_capacity(kernels.len());
-    for k in kernels {
+    let mut pipelines = Vec::with_capacity(jobs.len());
+    for &(k, layout) in jobs {
         let p = gpu
             .scoped(&format!("creating pipeline `{}`", k.name), || {
-                create_pipeline_cached(&gpu.device, k, checks, cache)
+                compile(&gpu.device, k, layout, checks, cache)
             })
             .await?;
         pipelines.push(p);
@@ -177,21 +204,22 @@ type ScopeResult = std::pin::Pin<Box<dyn std::future::Future<Output = Option<wgp
 #[cfg(not(target_arch = "wasm32"))]
 async fn create_in_parallel(
     gpu: &Gpu,
-    kernels: &[&Kernel],
+    jobs: &[PipelineJob<'_>],
     checks: ShaderChecks,
     cache: Option<&wgpu::PipelineCache>,
     threads: usize,
-) -> Result<Vec<KernelPipeline>, RuntimeError> {
+) -> Result<Vec<wgpu::ComputePipeline>, RuntimeError> {
     use std::sync::atomic::{AtomicUsize, Ordering};
-    let mut order: Vec<usize> = (0..kernels.len()).collect();
-    order.sort_by_key(|&i| std::cmp::Reverse(kernels[i].wgsl.len()));
+    let mut order: Vec<usize> = (0..jobs.len()).collect();
+    order.sort_by_key(|&i| std::cmp::Reverse(jobs[i].0.wgsl.len()));
     let next = AtomicUsize::new(0);
     let worker = || {
         let mut made = Vec::new();
         while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
             let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
             let validation = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-            let p = create_pipeline_cached(&gpu.device, kernels[i], checks, cache);
+            let (kernel, layout) = jobs[i];
+            let p = compile(&gpu.device, kernel, layout, checks, cache);
             let v: ScopeResult = Box::pin(validation.pop());
             let o: ScopeResult = Box::pin(oom.pop());
             made.push((i, p, v, o));
@@ -205,11 +233,11 @@ async fn create_in_parallel(
             .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
             .collect()
     });
-    let mut slots: Vec<Option<KernelPipeline>> = (0..kernels.len()).map(|_| None).collect();
+    let mut slots: Vec<Option<wgpu::ComputePipeline>> = (0..jobs.len()).map(|_| None).collect();
     let mut first_error: Option<(usize, RuntimeError)> = None;
     for (i, p, v, o) in made {
         let (v, o) = (v.await, o.await);
-        let context = || format!("creating pipeline `{}`", kernels[i].name);
+        let context = || format!("creating pipeline `{}`", jobs[i].0.name);
         let error = if o.is_some() {
             Some(gpu.out_of_memory(&context(), None))
         } else {

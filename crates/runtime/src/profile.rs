@@ -131,6 +131,7 @@ impl Session {
         t: u32,
         context: u64,
     ) -> Result<Vec<DispatchTime>, RuntimeError> {
+        self.ensure_pipelines(steps, t).await?;
         let device = &self.gpu.device;
         let count = (steps.len() + 1) as u32;
         let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
@@ -162,7 +163,7 @@ impl Session {
             });
             pass.write_timestamp(&queries, 0);
             for (i, s) in steps.iter().enumerate() {
-                if self.record(&mut pass, s, t, context) {
+                if self.record(&mut pass, s, t, context)? {
                     recorded.push(i);
                 }
                 pass.write_timestamp(&queries, (i + 1) as u32);

@@ -1,5 +1,6 @@
-//! A loaded plan on a device: buffers, pipelines and bind groups created
-//! once, then steps of prefill or decode, each one submit.
+//! A loaded plan on a device: buffers and bind groups created once
+//! (pipelines when a step first runs them: [`crate::variant_pipelines`]),
+//! then steps of prefill or decode, each one submit.
 //!
 //! Creating a session and running it are `async` (see [`crate::device`]):
 //! `Session::new(&plan).await` in a browser or a server,
@@ -12,6 +13,7 @@ use crate::pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
 use crate::progress::{Progress, ProgressHook};
 use crate::residency::Residency;
 use crate::variant::PrecisionChoice;
+use crate::variant_pipelines::{PipelineStats, VariantPipelines};
 use gerbil_plan::{
     BufferKind, Dispatch, PlanFile, PlanHeader, Requirements, Variant, STEP_PARAMS_BYTES,
 };
@@ -43,7 +45,8 @@ pub struct Session {
     pub(crate) header: PlanHeader,
     /// The wgpu buffers the plan's buffers live in.
     residency: Residency,
-    pub(crate) pipelines: Vec<wgpu::ComputePipeline>,
+    /// The variant's pipelines, created as steps first need them.
+    pipelines: VariantPipelines,
     pub(crate) prefill: Vec<Step>,
     pub(crate) decode: Vec<Step>,
     /// The batch schedule's steps (empty: the plan has none).
@@ -71,74 +74,6 @@ pub struct Session {
     load: LoadReport,
 }
 
-/// The pipelines of the kernels one variant dispatches, and where each
-/// plan kernel's pipeline sits among them. Kernels of other variants are
-/// never compiled: they may need features this device lacks.
-struct VariantKernels {
-    /// Plan kernel index → index into `layouts` and `pipelines`.
-    slots: std::collections::HashMap<u32, usize>,
-    layouts: Vec<wgpu::BindGroupLayout>,
-    pipelines: Vec<wgpu::ComputePipeline>,
-}
-
-impl VariantKernels {
-    /// Creates the variant's pipelines (in parallel where the platform has
-    /// threads) with the shader checks, threads and pipeline cache `opts`
-    /// ask for, writes the cache back, and records in `load` what the cache
-    /// did.
-    async fn create(
-        gpu: &Gpu,
-        header: &PlanHeader,
-        v: &Variant,
-        opts: &SessionOptions,
-        load: &mut LoadReport,
-    ) -> Result<Self, RuntimeError> {
-        let checks = opts.shader_checks;
-        let cache = opts.pipeline_cache.as_ref();
-        let mut used: Vec<u32> = v
-            .prefill
-            .iter()
-            .chain(&v.decode)
-            .chain(&v.batch)
-            .map(|d| d.kernel)
-            .collect();
-        used.sort_unstable();
-        used.dedup();
-        let kernels: Vec<&gerbil_plan::Kernel> =
-            used.iter().map(|&i| &header.kernels[i as usize]).collect();
-        let store = crate::pipeline_cache::Store::open(gpu, cache, &kernels, checks).await;
-        tracing::debug!(?checks, cache = store.state.name(), "creating pipelines");
-        let (made, threads) = crate::pipeline::create_pipelines(
-            gpu,
-            &kernels,
-            checks,
-            store.cache.as_ref(),
-            opts.pipeline_threads,
-        )
-        .await?;
-        store.save();
-        load.pipeline_cache = store.state;
-        load.pipelines_created = made.len();
-        load.pipeline_threads = threads;
-        let mut out = VariantKernels {
-            slots: std::collections::HashMap::new(),
-            layouts: Vec::with_capacity(made.len()),
-            pipelines: Vec::with_capacity(made.len()),
-        };
-        for (i, crate::pipeline::KernelPipeline { layout, pipeline }) in used.into_iter().zip(made)
-        {
-            out.slots.insert(i, out.pipelines.len());
-            out.layouts.push(layout);
-            out.pipelines.push(pipeline);
-        }
-        Ok(out)
-    }
-
-    fn slot(&self, kernel: u32) -> usize {
-        self.slots[&kernel]
-    }
-}
-
 /// Creates the bind groups of every dispatch of one schedule: one per
 /// sequence slot for a dispatch that binds a KV cache (each slot has its own
 /// copy), one for the others; a batch schedule's (`all_slots`) bind every
@@ -146,7 +81,7 @@ impl VariantKernels {
 async fn make_steps(
     gpu: &Gpu,
     residency: &Residency,
-    kernels: &VariantKernels,
+    kernels: &VariantPipelines,
     list: &[Dispatch],
     (phase, slots, all_slots): (&str, usize, bool),
 ) -> Result<Vec<Step>, RuntimeError> {
@@ -172,7 +107,7 @@ async fn make_steps(
                 .scoped(&format!("binding {phase} dispatch `{}`", d.label), || {
                     gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                         label: Some(&d.label),
-                        layout: &kernels.layouts[kernels.slot(d.kernel)],
+                        layout: kernels.layout(kernels.slot(d.kernel)),
                         entries: &entries,
                     })
                 })
@@ -219,7 +154,7 @@ pub struct SessionOptions {
     /// Keep wgpu's shader runtime checks ([`ShaderChecks`]; off by default:
     /// they cost 2.5–40× on NVIDIA, and a plan is trusted code).
     pub shader_checks: ShaderChecks,
-    /// Threads creating pipelines at load (`None`: one per core, at most 16;
+    /// Threads creating the pipelines a step needs (`None`: one per core, at most 16;
     /// one in a browser).
     pub pipeline_threads: Option<usize>,
     /// Sequence slots: KV caches of `slots` sequences, each kept while steps
@@ -238,16 +173,14 @@ pub struct LoadReport {
     pub buffers: Duration,
     /// Uploading the weights.
     pub weights: Duration,
-    /// Creating the pipelines, reading and writing the pipeline cache.
+    /// Creating the kernels' layouts and opening the pipeline cache (the
+    /// pipelines themselves are created when a step first needs them:
+    /// [`Session::pipeline_stats`]).
     pub pipelines: Duration,
     /// Creating the bind groups and the readback buffer.
     pub bind_groups: Duration,
     /// What the pipeline cache did.
     pub pipeline_cache: PipelineCacheState,
-    /// Pipelines created (the kernels of the variant that runs).
-    pub pipelines_created: usize,
-    /// Threads that created them.
-    pub pipeline_threads: usize,
 }
 
 /// Wall time between laps.
@@ -307,7 +240,7 @@ pub(crate) fn kv_bytes(size: u64, context: u64, max_context: u64) -> u64 {
 
 impl Session {
     /// Opens a device for the plan, uploads its weights and builds every
-    /// pipeline and bind group, running the best variant the device
+    /// bind group (pipelines come when steps first run them), running the best variant the device
     /// supports (f16 where it can: [`PrecisionChoice::Auto`]).
     pub async fn new(plan: &PlanFile) -> Result<Session, RuntimeError> {
         Session::open(plan, &SessionOptions::default()).await
@@ -343,8 +276,7 @@ impl Session {
             buffers_ms = ms(l.buffers),
             weights_ms = ms(l.weights),
             weight_bytes = session.memory.weights,
-            pipelines_ms = ms(l.pipelines),
-            pipelines = l.pipelines_created,
+            layouts_ms = ms(l.pipelines),
             pipeline_cache = l.pipeline_cache.name(),
             bind_groups_ms = ms(l.bind_groups),
             "session loaded"
@@ -392,13 +324,13 @@ impl Session {
             .upload_weights(&gpu, plan, opts.progress.as_ref())
             .await?;
         load.weights = clock.lap();
-        let kernels = VariantKernels::create(&gpu, &header, &variant, opts, &mut load).await?;
+        let pipelines = VariantPipelines::open(&gpu, &header, &variant, opts).await?;
+        load.pipeline_cache = pipelines.cache_state();
         load.pipelines = clock.lap();
-        let steps = |list, how| make_steps(&gpu, &residency, &kernels, list, how);
+        let steps = |list, how| make_steps(&gpu, &residency, &pipelines, list, how);
         let prefill = steps(&variant.prefill, ("prefill", slots, false)).await?;
         let decode = steps(&variant.decode, ("decode", slots, false)).await?;
         let batch = steps(&variant.batch, ("batch", slots, true)).await?;
-        let pipelines = kernels.pipelines;
         let readback_desc = wgpu::BufferDescriptor {
             label: Some("logits readback"),
             // One row of logits (vocab_size ≤ limits::VOCABULARY, validated),
@@ -656,6 +588,8 @@ impl Session {
         let total = tokens.len() as u64;
         let mut done = 0;
         for part in tokens.chunks(chunk) {
+            self.ensure_pipelines(self.steps_for(part.len()), part.len() as u32)
+                .await?;
             self.gpu
                 .scoped("running a step", || self.run_step(part))
                 .await??;
@@ -784,36 +718,80 @@ impl Session {
             0,
             bytemuck::cast_slice(tokens),
         );
-        Ok(if t == 1 { &self.decode } else { &self.prefill })
+        Ok(self.steps_for(tokens.len()))
+    }
+
+    /// The schedule a step of `t` tokens runs: decode for one, else prefill.
+    fn steps_for(&self, t: usize) -> &[Step] {
+        if t == 1 {
+            &self.decode
+        } else {
+            &self.prefill
+        }
+    }
+
+    /// Creates the pipelines of the dispatches of `steps` that run at `t`
+    /// rows and do not exist yet ([`crate::variant_pipelines`]); every step
+    /// calls it before recording.
+    pub(crate) async fn ensure_pipelines(
+        &self,
+        steps: &[Step],
+        t: u32,
+    ) -> Result<(), RuntimeError> {
+        let slots = steps
+            .iter()
+            .filter(|s| s.dispatch.runs_at(t))
+            .map(|s| s.pipeline);
+        self.pipelines.ensure(&self.gpu, &self.header, slots).await
+    }
+
+    /// Creates every pipeline of the variant now rather than when a step
+    /// first needs it: a server calls it after loading, so that no client
+    /// waits for a compile.
+    pub async fn create_all_pipelines(&self) -> Result<(), RuntimeError> {
+        self.pipelines.ensure_all(&self.gpu, &self.header).await
+    }
+
+    /// Pipelines created so far (at load none: each is created when a step
+    /// first runs it), and how long that took.
+    pub fn pipeline_stats(&self) -> PipelineStats {
+        self.pipelines.stats()
     }
 
     /// Records one dispatch for a step of `t` rows whose longest row has
     /// `keys` keys in its cache (its position plus one), which bounds a
     /// split-K attention's workgroups; returns false if it has no work or
     /// is for steps of another size ([`gerbil_plan::Dispatch::runs_at`]).
+    /// Its pipeline must exist ([`Session::ensure_pipelines`]).
     pub(crate) fn record(
         &self,
         pass: &mut wgpu::ComputePass<'_>,
         step: &Step,
         t: u32,
         keys: u64,
-    ) -> bool {
+    ) -> Result<bool, RuntimeError> {
         if !step.dispatch.runs_at(t) {
-            return false;
+            return Ok(false);
         }
         let keys = u32::try_from(keys).unwrap_or(u32::MAX);
         let [x, y, z] = step.dispatch.workgroups.map(|w| w.eval_at(t, keys));
         if x == 0 || y == 0 || z == 0 {
-            return false;
+            return Ok(false);
         }
-        pass.set_pipeline(&self.pipelines[step.pipeline]);
+        let Some(pipeline) = self.pipelines.get(step.pipeline) else {
+            return Err(RuntimeError::Device(format!(
+                "internal error: dispatch `{}` was recorded before its pipeline was created",
+                step.dispatch.label
+            )));
+        };
+        pass.set_pipeline(pipeline);
         let group = step
             .bind_groups
             .get(self.slot)
             .unwrap_or(&step.bind_groups[0]);
         pass.set_bind_group(0, group, &[]);
         pass.dispatch_workgroups(x, y, z);
-        true
+        Ok(true)
     }
 
     /// Records `steps` at `t` rows, the longest row holding `keys` keys,
@@ -825,14 +803,15 @@ impl Session {
         steps: &[Step],
         t: u32,
         keys: u64,
-    ) {
+    ) -> Result<(), RuntimeError> {
         let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
             label: Some(label),
             timestamp_writes: None,
         });
         for s in steps {
-            self.record(&mut pass, s, t, keys);
+            self.record(&mut pass, s, t, keys)?;
         }
+        Ok(())
     }
 
     fn run_step(&self, tokens: &[u32]) -> Result<(), RuntimeError> {
@@ -845,7 +824,7 @@ impl Session {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("step"),
             });
-        self.record_pass(&mut enc, "forward", steps, t, self.position + u64::from(t));
+        self.record_pass(&mut enc, "forward", steps, t, self.position + u64::from(t))?;
         self.gpu.queue.submit([enc.finish()]);
         Ok(())
     }
@@ -916,6 +895,8 @@ impl Session {
             rest = later;
             let packed: Vec<u32> = group.iter().flat_map(|t| t.iter().copied()).collect();
             self.write_segments(group, places);
+            self.ensure_pipelines(self.steps_for(packed.len()), packed.len() as u32)
+                .await?;
             self.gpu
                 .scoped("running an embedding step", || self.run_step(&packed))
                 .await??;

@@ -295,6 +295,8 @@ impl Queue {
 async fn load(plan: &std::path::Path, opts: &ModelOptions) -> Result<(Model, ModelInfo)> {
     let plan = PlanFile::open(plan)?;
     let model = Model::load(&plan, opts).await?;
+    // Every kernel now, so that no client waits for a compile.
+    model.session().create_all_pipelines().await?;
     let grammars = Grammars::new(&model)
         .map(Arc::new)
         .map_err(|e| e.to_string());

@@ -845,17 +845,19 @@ fn bench_text(
     writeln!(s, "variant     {} ({})", r.variant, r.precision)?;
     writeln!(
         s,
-        "load        {:.0} ms; first token of the prompt at {:.0} ms",
-        r.load_ms, r.first_token_ms
+        "load        {:.0} ms; first token of the prompt at {:.0} ms ({:.0} ms of it creating its {} \
+         pipelines)",
+        r.load_ms, r.first_token_ms, r.first_token_pipelines_ms, r.first_token_pipelines
     )?;
     writeln!(
         s,
-        "            plan {:.0} ms, device {:.0} ms, weights {:.0} ms, pipelines {:.0} ms \
-                     ({} on {} threads, pipeline cache {}); prefill chunk {} tokens",
+        "            plan {:.0} ms, device {:.0} ms, weights {:.0} ms, layouts {:.0} ms; pipelines \
+         {:.0} ms in all ({} on up to {} threads, pipeline cache {}); prefill chunk {} tokens",
         r.load_plan_ms,
         r.load_device_ms,
         r.load_weights_ms,
         r.load_pipelines_ms,
+        r.pipelines_ms,
         r.pipelines,
         r.pipeline_threads,
         r.pipeline_cache,

@@ -304,7 +304,20 @@ fn pipeline_cache_is_written_reused_and_survives_a_corrupt_file() {
         parts > 0.0 && parts <= load,
         "parts {parts} of {load}: {second}"
     );
-    assert!(second["pipelines"].as_u64().unwrap() > 0, "{second}");
+    // A load compiles nothing: the prompt's steps create their pipelines,
+    // and the decode steps theirs after.
+    let first = second["first_token_pipelines"].as_u64().unwrap();
+    assert!(
+        first > 0 && first < second["pipelines"].as_u64().unwrap(),
+        "{second}"
+    );
+    assert!(
+        second["first_token_pipelines_ms"].as_f64().unwrap()
+            <= second["first_token_ms"].as_f64().unwrap()
+            && second["first_token_pipelines_ms"].as_f64().unwrap()
+                <= second["pipelines_ms"].as_f64().unwrap(),
+        "{second}"
+    );
     assert!(
         second["pipeline_threads"].as_u64().unwrap() >= 1,
         "{second}"
