@@ -628,17 +628,19 @@ const SAME_MATH_TOL: f32 = 1e-4;
 /// length: the `subgroups` variant as compiled, with its short forms only
 /// and with its long forms only (each widened to every step) gives every
 /// position the logits the `cpu` variant gives (one matmul kernel for every
-/// step), for prompts of 2, 16 (the longest short one), 17 and 40 tokens.
+/// step), for prompts of 2, `SHORT_PROMPT` (the longest short one), one
+/// more, and 90 tokens.
 /// Which form a step runs is `Dispatch::runs_at`'s (the plan's tests).
 #[test]
 fn short_and_long_prompts_take_their_own_matmuls_to_the_same_logits() {
     use gerbil_codegen_wgsl::SHORT_PROMPT;
     use gerbil_plan::TokenRange;
+    const CHUNK: u32 = 100;
     let mut failures = Vec::new();
     for name in ["llama", "gemma3"] {
         let plan_path = compile_plan(&tiny_model(name), |o| {
             o.disabled_passes = vec!["slice-last-row".into()];
-            o.max_tokens_per_step = Some(64);
+            o.max_tokens_per_step = Some(CHUNK.into());
         });
         let plan = PlanFile::open(&plan_path).expect("open plan");
         let index = plan
@@ -654,7 +656,7 @@ fn short_and_long_prompts_take_their_own_matmuls_to_the_same_logits() {
             .filter_map(forms)
             .collect();
         assert!(
-            ranges.contains(&(1, SHORT_PROMPT)) && ranges.contains(&(SHORT_PROMPT + 1, 64)),
+            ranges.contains(&(1, SHORT_PROMPT)) && ranges.contains(&(SHORT_PROMPT + 1, CHUNK)),
             "{name}: {ranges:?}"
         );
         // The plan with only one form of each matmul, run for every `T`.
@@ -663,7 +665,7 @@ fn short_and_long_prompts_take_their_own_matmuls_to_the_same_logits() {
             let prefill = &mut p.header.variants[index].prefill;
             prefill.retain(|d| d.tokens.is_none_or(|r| (r.min == 1) == short));
             for d in prefill.iter_mut() {
-                d.tokens = d.tokens.map(|_| TokenRange { min: 1, max: 64 });
+                d.tokens = d.tokens.map(|_| TokenRange { min: 1, max: CHUNK });
             }
             p
         };
@@ -682,7 +684,7 @@ fn short_and_long_prompts_take_their_own_matmuls_to_the_same_logits() {
             ("long forms", open(&only(false), "subgroups")),
         ];
         let vocab = plan.header.model.vocab_size as usize;
-        for len in [2usize, SHORT_PROMPT as usize, SHORT_PROMPT as usize + 1, 40] {
+        for len in [2usize, SHORT_PROMPT as usize, SHORT_PROMPT as usize + 1, 90] {
             let tokens: Vec<u32> = (0..len).map(|i| ((i * 37 + 11) % vocab) as u32).collect();
             let logits = |s: &mut Session| {
                 s.reset();
