@@ -971,6 +971,70 @@ fn gemm_matches_reference() {
     check_all(gemm_cases(), |(c, tile)| check_gemm(c, *tile));
 }
 
+/// Split-K kernels (each block's `K` shared among workgroups, the last to
+/// finish adding the partial sums): every tile, 2 to 5 splits (one walking
+/// fewer tiles than the others, one with more splits than some rows'
+/// blocks need), with every epilogue — gated, norm (whose sums of squares
+/// are split too), residual, bias, shards, quantized weights — and `T`
+/// short of, at and past a block, the partial sums sized for more rows.
+#[test]
+fn gemm_split_matches_reference() {
+    use gerbil_codegen_wgsl::kernels::gemm::GemmSplit;
+    let case = |t, k, n, wdtype| MatMulCase {
+        t,
+        ..MatMulCase::plain(k, n, wdtype)
+    };
+    let cases: Vec<(MatMulCase, GemmTile, u32)> = GemmTile::CANDIDATES
+        .into_iter()
+        .chain(GemmTile::SHORT)
+        .enumerate()
+        .map(|(i, tile)| {
+            let glu = tile.supports(true).then_some(UnaryOp::Silu);
+            let splits = 2 + i as u32 % 4;
+            let c = match i % 3 {
+                0 => MatMulCase {
+                    glu,
+                    norm: Some((1.0, DType::BF16)),
+                    residual: true,
+                    ..case(
+                        tile.bm + 3,
+                        7 * tile.bk + 5,
+                        tile.out_cols(glu.is_some()) + 9,
+                        DType::BF16,
+                    )
+                },
+                1 => MatMulCase {
+                    bias: true,
+                    norm: Some((0.0, DType::F32)),
+                    shard_rows: Some(40),
+                    ..case(tile.bm - 1, 6 * tile.bk, 70, DType::F16)
+                },
+                _ => MatMulCase {
+                    glu,
+                    residual: true,
+                    ..case(
+                        2 * tile.bm + 1,
+                        288,
+                        2 * tile.out_cols(glu.is_some()) + 1,
+                        DType::Q4_0,
+                    )
+                },
+            };
+            (c, tile, splits)
+        })
+        .collect();
+    check_all(cases, |(c, tile, splits)| {
+        let split = GemmSplit {
+            splits: *splits,
+            max_rows: c.t + 40,
+        };
+        check_matmul_kernel(
+            c,
+            &kernels::gemm::kernel_split(&matmul_spec(c), *tile, split),
+        )
+    });
+}
+
 proptest! {
     #![proptest_config(proptest_config(6, 64))]
 

@@ -14,6 +14,7 @@
 //! attention.
 
 use crate::dispatch::Lowered;
+use crate::kernels::gemm::GemmSplit;
 use crate::kernels::gemm_coop::CoopGemm;
 use crate::kernels::{
     argmax_rows,
@@ -394,7 +395,16 @@ impl Lowering<'_> {
                             };
                             let tile = tile_for(self.gemm_tiles, shape, step_rows, workgroup_bytes);
                             let template = MatMulTemplate::Gemm { tile: tile.tag() };
-                            (gemm::kernel(&spec, tile), template)
+                            let max_binding = variant.limits(self.target).max_storage_binding;
+                            let split = GemmSplit::choose(
+                                &tile,
+                                spec.n,
+                                spec.k,
+                                glu.is_some(),
+                                step_rows,
+                                max_binding,
+                            );
+                            (gemm::kernel_split(&spec, tile, split), template)
                         }
                         Phase::Prefill(_) | Phase::Batch | Phase::ShortPrefill => {
                             (matmul::kernel(spec), MatMulTemplate::Rows)

@@ -617,6 +617,15 @@ fn golden_gemm_kernels() {
         &down,
         GemmTile::choose(576, false, 256, limit),
     ));
+    // Split K: the gated, normed matmul with its `K` shared by 4 workgroups.
+    golden(gemm::kernel_split(
+        &gate_up,
+        GemmTile::choose(1536, true, 256, limit),
+        gemm::GemmSplit {
+            splits: 4,
+            max_rows: 256,
+        },
+    ));
     let odd = spec(
         7,
         37,

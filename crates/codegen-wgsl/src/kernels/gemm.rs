@@ -29,7 +29,11 @@
 //! rows anyway, so the sums of squares are accumulated from the chunks a
 //! thread stages (each thread always stages the same rows), reduced through
 //! the then idle `x` tile after the loop, and applied to the sums as each
-//! row's `1 / sqrt(Σx²/K + eps)`.
+//! row's `1 / sqrt(Σx²/K + eps)`. A [`GemmSplit`] shares each block's `K`
+//! among workgroups when a tile leaves the GPU's SMs idle at mid-size
+//! prompts: each stores its partial sums, and the last to finish adds them
+//! and applies the epilogue (norm included: its sums of squares are split
+//! too).
 
 use super::gemv::{bind_operands, shard_loader};
 use super::linear::{chunk_type, elems_per_load, name_parts, store};
@@ -164,6 +168,91 @@ impl GemmTile {
     }
 }
 
+/// Rows a step is assumed to have when choosing a [`GemmSplit`]: a prompt
+/// just past the short ones ([`SHORT_PROMPT`](crate::lower::SHORT_PROMPT)),
+/// where the tiles chosen for [`REF_ROWS`] leave most SMs idle.
+const SPLIT_REF_ROWS: u32 = 128;
+/// Most workgroups sharing one block's `K`.
+const MAX_SPLITS: u32 = 8;
+/// Fewest `K` tiles a split walks: shorter walks spend more on the partial
+/// sums than they gain.
+const MIN_SPLIT_TILES: u32 = 8;
+/// Most bytes of partial sums a split kernel keeps (one scratch region,
+/// shared by every dispatch of a step; below WebGPU's 128 MiB binding).
+const MAX_PARTIAL_BYTES: u64 = 64 << 20;
+
+/// How a [`kernel_split`] shares each block's `K` among workgroups: with
+/// `splits` > 1, each walks its share of the `K` tiles and stores its
+/// partial sums (and a norm's partial sums of squares) for steps of up to
+/// `max_rows` rows, and the last of a block's workgroups to finish adds them
+/// up and applies the epilogue.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct GemmSplit {
+    /// Workgroups per block (1: no split).
+    pub splits: u32,
+    /// The most rows of a step (sizes the partial sums).
+    pub max_rows: u32,
+}
+
+impl GemmSplit {
+    /// No split: each workgroup walks the whole of `K`.
+    pub const NONE: GemmSplit = GemmSplit {
+        splits: 1,
+        max_rows: 0,
+    };
+
+    /// The split of `tile` for `n` outputs (gated: `n` pairs) over `k`, for
+    /// steps of at most `max_rows` rows: doubled while a step of
+    /// [`SPLIT_REF_ROWS`] rows has fewer than [`TARGET_GROUPS`] workgroups,
+    /// up to [`MAX_SPLITS`], each split walking at least
+    /// [`MIN_SPLIT_TILES`] tiles of `K`, the partial sums within
+    /// [`MAX_PARTIAL_BYTES`] and the variant's `max_binding` bytes.
+    pub fn choose(
+        tile: &GemmTile,
+        n: u32,
+        k: u32,
+        glu: bool,
+        max_rows: u32,
+        max_binding: u64,
+    ) -> GemmSplit {
+        let kt = k.div_ceil(tile.bk);
+        let rows = SPLIT_REF_ROWS.min(max_rows.max(1));
+        let groups = rows.div_ceil(tile.bm) * n.div_ceil(tile.out_cols(glu));
+        let candidate = |splits| GemmSplit { splits, max_rows };
+        let fits = |g: GemmSplit| {
+            g.splits <= MAX_SPLITS
+                && kt / g.splits >= MIN_SPLIT_TILES
+                && g.partial_bytes(tile, n, glu) <= MAX_PARTIAL_BYTES.min(max_binding)
+        };
+        let mut split = GemmSplit::NONE;
+        while groups * split.splits < TARGET_GROUPS && fits(candidate(2 * split.splits)) {
+            split = candidate(2 * split.splits);
+        }
+        split
+    }
+
+    /// Rows of partial sums: `max_rows` rounded up to whole blocks.
+    fn rows(&self, tile: &GemmTile) -> u32 {
+        self.max_rows.max(1).div_ceil(tile.bm) * tile.bm
+    }
+
+    /// Bytes of the partial sums (gated: the gate and up sums) and of the
+    /// partial sums of squares.
+    fn partial_bytes(&self, tile: &GemmTile, n: u32, glu: bool) -> u64 {
+        let cols = u64::from(n) * if glu { 2 } else { 1 };
+        4 * u64::from(self.splits) * u64::from(self.rows(tile)) * (cols + 1)
+    }
+
+    /// Kernel-name tag: empty unsplit, else `_s{splits}`.
+    pub fn tag(&self) -> String {
+        if self.splits > 1 {
+            format!("_s{}", self.splits)
+        } else {
+            String::new()
+        }
+    }
+}
+
 /// Element `j` of a chunk `v` of `e` elements as [`chunk_type`] holds it
 /// (8-element chunks: even elements in column 0, odd ones in column 1).
 fn elem(e: u32, v: &str, j: u32) -> String {
@@ -189,16 +278,25 @@ const LANE: [&str; 4] = ["x", "y", "z", "w"];
 /// [`matmul`](super::matmul) serves) with `tile`, which must
 /// [support](GemmTile::supports) the spec's epilogue.
 pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
+    kernel_split(s, tile, GemmSplit::NONE)
+}
+
+/// [`kernel`] with each block's `K` shared among `split.splits`
+/// workgroups (at least one `K` tile each).
+pub fn kernel_split(s: &MatMulSpec, tile: GemmTile, split: GemmSplit) -> KernelSource {
     let glu = s.glu.is_some();
     let norm = s.norm.is_some();
     debug_assert!(tile.supports(glu) && !s.last_row);
+    let splits = split.splits.max(1);
+    let is_split = splits > 1;
     let GemmTile { bm, bn, bk, tm, tn } = tile;
     let e = elems_per_load(s.wdtype, s.k);
     let kc = s.k / e;
     let ct = bk / e;
     let threads = tile.threads();
     let no = tile.out_cols(glu);
-    let (gx, gy) = split_groups(s.n.div_ceil(no));
+    let nb = s.n.div_ceil(no);
+    let (gx, gy) = split_groups(nb * splits);
     let (a_chunks, b_chunks) = (bm * ct, bn * ct);
     let (la, lb) = (a_chunks.div_ceil(threads), b_chunks.div_ceil(threads));
     // Row (column) groups of 4 per thread and their spacing in vec4s.
@@ -217,7 +315,7 @@ pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
         kt = s.k.div_ceil(bk),
         tx = bn / tn,
     );
-    let (b, shards) = bind_operands(s, e, &mut w);
+    let (mut b, shards) = bind_operands(s, e, &mut w);
     shard_loader(&mut w, &shards, e);
     let _ = writeln!(
         w,
@@ -225,6 +323,22 @@ pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
         bk * bm / 4,
         bk * bn / 4
     );
+    // Split kernels: the partial sums of split `q`, row `m`, column `c` at
+    // `(q · MR + m) · NP + c` (gated: the up sums `N` columns on), then the
+    // partial sums of squares at `SSQ + q · MR + m`; a counter per block.
+    let mr = split.rows(&tile);
+    if is_split {
+        let np = if glu { 2 * s.n } else { s.n };
+        let _ = writeln!(
+            w,
+            "const SPLITS: u32 = {splits}u;\nconst KTS: u32 = {kts}u;\nconst NB: u32 = {nb}u;\n\
+             const MR: u32 = {mr}u;\nconst NP: u32 = {np}u;\nconst SSQ: u32 = {ssq}u;",
+            kts = s.k.div_ceil(bk).div_ceil(splits),
+            ssq = splits * mr * np,
+        );
+        b.scratch(&mut w, "part", split.partial_bytes(&tile, s.n, glu));
+        b.counters(&mut w, "count", mr / bm * nb);
+    }
     let c = chunk_type(e);
     let mut body = String::new();
     // Each load slot's fixed place in the tiles: row (`ra`, `rb`) and chunk
@@ -364,13 +478,20 @@ pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
             }
         }
     }
+    // The K tiles this workgroup walks: all of them, or its split's.
+    let (t0, t1) = if is_split {
+        body += "  let t0 = sk * KTS;\n  let t1 = min(KT, t0 + KTS);\n";
+        ("t0", "t1")
+    } else {
+        ("0u", "KT")
+    };
     let _ = write!(
         body,
-        "{load0}  for (var t = 0u; t < KT; t = t + 1u) {{\n{stage}    workgroupBarrier();\n\
-         \x20   if (t + 1u < KT) {{\n{load1}    }}\n\
+        "{load0}  for (var t = {t0}; t < {t1}; t = t + 1u) {{\n{stage}    workgroupBarrier();\n\
+         \x20   if (t + 1u < {t1}) {{\n{load1}    }}\n\
          \x20   for (var kk = 0u; kk < BK; kk = kk + 1u) {{\n{fma}    }}\n\
          \x20   workgroupBarrier();\n  }}\n",
-        load0 = load("0u"),
+        load0 = load(t0),
         load1 = load("(t + 1u)"),
     );
     if norm {
@@ -384,20 +505,35 @@ pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
             };
             let _ = writeln!(body, "  {guard}{{ As[ia{i} / 4u][ia{i} % 4u] = ssq{i}; }}");
         }
-        body += "  workgroupBarrier();\n\
-                 \x20 for (var r = tid; r < BM; r = r + THREADS) {\n\
-                 \x20   var sq = 0.0f;\n\
-                 \x20   for (var c = 0u; c < CT; c = c + 1u) { let f = c * BM + r; sq = sq + As[f / 4u][f % 4u]; }\n\
-                 \x20   Bs[r / 4u][r % 4u] = 1.0f / sqrt(sq / f32(K) + EPS);\n\
-                 \x20 }\n  workgroupBarrier();\n";
-        for gi in 0..gm {
-            let _ = writeln!(body, "  let inv{gi} = Bs[ty + {}u];", gi * sm);
+        // Each row's inverse RMS, or (split) its partial sum of squares.
+        let row_sum = if is_split {
+            "part[SSQ + sk * MR + m0 + r] = sq;"
+        } else {
+            "Bs[r / 4u][r % 4u] = 1.0f / sqrt(sq / f32(K) + EPS);"
+        };
+        let _ = write!(
+            body,
+            "  workgroupBarrier();\n\
+             \x20 for (var r = tid; r < BM; r = r + THREADS) {{\n\
+             \x20   var sq = 0.0f;\n\
+             \x20   for (var c = 0u; c < CT; c = c + 1u) {{ let f = c * BM + r; sq = sq + As[f / 4u][f % 4u]; }}\n\
+             \x20   {row_sum}\n\
+             \x20 }}\n  workgroupBarrier();\n"
+        );
+        if !is_split {
+            for gi in 0..gm {
+                let _ = writeln!(body, "  let inv{gi} = Bs[ty + {}u];", gi * sm);
+            }
         }
     }
     // The epilogue: output column groups (gated: the gate groups, whose up
-    // sums are `gn / 2` groups further).
+    // sums are `gn / 2` groups further); split, the partial sums go out
+    // instead and the last workgroup applies it.
     let out_groups = if glu { gn / 2 } else { gn };
-    for gi in 0..gm {
+    if is_split {
+        split_epilogue(&mut body, s, (gm, gn, sm, sn), out_groups);
+    }
+    for gi in (0..gm).filter(|_| !is_split) {
         for i in 0..4 {
             let r = gi * 4 + i;
             let lane = LANE[i as usize];
@@ -430,24 +566,30 @@ pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
             body += "    }\n  }\n";
         }
     }
+    let blocks = if is_split {
+        "  let gid = wid.x + wid.y * GX;\n  let sk = gid / NB;\n  let n0 = (gid % NB) * NO;\n"
+    } else {
+        "  let n0 = (wid.x + wid.y * GX) * NO;\n"
+    };
     let _ = write!(
         w,
         "@compute @workgroup_size({threads}, 1, 1)\n\
          fn main(@builtin(local_invocation_index) tid: u32, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
          \x20 let tx = tid % TX;\n  let ty = tid / TX;\n\
-         \x20 let m0 = wid.z * BM;\n  let n0 = (wid.x + wid.y * GX) * NO;\n\
+         \x20 let m0 = wid.z * BM;\n{blocks}\
          \x20 let rows = {rows};\n{body}}}\n",
         rows = s.rows.wgsl(),
     );
     let (glu_tag, options) = name_parts(s, shards.len());
     KernelSource {
         name: format!(
-            "gemm{glu_tag}_{}_r{}_k{}_n{}_{}{options}",
+            "gemm{glu_tag}_{}_r{}_k{}_n{}_{}{}{options}",
             s.wdtype,
             s.rows.tag(),
             s.k,
             s.n,
             tile.tag(),
+            split.tag(),
         ),
         wgsl: w,
         workgroup_size: [threads, 1, 1],
@@ -461,9 +603,127 @@ pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
     }
 }
 
+/// A split kernel's end: each thread stores its raw sums (gated: gate and
+/// up) to the partial sums; the last of the block's workgroups to arrive
+/// adds every split's, scales them by the row's inverse RMS (from the added
+/// sums of squares) and applies the epilogue, then zeroes the counter. The
+/// workgroup learns whether it is last through `As[0]`, unused by then: a
+/// flag of its own would take a 16 KiB tile past WebGPU's workgroup memory.
+/// `(gm, gn, sm, sn)`: the thread's row and column groups of 4 and their
+/// spacing.
+fn split_epilogue(
+    body: &mut String,
+    s: &MatMulSpec,
+    (gm, gn, sm, sn): (u32, u32, u32, u32),
+    out_groups: u32,
+) {
+    let glu = s.glu.is_some();
+    for gi in 0..gm {
+        for i in 0..4 {
+            let r = gi * 4 + i;
+            let _ = writeln!(
+                body,
+                "  {{\n    let row = m0 + ty * 4u + {}u;\n    if (row < rows) {{\n      \
+                 let o = (sk * MR + row) * NP;",
+                gi * 4 * sm + i
+            );
+            for gj in 0..out_groups {
+                for c4 in 0..4 {
+                    let cl = LANE[c4 as usize];
+                    let up = if glu {
+                        format!(" part[o + N + n] = acc{r}_{}.{cl};", gj + gn / 2)
+                    } else {
+                        String::new()
+                    };
+                    let _ = writeln!(
+                        body,
+                        "      {{ let n = n0 + tx * 4u + {}u; if (n < N) {{ part[o + n] = acc{r}_{gj}.{cl};{up} }} }}",
+                        gj * 4 * sn + c4
+                    );
+                }
+            }
+            *body += "    }\n  }\n";
+        }
+    }
+    let norm = s.norm.is_some();
+    let (su, su_add) = if glu {
+        ("      var su = 0.0f;\n", "        su = su + part[o + N];\n")
+    } else {
+        ("", "")
+    };
+    let (ss, ss_add, ri) = if norm {
+        (
+            "      var ss = 0.0f;\n",
+            "        ss = ss + part[SSQ + q * MR + row];\n",
+            "      let ri = 1.0f / sqrt(ss / f32(K) + EPS);\n",
+        )
+    } else {
+        ("", "", "")
+    };
+    let scale = if norm { " * ri" } else { "" };
+    let _ = write!(
+        body,
+        "  storageBarrier();\n  let blk = wid.z * NB + gid % NB;\n  \
+         if (tid == 0u) {{ As[0].x = select(0.0f, 1.0f, atomicAdd(&count[blk], 1u) == SPLITS - 1u); }}\n  \
+         if (workgroupUniformLoad(&As[0]).x == 0.0f) {{ return; }}\n  storageBarrier();\n  \
+         for (var e = tid; e < BM * NO; e = e + THREADS) {{\n    \
+         let row = m0 + e / NO;\n    let n = n0 + e % NO;\n    \
+         if (row < rows && n < N) {{\n      var sv = 0.0f;\n{su}{ss}      \
+         for (var q = 0u; q < SPLITS; q = q + 1u) {{\n        let o = (q * MR + row) * NP + n;\n        \
+         sv = sv + part[o];\n{su_add}{ss_add}      }}\n{ri}      {}\n    }}\n  }}\n  \
+         if (tid == 0u) {{ atomicStore(&count[blk], 0u); }}\n",
+        store(s, "row", &format!("sv{scale}"), &format!("su{scale}")),
+    );
+}
+
 #[cfg(test)]
 mod tests {
-    use super::GemmTile;
+    use super::{GemmSplit, GemmTile, MAX_PARTIAL_BYTES, MAX_SPLITS, MIN_SPLIT_TILES};
+
+    /// Splits go to matmuls with few blocks at a mid-size prompt, never
+    /// past the limits: the Llama-3.2-1B shape's o_proj and down_proj (2048
+    /// outputs) split, its gate/up (8192 gated outputs, whose partial sums
+    /// would pass the byte bound) and a narrow `K` do not.
+    #[test]
+    fn few_blocks_split_k_within_the_limits() {
+        let bytes = 16 << 10;
+        let binding = 128 << 20;
+        for (n, k, glu) in [
+            (2048, 2048, false),
+            (2048, 8192, false),
+            (3072, 2048, false),
+        ] {
+            let tile = GemmTile::choose(n, glu, 1024, bytes);
+            let split = GemmSplit::choose(&tile, n, k, glu, 1024, binding);
+            assert!(split.splits > 1, "{n} {k}: {tile:?} {split:?}");
+        }
+        let gate_up = GemmTile::choose(8192, true, 1024, bytes);
+        assert_eq!(
+            GemmSplit::choose(&gate_up, 8192, 2048, true, 1024, binding).splits,
+            1
+        );
+        let narrow = GemmTile::choose(2048, false, 1024, bytes);
+        assert_eq!(
+            GemmSplit::choose(&narrow, 2048, 64, false, 1024, binding).splits,
+            1
+        );
+        for n in [64, 576, 2048, 8192, 49_152] {
+            for k in [64, 576, 2048, 8192] {
+                for glu in [false, true] {
+                    for rows in [1, 16, 128, 1024, 4096] {
+                        let tile = GemmTile::choose(n, glu, rows, bytes);
+                        let split = GemmSplit::choose(&tile, n, k, glu, rows, binding);
+                        let s = split.splits;
+                        assert!(s.is_power_of_two() && s <= MAX_SPLITS, "{split:?}");
+                        if s > 1 {
+                            assert!(k.div_ceil(tile.bk) / s >= MIN_SPLIT_TILES);
+                            assert!(split.partial_bytes(&tile, n, glu) <= MAX_PARTIAL_BYTES);
+                        }
+                    }
+                }
+            }
+        }
+    }
 
     /// Steps of 128 rows or more choose among every candidate, as every
     /// default plan did before the row bound; shorter steps never get a
