@@ -443,7 +443,7 @@ fn pipelines_are_created_when_a_step_first_needs_them() {
         k
     };
     let short = kernels(&[v.prefill_at(5)]);
-    let long = kernels(&[v.prefill_at(40)]);
+    let long = kernels(&[v.prefill_at(u64::from(gerbil_codegen_wgsl::SHORT_PROMPT) + 1)]);
     assert!(
         long.iter().any(|k| !short.contains(k)),
         "{}: long prompts run kernels short ones do not",
