@@ -976,7 +976,8 @@ fn gemm_matches_reference() {
 /// fewer tiles than the others, one with more splits than some rows'
 /// blocks need), with every epilogue — gated, norm (whose sums of squares
 /// are split too), residual, bias, shards, quantized weights — and `T`
-/// short of, at and past a block, the partial sums sized for more rows.
+/// short of, at and past a block; each with partial sums for more rows than
+/// `T`, and for one block, which steps of more rows run unsplit.
 #[test]
 fn gemm_split_matches_reference() {
     use gerbil_codegen_wgsl::kernels::gemm::GemmSplit;
@@ -984,11 +985,11 @@ fn gemm_split_matches_reference() {
         t,
         ..MatMulCase::plain(k, n, wdtype)
     };
-    let cases: Vec<(MatMulCase, GemmTile, u32)> = GemmTile::CANDIDATES
+    let cases: Vec<(MatMulCase, GemmTile, GemmSplit)> = GemmTile::CANDIDATES
         .into_iter()
         .chain(GemmTile::SHORT)
         .enumerate()
-        .map(|(i, tile)| {
+        .flat_map(|(i, tile)| {
             let glu = tile.supports(true).then_some(UnaryOp::Silu);
             let splits = 2 + i as u32 % 4;
             let c = match i % 3 {
@@ -1020,17 +1021,13 @@ fn gemm_split_matches_reference() {
                     )
                 },
             };
-            (c, tile, splits)
+            [c.t + 40, tile.bm].map(|max_rows| (c, tile, GemmSplit { splits, max_rows }))
         })
         .collect();
-    check_all(cases, |(c, tile, splits)| {
-        let split = GemmSplit {
-            splits: *splits,
-            max_rows: c.t + 40,
-        };
+    check_all(cases, |(c, tile, split)| {
         check_matmul_kernel(
             c,
-            &kernels::gemm::kernel_split(&matmul_spec(c), *tile, split),
+            &kernels::gemm::kernel_split(&matmul_spec(c), *tile, *split),
         )
     });
 }

@@ -182,15 +182,18 @@ const MIN_SPLIT_TILES: u32 = 8;
 const MAX_PARTIAL_BYTES: u64 = 64 << 20;
 
 /// How a [`kernel_split`] shares each block's `K` among workgroups: with
-/// `splits` > 1, each walks its share of the `K` tiles and stores its
-/// partial sums (and a norm's partial sums of squares) for steps of up to
-/// `max_rows` rows, and the last of a block's workgroups to finish adds them
-/// up and applies the epilogue.
+/// `splits` > 1, in steps of up to `max_rows` rows each walks its share of
+/// the `K` tiles and stores its partial sums (and a norm's partial sums of
+/// squares), and the last of a block's workgroups to finish adds them up and
+/// applies the epilogue; longer steps, which fill the GPU without a split,
+/// run unsplit in the same kernel (the first split's workgroups walk all of
+/// `K`, the others return at once), so the partial sums never hold more
+/// than `max_rows` rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct GemmSplit {
     /// Workgroups per block (1: no split).
     pub splits: u32,
-    /// The most rows of a step (sizes the partial sums).
+    /// The most rows of a step that runs split (sizes the partial sums).
     pub max_rows: u32,
 }
 
@@ -205,8 +208,10 @@ impl GemmSplit {
     /// steps of at most `max_rows` rows: doubled while a step of
     /// [`SPLIT_REF_ROWS`] rows has fewer than [`TARGET_GROUPS`] workgroups,
     /// up to [`MAX_SPLITS`], each split walking at least
-    /// [`MIN_SPLIT_TILES`] tiles of `K`, the partial sums within
-    /// [`MAX_PARTIAL_BYTES`] and the variant's `max_binding` bytes.
+    /// [`MIN_SPLIT_TILES`] tiles of `K`; split for steps of up to
+    /// `max_rows` rows, or half as many (down to [`SPLIT_REF_ROWS`]) until
+    /// the partial sums fit [`MAX_PARTIAL_BYTES`] and the variant's
+    /// `max_binding` bytes.
     pub fn choose(
         tile: &GemmTile,
         n: u32,
@@ -218,15 +223,30 @@ impl GemmSplit {
         let kt = k.div_ceil(tile.bk);
         let rows = SPLIT_REF_ROWS.min(max_rows.max(1));
         let groups = rows.div_ceil(tile.bm) * n.div_ceil(tile.out_cols(glu));
-        let candidate = |splits| GemmSplit { splits, max_rows };
-        let fits = |g: GemmSplit| {
-            g.splits <= MAX_SPLITS
-                && kt / g.splits >= MIN_SPLIT_TILES
-                && g.partial_bytes(tile, n, glu) <= MAX_PARTIAL_BYTES.min(max_binding)
+        let bytes = MAX_PARTIAL_BYTES.min(max_binding);
+        // The most rows (max_rows halved) whose partial sums fit.
+        let candidate = |splits| {
+            let mut g = GemmSplit {
+                splits,
+                max_rows: max_rows.max(1),
+            };
+            while g.partial_bytes(tile, n, glu) > bytes {
+                if g.max_rows <= SPLIT_REF_ROWS {
+                    return None;
+                }
+                g.max_rows = (g.max_rows / 2).max(SPLIT_REF_ROWS);
+            }
+            Some(g)
         };
         let mut split = GemmSplit::NONE;
-        while groups * split.splits < TARGET_GROUPS && fits(candidate(2 * split.splits)) {
-            split = candidate(2 * split.splits);
+        while groups * split.splits < TARGET_GROUPS
+            && 2 * split.splits <= MAX_SPLITS
+            && kt / (2 * split.splits) >= MIN_SPLIT_TILES
+        {
+            match candidate(2 * split.splits) {
+                Some(g) => split = g,
+                None => break,
+            }
         }
         split
     }
@@ -341,6 +361,11 @@ pub fn kernel_split(s: &MatMulSpec, tile: GemmTile, split: GemmSplit) -> KernelS
     }
     let c = chunk_type(e);
     let mut body = String::new();
+    if is_split {
+        // A step of more rows than the partial sums hold runs unsplit: the
+        // first split's workgroups walk the whole of `K`, the others leave.
+        body += "  let whole = rows > MR;\n  if (whole && sk > 0u) { return; }\n";
+    }
     // Each load slot's fixed place in the tiles: row (`ra`, `rb`) and chunk
     // (`ca`, `cb`), whether it is in range, and its registers.
     for i in 0..la {
@@ -480,7 +505,7 @@ pub fn kernel_split(s: &MatMulSpec, tile: GemmTile, split: GemmSplit) -> KernelS
     }
     // The K tiles this workgroup walks: all of them, or its split's.
     let (t0, t1) = if is_split {
-        body += "  let t0 = sk * KTS;\n  let t1 = min(KT, t0 + KTS);\n";
+        body += "  let t0 = select(sk * KTS, 0u, whole);\n  let t1 = select(min(KT, t0 + KTS), KT, whole);\n";
         ("t0", "t1")
     } else {
         ("0u", "KT")
@@ -507,7 +532,8 @@ pub fn kernel_split(s: &MatMulSpec, tile: GemmTile, split: GemmSplit) -> KernelS
         }
         // Each row's inverse RMS, or (split) its partial sum of squares.
         let row_sum = if is_split {
-            "part[SSQ + sk * MR + m0 + r] = sq;"
+            "if (whole) { Bs[r / 4u][r % 4u] = 1.0f / sqrt(sq / f32(K) + EPS); } \
+             else { part[SSQ + sk * MR + m0 + r] = sq; }"
         } else {
             "Bs[r / 4u][r % 4u] = 1.0f / sqrt(sq / f32(K) + EPS);"
         };
@@ -520,20 +546,16 @@ pub fn kernel_split(s: &MatMulSpec, tile: GemmTile, split: GemmSplit) -> KernelS
              \x20   {row_sum}\n\
              \x20 }}\n  workgroupBarrier();\n"
         );
-        if !is_split {
-            for gi in 0..gm {
-                let _ = writeln!(body, "  let inv{gi} = Bs[ty + {}u];", gi * sm);
-            }
+        for gi in 0..gm {
+            let _ = writeln!(body, "  let inv{gi} = Bs[ty + {}u];", gi * sm);
         }
     }
     // The epilogue: output column groups (gated: the gate groups, whose up
     // sums are `gn / 2` groups further); split, the partial sums go out
     // instead and the last workgroup applies it.
     let out_groups = if glu { gn / 2 } else { gn };
-    if is_split {
-        split_epilogue(&mut body, s, (gm, gn, sm, sn), out_groups);
-    }
-    for gi in (0..gm).filter(|_| !is_split) {
+    let mut direct = String::new();
+    for gi in 0..gm {
         for i in 0..4 {
             let r = gi * 4 + i;
             let lane = LANE[i as usize];
@@ -543,7 +565,7 @@ pub fn kernel_split(s: &MatMulSpec, tile: GemmTile, split: GemmSplit) -> KernelS
                 String::new()
             };
             let _ = writeln!(
-                body,
+                direct,
                 "  {{\n    let row = m0 + ty * 4u + {}u;\n    if (row < rows) {{",
                 gi * 4 * sm + i
             );
@@ -557,14 +579,24 @@ pub fn kernel_split(s: &MatMulSpec, tile: GemmTile, split: GemmSplit) -> KernelS
                         &format!("acc{r}_{}.{cl}{scale}", gj + gn / 2),
                     );
                     let _ = writeln!(
-                        body,
+                        direct,
                         "      {{ let n = n0 + tx * 4u + {}u; if (n < N) {{ {store} }} }}",
                         gj * 4 * sn + c4
                     );
                 }
             }
-            body += "    }\n  }\n";
+            direct += "    }\n  }\n";
         }
+    }
+    if is_split {
+        // A step longer than the partial sums hold runs unsplit.
+        body += "  if (whole) {\n";
+        body += &direct;
+        body += "  } else {\n";
+        split_epilogue(&mut body, s, (gm, gn, sm, sn), out_groups);
+        body += "  }\n";
+    } else {
+        body += &direct;
     }
     let blocks = if is_split {
         "  let gid = wid.x + wid.y * GX;\n  let sk = gid / NB;\n  let n0 = (gid % NB) * NO;\n"
@@ -681,9 +713,10 @@ mod tests {
     use super::{GemmSplit, GemmTile, MAX_PARTIAL_BYTES, MAX_SPLITS, MIN_SPLIT_TILES};
 
     /// Splits go to matmuls with few blocks at a mid-size prompt, never
-    /// past the limits: the Llama-3.2-1B shape's o_proj and down_proj (2048
-    /// outputs) split, its gate/up (8192 gated outputs, whose partial sums
-    /// would pass the byte bound) and a narrow `K` do not.
+    /// past the limits: the Llama-3.2-1B shape's o_proj, down_proj and
+    /// q/k/v split for its whole 1,024-row steps, its gate/up (8192 gated
+    /// outputs) for shorter steps only (the partial sums of more rows would
+    /// pass the byte bound), and a narrow `K` does not.
     #[test]
     fn few_blocks_split_k_within_the_limits() {
         let bytes = 16 << 10;
@@ -697,11 +730,20 @@ mod tests {
             let split = GemmSplit::choose(&tile, n, k, glu, 1024, binding);
             assert!(split.splits > 1, "{n} {k}: {tile:?} {split:?}");
         }
+        for (n, k, glu) in [
+            (2048, 2048, false),
+            (2048, 8192, false),
+            (3072, 2048, false),
+        ] {
+            let tile = GemmTile::choose(n, glu, 1024, bytes);
+            assert_eq!(
+                GemmSplit::choose(&tile, n, k, glu, 1024, binding).max_rows,
+                1024
+            );
+        }
         let gate_up = GemmTile::choose(8192, true, 1024, bytes);
-        assert_eq!(
-            GemmSplit::choose(&gate_up, 8192, 2048, true, 1024, binding).splits,
-            1
-        );
+        let split = GemmSplit::choose(&gate_up, 8192, 2048, true, 1024, binding);
+        assert!(split.splits > 1 && split.max_rows < 1024, "{split:?}");
         let narrow = GemmTile::choose(2048, false, 1024, bytes);
         assert_eq!(
             GemmSplit::choose(&narrow, 2048, 64, false, 1024, binding).splits,
@@ -718,6 +760,7 @@ mod tests {
                         if s > 1 {
                             assert!(k.div_ceil(tile.bk) / s >= MIN_SPLIT_TILES);
                             assert!(split.partial_bytes(&tile, n, glu) <= MAX_PARTIAL_BYTES);
+                            assert!(split.max_rows <= rows.max(1));
                         }
                     }
                 }
