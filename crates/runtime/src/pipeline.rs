@@ -110,7 +110,9 @@ pub fn create_layout(device: &wgpu::Device, kernel: &Kernel) -> KernelLayout {
 }
 
 /// Compiles `kernel` into a pipeline of `layout`, through the driver's
-/// pipeline `cache` when given (see [`crate::pipeline_cache`]).
+/// pipeline `cache` when given (see [`crate::pipeline_cache`]); logs how
+/// long it took at debug level (`GERBIL_LOG=debug`: which kernels a cold
+/// start waits for).
 fn compile(
     device: &wgpu::Device,
     kernel: &Kernel,
@@ -118,6 +120,7 @@ fn compile(
     checks: ShaderChecks,
     cache: Option<&wgpu::PipelineCache>,
 ) -> wgpu::ComputePipeline {
+    let clock = web_time::Instant::now();
     let desc = wgpu::ShaderModuleDescriptor {
         label: Some(&kernel.name),
         source: wgpu::ShaderSource::Wgsl(kernel.wgsl.as_str().into()),
@@ -136,7 +139,7 @@ fn compile(
             device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
         },
     };
-    device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
         label: Some(&kernel.name),
         layout: Some(layout),
         module: &module,
@@ -146,7 +149,13 @@ fn compile(
             ..Default::default()
         },
         cache,
-    })
+    });
+    tracing::debug!(
+        kernel = kernel.name,
+        ms = clock.elapsed().as_secs_f64() * 1e3,
+        "pipeline created"
+    );
+    pipeline
 }
 
 /// Most threads [`create_pipelines`] uses (more compile no faster: drivers
