@@ -418,7 +418,9 @@ fn a_batch_row_with_non_finite_logits_stops_with_a_clear_error() {
 /// load, the short-prompt kernels (not the long prompts' GEMM tiles) for a
 /// short prompt, the decode kernels at the next token, the batch step's only
 /// when one runs; and its logits are those of a session that created every
-/// pipeline up front.
+/// pipeline up front. With the background thread, the first step finds the
+/// prefill and decode pipelines made (and waits for them), the batch step
+/// still creates its own.
 #[test]
 fn pipelines_are_created_when_a_step_first_needs_them() {
     let _gpu = gpu_lock();
@@ -429,6 +431,7 @@ fn pipelines_are_created_when_a_step_first_needs_them() {
     let opts = SessionOptions {
         slots: 2,
         variant: Some("subgroups".into()),
+        background_pipelines: Some(false),
         ..SessionOptions::default()
     };
     let mut lazy = block_on(Session::open(&plan, &opts)).expect("session");
@@ -468,4 +471,16 @@ fn pipelines_are_created_when_a_step_first_needs_them() {
     block_on(eager.create_all_pipelines()).expect("every pipeline");
     assert_eq!(block_on(eager.forward(&prompt)).expect("prompt"), logits);
     assert_eq!(block_on(eager.forward(&[7])).expect("decode"), next);
+
+    let background = SessionOptions {
+        background_pipelines: Some(true),
+        ..opts
+    };
+    let mut early = block_on(Session::open(&plan, &background)).expect("session");
+    assert_eq!(block_on(early.forward(&prompt)).expect("prompt"), logits);
+    let prefill_and_decode = kernels(&[all(&v.prefill), all(&v.decode)]);
+    assert_eq!(early.pipeline_stats().created, prefill_and_decode.len());
+    assert_eq!(block_on(early.forward(&[7])).expect("decode"), next);
+    block_on(early.forward_batch(&[(0, 8), (1, 9)])).expect("batch step");
+    assert_eq!(early.pipeline_stats().created, every.len());
 }

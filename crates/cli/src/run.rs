@@ -340,15 +340,15 @@ pub struct BenchReport {
     pub first_token_pipelines_ms: f64,
     /// Pipelines created for the prompt's first token.
     pub first_token_pipelines: usize,
-    /// Milliseconds creating pipelines over the whole bench (every kind of
-    /// step it ran).
+    /// Milliseconds the bench's session spent creating pipelines (every kind
+    /// of step it ran; `--batch` runs open sessions of their own).
     pub pipelines_ms: f64,
     /// What the on-disk pipeline cache did: `warm` (a stored cache was
     /// used), `cold` (none yet, unusable, or `--cold`; written for the next
     /// run), `off` (`--no-pipeline-cache`) or `unsupported` (the device
     /// cannot keep one).
     pub pipeline_cache: String,
-    /// Pipelines created over the whole bench (kernels of the variant that
+    /// Pipelines the bench's session created (kernels of the variant that
     /// ran, each when a step first ran it).
     pub pipelines: usize,
     /// Threads that created them.
@@ -512,7 +512,9 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     session.forward(&prompt).await?;
     let first_token_s = start.elapsed().as_secs_f64();
     let first_pipelines = session.pipeline_stats();
-    // Warm-up of a decode step (its pipelines), outside the timed runs.
+    // Warm-up of a decode step (its pipelines), outside the timed runs; from
+    // an empty cache, as the prompt may fill the context.
+    session.reset();
     session.forward(&prompt[..1]).await?;
     let mut prefill = Vec::new();
     let mut decode = Vec::new();

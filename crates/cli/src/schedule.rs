@@ -1,6 +1,6 @@
 //! `gerbilc inspect PLAN --schedule`: every dispatch of every schedule, in
 //! order, with the IR label it came from and the kernel it runs, and the
-//! steps it runs in where it runs in some only (`T ≤ 64`, `T ≥ 65`: a
+//! steps it runs in where it runs in some only (`T ≤ 48`, `T ≥ 49`: a
 //! prefill matmul's short-prompt and tiled forms).
 
 use gerbil_plan::{Dispatch, PlanHeader};

@@ -103,16 +103,15 @@ pub enum Phase {
 }
 
 /// The most tokens a prefill step of a variant with subgroups multiplies
-/// through the batch step's matmuls ([`Phase::ShortPrefill`]): four
-/// `gemv_batch` workgroup rows, each reading the weights once. The GEMM
-/// tiles are chosen for prompts of hundreds of rows and take as long for
-/// 17 as for 128 (each workgroup walks the whole of `K`, one tile after
-/// another): on an H200 a prompt of the Llama-3.2-1B shape took 23.4–24.1 ms
-/// through them at every length from 24 to 128 tokens, and 6.1, 8.3, 10.0
-/// and 13.3 ms at 24, 32, 48 and 64 tokens through the batch form (18.3 at
-/// 96, 23.7 at 128: even there). Past 64 rows it is measured for the SIMT
-/// tiles only, not for a tensor-core variant's.
-pub const SHORT_PROMPT: u32 = 4 * gemv_batch::MAX_ROWS;
+/// through the batch step's matmuls ([`Phase::ShortPrefill`]): three
+/// `gemv_batch` workgroup rows, each reading the weights once, so its time
+/// grows with the prompt, where the GEMM tiles (split-K: [`GemmSplit`])
+/// take nearly as long for 24 rows as for 96. H200, a prompt of the
+/// Llama-3.2-1B shape, batch form against tiles: 6.1 / 10.5 ms at 24
+/// tokens, 9.8 / 10.8 at 48, 11.6 / 10.9 at 56, 12.9 / 11.2 at 64; SmolLM2
+/// and Gemma 3 270M cross between 48 and 56 as well. Measured for the SIMT
+/// tiles, not for a tensor-core variant's.
+pub const SHORT_PROMPT: u32 = 3 * gemv_batch::MAX_ROWS;
 
 /// Lowers nodes of one graph; knows which weights are split into row shards.
 pub struct Lowering<'g> {

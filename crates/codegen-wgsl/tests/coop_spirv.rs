@@ -97,11 +97,13 @@ fn specs() -> Vec<MatMulSpec> {
 }
 
 /// Every tile, unsplit and (where the K tiles allow) split in two, for up
-/// to 100 rows (the batch tiles for up to 16).
+/// to 100 rows (the batch tiles for up to `SHORT_PROMPT`: a short prompt's
+/// step runs them).
 fn gemms(s: &MatMulSpec) -> impl Iterator<Item = CoopGemm> {
     let k = s.k;
     let tiles = CoopTile::CANDIDATES.into_iter().map(|t| (t, 100));
-    let batch = CoopTile::BATCH.into_iter().map(|t| (t, 16));
+    let short = gerbil_codegen_wgsl::SHORT_PROMPT;
+    let batch = CoopTile::BATCH.into_iter().map(move |t| (t, short));
     tiles.chain(batch).flat_map(move |(tile, max_rows)| {
         let split = if k.div_ceil(tile.bk).is_multiple_of(2) {
             2

@@ -57,10 +57,10 @@ use gerbil_runtime::{Clock, RuntimeError};
 /// A prompt longer than this many batch steps' rows runs through the
 /// prefill step. Rows ride along the steps the running sequences take
 /// anyway, and never stall them; but a step costs more with every row (an
-/// H200's 16-row step of the Llama-3.2-1B shape takes 12.8 ms, a 16-token
-/// prefill step 24 ms), so a long prompt is done sooner by the prefill
-/// step's GEMMs, which are tiled for hundreds of rows. (8 is a first
-/// choice, not yet a measured one.)
+/// H200's 16-row step of the Llama-3.2-1B shape takes 12.8 ms; a prefill
+/// step of 16 tokens 4.6 ms, of 128 tokens 13 ms), so a long prompt is
+/// done sooner by the prefill step. (8 is a first choice, not yet a
+/// measured one.)
 pub const LONG_PROMPT_STEPS: usize = 8;
 
 /// One running (or ended, not yet removed) sequence.

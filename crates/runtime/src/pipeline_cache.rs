@@ -183,8 +183,9 @@ pub(crate) struct Store {
     /// What happened.
     pub(crate) state: PipelineCacheState,
     file: Option<PathBuf>,
-    /// The payload handed to wgpu, to skip rewriting an unchanged cache.
-    loaded: Option<Vec<u8>>,
+    /// The payload last read or written, to skip rewriting an unchanged
+    /// cache (steps save after creating pipelines, often with nothing new).
+    loaded: std::sync::Mutex<Option<Vec<u8>>>,
 }
 
 impl Store {
@@ -200,7 +201,7 @@ impl Store {
             cache: None,
             state: PipelineCacheState::Off,
             file: None,
-            loaded: None,
+            loaded: std::sync::Mutex::new(None),
         };
         let Some(opts) = opts else {
             return store;
@@ -230,7 +231,7 @@ impl Store {
                     );
                     store.cache = Some(cache);
                     store.state = PipelineCacheState::Warm;
-                    store.loaded = Some(data);
+                    store.loaded = std::sync::Mutex::new(Some(data));
                 }
                 Err(e) => tracing::debug!("ignoring pipeline cache {}: {e}", path.display()),
             }
@@ -262,11 +263,18 @@ impl Store {
         let Some(data) = cache.get_data() else {
             return;
         };
-        if self.loaded.as_deref() == Some(&data[..]) {
+        // Held while writing: the background pipeline thread saves too.
+        let Ok(mut last) = self.loaded.lock() else {
+            return;
+        };
+        if last.as_deref() == Some(&data[..]) {
             return;
         }
         match write_atomically(path, &wrap(&data)) {
-            Ok(()) => tracing::debug!("pipeline cache: {} bytes to {}", data.len(), path.display()),
+            Ok(()) => {
+                tracing::debug!("pipeline cache: {} bytes to {}", data.len(), path.display());
+                *last = Some(data);
+            }
             Err(e) => tracing::warn!("could not write the pipeline cache {}: {e}", path.display()),
         }
     }

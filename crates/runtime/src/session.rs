@@ -87,6 +87,7 @@ async fn make_steps(
 ) -> Result<Vec<Step>, RuntimeError> {
     let mut steps = Vec::with_capacity(list.len());
     for d in list {
+        let pipeline = kernels.slot(d.kernel)?;
         let per_slot = !all_slots && d.bindings.iter().any(|s| residency.per_slot(s.buffer));
         let mut bind_groups = Vec::new();
         for slot in 0..if per_slot { slots } else { 1 } {
@@ -107,7 +108,7 @@ async fn make_steps(
                 .scoped(&format!("binding {phase} dispatch `{}`", d.label), || {
                     gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
                         label: Some(&d.label),
-                        layout: kernels.layout(kernels.slot(d.kernel)),
+                        layout: kernels.layout(pipeline),
                         entries: &entries,
                     })
                 })
@@ -115,7 +116,7 @@ async fn make_steps(
             bind_groups.push(bind_group);
         }
         steps.push(Step {
-            pipeline: kernels.slot(d.kernel),
+            pipeline,
             bind_groups,
             dispatch: d.clone(),
         });
@@ -160,6 +161,11 @@ pub struct SessionOptions {
     /// Sequence slots: KV caches of `slots` sequences, each kept while steps
     /// run in another ([`Session::set_slot`]); 0 and 1 both mean one.
     pub slots: usize,
+    /// Create the prefill and decode pipelines on a thread of their own
+    /// while the weights upload (`None`: on native targets with at least
+    /// [`BACKGROUND_CORES`](crate::variant_pipelines::BACKGROUND_CORES)
+    /// threads; never in a browser). See [`crate::variant_pipelines`].
+    pub background_pipelines: Option<bool>,
 }
 
 /// Where the time of [`Session::open`] went, and what the pipeline cache
@@ -320,13 +326,14 @@ impl Session {
         }
         let residency = Residency::allocate(&gpu, &header, &used, context, slots).await?;
         load.buffers = clock.lap();
+        // Before the upload: a background thread may compile while it runs.
+        let pipelines = VariantPipelines::open(&gpu, &header, &variant, opts).await?;
+        load.pipeline_cache = pipelines.cache_state();
+        load.pipelines = clock.lap();
         residency
             .upload_weights(&gpu, plan, opts.progress.as_ref())
             .await?;
         load.weights = clock.lap();
-        let pipelines = VariantPipelines::open(&gpu, &header, &variant, opts).await?;
-        load.pipeline_cache = pipelines.cache_state();
-        load.pipelines = clock.lap();
         let steps = |list, how| make_steps(&gpu, &residency, &pipelines, list, how);
         let prefill = steps(&variant.prefill, ("prefill", slots, false)).await?;
         let decode = steps(&variant.decode, ("decode", slots, false)).await?;

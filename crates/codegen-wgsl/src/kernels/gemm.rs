@@ -302,7 +302,8 @@ pub fn kernel(s: &MatMulSpec, tile: GemmTile) -> KernelSource {
 }
 
 /// [`kernel`] with each block's `K` shared among `split.splits`
-/// workgroups (at least one `K` tile each).
+/// workgroups (`ceil(KT / splits)` tiles each, the last ones possibly
+/// fewer or none).
 pub fn kernel_split(s: &MatMulSpec, tile: GemmTile, split: GemmSplit) -> KernelSource {
     let glu = s.glu.is_some();
     let norm = s.norm.is_some();
@@ -364,7 +365,8 @@ pub fn kernel_split(s: &MatMulSpec, tile: GemmTile, split: GemmSplit) -> KernelS
     if is_split {
         // A step of more rows than the partial sums hold runs unsplit: the
         // first split's workgroups walk the whole of `K`, the others leave.
-        body += "  let whole = rows > MR;\n  if (whole && sk > 0u) { return; }\n";
+        body += "  if (sk >= SPLITS) { return; }\n  let whole = rows > MR;\n  \
+                 if (whole && sk > 0u) { return; }\n";
     }
     // Each load slot's fixed place in the tiles: row (`ra`, `rb`) and chunk
     // (`ca`, `cb`), whether it is in range, and its registers.
