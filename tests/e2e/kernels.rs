@@ -3021,10 +3021,17 @@ fn gemv_batch_matches_reference() {
     assert!(failures.is_empty(), "{failures:#?}");
 }
 
-/// Case `c` as a batch step: 1 to 16 rows (by `i`).
+/// Case `c` as a batch step, or a short prompt's (which runs the batch
+/// step's matmuls): 1 to `SHORT_PROMPT` rows (by `i`), past one 16-row
+/// block every third case.
 fn batch_case(c: &MatMulCase, i: usize) -> MatMulCase {
+    let rows = if i % 3 == 2 {
+        gerbil_codegen_wgsl::SHORT_PROMPT
+    } else {
+        16
+    };
     MatMulCase {
-        t: 1 + (i as u32 * 5) % 16,
+        t: 1 + (i as u32 * 5) % rows,
         ..*c
     }
 }
