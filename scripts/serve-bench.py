@@ -10,7 +10,7 @@ and whether every concurrent answer equals its solo answer (exit 1 if not). Stan
 
     python3 scripts/serve-bench.py --bin target/release/gerbil-run --plan model.plan --clients 16 --tokens 128
 
-`--serve-arg=ARG` (repeatable) passes ARG to `serve`, e.g. `--serve-arg=--tensor-cores`.
+`--serve-arg=ARG` (repeatable) passes ARG to `serve`, e.g. `--serve-arg=--no-tensor-cores`.
 """
 
 import argparse
@@ -66,7 +66,7 @@ def main():
     p.add_argument("--clients", type=int, default=16)
     p.add_argument("--tokens", type=int, default=128)
     p.add_argument("--serve-arg", action="append", default=[],
-                   help="one more argument of `serve` (repeatable), e.g. --serve-arg=--tensor-cores")
+                   help="one more argument of `serve` (repeatable), e.g. --serve-arg=--no-tensor-cores")
     a = p.parse_args()
     proc, port = start_server(a.bin, a.plan, a.clients, a.serve_arg)
     try:

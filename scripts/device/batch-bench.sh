@@ -11,7 +11,7 @@
 # plan's f16 logits against transformers, and for each plan runs
 #   gerbil-run PLAN bench --precision f16 --prompt-tokens 16 --new-tokens 128 --batch $BATCH --repeats 3 --json
 #   python3 scripts/serve-bench.py --plan PLAN --clients $BATCH --tokens 128     (16 clients, 128-token answers)
-# RUN_FLAGS (e.g. "--tensor-cores") go to both `bench` and `serve`.
+# RUN_FLAGS (e.g. "--no-tensor-cores") go to both `bench` and `serve`.
 # Writes the JSON and logs to $OUT (or /tmp/gerbil-batch) and prints one markdown table.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done

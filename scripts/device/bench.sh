@@ -23,9 +23,9 @@
 # PARTS (default decode,prefill,start,hf,quant) picks what runs, to fit one device call: decode (the
 # precision benches, depth 4096, sampled), prefill (pp512 per variant), start (TTFT cold / warm),
 # hf (HF transformers), quant (the same weights compiled with `--quantize` for each of QUANTS,
-# default "q8_0 q4_0": pp512, tg128 and GPU memory in f16 compute beside the bf16 plan's). The checks against transformers always run. The tensor-core variant runs
-# only with GERBIL_TENSOR_CORES=1 in the environment (gerbil-run maps it onto
-# SessionOptions::tensor_cores, the runtime's opt-in).
+# default "q8_0 q4_0": pp512, tg128 and GPU memory in f16 compute beside the bf16 plan's). The checks against transformers always run. The tensor-core variant is
+# what a plain run picks on a GPU that has them; GERBIL_TENSOR_CORES=0 in the environment turns
+# it off (gerbil-run maps it onto SessionOptions::tensor_cores) and benches the SIMT variants.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
 ldconfig

@@ -8,8 +8,8 @@
 # sentence_bert_config.json without the weights (copied from the fixture scripts/build-fixtures.py
 # builds). Expects .device/bin/{gerbilc,gerbil-run} and .gl/ as check-gpu.sh does. Makes the model
 # and PyTorch's timings (scripts/device/embed-torch.py), compiles it for the desktop target, runs
-# `gerbil-run bench --prompt-tokens 128 --batch 64 --repeats 7 --json` three times on the default
-# variant and three with --tensor-cores, and checks each variant's vectors of two texts against
+# `gerbil-run bench --prompt-tokens 128 --batch 64 --repeats 7 --json` three times with
+# --no-tensor-cores and three with --tensor-cores (the default), and checks each variant's vectors of two texts against
 # PyTorch f32 (cosine). Prints `TORCH`, `GERBIL` and `CHECK` lines.
 set -euo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
@@ -19,7 +19,7 @@ model=/tmp/gerbil-minilm
 python3 scripts/device/embed-torch.py "$1" "$model" 2>&1 | grep '^TORCH'
 "$bin/gerbilc" compile "$model" -o "$model.plan" --target desktop --quiet
 for r in 1 2 3; do
-  echo "GERBIL default $("$bin/gerbil-run" "$model.plan" bench --prompt-tokens 128 --batch 64 --repeats 7 --json)"
+  echo "GERBIL simt $("$bin/gerbil-run" "$model.plan" --no-tensor-cores bench --prompt-tokens 128 --batch 64 --repeats 7 --json)"
   echo "GERBIL tensor-cores $("$bin/gerbil-run" "$model.plan" --tensor-cores bench --prompt-tokens 128 --batch 64 --repeats 7 --json)"
 done
 python3 scripts/device/embed-check.py "$bin/gerbil-run" "$model"

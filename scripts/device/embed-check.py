@@ -10,7 +10,7 @@ import json, math, os, subprocess, sys
 run, model = sys.argv[1], sys.argv[2]
 name = os.path.basename(model.rstrip("/"))
 refs = json.load(open(f"{model}/refs.json"))
-for flags in (["--precision", "f32"], ["--precision", "f16"], ["--tensor-cores"]):
+for flags in (["--precision", "f32"], ["--precision", "f16", "--no-tensor-cores"], ["--tensor-cores"]):
     for text, want in refs.items():
         out = subprocess.run([run, f"{model}.plan", *flags, "embed", "--text", text],
                              capture_output=True, text=True, check=True).stdout

@@ -68,10 +68,11 @@ fn assert_mentions(message: &str, parts: &[&str]) {
     assert!(!message.contains("panicked"), "{message}");
 }
 
-/// The tensor-core variant asked for without `--tensor-cores` (lavapipe has
-/// none either way) is refused with how to opt in, not only what is missing.
+/// The tensor-core variant asked for where the device has no tensor cores
+/// (lavapipe; or a GPU with them turned off) is refused with what is
+/// missing and both reasons it can be, not only the feature's name.
 #[test]
-fn a_tensor_core_variant_asked_for_says_tensor_cores_are_opt_in() {
+fn a_tensor_core_variant_asked_for_without_tensor_cores_says_why() {
     let _gpu = gpu_lock();
     let path = compile_plan(&tiny_model("llama"), |o| {
         o.target = gerbil_codegen_wgsl::Target::desktop();
@@ -79,6 +80,7 @@ fn a_tensor_core_variant_asked_for_says_tensor_cores_are_opt_in() {
     let plan = PlanFile::open(&path).expect("plan");
     let opts = gerbil_runtime::SessionOptions {
         variant: Some("tensor-f16".into()),
+        tensor_cores: false,
         ..gerbil_runtime::SessionOptions::default()
     };
     let err = match block_on(gerbil_runtime::Session::open(&plan, &opts)) {
@@ -90,7 +92,8 @@ fn a_tensor_core_variant_asked_for_says_tensor_cores_are_opt_in() {
         &err.to_string(),
         &[
             "`tensor-f16` needs cooperative_matrix",
-            "tensor cores are opt-in: `--tensor-cores` or GERBIL_TENSOR_CORES=1",
+            "this adapter has none, or they were turned off with `--no-tensor-cores` or \
+             GERBIL_TENSOR_CORES=0",
         ],
     );
 }

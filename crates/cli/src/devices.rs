@@ -4,8 +4,9 @@
 //! index it prints is the one `gerbil-run --device N` takes, and the
 //! adapter marked `*` is the one used without `--device`. The features are
 //! those plan variants depend on: shader-f16 (f16 variants), subgroups,
-//! cooperative matrices (the `tensor-f16` variant, requested only with
-//! `GERBIL_TENSOR_CORES=1`) and timestamp queries (`bench --profile`).
+//! cooperative matrices (the `tensor-f16` variant, requested unless
+//! `--no-tensor-cores` or `GERBIL_TENSOR_CORES=0`) and timestamp queries
+//! (`bench --profile`).
 
 use gerbil_runtime::AdapterSummary;
 use std::fmt::Write;

@@ -4,7 +4,7 @@
 //!
 //! | variable | option |
 //! |---|---|
-//! | `GERBIL_TENSOR_CORES=1` | `SessionOptions::tensor_cores` |
+//! | `GERBIL_TENSOR_CORES=0` | `SessionOptions::tensor_cores` off (on by default) |
 //! | `GERBIL_SHADER_CHECKS=1` | `SessionOptions::shader_checks` |
 //! | `GERBIL_PIPELINE_THREADS=N` | `SessionOptions::pipeline_threads` |
 //! | `GERBIL_PIPELINE_CACHE=0`, `GERBIL_CACHE_DIR` | `SessionOptions::pipeline_cache` ([`pipeline_cache_dir`]); `GERBIL_CACHE_DIR` also holds the plans `gerbil-run ORG/NAME` compiles ([`cache_root`]) |
@@ -41,9 +41,10 @@ pub fn session_defaults() -> SessionOptions {
     }
 }
 
-/// `GERBIL_TENSOR_CORES`: request tensor cores where the adapter has them.
+/// `GERBIL_TENSOR_CORES`: request tensor cores where the adapter has them
+/// unless it is `0` (unset or empty: yes).
 pub fn tensor_cores() -> bool {
-    switch("GERBIL_TENSOR_CORES")
+    var("GERBIL_TENSOR_CORES").is_none_or(|v| v != "0")
 }
 
 /// `GERBIL_SHADER_CHECKS`: keep wgpu's shader runtime checks.

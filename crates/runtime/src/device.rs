@@ -143,18 +143,27 @@ pub fn check_limits(
 }
 
 /// Which device to open, and what to enable on it beyond what every plan variant may use.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct DeviceOptions {
     /// Timestamp queries inside compute passes, where the adapter has them (for profiling).
     pub timestamps: bool,
     /// Adapter `N` of [`Gpu::adapters`]'s list (`None`: the high-performance default).
     pub adapter: Option<usize>,
     /// Request cooperative matrices (tensor cores) where the adapter has the 16×16×16
-    /// f16 → f32 configuration, so plans can run their `tensor-f16` variant. Off by default:
-    /// the variant's logits are 6.2e-2 from transformers on the Llama-3.2-1B shape, past the
-    /// 5e-2 tolerance (docs/gpu-checks.md), so it stays an opt-in (`gerbil-run --tensor-cores`,
-    /// or `GERBIL_TENSOR_CORES=1` for the binaries).
+    /// f16 → f32 configuration, so plans can run their `tensor-f16` variant (on by default;
+    /// `gerbil-run --no-tensor-cores` or `GERBIL_TENSOR_CORES=0` turn it off, e.g. to compare
+    /// with the SIMT variants or to step around a driver's cooperative-matrix bug).
     pub tensor_cores: bool,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        DeviceOptions {
+            timestamps: false,
+            adapter: None,
+            tensor_cores: true,
+        }
+    }
 }
 
 /// `EXPERIMENTAL_COOPERATIVE_MATRIX` when tensor cores are `requested` and the adapter has

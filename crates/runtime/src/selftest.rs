@@ -2,8 +2,8 @@
 //! whose output the compiler computed on the CPU (`gerbil_plan::SelfTest`).
 //!
 //! [`run`] opens a session per variant (tensor cores as the options ask,
-//! as the variant would run: `tensor-f16` is opt-in because it misses its
-//! tolerance on some models), its KV cache as long as the prompt, runs the
+//! as the variant would run: on unless turned off), its KV cache as long
+//! as the prompt, runs the
 //! prompt's steps in order from an empty cache — for a language model a
 //! prefill then one decode step, so both schedules are checked — and
 //! compares each step's output with the reference: the largest |Δ| against
@@ -134,10 +134,9 @@ pub async fn run(plan: &PlanFile, base: &SessionOptions) -> Result<SelfTestRepor
         let mut session = match Session::open(plan, &opts).await {
             Ok(s) => s,
             Err(RuntimeError::NoVariant { reasons, .. }) => {
-                let opt_in = v.features.contains(&Feature::CooperativeMatrix) && !base.tensor_cores;
-                let reason = if opt_in {
-                    "tensor cores are opt-in: --tensor-cores (GERBIL_TENSOR_CORES=1) checks it \
-                     where the device has them"
+                let off = v.features.contains(&Feature::CooperativeMatrix) && !base.tensor_cores;
+                let reason = if off {
+                    "tensor cores were turned off (--no-tensor-cores, GERBIL_TENSOR_CORES=0)"
                         .to_string()
                 } else {
                     reasons

@@ -125,7 +125,7 @@ async fn make_steps(
 }
 
 /// How [`Session::open`] opens a plan.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SessionOptions {
     /// Which of the plan's precision variants may run.
     pub precision: PrecisionChoice,
@@ -149,8 +149,8 @@ pub struct SessionOptions {
     /// how long prompts go ([`Progress::Prefill`]; see [`Session::set_progress`]).
     pub progress: Option<ProgressHook>,
     /// Request tensor cores where the adapter has them, so the plan's
-    /// `tensor-f16` variant can run ([`DeviceOptions::tensor_cores`]: off by
-    /// default until that variant passes its checks).
+    /// `tensor-f16` variant can run ([`DeviceOptions::tensor_cores`]; on by
+    /// default).
     pub tensor_cores: bool,
     /// Keep wgpu's shader runtime checks ([`ShaderChecks`]; off by default:
     /// they cost 2.5–40× on NVIDIA, and a plan is trusted code).
@@ -166,6 +166,25 @@ pub struct SessionOptions {
     /// [`BACKGROUND_CORES`](crate::variant_pipelines::BACKGROUND_CORES)
     /// threads; never in a browser). See [`crate::variant_pipelines`].
     pub background_pipelines: Option<bool>,
+}
+
+impl Default for SessionOptions {
+    fn default() -> Self {
+        SessionOptions {
+            precision: PrecisionChoice::default(),
+            variant: None,
+            profiling: false,
+            pipeline_cache: None,
+            context: None,
+            adapter: None,
+            progress: None,
+            tensor_cores: true,
+            shader_checks: ShaderChecks::default(),
+            pipeline_threads: None,
+            slots: 0,
+            background_pipelines: None,
+        }
+    }
 }
 
 /// Where the time of [`Session::open`] went, and what the pipeline cache

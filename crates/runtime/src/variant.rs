@@ -14,10 +14,10 @@ use gerbil_plan::{Feature, PlanHeader, Precision, Variant};
 /// The plan features this device has enabled, and [`Feature::Cpu`] where
 /// the adapter is a CPU (a browser's fallback adapter counts as one).
 /// Cooperative matrices count
-/// only where the device opted into them, which it does only when
+/// only where the device opted into them, which it does when
 /// [`DeviceOptions::tensor_cores`](crate::device::DeviceOptions::tensor_cores)
-/// asks and the adapter offers the 16×16×16 f16 → f32 configuration
-/// (`device.rs`).
+/// asks (the default) and the adapter offers the 16×16×16 f16 → f32
+/// configuration (`device.rs`).
 pub fn device_features(gpu: &Gpu) -> Vec<Feature> {
     let have = gpu.device.features();
     [
@@ -44,13 +44,13 @@ fn refusal(variant: &Variant, features: &[Feature], gpu: &Gpu) -> Option<String>
         .map(|f| f.name())
         .collect();
     if !missing.is_empty() {
-        // Tensor cores are opt-in: a GPU that has them still lacks the
-        // feature until asked.
+        // A GPU with tensor cores still lacks the feature when they were
+        // turned off.
         let hint = if variant.features.contains(&Feature::CooperativeMatrix)
             && !features.contains(&Feature::CooperativeMatrix)
         {
-            " (tensor cores are opt-in: `--tensor-cores` or GERBIL_TENSOR_CORES=1, on a GPU \
-             that has them)"
+            " (tensor cores in the 16x16x16 f16 -> f32 configuration: this adapter has none, \
+             or they were turned off with `--no-tensor-cores` or GERBIL_TENSOR_CORES=0)"
         } else {
             match variant.precision {
                 Precision::F16 => " (`--precision f32` runs without it)",

@@ -69,11 +69,14 @@ struct Cli {
     #[arg(long, global = true)]
     no_pipeline_cache: bool,
     /// Use the tensor-core (cooperative-matrix) variant where the adapter
-    /// has it: the fastest prefill, still experimental (its logits drift a
-    /// little more from transformers'); `GERBIL_TENSOR_CORES=1` does the
-    /// same.
+    /// has it: the default, so this flag only says so.
     #[arg(long, global = true)]
     tensor_cores: bool,
+    /// Never use tensor cores: run the plan's best SIMT variant (to compare
+    /// with it, or to step around a driver's cooperative-matrix bug);
+    /// `GERBIL_TENSOR_CORES=0` does the same.
+    #[arg(long, global = true, conflicts_with = "tensor_cores")]
+    no_tensor_cores: bool,
     /// KV-cache size in tokens, up to the plan's --max-context (the
     /// default): a smaller context takes less GPU memory.
     #[arg(long, global = true, value_name = "N", allow_negative_numbers = true, value_parser = whole_u64)]
@@ -113,9 +116,11 @@ impl Cli {
         }
     }
 
-    /// Whether to use tensor cores: the flag or `GERBIL_TENSOR_CORES`.
+    /// Whether to use tensor cores: yes unless `--no-tensor-cores` or
+    /// `GERBIL_TENSOR_CORES=0` says no (`--tensor-cores` wins over the
+    /// variable).
     fn tensor_cores(&self) -> bool {
-        self.tensor_cores || env::tensor_cores()
+        self.tensor_cores || (!self.no_tensor_cores && env::tensor_cores())
     }
 
     /// The pipeline cache to use; `cold` ignores what is stored.

@@ -417,6 +417,11 @@ fn variant_flag_picks_a_variant_by_name() {
     assert!(o.status.success(), "{}", stderr(&o));
     let v: serde_json::Value = serde_json::from_str(&stdout(&o)).unwrap();
     assert_ne!(v["variant"], "tensor-f16", "{v}");
+    // `--no-tensor-cores` names the tensor-core variant's refusal.
+    assert_fails_with(
+        &bench(&["--no-tensor-cores", "--variant", "tensor-f16"]),
+        "turned off with `--no-tensor-cores`",
+    );
 }
 
 /// `inspect --json` on a desktop plan lists the tensor-core variant first,

@@ -15,9 +15,14 @@
 //! workgroups where the blocks are too few. The K loop goes `BK` at a time:
 //! every thread loads its share of the next `x` and weight tiles into
 //! registers while the subgroups multiply the current tiles from workgroup
-//! memory, then converts them to f16 as it stores them (`x` is f32 in
-//! memory; bf16, f16 and f32 weights are widened and rounded here, never at
-//! compile time, so every variant binds the plan's one copy of the weights).
+//! memory, then converts them to f16 as it stores them: bf16, f16 and f32
+//! weights are widened and rounded here, never at compile time, so every
+//! variant binds the plan's one copy of the weights; `x` (f32 in memory) is
+//! staged as two f16 tiles, its high part and the rest, and every product
+//! is two multiply-adds, so the sums see 21–22 bits of `x` instead of 11
+//! (one rounding of `x` a GEMM was the variant's error: the Llama-3.2-1B
+//! shape's logits went from 6.2e-2 to 2.8e-2 from transformers', for about
+//! a quarter of its prefill speed on an H200).
 //! Out-of-range rows (`params.t`, `N`) and columns (`K`) stage as zero. With
 //! a norm prologue the staging multiplies `x[m, k]` by `gamma[k] + offset` and
 //! sums `x[m, k]²` in f32 from the f32 values; the epilogue scales the sums by
@@ -88,8 +93,7 @@ const MIN_BATCH_SPLIT_TILES: u32 = 4;
 
 impl CoopTile {
     /// The tiles codegen picks from, largest block first.
-    pub const CANDIDATES: [CoopTile; 5] = [
-        CoopTile::new(2, 4, 4, 2, 64),
+    pub const CANDIDATES: [CoopTile; 4] = [
         CoopTile::new(2, 4, 4, 2, 32),
         CoopTile::new(2, 2, 4, 4, 32),
         CoopTile::new(2, 2, 2, 4, 32),
@@ -150,7 +154,7 @@ impl CoopTile {
     /// of its kernels uses): staged tiles, accumulator slots, the norm's
     /// inverse RMS and the subgroup count.
     pub fn workgroup_bytes(self) -> u32 {
-        2 * (self.bm() + self.bn()) * stride(self.bk) + 4 * self.slots() + 4 * self.bm() + 32
+        2 * (2 * self.bm() + self.bn()) * stride(self.bk) + 4 * self.slots() + 4 * self.bm() + 32
     }
 
     /// Kernel-name tag, e.g. `128x128w8` (`128x128k64w8` for 64-wide K tiles).
@@ -347,14 +351,16 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
         w,
         "const K: u32 = {k}u;\nconst N: u32 = {n}u;\nconst KT: u32 = {kt}u;\n\
          const BM: u32 = {bm}u;\nconst BNO: u32 = {bno}u;\nconst BK: u32 = {kw}u;\n\
-         const STRIDE: u32 = {st_row}u;\nconst SB: u32 = {sb}u;\nconst WARPS: u32 = {warps}u;\n\
+         const STRIDE: u32 = {st_row}u;\nconst SL: u32 = {sl}u;\nconst SB: u32 = {sb}u;\n\
+         const WARPS: u32 = {warps}u;\n\
          const GY: u32 = {gy}u;\nconst NB: u32 = {nb}u;\nconst KTS: u32 = {kts}u;\n\
          const SPLITS: u32 = {splits}u;\nconst MR: u32 = {mr}u;\nconst NSP: u32 = {nsp}u;",
         k = s.k,
         n = s.n,
         kt = s.k.div_ceil(kw),
         kts = s.k.div_ceil(kw) / splits,
-        sb = bm * st_row,
+        sl = bm * st_row,
+        sb = 2 * bm * st_row,
     );
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
@@ -390,9 +396,9 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
     let _ = writeln!(
         w,
         "var<workgroup> stage: array<f16, {st}>;\nvar<workgroup> cs: array<f32, {cs}>;",
-        st = (bm + bn) * st_row,
+        st = (2 * bm + bn) * st_row,
     );
-    let mut wg_bytes = 2 * (bm + bn) * st_row + 4 * cs + 16;
+    let mut wg_bytes = 2 * (2 * bm + bn) * st_row + 4 * cs + 16;
     if norm && !split {
         let _ = writeln!(w, "var<workgroup> rinv: array<f32, {bm}>;");
         wg_bytes += 4 * bm;
@@ -492,15 +498,22 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
             a_step * j
         );
         for c in 0..4 {
-            if norm {
-                let _ = writeln!(
-                    store,
-                    "      ssq{j} = ssq{j} + ra{j}_{c} * ra{j}_{c};\n      \
-                     stage[ia{j} + {c}u] = f16(ra{j}_{c} * g{c});"
-                );
+            let v = if norm {
+                let _ = writeln!(store, "      ssq{j} = ssq{j} + ra{j}_{c} * ra{j}_{c};");
+                format!("ra{j}_{c} * g{c}")
             } else {
-                let _ = writeln!(store, "      stage[ia{j} + {c}u] = f16(ra{j}_{c});");
-            }
+                format!("ra{j}_{c}")
+            };
+            // The high part keeps f32's top 10 fraction bits (exact in
+            // f16), the low part the rest; the mask is not `f32(f16(v))`,
+            // which NVIDIA's compiler folds to `v` (a low part of 0).
+            let _ = writeln!(
+                store,
+                "      let va{j}_{c} = {v};\n      \
+                 let ha{j}_{c} = bitcast<f32>(bitcast<u32>(va{j}_{c}) & 0xffffe000u);\n      \
+                 stage[ia{j} + {c}u] = f16(ha{j}_{c});\n      \
+                 stage[SL + ia{j} + {c}u] = f16(va{j}_{c} - ha{j}_{c});"
+            );
         }
     }
     for j in 0..b_reps {
@@ -525,7 +538,9 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
             let _ = writeln!(
                 mma,
                 "      let oa{ks}_{i} = (wm * {fm16}u + {i16}u) * STRIDE + {k16}u;\n      \
-                 let fa{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[oa{ks}_{i}], STRIDE);",
+                 let fa{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[oa{ks}_{i}], STRIDE);\n      \
+                 let ol{ks}_{i} = SL + oa{ks}_{i};\n      \
+                 let fl{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[ol{ks}_{i}], STRIDE);",
                 fm16 = t.frags_m * 16,
                 i16 = i * 16,
                 k16 = ks * 16,
@@ -545,7 +560,8 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
             for j in 0..t.frags_n {
                 let _ = writeln!(
                     mma,
-                    "      acc{i}_{j} = coopMultiplyAdd(fa{ks}_{i}, fb{ks}_{j}, acc{i}_{j});"
+                    "      acc{i}_{j} = coopMultiplyAdd(fl{ks}_{i}, fb{ks}_{j}, acc{i}_{j});\n      \
+                     acc{i}_{j} = coopMultiplyAdd(fa{ks}_{i}, fb{ks}_{j}, acc{i}_{j});"
                 );
             }
         }
