@@ -98,6 +98,39 @@ fn a_tensor_core_variant_asked_for_without_tensor_cores_says_why() {
     );
 }
 
+/// A plan from before the tensor-core GEMMs split `x` (its `tensor-f16`
+/// without `split_x`) does not run that variant unasked, and says why and
+/// what to do; the compiler marks the variants it writes.
+#[test]
+fn an_old_plans_tensor_core_variant_is_not_run_unasked() {
+    let _gpu = gpu_lock();
+    let (_file, mut plan) = tiny_plan();
+    let tensor = plan
+        .header
+        .variants
+        .iter()
+        .find(|v| v.name == "tensor-f16")
+        .expect("a default plan has a tensor-core variant");
+    assert!(tensor.split_x, "the compiler marks its tensor-core variant");
+    plan.header.variants.retain(|v| v.name == "tensor-f16");
+    plan.header.variants[0].split_x = false;
+    let err = match block_on(gerbil_runtime::Session::open(
+        &plan,
+        &gerbil_runtime::SessionOptions::default(),
+    )) {
+        Ok(_) => panic!("an old plan's tensor-core variant opened unasked"),
+        Err(e) => e,
+    };
+    assert!(matches!(err, RuntimeError::NoVariant { .. }), "{err:?}");
+    assert_mentions(
+        &err.to_string(),
+        &[
+            "`tensor-f16` comes from an older gerbil",
+            "recompile the plan, or name it (--variant tensor-f16)",
+        ],
+    );
+}
+
 #[test]
 fn a_plan_needing_more_than_the_adapter_allows_names_the_limit_and_both_values() {
     let _gpu = gpu_lock();

@@ -2894,8 +2894,8 @@ fn gemm_coop_matches_reference() {
     let cases = coop_cases().into_iter().enumerate().flat_map(|(i, c)| {
         let b = batch_case(&c, i);
         [
-            (c, coop_gemm(&c, 2 * i)),
-            (c, coop_gemm(&c, 2 * i + 1)),
+            (c, coop_gemm(&c, 3 * i)),
+            (c, coop_gemm(&c, 3 * i + 1)),
             (b, coop_batch_gemm(&b, i)),
         ]
     });

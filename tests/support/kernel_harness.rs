@@ -23,24 +23,32 @@
 use gerbil_codegen_wgsl::kernels::KernelSource;
 use gerbil_ir::DType;
 use gerbil_plan::{Access, BindingDecl, Elem, Port};
-use std::sync::OnceLock;
+use std::sync::Mutex;
 
 /// Largest accepted `|got − want| / max(1, |want|)`: f32 accumulation noise.
 pub const TOL: f64 = 1e-4;
 
-/// The device, opened on first use with the adapter's full limits.
-fn gpu() -> &'static gerbil_runtime::Gpu {
-    static GPU: OnceLock<gerbil_runtime::Gpu> = OnceLock::new();
-    GPU.get_or_init(|| {
-        // Every capability the adapter has, tensor cores included, so the
-        // cooperative-matrix kernels run where the GPU can.
-        let opts = gerbil_runtime::device::DeviceOptions {
-            tensor_cores: true,
-            ..Default::default()
-        };
-        pollster::block_on(gerbil_runtime::Gpu::open_on(&Default::default(), &opts))
-            .expect("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)")
-    })
+/// The device, opened on first use with the adapter's full limits, and
+/// again when it was lost: it is the device sessions share (the same
+/// options), which the device-loss tests destroy.
+fn gpu() -> gerbil_runtime::Gpu {
+    static GPU: Mutex<Option<gerbil_runtime::Gpu>> = Mutex::new(None);
+    let mut gpu = GPU.lock().unwrap_or_else(|e| e.into_inner());
+    match &*gpu {
+        Some(g) if g.lost().is_none() => g.clone(),
+        _ => {
+            // Every capability the adapter has, tensor cores included, so
+            // the cooperative-matrix kernels run where the GPU can.
+            let opts = gerbil_runtime::device::DeviceOptions {
+                tensor_cores: true,
+                ..Default::default()
+            };
+            let g = pollster::block_on(gerbil_runtime::Gpu::open_on(&Default::default(), &opts))
+                .expect("no wgpu adapter: install mesa-vulkan-drivers (lavapipe)");
+            *gpu = Some(g.clone());
+            g
+        }
+    }
 }
 
 /// Whether the test device runs cooperative-matrix (tensor-core) kernels:
@@ -124,7 +132,8 @@ pub fn run_steps(src: &KernelSource, steps: &[Step]) -> Vec<Vec<Vec<u8>>> {
         );
     }
     let _lock = crate::gpu_lock();
-    let gerbil_runtime::Gpu { device, queue, .. } = gpu();
+    let gpu = gpu();
+    let gerbil_runtime::Gpu { device, queue, .. } = &gpu;
     let setup = device.push_error_scope(wgpu::ErrorFilter::Validation);
 
     let storage = wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST;

@@ -44,7 +44,19 @@ pub fn session_defaults() -> SessionOptions {
 /// `GERBIL_TENSOR_CORES`: request tensor cores where the adapter has them
 /// unless it is `0` (unset or empty: yes).
 pub fn tensor_cores() -> bool {
-    var("GERBIL_TENSOR_CORES").is_none_or(|v| v != "0")
+    tensor_cores_with(false, false)
+}
+
+/// Whether to request tensor cores given `gerbil-run`'s flags: `--tensor-cores`
+/// (`on`) yes, `--no-tensor-cores` (`off`) no, neither: `GERBIL_TENSOR_CORES`
+/// ([`tensor_cores`]).
+pub fn tensor_cores_with(on: bool, off: bool) -> bool {
+    tensor_cores_from(on, off, var("GERBIL_TENSOR_CORES").as_deref())
+}
+
+/// [`tensor_cores_with`] given the variable's value (`None`: unset or empty).
+fn tensor_cores_from(on: bool, off: bool, value: Option<&std::ffi::OsStr>) -> bool {
+    on || (!off && value.is_none_or(|v| v != "0"))
 }
 
 /// `GERBIL_SHADER_CHECKS`: keep wgpu's shader runtime checks.
@@ -123,5 +135,34 @@ pub fn serve_template_child() {
     }
     if let Some(limits) = std::env::var_os(gerbil_text::CHILD_ENV) {
         gerbil_text::serve_child(&limits);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tensor_cores_from;
+    use std::ffi::OsStr;
+
+    #[test]
+    fn tensor_cores_are_on_unless_a_flag_or_the_variable_says_no() {
+        let zero = Some(OsStr::new("0"));
+        let one = Some(OsStr::new("1"));
+        // (--tensor-cores, --no-tensor-cores, GERBIL_TENSOR_CORES) -> on?
+        let cases = [
+            (false, false, None, true),
+            (false, false, one, true),
+            (false, false, zero, false),
+            (false, true, None, false),
+            (false, true, one, false),
+            (true, false, zero, true),
+            (true, false, None, true),
+        ];
+        for (on, off, value, want) in cases {
+            assert_eq!(
+                tensor_cores_from(on, off, value),
+                want,
+                "--tensor-cores {on}, --no-tensor-cores {off}, GERBIL_TENSOR_CORES {value:?}"
+            );
+        }
     }
 }

@@ -22,7 +22,9 @@ use crate::tuning::GemmTiles;
 use crate::variant::{variants_for, VariantSpec};
 use crate::CodegenError;
 use gerbil_ir::{Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
-use gerbil_plan::{BufferDecl, BufferSlice, Dispatch, IoBindings, Port, TokenRange, Variant};
+use gerbil_plan::{
+    BufferDecl, BufferSlice, Dispatch, Feature, IoBindings, Port, TokenRange, Variant,
+};
 use std::collections::HashMap;
 
 /// What the target allows and how large the plan's steps are.
@@ -222,6 +224,8 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         .map(|(spec, prefill, decode, batch)| Variant {
             name: spec.name.to_string(),
             requirements: asm.requirements(&decls, &[&prefill, &decode, &batch]),
+            // Every tensor-core GEMM splits `x` (`kernels::gemm_coop`).
+            split_x: spec.features.contains(&Feature::CooperativeMatrix),
             features: spec.features,
             precision: spec.precision,
             int8_dots: spec.int8_dots,

@@ -26,7 +26,8 @@
 //! `subgroups-f16-i8` right after `tensor-f16`: `subgroups-f16` whose decode
 //! GEMVs dot the blocks with `x` rounded to int8
 //! ([`gemv::Dots::Int8`](crate::kernels::gemv::Dots)), as `tensor-f16`'s
-//! do in such a plan. It is the default f16 variant of a quantized plan:
+//! do in such a plan. It is the default f16 variant of a quantized plan on a
+//! GPU without tensor cores (or with them turned off):
 //! 1.3–1.4× faster decode than float dots on an H200 (Llama-3.2-1B shape,
 //! q4_0), at a KL divergence of 0.003 from them on real text (SmolLM2
 //! q4_0), a tenth of what q8_0 weights cost; `subgroups-f16` still decodes

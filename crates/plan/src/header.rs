@@ -104,6 +104,13 @@ pub struct Variant {
     /// to int8 (absent when false, and in plans from before it was recorded).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub int8_dots: bool,
+    /// Its tensor-core GEMMs stage `x` as two f16 parts, 21–22 of its bits
+    /// (absent when false: in variants without tensor cores, and in plans
+    /// from before, whose tensor-core GEMMs rounded `x` to f16 once and were
+    /// 6.2e-2 from transformers on the Llama-3.2-1B shape). The runtime runs
+    /// a tensor-core variant without it only when it is named.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub split_x: bool,
 }
 
 /// The numerics of a variant. Arithmetic, accumulation, softmax and norms

@@ -106,6 +106,7 @@ fn header(weight: SectionRef) -> PlanHeader {
             decode: vec![copy(weight.len)],
             batch: Vec::new(),
             int8_dots: false,
+            split_x: false,
         }],
         io: IoBindings {
             step_params: 0,

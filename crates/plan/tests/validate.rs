@@ -196,6 +196,7 @@ fn valid(w: SectionRef) -> PlanHeader {
             decode: schedule(),
             batch: Vec::new(),
             int8_dots: false,
+            split_x: false,
         }],
         io: IoBindings {
             step_params: 0,

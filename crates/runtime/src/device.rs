@@ -215,7 +215,7 @@ pub struct AdapterSummary {
     /// Smallest and largest subgroup size the adapter reports.
     pub subgroup_sizes: [u32; 2],
     /// Cooperative matrices of 16×16×16 f16 → f32, which the `tensor-f16`
-    /// variant runs on; requested only with [`DeviceOptions::tensor_cores`].
+    /// variant runs on; requested unless [`DeviceOptions::tensor_cores`] is off.
     pub cooperative_matrix: bool,
     /// Timestamp queries inside passes (`bench --profile`).
     pub timestamp_queries: bool,

@@ -545,6 +545,7 @@ mod tests {
                 decode: vec![dispatch],
                 batch: Vec::new(),
                 int8_dots: false,
+                split_x: false,
             }],
             io: IoBindings {
                 step_params: 0,

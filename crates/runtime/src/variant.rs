@@ -112,7 +112,8 @@ impl PrecisionChoice {
 /// variant called `name` when one is given (`--variant`: to compare
 /// variants on one device, e.g. a tensor-core prefill with a portable one,
 /// or the `cpu` variant on a GPU). Only a CPU adapter runs a `cpu` variant
-/// unasked.
+/// unasked, and a tensor-core variant runs unasked only if its GEMMs split
+/// `x` ([`Variant::split_x`]: plans from before rounded it).
 pub fn pick<'h>(
     header: &'h PlanHeader,
     gpu: &Gpu,
@@ -160,6 +161,15 @@ pub fn pick<'h>(
                     }
                 ));
             }
+            continue;
+        }
+        if name.is_none() && v.features.contains(&Feature::CooperativeMatrix) && !v.split_x {
+            reasons.push(format!(
+                "`{}` comes from an older gerbil whose tensor-core GEMMs rounded x to f16 (6.2e-2 \
+                 from transformers on the Llama-3.2-1B shape): recompile the plan, or name it \
+                 (--variant {})",
+                v.name, v.name
+            ));
             continue;
         }
         match refusal(v, &features, gpu) {

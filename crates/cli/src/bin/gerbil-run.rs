@@ -69,13 +69,13 @@ struct Cli {
     #[arg(long, global = true)]
     no_pipeline_cache: bool,
     /// Use the tensor-core (cooperative-matrix) variant where the adapter
-    /// has it: the default, so this flag only says so.
-    #[arg(long, global = true)]
+    /// has it: the default; the flag also overrides `GERBIL_TENSOR_CORES=0`.
+    #[arg(long, global = true, overrides_with = "no_tensor_cores")]
     tensor_cores: bool,
     /// Never use tensor cores: run the plan's best SIMT variant (to compare
     /// with it, or to step around a driver's cooperative-matrix bug);
-    /// `GERBIL_TENSOR_CORES=0` does the same.
-    #[arg(long, global = true, conflicts_with = "tensor_cores")]
+    /// `GERBIL_TENSOR_CORES=0` does the same. Of the two flags the last wins.
+    #[arg(long, global = true, overrides_with = "tensor_cores")]
     no_tensor_cores: bool,
     /// KV-cache size in tokens, up to the plan's --max-context (the
     /// default): a smaller context takes less GPU memory.
@@ -116,11 +116,9 @@ impl Cli {
         }
     }
 
-    /// Whether to use tensor cores: yes unless `--no-tensor-cores` or
-    /// `GERBIL_TENSOR_CORES=0` says no (`--tensor-cores` wins over the
-    /// variable).
+    /// Whether to use tensor cores ([`env::tensor_cores_with`]).
     fn tensor_cores(&self) -> bool {
-        self.tensor_cores || (!self.no_tensor_cores && env::tensor_cores())
+        env::tensor_cores_with(self.tensor_cores, self.no_tensor_cores)
     }
 
     /// The pipeline cache to use; `cold` ignores what is stored.

@@ -8,10 +8,12 @@
 //! staged weight rows) with a grid of subgroups, each owning `FM × FN`
 //! accumulators (`coop_mat16x16<f32, C>`); [`CoopGemm::choose`] picks the
 //! block shape per matmul within the variant's workgroup memory (from 64 × 64
-//! blocks of 4 subgroups with 2 × 2 accumulators and 32-wide K tiles, 15 KiB,
-//! to 128 × 128 of 8 with 4 × 2 and 64-wide K tiles, 46 KiB: larger blocks
-//! re-read `x` and the weights less and wider K tiles halve the barriers,
-//! smaller ones fill the GPU when `N` is small), splitting K across
+//! blocks of 4 subgroups with 2 × 2 accumulators, 20 KiB, to 64 × 256 of 8
+//! with 2 × 4, 39 KiB, and 128 × 128 of 8 with 4 × 2, 40 KiB, all with
+//! 32-wide K tiles: larger blocks re-read `x`
+//! and the weights less, smaller ones fill the GPU when `N` is small; the
+//! 16-row batch blocks stage 64-wide K tiles, which halve the barriers),
+//! splitting K across
 //! workgroups where the blocks are too few. The K loop goes `BK` at a time:
 //! every thread loads its share of the next `x` and weight tiles into
 //! registers while the subgroups multiply the current tiles from workgroup
@@ -92,8 +94,12 @@ const MIN_SPLIT_TILES: u32 = 16;
 const MIN_BATCH_SPLIT_TILES: u32 = 4;
 
 impl CoopTile {
-    /// The tiles codegen picks from, largest block first.
-    pub const CANDIDATES: [CoopTile; 4] = [
+    /// The tiles codegen picks from, largest block first. 64 × 256 before
+    /// 128 × 128 (the same 8 accumulators a subgroup): with `x` in two
+    /// parts, fewer of its rows a block make fewer fragment loads (H200,
+    /// Llama-3.2-1B shape: pp512 24.1k → 27.3k tok/s; SmolLM2 unchanged).
+    pub const CANDIDATES: [CoopTile; 5] = [
+        CoopTile::new(2, 4, 2, 4, 32),
         CoopTile::new(2, 4, 4, 2, 32),
         CoopTile::new(2, 2, 4, 4, 32),
         CoopTile::new(2, 2, 2, 4, 32),
@@ -157,7 +163,7 @@ impl CoopTile {
         2 * (2 * self.bm() + self.bn()) * stride(self.bk) + 4 * self.slots() + 4 * self.bm() + 32
     }
 
-    /// Kernel-name tag, e.g. `128x128w8` (`128x128k64w8` for 64-wide K tiles).
+    /// Kernel-name tag, e.g. `128x128w8` (`16x128k64w4` for 64-wide K tiles).
     pub fn tag(self) -> String {
         let k = if self.bk == 32 {
             String::new()
@@ -385,8 +391,9 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
         b.counters(&mut w, "count", mr / bm * nb);
         let _ = writeln!(w, "const SSQ: u32 = {}u;", splits * mr * nsp);
     }
-    // `stage`: the x tile (`BM` rows) then the weight tile (`BN` rows), one
-    // array declared first so both start 16-byte aligned; `cs`: one
+    // `stage`: the x tiles (`BM` rows of high parts, then at `SL` as many of
+    // low parts) then the weight tile (`BN` rows, at `SB`), one array
+    // declared first so all start 16-byte aligned; `cs`: one
     // accumulator slot per subgroup plus a spare, which holds the zeros the
     // accumulators start from (loaded, not `coop_mat16x16<f32, C>()`: naga
     // writes that as `OpConstantNull`, which not every driver may take for a
