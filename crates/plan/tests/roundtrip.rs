@@ -706,3 +706,20 @@ fn a_streamed_section_that_fails_leaves_no_file() {
     let left: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
     assert!(left.is_empty(), "{left:?}");
 }
+
+/// `split_x` is written only where true, and a variant without it (every
+/// variant of a plan from before it) reads as false.
+#[test]
+fn split_x_is_written_when_true_and_absent_reads_false() {
+    let mut h = header(SectionRef { offset: 0, len: 8 });
+    h.variants[0].split_x = true;
+    let json = serde_json::to_value(&h.variants[0]).unwrap();
+    assert_eq!(json["split_x"], true);
+    let mut old = json.clone();
+    old.as_object_mut().unwrap().remove("split_x");
+    let v: Variant = serde_json::from_value(old).unwrap();
+    assert!(!v.split_x);
+    h.variants[0].split_x = false;
+    let json = serde_json::to_value(&h.variants[0]).unwrap();
+    assert!(json.get("split_x").is_none(), "{json}");
+}
