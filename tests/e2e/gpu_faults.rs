@@ -68,6 +68,16 @@ fn assert_mentions(message: &str, parts: &[&str]) {
     assert!(!message.contains("panicked"), "{message}");
 }
 
+/// The message of the [`RuntimeError::NoVariant`] that opening `plan` with
+/// `opts` must end in.
+fn no_variant(plan: &PlanFile, opts: &gerbil_runtime::SessionOptions) -> String {
+    match block_on(gerbil_runtime::Session::open(plan, opts)) {
+        Ok(_) => panic!("a session opened where no variant should run"),
+        Err(e @ RuntimeError::NoVariant { .. }) => e.to_string(),
+        Err(e) => panic!("not NoVariant: {e:?}"),
+    }
+}
+
 /// The tensor-core variant asked for where the device has no tensor cores
 /// (lavapipe; or a GPU with them turned off) is refused with what is
 /// missing and both reasons it can be, not only the feature's name.
@@ -83,13 +93,8 @@ fn a_tensor_core_variant_asked_for_without_tensor_cores_says_why() {
         tensor_cores: false,
         ..gerbil_runtime::SessionOptions::default()
     };
-    let err = match block_on(gerbil_runtime::Session::open(&plan, &opts)) {
-        Ok(_) => panic!("the tensor-core variant opened without tensor cores"),
-        Err(e) => e,
-    };
-    assert!(matches!(err, RuntimeError::NoVariant { .. }), "{err:?}");
     assert_mentions(
-        &err.to_string(),
+        &no_variant(&plan, &opts),
         &[
             "`tensor-f16` needs cooperative_matrix",
             "this adapter has none, or they were turned off with `--no-tensor-cores` or \
@@ -114,16 +119,8 @@ fn an_old_plans_tensor_core_variant_is_not_run_unasked() {
     assert!(tensor.split_x, "the compiler marks its tensor-core variant");
     plan.header.variants.retain(|v| v.name == "tensor-f16");
     plan.header.variants[0].split_x = false;
-    let err = match block_on(gerbil_runtime::Session::open(
-        &plan,
-        &gerbil_runtime::SessionOptions::default(),
-    )) {
-        Ok(_) => panic!("an old plan's tensor-core variant opened unasked"),
-        Err(e) => e,
-    };
-    assert!(matches!(err, RuntimeError::NoVariant { .. }), "{err:?}");
     assert_mentions(
-        &err.to_string(),
+        &no_variant(&plan, &gerbil_runtime::SessionOptions::default()),
         &[
             "`tensor-f16` comes from an older gerbil",
             "recompile the plan, or name it (--variant tensor-f16)",
