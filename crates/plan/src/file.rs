@@ -5,7 +5,7 @@
 //! regular file (a FIFO would block, a directory or a device is refused
 //! with a clear error): the preamble and header at once, the data region in
 //! parallel chunks to check its checksum, and each section only when it is
-//! asked for ([`PlanFile::section_chunk`] into a buffer the caller reuses,
+//! asked for ([`PlanFile::read_section`] into memory the caller owns,
 //! [`PlanFile::section_bytes`] for small ones). A file cut short is
 //! [`PlanError::Truncated`]; one that shrinks *while* it is read is
 //! [`PlanError::Changed`], an error naming the file, never a fault (a map of
@@ -658,7 +658,7 @@ impl PlanFile {
 
     /// The bytes of a section (validated to lie inside the data region):
     /// borrowed from a plan in memory, read from a file. For small sections
-    /// such as the tokenizer; read weights with [`PlanFile::section_chunk`].
+    /// such as the tokenizer; read weights with [`PlanFile::read_section`].
     pub fn section_bytes(&self, r: SectionRef) -> Result<Cow<'_, [u8]>, PlanError> {
         let start = self.data_offset + r.offset;
         match &self.bytes {
@@ -674,17 +674,18 @@ impl PlanFile {
         }
     }
 
-    /// `len` bytes of section `r` from byte `offset` of it: a slice of a plan
-    /// in memory, or read from the file into `buf` (grown as needed, so one
-    /// buffer serves many chunks). A file that has become shorter since it
-    /// was opened is [`PlanError::Changed`], never a fault.
-    pub fn section_chunk<'b>(
-        &'b self,
+    /// Fills `dst` with the bytes of section `r` from byte `offset` of it:
+    /// copied from a plan in memory, read from a file or a source (straight
+    /// into `dst`, which may be mapped GPU staging memory: no buffer in
+    /// between). A file that has become shorter since it was opened is
+    /// [`PlanError::Changed`], never a fault.
+    pub fn read_section(
+        &self,
         r: SectionRef,
         offset: u64,
-        len: usize,
-        buf: &'b mut Vec<u8>,
-    ) -> Result<&'b [u8], PlanError> {
+        dst: &mut [u8],
+    ) -> Result<(), PlanError> {
+        let len = dst.len();
         if offset.checked_add(len as u64).is_none_or(|end| end > r.len) {
             return Err(PlanError::Invalid {
                 path: self.path.clone(),
@@ -694,18 +695,8 @@ impl PlanFile {
                 ),
             });
         }
-        let at = self.data_offset + r.offset + offset;
-        match &self.bytes {
-            PlanBytes::Owned(bytes) => Ok(&bytes[at as usize..at as usize + len]),
-            // Read from a file or a source.
-            _ => {
-                if buf.len() < len {
-                    buf.resize(len, 0);
-                }
-                self.bytes.read_at(&self.path, at, &mut buf[..len])?;
-                Ok(&buf[..len])
-            }
-        }
+        self.bytes
+            .read_at(&self.path, self.data_offset + r.offset + offset, dst)
     }
 
     /// Checks that the file still has the length and modification time it

@@ -145,13 +145,11 @@ fn sections_are_aligned_and_read_back_exactly() {
         &*plan.section_bytes(w).unwrap(),
         &[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
     );
-    let mut buf = Vec::new();
-    assert_eq!(
-        plan.section_chunk(w, 4, 6, &mut buf).unwrap(),
-        &[5, 6, 7, 8, 9, 10]
-    );
+    let mut buf = [0u8; 6];
+    plan.read_section(w, 4, &mut buf).unwrap();
+    assert_eq!(buf, [5, 6, 7, 8, 9, 10]);
     let err = plan
-        .section_chunk(w, 8, 5, &mut buf)
+        .read_section(w, 8, &mut [0u8; 5])
         .unwrap_err()
         .to_string();
     assert!(
@@ -302,12 +300,9 @@ fn a_plan_in_memory_reads_like_the_file() {
         &*plan.section_bytes(w).unwrap(),
         &[7, 6, 5, 4, 3, 2, 1, 0, 9, 8, 7, 6]
     );
-    let mut unused = Vec::new();
-    assert_eq!(
-        plan.section_chunk(w, 2, 3, &mut unused).unwrap(),
-        &[5, 4, 3]
-    );
-    assert!(unused.is_empty(), "a plan in memory lends its bytes");
+    let mut buf = [0u8; 3];
+    plan.read_section(w, 2, &mut buf).unwrap();
+    assert_eq!(buf, [5, 4, 3]);
     assert_eq!(plan.file_len(), bytes.len() as u64);
     assert_eq!(
         plan.path(),
@@ -366,11 +361,9 @@ fn a_plan_read_through_a_source_checks_and_reads_like_a_file() {
     let plan = PlanFile::from_source("opfs:s.plan", source(bytes.clone(), u64::MAX)).unwrap();
     assert_eq!(plan.header, h);
     assert_eq!(plan.file_len(), bytes.len() as u64);
-    let mut buf = Vec::new();
-    assert_eq!(
-        plan.section_chunk(w, 10, 3, &mut buf).unwrap(),
-        &[241, 240, 239]
-    );
+    let mut buf = [0u8; 3];
+    plan.read_section(w, 10, &mut buf).unwrap();
+    assert_eq!(buf, [241, 240, 239]);
     assert_eq!(plan.section_bytes(w).unwrap()[251], 0);
 
     let mut corrupt = bytes.clone();
@@ -535,11 +528,12 @@ fn truncated_and_changed_plans_are_errors_not_faults() {
     );
     let err = plan.section_bytes(w).unwrap_err().to_string();
     assert_eq!(err, message);
-    let mut buf = Vec::new();
-    let err = plan.section_chunk(w, 0, 4096, &mut buf).unwrap_err();
+    let err = plan.read_section(w, 0, &mut [0u8; 4096]).unwrap_err();
     assert_eq!(err.to_string(), message);
     // The bytes before the cut still read (those of the replacement).
-    assert_eq!(plan.section_chunk(w, 0, 16, &mut buf).unwrap(), &[5u8; 16]);
+    let mut buf = [0u8; 16];
+    plan.read_section(w, 0, &mut buf).unwrap();
+    assert_eq!(buf, [5u8; 16]);
     assert_eq!(plan.check_unchanged().unwrap_err().to_string(), message);
     drop(plan);
 

@@ -728,6 +728,27 @@ impl Gpu {
         Ok(value)
     }
 
+    /// Maps a `MAP_WRITE` buffer for writing once the GPU has finished
+    /// `submission` (the last work that read it; `None`: everything
+    /// submitted), as [`Gpu::settle`] waits; the caller writes through
+    /// `get_mapped_range_mut` and unmaps.
+    pub(crate) async fn map_for_writing(
+        &self,
+        buffer: &wgpu::Buffer,
+        submission: Option<wgpu::SubmissionIndex>,
+        context: &str,
+    ) -> Result<(), RuntimeError> {
+        let (tx, rx) = futures::channel::oneshot::channel();
+        buffer.slice(..).map_async(wgpu::MapMode::Write, move |r| {
+            let _ = tx.send(r);
+        });
+        if let Err(e) = self.settle(rx, submission, context).await? {
+            self.check(context)?;
+            return Err(self.device_lost(context, e.to_string()));
+        }
+        Ok(())
+    }
+
     /// Waits until the GPU has finished all work submitted so far.
     pub(crate) async fn idle(&self) -> Result<(), RuntimeError> {
         self.idle_while("waiting for the GPU").await

@@ -6,8 +6,8 @@
 //! than [`POOL_ITEM_MAX`] — a range of a *pool*, one wgpu buffer holding many
 //! of them at aligned offsets. [`Residency::binding`] turns a plan
 //! `BufferSlice` into the range of the wgpu buffer it lives in, and
-//! [`Residency::upload_weights`] writes the weights through the queue in
-//! windows.
+//! [`Residency::upload_weights`] reads the weights from the plan into two
+//! mapped staging buffers in turn and copies them to their homes.
 //!
 //! The surprise: a device allocator rounds every buffer up to its block or
 //! page, and a 30-layer model has hundreds of 1–4 MiB buffers, so one wgpu
@@ -24,6 +24,7 @@ use crate::session::kv_bytes;
 use gerbil_plan::{BufferKind, BufferSlice, PlanFile, PlanHeader, SectionRef};
 use std::collections::HashSet;
 use std::num::NonZeroU64;
+use wgpu::WriteOnly;
 
 /// Largest plan buffer placed in a pool; a larger one gets a wgpu buffer,
 /// and so device memory, of its own (where rounding costs little).
@@ -32,16 +33,20 @@ const POOL_ITEM_MAX: u64 = 32 << 20;
 /// Most bytes in one pool.
 const POOL_BYTES: u64 = 256 << 20;
 
-/// Bytes of weights written through the queue before the upload waits for
-/// the GPU: wgpu stages each write in memory of its own until the GPU has
-/// copied it, so this bounds the staging memory during a load (writing
-/// every weight at once, or mapping every weight buffer at creation, held a
-/// second copy of all the weights until the end). The writes of one window
-/// run on parallel threads ([`write_window`]).
-const UPLOAD_WINDOW: usize = 256 << 20;
+/// Bytes of one staging buffer, the most weights one copy submission
+/// carries. The upload keeps [`STAGING_BUFFERS`] of them mapped and fills
+/// one straight from the plan file while the GPU copies out of another, so
+/// reading and copying overlap and the staging memory stays bounded (and
+/// is reused: `queue.write_buffer` had wgpu allocate fresh host memory for
+/// every write, which the driver pins page by page).
+const UPLOAD_WINDOW: usize = 64 << 20;
 
-/// Largest single write; a larger weight is written in pieces.
-const UPLOAD_CHUNK: usize = 16 << 20;
+/// Staging buffers the upload cycles through.
+const STAGING_BUFFERS: usize = 2;
+
+/// Largest piece of a weight one thread reads at a time: a window holds 16,
+/// so every upload thread of a 16-core machine has one.
+const UPLOAD_CHUNK: usize = 4 << 20;
 
 /// The pools: plan buffers of one pool are bound the same way in every
 /// dispatch.
@@ -62,7 +67,8 @@ fn pool_of(kind: &BufferKind) -> Option<Pool> {
 fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
     use wgpu::BufferUsages as U;
     match kind {
-        BufferKind::Weight { .. } => U::STORAGE | U::COPY_DST,
+        // Weights are copied from only by tests, reading an upload back.
+        BufferKind::Weight { .. } => U::STORAGE | U::COPY_SRC | U::COPY_DST,
         BufferKind::Arena | BufferKind::Scratch { .. } => U::STORAGE,
         // A KV cache is copied from (tests, and one slot's rows into
         // another's) and into.
@@ -303,9 +309,10 @@ impl Residency {
         &self.buffers[home.buffer]
     }
 
-    /// Copies every weight section of `plan` into its home, in windows of
-    /// [`UPLOAD_WINDOW`] bytes, telling `progress` the bytes done after
-    /// each window has reached the GPU.
+    /// Copies every weight section of `plan` into its home through
+    /// [`STAGING_BUFFERS`] mapped staging buffers of [`UPLOAD_WINDOW`]
+    /// bytes, telling `progress` the bytes done after each window has
+    /// reached the GPU.
     pub(crate) async fn upload_weights(
         &self,
         gpu: &Gpu,
@@ -316,15 +323,16 @@ impl Residency {
             .await
     }
 
-    /// [`Residency::upload_weights`] with windows of `window_bytes`.
+    /// [`Residency::upload_weights`] with staging buffers of `window` bytes
+    /// (a multiple of 4).
     async fn upload_in_windows(
         &self,
         gpu: &Gpu,
         plan: &PlanFile,
-        window_bytes: usize,
+        window: usize,
         progress: Option<&ProgressHook>,
     ) -> Result<(), RuntimeError> {
-        let weights: Vec<(SectionRef, Home)> = plan
+        let weights = plan
             .header
             .buffers
             .iter()
@@ -332,47 +340,76 @@ impl Residency {
             .filter_map(|(i, decl)| match (&decl.kind, self.homes[i]) {
                 (BufferKind::Weight { section, .. }, Some(home)) => Some((*section, home)),
                 _ => None,
-            })
-            .collect();
-        let total: u64 = weights.iter().map(|(s, _)| s.len).sum();
-        let mut scratch = vec![Vec::new(); upload_threads()];
-        let mut done = 0u64;
-        let mut window: Vec<Write<'_>> = Vec::new();
-        let mut pending = 0;
-        for (section, home) in weights {
-            let buffer = &self.buffers[home.buffer];
-            for from in (0..section.len).step_by(UPLOAD_CHUNK) {
-                let len = UPLOAD_CHUNK.min((section.len - from) as usize);
-                window.push(Write {
-                    buffer,
-                    at: home.offset + from,
-                    section,
-                    from,
-                    len,
-                });
-                pending += len;
-                if pending >= window_bytes {
-                    write_window(&gpu.queue, plan, &window, &mut scratch)?;
-                    window.clear();
-                    gpu.queue.submit([]);
-                    gpu.idle_while("uploading the weights").await?;
-                    done += pending as u64;
-                    pending = 0;
-                    if let Some(hook) = progress {
-                        hook.report(Progress::Weights { done, total });
-                    }
-                }
+            });
+        let windows = plan_windows(&self.buffers, weights, window);
+        let total: u64 = windows.iter().map(|w| window_bytes(w)).sum();
+        let report = |done| {
+            if let Some(hook) = progress {
+                hook.report(Progress::Weights { done, total });
             }
+        };
+        if windows.is_empty() {
+            report(0);
+            return Ok(());
         }
-        write_window(&gpu.queue, plan, &window, &mut scratch)?;
-        gpu.queue.submit([]);
-        gpu.idle_while("uploading the weights").await?;
+        let context = "uploading the weights";
+        let size = windows.iter().map(|w| window_bytes(w)).max().unwrap_or(0);
+        let mut ring = Vec::new();
+        for _ in 0..STAGING_BUFFERS.min(windows.len()) {
+            let desc = wgpu::BufferDescriptor {
+                label: Some("weight staging"),
+                size,
+                usage: wgpu::BufferUsages::MAP_WRITE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: true,
+            };
+            ring.push(gpu.create_buffer(context, &desc).await?);
+        }
+        let mut scratch = vec![Vec::new(); upload_threads()];
+        // Windows submitted and not yet known to be copied, oldest first:
+        // each one's submission and bytes.
+        let mut in_flight = std::collections::VecDeque::new();
+        let mut done = 0u64;
+        for (i, writes) in windows.iter().enumerate() {
+            let staging = &ring[i % ring.len()];
+            if i >= ring.len() {
+                // This staging buffer's last window is the oldest in flight.
+                let (submission, bytes) = in_flight.pop_front().ok_or_else(|| {
+                    RuntimeError::Device("internal error: no upload window in flight".into())
+                })?;
+                gpu.map_for_writing(staging, Some(submission), context)
+                    .await?;
+                done += bytes;
+                report(done);
+            }
+            let bytes = window_bytes(writes);
+            {
+                let mut view = staging
+                    .slice(..bytes)
+                    .get_mapped_range_mut()
+                    .map_err(|e| gpu.device_lost(context, e.to_string()))?;
+                fill_window(plan, writes, view.slice(..), &mut scratch)?;
+            }
+            staging.unmap();
+            let mut encoder = gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("weight upload"),
+                });
+            let mut from = 0;
+            for w in writes {
+                encoder.copy_buffer_to_buffer(staging, from, w.buffer, w.at, w.len as u64);
+                from += w.len as u64;
+            }
+            in_flight.push_back((gpu.queue.submit([encoder.finish()]), bytes));
+        }
+        gpu.idle_while(context).await?;
+        for (_, bytes) in in_flight {
+            done += bytes;
+            report(done);
+        }
         // Reads past a shortened end already failed; this catches a plan
         // rewritten in place while it was read.
         plan.check_unchanged()?;
-        if let Some(hook) = progress.filter(|_| pending > 0 || total == 0) {
-            hook.report(Progress::Weights { done: total, total });
-        }
         Ok(())
     }
 }
@@ -387,7 +424,56 @@ struct Write<'a> {
     len: usize,
 }
 
-/// Threads that read and write a window's chunks.
+/// Cuts `weights` (each a section and its home among `buffers`) into
+/// writes of at most [`UPLOAD_CHUNK`] bytes and groups them, in order, into
+/// windows of at most `window` bytes.
+fn plan_windows<'a>(
+    buffers: &'a [wgpu::Buffer],
+    weights: impl Iterator<Item = (SectionRef, Home)>,
+    window: usize,
+) -> Vec<Vec<Write<'a>>> {
+    let chunk = UPLOAD_CHUNK.min(window);
+    let mut windows = Vec::new();
+    let mut current: Vec<Write<'a>> = Vec::new();
+    let mut pending = 0;
+    for (section, home) in weights {
+        for from in (0..section.len).step_by(chunk) {
+            let len = chunk.min((section.len - from) as usize);
+            if pending + len > window && !current.is_empty() {
+                windows.push(std::mem::take(&mut current));
+                pending = 0;
+            }
+            current.push(Write {
+                buffer: &buffers[home.buffer],
+                at: home.offset + from,
+                section,
+                from,
+                len,
+            });
+            pending += len;
+        }
+    }
+    if !current.is_empty() {
+        windows.push(current);
+    }
+    windows
+}
+
+/// Bytes of staging memory a window's writes take, back to back.
+fn window_bytes(writes: &[Write<'_>]) -> u64 {
+    writes.iter().map(|w| w.len as u64).sum()
+}
+
+/// One write's range of mapped staging memory, handed to the thread that
+/// fills it (wgpu's `WriteOnly<[u8]>` is not `Send`).
+struct Piece(std::ptr::NonNull<[u8]>);
+
+// SAFETY: a `Piece` is a range of a mapping that outlives the scoped
+// threads of `fill_window`, disjoint from every other piece: like a
+// `&mut [u8]`, which is `Send`.
+unsafe impl Send for Piece {}
+
+/// Threads that read a window's writes from the plan.
 fn upload_threads() -> usize {
     #[cfg(not(target_arch = "wasm32"))]
     let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -396,41 +482,59 @@ fn upload_threads() -> usize {
     threads
 }
 
-/// Reads a window's chunks from the plan and writes them through the
-/// queue, shared among the machine's threads where it has them (the copies
-/// into wgpu's staging memory were most of a 1B model's upload on one
-/// thread); each thread reads into its own buffer of `scratch`, kept from
-/// window to window. A plan file that shrank since it was opened fails the
-/// read with [`gerbil_plan::PlanError::Changed`]: the chunks are read, never
-/// mapped, so there is nothing to fault on.
-fn write_window(
-    queue: &wgpu::Queue,
+/// Reads a window's writes from the plan into `view` (mapped staging
+/// memory, the writes back to back, which wgpu lets us only write: it may
+/// be write-combined), on as many threads as `scratch` has buffers, each
+/// taking the next write until none is left (the reads were most of a 1B
+/// model's upload on one thread) and reading it into its own buffer, kept
+/// from window to window, before copying it into `view`. A plan file that
+/// shrank since it was opened fails the read with
+/// [`gerbil_plan::PlanError::Changed`]: the weights are read, never mapped,
+/// so there is nothing to fault on.
+fn fill_window(
     plan: &PlanFile,
     writes: &[Write<'_>],
+    view: WriteOnly<'_, [u8]>,
     scratch: &mut [Vec<u8>],
 ) -> Result<(), RuntimeError> {
-    let write = |w: &Write<'_>, buf: &mut Vec<u8>| -> Result<(), RuntimeError> {
-        let bytes = plan.section_chunk(w.section, w.from, w.len, buf)?;
-        queue.write_buffer(w.buffer, w.at, bytes);
-        Ok(())
+    let mut pieces = Vec::with_capacity(writes.len());
+    let mut rest = view;
+    for w in writes {
+        let (mut head, tail) = rest.split_at(w.len);
+        pieces.push((w, Piece(head.as_raw_ptr())));
+        rest = tail;
+    }
+    let read = |(w, dst): (&Write<'_>, Piece), buf: &mut Vec<u8>| {
+        buf.resize(buf.len().max(w.len), 0);
+        plan.read_section(w.section, w.from, &mut buf[..w.len])?;
+        // SAFETY: `dst` is a range of `view`'s mapping, which outlives this
+        // function, disjoint from every other piece, and written by this
+        // thread alone.
+        unsafe { WriteOnly::new(dst.0) }.copy_from_slice(&buf[..w.len]);
+        Ok::<(), RuntimeError>(())
     };
     #[cfg(not(target_arch = "wasm32"))]
-    {
-        let per = writes.len().div_ceil(scratch.len()).max(1);
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = writes
-                .chunks(per)
-                .zip(scratch.iter_mut())
-                .map(|(part, buf)| scope.spawn(move || part.iter().try_for_each(|w| write(w, buf))))
+    if scratch.len().min(pieces.len()) > 1 {
+        let queue = std::sync::Mutex::new(pieces.into_iter());
+        let next = || queue.lock().ok().and_then(|mut q| q.next());
+        return std::thread::scope(|scope| {
+            let handles: Vec<_> = scratch
+                .iter_mut()
+                .take(writes.len())
+                .map(|buf| scope.spawn(|| std::iter::from_fn(next).try_for_each(|p| read(p, buf))))
                 .collect();
             // An error returns at once; the scope still joins every thread.
             handles
                 .into_iter()
                 .try_for_each(|h| h.join().unwrap_or_else(|p| std::panic::resume_unwind(p)))
-        })
+        });
     }
-    #[cfg(target_arch = "wasm32")]
-    writes.iter().try_for_each(|w| write(w, &mut scratch[0]))
+    match scratch.first_mut() {
+        Some(buf) => pieces.into_iter().try_for_each(|p| read(p, buf)),
+        None => pieces
+            .into_iter()
+            .try_for_each(|p| read(p, &mut Vec::new())),
+    }
 }
 
 #[cfg(all(test, not(target_arch = "wasm32")))]
@@ -608,6 +712,58 @@ mod tests {
         );
     }
 
+    /// Every weight arrives whole at its home, through staging buffers
+    /// smaller than some weights (cut into pieces) and larger than others
+    /// (several to a window), pooled or in buffers of their own, with more
+    /// windows than staging buffers (each reused).
+    #[test]
+    fn uploaded_weights_read_back_as_the_plan_holds_them() {
+        let sizes = [20_000, 4_096, 52_000, 8, 30_000, 100, 16_384];
+        let plan = plan_of_weights(&sizes);
+        let got = pollster::block_on(async {
+            let gpu = Gpu::open(&Default::default()).await.expect("a GPU");
+            let used: HashSet<u32> = (3..3 + sizes.len() as u32).collect();
+            let residency = Residency::allocate(&gpu, &plan.header, &used, 4, 1)
+                .await
+                .expect("allocate");
+            residency
+                .upload_in_windows(&gpu, &plan, 12_288, None)
+                .await
+                .expect("upload");
+            let mut got = Vec::new();
+            for (i, &size) in (3u32..).zip(&sizes) {
+                let slice = BufferSlice {
+                    buffer: i,
+                    offset: 0,
+                    size,
+                };
+                let home = residency.binding(&slice, 0);
+                let readback = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                    label: None,
+                    size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                let mut encoder = gpu.device.create_command_encoder(&Default::default());
+                encoder.copy_buffer_to_buffer(home.buffer, home.offset, &readback, 0, size);
+                gpu.queue.submit([encoder.finish()]);
+                got.push(
+                    gpu.read_mapped(&readback, |b| b.to_vec())
+                        .await
+                        .expect("read"),
+                );
+            }
+            got
+        });
+        for (i, bytes) in (3usize..).zip(got) {
+            let BufferKind::Weight { section, .. } = plan.header.buffers[i].kind else {
+                panic!("buffer {i} is a weight");
+            };
+            let want = plan.section_bytes(section).expect("the plan's bytes");
+            assert!(bytes == *want, "weight {i} ({} bytes) differs", bytes.len());
+        }
+    }
+
     #[test]
     fn upload_progress_counts_up_to_the_weight_bytes_once_per_window() {
         let sizes = [20_000, 4_096, 52_000, 8, 30_000, 100];
@@ -640,11 +796,16 @@ mod tests {
                 other => panic!("not a weights event: {other:?}"),
             })
             .collect();
-        // A window closes once it holds 16 KiB (whole weights here: each is
-        // below the write chunk): 20,000; 4,096 + 52,000; 8 + 30,000 bytes;
-        // the last 100 go in a final, partial window. Each report comes after
-        // its window reached the GPU.
-        assert_eq!(done, [20_000, 76_096, 106_104, 106_204], "{seen:?}");
+        // Staging buffers of 16 KiB take pieces of at most 16 KiB, as many
+        // as fit: 16,384 (of the first weight); its last 3,616 + 4,096;
+        // three pieces of the third weight alone; its last 2,848 + 8; two
+        // pieces of the fifth weight, the second with the last 100 bytes.
+        // Each report comes after its window reached the GPU.
+        assert_eq!(
+            done,
+            [16_384, 24_096, 40_480, 56_864, 73_248, 76_104, 92_488, 106_204],
+            "{seen:?}"
+        );
         assert!(done.windows(2).all(|w| w[0] < w[1]), "increasing: {done:?}");
         assert_eq!(done.last(), Some(&total), "{done:?}");
     }
