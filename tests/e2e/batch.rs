@@ -2,11 +2,12 @@
 //! KV-cache slots, at different positions, decoded together in one step give
 //! every row the logits that sequence gets decoded alone — for every tiny
 //! family (GQA, sliding windows, q/k norms, partial rotary, biases), in any
-//! row order, with rows of several steps in a row.
+//! row order, with rows of several steps in a row. Also when a session
+//! creates its pipelines, and its prompts on a prefill fallback.
 
 use gerbil_e2e::*;
 use gerbil_plan::PlanFile;
-use gerbil_runtime::{argmax, RuntimeError, Session, SessionOptions};
+use gerbil_runtime::{argmax, PrefillFallback, RuntimeError, Session, SessionOptions};
 use pollster::block_on;
 
 /// The largest difference between two logit rows.
@@ -479,9 +480,80 @@ fn pipelines_are_created_when_a_step_first_needs_them() {
     };
     let mut early = block_on(Session::open(&plan, &background)).expect("session");
     assert_eq!(block_on(early.forward(&prompt)).expect("prompt"), logits);
+    block_on(early.create_step_pipelines()).expect("the background thread's");
     let prefill_and_decode = kernels(&[all(&v.prefill), all(&v.decode)]);
     assert_eq!(early.pipeline_stats().created, prefill_and_decode.len());
     assert_eq!(block_on(early.forward(&[7])).expect("decode"), next);
     block_on(early.forward_batch(&[(0, 8), (1, 9)])).expect("batch step");
     assert_eq!(early.pipeline_stats().created, every.len());
+}
+
+/// With [`PrefillFallback::FirstPrompt`] the first prompt runs on the
+/// session's prefill fallback (on lavapipe, `subgroups` for the `cpu`
+/// variant it picks: the next variant of the same precision, on the same
+/// buffers), and decoding goes on with the session's own variant from the KV
+/// cache the fallback wrote; the logits of both steps are a plain session's
+/// within the f32 tolerance (1e-4 of the largest logit), and the next prompt
+/// runs the variant itself, exactly. A variant named in the options has no
+/// fallback.
+#[test]
+fn the_first_prompt_can_run_on_the_prefill_fallback() {
+    let _gpu = gpu_lock();
+    let plan = PlanFile::open(&compile_plan(&tiny_model("llama"), |_| {})).expect("plan");
+    let with = |fallback| SessionOptions {
+        prefill_fallback: fallback,
+        ..SessionOptions::default()
+    };
+    let mut plain = block_on(Session::open(&plan, &with(PrefillFallback::Off))).expect("session");
+    let mut first =
+        block_on(Session::open(&plan, &with(PrefillFallback::FirstPrompt))).expect("session");
+    let chosen = first.variant().name.clone();
+    assert_eq!(plain.variant().name, chosen);
+    let prompt: Vec<u32> = (1..9).collect();
+    let close = |got: &[f32], want: &[f32], what: &str| {
+        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = max_abs_diff(got, want);
+        assert!(
+            diff <= 1e-4 * scale,
+            "{what}: {diff} from the plain session's (max {scale})"
+        );
+    };
+    let want = block_on(plain.forward(&prompt)).expect("prompt");
+    let got = block_on(first.forward(&prompt)).expect("prompt on the fallback");
+    let fallback = first.prefill_variant().to_string();
+    assert_ne!(fallback, chosen, "the first prompt ran on a fallback");
+    assert_eq!(plain.prefill_variant(), chosen);
+    close(&got, &want, &format!("the prompt on `{fallback}`"));
+    assert_ne!(
+        got, want,
+        "`{fallback}`'s kernels sum in another order than `{chosen}`'s"
+    );
+    let want_next = block_on(plain.forward(&[11])).expect("decode");
+    let got_next = block_on(first.forward(&[11])).expect("decode after the fallback");
+    close(
+        &got_next,
+        &want_next,
+        &format!("`{chosen}` decoding after `{fallback}`"),
+    );
+    assert_eq!(first.prefill_variant(), fallback, "the last prompt's");
+
+    first.reset();
+    plain.reset();
+    assert_eq!(
+        block_on(first.forward(&prompt)).expect("second prompt"),
+        block_on(plain.forward(&prompt)).expect("second prompt"),
+    );
+    assert_eq!(first.prefill_variant(), chosen);
+
+    let named = SessionOptions {
+        variant: Some(chosen.clone()),
+        ..with(PrefillFallback::FirstPrompt)
+    };
+    let mut named = block_on(Session::open(&plan, &named)).expect("session");
+    assert_eq!(block_on(named.forward(&prompt)).expect("prompt"), want);
+    assert_eq!(
+        named.prefill_variant(),
+        chosen,
+        "no fallback for a named variant"
+    );
 }

@@ -424,6 +424,8 @@ pub async fn bench_embeddings(path: &Path, opts: &EmbedBenchOptions) -> Result<E
     let mut load = opts.model.clone();
     load.session.profiling = opts.profile;
     let mut model = Model::load(&plan, &load).await?;
+    // Every step on the variant itself, never its prefill fallback.
+    model.session().create_step_pipelines().await?;
     let vocab = plan.header.model.vocab_size as u32;
     // Ids spread over the vocabulary, a different input each.
     let inputs: Vec<Vec<u32>> = (0..opts.batch.max(1))

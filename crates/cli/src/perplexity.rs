@@ -157,6 +157,9 @@ async fn open(path: &Path, opts: &PerplexityOptions) -> Result<Model> {
     }
     let mut model_opts = opts.model.clone();
     model_opts.session.context = Some(context);
+    // Every window on the variant itself: a score of its logits, never its
+    // prefill fallback's.
+    model_opts.session.prefill_fallback = gerbil_runtime::PrefillFallback::Off;
     let model = Model::load(&plan, &model_opts)
         .await
         .with_context(|| format!("loading {}", path.display()))?;

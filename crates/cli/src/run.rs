@@ -10,7 +10,7 @@ use gerbil::{ChatMessage, FinishReason, Model, ModelOptions};
 use gerbil_grammar::{Grammar, Grammars};
 use gerbil_plan::PlanFile;
 use gerbil_runtime::{
-    PipelineCacheOptions, PrecisionChoice, SamplingParams, Session, SessionOptions,
+    PipelineCacheOptions, PrecisionChoice, PrefillFallback, SamplingParams, Session, SessionOptions,
 };
 use serde::Serialize;
 use std::time::Instant;
@@ -241,6 +241,9 @@ pub struct BenchOptions {
     /// Use the tensor-core variant where the adapter has cooperative
     /// matrices ([`SessionOptions::tensor_cores`]).
     pub tensor_cores: bool,
+    /// Whether the first prompt may run on the prefill fallback
+    /// ([`SessionOptions::prefill_fallback`]; the timed ones never do).
+    pub prefill_fallback: PrefillFallback,
     /// Also time batch steps of this many sequences (`--batch`; a plan
     /// compiled with `--max-batch` at least this).
     pub batch: Option<usize>,
@@ -304,6 +307,10 @@ pub struct BenchReport {
     /// The plan variant that ran (the best one the device supports at the
     /// precision asked for).
     pub variant: String,
+    /// The variant the first prompt ran on: `variant`, or its prefill
+    /// fallback while `variant`'s pipelines compiled
+    /// ([`gerbil_runtime::PrefillFallback`]).
+    pub first_prefill_variant: String,
     /// Its precision: `f32` or `f16` (what `--precision auto` chose).
     pub precision: String,
     /// Prompt tokens per second (median).
@@ -497,6 +504,7 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         pipeline_cache: opts.pipeline_cache.clone(),
         adapter: opts.adapter,
         tensor_cores: opts.tensor_cores,
+        prefill_fallback: opts.prefill_fallback,
         ..crate::env::session_defaults()
     };
     let plan_s = start.elapsed().as_secs_f64();
@@ -512,10 +520,13 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
     session.forward(&prompt).await?;
     let first_token_s = start.elapsed().as_secs_f64();
     let first_pipelines = session.pipeline_stats();
+    let first_prefill_variant = session.prefill_variant().to_string();
     // Warm-up of a decode step (its pipelines), outside the timed runs; from
-    // an empty cache, as the prompt may fill the context.
+    // an empty cache, as the prompt may fill the context. The timed prompts
+    // run on the variant itself, never its prefill fallback.
     session.reset();
     session.forward(&prompt[..1]).await?;
+    session.create_step_pipelines().await?;
     let mut prefill = Vec::new();
     let mut decode = Vec::new();
     for _ in 0..opts.repeats.max(1) {
@@ -594,6 +605,7 @@ pub async fn bench(plan_path: &std::path::Path, opts: BenchOptions) -> Result<Be
         kv_cache_bytes: mem.kv_cache,
         activation_bytes: mem.activations,
         variant: session.variant().name.clone(),
+        first_prefill_variant,
         precision: session.variant().precision.name().to_string(),
         decode_loop: match (
             session.can_sample_on_gpu(&opts.sampling),

@@ -117,9 +117,11 @@ pub async fn sweep(plan_path: &std::path::Path, opts: &SweepOptions) -> Result<S
     let vocab = session.vocab_size() as u32;
     let tokens = crate::run::synthetic_ids(max, vocab);
     let lengths = context_lengths(max);
-    // Warm-up: the pipelines' first use.
+    // Warm-up: the pipelines' first use; the timed prompts run on the
+    // variant itself, never its prefill fallback.
     session.reset();
     session.forward(&tokens[..lengths[0]]).await?;
+    session.create_step_pipelines().await?;
     let mut points = Vec::with_capacity(lengths.len());
     for &context in &lengths {
         let depth = context.min(max - opts.new_tokens);

@@ -52,7 +52,7 @@ pub use pipeline_cache::{PipelineCacheOptions, PipelineCacheState};
 pub use profile::DispatchTime;
 pub use progress::{Progress, ProgressHook};
 pub use sampling::{argmax, top_logits, Sampler, SamplingParams, TokenHistory};
-pub use session::{LoadReport, MemoryReport, Session, SessionOptions};
+pub use session::{LoadReport, MemoryReport, PrefillFallback, Session, SessionOptions};
 pub use variant::PrecisionChoice;
 pub use variant_pipelines::PipelineStats;
 

@@ -163,6 +163,17 @@ fn compile(
 #[cfg(not(target_arch = "wasm32"))]
 const MAX_THREADS: usize = 16;
 
+/// Threads that create `jobs` pipelines: `threads` when given (at least 1),
+/// else one per core; at most [`MAX_THREADS`] and `jobs`.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn worker_threads(threads: Option<usize>, jobs: usize) -> usize {
+    threads
+        .map(|n| n.max(1))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+        .min(MAX_THREADS)
+        .min(jobs)
+}
+
 /// A kernel to compile and the pipeline layout it gets.
 pub type PipelineJob<'a> = (&'a Kernel, &'a wgpu::PipelineLayout);
 
@@ -181,11 +192,7 @@ pub async fn create_pipelines(
     let _ = threads;
     #[cfg(not(target_arch = "wasm32"))]
     {
-        let threads = threads
-            .map(|n| n.max(1))
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-            .min(MAX_THREADS)
-            .min(jobs.len());
+        let threads = worker_threads(threads, jobs.len());
         if threads > 1 {
             let pipelines = create_in_parallel(gpu, jobs, checks, cache, threads).await?;
             return Ok((pipelines, threads));
@@ -203,10 +210,45 @@ pub async fn create_pipelines(
     Ok((pipelines, 1))
 }
 
-/// An error scope's result, awaited on the calling thread after a worker
-/// thread popped it.
+/// An error scope's result, awaited after a worker thread popped it.
 #[cfg(not(target_arch = "wasm32"))]
 type ScopeResult = std::pin::Pin<Box<dyn std::future::Future<Output = Option<wgpu::Error>> + Send>>;
+
+/// A pipeline a worker thread created, with its out-of-memory and
+/// validation scopes (popped on that thread, awaited by whoever reports).
+#[cfg(not(target_arch = "wasm32"))]
+type Scoped = (wgpu::ComputePipeline, ScopeResult, ScopeResult);
+
+/// Runs `make` for each job on `threads` worker threads, each taking the
+/// next job in `order` until none is left; each pipeline is compiled inside
+/// error scopes of the worker's own (wgpu's scopes belong to the thread
+/// that pushed them) and handed to `made` with its job's index.
+#[cfg(not(target_arch = "wasm32"))]
+fn compile_on_workers(
+    gpu: &Gpu,
+    jobs: &[PipelineJob<'_>],
+    order: &[usize],
+    (checks, cache, threads): (ShaderChecks, Option<&wgpu::PipelineCache>, usize),
+    made: &(dyn Fn(usize, Scoped) + Sync),
+) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let next = AtomicUsize::new(0);
+    let worker = || {
+        while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+            let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+            let validation = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let (kernel, layout) = jobs[i];
+            let p = compile(&gpu.device, kernel, layout, checks, cache);
+            made(i, (p, Box::pin(validation.pop()), Box::pin(oom.pop())));
+        }
+    };
+    std::thread::scope(|s| {
+        let handles: Vec<_> = (0..threads).map(|_| s.spawn(worker)).collect();
+        for h in handles {
+            h.join().unwrap_or_else(|e| std::panic::resume_unwind(e));
+        }
+    });
+}
 
 /// [`create_pipelines`] on `threads` worker threads, each taking the next
 /// kernel, largest WGSL first so that the slowest compiles start early.
@@ -218,33 +260,20 @@ async fn create_in_parallel(
     cache: Option<&wgpu::PipelineCache>,
     threads: usize,
 ) -> Result<Vec<wgpu::ComputePipeline>, RuntimeError> {
-    use std::sync::atomic::{AtomicUsize, Ordering};
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(jobs[i].0.wgsl.len()));
-    let next = AtomicUsize::new(0);
-    let worker = || {
-        let mut made = Vec::new();
-        while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
-            let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-            let validation = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
-            let (kernel, layout) = jobs[i];
-            let p = compile(&gpu.device, kernel, layout, checks, cache);
-            let v: ScopeResult = Box::pin(validation.pop());
-            let o: ScopeResult = Box::pin(oom.pop());
-            made.push((i, p, v, o));
+    let made = std::sync::Mutex::new(Vec::new());
+    compile_on_workers(gpu, jobs, &order, (checks, cache, threads), &|i, scoped| {
+        if let Ok(mut made) = made.lock() {
+            made.push((i, scoped));
         }
-        made
-    };
-    let made: Vec<_> = std::thread::scope(|s| {
-        let handles: Vec<_> = (0..threads).map(|_| s.spawn(worker)).collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_else(|e| std::panic::resume_unwind(e)))
-            .collect()
     });
+    let made = made
+        .into_inner()
+        .map_err(|_| RuntimeError::Device("a thread creating pipelines panicked".into()))?;
     let mut slots: Vec<Option<wgpu::ComputePipeline>> = (0..jobs.len()).map(|_| None).collect();
     let mut first_error: Option<(usize, RuntimeError)> = None;
-    for (i, p, v, o) in made {
+    for (i, (p, v, o)) in made {
         let (v, o) = (v.await, o.await);
         let context = || format!("creating pipeline `{}`", jobs[i].0.name);
         let error = if o.is_some() {
@@ -267,4 +296,33 @@ async fn create_in_parallel(
         return Err(e);
     }
     Ok(slots.into_iter().flatten().collect())
+}
+
+/// Creates the pipelines of `jobs` on `threads` worker threads
+/// ([`worker_threads`]), in the order given, and hands each to `publish` with its job's index the moment
+/// it exists: `Some` pipeline, or `None` where creating it raised an error
+/// (the caller creates that one again where it can report the error).
+/// For a thread of its own ([`crate::variant_pipelines`]): it blocks until
+/// every job is done.
+#[cfg(not(target_arch = "wasm32"))]
+pub fn create_each(
+    gpu: &Gpu,
+    jobs: &[PipelineJob<'_>],
+    checks: ShaderChecks,
+    cache: Option<&wgpu::PipelineCache>,
+    threads: usize,
+    publish: &(dyn Fn(usize, Option<wgpu::ComputePipeline>) + Sync),
+) {
+    let order: Vec<usize> = (0..jobs.len()).collect();
+    compile_on_workers(
+        gpu,
+        jobs,
+        &order,
+        (checks, cache, threads),
+        &|i, (p, v, o)| {
+            // Native scopes are settled when popped: these futures are ready.
+            let failed = pollster::block_on(v).is_some() | pollster::block_on(o).is_some();
+            publish(i, (!failed).then_some(p));
+        },
+    );
 }

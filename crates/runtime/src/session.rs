@@ -49,6 +49,15 @@ pub struct Session {
     pipelines: VariantPipelines,
     pub(crate) prefill: Vec<Step>,
     pub(crate) decode: Vec<Step>,
+    /// The prefill fallback's variant and prefill steps, on the same
+    /// buffers ([`PrefillFallback`]).
+    fallback: Option<(String, Vec<Step>)>,
+    /// When prompts may run on the fallback.
+    fallback_mode: PrefillFallback,
+    /// Whether the last prefill step ran on the fallback.
+    on_fallback: bool,
+    /// Prompts run so far (calls of `forward` and embedding steps).
+    prompts: u64,
     /// The batch schedule's steps (empty: the plan has none).
     pub(crate) batch: Vec<Step>,
     /// Where a batch step's logits are read back: `max_batch` rows, made
@@ -166,6 +175,38 @@ pub struct SessionOptions {
     /// [`BACKGROUND_CORES`](crate::variant_pipelines::BACKGROUND_CORES)
     /// threads; never in a browser). See [`crate::variant_pipelines`].
     pub background_pipelines: Option<bool>,
+    /// Whether prompts may run on another variant while this one's prefill
+    /// pipelines compile ([`PrefillFallback`]).
+    pub prefill_fallback: PrefillFallback,
+}
+
+/// Whether a session runs prompts on a *fallback* variant while the prefill
+/// pipelines of the variant it chose still compile: the first variant after
+/// it in the plan that the device runs, of the same precision, without
+/// cooperative matrices, and whose prefill binds only buffers the session
+/// already has ([`crate::variant::fallback`]) — `subgroups-f16` for
+/// `tensor-f16`, whose GEMMs take the driver 0.8–1.4 s each to compile where
+/// the SIMT ones take 0.2–0.4 s. Both variants write the same KV caches and
+/// logits, so decode continues on the chosen variant; the fallback's logits
+/// are within its own tolerance of the reference, not bit-identical to the
+/// chosen variant's. Never for a variant named in
+/// [`SessionOptions::variant`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum PrefillFallback {
+    /// Every step runs the chosen variant, waiting for its pipelines
+    /// (`gerbil-run --no-prefill-fallback`): results that do not depend on
+    /// how fast the driver compiles.
+    Off,
+    /// While the background thread
+    /// ([`SessionOptions::background_pipelines`]) still compiles the chosen
+    /// tensor-core variant's prefill pipelines, a prompt chunk runs on the
+    /// fallback (whose pipelines the thread creates first).
+    #[default]
+    WhileCompiling,
+    /// The first prompt runs on the fallback, whatever the variant and
+    /// however far its pipelines are, later ones on the chosen variant:
+    /// deterministic, to test the fallback and time a cold start on it.
+    FirstPrompt,
 }
 
 impl Default for SessionOptions {
@@ -183,6 +224,7 @@ impl Default for SessionOptions {
             pipeline_threads: None,
             slots: 0,
             background_pipelines: None,
+            prefill_fallback: PrefillFallback::default(),
         }
     }
 }
@@ -261,6 +303,39 @@ pub(crate) fn kv_bytes(size: u64, context: u64, max_context: u64) -> u64 {
     }
     let row = size / max_context;
     (row * context).next_multiple_of(4)
+}
+
+/// The prefill fallback `opts` gives a session of `chosen` on `gpu` that
+/// allocated `used` ([`PrefillFallback`]): none for a variant asked for by
+/// name, with the fallback off, or (`WhileCompiling`) for a variant without
+/// tensor cores or a session without a background thread.
+fn prefill_fallback<'h>(
+    header: &'h PlanHeader,
+    gpu: &Gpu,
+    chosen: &Variant,
+    used: &HashSet<u32>,
+    opts: &SessionOptions,
+) -> Option<&'h Variant> {
+    let wanted = match opts.prefill_fallback {
+        PrefillFallback::Off => false,
+        PrefillFallback::FirstPrompt => true,
+        PrefillFallback::WhileCompiling => {
+            chosen
+                .features
+                .contains(&gerbil_plan::Feature::CooperativeMatrix)
+                && crate::variant_pipelines::wants_background(opts)
+        }
+    };
+    if !wanted || opts.variant.is_some() {
+        return None;
+    }
+    let fallback = crate::variant::fallback(header, gpu, chosen, used)?;
+    tracing::info!(
+        "prompts may run on `{}` while the pipelines of `{}` compile",
+        fallback.name,
+        chosen.name
+    );
+    Some(fallback)
 }
 
 impl Session {
@@ -345,8 +420,11 @@ impl Session {
         }
         let residency = Residency::allocate(&gpu, &header, &used, context, slots).await?;
         load.buffers = clock.lap();
+        let fallback = prefill_fallback(&header, &gpu, &variant, &used, opts);
+        let fallback_prefill = fallback.map_or(&[][..], |f| &f.prefill[..]);
         // Before the upload: a background thread may compile while it runs.
-        let pipelines = VariantPipelines::open(&gpu, &header, &variant, opts).await?;
+        let pipelines =
+            VariantPipelines::open(&gpu, &header, &variant, fallback_prefill, opts).await?;
         load.pipeline_cache = pipelines.cache_state();
         load.pipelines = clock.lap();
         residency
@@ -357,6 +435,13 @@ impl Session {
         let prefill = steps(&variant.prefill, ("prefill", slots, false)).await?;
         let decode = steps(&variant.decode, ("decode", slots, false)).await?;
         let batch = steps(&variant.batch, ("batch", slots, true)).await?;
+        let fallback = match fallback {
+            Some(f) => {
+                let prefill = steps(&f.prefill, ("fallback prefill", slots, false)).await?;
+                Some((f.name.clone(), prefill))
+            }
+            None => None,
+        };
         let readback_desc = wgpu::BufferDescriptor {
             label: Some("logits readback"),
             // One row of logits (vocab_size ≤ limits::VOCABULARY, validated),
@@ -393,6 +478,10 @@ impl Session {
             pipelines,
             prefill,
             decode,
+            fallback,
+            fallback_mode: opts.prefill_fallback,
+            on_fallback: false,
+            prompts: 0,
             batch,
             batch_readback,
             variant,
@@ -614,8 +703,7 @@ impl Session {
         let total = tokens.len() as u64;
         let mut done = 0;
         for part in tokens.chunks(chunk) {
-            self.ensure_pipelines(self.steps_for(part.len()), part.len() as u32)
-                .await?;
+            self.ensure_step_pipelines(part.len()).await?;
             self.gpu
                 .scoped("running a step", || self.run_step(part))
                 .await??;
@@ -635,6 +723,7 @@ impl Session {
                 hook.report(Progress::Prefill { done, total });
             }
         }
+        self.prompts += 1;
         Ok(())
     }
 
@@ -747,12 +836,52 @@ impl Session {
         Ok(self.steps_for(tokens.len()))
     }
 
-    /// The schedule a step of `t` tokens runs: decode for one, else prefill.
+    /// The schedule a step of `t` tokens runs: decode for one, else
+    /// prefill (the fallback's while [`Session::ensure_step_pipelines`]
+    /// says so).
     fn steps_for(&self, t: usize) -> &[Step] {
+        match (t, &self.fallback) {
+            (1, _) => &self.decode,
+            (_, Some((_, steps))) if self.on_fallback => steps,
+            _ => &self.prefill,
+        }
+    }
+
+    /// Chooses the schedule of a step of `t` tokens — the prefill fallback's
+    /// while [`PrefillFallback`] asks for it — and creates its pipelines
+    /// that do not exist yet.
+    async fn ensure_step_pipelines(&mut self, t: usize) -> Result<(), RuntimeError> {
+        let rows = t as u32;
         if t == 1 {
-            &self.decode
-        } else {
-            &self.prefill
+            return self.ensure_pipelines(&self.decode, rows).await;
+        }
+        self.on_fallback = self.fallback.is_some()
+            && match self.fallback_mode {
+                PrefillFallback::Off => false,
+                PrefillFallback::FirstPrompt => self.prompts == 0,
+                PrefillFallback::WhileCompiling => !self.pipelines.ready(
+                    self.prefill
+                        .iter()
+                        .filter(|s| s.dispatch.runs_at(rows))
+                        .map(|s| s.pipeline),
+                ),
+            };
+        if self.on_fallback {
+            tracing::debug!(
+                tokens = t,
+                variant = self.prefill_variant(),
+                "prompt on the prefill fallback"
+            );
+        }
+        self.ensure_pipelines(self.steps_for(t), rows).await
+    }
+
+    /// The variant the last prefill step ran on: the session's, or its
+    /// prefill fallback ([`PrefillFallback`]).
+    pub fn prefill_variant(&self) -> &str {
+        match &self.fallback {
+            Some((name, _)) if self.on_fallback => name,
+            _ => &self.variant.name,
         }
     }
 
@@ -775,7 +904,17 @@ impl Session {
     /// first needs it: a server calls it after loading, so that no client
     /// waits for a compile.
     pub async fn create_all_pipelines(&self) -> Result<(), RuntimeError> {
-        self.pipelines.ensure_all(&self.gpu, &self.header).await
+        let steps = self.prefill.iter().chain(&self.decode).chain(&self.batch);
+        let slots = steps.map(|s| s.pipeline);
+        self.pipelines.ensure(&self.gpu, &self.header, slots).await
+    }
+
+    /// Creates (or waits for) the pipelines of the variant's prefill and
+    /// decode steps: after it every prompt runs on the variant itself, not
+    /// its prefill fallback (`bench` calls it before timing).
+    pub async fn create_step_pipelines(&self) -> Result<(), RuntimeError> {
+        let slots = self.prefill.iter().chain(&self.decode).map(|s| s.pipeline);
+        self.pipelines.ensure(&self.gpu, &self.header, slots).await
     }
 
     /// Pipelines created so far (at load none: each is created when a step
@@ -921,8 +1060,8 @@ impl Session {
             rest = later;
             let packed: Vec<u32> = group.iter().flat_map(|t| t.iter().copied()).collect();
             self.write_segments(group, places);
-            self.ensure_pipelines(self.steps_for(packed.len()), packed.len() as u32)
-                .await?;
+            self.ensure_step_pipelines(packed.len()).await?;
+            self.prompts += 1;
             self.gpu
                 .scoped("running an embedding step", || self.run_step(&packed))
                 .await??;

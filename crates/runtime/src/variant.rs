@@ -10,6 +10,7 @@
 use crate::device::{check_limits, Gpu};
 use crate::error::RuntimeError;
 use gerbil_plan::{Feature, PlanHeader, Precision, Variant};
+use std::collections::HashSet;
 
 /// The plan features this device has enabled, and [`Feature::Cpu`] where
 /// the adapter is a CPU (a browser's fallback adapter counts as one).
@@ -196,4 +197,33 @@ pub fn pick<'h>(
         adapter: gpu.adapter.name.clone(),
         reasons: reasons.join("; "),
     })
+}
+
+/// The prefill fallback of a session running `chosen` on `gpu` with the
+/// buffers `used` ([`crate::PrefillFallback`]): the first variant after
+/// `chosen` in the plan's order that the device runs unasked (as [`pick`]
+/// would), of the same precision, without cooperative matrices, and whose
+/// prefill binds only buffers in `used` — so it reads the same weights and
+/// writes the same KV caches and logits.
+pub(crate) fn fallback<'h>(
+    header: &'h PlanHeader,
+    gpu: &Gpu,
+    chosen: &Variant,
+    used: &HashSet<u32>,
+) -> Option<&'h Variant> {
+    let features = device_features(gpu);
+    let cpu_adapter = features.contains(&Feature::Cpu);
+    header
+        .variants
+        .iter()
+        .skip_while(|v| v.name != chosen.name)
+        .skip(1)
+        .filter(|v| v.precision == chosen.precision)
+        .filter(|v| !v.features.contains(&Feature::CooperativeMatrix))
+        .filter(|v| cpu_adapter || !v.features.contains(&Feature::Cpu))
+        .filter(|v| {
+            let mut bound = v.prefill.iter().flat_map(|d| &d.bindings);
+            bound.all(|b| used.contains(&b.buffer))
+        })
+        .find(|v| refusal(v, &features, gpu).is_none())
 }

@@ -4,91 +4,140 @@
 //! Opening a session creates every kernel's bind-group and pipeline layouts
 //! (cheap: the bind groups are made against them), but no pipeline: creating
 //! one is WGSL → SPIR-V → the driver's machine code, much of a cold start on
-//! a GPU (0.3–0.5 s of the Llama-3.2-1B shape's 1.2 s cold first token on
-//! an H200, 1.4 s with tensor cores) and on lavapipe. Before a step is recorded,
-//! [`VariantPipelines::ensure`] creates the pipelines of the dispatches that
-//! step runs and that do not exist yet — all of them at once, in parallel
-//! where the platform has threads ([`crate::pipeline::create_pipelines`]) —
-//! and writes the pipeline cache back when it grew. So a short prompt never
-//! compiles the long prompts' GEMM tiles, a session that never serves never
-//! compiles the batch step's kernels, and the first token waits only for its
-//! own kernels; the decode kernels follow at the second token.
+//! a GPU (0.3–0.5 s of the Llama-3.2-1B shape's cold first token on an
+//! H200, 0.8–1.4 s per tensor-core GEMM) and on lavapipe. Before a step is
+//! recorded, [`VariantPipelines::ensure`] creates the pipelines of the
+//! dispatches that step runs and that do not exist yet — all of them at
+//! once, in parallel where the platform has threads
+//! ([`crate::pipeline::create_pipelines`]) — and writes the pipeline cache
+//! back when it grew. So a short prompt never compiles the long prompts'
+//! GEMM tiles, a session that never serves never compiles the batch step's
+//! kernels, and the first token waits only for its own kernels.
 //! [`VariantPipelines::ensure_all`] creates the rest at once (a server does,
 //! so that no client waits for a compile).
 //!
 //! On a native machine with cores to spare (at least [`BACKGROUND_CORES`]
 //! threads, or as [`SessionOptions::background_pipelines`] says), opening
 //! also starts a thread that creates the prefill and decode pipelines while
-//! the weights upload; the first step waits for it, then creates whatever
-//! is still missing. The weight upload (0.4 s of the Llama-3.2-1B shape's
-//! load on an H200) and the compile then overlap instead of adding up, and
-//! the decode kernels are ready before the second token. On few cores (a CI
-//! machine, lavapipe) both would fight for the same cores, and the thread
-//! would compile kernels a short prompt never runs, so it stays off there.
+//! the weights upload — the prefill fallback's first, where the session has
+//! one ([`crate::session::PrefillFallback`]) — and publishes each the moment
+//! it exists: a step waits only for the pipelines it needs, and
+//! [`VariantPipelines::ready`] tells whether they are there without waiting.
+//! On few cores (a CI machine, lavapipe) the thread and the upload would
+//! fight for the same cores, and the thread would compile kernels a short
+//! prompt never runs, so it stays off there.
 //!
 //! The surprise: a pipeline is created by the `async` step that needs it,
 //! not in [`crate::Session::record`], which is synchronous (recording
 //! happens inside a compute pass) and cannot wait for error scopes in a
 //! browser. Recording a dispatch whose pipeline was never ensured is an
-//! internal error, reported rather than skipped.
+//! internal error, reported rather than skipped. A pipeline the background
+//! thread failed to create is left to the step, which creates it again and
+//! reports the error.
 
 use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::pipeline::{create_layout, create_pipelines, KernelLayout, PipelineJob, ShaderChecks};
 use crate::pipeline_cache::{PipelineCacheState, Store};
 use crate::session::SessionOptions;
-use gerbil_plan::{Kernel, PlanHeader, Variant};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use gerbil_plan::{Dispatch, Kernel, PlanHeader, Variant};
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::Duration;
 
 /// Threads a machine needs for [`VariantPipelines`] to create pipelines in
 /// the background by default.
 pub const BACKGROUND_CORES: usize = 8;
 
-/// The background thread's result: pipelines it created and the threads it
-/// created them on.
-#[cfg(not(target_arch = "wasm32"))]
-type Background = std::thread::JoinHandle<Result<(usize, usize), RuntimeError>>;
-
-/// Pipelines created so far and the time it took.
+/// Pipelines created so far and the time steps spent on them.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PipelineStats {
-    /// Pipelines created.
+    /// Pipelines created (by steps, or by the background thread).
     pub created: usize,
-    /// Wall time spent creating them (and writing the pipeline cache).
+    /// Wall time steps spent creating pipelines or waiting for the
+    /// background thread's (and writing the pipeline cache).
     pub time: Duration,
     /// The most threads one round of creation used.
     pub threads: usize,
 }
 
-/// The kernels one variant dispatches: layouts made at load, pipelines made
-/// on demand. Kernels of other variants are never compiled: they may need
-/// features this device lacks.
+/// The pipelines, each set once it exists, and the slots the background
+/// thread has still to create.
+struct Cells {
+    pipelines: Vec<OnceLock<wgpu::ComputePipeline>>,
+    pending: Mutex<HashSet<usize>>,
+    changed: Condvar,
+}
+
+impl Cells {
+    /// Sets `slot`'s pipeline (a `None` leaves it to the step that needs
+    /// it) and wakes the steps waiting for the background thread.
+    fn publish(&self, slot: usize, pipeline: Option<wgpu::ComputePipeline>) {
+        if let Some(p) = pipeline {
+            let _ = self.pipelines[slot].set(p);
+        }
+        if let Ok(mut pending) = self.pending.lock() {
+            pending.remove(&slot);
+        }
+        self.changed.notify_all();
+    }
+
+    /// Waits until the background thread is done with every slot of
+    /// `slots`; returns whether it had to wait.
+    fn wait_for(&self, slots: &[usize]) -> bool {
+        let Ok(mut pending) = self.pending.lock() else {
+            return false;
+        };
+        let mut waited = false;
+        while slots.iter().any(|s| pending.contains(s)) {
+            waited = true;
+            pending = match self.changed.wait(pending) {
+                Ok(p) => p,
+                Err(_) => break,
+            };
+        }
+        waited
+    }
+}
+
+/// Clears the background thread's pending slots however the thread ends
+/// (a panic included), so that no step waits for it forever.
+struct Finished(Arc<Cells>);
+
+impl Drop for Finished {
+    fn drop(&mut self) {
+        if let Ok(mut pending) = self.0.pending.lock() {
+            pending.clear();
+        }
+        self.0.changed.notify_all();
+    }
+}
+
+/// The kernels one variant dispatches (and its prefill fallback's prefill
+/// kernels): layouts made at load, pipelines made on demand. Kernels of
+/// other variants are never compiled: they may need features this device
+/// lacks.
 pub(crate) struct VariantPipelines {
     /// Plan kernel index → slot in the vectors below.
     slots: HashMap<u32, usize>,
     /// Each slot's plan kernel index.
     kernels: Vec<u32>,
     layouts: Vec<KernelLayout>,
-    pipelines: Arc<Vec<OnceLock<wgpu::ComputePipeline>>>,
+    cells: Arc<Cells>,
     checks: ShaderChecks,
     threads: Option<usize>,
     store: Arc<Store>,
-    stats: Mutex<PipelineStats>,
-    /// The thread creating the prefill and decode pipelines, until a step
-    /// waits for it.
-    #[cfg(not(target_arch = "wasm32"))]
-    background: Mutex<Option<Background>>,
+    stats: Arc<Mutex<PipelineStats>>,
 }
 
 impl VariantPipelines {
-    /// The layouts of every kernel `v` dispatches, and the pipeline cache
-    /// `opts` asks for (opened, not yet used).
+    /// The layouts of every kernel `v` dispatches and `fallback` prefills
+    /// with, and the pipeline cache `opts` asks for (opened, not yet used).
     pub(crate) async fn open(
         gpu: &Gpu,
         header: &PlanHeader,
         v: &Variant,
+        fallback: &[Dispatch],
         opts: &SessionOptions,
     ) -> Result<Self, RuntimeError> {
         let mut kernels: Vec<u32> = v
@@ -96,6 +145,7 @@ impl VariantPipelines {
             .iter()
             .chain(&v.decode)
             .chain(&v.batch)
+            .chain(fallback)
             .map(|d| d.kernel)
             .collect();
         kernels.sort_unstable();
@@ -116,82 +166,88 @@ impl VariantPipelines {
         }
         let out = VariantPipelines {
             slots: kernels.iter().enumerate().map(|(s, &k)| (k, s)).collect(),
-            pipelines: Arc::new(kernels.iter().map(|_| OnceLock::new()).collect()),
+            cells: Arc::new(Cells {
+                pipelines: kernels.iter().map(|_| OnceLock::new()).collect(),
+                pending: Mutex::new(HashSet::new()),
+                changed: Condvar::new(),
+            }),
             kernels,
             layouts,
             checks,
             threads: opts.pipeline_threads,
             store: Arc::new(store),
-            stats: Mutex::new(PipelineStats::default()),
-            #[cfg(not(target_arch = "wasm32"))]
-            background: Mutex::new(None),
+            stats: Arc::new(Mutex::new(PipelineStats::default())),
         };
         #[cfg(not(target_arch = "wasm32"))]
         if wants_background(opts) {
-            let slots = v
-                .prefill
-                .iter()
-                .chain(&v.decode)
-                .filter_map(|d| out.slot(d.kernel).ok());
-            out.start_background(gpu, header, slots);
+            // The prefill, then the decode; with a fallback, its prefill
+            // first (the first prompt runs on it), then the decode (the
+            // first tokens), then the variant's own prefill (for the prompts
+            // after). Largest first in each group.
+            let groups = match fallback {
+                [] => [&v.prefill[..], &v.decode, &[]],
+                _ => [fallback, &v.decode, &v.prefill],
+            };
+            let mut order = Vec::new();
+            for list in groups {
+                let mut group: Vec<usize> = list
+                    .iter()
+                    .filter_map(|d| out.slot(d.kernel).ok())
+                    .collect();
+                group.sort_by_key(|&s| std::cmp::Reverse(out.source(header, s).wgsl.len()));
+                order.extend(group);
+            }
+            let mut seen = HashSet::new();
+            order.retain(|&s| seen.insert(s));
+            out.start_background(gpu, header, order);
         }
         Ok(out)
     }
 
-    /// Starts the thread that creates the pipelines of `slots` (a failure to
-    /// start one leaves them to the steps).
+    /// The kernel of `slot`.
+    fn source<'h>(&self, header: &'h PlanHeader, slot: usize) -> &'h Kernel {
+        &header.kernels[self.kernels[slot] as usize]
+    }
+
+    /// Starts the thread that creates the pipelines of `slots`, in their
+    /// order (a failure to start it leaves them to the steps).
     #[cfg(not(target_arch = "wasm32"))]
-    fn start_background(&self, gpu: &Gpu, header: &PlanHeader, slots: impl Iterator<Item = usize>) {
-        let mut slots: Vec<usize> = slots.collect();
-        slots.sort_unstable();
-        slots.dedup();
+    fn start_background(&self, gpu: &Gpu, header: &PlanHeader, slots: Vec<usize>) {
         let jobs: Vec<(Kernel, wgpu::PipelineLayout, usize)> = slots
-            .into_iter()
-            .map(|s| {
-                let kernel = header.kernels[self.kernels[s] as usize].clone();
-                (kernel, self.layouts[s].pipeline.clone(), s)
+            .iter()
+            .map(|&s| {
+                (
+                    self.source(header, s).clone(),
+                    self.layouts[s].pipeline.clone(),
+                    s,
+                )
             })
             .collect();
-        let (gpu, cells, store) = (gpu.clone(), self.pipelines.clone(), self.store.clone());
-        let (checks, threads) = (self.checks, self.threads);
+        let threads = crate::pipeline::worker_threads(self.threads, jobs.len());
+        if let Ok(mut pending) = self.cells.pending.lock() {
+            pending.extend(slots);
+        }
+        let (gpu, cells, store) = (gpu.clone(), self.cells.clone(), self.store.clone());
+        let (checks, stats) = (self.checks, self.stats.clone());
         let spawned = std::thread::Builder::new()
             .name("gerbil-pipelines".into())
             .spawn(move || {
+                let _finished = Finished(cells.clone());
                 let refs: Vec<PipelineJob<'_>> = jobs.iter().map(|(k, l, _)| (k, l)).collect();
+                let publish = |i: usize, p| cells.publish(jobs[i].2, p);
                 let cache = store.cache.as_ref();
-                let (made, threads) =
-                    pollster::block_on(create_pipelines(&gpu, &refs, checks, cache, threads))?;
-                for ((_, _, s), p) in jobs.iter().zip(made) {
-                    let _ = cells[*s].set(p);
-                }
+                crate::pipeline::create_each(&gpu, &refs, checks, cache, threads, &publish);
                 store.save();
-                Ok((jobs.len(), threads))
-            });
-        match spawned {
-            Ok(handle) => {
-                if let Ok(mut b) = self.background.lock() {
-                    *b = Some(handle);
+                if let Ok(mut stats) = stats.lock() {
+                    stats.threads = stats.threads.max(threads);
                 }
-            }
-            Err(e) => tracing::debug!("no background pipeline thread: {e}"),
-        }
-    }
-
-    /// Waits for the background thread, if one runs: the pipelines it
-    /// created and the threads it used (none and 0 without one).
-    fn join_background(&self) -> Result<(usize, usize), RuntimeError> {
-        #[cfg(not(target_arch = "wasm32"))]
-        {
-            let handle = self.background.lock().ok().and_then(|mut b| b.take());
-            if let Some(handle) = handle {
-                return handle.join().unwrap_or_else(|_| {
-                    Err(RuntimeError::Device(
-                        "the thread creating pipelines panicked".into(),
-                    ))
-                });
+            });
+        if let Err(e) = spawned {
+            tracing::debug!("no background pipeline thread: {e}");
+            if let Ok(mut pending) = self.cells.pending.lock() {
+                pending.clear();
             }
         }
-        Ok((0, 0))
     }
 
     /// The slot of plan kernel `kernel` (one the variant dispatches).
@@ -208,9 +264,14 @@ impl VariantPipelines {
         &self.layouts[slot].bind_group
     }
 
-    /// The pipeline of `slot`, if a step has needed it yet.
+    /// The pipeline of `slot`, if it has been created.
     pub(crate) fn get(&self, slot: usize) -> Option<&wgpu::ComputePipeline> {
-        self.pipelines[slot].get()
+        self.cells.pipelines[slot].get()
+    }
+
+    /// Whether every pipeline of `slots` exists (without waiting for any).
+    pub(crate) fn ready(&self, mut slots: impl Iterator<Item = usize>) -> bool {
+        slots.all(|s| self.get(s).is_some())
     }
 
     /// What the pipeline cache did when it was opened.
@@ -220,12 +281,16 @@ impl VariantPipelines {
 
     /// Pipelines created so far.
     pub(crate) fn stats(&self) -> PipelineStats {
-        self.stats.lock().map(|s| *s).unwrap_or_default()
+        let created = self.cells.pipelines.iter().filter(|c| c.get().is_some());
+        PipelineStats {
+            created: created.count(),
+            ..self.stats.lock().map(|s| *s).unwrap_or_default()
+        }
     }
 
     /// Creates the pipelines of `slots` that do not exist yet, in parallel,
-    /// and writes the pipeline cache back if it grew; first waits for the
-    /// background thread, if one runs.
+    /// and writes the pipeline cache back if it grew; first waits for those
+    /// the background thread is creating.
     pub(crate) async fn ensure(
         &self,
         gpu: &Gpu,
@@ -233,38 +298,37 @@ impl VariantPipelines {
         slots: impl IntoIterator<Item = usize>,
     ) -> Result<(), RuntimeError> {
         let clock = web_time::Instant::now();
-        let (joined, joined_threads) = self.join_background()?;
-        if joined > 0 {
-            self.count(joined, joined_threads, clock.elapsed());
-        }
         let mut missing: Vec<usize> = slots
             .into_iter()
-            .filter(|&s| self.pipelines[s].get().is_none())
+            .filter(|&s| self.get(s).is_none())
             .collect();
         missing.sort_unstable();
         missing.dedup();
         if missing.is_empty() {
             return Ok(());
         }
-        let clock = web_time::Instant::now();
+        if self.cells.wait_for(&missing) {
+            missing.retain(|&s| self.get(s).is_none());
+            if missing.is_empty() {
+                self.count(0, clock.elapsed());
+                return Ok(());
+            }
+        }
         let jobs: Vec<PipelineJob<'_>> = missing
             .iter()
-            .map(|&s| {
-                let kernel = &header.kernels[self.kernels[s] as usize];
-                (kernel, &self.layouts[s].pipeline)
-            })
+            .map(|&s| (self.source(header, s), &self.layouts[s].pipeline))
             .collect();
         let cache = self.store.cache.as_ref();
         let (made, threads) =
             create_pipelines(gpu, &jobs, self.checks, cache, self.threads).await?;
         for (&s, p) in missing.iter().zip(made) {
             // A concurrent `ensure` of the same slot cannot happen (steps
-            // take the session), and losing that race would only drop a
-            // duplicate.
-            let _ = self.pipelines[s].set(p);
+            // take the session), and losing the race with the background
+            // thread only drops a duplicate.
+            let _ = self.cells.pipelines[s].set(p);
         }
         self.store.save();
-        self.count(missing.len(), threads, clock.elapsed());
+        self.count(threads, clock.elapsed());
         tracing::debug!(
             created = missing.len(),
             ms = clock.elapsed().as_secs_f64() * 1e3,
@@ -273,30 +337,26 @@ impl VariantPipelines {
         Ok(())
     }
 
-    /// Adds `created` pipelines on `threads` threads in `time` to the stats.
-    fn count(&self, created: usize, threads: usize, time: Duration) {
+    /// Adds `time` spent by a step, on `threads` threads, to the stats.
+    fn count(&self, threads: usize, time: Duration) {
         if let Ok(mut stats) = self.stats.lock() {
-            stats.created += created;
             stats.time += time;
             stats.threads = stats.threads.max(threads);
         }
     }
-
-    /// Creates every pipeline of the variant that does not exist yet.
-    pub(crate) async fn ensure_all(
-        &self,
-        gpu: &Gpu,
-        header: &PlanHeader,
-    ) -> Result<(), RuntimeError> {
-        self.ensure(gpu, header, 0..self.kernels.len()).await
-    }
 }
 
 /// Whether `opts` has the background thread start: as asked, else on a
-/// machine of at least [`BACKGROUND_CORES`] threads.
-#[cfg(not(target_arch = "wasm32"))]
-fn wants_background(opts: &SessionOptions) -> bool {
-    opts.background_pipelines.unwrap_or_else(|| {
+/// machine of at least [`BACKGROUND_CORES`] threads; never in a browser.
+pub(crate) fn wants_background(opts: &SessionOptions) -> bool {
+    #[cfg(target_arch = "wasm32")]
+    let wanted = {
+        let _ = opts;
+        false
+    };
+    #[cfg(not(target_arch = "wasm32"))]
+    let wanted = opts.background_pipelines.unwrap_or_else(|| {
         std::thread::available_parallelism().is_ok_and(|n| n.get() >= BACKGROUND_CORES)
-    })
+    });
+    wanted
 }

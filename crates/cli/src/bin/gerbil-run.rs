@@ -17,7 +17,9 @@ use gerbil_cli::progress::Progress;
 use gerbil_cli::run::{bench, run, BenchOptions, BenchReport, ProfileRow, Prompt, RunOptions};
 use gerbil_cli::sweep::{run_sweep, SweepOptions};
 use gerbil_grammar::Grammar;
-use gerbil_runtime::{PipelineCacheOptions, PrecisionChoice, SamplingParams, SessionOptions};
+use gerbil_runtime::{
+    PipelineCacheOptions, PrecisionChoice, PrefillFallback, SamplingParams, SessionOptions,
+};
 use gerbil_serve::{serve, ServeOptions};
 use std::fmt::Write as _;
 use std::io::{IsTerminal, Read};
@@ -77,6 +79,13 @@ struct Cli {
     /// `GERBIL_TENSOR_CORES=0` does the same. Of the two flags the last wins.
     #[arg(long, global = true, overrides_with = "tensor_cores")]
     no_tensor_cores: bool,
+    /// Run every prompt on the chosen variant, waiting for its pipelines:
+    /// by default, while a tensor-core variant's prefill pipelines still
+    /// compile (about a second on a cold start), prompts run on the plan's
+    /// SIMT variant of the same precision, so the first token comes sooner
+    /// but its logits are that variant's.
+    #[arg(long, global = true)]
+    no_prefill_fallback: bool,
     /// KV-cache size in tokens, up to the plan's --max-context (the
     /// default): a smaller context takes less GPU memory.
     #[arg(long, global = true, value_name = "N", allow_negative_numbers = true, value_parser = whole_u64)]
@@ -109,10 +118,19 @@ impl Cli {
                 context: self.ctx,
                 adapter: self.device,
                 tensor_cores: self.tensor_cores(),
+                prefill_fallback: self.prefill_fallback(),
                 progress: Progress::new(self.quiet).runtime_hook(),
                 ..env::session_defaults()
             },
             template_sandbox: env::template_sandbox(),
+        }
+    }
+
+    /// Whether prompts may run on the prefill fallback.
+    fn prefill_fallback(&self) -> PrefillFallback {
+        match self.no_prefill_fallback {
+            true => PrefillFallback::Off,
+            false => PrefillFallback::default(),
         }
     }
 
@@ -656,6 +674,7 @@ fn real_main(mut cli: Cli) -> Result<()> {
                     pipeline_cache,
                     adapter: cli.device,
                     tensor_cores: cli.tensor_cores(),
+                    prefill_fallback: cli.prefill_fallback(),
                     batch,
                 },
             ))?;
