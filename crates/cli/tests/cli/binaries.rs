@@ -322,6 +322,11 @@ fn pipeline_cache_is_written_reused_and_survives_a_corrupt_file() {
         second["pipeline_threads"].as_u64().unwrap() >= 1,
         "{second}"
     );
+    // No prefill fallback here: the variant is no tensor-core one.
+    assert_eq!(
+        second["first_prefill_variant"], second["variant"],
+        "{second}"
+    );
     assert!(
         second["max_tokens_per_step"].as_u64().unwrap() > 0,
         "{second}"
