@@ -1497,6 +1497,9 @@ struct AttentionCase {
     kv: DType,
     /// The `cpu` variant's kernel (`attention_cpu`) instead of the tiled one.
     cpu: bool,
+    /// The tiled kernel's workgroup memory (the `tensor-f16` variant's tiles
+    /// are larger).
+    max_bytes: u32,
     /// Causal (decoders); the bidirectional form is [`check_packed_attention`]'s.
     causal: bool,
 }
@@ -1515,7 +1518,7 @@ fn check_attention(c: &AttentionCase) -> Result<(), String> {
     let src = if c.cpu {
         kernels::attention_cpu::kernel_at(spec, kernels::Positions::Step)
     } else {
-        kernels::attention::kernel(spec)
+        kernels::attention::kernel(spec, c.max_bytes)
     };
     let (nh, nkv, hd) = (c.heads as usize, c.kv_heads as usize, c.head_dim as usize);
     let (t, p) = (c.t as usize, c.p as usize);
@@ -1556,10 +1559,18 @@ fn attention_matches_reference() {
         p,
         kv: DType::F32,
         cpu: false,
+        max_bytes: kernels::attention::MAX_WORKGROUP_BYTES,
         causal: true,
     };
     let f16 = |c: AttentionCase| AttentionCase {
         kv: DType::F16,
+        ..c
+    };
+    // The tiles of the device's whole workgroup memory, up to tensor-f16's
+    // 48 KiB (lavapipe: 32 KiB, so Gemma 3's head width gets 4 rows × 8-key
+    // tiles; the H200: the 4 × 16 of tensor-f16).
+    let wide = |c: AttentionCase| AttentionCase {
+        max_bytes: gerbil_e2e::kernel_harness::max_workgroup_bytes().min(48 << 10),
         ..c
     };
     let cases = [
@@ -1602,6 +1613,12 @@ fn attention_matches_reference() {
         case(5, 1, 30, 9, 0.2, 17, 11),
         f16(case(9, 3, 64, 0, 0.125, 45, 50)),
         f16(case(4, 1, 256, 7, 0.0625, 10, 20)),
+        // Larger tiles: rows over several blocks, windows inside a tile and
+        // across tiles, GQA ratios 3 and 4.
+        wide(f16(case(4, 1, 256, 7, 0.0625, 37, 20))),
+        wide(f16(case(4, 1, 256, 0, 0.0625, 21, 45))),
+        wide(case(9, 3, 64, 40, 0.125, 45, 50)),
+        wide(f16(case(8, 2, 64, 0, 0.125, 29, 75))),
     ];
     // The `cpu` variant's kernel on the cases, and decode steps deep in
     // the context (SmolLM2's shape; Gemma 3's sliding and global layers).
@@ -1618,6 +1635,7 @@ fn attention_matches_reference() {
     // deep steps: each such kernel takes lavapipe about 9 s to compile.
     let cpu = cases
         .iter()
+        .filter(|c| c.max_bytes == kernels::attention::MAX_WORKGROUP_BYTES)
         .filter(|c| c.head_dim < 256 || (c.kv == DType::F16 && c.window > 0))
         .chain(&deep)
         .map(|&c| AttentionCase { cpu: true, ..c });
@@ -1647,7 +1665,7 @@ fn check_packed_attention(
     let src = if cpu {
         kernels::attention_cpu::kernel_at(spec, kernels::Positions::Packed)
     } else {
-        kernels::attention::kernel(spec)
+        kernels::attention::kernel(spec, kernels::attention::MAX_WORKGROUP_BYTES)
     };
     let (nh, nkv, hd) = (heads as usize, kv_heads as usize, head_dim as usize);
     let t: usize = lengths.iter().sum();

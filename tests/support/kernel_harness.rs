@@ -61,6 +61,13 @@ pub fn has_cooperative_matrix() -> bool {
         .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX)
 }
 
+/// The test device's workgroup memory limit (32 KiB on lavapipe, 48 KiB on
+/// an H100 or H200): kernels whose tiles grow with the limit are checked at
+/// it as well as at WebGPU's default.
+pub fn max_workgroup_bytes() -> u32 {
+    gpu().limits.max_compute_workgroup_storage_size
+}
+
 /// The fewest bytes of poison (all bits set: NaN as f32) before and after
 /// every storage binding (a binding's guard bands are as long as it is), so
 /// an out-of-range read of an unchecked kernel shows up as NaN and an

@@ -489,7 +489,9 @@ impl Lowering<'_> {
                     _ if variant.features.contains(&Feature::Cpu) => {
                         attention_cpu::kernel_at(spec, at)
                     }
-                    Phase::Prefill(_) | Phase::ShortPrefill => attention::kernel(spec),
+                    Phase::Prefill(_) | Phase::ShortPrefill => {
+                        attention::kernel(spec, variant.limits(self.target).max_workgroup_storage)
+                    }
                     Phase::Batch => attention_decode::kernel_at(
                         spec,
                         self.max_context,

@@ -329,8 +329,16 @@ fn golden_kernels() {
         window: 512,
         ..smollm2
     };
-    golden(attention::kernel(smollm2));
-    golden(attention::kernel(gemma_sliding));
+    golden(attention::kernel(smollm2, attention::MAX_WORKGROUP_BYTES));
+    golden(attention::kernel(
+        gemma_sliding,
+        attention::MAX_WORKGROUP_BYTES,
+    ));
+    // The tensor-f16 variant's tiles (48 KiB of workgroup memory).
+    golden(attention::kernel(
+        gemma_sliding,
+        gerbil_codegen_wgsl::TENSOR_WORKGROUP_STORAGE,
+    ));
     golden(attention_decode::kernel(smollm2, 4096));
     golden(attention_decode::kernel(gemma_sliding, 32768));
     // Decode attention with its RoPE and cache writes: SmolLM2 (f16 caches)
@@ -391,7 +399,7 @@ fn golden_f16_kv_kernels() {
         norm: None,
         kv: DType::F16,
     }));
-    golden(attention::kernel(smollm2));
+    golden(attention::kernel(smollm2, attention::MAX_WORKGROUP_BYTES));
     golden(attention_decode::kernel(smollm2, 4096));
     golden(elementwise::cache_write(192, DType::F16));
 }

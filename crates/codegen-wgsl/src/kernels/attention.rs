@@ -15,8 +15,10 @@
 //! running maximum `m` and sum `l` (f32, rescaled by `exp(m_old − m_new)`),
 //! and accumulates `P·V` for the dimension vectors `lane, lane + LANES, …` in
 //! registers; the output is written once. [`tiles`] picks `HG`, `LANES`,
-//! `BQ` and `BK` so `Q`, one K/V tile and the tile's probabilities fit
-//! [`MAX_WORKGROUP_BYTES`]. The surprising parts: K and V take turns in one
+//! `BQ` and `BK` so `Q`, one K/V tile and the tile's probabilities fit the
+//! variant's workgroup memory: [`MAX_WORKGROUP_BYTES`] (WebGPU's default)
+//! for most, three times that for `tensor-f16`, where Gemma 3's 256-wide
+//! heads get 4 rows × 16-key tiles instead of 2 × 4. The surprising parts: K and V take turns in one
 //! tile buffer (five barriers per tile instead of twice the memory), the
 //! buffer's rows are padded by one `vec4` so the lanes reading different keys
 //! at the same dimension hit different banks, and masked keys get a finite
@@ -35,8 +37,8 @@ use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
-/// Workgroup memory the tiles may use: WebGPU's default limit, which every
-/// target meets.
+/// WebGPU's default workgroup memory limit, which every target meets: what
+/// the tiles of a variant without a larger limit may use.
 pub const MAX_WORKGROUP_BYTES: u32 = 16 << 10;
 /// Most threads per workgroup (WebGPU's default limit).
 const MAX_THREADS: u32 = 256;
@@ -141,10 +143,11 @@ impl Tiles {
 
 /// The block shape for `s`: one thread per dimension `vec4` up to 64, then
 /// the first of the widest head group (a divisor of the GQA ratio, at most
-/// 4), the most query rows and the longest key tile that fits the memory
-/// limit. Heads too wide for any block (over ~760) get the smallest one, and
-/// dispatch names the kernel that exceeds the limit.
-pub fn tiles(s: &AttentionSpec) -> Tiles {
+/// 4), the most query rows and the longest key tile within `max_bytes` of
+/// workgroup memory. Heads too wide for any block (over ~760 at WebGPU's
+/// default limit) get the smallest one, and dispatch names the kernel that
+/// exceeds the limit.
+pub fn tiles(s: &AttentionSpec, max_bytes: u32) -> Tiles {
     let group = (s.heads / s.kv_heads.max(1)).max(1);
     let lanes = Tiles::hd4(s.head_dim).next_power_of_two().min(64);
     let smallest = Tiles {
@@ -159,7 +162,7 @@ pub fn tiles(s: &AttentionSpec) -> Tiles {
         .flat_map(|hg| [8, 4, 2, 1].map(|bq| (hg, bq)))
         .filter(|(_, bq)| bq * lanes <= MAX_THREADS)
         .flat_map(|(hg, bq)| [32, 16, 8, 4].map(|bk| Tiles { hg, lanes, bq, bk }))
-        .find(|t| t.workgroup_bytes(s.head_dim) <= MAX_WORKGROUP_BYTES)
+        .find(|t| t.workgroup_bytes(s.head_dim) <= max_bytes)
         .unwrap_or(smallest)
 }
 
@@ -184,12 +187,13 @@ pub(super) fn load4_fn(name: &str, head_dim: u32, load: impl Fn(&str) -> String)
     }
 }
 
-/// Builds the kernel. (A batch step's rows, each a query of its own
+/// Builds the kernel, its tiles within `max_bytes` of workgroup memory
+/// ([`tiles`]). (A batch step's rows, each a query of its own
 /// sequence, run [`attention_decode`](super::attention_decode)'s kernel
 /// with a row table instead; the `cpu` variant runs
 /// [`attention_cpu`](super::attention_cpu) everywhere.)
-pub fn kernel(s: AttentionSpec) -> KernelSource {
-    let t = tiles(&s);
+pub fn kernel(s: AttentionSpec, max_bytes: u32) -> KernelSource {
+    let t = tiles(&s, max_bytes);
     let hd4 = Tiles::hd4(s.head_dim);
     let threads = t.bq * t.lanes;
     let mut w = prelude();
@@ -327,13 +331,18 @@ pub fn kernel(s: AttentionSpec) -> KernelSource {
     );
     KernelSource {
         name: format!(
-            "attention_h{}_kv{}_d{}_w{}{}{}",
+            "attention_h{}_kv{}_d{}_w{}{}{}{}",
             s.heads,
             s.kv_heads,
             s.head_dim,
             s.window,
             kv_tag(s.kv),
             s.tag(),
+            if t == tiles(&s, MAX_WORKGROUP_BYTES) {
+                String::new()
+            } else {
+                format!("_q{}k{}", t.bq, t.bk)
+            },
         ),
         wgsl: w,
         workgroup_size: [threads, 1, 1],
@@ -368,22 +377,28 @@ mod tests {
     fn tiles_of_the_real_shapes() {
         // SmolLM2 and Llama-3.2-1B: 8 rows × 16-key tiles, 128 threads.
         for (heads, kv, hg) in [(9, 3, 3), (32, 8, 4)] {
-            let t = tiles(&spec(heads, kv, 64));
+            let t = tiles(&spec(heads, kv, 64), MAX_WORKGROUP_BYTES);
             assert_eq!((t.hg, t.lanes, t.bq, t.bk, t.split()), (hg, 16, 8, 16, 1));
+            // With tensor-f16's 48 KiB: 32-key tiles.
+            let t = tiles(&spec(heads, kv, 64), 48 << 10);
+            assert_eq!((t.hg, t.lanes, t.bq, t.bk, t.split()), (hg, 16, 8, 32, 1));
         }
-        // Gemma 3 270M: 2 rows × 4-key tiles, 16 threads per key.
-        let t = tiles(&spec(4, 1, 256));
+        // Gemma 3 270M: 2 rows × 4-key tiles, 16 threads per key; with
+        // 48 KiB 4 rows × 16 keys, 4 threads per key.
+        let t = tiles(&spec(4, 1, 256), MAX_WORKGROUP_BYTES);
         assert_eq!((t.hg, t.lanes, t.bq, t.bk, t.split()), (4, 64, 2, 4, 16));
+        let t = tiles(&spec(4, 1, 256), 48 << 10);
+        assert_eq!((t.hg, t.lanes, t.bq, t.bk, t.split()), (4, 64, 4, 16, 4));
     }
 
     #[test]
     fn tiles_fit_the_limits() {
-        for head_dim in 1..=512 {
+        for (head_dim, max) in (1..=512).flat_map(|d| [(d, MAX_WORKGROUP_BYTES), (d, 48 << 10)]) {
             for group in 1..=16 {
-                let t = tiles(&spec(group * 2, 2, head_dim));
+                let t = tiles(&spec(group * 2, 2, head_dim), max);
                 assert!(
-                    t.workgroup_bytes(head_dim) <= MAX_WORKGROUP_BYTES,
-                    "{head_dim} {group}"
+                    t.workgroup_bytes(head_dim) <= max,
+                    "{head_dim} {group} {max}"
                 );
                 assert!(t.bq * t.lanes <= MAX_THREADS);
                 assert_eq!((group * 2) % t.hg, 0);
