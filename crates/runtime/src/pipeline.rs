@@ -220,7 +220,8 @@ type ScopeResult = std::pin::Pin<Box<dyn std::future::Future<Output = Option<wgp
 type Scoped = (wgpu::ComputePipeline, ScopeResult, ScopeResult);
 
 /// Runs `make` for each job on `threads` worker threads, each taking the
-/// next job in `order` until none is left; each pipeline is compiled inside
+/// next job in `order` until none is left or `stop` is set; each pipeline
+/// is compiled inside
 /// error scopes of the worker's own (wgpu's scopes belong to the thread
 /// that pushed them) and handed to `made` with its job's index.
 #[cfg(not(target_arch = "wasm32"))]
@@ -229,12 +230,17 @@ fn compile_on_workers(
     jobs: &[PipelineJob<'_>],
     order: &[usize],
     (checks, cache, threads): (ShaderChecks, Option<&wgpu::PipelineCache>, usize),
+    stop: Option<&std::sync::atomic::AtomicBool>,
     made: &(dyn Fn(usize, Scoped) + Sync),
 ) {
     use std::sync::atomic::{AtomicUsize, Ordering};
     let next = AtomicUsize::new(0);
+    let stopped = || stop.is_some_and(|s| s.load(Ordering::Relaxed));
     let worker = || {
-        while let Some(&i) = order.get(next.fetch_add(1, Ordering::Relaxed)) {
+        while let Some(&i) = order
+            .get(next.fetch_add(1, Ordering::Relaxed))
+            .filter(|_| !stopped())
+        {
             let oom = gpu.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
             let validation = gpu.device.push_error_scope(wgpu::ErrorFilter::Validation);
             let (kernel, layout) = jobs[i];
@@ -263,11 +269,18 @@ async fn create_in_parallel(
     let mut order: Vec<usize> = (0..jobs.len()).collect();
     order.sort_by_key(|&i| std::cmp::Reverse(jobs[i].0.wgsl.len()));
     let made = std::sync::Mutex::new(Vec::new());
-    compile_on_workers(gpu, jobs, &order, (checks, cache, threads), &|i, scoped| {
-        if let Ok(mut made) = made.lock() {
-            made.push((i, scoped));
-        }
-    });
+    compile_on_workers(
+        gpu,
+        jobs,
+        &order,
+        (checks, cache, threads),
+        None,
+        &|i, scoped| {
+            if let Ok(mut made) = made.lock() {
+                made.push((i, scoped));
+            }
+        },
+    );
     let made = made
         .into_inner()
         .map_err(|_| RuntimeError::Device("a thread creating pipelines panicked".into()))?;
@@ -299,18 +312,18 @@ async fn create_in_parallel(
 }
 
 /// Creates the pipelines of `jobs` on `threads` worker threads
-/// ([`worker_threads`]), in the order given, and hands each to `publish` with its job's index the moment
-/// it exists: `Some` pipeline, or `None` where creating it raised an error
+/// ([`worker_threads`]), in the order given, and hands each to `publish`
+/// with its job's index the moment it exists: `Some` pipeline, or `None` where creating it raised an error
 /// (the caller creates that one again where it can report the error).
 /// For a thread of its own ([`crate::variant_pipelines`]): it blocks until
-/// every job is done.
+/// every job is done, or until `stop` is set and the compiles under way
+/// have ended (no job starts after it is set).
 #[cfg(not(target_arch = "wasm32"))]
 pub fn create_each(
     gpu: &Gpu,
     jobs: &[PipelineJob<'_>],
-    checks: ShaderChecks,
-    cache: Option<&wgpu::PipelineCache>,
-    threads: usize,
+    (checks, cache, threads): (ShaderChecks, Option<&wgpu::PipelineCache>, usize),
+    stop: &std::sync::atomic::AtomicBool,
     publish: &(dyn Fn(usize, Option<wgpu::ComputePipeline>) + Sync),
 ) {
     let order: Vec<usize> = (0..jobs.len()).collect();
@@ -319,6 +332,7 @@ pub fn create_each(
         jobs,
         &order,
         (checks, cache, threads),
+        Some(stop),
         &|i, (p, v, o)| {
             // Native scopes are settled when popped: these futures are ready.
             let failed = pollster::block_on(v).is_some() | pollster::block_on(o).is_some();

@@ -67,11 +67,15 @@ struct Cells {
     pipelines: Vec<OnceLock<wgpu::ComputePipeline>>,
     pending: Mutex<HashSet<usize>>,
     changed: Condvar,
+    /// Set when the session goes: the background thread starts no more.
+    #[cfg(not(target_arch = "wasm32"))]
+    stop: std::sync::atomic::AtomicBool,
 }
 
 impl Cells {
     /// Sets `slot`'s pipeline (a `None` leaves it to the step that needs
     /// it) and wakes the steps waiting for the background thread.
+    #[cfg(not(target_arch = "wasm32"))]
     fn publish(&self, slot: usize, pipeline: Option<wgpu::ComputePipeline>) {
         if let Some(p) = pipeline {
             let _ = self.pipelines[slot].set(p);
@@ -102,8 +106,10 @@ impl Cells {
 
 /// Clears the background thread's pending slots however the thread ends
 /// (a panic included), so that no step waits for it forever.
+#[cfg(not(target_arch = "wasm32"))]
 struct Finished(Arc<Cells>);
 
+#[cfg(not(target_arch = "wasm32"))]
 impl Drop for Finished {
     fn drop(&mut self) {
         if let Ok(mut pending) = self.0.pending.lock() {
@@ -128,6 +134,27 @@ pub(crate) struct VariantPipelines {
     threads: Option<usize>,
     store: Arc<Store>,
     stats: Arc<Mutex<PipelineStats>>,
+    /// The background thread, stopped and joined when the session goes.
+    #[cfg(not(target_arch = "wasm32"))]
+    background: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+/// Stops the background thread taking new pipelines and waits for the
+/// compiles under way: a driver still compiling on another thread while
+/// the process exits and the driver unloads crashed it (SIGSEGV after a
+/// short cold `gerbil-run` on an H200, whose first prompt ran on the
+/// prefill fallback while the tensor-core pipelines compiled).
+#[cfg(not(target_arch = "wasm32"))]
+impl Drop for VariantPipelines {
+    fn drop(&mut self) {
+        self.cells
+            .stop
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+        let handle = self.background.get_mut().ok().and_then(Option::take);
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+    }
 }
 
 impl VariantPipelines {
@@ -170,6 +197,8 @@ impl VariantPipelines {
                 pipelines: kernels.iter().map(|_| OnceLock::new()).collect(),
                 pending: Mutex::new(HashSet::new()),
                 changed: Condvar::new(),
+                #[cfg(not(target_arch = "wasm32"))]
+                stop: std::sync::atomic::AtomicBool::new(false),
             }),
             kernels,
             layouts,
@@ -177,6 +206,8 @@ impl VariantPipelines {
             threads: opts.pipeline_threads,
             store: Arc::new(store),
             stats: Arc::new(Mutex::new(PipelineStats::default())),
+            #[cfg(not(target_arch = "wasm32"))]
+            background: Mutex::new(None),
         };
         #[cfg(not(target_arch = "wasm32"))]
         if wants_background(opts) {
@@ -236,16 +267,24 @@ impl VariantPipelines {
                 let refs: Vec<PipelineJob<'_>> = jobs.iter().map(|(k, l, _)| (k, l)).collect();
                 let publish = |i: usize, p| cells.publish(jobs[i].2, p);
                 let cache = store.cache.as_ref();
-                crate::pipeline::create_each(&gpu, &refs, checks, cache, threads, &publish);
+                let how = (checks, cache, threads);
+                crate::pipeline::create_each(&gpu, &refs, how, &cells.stop, &publish);
                 store.save();
                 if let Ok(mut stats) = stats.lock() {
                     stats.threads = stats.threads.max(threads);
                 }
             });
-        if let Err(e) = spawned {
-            tracing::debug!("no background pipeline thread: {e}");
-            if let Ok(mut pending) = self.cells.pending.lock() {
-                pending.clear();
+        match spawned {
+            Ok(handle) => {
+                if let Ok(mut background) = self.background.lock() {
+                    *background = Some(handle);
+                }
+            }
+            Err(e) => {
+                tracing::debug!("no background pipeline thread: {e}");
+                if let Ok(mut pending) = self.cells.pending.lock() {
+                    pending.clear();
+                }
             }
         }
     }
