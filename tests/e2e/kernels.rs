@@ -1614,11 +1614,11 @@ fn attention_matches_reference() {
         f16(case(9, 3, 64, 0, 0.125, 45, 50)),
         f16(case(4, 1, 256, 7, 0.0625, 10, 20)),
         // Larger tiles (heads wider than 64 only): rows over several
-        // blocks, windows inside a tile and across tiles, GQA ratios 4 and
-        // 2, a head width that is not a multiple of 4.
+        // blocks, a window inside a tile and none, a head width that is not
+        // a multiple of 4 (each head-256 kernel takes lavapipe seconds to
+        // compile).
         wide(f16(case(4, 1, 256, 7, 0.0625, 37, 20))),
-        wide(f16(case(4, 1, 256, 0, 0.0625, 21, 45))),
-        wide(case(6, 3, 256, 40, 0.05, 45, 50)),
+        wide(case(6, 3, 256, 0, 0.05, 21, 45)),
         wide(case(3, 3, 100, 0, 0.12, 29, 75)),
     ];
     // The `cpu` variant's kernel on the cases, and decode steps deep in
