@@ -468,6 +468,7 @@ fn pipelines_are_created_when_a_step_first_needs_them() {
     block_on(lazy.create_all_pipelines()).expect("the rest");
     let every = kernels(&[all(&v.prefill), all(&v.decode), all(&v.batch)]);
     assert_eq!(lazy.pipeline_stats().created, every.len());
+    assert_eq!(lazy.pipeline_stats().background, 0, "no background thread");
 
     let mut eager = block_on(Session::open(&plan, &opts)).expect("session");
     block_on(eager.create_all_pipelines()).expect("every pipeline");
@@ -483,6 +484,11 @@ fn pipelines_are_created_when_a_step_first_needs_them() {
     block_on(early.create_step_pipelines()).expect("the background thread's");
     let prefill_and_decode = kernels(&[all(&v.prefill), all(&v.decode)]);
     assert_eq!(early.pipeline_stats().created, prefill_and_decode.len());
+    assert_eq!(
+        early.pipeline_stats().background,
+        prefill_and_decode.len(),
+        "the background thread made every prefill and decode pipeline"
+    );
     assert_eq!(block_on(early.forward(&[7])).expect("decode"), next);
     block_on(early.forward_batch(&[(0, 8), (1, 9)])).expect("batch step");
     assert_eq!(early.pipeline_stats().created, every.len());

@@ -681,8 +681,10 @@ async fn time_batch(
         let logits = session.forward(context).await?;
         next.push((slot, gerbil_runtime::argmax(&logits)));
     }
-    // Warm-up: the batch pipelines' first use.
+    // Warm-up: the batch pipelines' first use; and no background compile
+    // left to share the GPU's host with the timed steps.
     greedy_batch_step(&mut session, &mut next).await?;
+    session.create_step_pipelines().await?;
     let t = Instant::now();
     for _ in 0..new {
         greedy_batch_step(&mut session, &mut next).await?;

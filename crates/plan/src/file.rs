@@ -675,10 +675,11 @@ impl PlanFile {
     }
 
     /// Fills `dst` with the bytes of section `r` from byte `offset` of it:
-    /// copied from a plan in memory, read from a file or a source (straight
-    /// into `dst`, which may be mapped GPU staging memory: no buffer in
-    /// between). A file that has become shorter since it was opened is
-    /// [`PlanError::Changed`], never a fault.
+    /// copied from a plan in memory, read from a file or a source (the
+    /// caller's buffer, reused from chunk to chunk: the runtime copies it
+    /// on into mapped staging memory, which it may only write). A file that
+    /// has become shorter since it was opened is [`PlanError::Changed`],
+    /// never a fault.
     pub fn read_section(
         &self,
         r: SectionRef,

@@ -260,11 +260,13 @@ impl Store {
         let (Some(cache), Some(path)) = (&self.cache, &self.file) else {
             return;
         };
-        let Some(data) = cache.get_data() else {
+        // Held from taking the data to writing it: the background pipeline
+        // thread saves too, and an older snapshot written after a newer one
+        // would lose pipelines.
+        let Ok(mut last) = self.loaded.lock() else {
             return;
         };
-        // Held while writing: the background pipeline thread saves too.
-        let Ok(mut last) = self.loaded.lock() else {
+        let Some(data) = cache.get_data() else {
             return;
         };
         if last.as_deref() == Some(&data[..]) {

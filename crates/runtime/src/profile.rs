@@ -58,6 +58,8 @@ impl Session {
                 max: self.context(),
             });
         }
+        // The variant's own steps, never its prefill fallback's.
+        self.on_fallback = false;
         let steps = self.prepare_step(tokens)?;
         let times = self.time_steps(steps, t, needed).await?;
         self.position = needed;
@@ -105,6 +107,7 @@ impl Session {
         self.reset();
         self.write_segments(inputs, places);
         let t = packed.len() as u32;
+        self.on_fallback = false;
         let steps = self.prepare_step(&packed)?;
         let times = self.time_steps(steps, t, u64::from(t)).await?;
         self.reset();

@@ -35,7 +35,8 @@ const POOL_BYTES: u64 = 256 << 20;
 
 /// Bytes of one staging buffer, the most weights one copy submission
 /// carries. The upload keeps [`STAGING_BUFFERS`] of them mapped and fills
-/// one straight from the plan file while the GPU copies out of another, so
+/// one from the plan file (through each thread's buffer) while the GPU
+/// copies out of another, so
 /// reading and copying overlap and the staging memory stays bounded (and
 /// is reused: `queue.write_buffer` had wgpu allocate fresh host memory for
 /// every write, which the driver pins page by page).
@@ -67,8 +68,9 @@ fn pool_of(kind: &BufferKind) -> Option<Pool> {
 fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
     use wgpu::BufferUsages as U;
     match kind {
-        // Weights are copied from only by tests, reading an upload back.
-        BufferKind::Weight { .. } => U::STORAGE | U::COPY_SRC | U::COPY_DST,
+        // Unit tests read an upload back.
+        BufferKind::Weight { .. } if cfg!(test) => U::STORAGE | U::COPY_SRC | U::COPY_DST,
+        BufferKind::Weight { .. } => U::STORAGE | U::COPY_DST,
         BufferKind::Arena | BufferKind::Scratch { .. } => U::STORAGE,
         // A KV cache is copied from (tests, and one slot's rows into
         // another's) and into.
@@ -465,13 +467,22 @@ fn window_bytes(writes: &[Write<'_>]) -> u64 {
 }
 
 /// One write's range of mapped staging memory, handed to the thread that
-/// fills it (wgpu's `WriteOnly<[u8]>` is not `Send`).
-struct Piece(std::ptr::NonNull<[u8]>);
+/// fills it (wgpu's `WriteOnly<[u8]>` is not `Send`); it borrows the
+/// mapping for `'a`, as the `WriteOnly` it was made from did.
+struct Piece<'a>(
+    std::ptr::NonNull<[u8]>,
+    std::marker::PhantomData<&'a mut [u8]>,
+);
 
-// SAFETY: a `Piece` is a range of a mapping that outlives the scoped
-// threads of `fill_window`, disjoint from every other piece: like a
-// `&mut [u8]`, which is `Send`.
-unsafe impl Send for Piece {}
+impl<'a> Piece<'a> {
+    fn of(mut range: WriteOnly<'a, [u8]>) -> Self {
+        Piece(range.as_raw_ptr(), std::marker::PhantomData)
+    }
+}
+
+// SAFETY: a `Piece` is a range of a mapping that outlives it (its `'a`),
+// disjoint from every other piece: like a `&mut [u8]`, which is `Send`.
+unsafe impl Send for Piece<'_> {}
 
 /// Threads that read a window's writes from the plan.
 fn upload_threads() -> usize {
@@ -500,11 +511,11 @@ fn fill_window(
     let mut pieces = Vec::with_capacity(writes.len());
     let mut rest = view;
     for w in writes {
-        let (mut head, tail) = rest.split_at(w.len);
-        pieces.push((w, Piece(head.as_raw_ptr())));
+        let (head, tail) = rest.split_at(w.len);
+        pieces.push((w, Piece::of(head)));
         rest = tail;
     }
-    let read = |(w, dst): (&Write<'_>, Piece), buf: &mut Vec<u8>| {
+    let read = |(w, dst): (&Write<'_>, Piece<'_>), buf: &mut Vec<u8>| {
         buf.resize(buf.len().max(w.len), 0);
         plan.read_section(w.section, w.from, &mut buf[..w.len])?;
         // SAFETY: `dst` is a range of `view`'s mapping, which outlives this
@@ -545,6 +556,17 @@ mod tests {
         TextInfo, Variant, WorkgroupCount,
     };
     use std::sync::{Arc, Mutex};
+
+    /// A GPU and the homes of `plan`'s `weights` weights (plan buffers 3,
+    /// 4, …: [`plan_of_weights`]), not yet uploaded.
+    async fn resident(plan: &PlanFile, weights: usize) -> (Gpu, Residency) {
+        let gpu = Gpu::open(&Default::default()).await.expect("a GPU");
+        let used: HashSet<u32> = (3..3 + weights as u32).collect();
+        let residency = Residency::allocate(&gpu, &plan.header, &used, 4, 1)
+            .await
+            .expect("allocate");
+        (gpu, residency)
+    }
 
     /// A plan of `sizes` weights (pseudo-random bytes) and the least else a
     /// plan must hold to pass its checks; written to a temporary file and
@@ -690,11 +712,7 @@ mod tests {
             .and_then(|f| f.set_len(len - 30_000))
             .expect("truncate the plan");
         let result = pollster::block_on(async {
-            let gpu = Gpu::open(&Default::default()).await.expect("a GPU");
-            let used: HashSet<u32> = (3..3 + sizes.len() as u32).collect();
-            let residency = Residency::allocate(&gpu, &plan.header, &used, 4, 1)
-                .await
-                .expect("allocate");
+            let (gpu, residency) = resident(&plan, sizes.len()).await;
             residency.upload_in_windows(&gpu, &plan, 16_384, None).await
         });
         let _ = std::fs::remove_file(&path);
@@ -714,18 +732,14 @@ mod tests {
 
     /// Every weight arrives whole at its home, through staging buffers
     /// smaller than some weights (cut into pieces) and larger than others
-    /// (several to a window), pooled or in buffers of their own, with more
+    /// (several to a window), at their offsets in the weight pool, with more
     /// windows than staging buffers (each reused).
     #[test]
     fn uploaded_weights_read_back_as_the_plan_holds_them() {
         let sizes = [20_000, 4_096, 52_000, 8, 30_000, 100, 16_384];
         let plan = plan_of_weights(&sizes);
         let got = pollster::block_on(async {
-            let gpu = Gpu::open(&Default::default()).await.expect("a GPU");
-            let used: HashSet<u32> = (3..3 + sizes.len() as u32).collect();
-            let residency = Residency::allocate(&gpu, &plan.header, &used, 4, 1)
-                .await
-                .expect("allocate");
+            let (gpu, residency) = resident(&plan, sizes.len()).await;
             residency
                 .upload_in_windows(&gpu, &plan, 12_288, None)
                 .await
@@ -775,11 +789,7 @@ mod tests {
             ProgressHook::new(move |p| seen.lock().unwrap().push(p))
         };
         pollster::block_on(async {
-            let gpu = Gpu::open(&Default::default()).await.expect("a GPU");
-            let used: HashSet<u32> = (3..3 + sizes.len() as u32).collect();
-            let residency = Residency::allocate(&gpu, &plan.header, &used, 4, 1)
-                .await
-                .expect("allocate");
+            let (gpu, residency) = resident(&plan, sizes.len()).await;
             residency
                 .upload_in_windows(&gpu, &plan, 16_384, Some(&hook))
                 .await

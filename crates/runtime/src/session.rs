@@ -54,8 +54,9 @@ pub struct Session {
     fallback: Option<(String, Vec<Step>)>,
     /// When prompts may run on the fallback.
     fallback_mode: PrefillFallback,
-    /// Whether the last prefill step ran on the fallback.
-    on_fallback: bool,
+    /// Whether the last prefill step ran on the fallback (the next step's
+    /// schedule, between [`Session::ensure_step_pipelines`] and recording).
+    pub(crate) on_fallback: bool,
     /// Prompts run so far (calls of `forward` and embedding steps).
     prompts: u64,
     /// The batch schedule's steps (empty: the plan has none).
@@ -170,7 +171,8 @@ pub struct SessionOptions {
     /// Sequence slots: KV caches of `slots` sequences, each kept while steps
     /// run in another ([`Session::set_slot`]); 0 and 1 both mean one.
     pub slots: usize,
-    /// Create the prefill and decode pipelines on a thread of their own
+    /// Create the prefill and decode pipelines (and the prefill fallback's
+    /// prefill: [`PrefillFallback`]) on a thread of their own
     /// while the weights upload (`None`: on native targets with at least
     /// [`BACKGROUND_CORES`](crate::variant_pipelines::BACKGROUND_CORES)
     /// threads; never in a browser). See [`crate::variant_pipelines`].
@@ -185,8 +187,9 @@ pub struct SessionOptions {
 /// it in the plan that the device runs, of the same precision, without
 /// cooperative matrices, and whose prefill binds only buffers the session
 /// already has ([`crate::variant::fallback`]) — `subgroups-f16` for
-/// `tensor-f16`, whose GEMMs take the driver 0.8–1.4 s each to compile where
-/// the SIMT ones take 0.2–0.4 s. Both variants write the same KV caches and
+/// `tensor-f16` (`subgroups-f16-i8` in a plan of quantized weights), whose
+/// GEMMs take the driver 0.8–1.4 s each to compile where the SIMT ones take
+/// 0.2–0.4 s. Both variants write the same KV caches and
 /// logits, so decode continues on the chosen variant; the fallback's logits
 /// are within its own tolerance of the reference, not bit-identical to the
 /// chosen variant's. Never for a variant named in
@@ -849,22 +852,21 @@ impl Session {
 
     /// Chooses the schedule of a step of `t` tokens — the prefill fallback's
     /// while [`PrefillFallback`] asks for it — and creates its pipelines
-    /// that do not exist yet.
+    /// that do not exist yet. A fallback whose pipelines fail is dropped
+    /// (with a warning) and the step runs the variant itself.
     async fn ensure_step_pipelines(&mut self, t: usize) -> Result<(), RuntimeError> {
         let rows = t as u32;
         if t == 1 {
             return self.ensure_pipelines(&self.decode, rows).await;
         }
+        let own = self.prefill.iter().filter(|s| s.dispatch.runs_at(rows));
         self.on_fallback = self.fallback.is_some()
             && match self.fallback_mode {
                 PrefillFallback::Off => false,
                 PrefillFallback::FirstPrompt => self.prompts == 0,
-                PrefillFallback::WhileCompiling => !self.pipelines.ready(
-                    self.prefill
-                        .iter()
-                        .filter(|s| s.dispatch.runs_at(rows))
-                        .map(|s| s.pipeline),
-                ),
+                PrefillFallback::WhileCompiling => {
+                    self.pipelines.compiling(own.map(|s| s.pipeline))
+                }
             };
         if self.on_fallback {
             tracing::debug!(
@@ -872,12 +874,27 @@ impl Session {
                 variant = self.prefill_variant(),
                 "prompt on the prefill fallback"
             );
+            match self.ensure_pipelines(self.steps_for(t), rows).await {
+                Ok(()) => return Ok(()),
+                Err(e) => {
+                    tracing::warn!(
+                        "the prefill fallback `{}` failed ({e}); prompts wait for `{}`",
+                        self.prefill_variant(),
+                        self.variant.name
+                    );
+                    self.fallback = None;
+                    self.on_fallback = false;
+                }
+            }
         }
-        self.ensure_pipelines(self.steps_for(t), rows).await
+        self.ensure_pipelines(&self.prefill, rows).await
     }
 
     /// The variant the last prefill step ran on: the session's, or its
-    /// prefill fallback ([`PrefillFallback`]).
+    /// prefill fallback ([`PrefillFallback`]). A prompt longer than the
+    /// plan's step runs in chunks, and the chunks after the first may run on
+    /// the variant itself once its pipelines are there: this names the last
+    /// chunk's.
     pub fn prefill_variant(&self) -> &str {
         match &self.fallback {
             Some((name, _)) if self.on_fallback => name,

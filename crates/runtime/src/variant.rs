@@ -9,7 +9,7 @@
 
 use crate::device::{check_limits, Gpu};
 use crate::error::RuntimeError;
-use gerbil_plan::{Feature, PlanHeader, Precision, Variant};
+use gerbil_plan::{BufferKind, Feature, PlanHeader, Precision, Variant};
 use std::collections::HashSet;
 
 /// The plan features this device has enabled, and [`Feature::Cpu`] where
@@ -202,9 +202,12 @@ pub fn pick<'h>(
 /// The prefill fallback of a session running `chosen` on `gpu` with the
 /// buffers `used` ([`crate::PrefillFallback`]): the first variant after
 /// `chosen` in the plan's order that the device runs unasked (as [`pick`]
-/// would), of the same precision, without cooperative matrices, and whose
-/// prefill binds only buffers in `used` — so it reads the same weights and
-/// writes the same KV caches and logits.
+/// would), of the same precision, without cooperative matrices, whose
+/// prefill binds only buffers in `used` and writes exactly the KV caches and
+/// outputs `chosen`'s prefill writes — so it reads the same weights and
+/// leaves the same state for `chosen`'s decode (a plan's variants of one
+/// precision share a KV cache declaration only where they lay it out
+/// alike: docs/plan-format.md).
 pub(crate) fn fallback<'h>(
     header: &'h PlanHeader,
     gpu: &Gpu,
@@ -213,6 +216,22 @@ pub(crate) fn fallback<'h>(
 ) -> Option<&'h Variant> {
     let features = device_features(gpu);
     let cpu_adapter = features.contains(&Feature::Cpu);
+    // The KV caches and outputs a prefill schedule binds.
+    let state = |v: &Variant| -> HashSet<u32> {
+        let bound = v.prefill.iter().flat_map(|d| &d.bindings);
+        bound
+            .map(|b| b.buffer)
+            .filter(|&b| {
+                header.buffers.get(b as usize).is_some_and(|d| {
+                    matches!(
+                        d.kind,
+                        BufferKind::KvCache { .. } | BufferKind::Output { .. }
+                    )
+                })
+            })
+            .collect()
+    };
+    let kept = state(chosen);
     header
         .variants
         .iter()
@@ -223,7 +242,7 @@ pub(crate) fn fallback<'h>(
         .filter(|v| cpu_adapter || !v.features.contains(&Feature::Cpu))
         .filter(|v| {
             let mut bound = v.prefill.iter().flat_map(|d| &d.bindings);
-            bound.all(|b| used.contains(&b.buffer))
+            bound.all(|b| used.contains(&b.buffer)) && state(v) == kept
         })
         .find(|v| refusal(v, &features, gpu).is_none())
 }

@@ -13,8 +13,8 @@
 //! back when it grew. So a short prompt never compiles the long prompts'
 //! GEMM tiles, a session that never serves never compiles the batch step's
 //! kernels, and the first token waits only for its own kernels.
-//! [`VariantPipelines::ensure_all`] creates the rest at once (a server does,
-//! so that no client waits for a compile).
+//! [`crate::Session::create_all_pipelines`] creates the rest at once (a
+//! server does, so that no client waits for a compile).
 //!
 //! On a native machine with cores to spare (at least [`BACKGROUND_CORES`]
 //! threads, or as [`SessionOptions::background_pipelines`] says), opening
@@ -22,7 +22,8 @@
 //! the weights upload — the prefill fallback's first, where the session has
 //! one ([`crate::session::PrefillFallback`]) — and publishes each the moment
 //! it exists: a step waits only for the pipelines it needs, and
-//! [`VariantPipelines::ready`] tells whether they are there without waiting.
+//! [`VariantPipelines::compiling`] tells whether the thread still has some
+//! of them to make, without waiting.
 //! On few cores (a CI machine, lavapipe) the thread and the upload would
 //! fight for the same cores, and the thread would compile kernels a short
 //! prompt never runs, so it stays off there.
@@ -54,6 +55,8 @@ pub const BACKGROUND_CORES: usize = 8;
 pub struct PipelineStats {
     /// Pipelines created (by steps, or by the background thread).
     pub created: usize,
+    /// Of those, the ones the background thread created.
+    pub background: usize,
     /// Wall time steps spent creating pipelines or waiting for the
     /// background thread's (and writing the pipeline cache).
     pub time: Duration,
@@ -258,6 +261,9 @@ impl VariantPipelines {
         if let Ok(mut pending) = self.cells.pending.lock() {
             pending.extend(slots);
         }
+        if let Ok(mut stats) = self.stats.lock() {
+            stats.threads = stats.threads.max(threads);
+        }
         let (gpu, cells, store) = (gpu.clone(), self.cells.clone(), self.store.clone());
         let (checks, stats) = (self.checks, self.stats.clone());
         let spawned = std::thread::Builder::new()
@@ -265,14 +271,18 @@ impl VariantPipelines {
             .spawn(move || {
                 let _finished = Finished(cells.clone());
                 let refs: Vec<PipelineJob<'_>> = jobs.iter().map(|(k, l, _)| (k, l)).collect();
-                let publish = |i: usize, p| cells.publish(jobs[i].2, p);
+                let publish = |i: usize, p: Option<wgpu::ComputePipeline>| {
+                    if p.is_some() {
+                        if let Ok(mut stats) = stats.lock() {
+                            stats.background += 1;
+                        }
+                    }
+                    cells.publish(jobs[i].2, p)
+                };
                 let cache = store.cache.as_ref();
                 let how = (checks, cache, threads);
                 crate::pipeline::create_each(&gpu, &refs, how, &cells.stop, &publish);
                 store.save();
-                if let Ok(mut stats) = stats.lock() {
-                    stats.threads = stats.threads.max(threads);
-                }
             });
         match spawned {
             Ok(handle) => {
@@ -308,9 +318,14 @@ impl VariantPipelines {
         self.cells.pipelines[slot].get()
     }
 
-    /// Whether every pipeline of `slots` exists (without waiting for any).
-    pub(crate) fn ready(&self, mut slots: impl Iterator<Item = usize>) -> bool {
-        slots.all(|s| self.get(s).is_some())
+    /// Whether the background thread has yet to create a pipeline of
+    /// `slots` (without waiting for any). A slot it failed to create, or
+    /// never had, is not pending: the step creates it and reports an error.
+    pub(crate) fn compiling(&self, mut slots: impl Iterator<Item = usize>) -> bool {
+        let Ok(pending) = self.cells.pending.lock() else {
+            return false;
+        };
+        slots.any(|s| pending.contains(&s))
     }
 
     /// What the pipeline cache did when it was opened.
@@ -346,12 +361,15 @@ impl VariantPipelines {
         if missing.is_empty() {
             return Ok(());
         }
-        if self.cells.wait_for(&missing) {
-            missing.retain(|&s| self.get(s).is_none());
-            if missing.is_empty() {
+        let waited = self.cells.wait_for(&missing);
+        // Those the background thread made, while this step waited or just
+        // before.
+        missing.retain(|&s| self.get(s).is_none());
+        if missing.is_empty() {
+            if waited {
                 self.count(0, clock.elapsed());
-                return Ok(());
             }
+            return Ok(());
         }
         let jobs: Vec<PipelineJob<'_>> = missing
             .iter()

@@ -17,9 +17,9 @@
 //! registers; the output is written once. [`tiles`] picks `HG`, `LANES`,
 //! `BQ` and `BK` so `Q`, one K/V tile and the tile's probabilities fit the
 //! variant's workgroup memory: [`MAX_WORKGROUP_BYTES`] (WebGPU's default)
-//! for most, and for heads wider than 64 three times that in `tensor-f16`,
-//! where Gemma 3's 256-wide heads get 4 rows × 16-key tiles instead of
-//! 2 × 4. The surprising parts: K and V take turns in one
+//! for most, and three times that in `tensor-f16` where the default's key
+//! tiles are shorter than a row's threads: Gemma 3's 256-wide heads get
+//! 4 rows × 16-key tiles instead of 2 × 4. The surprising parts: K and V take turns in one
 //! tile buffer (five barriers per tile instead of twice the memory), the
 //! buffer's rows are padded by one `vec4` so the lanes reading different keys
 //! at the same dimension hit different banks, and masked keys get a finite
@@ -146,8 +146,8 @@ impl Tiles {
 /// the first of the widest head group (a divisor of the GQA ratio, at most
 /// 4), the most query rows and the longest key tile within
 /// [`MAX_WORKGROUP_BYTES`] of workgroup memory — or, where that leaves a
-/// tile shorter than a row's threads (`SPLIT` > 1: heads wider than 64),
-/// within `max_bytes`. On an H200 the larger tiles made Gemma 3's 256-wide
+/// tile shorter than a row's threads (`SPLIT` > 1, as for Gemma 3's
+/// 256-wide heads), within `max_bytes`. On an H200 the larger tiles made Gemma 3's 256-wide
 /// heads' prefill attention 1.7× as fast, but 64-wide heads' 32-key tiles
 /// were slower than their 16-key ones (SmolLM2's pp4096 −20%). Heads too
 /// wide for any block (over ~760 at WebGPU's default limit) get the
