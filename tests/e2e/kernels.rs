@@ -1613,12 +1613,11 @@ fn attention_matches_reference() {
         case(5, 1, 30, 9, 0.2, 17, 11),
         f16(case(9, 3, 64, 0, 0.125, 45, 50)),
         f16(case(4, 1, 256, 7, 0.0625, 10, 20)),
-        // Larger tiles (heads wider than 64 only): rows over several
-        // blocks, a window inside a tile and none, a head width that is not
-        // a multiple of 4 (each head-256 kernel takes lavapipe seconds to
-        // compile).
+        // Larger tiles (where the default's split a key's dot product):
+        // rows over several blocks and a window inside a tile at head width
+        // 256 (each such kernel takes lavapipe seconds to compile), none at
+        // a head width that is not a multiple of 4.
         wide(f16(case(4, 1, 256, 7, 0.0625, 37, 20))),
-        wide(case(6, 3, 256, 0, 0.05, 21, 45)),
         wide(case(3, 3, 100, 0, 0.12, 29, 75)),
     ];
     // The `cpu` variant's kernel on the cases, and decode steps deep in
@@ -3277,7 +3276,7 @@ fn check_emulated(keep: impl Fn(&MatMulCase) -> bool) {
         blocks * u64::from(c.k.div_ceil(32)) * u64::from(bm * bn) * 32
     };
     check_all(
-        tiled.filter(|cg| cost(cg) <= 1 << 28 && keep(&cg.0)),
+        tiled.filter(|cg| cost(cg) <= 1 << 24 && keep(&cg.0)),
         |(c, g)| {
             check_coop(
                 c,
