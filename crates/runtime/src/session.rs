@@ -921,16 +921,21 @@ impl Session {
     /// first needs it: a server calls it after loading, so that no client
     /// waits for a compile.
     pub async fn create_all_pipelines(&self) -> Result<(), RuntimeError> {
-        let steps = self.prefill.iter().chain(&self.decode).chain(&self.batch);
-        let slots = steps.map(|s| s.pipeline);
-        self.pipelines.ensure(&self.gpu, &self.header, slots).await
+        self.ensure_schedules(&[&self.prefill, &self.decode, &self.batch])
+            .await
     }
 
     /// Creates (or waits for) the pipelines of the variant's prefill and
     /// decode steps: after it every prompt runs on the variant itself, not
     /// its prefill fallback (`bench` calls it before timing).
     pub async fn create_step_pipelines(&self) -> Result<(), RuntimeError> {
-        let slots = self.prefill.iter().chain(&self.decode).map(|s| s.pipeline);
+        self.ensure_schedules(&[&self.prefill, &self.decode]).await
+    }
+
+    /// Creates (or waits for) the pipelines of every dispatch of
+    /// `schedules`, whatever the rows they run at.
+    async fn ensure_schedules(&self, schedules: &[&[Step]]) -> Result<(), RuntimeError> {
+        let slots = schedules.iter().flat_map(|s| s.iter()).map(|s| s.pipeline);
         self.pipelines.ensure(&self.gpu, &self.header, slots).await
     }
 
