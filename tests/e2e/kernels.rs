@@ -1592,8 +1592,9 @@ fn attention_matches_reference() {
         case(6, 3, 256, 4, 0.05, 3, 9),
         // A window wider than a chunk, starting mid-chunk.
         case(4, 2, 16, 100, 0.3, 13, 120),
-        // Large scores: the online softmax must rescale without overflow.
-        case(6, 3, 256, 0, 5.0, 2, 70),
+        // Large scores: the online softmax must rescale without overflow
+        // (at head width 64: a head-256 kernel takes lavapipe seconds).
+        case(6, 3, 64, 0, 5.0, 2, 70),
         // Flash tiles: blocks of query rows (T not a multiple of the
         // block) over key tiles, after an earlier chunk's cache (P > 0),
         // for GQA ratios 1, 3, 4 and 8 (two head groups per KV head).
@@ -1626,9 +1627,8 @@ fn attention_matches_reference() {
         case(9, 3, 64, 0, 0.125, 1, 2999),
         case(4, 1, 256, 512, 0.0625, 1, 4107),
         case(4, 1, 256, 0, 0.0625, 2, 4107),
-        // Two head-256 cases above, at head width 64: large scores, and a
-        // window wider than the context.
-        case(6, 3, 64, 0, 5.0, 2, 70),
+        // A head-256 case above at head width 64: a window wider than the
+        // context.
         case(4, 1, 64, 512, 0.0625, 21, 40),
     ];
     // Of head width 256 (Gemma 3) only an f16 cache with a window and the
