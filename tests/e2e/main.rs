@@ -21,3 +21,4 @@ mod kernels;
 mod models;
 mod passes;
 mod real_checkpoints;
+mod training;

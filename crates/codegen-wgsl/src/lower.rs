@@ -539,6 +539,12 @@ impl Lowering<'_> {
             Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
                 return Err(unsupported("source nodes have no kernel"))
             }
+            Op::Train(_) => {
+                return Err(unsupported(
+                    "training ops (the autodiff pass's) have no GPU kernels yet; \
+                     compile the forward graph",
+                ))
+            }
         };
         Ok(Lowered {
             source,

@@ -20,7 +20,7 @@ use crate::schedule::{CodegenOptions, WeightAlias, WeightBuffer};
 use crate::variant::VariantSpec;
 use crate::CodegenError;
 use gerbil_ir::op::KvKind;
-use gerbil_ir::{DType, Dim, Graph, NodeId, Op, Sym, TensorType, ValueRef, WeightSource};
+use gerbil_ir::{DType, Dim, Graph, Input, NodeId, Op, Sym, TensorType, ValueRef, WeightSource};
 use gerbil_plan::{
     BufferDecl, BufferKind, BufferSlice, KvHalf, OutputKind, Precision, SectionRef,
     BINDING_OFFSET_ALIGN, SAMPLING_PARAMS_BYTES, SECTION_ALIGN, STEP_PARAMS_BYTES,
@@ -373,7 +373,14 @@ pub(crate) fn place<'o>(
         let v = ValueRef::of(id);
         let ty = &node.outputs[0];
         match &node.op {
-            Op::Input(_) => {
+            Op::Input(Input::TargetIds) => {
+                return Err(CodegenError::Graph(
+                    "the graph reads next-token targets (a training graph, made by the \
+                     autodiff pass); plans run forward graphs only"
+                        .into(),
+                ))
+            }
+            Op::Input(Input::TokenIds) => {
                 let i = b.push(b.value_bytes(ty), BufferKind::TokenIds);
                 token_ids = Some(i);
                 b.own.insert(v, Own::Whole(i));

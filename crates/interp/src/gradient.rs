@@ -19,19 +19,49 @@ use gerbil_ir::{Attention, Embedding, RmsNorm, Rope, UnaryOp};
 
 /// Gradients of `y = x · wᵀ` (`w` in `[N, k]` layout): `(dx, dw)`.
 pub fn matmul(x: &[f64], k: usize, w: &[f64], dy: &[f64]) -> (Vec<f64>, Vec<f64>) {
-    let (n, m) = (rows(w, k), rows(x, k));
-    let mut dx = vec![0.0; x.len()];
-    let mut dw = vec![0.0; w.len()];
-    for t in 0..m {
-        for o in 0..n {
-            let g = dy[t * n + o];
-            for i in 0..k {
-                dx[t * k + i] += g * w[o * k + i];
-                dw[o * k + i] += g * x[t * k + i];
+    let n = rows(w, k);
+    (matmul_dx(dy, n, w), matmul_dw(dy, n, x))
+}
+
+/// The gradient of a matmul's input: `dy · w`, with `dy` in `[rows, n]`
+/// and `w` in `[n, k]`.
+pub fn matmul_dx(dy: &[f64], n: usize, w: &[f64]) -> Vec<f64> {
+    let k = w.len() / n;
+    let mut dx = vec![0.0; rows(dy, n) * k];
+    for (g, out) in dy.chunks(n).zip(dx.chunks_mut(k)) {
+        for (&g, w) in g.iter().zip(w.chunks(k)) {
+            for (d, &w) in out.iter_mut().zip(w) {
+                *d += g * w;
             }
         }
     }
-    (dx, dw)
+    dx
+}
+
+/// The gradient of a matmul's weight: `dyᵀ · x`, with `dy` in
+/// `[rows, n]` and `x` in `[rows, k]`; `[n, k]` like the weight.
+pub fn matmul_dw(dy: &[f64], n: usize, x: &[f64]) -> Vec<f64> {
+    let k = x.len() / rows(dy, n).max(1);
+    let mut dw = vec![0.0; n * k];
+    for (g, x) in dy.chunks(n).zip(x.chunks(k)) {
+        for (&g, out) in g.iter().zip(dw.chunks_mut(k)) {
+            for (d, &x) in out.iter_mut().zip(x) {
+                *d += g * x;
+            }
+        }
+    }
+    dw
+}
+
+/// Column sums of `[rows, n]`: the gradient of a bias added to every row.
+pub fn sum_rows(dy: &[f64], n: usize) -> Vec<f64> {
+    let mut out = vec![0.0; n];
+    for row in dy.chunks(n) {
+        for (o, &g) in out.iter_mut().zip(row) {
+            *o += g;
+        }
+    }
+    out
 }
 
 /// Gradients of [`r::rms_norm`]: `(dx, dw)`. With `g = dy · (w + offset)`

@@ -19,8 +19,11 @@
 //! cache it aliases (`Op::aliased_input`, followed to the `kv_cache` source),
 //! which is what sharing the buffer does on the GPU.
 
+use crate::gradient as grad;
 use crate::reference as r;
-use gerbil_ir::{BinaryOp, DType, Graph, NodeId, Op, TensorType, ValueRef, WeightSource};
+use gerbil_ir::{
+    BinaryOp, DType, Graph, Input, NodeId, Op, TensorType, TrainOp, ValueRef, WeightSource,
+};
 use std::collections::HashMap;
 use std::fmt;
 use std::rc::Rc;
@@ -59,6 +62,14 @@ pub enum InterpretError {
     },
     /// A step with no tokens.
     EmptyStep,
+    /// A training graph (one with `input.target_ids`) run without targets,
+    /// or a number of targets that is not the number of tokens.
+    Targets {
+        /// Tokens of the step.
+        tokens: usize,
+        /// Targets given (`None`: [`Interpreter::step`], which has none).
+        targets: Option<usize>,
+    },
     /// The step would write past the KV caches.
     ContextFull {
         /// Tokens already cached.
@@ -84,6 +95,16 @@ impl fmt::Display for InterpretError {
                 )
             }
             InterpretError::EmptyStep => f.write_str("a step needs at least one token"),
+            InterpretError::Targets { targets: None, .. } => f.write_str(
+                "the graph reads next-token targets (a training graph); run it with train_step",
+            ),
+            InterpretError::Targets {
+                tokens,
+                targets: Some(targets),
+            } => write!(
+                f,
+                "{targets} targets for {tokens} tokens; a training step takes one target per token"
+            ),
             InterpretError::ContextFull {
                 position,
                 tokens,
@@ -272,6 +293,48 @@ impl<'g> Interpreter<'g> {
     /// Runs one step of `tokens` at positions `P..P+T` and returns the graph's
     /// outputs, in the graph's order.
     pub fn step(&mut self, tokens: &[u32]) -> Result<Vec<Tensor>, InterpretError> {
+        self.run(tokens, None)
+    }
+
+    /// Runs a training graph (the `autodiff` pass's) on one sequence:
+    /// `tokens` at positions `0..T` with next-token `targets`, one per
+    /// token, and returns its outputs (the loss, then the gradients). The
+    /// caches start and end empty, so steps are independent.
+    pub fn train_step(
+        &mut self,
+        tokens: &[u32],
+        targets: &[u32],
+    ) -> Result<Vec<Tensor>, InterpretError> {
+        if targets.len() != tokens.len() {
+            return Err(InterpretError::Targets {
+                tokens: tokens.len(),
+                targets: Some(targets.len()),
+            });
+        }
+        self.reset();
+        let out = self.run(tokens, Some(targets));
+        self.reset();
+        out
+    }
+
+    /// The values of the weight labelled `label`, to change in place (a
+    /// finite-difference check, an optimizer step); `None` when no weight
+    /// has that label or the interpreter is [`Interpreter::streaming`].
+    pub fn weight_mut(&mut self, label: &str) -> Option<&mut Vec<f64>> {
+        let g = self.graph;
+        let id = self
+            .order
+            .iter()
+            .copied()
+            .find(|&id| matches!(g.node(id).op, Op::Weight(_)) && g.node(id).label == label)?;
+        self.weights.get_mut(&id).map(Rc::make_mut)
+    }
+
+    fn run(
+        &mut self,
+        tokens: &[u32],
+        targets: Option<&[u32]>,
+    ) -> Result<Vec<Tensor>, InterpretError> {
         let (p, t) = (self.position, tokens.len());
         if t == 0 {
             return Err(InterpretError::EmptyStep);
@@ -291,7 +354,19 @@ impl<'g> Interpreter<'g> {
             let ins: Vec<&[f64]> = inputs.iter().map(|v| values[v].as_slice()).collect();
             let tys: Vec<&TensorType> = inputs.iter().map(|v| g.value_type(*v)).collect();
             let outs: Vec<Rc<Vec<f64>>> = match &node.op {
-                Op::Input(_) => vec![Rc::new(tokens.iter().map(|&i| f64::from(i)).collect())],
+                Op::Input(input) => {
+                    let ids = match (input, targets) {
+                        (Input::TokenIds, _) => tokens,
+                        (Input::TargetIds, Some(targets)) => targets,
+                        (Input::TargetIds, None) => {
+                            return Err(InterpretError::Targets {
+                                tokens: t,
+                                targets: None,
+                            })
+                        }
+                    };
+                    vec![Rc::new(ids.iter().map(|&i| f64::from(i)).collect())]
+                }
                 Op::Weight(w) => vec![match (self.weights.get(&id), self.source) {
                     (Some(values), _) => values.clone(),
                     (None, source) => {
@@ -299,7 +374,10 @@ impl<'g> Interpreter<'g> {
                     }
                 }],
                 Op::KvCache { .. } => vec![self.caches[&id].clone()],
-                op => eval(op, &ins, &tys, p).into_iter().map(Rc::new).collect(),
+                op => eval(op, &ins, &tys, p, t)
+                    .into_iter()
+                    .map(Rc::new)
+                    .collect(),
             };
             for (port, out) in outs.into_iter().enumerate() {
                 values.insert(
@@ -348,9 +426,11 @@ fn ids(v: &[f64]) -> Vec<u32> {
     v.iter().map(|&x| x as u32).collect()
 }
 
-/// One compute op on its inputs (types in `tys`), at position offset `p`.
-fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize) -> Vec<Vec<f64>> {
+/// One compute op on its inputs (types in `tys`), in a step of `t` tokens
+/// at position offset `p`.
+fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize, t: usize) -> Vec<Vec<f64>> {
     match op {
+        Op::Train(train) => eval_train(train, ins, tys, p, t),
         Op::Embedding(e) => vec![r::embedding(ins[0], width(tys[0]), &ids(ins[1]), e)],
         Op::RmsNorm(n) => vec![r::rms_norm(ins[0], ins[1], n)],
         Op::MatMul(m) => {
@@ -429,6 +509,50 @@ fn eval(op: &Op, ins: &[&[f64]], tys: &[&TensorType], p: usize) -> Vec<Vec<f64>>
         Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
             unreachable!("sources are read from the interpreter's state")
         }
+    }
+}
+
+/// One training op, as [`eval`].
+fn eval_train(
+    op: &TrainOp,
+    ins: &[&[f64]],
+    tys: &[&TensorType],
+    p: usize,
+    t: usize,
+) -> Vec<Vec<f64>> {
+    match op {
+        TrainOp::CrossEntropy => {
+            vec![vec![
+                grad::cross_entropy(ins[0], width(tys[0]), &ids(ins[1])).0,
+            ]]
+        }
+        TrainOp::CrossEntropyGrad => {
+            vec![grad::cross_entropy(ins[0], width(tys[0]), &ids(ins[1])).1]
+        }
+        TrainOp::MatMulGradX => vec![grad::matmul_dx(ins[0], width(tys[0]), ins[1])],
+        TrainOp::MatMulGradW => vec![grad::matmul_dw(ins[0], width(tys[0]), ins[1])],
+        TrainOp::SumRows => vec![grad::sum_rows(ins[0], width(tys[0]))],
+        TrainOp::RmsNormGrad(n) => {
+            let (dx, dw) = grad::rms_norm(ins[0], ins[1], n, ins[2]);
+            vec![dx, dw]
+        }
+        TrainOp::RopeGrad(spec) => vec![grad::rope(ins[0], ins[1], spec, p)],
+        TrainOp::CacheRows => {
+            let w = width(tys[0]);
+            vec![ins[0][p * w..(p + t) * w].to_vec()]
+        }
+        TrainOp::AttentionGrad(a) => {
+            let (dq, dk, dv) = grad::attention(ins[0], ins[1], ins[2], a, p, ins[3]);
+            vec![dq, dk, dv]
+        }
+        TrainOp::UnaryGrad(u) => vec![grad::unary(*u, ins[0], ins[1])],
+        TrainOp::EmbeddingGrad { embedding, rows } => vec![grad::embedding(
+            &ids(ins[0]),
+            width(tys[1]),
+            *rows as usize,
+            embedding,
+            ins[1],
+        )],
     }
 }
 

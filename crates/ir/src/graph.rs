@@ -107,6 +107,16 @@ pub const NEXT_TOKEN: &str = "next_token";
 /// codegen maps it to the plan's `Output(Embedding)` buffer.
 pub const EMBEDDING: &str = "embedding";
 
+/// The name of a training graph's loss output (the `autodiff` pass's):
+/// the mean next-token cross-entropy, `f32[1]`.
+pub const LOSS: &str = "loss";
+
+/// The name of a training graph's output holding the gradient of the
+/// weight labelled `label`: `grad.LABEL`.
+pub fn gradient_output(label: &str) -> String {
+    format!("grad.{label}")
+}
+
 /// A dataflow graph with named outputs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Graph {

@@ -19,17 +19,19 @@ pub mod op;
 pub mod parse;
 pub mod print;
 pub mod rope_table;
+pub mod train;
 pub mod types;
 pub mod verify;
 
 pub use graph::{
-    layer_prefix, without_layers, Edge, Graph, Node, NodeId, ValueRef, EMBEDDING, LOGITS,
-    NEXT_TOKEN,
+    gradient_output, layer_prefix, without_layers, Edge, Graph, Node, NodeId, ValueRef, EMBEDDING,
+    LOGITS, LOSS, NEXT_TOKEN,
 };
 pub use op::{
     Attention, BinaryOp, Embedding, Input, LayerNorm, MatMul, MatMulGlu, MatMulPorts, NormPrologue,
     Op, Pooling, QkNorm, QkvRope, RmsNorm, Rope, UnaryOp, Weight, WeightSource,
 };
 pub use parse::{parse, ParseError};
+pub use train::TrainOp;
 pub use types::{DType, Dim, Sym, TensorType, QUANTIZED};
 pub use verify::{verify, VerifyError};

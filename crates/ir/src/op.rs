@@ -5,6 +5,7 @@
 //! accepts and the output types it produces. The verifier and
 //! [`crate::Graph::add`] both go through it.
 
+use crate::train::TrainOp;
 use crate::types::{DType, Dim, Sym, TensorType};
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -58,6 +59,9 @@ pub struct Weight {
 pub enum Input {
     /// Token ids of this step, `u32[T]`.
     TokenIds,
+    /// The token each row should predict, `u32[T]` (a training step's
+    /// next-token targets: `cross_entropy` reads them).
+    TargetIds,
 }
 
 /// Which half of a layer's KV cache.
@@ -435,6 +439,8 @@ pub enum Op {
     Pool(Pooling),
     /// `x[r] / max(‖x[r]‖₂, 1e-12)` for each row (`torch.nn.functional.normalize`).
     L2Normalize,
+    /// A loss or a backward op of a training step, see [`TrainOp`].
+    Train(TrainOp),
 }
 
 /// Why an op rejected its inputs.
@@ -514,6 +520,7 @@ impl Op {
         match self {
             Op::AddRmsNorm(_) | Op::AddRmsNormLastRow(_) | Op::EmbeddingRmsNorm(..) => 2,
             Op::QkvRope(_) => 3,
+            Op::Train(t) => t.num_outputs(),
             _ => 1,
         }
     }
@@ -537,10 +544,11 @@ impl Op {
     /// Output types for the given input types, or why the inputs are invalid.
     pub fn infer(&self, ins: &[&TensorType]) -> Result<Vec<TensorType>, InferError> {
         let out = match self {
-            Op::Input(Input::TokenIds) => {
+            Op::Input(_) => {
                 expect_arity(ins, 0)?;
                 TensorType::new(DType::U32, [Dim::Sym(Sym::T)])
             }
+            Op::Train(t) => return t.infer(ins),
             Op::Weight(w) => {
                 expect_arity(ins, 0)?;
                 if let WeightSource::Rows { count, .. } = &w.source {
@@ -877,6 +885,7 @@ impl Op {
     pub fn mnemonic(&self) -> &'static str {
         match self {
             Op::Input(Input::TokenIds) => "input.token_ids",
+            Op::Input(Input::TargetIds) => "input.target_ids",
             Op::Weight(_) => "weight",
             Op::KvCache { .. } => "kv_cache",
             Op::Embedding(_) => "embedding",
@@ -909,6 +918,7 @@ impl Op {
             Op::AddPositions => "add_positions",
             Op::Pool(_) => "pool",
             Op::L2Normalize => "l2_normalize",
+            Op::Train(t) => t.mnemonic(),
         }
     }
 }
@@ -1040,8 +1050,26 @@ impl fmt::Display for Op {
             Op::Unary(UnaryOp::Softcap(c)) => write!(f, "{{cap={c}}}"),
             Op::LayerNorm(n) => write!(f, "{{eps={:e}}}", n.eps),
             Op::Pool(p) => write!(f, "{{{}}}", p.name()),
+            Op::Train(t) => write_train_attrs(f, t),
             _ => Ok(()),
         }
+    }
+}
+
+/// A training op's attributes: its forward op's (`rms_norm_grad{eps=…}`),
+/// and an embedding gradient's table rows.
+fn write_train_attrs(f: &mut fmt::Formatter<'_>, t: &TrainOp) -> fmt::Result {
+    let Some(forward) = t.forward() else {
+        return Ok(());
+    };
+    let text = forward.to_string();
+    let attrs = &text[forward.mnemonic().len()..];
+    match t {
+        TrainOp::EmbeddingGrad { rows, .. } => match attrs.strip_suffix('}') {
+            Some(open) => write!(f, "{open}, rows={rows}}}"),
+            None => write!(f, "{{rows={rows}}}"),
+        },
+        _ => f.write_str(attrs),
     }
 }
 

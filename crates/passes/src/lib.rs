@@ -10,6 +10,7 @@
 //! codegen (`gerbil_codegen_wgsl::planner`, reported as the `plan-buffers`
 //! stage).
 
+pub mod autodiff;
 pub mod dce;
 pub mod fuse_gate_up;
 pub mod fuse_glu;
@@ -26,4 +27,4 @@ pub mod manager;
 mod rewrite;
 pub mod slice_last_row;
 
-pub use manager::{default_pipeline, Pass, PassError, PassManager, PassReport};
+pub use manager::{default_pipeline, training_passes, Pass, PassError, PassManager, PassReport};

@@ -137,18 +137,36 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
     ]
 }
 
-/// The passes of the default pipeline with these names, in the order given
-/// (`gerbilc opt --passes a,b,c`, the pass file tests); an unknown name is
-/// an error listing the valid ones.
+/// What makes a training step's graph of a lowered forward graph: the
+/// loss and the backward ops (`autodiff`), then `dce` of what the loss and
+/// the gradients no longer read (the next-token sampling). Not part of the
+/// default pipeline; the fusions may run after it.
+pub fn training_passes() -> Vec<Box<dyn Pass>> {
+    vec![
+        Box::new(crate::autodiff::Autodiff),
+        Box::new(crate::dce::Dce),
+    ]
+}
+
+/// Every pass there is: the default pipeline's, then `autodiff`.
+fn all_passes() -> Vec<Box<dyn Pass>> {
+    let mut all = default_pipeline();
+    all.push(Box::new(crate::autodiff::Autodiff));
+    all
+}
+
+/// The passes with these names (of the default pipeline, or `autodiff`),
+/// in the order given (`gerbilc opt --passes a,b,c`, the pass file tests);
+/// an unknown name is an error listing the valid ones.
 pub fn passes_named<S: AsRef<str>>(names: &[S]) -> Result<Vec<Box<dyn Pass>>, PassError> {
     let mut out = Vec::with_capacity(names.len());
     for name in names {
         let name = name.as_ref();
-        let pass = default_pipeline().into_iter().find(|p| p.name() == name);
+        let pass = all_passes().into_iter().find(|p| p.name() == name);
         out.push(pass.ok_or_else(|| {
             PassError::UnknownPass {
                 name: name.to_string(),
-                known: default_pipeline()
+                known: all_passes()
                     .iter()
                     .map(|p| p.name())
                     .collect::<Vec<_>>()

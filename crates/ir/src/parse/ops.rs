@@ -12,6 +12,7 @@ use crate::op::{
     Attention, BinaryOp, Embedding, Input, KvKind, LayerNorm, MatMul, MatMulGlu, NormPrologue, Op,
     Pooling, QkNorm, QkvRope, RmsNorm, Rope, UnaryOp, Weight, WeightSource,
 };
+use crate::train::TrainOp;
 use crate::types::TensorType;
 
 /// One attribute value as written.
@@ -84,6 +85,22 @@ impl OpSyntax {
             }
             OpSyntax::Op(m, col, a) => (m, col, a),
         };
+        if let Some(t) = TrainOp::plain(&mnemonic) {
+            a.finish(cur, &mnemonic)?;
+            return Ok(Op::Train(t));
+        }
+        // `X_grad` is the backward of `X`, with `X`'s attributes (and an
+        // embedding table's `rows`).
+        let forward = mnemonic.strip_suffix("_grad");
+        let rows = match forward {
+            Some("embedding") => {
+                let (s, at) = a
+                    .opt_scalar(cur, "rows")?
+                    .ok_or_else(|| cur.err_at(a.at, "expected attribute `rows=INTEGER`".into()))?;
+                Some(parse_int::<u64>(cur, &s, at)?)
+            }
+            _ => None,
+        };
         let norm = |a: &mut Attrs| -> Result<RmsNorm, ParseError> {
             Ok(RmsNorm {
                 eps: a.f32(cur, "eps")?,
@@ -103,8 +120,9 @@ impl OpSyntax {
             g.finish(cur, "norm")?;
             Ok(Some(n))
         };
-        let op = match mnemonic.as_str() {
+        let op = match forward.unwrap_or(&mnemonic) {
             "input.token_ids" => Op::Input(Input::TokenIds),
+            "input.target_ids" => Op::Input(Input::TargetIds),
             "kv_cache" => {
                 let layer = a.u32(cur, "layer")?;
                 let kind = match a.scalar(cur, "kind")?.as_str() {
@@ -242,15 +260,20 @@ impl OpSyntax {
                 }
                 Op::QkvRope(r)
             }
-            other => {
+            _ => {
                 return Err(cur.err_at(
                     col,
-                    format!("unknown op `{other}`; ops are: {}", OP_NAMES.join(", ")),
+                    format!("unknown op `{mnemonic}`; ops are: {}", OP_NAMES.join(", ")),
                 ))
             }
         };
         a.finish(cur, &mnemonic)?;
-        Ok(op)
+        match forward {
+            None => Ok(op),
+            Some(_) => TrainOp::backward_of(op, rows)
+                .map(Op::Train)
+                .ok_or_else(|| cur.err_at(col, format!("`{mnemonic}` has no backward op"))),
+        }
     }
 }
 
@@ -285,6 +308,14 @@ const OP_NAMES: &[&str] = &[
     "slice_last_row",
     "slice_cols",
     "qkv_rope",
+    "input.target_ids",
+    "cross_entropy",
+    "cross_entropy_grad",
+    "matmul_grad_x",
+    "matmul_grad_w",
+    "sum_rows",
+    "cache_rows",
+    "X_grad (the backward of X: rms_norm, rope, attention, silu, gelu_tanh, gelu, softcap, embedding)",
 ];
 
 /// `"tensor"`, `"tensor"[a..b]`, `concat["a", "b"]` or
