@@ -1234,7 +1234,10 @@ fn check_embedding(c: &EmbeddingCase) -> Result<(), String> {
     if t > 1 {
         ids[t - 1] = c.vocab + 3;
     }
-    let lookup = Embedding { scale: c.scale };
+    let lookup = Embedding {
+        scale: c.scale,
+        padding: None,
+    };
     let mut inputs = shard_bytes(table_bytes, v, c.shard_rows, c.wdtype);
     inputs.push(u32_bytes(&ids));
     let Some((offset, wdtype)) = c.norm else {

@@ -276,7 +276,10 @@ fn build(blocks: &[Block], hidden: u64, vocab: u64, seed: u64) -> (Graph, Tensor
     let ids = b.add(Op::Input(gerbil_ir::Input::TokenIds), &[], "input_ids");
     let table = b.weight(&[vocab, hidden], 1.0, 0.0);
     let mut x = b.add(
-        Op::Embedding(Embedding { scale: None }),
+        Op::Embedding(Embedding {
+            scale: None,
+            padding: None,
+        }),
         &[table, ids],
         "embed",
     );

@@ -363,7 +363,10 @@ mod tests {
         let up = weight(&mut g, "up", &[96, 64]);
         let odd = weight(&mut g, "odd", &[64, 40]);
         let norm = weight(&mut g, "norm", &[64]);
-        let lookup = Op::Embedding(Embedding { scale: None });
+        let lookup = Op::Embedding(Embedding {
+            scale: None,
+            padding: None,
+        });
         let x = g.add(lookup, &[table, ids], "embedding").unwrap();
         let mm = |bias| {
             Op::MatMul(MatMul {

@@ -114,6 +114,8 @@ struct RawConfig {
     bos_token_id: Option<TokenIds>,
     #[serde(default)]
     eos_token_id: Option<TokenIds>,
+    #[serde(default)]
+    pad_token_id: Option<TokenIds>,
 }
 
 /// One set of RoPE parameters, as in v5's `rope_parameters` (or v4's
@@ -320,6 +322,9 @@ pub struct HfConfig {
     pub bos_token_id: Option<u32>,
     /// `eos_token_id` as a list (empty when absent).
     pub eos_token_ids: Vec<u32>,
+    /// `pad_token_id`, if present (the first one when a list): the
+    /// embedding row training leaves to its other readers.
+    pub pad_token_id: Option<u32>,
 }
 
 impl HfConfig {
@@ -410,6 +415,7 @@ impl HfConfig {
             sliding_window: raw.sliding_window,
             bos_token_id: raw.bos_token_id.and_then(|t| t.to_vec().first().copied()),
             eos_token_ids: raw.eos_token_id.map(|t| t.to_vec()).unwrap_or_default(),
+            pad_token_id: raw.pad_token_id.and_then(|t| t.to_vec().first().copied()),
         })
     }
 

@@ -291,7 +291,10 @@ fn gemma3_graph() {
     // Embedding × √64.
     assert_eq!(
         by_label(g, "embed").op,
-        Op::Embedding(gerbil_ir::Embedding { scale: Some(8.0) })
+        Op::Embedding(gerbil_ir::Embedding {
+            scale: Some(8.0),
+            padding: Some(0),
+        })
     );
     // 4 per layer + q/k norms + final, all `(1 + w)`.
     let norms: Vec<RmsNorm> = nodes(g, |op| matches!(op, Op::RmsNorm(_)))

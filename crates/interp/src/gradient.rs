@@ -135,7 +135,8 @@ pub fn glu(act: UnaryOp, gate: &[f64], up: &[f64], dy: &[f64]) -> (Vec<f64>, Vec
 
 /// Gradient of [`r::embedding`] with respect to its `vocab`-row table:
 /// each token's `dy` row (times the scale) added into its id's row; ids
-/// past the table add into row 0, which is the row the forward read.
+/// past the table add into row 0, which is the row the forward read. The
+/// padding row gets nothing (PyTorch's `padding_idx`).
 pub fn embedding(ids: &[u32], width: usize, vocab: usize, e: &Embedding, dy: &[f64]) -> Vec<f64> {
     let scale = e.scale.map_or(1.0, f64::from);
     let mut dt = vec![0.0; vocab * width];
@@ -145,6 +146,9 @@ pub fn embedding(ids: &[u32], width: usize, vocab: usize, e: &Embedding, dy: &[f
         } else {
             0
         };
+        if e.padding == Some(row as u32) {
+            continue;
+        }
         for i in 0..width {
             dt[row * width + i] += dy[t * width + i] * scale;
         }
@@ -341,7 +345,10 @@ mod tests {
     #[test]
     fn embedding_gradient_adds_repeated_ids() {
         let (vocab, width) = (5, 3);
-        let e = Embedding { scale: Some(2.5) };
+        let e = Embedding {
+            scale: Some(2.5),
+            padding: None,
+        };
         let ids = [3, 1, 3, 0];
         let (table, dy) = (random(vocab * width, 12), random(ids.len() * width, 13));
         let dt = embedding(&ids, width, vocab, &e, &dy);

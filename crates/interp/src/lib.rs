@@ -1,7 +1,8 @@
 //! A CPU interpreter of a `gerbil_ir::Graph`, in f64: what every op
 //! computes ([`mod@reference`], written as plainly as possible), a graph run
-//! step by step on it ([`interpreter`]), and the gradients of the ops a
-//! decoder trains through ([`gradient`]).
+//! step by step on it ([`interpreter`]), the gradients of the ops a
+//! decoder trains through ([`gradient`]) and the optimizer step after them
+//! ([`optimizer`]).
 //!
 //! It is the oracle twice: the tests check every kernel, pass and family
 //! against it, and `gerbilc compile` runs a short prompt through the lowered
@@ -16,6 +17,7 @@
 
 pub mod gradient;
 pub mod interpreter;
+pub mod optimizer;
 pub mod reference;
 
 pub use interpreter::{InterpretError, Interpreter, Tensor, Weights};

@@ -78,6 +78,11 @@ pub enum KvKind {
 pub struct Embedding {
     /// Multiplier applied to every looked-up row (Gemma: √hidden), if any.
     pub scale: Option<f32>,
+    /// The row whose lookups give the table no gradient (PyTorch's
+    /// `padding_idx`, a config's `pad_token_id`), if any. The forward
+    /// reads it like any row; only `embedding_grad` skips it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub padding: Option<u32>,
 }
 
 /// RMSNorm: `x / sqrt(mean(x²) + eps) * (w + weight_offset)`, where the
@@ -980,10 +985,11 @@ impl fmt::Display for Op {
         match self {
             Op::Weight(w) => write!(f, " {}", w.source),
             Op::KvCache { layer, kind, .. } => write!(f, "{{layer={layer}, kind={kind:?}}}"),
-            Op::Embedding(e) => match e.scale {
-                Some(s) => write!(f, "{{scale={s}}}"),
-                None => Ok(()),
-            },
+            Op::Embedding(e) => {
+                let scale = e.scale.map(|s| format!("scale={s}"));
+                let padding = e.padding.map(|p| format!("padding={p}"));
+                write_attrs(f, scale.into_iter().chain(padding))
+            }
             Op::EmbeddingRmsNorm(e, n) => {
                 write!(f, "{{eps={:e}, offset={}", n.eps, n.weight_offset)?;
                 if n.groups != 1 {
@@ -991,6 +997,9 @@ impl fmt::Display for Op {
                 }
                 if let Some(s) = e.scale {
                     write!(f, ", scale={s}")?;
+                }
+                if let Some(p) = e.padding {
+                    write!(f, ", padding={p}")?;
                 }
                 f.write_str("}")
             }
@@ -1451,7 +1460,13 @@ mod tests {
     fn embedding_rms_norm_is_embedding_then_rms_norm() {
         let table = TensorType::fixed(DType::BF16, &[100, 24]);
         let ids = TensorType::new(DType::U32, [Dim::Sym(Sym::T)]);
-        let op = Op::EmbeddingRmsNorm(Embedding { scale: Some(2.0) }, rms(1));
+        let op = Op::EmbeddingRmsNorm(
+            Embedding {
+                scale: Some(2.0),
+                padding: None,
+            },
+            rms(1),
+        );
         let x = TensorType::rows(24);
         assert_eq!(
             op.infer(&[&table, &ids, &vector(24)]).unwrap(),

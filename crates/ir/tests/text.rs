@@ -55,7 +55,10 @@ fn every_op() -> Graph {
     );
     let x = g
         .add(
-            Op::Embedding(Embedding { scale: Some(4.0) }),
+            Op::Embedding(Embedding {
+                scale: Some(4.0),
+                padding: Some(3),
+            }),
             &[table, ids],
             "embed",
         )
@@ -305,7 +308,13 @@ fn every_op() -> Graph {
         .unwrap();
     let er = g
         .add(
-            Op::EmbeddingRmsNorm(Embedding { scale: None }, norm(3e-7, 0.0, 1)),
+            Op::EmbeddingRmsNorm(
+                Embedding {
+                    scale: None,
+                    padding: None,
+                },
+                norm(3e-7, 0.0, 1),
+            ),
             &[table, ids, w16],
             "embed+norm",
         )

@@ -117,7 +117,10 @@ fn build_encoder(ctx: &mut LowerCtx<'_>, positions: Positions, prefix: &str) -> 
         &[c.vocab_size, h],
     )?;
     let mut x = ctx.add(
-        Op::Embedding(Embedding { scale: None }),
+        Op::Embedding(Embedding {
+            scale: None,
+            padding: None,
+        }),
         &[words, ids],
         "embeddings.word",
     )?;

@@ -126,6 +126,9 @@ pub(crate) struct DecoderSpec {
     pub mlp: MlpSpec,
     /// Embedding multiplier, if any.
     pub embed_scale: Option<f32>,
+    /// The embedding row that gets no gradient from lookups (the config's
+    /// `pad_token_id`, PyTorch's `padding_idx`), if it is a row.
+    pub pad_token: Option<u32>,
     /// Whether the LM head reuses the embedding table.
     pub tie_embeddings: bool,
     /// The RoPE tables.
@@ -303,6 +306,7 @@ impl DecoderSpec {
         Ok(DecoderSpec {
             hidden: c.hidden_size,
             vocab: c.vocab_size,
+            pad_token: c.pad_token_id.filter(|&p| u64::from(p) < c.vocab_size),
             norm: NormSpec {
                 eps: c.rms_norm_eps as f32,
                 weight_offset: 0.0,
@@ -420,11 +424,11 @@ pub(crate) fn embed(
     ctx: &mut LowerCtx<'_>,
     vocab: u64,
     hidden: u64,
-    scale: Option<f32>,
+    lookup: Embedding,
 ) -> Result<(ValueRef, ValueRef)> {
     let ids = ctx.add(Op::Input(Input::TokenIds), &[], "input_ids")?;
     let table = ctx.weight("model.embed_tokens.weight", &[vocab, hidden])?;
-    let x = ctx.add(Op::Embedding(Embedding { scale }), &[table, ids], "embed")?;
+    let x = ctx.add(Op::Embedding(lookup), &[table, ids], "embed")?;
     Ok((table, x))
 }
 
@@ -639,7 +643,11 @@ pub(crate) fn lm_head(
 /// ([`super::sentence_head::is_embedder`]) its `embedding`.
 pub(crate) fn build_decoder(ctx: &mut LowerCtx<'_>, spec: &DecoderSpec) -> Result<()> {
     let hidden = spec.hidden;
-    let (table, mut x) = embed(ctx, spec.vocab, hidden, spec.embed_scale)?;
+    let lookup = Embedding {
+        scale: spec.embed_scale,
+        padding: spec.pad_token,
+    };
+    let (table, mut x) = embed(ctx, spec.vocab, hidden, lookup)?;
     let mut tables = Vec::with_capacity(spec.ropes.len());
     for r in &spec.ropes {
         tables.push(ctx.rope_table(&r.freqs, &r.label)?);

@@ -146,11 +146,13 @@ impl OpSyntax {
             }
             "embedding" => Op::Embedding(Embedding {
                 scale: a.opt_f32(cur, "scale")?,
+                padding: a.opt_u32(cur, "padding")?,
             }),
             "embedding_rms_norm" => {
                 let n = norm(&mut a)?;
                 let scale = a.opt_f32(cur, "scale")?;
-                Op::EmbeddingRmsNorm(Embedding { scale }, n)
+                let padding = a.opt_u32(cur, "padding")?;
+                Op::EmbeddingRmsNorm(Embedding { scale, padding }, n)
             }
             "rms_norm" => Op::RmsNorm(norm(&mut a)?),
             "add_rms_norm" => Op::AddRmsNorm(norm(&mut a)?),

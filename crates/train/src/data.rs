@@ -1,0 +1,130 @@
+//! The batches of a training run, as `gerbil-train` documents them: the
+//! tokenized file (BOS as the tokenizer adds it, no separators) is cut into
+//! consecutive, non-overlapping windows of `L + 1` tokens, a tail too
+//! short for one dropped; step `i` takes windows `i·B … i·B + B − 1`,
+//! wrapping at the end. A window's first `L` tokens are the input and its
+//! last `L` the next-token targets.
+//!
+//! ```
+//! use gerbil_train::Windows;
+//! let stream: Vec<u32> = (0..11).collect();
+//! let windows = Windows::new(stream, 2)?; // three windows of 3, two tokens dropped
+//! let batch = windows.batch(1, 2); // step 1 of batches of 2: windows 2 and 0
+//! assert_eq!(batch, [&[6, 7, 8][..], &[0, 1, 2][..]]);
+//! assert_eq!(Windows::split(batch[0]), (&[6, 7][..], &[7, 8][..]));
+//! # Ok::<(), gerbil_train::DataError>(())
+//! ```
+//!
+//! The surprise: a window shares no token with the next, so the last token
+//! of a window is a target but never an input; that is what PyTorch
+//! scripts that chunk a corpus into `L + 1` blocks do, and what
+//! `scripts/make-train-refs.py` does.
+
+/// Why a token stream cannot be cut into windows.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum DataError {
+    /// Fewer tokens than one window needs.
+    #[error(
+        "the training text has {tokens} tokens, fewer than one window of {needed} \
+         (--seq-len {seq_len} + 1); use a longer text or a smaller --seq-len"
+    )]
+    TooShort {
+        /// Tokens in the stream.
+        tokens: usize,
+        /// Tokens of one window.
+        needed: usize,
+        /// The sequence length asked for.
+        seq_len: usize,
+    },
+    /// A sequence length of zero.
+    #[error("--seq-len must be at least 1")]
+    EmptySequence,
+}
+
+/// A token stream cut into windows of `seq_len + 1`; see the module docs.
+#[derive(Clone, Debug)]
+pub struct Windows {
+    stream: Vec<u32>,
+    seq_len: usize,
+    count: usize,
+}
+
+impl Windows {
+    /// Cuts `stream` into windows of `seq_len + 1` tokens.
+    pub fn new(stream: Vec<u32>, seq_len: usize) -> Result<Self, DataError> {
+        if seq_len == 0 {
+            return Err(DataError::EmptySequence);
+        }
+        let count = stream.len() / (seq_len + 1);
+        if count == 0 {
+            return Err(DataError::TooShort {
+                tokens: stream.len(),
+                needed: seq_len + 1,
+                seq_len,
+            });
+        }
+        Ok(Windows {
+            stream,
+            seq_len,
+            count,
+        })
+    }
+
+    /// Number of windows.
+    pub fn count(&self) -> usize {
+        self.count
+    }
+
+    /// Window `w` (of `seq_len + 1` tokens), `w < count`.
+    pub fn window(&self, w: usize) -> &[u32] {
+        let len = self.seq_len + 1;
+        &self.stream[w * len..(w + 1) * len]
+    }
+
+    /// The `batch` windows of step `step`: `step·batch + b` for each
+    /// `b < batch`, modulo the number of windows.
+    pub fn batch(&self, step: usize, batch: usize) -> Vec<&[u32]> {
+        (0..batch)
+            .map(|b| self.window((step * batch + b) % self.count))
+            .collect()
+    }
+
+    /// A window's input tokens and next-token targets.
+    pub fn split(window: &[u32]) -> (&[u32], &[u32]) {
+        let n = window.len() - 1;
+        (&window[..n], &window[1..])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn too_short_a_stream_says_how_many_tokens_a_window_needs() {
+        let err = Windows::new(vec![1, 2, 3], 3).unwrap_err();
+        assert_eq!(
+            err,
+            DataError::TooShort {
+                tokens: 3,
+                needed: 4,
+                seq_len: 3
+            }
+        );
+        assert!(err.to_string().contains("smaller --seq-len"), "{err}");
+        assert_eq!(
+            Windows::new(vec![1], 0).unwrap_err(),
+            DataError::EmptySequence
+        );
+    }
+
+    #[test]
+    fn steps_walk_the_windows_in_order_and_wrap() {
+        let w = Windows::new((0..20).collect(), 4).unwrap();
+        assert_eq!(w.count(), 4);
+        let firsts = |step| -> Vec<u32> { w.batch(step, 3).iter().map(|w| w[0]).collect() };
+        assert_eq!(firsts(0), [0, 5, 10]);
+        assert_eq!(firsts(1), [15, 0, 5]);
+        assert_eq!(firsts(4), [0, 5, 10]);
+    }
+}
