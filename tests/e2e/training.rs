@@ -314,3 +314,91 @@ fn fifty_steps_on_the_interpreter_follow_pytorchs_losses() {
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
+
+/// The fused optimizer step on the GPU (`kernels::adamw`: the norm's
+/// partials, then the update) against the f64 oracle: two consecutive
+/// steps over one buffer of 300,000 weights (each thread strides over
+/// several), clipped, with weight decay; then a step whose gradient holds
+/// an infinity, which leaves the weights and moments as they were, reports
+/// itself skipped and still zeroes the gradients.
+#[test]
+fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
+    use gerbil_codegen_wgsl::kernels::adamw::{self, AdamwSettings};
+    use gerbil_e2e::kernel_harness::{f32_bytes, poison, run_outputs, Rng};
+    use gerbil_interp::optimizer::{clip_grad_norm, AdamW, AdamWState};
+
+    let n = 300_000;
+    let mut rng = Rng::from_label("adamw");
+    let mut weights = rng.vec(n);
+    let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
+    let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&x| f64::from(x)).collect() };
+    let mut oracle_w = wide(&weights);
+    let mut state = AdamWState::default();
+    let (betas, eps, decay, lr, max_norm) = ((0.9, 0.95), 1e-8, 0.1, 1e-2, 1.0);
+    let opt = AdamW {
+        beta1: betas.0,
+        beta2: betas.1,
+        eps,
+        weight_decay: decay,
+    };
+    let partials_src = adamw::grad_norm_partials(n as u64);
+    let update_src = adamw::adamw_update(n as u64);
+    let partials_of = |grads: &[f32]| -> Vec<f32> {
+        let inputs = [f32_bytes(grads), poison(adamw::PARTIALS as usize)];
+        run_outputs(&partials_src, 1, 0, &inputs, &[1])
+            .expect("partials")
+            .remove(0)
+    };
+    for t in 1..=3u64 {
+        let mut grads = rng.vec(n);
+        if t == 3 {
+            grads[12_345] = f32::INFINITY;
+        }
+        let settings = AdamwSettings::at_step(t, lr, betas, eps, decay, Some(max_norm));
+        let inputs = [
+            f32_bytes(&settings.to_array()),
+            f32_bytes(&partials_of(&grads)),
+            f32_bytes(&weights),
+            f32_bytes(&grads),
+            f32_bytes(&m),
+            f32_bytes(&v),
+            poison(3),
+        ];
+        let mut out = run_outputs(&update_src, 1, 0, &inputs, &[2, 3, 4, 5, 6]).expect("update");
+        let report = out.pop().expect("report");
+        assert!(
+            out[1].iter().all(|&g| g == 0.0),
+            "step {t}: gradients not zeroed"
+        );
+        if t == 3 {
+            assert_eq!(report[2], 0.0, "a non-finite gradient must skip the step");
+            assert_eq!(
+                (&out[0], &out[2], &out[3]),
+                (&weights, &m, &v),
+                "skipped step moved"
+            );
+            continue;
+        }
+        let mut oracle_g = vec![wide(&grads)];
+        let norm = clip_grad_norm(&mut oracle_g, max_norm);
+        opt.step(&mut state, lr, &mut [&mut oracle_w], &oracle_g);
+        assert_eq!(report[2], 1.0);
+        assert!(
+            (f64::from(report[0]) - norm).abs() < 1e-5 * norm,
+            "norm {report:?} vs {norm}"
+        );
+        let worst = out[0]
+            .iter()
+            .zip(&oracle_w)
+            .map(|(&g, &w)| (f64::from(g) - w).abs())
+            .fold(0.0, f64::max);
+        // Each step moves a weight by about lr; f32 keeps ~1e-7 of it.
+        assert!(
+            worst < 1e-6,
+            "step {t}: weights differ from the oracle by {worst:e}"
+        );
+        weights = out[0].clone();
+        m = out[2].clone();
+        v = out[3].clone();
+    }
+}

@@ -2,7 +2,7 @@
 //! compared with its committed snapshot (`cargo insta review` to update).
 
 use gerbil_codegen_wgsl::kernels::{
-    argmax_rows,
+    adamw, argmax_rows,
     attention::{self, AttentionSpec},
     attention_cpu, attention_decode, elementwise,
     embedding::{self, EmbeddingSpec},
@@ -798,4 +798,11 @@ fn golden_row_table_kernels() {
         &rows_spec(576, 576, DType::Q4_0, None, None, true, None),
         16,
     ));
+}
+
+/// The fused optimizer step over all of SmolLM2's 134,515,008 weights.
+#[test]
+fn golden_adamw_kernels() {
+    golden(adamw::grad_norm_partials(134_515_008));
+    golden(adamw::adamw_update(134_515_008));
 }

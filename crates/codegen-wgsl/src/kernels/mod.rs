@@ -11,6 +11,7 @@
 //! one scratch buffer. Templates never assume power-of-two sizes: every loop
 //! and store is bounds-checked against the true dimension.
 
+pub mod adamw;
 pub mod argmax_rows;
 pub mod attention;
 pub mod attention_cpu;

@@ -1,0 +1,189 @@
+//! The fused multi-tensor optimizer step: every trained tensor laid end to
+//! end in one buffer of weights, one of gradients and one per AdamW moment,
+//! so a step over all of them is two dispatches, whatever their number.
+//!
+//! [`grad_norm_partials`] sums the squared gradients, each workgroup a
+//! strided share into one partial; [`adamw_update`] has every workgroup sum
+//! those partials again (a few hundred values: cheaper than a third
+//! dispatch), takes the global norm and the clipping factor
+//! `min(1, max_norm / (norm + 1e-6))`, and, when the norm is finite, steps
+//! every weight as `torch.optim.AdamW` does (decoupled weight decay, bias
+//! correction), gradients scaled by the factor. It zeroes every gradient in
+//! the same pass, so the next batch accumulates from zero, and workgroup 0
+//! writes the report `[norm, factor, applied]` (`applied` 0 when the norm
+//! was not finite and the step was skipped). The step's scalars come in a
+//! small buffer ([`AdamwSettings`]) the host writes each step, bias
+//! corrections computed there in f64.
+//!
+//! The surprise: the finiteness test is on the bits of the sum of squares
+//! (an all-ones exponent is an infinity or a NaN), not `x != x`, which a
+//! shader compiler may fold away under fast-math assumptions.
+
+use super::{input, output, prelude, tree_reduce, Bindings, KernelSource};
+use gerbil_plan::WorkgroupCount;
+use std::fmt::Write;
+
+const WG: u32 = 256;
+
+/// Workgroups of [`grad_norm_partials`], and partials [`adamw_update`]
+/// reduces: enough to fill a large GPU, few enough to sum in every
+/// workgroup of the update.
+pub const PARTIALS: u32 = 512;
+
+/// The scalars of one step, in the order of the settings buffer.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct AdamwSettings {
+    /// The learning rate of this step.
+    pub lr: f32,
+    /// `β₁`.
+    pub beta1: f32,
+    /// `β₂`.
+    pub beta2: f32,
+    /// `ε`.
+    pub eps: f32,
+    /// Decoupled weight decay `λ`.
+    pub weight_decay: f32,
+    /// `lr / (1 − β₁ᵗ)`.
+    pub step_size: f32,
+    /// `√(1 − β₂ᵗ)`.
+    pub root_correction: f32,
+    /// The clipping norm; 0 for no clipping.
+    pub max_norm: f32,
+}
+
+impl AdamwSettings {
+    /// The settings of step `t` (from 1) of AdamW with these
+    /// hyper-parameters, bias corrections computed in f64.
+    pub fn at_step(
+        t: u64,
+        lr: f64,
+        (beta1, beta2): (f64, f64),
+        eps: f64,
+        weight_decay: f64,
+        max_norm: Option<f64>,
+    ) -> Self {
+        let t = t.min(i32::MAX as u64) as i32;
+        AdamwSettings {
+            lr: lr as f32,
+            beta1: beta1 as f32,
+            beta2: beta2 as f32,
+            eps: eps as f32,
+            weight_decay: weight_decay as f32,
+            step_size: (lr / (1.0 - beta1.powi(t))) as f32,
+            root_correction: (1.0 - beta2.powi(t)).sqrt() as f32,
+            max_norm: max_norm.unwrap_or(0.0) as f32,
+        }
+    }
+
+    /// The settings buffer's contents.
+    pub fn to_array(self) -> [f32; 8] {
+        [
+            self.lr,
+            self.beta1,
+            self.beta2,
+            self.eps,
+            self.weight_decay,
+            self.step_size,
+            self.root_correction,
+            self.max_norm,
+        ]
+    }
+}
+
+fn header(len: u64) -> String {
+    let mut w = prelude();
+    let _ = writeln!(
+        w,
+        "const N: u32 = {len}u;\nconst WG: u32 = {WG}u;\nconst PARTIALS: u32 = {PARTIALS}u;\n\
+         var<workgroup> red: array<f32, WG>;"
+    );
+    w
+}
+
+fn fixed(n: u32) -> [WorkgroupCount; 3] {
+    [
+        WorkgroupCount::fixed(n),
+        WorkgroupCount::fixed(1),
+        WorkgroupCount::fixed(1),
+    ]
+}
+
+/// `partials[g]`: the sum of `grads[i]²` over `i ≡ g·WG + lane (mod
+/// PARTIALS·WG)`, for the `len` gradients. Bindings: `grads`, `partials`.
+pub fn grad_norm_partials(len: u64) -> KernelSource {
+    let mut w = header(len);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "grads");
+    b.activation(&mut w, output(0), "partials");
+    let _ = write!(
+        w,
+        "@compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let lane = lid.x;\n  var s = 0.0f;\n\
+         \x20 for (var i = wid.x * WG + lane; i < N; i = i + PARTIALS * WG) {{ let g = grads[i]; s = s + g * g; }}\n\
+         \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
+         \x20 if (lane == 0u) {{ partials[wid.x] = red[0]; }}\n}}\n",
+        reduce = tree_reduce(WG, "lane", "0u", "+"),
+    );
+    KernelSource {
+        name: format!("grad_norm_partials_n{len}"),
+        wgsl: w,
+        workgroup_size: [WG, 1, 1],
+        bindings: b.finish(),
+        workgroups: fixed(PARTIALS),
+        workgroup_bytes: WG * 4,
+    }
+}
+
+/// One AdamW step over `len` weights, after [`grad_norm_partials`].
+/// Bindings: `settings` ([`AdamwSettings::to_array`]), `partials`, then
+/// `weights`, `grads` (zeroed), `m`, `v` and `report` (`[norm, factor,
+/// applied]`), all written.
+pub fn adamw_update(len: u64) -> KernelSource {
+    let mut w = header(len);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "settings");
+    b.activation(&mut w, input(1), "partials");
+    b.activation(&mut w, output(0), "weights");
+    b.activation(&mut w, output(1), "grads");
+    b.activation(&mut w, output(2), "m");
+    b.activation(&mut w, output(3), "v");
+    b.activation(&mut w, output(4), "report");
+    let _ = write!(
+        w,
+        "@compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let lane = lid.x;\n  var s = 0.0f;\n\
+         \x20 for (var i = lane; i < PARTIALS; i = i + WG) {{ s = s + partials[i]; }}\n\
+         \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
+         \x20 let total = red[0];\n\
+         \x20 let finite = (bitcast<u32>(total) & 0x7f800000u) != 0x7f800000u;\n\
+         \x20 let norm = sqrt(total);\n\
+         \x20 let lr = settings[0]; let b1 = settings[1]; let b2 = settings[2]; let eps = settings[3];\n\
+         \x20 let decay = 1.0f - lr * settings[4]; let step_size = settings[5]; let root = settings[6];\n\
+         \x20 let max_norm = settings[7];\n\
+         \x20 var factor = 1.0f;\n\
+         \x20 if (max_norm > 0.0f) {{ factor = min(1.0f, max_norm / (norm + 1e-6f)); }}\n\
+         \x20 if (wid.x == 0u && lane == 0u) {{\n\
+         \x20   report[0] = norm; report[1] = factor; report[2] = select(0.0f, 1.0f, finite);\n  }}\n\
+         \x20 for (var i = wid.x * WG + lane; i < N; i = i + PARTIALS * WG) {{\n\
+         \x20   if (finite) {{\n\
+         \x20     let g = grads[i] * factor;\n\
+         \x20     let m1 = b1 * m[i] + (1.0f - b1) * g;\n\
+         \x20     let v1 = b2 * v[i] + (1.0f - b2) * g * g;\n\
+         \x20     m[i] = m1; v[i] = v1;\n\
+         \x20     weights[i] = weights[i] * decay - step_size * m1 / (sqrt(v1) / root + eps);\n\
+         \x20   }}\n\
+         \x20   grads[i] = 0.0f;\n\
+         \x20 }}\n}}\n",
+        reduce = tree_reduce(WG, "lane", "0u", "+"),
+    );
+    KernelSource {
+        name: format!("adamw_update_n{len}"),
+        wgsl: w,
+        workgroup_size: [WG, 1, 1],
+        bindings: b.finish(),
+        workgroups: fixed(PARTIALS),
+        workgroup_bytes: WG * 4,
+    }
+}
