@@ -15,7 +15,7 @@ use gerbil_compiler::Checkpoint;
 use gerbil_e2e::interpreter::{Interpreter, Tensor};
 use gerbil_e2e::{interpreter_weights, tiny_model, tiny_ref};
 use gerbil_frontend_hf::{lower_with, LowerOptions};
-use gerbil_ir::{Graph, LOSS};
+use gerbil_ir::{DType, Graph, UnaryOp, LOSS};
 use gerbil_passes::{training_passes, Pass, PassManager};
 
 /// Every tiny decoder (one per family, plus the bf16 Llama).
@@ -401,4 +401,210 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
         m = out[2].clone();
         v = out[3].clone();
     }
+}
+
+/// Every backward kernel (`kernels::backward`, `kernels::rope::backward`)
+/// on random inputs against `gerbil_interp::gradient` (f64), on shapes
+/// that stride past a workgroup: rows longer than 256, more columns than
+/// threads, grouped norms, a weight in bf16, a single row.
+#[test]
+fn backward_kernels_match_the_gradients() {
+    use gerbil_codegen_wgsl::kernels::{backward, rope};
+    use gerbil_e2e::kernel_harness::{
+        check_close, encode, f32_bytes, poison, run_outputs, u32_bytes, widen, Rng,
+    };
+    use gerbil_interp::gradient as grad;
+    let mut failures = Vec::new();
+    let mut check = |what: String, result: Result<(), String>| {
+        if let Err(e) = result {
+            failures.push(format!("{what}: {e}"));
+        }
+    };
+    let mut rng = Rng::from_label("backward kernels");
+    let scaled = |rng: &mut Rng, n: usize, by: f32| -> Vec<f32> {
+        rng.vec(n).iter().map(|v| v * by).collect()
+    };
+
+    for (t, vocab) in [(5u32, 300u32), (1, 50)] {
+        let logits = scaled(&mut rng, (t * vocab) as usize, 4.0);
+        let targets: Vec<u32> = (0..t).map(|_| rng.below(vocab)).collect();
+        let inputs = [f32_bytes(&logits), u32_bytes(&targets)];
+        let (loss, dl) = grad::cross_entropy(&widen(&logits), vocab as usize, &targets);
+        let src = backward::cross_entropy(vocab);
+        let got = run_outputs(
+            &src,
+            t,
+            0,
+            &[inputs[0].clone(), inputs[1].clone(), poison(1)],
+            &[2],
+        );
+        check(
+            format!("cross_entropy t={t} v={vocab}"),
+            got.and_then(|g| check_close("loss", &g[0], &[loss], 1e-5)),
+        );
+        let src = backward::cross_entropy_grad(vocab);
+        let n = logits.len();
+        let got = run_outputs(
+            &src,
+            t,
+            0,
+            &[inputs[0].clone(), inputs[1].clone(), poison(n)],
+            &[2],
+        );
+        check(
+            format!("cross_entropy_grad t={t} v={vocab}"),
+            got.and_then(|g| check_close("dlogits", &g[0], &dl, 1e-6)),
+        );
+    }
+
+    for op in [
+        UnaryOp::Silu,
+        UnaryOp::GeluTanh,
+        UnaryOp::Gelu,
+        UnaryOp::Softcap(2.5),
+    ] {
+        let (t, width) = (3u32, 70u32);
+        let n = (t * width) as usize;
+        let (x, dy) = (scaled(&mut rng, n, 4.0), rng.vec(n));
+        let want = grad::unary(op, &widen(&x), &widen(&dy));
+        let src = backward::unary_grad(op, width);
+        let got = run_outputs(
+            &src,
+            t,
+            0,
+            &[f32_bytes(&x), f32_bytes(&dy), poison(n)],
+            &[2],
+        );
+        check(
+            format!("{}", src.name),
+            got.and_then(|g| check_close("dx", &g[0], &want, 1e-5)),
+        );
+    }
+
+    let (t, width) = (7u32, 300u32);
+    let x = rng.vec((t * width) as usize);
+    let want = grad::sum_rows(&widen(&x), width as usize);
+    let got = run_outputs(
+        &backward::sum_rows(width),
+        t,
+        0,
+        &[f32_bytes(&x), poison(width as usize)],
+        &[1],
+    );
+    check(
+        "sum_rows".into(),
+        got.and_then(|g| check_close("y", &g[0], &want, 1e-5)),
+    );
+
+    let (t, p, width, lmax) = (3u32, 4u32, 12u32, 10u32);
+    let cache = rng.vec((lmax * width) as usize);
+    let want = widen(&cache[(p * width) as usize..((p + t) * width) as usize]);
+    let got = run_outputs(
+        &backward::cache_rows(width),
+        t,
+        p,
+        &[f32_bytes(&cache), poison((t * width) as usize)],
+        &[1],
+    );
+    check(
+        "cache_rows".into(),
+        got.and_then(|g| check_close("y", &g[0], &want, 0.0)),
+    );
+
+    for (t, n, k, wdtype) in [(5u32, 40u32, 33u32, DType::F32), (2, 17, 300, DType::BF16)] {
+        let dy = rng.vec((t * n) as usize);
+        let (wbytes, wvals) = encode(&rng.vec((n * k) as usize), wdtype);
+        let want = grad::matmul_dx(&widen(&dy), n as usize, &wvals);
+        let got = run_outputs(
+            &backward::matmul_grad_x(n, k, wdtype),
+            t,
+            0,
+            &[f32_bytes(&dy), wbytes, poison((t * k) as usize)],
+            &[2],
+        );
+        check(
+            format!("matmul_grad_x t={t} n={n} k={k} {wdtype}"),
+            got.and_then(|g| check_close("dx", &g[0], &want, 1e-5)),
+        );
+        let x = rng.vec((t * k) as usize);
+        let want = grad::matmul_dw(&widen(&dy), n as usize, &widen(&x));
+        let got = run_outputs(
+            &backward::matmul_grad_w(n, k),
+            t,
+            0,
+            &[f32_bytes(&dy), f32_bytes(&x), poison((n * k) as usize)],
+            &[2],
+        );
+        check(
+            format!("matmul_grad_w t={t} n={n} k={k}"),
+            got.and_then(|g| check_close("dw", &g[0], &want, 1e-5)),
+        );
+    }
+
+    for (t, width, groups, offset, wdtype) in [
+        (3u32, 64u32, 1u32, 0.0f32, DType::F32),
+        (3, 300, 1, 1.0, DType::F32),
+        (1, 300, 1, 0.0, DType::F32),
+        (2, 128, 4, 1.0, DType::BF16),
+    ] {
+        let norm = gerbil_ir::RmsNorm {
+            eps: 1e-6,
+            weight_offset: offset,
+            groups,
+        };
+        let g = width / groups;
+        let n = (t * width) as usize;
+        let (x, dy) = (scaled(&mut rng, n, 2.0), rng.vec(n));
+        let (wbytes, wvals) = encode(&rng.vec(g as usize), wdtype);
+        let (dx, dw) = grad::rms_norm(&widen(&x), &wvals, &norm, &widen(&dy));
+        let inputs = [
+            f32_bytes(&x),
+            wbytes,
+            f32_bytes(&dy),
+            poison(n),
+            poison(g as usize),
+        ];
+        let src = backward::rms_norm_grad(width, &norm, wdtype);
+        let got = run_outputs(&src, t, 0, &inputs, &[3, 4]);
+        check(
+            format!("{} t={t}", src.name),
+            got.and_then(|o| {
+                check_close("dx", &o[0], &dx, 1e-5)?;
+                check_close("dw", &o[1], &dw, 1e-5)
+            }),
+        );
+    }
+
+    let spec = rope::RopeSpec {
+        heads: 2,
+        head_dim: 8,
+        rotary_dim: 6,
+    };
+    let inv_freq: Vec<f32> = (0..3).map(|i| 10000f32.powf(-(i as f32) / 3.0)).collect();
+    let table_bytes = gerbil_ir::rope_table::rope_table(&inv_freq, 1.0, 16);
+    let table: Vec<f64> = gerbil_e2e::kernel_harness::to_f32(&table_bytes)
+        .iter()
+        .map(|&v| f64::from(v))
+        .collect();
+    let (t, p) = (4u32, 3u32);
+    let dy = rng.vec((t * 16) as usize);
+    let ir_rope = gerbil_ir::Rope {
+        n_heads: 2,
+        head_dim: 8,
+        rotary_dim: 6,
+    };
+    let want = grad::rope(&widen(&dy), &table, &ir_rope, p as usize);
+    let got = run_outputs(
+        &rope::backward(spec),
+        t,
+        p,
+        &[f32_bytes(&dy), table_bytes, poison((t * 16) as usize)],
+        &[2],
+    );
+    check(
+        "rope_grad".into(),
+        got.and_then(|g| check_close("dx", &g[0], &want, 1e-6)),
+    );
+
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

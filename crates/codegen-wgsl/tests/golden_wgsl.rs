@@ -4,7 +4,7 @@
 use gerbil_codegen_wgsl::kernels::{
     adamw, argmax_rows,
     attention::{self, AttentionSpec},
-    attention_cpu, attention_decode, elementwise,
+    attention_cpu, attention_decode, backward, elementwise,
     embedding::{self, EmbeddingSpec},
     gemm::{self, GemmTile},
     gemv::{self, Dots, Reduce},
@@ -805,4 +805,28 @@ fn golden_row_table_kernels() {
 fn golden_adamw_kernels() {
     golden(adamw::grad_norm_partials(134_515_008));
     golden(adamw::adamw_update(134_515_008));
+}
+
+/// A training step's backward kernels at SmolLM2's shapes (hidden 576,
+/// MLP 1536, vocabulary 49,152, 9 heads of 64, 3 KV heads; bf16 weights).
+#[test]
+fn golden_backward_kernels() {
+    let norm = gerbil_ir::RmsNorm {
+        eps: 1e-5,
+        weight_offset: 0.0,
+        groups: 1,
+    };
+    golden(backward::cross_entropy(49_152));
+    golden(backward::cross_entropy_grad(49_152));
+    golden(backward::unary_grad(UnaryOp::Silu, 1536));
+    golden(backward::sum_rows(576));
+    golden(backward::cache_rows(192));
+    golden(backward::matmul_grad_x(1536, 576, DType::BF16));
+    golden(backward::matmul_grad_w(49_152, 576));
+    golden(backward::rms_norm_grad(576, &norm, DType::BF16));
+    golden(rope::backward(RopeSpec {
+        heads: 9,
+        head_dim: 64,
+        rotary_dim: 64,
+    }));
 }

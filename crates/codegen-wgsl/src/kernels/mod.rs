@@ -16,6 +16,7 @@ pub mod argmax_rows;
 pub mod attention;
 pub mod attention_cpu;
 pub mod attention_decode;
+pub mod backward;
 pub mod elementwise;
 pub mod embedding;
 pub mod encoder;
@@ -31,6 +32,7 @@ pub mod qkv_rope;
 pub mod quant;
 pub mod rms_norm;
 pub mod rope;
+mod rowwise;
 pub mod sample_token;
 
 use gerbil_ir::DType;

@@ -26,6 +26,18 @@ pub fn kernel(s: RopeSpec) -> KernelSource {
 
 /// Builds the kernel for rows at `at`.
 pub fn kernel_at(s: RopeSpec, at: Positions) -> KernelSource {
+    rotation(s, at, false)
+}
+
+/// The backward of [`kernel`] (`rope_grad`): each pair of the output's
+/// gradient turned back by its angle, the pass-through dimensions copied.
+pub fn backward(s: RopeSpec) -> KernelSource {
+    rotation(s, Positions::Step, true)
+}
+
+/// The rotation by each position's angles, or with `inverse` by their
+/// negatives.
+fn rotation(s: RopeSpec, at: Positions, inverse: bool) -> KernelSource {
     let mut w = prelude();
     let half = s.rotary_dim / 2;
     // Each thread handles one pair (i, i + half) or one pass-through dim.
@@ -49,16 +61,18 @@ pub fn kernel_at(s: RopeSpec, at: Positions) -> KernelSource {
          \x20 let base = (t * NH + h) * HD;\n\
          \x20 if (j < HALF) {{\n\
          \x20   let row = {pos} * ROT;\n\
-         \x20   let c = table[row + j];\n    let s = table[row + HALF + j];\n\
+         \x20   let c = table[row + j];\n    let s = {sign}table[row + HALF + j];\n\
          \x20   let a = x[base + j];\n    let b = x[base + j + HALF];\n\
          \x20   y[base + j] = a * c - b * s;\n    y[base + j + HALF] = b * c + a * s;\n\
          \x20 }} else {{\n\
          \x20   let d = ROT + (j - HALF);\n    y[base + d] = x[base + d];\n  }}\n}}\n",
         pos = at.pos("t"),
+        sign = if inverse { "-" } else { "" },
     );
     KernelSource {
         name: format!(
-            "rope_h{}_d{}_r{}{}",
+            "{}_h{}_d{}_r{}{}",
+            if inverse { "rope_grad" } else { "rope" },
             s.heads,
             s.head_dim,
             s.rotary_dim,
