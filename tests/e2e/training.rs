@@ -476,7 +476,7 @@ fn backward_kernels_match_the_gradients() {
             &[2],
         );
         check(
-            format!("{}", src.name),
+            src.name.clone(),
             got.and_then(|g| check_close("dx", &g[0], &want, 1e-5)),
         );
     }
