@@ -575,6 +575,95 @@ fn backward_kernels_match_the_gradients() {
         );
     }
 
+    // Repeated ids, an id past the table (row 0's) and the padding row.
+    for (padding, scale) in [(Some(5u32), Some(2.5f32)), (None, None)] {
+        let (vocab, width, max_tokens) = (40u32, 300u32, 16u32);
+        let ids = [3u32, 5, 39, 3, 7, 44, 0, 5, 3];
+        let t = ids.len() as u32;
+        let dy = rng.vec((t * width) as usize);
+        let e = gerbil_ir::Embedding { scale, padding };
+        let want = grad::embedding(&ids, width as usize, vocab as usize, &e, &widen(&dy));
+        let src = backward::embedding_grad(vocab, width, &e, max_tokens);
+        let inputs = [
+            u32_bytes(&ids),
+            f32_bytes(&dy),
+            poison((vocab * width) as usize),
+        ];
+        let got = run_outputs(&src, t, 0, &inputs, &[2]);
+        check(
+            src.name.clone(),
+            got.and_then(|g| check_close("dtable", &g[0], &want, 1e-6)),
+        );
+    }
+
+    // GQA groups of 2 and an odd head width; causal with and without a
+    // window, bidirectional; a training step (P = 0, the cache exactly the
+    // step) and a step after cached rows with cache rows no query sees.
+    for (causal, window, p, lmax) in [
+        (true, None, 0u32, 3u32),
+        (true, Some(2), 0, 3),
+        (false, None, 0, 3),
+        (true, None, 2, 7),
+    ] {
+        let a = gerbil_ir::Attention {
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 3,
+            scale: 0.7,
+            window,
+            causal,
+        };
+        let t = 3u32;
+        let (qw, kw) = (12usize, 6usize);
+        let q = rng.vec(t as usize * qw);
+        let (kc, vc) = (rng.vec(lmax as usize * kw), rng.vec(lmax as usize * kw));
+        let dy = rng.vec(t as usize * qw);
+        let (q64, k64, v64) = (widen(&q), widen(&kc), widen(&vc));
+        let out = gerbil_e2e::reference::attention(&q64, &k64, &v64, &a, p as usize);
+        let lse = grad::attention_lse(&q64, &k64, &a, p as usize);
+        let (dq, dk, dv) = grad::attention(&q64, &k64, &v64, &a, p as usize, &widen(&dy));
+        let what = format!("attention causal={causal} window={window:?} p={p} lmax={lmax}");
+        let src = backward::attention_lse(&a, lmax);
+        let got = run_outputs(
+            &src,
+            t,
+            p,
+            &[f32_bytes(&q), f32_bytes(&kc), poison(t as usize * 4)],
+            &[2],
+        );
+        check(
+            format!("{what} lse"),
+            got.and_then(|g| check_close("lse", &g[0], &lse, 1e-5)),
+        );
+        let as_f32 = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
+        let inputs = [
+            f32_bytes(&q),
+            f32_bytes(&kc),
+            f32_bytes(&vc),
+            f32_bytes(&dy),
+            f32_bytes(&as_f32(&out)),
+            f32_bytes(&as_f32(&lse)),
+            poison(q.len()),
+            poison(kc.len()),
+            poison(vc.len()),
+        ];
+        let got = run_outputs(
+            &backward::attention_grad(&a, lmax),
+            t,
+            p,
+            &inputs,
+            &[6, 7, 8],
+        );
+        check(
+            format!("{what} grad"),
+            got.and_then(|g| {
+                check_close("dq", &g[0], &dq, 1e-5)?;
+                check_close("dk", &g[1], &dk, 1e-5)?;
+                check_close("dv", &g[2], &dv, 1e-5)
+            }),
+        );
+    }
+
     let spec = rope::RopeSpec {
         heads: 2,
         head_dim: 8,

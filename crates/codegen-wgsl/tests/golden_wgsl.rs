@@ -824,6 +824,21 @@ fn golden_backward_kernels() {
     golden(backward::matmul_grad_x(1536, 576, DType::BF16));
     golden(backward::matmul_grad_w(49_152, 576));
     golden(backward::rms_norm_grad(576, &norm, DType::BF16));
+    let lookup = gerbil_ir::Embedding {
+        scale: None,
+        padding: Some(2),
+    };
+    golden(backward::embedding_grad(49_152, 576, &lookup, 512));
+    let attention = gerbil_ir::Attention {
+        n_heads: 9,
+        n_kv_heads: 3,
+        head_dim: 64,
+        scale: 0.125,
+        window: None,
+        causal: true,
+    };
+    golden(backward::attention_lse(&attention, 512));
+    golden(backward::attention_grad(&attention, 512));
     golden(rope::backward(RopeSpec {
         heads: 9,
         head_dim: 64,

@@ -207,6 +207,29 @@ pub fn attention(
     (dq, dk, dv)
 }
 
+/// The log-sum-exp of each query row's and head's scaled scores over the
+/// keys it sees, `[rows, n_heads]`: what [`attention`] normalizes by.
+pub fn attention_lse(q: &[f64], k_cache: &[f64], a: &Attention, p: usize) -> Vec<f64> {
+    let r::Heads { nh, nkv, hd, group } = r::Heads::of(a);
+    let t_rows = rows(q, nh * hd);
+    let mut out = Vec::with_capacity(t_rows * nh);
+    for t in 0..t_rows {
+        let (lo, pos) = r::keys_seen(a, p, t, t_rows);
+        for h in 0..nh {
+            let qrow = &q[(t * nh + h) * hd..][..hd];
+            let key = |j: usize| &k_cache[(j * nkv + h / group) * hd..][..hd];
+            let scores: Vec<f64> = (lo..=pos)
+                .map(|j| {
+                    qrow.iter().zip(key(j)).map(|(x, y)| x * y).sum::<f64>() * f64::from(a.scale)
+                })
+                .collect();
+            let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
+            out.push(max + scores.iter().map(|s| (s - max).exp()).sum::<f64>().ln());
+        }
+    }
+    out
+}
+
 /// Mean cross-entropy of `vocab`-wide logits rows against `targets` (one
 /// per row), and its gradient with respect to the logits:
 /// `(softmax(row) − onehot(target)) / rows`.
@@ -383,6 +406,39 @@ mod tests {
             check("dq", &q, &dq, |q| f(q, &kc, &vc));
             check("dk", &kc, &dk, |k| f(&q, k, &vc));
             check("dv", &vc, &dv, |v| f(&q, &kc, v));
+        }
+    }
+
+    #[test]
+    fn attention_lse_normalizes_the_probabilities() {
+        // exp(score − lse) summed over the keys a row sees is 1, and the
+        // attention output is those weights times the values.
+        let a = Attention {
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 3,
+            scale: 0.9,
+            window: Some(2),
+            causal: true,
+        };
+        let (t, p, kw) = (3, 1, 3);
+        let q = random(t * 6, 19);
+        let (kc, vc) = (random((p + t) * kw, 20), random((p + t) * kw, 21));
+        let lse = attention_lse(&q, &kc, &a, p);
+        let out = r::attention(&q, &kc, &vc, &a, p);
+        for row in 0..t {
+            let (lo, pos) = r::keys_seen(&a, p, row, t);
+            for h in 0..2 {
+                let qrow = &q[(row * 2 + h) * 3..][..3];
+                let weight = |j: usize| {
+                    let s: f64 = qrow.iter().zip(&kc[j * 3..][..3]).map(|(x, y)| x * y).sum();
+                    (s * f64::from(a.scale) - lse[row * 2 + h]).exp()
+                };
+                let total: f64 = (lo..=pos).map(weight).sum();
+                assert!((total - 1.0).abs() < 1e-12, "{total}");
+                let first: f64 = (lo..=pos).map(|j| weight(j) * vc[j * 3]).sum();
+                assert!((first - out[(row * 2 + h) * 3]).abs() < 1e-12);
+            }
         }
     }
 

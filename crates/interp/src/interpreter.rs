@@ -541,6 +541,7 @@ fn eval_train(
             let w = width(tys[0]);
             vec![ins[0][p * w..(p + t) * w].to_vec()]
         }
+        TrainOp::AttentionLse(a) => vec![grad::attention_lse(ins[0], ins[1], a, p)],
         TrainOp::AttentionGrad(a) => {
             let (dq, dk, dv) = grad::attention(ins[0], ins[1], ins[2], a, p, ins[3]);
             vec![dq, dk, dv]

@@ -43,9 +43,15 @@ pub enum TrainOp {
     /// `f32[Lmax, W] -> f32[T, W]`: rows `P..P+T` of a cache's gradient, the
     /// gradient of the value `cache_write` wrote there.
     CacheRows,
-    /// `(q, k_cache, v_cache, dy) -> (dq, dk_cache, dv_cache)`: the backward
-    /// of `attention`, the cache gradients `[Lmax, W]` (zero in rows no
-    /// query sees).
+    /// `(q, k_cache, v_cache) -> f32[R, n_heads]`: the log-sum-exp of each
+    /// row's and head's scaled scores over the keys it sees, what
+    /// attention's backward needs to rebuild the probabilities without a
+    /// pass over the keys of its own.
+    AttentionLse(Attention),
+    /// `(q, k_cache, v_cache, dy, out, lse) -> (dq, dk_cache, dv_cache)`:
+    /// the backward of `attention` given its output `out` and
+    /// [`TrainOp::AttentionLse`], the cache gradients `[Lmax, W]` (zero in
+    /// rows no query sees).
     AttentionGrad(Attention),
     /// `(x, dy) -> dx`: the backward of an elementwise unary op.
     UnaryGrad(UnaryOp),
@@ -139,7 +145,7 @@ impl TrainOp {
         Some(match self {
             TrainOp::RmsNormGrad(n) => Op::RmsNorm(n.clone()),
             TrainOp::RopeGrad(r) => Op::Rope(r.clone()),
-            TrainOp::AttentionGrad(a) => Op::Attention(a.clone()),
+            TrainOp::AttentionGrad(a) | TrainOp::AttentionLse(a) => Op::Attention(a.clone()),
             TrainOp::UnaryGrad(u) => Op::Unary(*u),
             TrainOp::EmbeddingGrad { embedding, .. } => Op::Embedding(embedding.clone()),
             _ => return None,
@@ -195,10 +201,25 @@ impl TrainOp {
                 same_rows(rows, Dim::Sym(Sym::Lmax), "cache gradient")?;
                 TensorType::new(DType::F32, [Dim::Sym(Sym::T), Dim::Const(w)])
             }
+            TrainOp::AttentionLse(a) => {
+                arity(ins, 3)?;
+                let out = forward(Op::Attention(a.clone()), ins)?.remove(0);
+                TensorType::new(DType::F32, [out.shape[0], Dim::Const(u64::from(a.n_heads))])
+            }
             TrainOp::AttentionGrad(a) => {
-                arity(ins, 4)?;
+                arity(ins, 6)?;
                 let out = forward(Op::Attention(a.clone()), &ins[..3])?.remove(0);
                 expect_dy(ins[3], &out)?;
+                if ins[4] != &out {
+                    return Err(format!(
+                        "the attention output must be {out}, got {}",
+                        ins[4]
+                    ));
+                }
+                let lse = TrainOp::AttentionLse(a.clone()).infer(&ins[..3])?.remove(0);
+                if ins[5] != &lse {
+                    return Err(format!("the log-sum-exp must be {lse}, got {}", ins[5]));
+                }
                 return Ok(vec![out, as_f32(ins[1]), as_f32(ins[2])]);
             }
             TrainOp::UnaryGrad(u) => {
@@ -228,6 +249,7 @@ impl TrainOp {
             TrainOp::RmsNormGrad(_) => "rms_norm_grad",
             TrainOp::RopeGrad(_) => "rope_grad",
             TrainOp::CacheRows => "cache_rows",
+            TrainOp::AttentionLse(_) => "attention_lse",
             TrainOp::AttentionGrad(_) => "attention_grad",
             TrainOp::UnaryGrad(UnaryOp::Silu) => "silu_grad",
             TrainOp::UnaryGrad(UnaryOp::GeluTanh) => "gelu_tanh_grad",
@@ -237,9 +259,19 @@ impl TrainOp {
         }
     }
 
-    /// The backward of forward op `op` (`X_grad` for `X`), if it has one;
-    /// `rows` is an embedding table's row count.
-    pub fn backward_of(op: Op, rows: Option<u64>) -> Option<TrainOp> {
+    /// The op of `suffix` (`grad`: the backward, `X_grad` for `X`; `lse`:
+    /// attention's log-sum-exp) of forward op `op`, if it has one; `rows`
+    /// is an embedding table's row count.
+    pub fn of_forward(suffix: &str, op: Op, rows: Option<u64>) -> Option<TrainOp> {
+        if suffix == "lse" {
+            return match op {
+                Op::Attention(a) => Some(TrainOp::AttentionLse(a)),
+                _ => None,
+            };
+        }
+        if suffix != "grad" {
+            return None;
+        }
         Some(match op {
             Op::RmsNorm(n) => TrainOp::RmsNormGrad(n),
             Op::Rope(r) => TrainOp::RopeGrad(r),

@@ -140,8 +140,11 @@ impl Grads<'_> {
                 self.accumulate(ins[1], dx)?;
             }
             Op::Attention(a) => {
+                let lse = train(TrainOp::AttentionLse(a.clone()));
+                let lse = self.add(lse, &ins, format!("{}.lse", node.label))?;
                 let op = train(TrainOp::AttentionGrad(a.clone()));
-                let dq = self.add(op, &[ins[0], ins[1], ins[2], g], label(""))?;
+                let saved = [ins[0], ins[1], ins[2], g, ValueRef::of(id), lse];
+                let dq = self.add(op, &saved, label(""))?;
                 for (port, v) in ins.iter().enumerate() {
                     let port = port as u32;
                     self.accumulate(*v, ValueRef { port, ..dq })?;

@@ -1,8 +1,9 @@
 //! Kernels of a training step's loss and backward ops (`gerbil_ir::TrainOp`),
 //! in f32: the mean cross-entropy and its gradient, the activations'
 //! derivatives, a matmul's input and weight gradients, column sums, the
-//! rows a cache write wrote, and the norm's backward. (RoPE's backward is
-//! [`super::rope::backward`].) Each is the plainest kernel that is right —
+//! rows a cache write wrote, the norm's backward, the embedding's, and
+//! attention's (with the log-sum-exp it rebuilds the probabilities from).
+//! (RoPE's backward is [`super::rope::backward`].) Each is the plainest kernel that is right —
 //! a thread per output element, or a workgroup per row where a row is
 //! reduced — and checked against `gerbil_interp::gradient` on random
 //! inputs; speed comes later, measured.
@@ -17,7 +18,7 @@ use super::rowwise::{per_row, reduce_into, row_main, WG};
 use super::{
     f32_lit, input, output, prelude, split_groups, tree_reduce, Bindings, KernelSource, Rows,
 };
-use gerbil_ir::{DType, RmsNorm, UnaryOp};
+use gerbil_ir::{Attention, DType, Embedding, RmsNorm, UnaryOp};
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
 
@@ -365,5 +366,221 @@ pub fn rms_norm_grad(width: u32, n: &RmsNorm, wdtype: DType) -> KernelSource {
             WorkgroupCount::fixed(1),
         ],
         workgroup_bytes: WG * 4,
+    }
+}
+
+/// The backward of `embedding` with respect to its table of `vocab` rows
+/// of `width`, for steps of at most `max_tokens` rows: `(ids, dy) -> dt`.
+/// A workgroup per table row finds the tokens that read it, sorts them
+/// (so the sum's order, and its rounding, never depend on the scheduler)
+/// and writes the row: their `dy` rows summed, times the scale, or zeros
+/// (the padding row always). An id past the table counts for row 0, the
+/// row the forward read. Deterministic, and no atomics on floats.
+pub fn embedding_grad(vocab: u32, width: u32, e: &Embedding, max_tokens: u32) -> KernelSource {
+    let (gx, gy) = split_groups(vocab);
+    let mut w = header(&format!(
+        "const V: u32 = {vocab}u;\nconst W: u32 = {width}u;\nconst MAXT: u32 = {max_tokens}u;\n\
+         const GX: u32 = {gx}u;\nconst SCALE: f32 = {};\nconst PAD: u32 = {}u;\n",
+        f32_lit(e.scale.unwrap_or(1.0)),
+        e.padding.unwrap_or(u32::MAX),
+    ));
+    let mut b = Bindings::new();
+    b.ids(&mut w, input(0), "ids");
+    b.activation(&mut w, input(1), "dy");
+    b.activation(&mut w, output(0), "dt");
+    w.push_str(
+        "var<workgroup> found: array<u32, MAXT>;\n\
+         var<workgroup> count: atomic<u32>;\n\
+         @compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {\n\
+         \x20 let v = wid.x + wid.y * GX;\n  if (v >= V) { return; }\n\
+         \x20 let lane = lid.x;\n\
+         \x20 if (lane == 0u) { atomicStore(&count, 0u); }\n  workgroupBarrier();\n\
+         \x20 for (var t = lane; t < min(params.t, MAXT); t = t + WG) {\n\
+         \x20   var id = ids[t];\n    if (id >= V) { id = 0u; }\n\
+         \x20   if (id == v) { found[atomicAdd(&count, 1u)] = t; }\n  }\n\
+         \x20 workgroupBarrier();\n\
+         \x20 let n = atomicLoad(&count);\n\
+         \x20 if (lane == 0u) {\n\
+         \x20   for (var i = 1u; i < n; i = i + 1u) {\n\
+         \x20     let key = found[i];\n      var j = i;\n\
+         \x20     while (j > 0u && found[j - 1u] > key) { found[j] = found[j - 1u]; j = j - 1u; }\n\
+         \x20     found[j] = key;\n    }\n  }\n\
+         \x20 workgroupBarrier();\n\
+         \x20 for (var c = lane; c < W; c = c + WG) {\n\
+         \x20   var s = 0.0f;\n\
+         \x20   if (v != PAD) { for (var k = 0u; k < n; k = k + 1u) { s = s + dy[found[k] * W + c]; } }\n\
+         \x20   dt[v * W + c] = s * SCALE;\n  }\n}\n",
+    );
+    KernelSource {
+        name: format!(
+            "embedding_grad_v{vocab}_w{width}_s{}_p{}_t{max_tokens}",
+            e.scale.unwrap_or(1.0).to_bits(),
+            e.padding.map_or("none".to_string(), |p| p.to_string())
+        ),
+        wgsl: w,
+        workgroup_size: [WG, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            WorkgroupCount::fixed(gx),
+            WorkgroupCount::fixed(gy),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: 4 * max_tokens + 4,
+    }
+}
+
+/// The constants of attention `a` over caches of `lmax` rows, and
+/// `fn keys(t) -> vec2<u32>`: the first and last cache row query row `t`
+/// sees (causal or not, within the window), as the interpreter's
+/// `keys_seen`.
+fn attention_header(a: &Attention, lmax: u32) -> String {
+    let mut w = header(&format!(
+        "const NH: u32 = {}u;\nconst NKV: u32 = {}u;\nconst HD: u32 = {}u;\n\
+         const GROUP: u32 = {}u;\nconst SCALE: f32 = {};\nconst LMAX: u32 = {lmax}u;\n",
+        a.n_heads,
+        a.n_kv_heads,
+        a.head_dim,
+        a.n_heads / a.n_kv_heads.max(1),
+        f32_lit(a.scale),
+    ));
+    let last = if a.causal {
+        "me"
+    } else {
+        "params.p + params.t - 1u"
+    };
+    let range = match a.window {
+        Some(win) => format!(
+            "vec2<u32>(select(0u, me + 1u - {win}u, me + 1u >= {win}u), min({last}, me + {win}u - 1u))"
+        ),
+        None => format!("vec2<u32>(0u, {last})"),
+    };
+    let _ = writeln!(
+        w,
+        "fn keys(t: u32) -> vec2<u32> {{\n  let me = params.p + t;\n  return {range};\n}}\n\
+         fn score(t: u32, h: u32, j: u32) -> f32 {{\n\
+         \x20 var s = 0.0f;\n\
+         \x20 for (var d = 0u; d < HD; d = d + 1u) {{ s = s + q[(t * NH + h) * HD + d] * k[(j * NKV + h / GROUP) * HD + d]; }}\n\
+         \x20 return s * SCALE;\n}}"
+    );
+    w
+}
+
+fn attention_tag(a: &Attention) -> String {
+    format!(
+        "h{}_kv{}_d{}{}{}",
+        a.n_heads,
+        a.n_kv_heads,
+        a.head_dim,
+        a.window.map_or(String::new(), |w| format!("_w{w}")),
+        if a.causal { "" } else { "_bi" }
+    )
+}
+
+/// `lse[t, h]`: the log-sum-exp of row `t`'s scaled scores against the keys
+/// it sees, for head `h`, over caches of `lmax` rows: `(q, k_cache) ->
+/// lse`. A thread per row and head, one pass with a running maximum.
+pub fn attention_lse(a: &Attention, lmax: u32) -> KernelSource {
+    let mut w = String::new();
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "q");
+    b.activation(&mut w, input(1), "k");
+    b.activation(&mut w, output(0), "lse");
+    let mut src = attention_header(a, lmax);
+    src.push_str(&w);
+    src.push_str(
+        "@compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
+         \x20 let i = gid.x;\n  if (i >= params.t * NH) { return; }\n\
+         \x20 let t = i / NH;\n  let h = i % NH;\n  let r = keys(t);\n\
+         \x20 var m = -3.4028235e38f;\n  var sum = 0.0f;\n\
+         \x20 for (var j = r.x; j <= r.y; j = j + 1u) {\n\
+         \x20   let s = score(t, h, j);\n\
+         \x20   if (s > m) { sum = sum * exp(m - s) + 1.0f; m = s; } else { sum = sum + exp(s - m); }\n  }\n\
+         \x20 lse[i] = m + log(sum);\n}\n",
+    );
+    KernelSource {
+        name: format!("attention_lse_{}", attention_tag(a)),
+        wgsl: src,
+        workgroup_size: [WG, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            Rows::Tokens.count(a.n_heads, WG),
+            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: 0,
+    }
+}
+
+/// Attention's backward over caches of `lmax` rows: `(q, k_cache, v_cache,
+/// dy, out, lse) -> (dq, dk_cache, dv_cache)`. Threads `(t·NH + h, 0)`
+/// each make row `t`'s `dq` for head `h`; threads `(j·NKV + g, 1)` make
+/// cache row `j`'s `dk`, `dv` for KV head `g` from every query row and
+/// head of its group that sees it (rows no query sees get zeros). With
+/// `P = softmax` rebuilt from `lse` and `D = dy · out` per row and head:
+/// `ds = P · (dy · v − D)`, `dq = scale · Σ ds · k`, `dk = scale · Σ ds · q`,
+/// `dv = Σ P · dy`.
+pub fn attention_grad(a: &Attention, lmax: u32) -> KernelSource {
+    let mut w = String::new();
+    let mut b = Bindings::new();
+    for (i, name) in ["q", "k", "v", "dy", "o", "lse"].into_iter().enumerate() {
+        b.activation(&mut w, input(i as u32), name);
+    }
+    for (i, name) in ["dq", "dk", "dv"].into_iter().enumerate() {
+        b.activation(&mut w, output(i as u32), name);
+    }
+    let mut src = attention_header(a, lmax);
+    src.push_str(&w);
+    src.push_str(
+        "fn dot_dy(t: u32, h: u32, base: u32, of_v: bool) -> f32 {\n\
+         \x20 var s = 0.0f;\n\
+         \x20 for (var d = 0u; d < HD; d = d + 1u) {\n\
+         \x20   let other = select(o[(t * NH + h) * HD + d], v[base + d], of_v);\n\
+         \x20   s = s + dy[(t * NH + h) * HD + d] * other;\n  }\n\
+         \x20 return s;\n}\n\
+         @compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
+         \x20 let i = gid.x;\n\
+         \x20 var acc: array<f32, HD>;\n  var acc2: array<f32, HD>;\n\
+         \x20 for (var d = 0u; d < HD; d = d + 1u) { acc[d] = 0.0f; acc2[d] = 0.0f; }\n\
+         \x20 if (gid.y == 0u) {\n\
+         \x20   if (i >= params.t * NH) { return; }\n\
+         \x20   let t = i / NH;\n    let h = i % NH;\n    let r = keys(t);\n\
+         \x20   let big_d = dot_dy(t, h, 0u, false);\n\
+         \x20   for (var j = r.x; j <= r.y; j = j + 1u) {\n\
+         \x20     let kv = (j * NKV + h / GROUP) * HD;\n\
+         \x20     let p = exp(score(t, h, j) - lse[i]);\n\
+         \x20     let ds = p * (dot_dy(t, h, kv, true) - big_d);\n\
+         \x20     for (var d = 0u; d < HD; d = d + 1u) { acc[d] = acc[d] + ds * k[kv + d]; }\n    }\n\
+         \x20   for (var d = 0u; d < HD; d = d + 1u) { dq[i * HD + d] = SCALE * acc[d]; }\n\
+         \x20   return;\n  }\n\
+         \x20 if (i >= LMAX * NKV) { return; }\n\
+         \x20 let j = i / NKV;\n  let g = i % NKV;\n  let kv = i * HD;\n\
+         \x20 for (var h = g * GROUP; h < (g + 1u) * GROUP; h = h + 1u) {\n\
+         \x20   for (var t = 0u; t < params.t; t = t + 1u) {\n\
+         \x20     let r = keys(t);\n\
+         \x20     if (j < r.x || j > r.y) { continue; }\n\
+         \x20     let p = exp(score(t, h, j) - lse[t * NH + h]);\n\
+         \x20     let ds = p * (dot_dy(t, h, kv, true) - dot_dy(t, h, 0u, false));\n\
+         \x20     for (var d = 0u; d < HD; d = d + 1u) {\n\
+         \x20       acc[d] = acc[d] + SCALE * ds * q[(t * NH + h) * HD + d];\n\
+         \x20       acc2[d] = acc2[d] + p * dy[(t * NH + h) * HD + d];\n      }\n    }\n  }\n\
+         \x20 for (var d = 0u; d < HD; d = d + 1u) { dk[kv + d] = acc[d]; dv[kv + d] = acc2[d]; }\n}\n",
+    );
+    // y holds the two jobs, so x alone covers them (16M threads: a context
+    // of 16,384 with 1,024 heads).
+    let gx = (lmax * a.n_heads.max(a.n_kv_heads)).div_ceil(WG);
+    KernelSource {
+        name: format!("attention_grad_{}_l{lmax}", attention_tag(a)),
+        wgsl: src,
+        workgroup_size: [WG, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            WorkgroupCount::fixed(gx),
+            WorkgroupCount::fixed(2),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: 0,
     }
 }

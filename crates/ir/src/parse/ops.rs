@@ -90,8 +90,11 @@ impl OpSyntax {
             return Ok(Op::Train(t));
         }
         // `X_grad` is the backward of `X`, with `X`'s attributes (and an
-        // embedding table's `rows`).
-        let forward = mnemonic.strip_suffix("_grad");
+        // embedding table's `rows`); `attention_lse` is attention's too.
+        let suffix = ["_grad", "_lse"]
+            .into_iter()
+            .find(|s| mnemonic.ends_with(s));
+        let forward = suffix.map(|s| &mnemonic[..mnemonic.len() - s.len()]);
         let rows = match forward {
             Some("embedding") => {
                 let (s, at) = a
@@ -272,7 +275,7 @@ impl OpSyntax {
         a.finish(cur, &mnemonic)?;
         match forward {
             None => Ok(op),
-            Some(_) => TrainOp::backward_of(op, rows)
+            Some(_) => TrainOp::of_forward(&suffix.unwrap_or_default()[1..], op, rows)
                 .map(Op::Train)
                 .ok_or_else(|| cur.err_at(col, format!("`{mnemonic}` has no backward op"))),
         }
@@ -317,6 +320,7 @@ const OP_NAMES: &[&str] = &[
     "matmul_grad_w",
     "sum_rows",
     "cache_rows",
+    "attention_lse",
     "X_grad (the backward of X: rms_norm, rope, attention, silu, gelu_tanh, gelu, softcap, embedding)",
 ];
 
