@@ -10,7 +10,7 @@
 
 use gerbil_compiler::Checkpoint;
 use gerbil_e2e::interpreter::{Interpreter, Tensor};
-use gerbil_e2e::{interpreter_weights, tiny_model, tiny_ref, TinyCase};
+use gerbil_e2e::{interpreter_weights, tiny_model, tiny_ref, TinyCase, TINY_DECODERS};
 use gerbil_frontend_hf::{lower_with, LowerOptions};
 use gerbil_ir::Graph;
 use gerbil_passes::{default_pipeline, PassManager};
@@ -120,21 +120,10 @@ fn check_case(it: &mut Interpreter<'_>, case: &TinyCase) -> Result<f64, String> 
     Ok(worst)
 }
 
-/// Every tiny model (one per family, plus the bf16 Llama).
-const TINY_MODELS: &[&str] = &[
-    "llama",
-    "llama_bf16",
-    "qwen2",
-    "qwen3",
-    "mistral",
-    "gemma3",
-    "phi3",
-];
-
 #[test]
 fn interpreter_matches_transformers() {
     let mut failures = Vec::new();
-    for name in TINY_MODELS {
+    for name in TINY_DECODERS {
         let ckpt = Checkpoint::open(&tiny_model(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let graph = lowered(&ckpt);
         let mut it = Interpreter::new(&graph, &interpreter_weights(&ckpt), MAX_CONTEXT)
@@ -154,7 +143,7 @@ fn interpreter_matches_transformers() {
 
 #[test]
 fn optimized_graphs_interpret_like_lowered_ones() {
-    for name in TINY_MODELS {
+    for name in TINY_DECODERS {
         let ckpt = Checkpoint::open(&tiny_model(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let graph = lowered(&ckpt);
         let mut fused = graph.clone();

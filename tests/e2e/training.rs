@@ -13,21 +13,10 @@
 
 use gerbil_compiler::Checkpoint;
 use gerbil_e2e::interpreter::{Interpreter, Tensor};
-use gerbil_e2e::{interpreter_weights, tiny_model, tiny_ref};
+use gerbil_e2e::{interpreter_weights, tiny_model, tiny_ref, TINY_DECODERS};
 use gerbil_frontend_hf::{lower_with, LowerOptions};
 use gerbil_ir::{DType, Graph, UnaryOp, LOSS};
 use gerbil_passes::{training_passes, Pass, PassManager};
-
-/// Every tiny decoder (one per family, plus the bf16 Llama).
-const TINY_MODELS: &[&str] = &[
-    "llama",
-    "llama_bf16",
-    "qwen2",
-    "qwen3",
-    "mistral",
-    "gemma3",
-    "phi3",
-];
 
 /// The training graph of a tiny model, lowered for `context` tokens.
 fn training_graph(ckpt: &Checkpoint, context: usize) -> Graph {
@@ -93,7 +82,7 @@ fn coordinates(n: usize, count: usize, seed: usize) -> Vec<usize> {
 #[test]
 fn gradients_match_finite_differences_and_the_loss_transformers_logits_give() {
     let mut failures = Vec::new();
-    for name in TINY_MODELS {
+    for name in TINY_DECODERS {
         let ckpt = Checkpoint::open(&tiny_model(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
         let (tokens, targets, logits) = sequence(name);
         let graph = training_graph(&ckpt, tokens.len());
@@ -288,7 +277,7 @@ fn train_on_the_interpreter(name: &str, r: &TrainRef) -> Vec<(f64, f64, f64)> {
 #[test]
 fn fifty_steps_on_the_interpreter_follow_pytorchs_losses() {
     let mut failures = Vec::new();
-    for name in TINY_MODELS {
+    for name in TINY_DECODERS {
         let r = train_ref(name);
         let got = train_on_the_interpreter(name, &r);
         let mut worst = 0.0f64;

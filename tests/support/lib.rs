@@ -42,6 +42,18 @@ pub fn data_dir() -> PathBuf {
     repo_root().join("tests/data")
 }
 
+/// Every tiny decoder of `tests/data/models/tiny`: one per family, plus
+/// the Llama stored in bf16.
+pub const TINY_DECODERS: &[&str] = &[
+    "llama",
+    "llama_bf16",
+    "qwen2",
+    "qwen3",
+    "mistral",
+    "gemma3",
+    "phi3",
+];
+
 /// A tiny random-weight model's directory, e.g. `tiny_model("llama")`.
 pub fn tiny_model(name: &str) -> PathBuf {
     data_dir().join("models/tiny").join(name)

@@ -100,12 +100,20 @@ fn header(len: u64) -> String {
     w
 }
 
-fn fixed(n: u32) -> [WorkgroupCount; 3] {
-    [
-        WorkgroupCount::fixed(n),
-        WorkgroupCount::fixed(1),
-        WorkgroupCount::fixed(1),
-    ]
+/// [`PARTIALS`] workgroups of `WG` threads, a reduction's memory each.
+fn launch(name: String, wgsl: String, b: Bindings) -> KernelSource {
+    KernelSource {
+        name,
+        wgsl,
+        workgroup_size: [WG, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            WorkgroupCount::fixed(PARTIALS),
+            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: WG * 4,
+    }
 }
 
 /// `partials[g]`: the sum of `grads[i]²` over `i ≡ g·WG + lane (mod
@@ -125,14 +133,7 @@ pub fn grad_norm_partials(len: u64) -> KernelSource {
          \x20 if (lane == 0u) {{ partials[wid.x] = red[0]; }}\n}}\n",
         reduce = tree_reduce(WG, "lane", "0u", "+"),
     );
-    KernelSource {
-        name: format!("grad_norm_partials_n{len}"),
-        wgsl: w,
-        workgroup_size: [WG, 1, 1],
-        bindings: b.finish(),
-        workgroups: fixed(PARTIALS),
-        workgroup_bytes: WG * 4,
-    }
+    launch(format!("grad_norm_partials_n{len}"), w, b)
 }
 
 /// One AdamW step over `len` weights, after [`grad_norm_partials`].
@@ -178,12 +179,5 @@ pub fn adamw_update(len: u64) -> KernelSource {
          \x20 }}\n}}\n",
         reduce = tree_reduce(WG, "lane", "0u", "+"),
     );
-    KernelSource {
-        name: format!("adamw_update_n{len}"),
-        wgsl: w,
-        workgroup_size: [WG, 1, 1],
-        bindings: b.finish(),
-        workgroups: fixed(PARTIALS),
-        workgroup_bytes: WG * 4,
-    }
+    launch(format!("adamw_update_n{len}"), w, b)
 }

@@ -14,6 +14,7 @@
 //! column chunks through all the rows, recomputing each row's `1/rms`
 //! (a reduction over a row is cheap next to the matmuls around it).
 
+use super::elementwise::flat;
 use super::rowwise::{per_row, reduce_into, row_main, WG};
 use super::{
     f32_lit, input, output, prelude, split_groups, tree_reduce, Bindings, KernelSource, Rows,
@@ -161,18 +162,13 @@ pub fn unary_grad(op: UnaryOp, width: u32) -> KernelSource {
         UnaryOp::Softcap(c) => format!("softcap{}", c.to_bits()),
         other => gerbil_ir::Op::Unary(other).mnemonic().to_string(),
     };
-    KernelSource {
-        name: format!("{tag}_grad_w{width}"),
-        wgsl: w,
-        workgroup_size: [WG, 1, 1],
-        bindings: b.finish(),
-        workgroups: [
-            Rows::Tokens.count(width, WG),
-            WorkgroupCount::fixed(1),
-            WorkgroupCount::fixed(1),
-        ],
-        workgroup_bytes: 0,
-    }
+    flat(
+        format!("{tag}_grad_w{width}"),
+        w,
+        Rows::Tokens,
+        width,
+        b.finish(),
+    )
 }
 
 /// A thread per element of a constant `count` elements: its workgroups,
@@ -229,18 +225,13 @@ pub fn cache_rows(width: u32) -> KernelSource {
          \x20 let i = gid.x;\n  if (i >= params.t * W) { return; }\n\
          \x20 y[i] = cache[params.p * W + i];\n}\n",
     );
-    KernelSource {
-        name: format!("cache_rows_w{width}"),
-        wgsl: w,
-        workgroup_size: [WG, 1, 1],
-        bindings: b.finish(),
-        workgroups: [
-            Rows::Tokens.count(width, WG),
-            WorkgroupCount::fixed(1),
-            WorkgroupCount::fixed(1),
-        ],
-        workgroup_bytes: 0,
-    }
+    flat(
+        format!("cache_rows_w{width}"),
+        w,
+        Rows::Tokens,
+        width,
+        b.finish(),
+    )
 }
 
 /// `dx = dy · w` for `dy` `[T, n]` and the weight `[n, k]` stored as
@@ -259,18 +250,13 @@ pub fn matmul_grad_x(n: u32, k: u32, wdtype: DType) -> KernelSource {
          \x20 for (var o = 0u; o < N; o = o + 1u) { s = s + dy[r * N + o] * load_w(o * K + c); }\n\
          \x20 dx[i] = s;\n}\n",
     );
-    KernelSource {
-        name: format!("matmul_grad_x_{wdtype}_n{n}_k{k}"),
-        wgsl: w,
-        workgroup_size: [WG, 1, 1],
-        bindings: b.finish(),
-        workgroups: [
-            Rows::Tokens.count(k, WG),
-            WorkgroupCount::fixed(1),
-            WorkgroupCount::fixed(1),
-        ],
-        workgroup_bytes: 0,
-    }
+    flat(
+        format!("matmul_grad_x_{wdtype}_n{n}_k{k}"),
+        w,
+        Rows::Tokens,
+        k,
+        b.finish(),
+    )
 }
 
 /// `dw = dyᵀ · x` for `dy` `[T, n]` and `x` `[T, k]`: a matmul's weight
@@ -499,18 +485,13 @@ pub fn attention_lse(a: &Attention, lmax: u32) -> KernelSource {
          \x20   if (s > m) { sum = sum * exp(m - s) + 1.0f; m = s; } else { sum = sum + exp(s - m); }\n  }\n\
          \x20 lse[i] = m + log(sum);\n}\n",
     );
-    KernelSource {
-        name: format!("attention_lse_{}", attention_tag(a)),
-        wgsl: src,
-        workgroup_size: [WG, 1, 1],
-        bindings: b.finish(),
-        workgroups: [
-            Rows::Tokens.count(a.n_heads, WG),
-            WorkgroupCount::fixed(1),
-            WorkgroupCount::fixed(1),
-        ],
-        workgroup_bytes: 0,
-    }
+    flat(
+        format!("attention_lse_{}", attention_tag(a)),
+        src,
+        Rows::Tokens,
+        a.n_heads,
+        b.finish(),
+    )
 }
 
 /// Attention's backward over caches of `lmax` rows: `(q, k_cache, v_cache,

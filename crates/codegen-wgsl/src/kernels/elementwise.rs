@@ -10,7 +10,8 @@ use std::fmt::Write;
 
 const WG: u32 = 256;
 
-fn flat(
+/// A kernel of a thread per element of `rows` rows of `width`.
+pub(crate) fn flat(
     name: String,
     wgsl: String,
     rows: Rows,
