@@ -125,7 +125,16 @@ fn gradients_match_finite_differences_and_the_loss_transformers_logits_give() {
         let grads = graph.outputs.iter().zip(&out).skip(1);
         for (seed, ((output, _), grad)) in grads.enumerate() {
             let label = output.strip_prefix("grad.").expect("a gradient output");
-            for i in coordinates(grad.data.len(), 3, seed) {
+            // Three anywhere, and for a table the prompt reads, one in the
+            // rows of its first and last tokens (most rows get no lookup).
+            let mut picks = coordinates(grad.data.len(), 3, seed);
+            if label == "model.embed_tokens.weight" {
+                let width = grad.width;
+                for &id in [tokens[0], tokens[tokens.len() - 1]].iter() {
+                    picks.push(id as usize * width + seed % width);
+                }
+            }
+            for i in picks {
                 let eps = 1e-5;
                 let mut at = |delta: f64| {
                     let w = fd.weight_mut(label).expect("the gradient's weight");
@@ -165,6 +174,14 @@ fn a_training_graph_needs_one_target_per_token() {
     assert!(err.contains("run it with train_step"), "{err}");
     let err = it.train_step(&[1, 2], &[3]).expect_err("short").to_string();
     assert!(err.contains("1 targets for 2 tokens"), "{err}");
+    let err = it
+        .train_step(&[1, 2], &[3, 512])
+        .expect_err("past")
+        .to_string();
+    assert!(
+        err.contains("target 512 is past the vocabulary of 512"),
+        "{err}"
+    );
     assert!(it.train_step(&[1, 2], &[2, 3]).is_ok());
 }
 
@@ -307,7 +324,8 @@ fn fifty_steps_on_the_interpreter_follow_pytorchs_losses() {
 /// The fused optimizer step on the GPU (`kernels::adamw`: the norm's
 /// partials, then the update) against the f64 oracle: two consecutive
 /// steps over one buffer of 300,000 weights (each thread strides over
-/// several), clipped, with weight decay; then a step whose gradient holds
+/// several), with weight decay, the first clipped and the second not; then
+/// a step whose gradient holds
 /// an infinity, which leaves the weights and moments as they were, reports
 /// itself skipped and still zeroes the gradients.
 #[test]
@@ -330,8 +348,8 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
         eps,
         weight_decay: decay,
     };
-    let partials_src = adamw::grad_norm_partials(n as u64);
-    let update_src = adamw::adamw_update(n as u64);
+    let partials_src = adamw::grad_norm_partials(n as u32);
+    let update_src = adamw::adamw_update(n as u32);
     let partials_of = |grads: &[f32]| -> Vec<f32> {
         let inputs = [f32_bytes(grads), poison(adamw::PARTIALS as usize)];
         run_outputs(&partials_src, 1, 0, &inputs, &[1])
@@ -343,7 +361,9 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
         if t == 3 {
             grads[12_345] = f32::INFINITY;
         }
-        let settings = AdamwSettings::at_step(t, lr, betas, eps, decay, Some(max_norm));
+        // Step 2 does not clip (an infinite norm in the settings).
+        let clip = (t != 2).then_some(max_norm);
+        let settings = AdamwSettings::at_step(t, lr, betas, eps, decay, clip);
         let inputs = [
             f32_bytes(&settings.to_array()),
             f32_bytes(&partials_of(&grads)),
@@ -369,7 +389,7 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
             continue;
         }
         let mut oracle_g = vec![wide(&grads)];
-        let norm = clip_grad_norm(&mut oracle_g, max_norm);
+        let norm = clip_grad_norm(&mut oracle_g, clip.unwrap_or(f64::INFINITY));
         opt.step(&mut state, lr, &mut [&mut oracle_w], &oracle_g);
         assert_eq!(report[2], 1.0);
         assert!(
@@ -565,14 +585,25 @@ fn backward_kernels_match_the_gradients() {
     }
 
     // Repeated ids, an id past the table (row 0's) and the padding row.
-    for (padding, scale) in [(Some(5u32), Some(2.5f32)), (None, None)] {
-        let (vocab, width, max_tokens) = (40u32, 300u32, 16u32);
-        let ids = [3u32, 5, 39, 3, 7, 44, 0, 5, 3];
+    // More ids than one tile (1,024 of them, so the sums cross tiles), and
+    // a table past 65,535 rows (its workgroups split over x and y).
+    let long: Vec<u32> = (0..1500u32).map(|i| (i * 7919) % 37).collect();
+    for (padding, scale, vocab, width, ids) in [
+        (
+            Some(5u32),
+            Some(2.5f32),
+            40u32,
+            300u32,
+            vec![3u32, 5, 39, 3, 7, 44, 0, 5, 3],
+        ),
+        (None, None, 40, 3, long),
+        (None, None, 70_000, 2, vec![69_999, 3, 69_999, 70_001]),
+    ] {
         let t = ids.len() as u32;
         let dy = rng.vec((t * width) as usize);
         let e = gerbil_ir::Embedding { scale, padding };
         let want = grad::embedding(&ids, width as usize, vocab as usize, &e, &widen(&dy));
-        let src = backward::embedding_grad(vocab, width, &e, max_tokens);
+        let src = backward::embedding_grad(vocab, width, &e);
         let inputs = [
             u32_bytes(&ids),
             f32_bytes(&dy),
@@ -592,6 +623,7 @@ fn backward_kernels_match_the_gradients() {
         (true, None, 0u32, 3u32),
         (true, Some(2), 0, 3),
         (false, None, 0, 3),
+        (false, Some(2), 0, 3),
         (true, None, 2, 7),
     ] {
         let a = gerbil_ir::Attention {
@@ -659,7 +691,8 @@ fn backward_kernels_match_the_gradients() {
         rotary_dim: 6,
     };
     let inv_freq: Vec<f32> = (0..3).map(|i| 10000f32.powf(-(i as f32) / 3.0)).collect();
-    let table_bytes = gerbil_ir::rope_table::rope_table(&inv_freq, 1.0, 16);
+    // An attention scaling of 0.8 (YaRN's), so the table is not a pure rotation.
+    let table_bytes = gerbil_ir::rope_table::rope_table(&inv_freq, 0.8, 16);
     let table: Vec<f64> = gerbil_e2e::kernel_harness::to_f32(&table_bytes)
         .iter()
         .map(|&v| f64::from(v))

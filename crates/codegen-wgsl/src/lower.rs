@@ -541,7 +541,7 @@ impl Lowering<'_> {
             }
             Op::Train(_) => {
                 return Err(unsupported(
-                    "training ops (the autodiff pass's) have no GPU kernels yet; \
+                    "training ops (the autodiff pass's) are not lowered to kernels yet; \
                      compile the forward graph",
                 ))
             }

@@ -828,7 +828,7 @@ fn golden_backward_kernels() {
         scale: None,
         padding: Some(2),
     };
-    golden(backward::embedding_grad(49_152, 576, &lookup, 512));
+    golden(backward::embedding_grad(49_152, 576, &lookup));
     let attention = gerbil_ir::Attention {
         n_heads: 9,
         n_kv_heads: 3,

@@ -70,6 +70,13 @@ pub enum InterpretError {
         /// Targets given (`None`: [`Interpreter::step`], which has none).
         targets: Option<usize>,
     },
+    /// A target that is no column of the logits.
+    TargetOutOfRange {
+        /// The target.
+        target: u32,
+        /// Columns of the logits.
+        vocab: usize,
+    },
     /// The step would write past the KV caches.
     ContextFull {
         /// Tokens already cached.
@@ -104,6 +111,11 @@ impl fmt::Display for InterpretError {
             } => write!(
                 f,
                 "{targets} targets for {tokens} tokens; a training step takes one target per token"
+            ),
+            InterpretError::TargetOutOfRange { target, vocab } => write!(
+                f,
+                "target {target} is past the vocabulary of {vocab}; targets are token ids of \
+                 the model's tokenizer"
             ),
             InterpretError::ContextFull {
                 position,
@@ -310,6 +322,18 @@ impl<'g> Interpreter<'g> {
                 tokens: tokens.len(),
                 targets: Some(targets.len()),
             });
+        }
+        let g = self.graph;
+        let vocab = self.order.iter().find_map(|&id| match g.node(id).op {
+            Op::Train(TrainOp::CrossEntropy | TrainOp::CrossEntropyGrad) => {
+                Some(width(g.value_type(g.inputs(id)[0])))
+            }
+            _ => None,
+        });
+        if let Some((vocab, &target)) =
+            vocab.and_then(|v| targets.iter().find(|&&t| t as usize >= v).map(|t| (v, t)))
+        {
+            return Err(InterpretError::TargetOutOfRange { target, vocab });
         }
         self.reset();
         let out = self.run(tokens, Some(targets));

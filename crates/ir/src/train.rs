@@ -43,10 +43,10 @@ pub enum TrainOp {
     /// `f32[Lmax, W] -> f32[T, W]`: rows `P..P+T` of a cache's gradient, the
     /// gradient of the value `cache_write` wrote there.
     CacheRows,
-    /// `(q, k_cache, v_cache) -> f32[R, n_heads]`: the log-sum-exp of each
-    /// row's and head's scaled scores over the keys it sees, what
-    /// attention's backward needs to rebuild the probabilities without a
-    /// pass over the keys of its own.
+    /// `(q, k_cache) -> f32[R, n_heads]`: the log-sum-exp of each row's and
+    /// head's scaled scores over the keys it sees, what attention's backward
+    /// needs to rebuild the probabilities without a pass over the keys of
+    /// its own.
     AttentionLse(Attention),
     /// `(q, k_cache, v_cache, dy, out, lse) -> (dq, dk_cache, dv_cache)`:
     /// the backward of `attention` given its output `out` and
@@ -202,8 +202,9 @@ impl TrainOp {
                 TensorType::new(DType::F32, [Dim::Sym(Sym::T), Dim::Const(w)])
             }
             TrainOp::AttentionLse(a) => {
-                arity(ins, 3)?;
-                let out = forward(Op::Attention(a.clone()), ins)?.remove(0);
+                arity(ins, 2)?;
+                // The keys stand in for the values, which it does not read.
+                let out = forward(Op::Attention(a.clone()), &[ins[0], ins[1], ins[1]])?.remove(0);
                 TensorType::new(DType::F32, [out.shape[0], Dim::Const(u64::from(a.n_heads))])
             }
             TrainOp::AttentionGrad(a) => {
@@ -216,7 +217,7 @@ impl TrainOp {
                         ins[4]
                     ));
                 }
-                let lse = TrainOp::AttentionLse(a.clone()).infer(&ins[..3])?.remove(0);
+                let lse = TrainOp::AttentionLse(a.clone()).infer(&ins[..2])?.remove(0);
                 if ins[5] != &lse {
                     return Err(format!("the log-sum-exp must be {lse}, got {}", ins[5]));
                 }

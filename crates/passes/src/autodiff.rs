@@ -9,8 +9,8 @@
 //! vector-Jacobian product per input that carries a gradient. A value read
 //! by several nodes gets the sum of their gradients (`add`), so a tied
 //! embedding's one weight gets its lookup's and its LM head's. The graph's
-//! outputs become the loss and one `grad.LABEL` per float weight
-//! ([`gerbil_ir::gradient_output`]), in label order; what no longer reaches
+//! outputs become the loss and one `grad.LABEL` per float weight the loss
+//! depends on ([`gerbil_ir::gradient_output`]), in label order; what no longer reaches
 //! them (the next-token sampling) is left to `dce`, which runs after it in
 //! [`crate::training_passes`].
 //!
@@ -30,7 +30,7 @@ use gerbil_ir::{
     gradient_output, BinaryOp, DType, Graph, Input, NodeId, Op, TrainOp, ValueRef, WeightSource,
     LOGITS, LOSS,
 };
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
 /// Builds the training step's graph; see the module docs.
 pub struct Autodiff;
@@ -42,6 +42,39 @@ fn refuse(reason: String) -> PassError {
         pass: NAME.into(),
         reason,
     }
+}
+
+/// Why the pass cannot differentiate `op`, if it cannot.
+fn refusal(op: &Op) -> Option<&'static str> {
+    match op {
+        op if op.is_source() => None,
+        Op::MatMul(m) if m.norm.is_none() && !m.residual && !m.last_row && m.act.is_none() => None,
+        Op::Embedding(_)
+        | Op::RmsNorm(_)
+        | Op::AddBias
+        | Op::Rope(_)
+        | Op::CacheWrite
+        | Op::Attention(_)
+        | Op::Unary(_)
+        | Op::Binary(_) => None,
+        op if op.num_outputs() > 1 || matches!(op, Op::MatMul(_) | Op::MatMulGlu(_)) => {
+            Some("it is a fused op; run autodiff on the graph as lowered, before the fusion passes")
+        }
+        Op::SliceLastRow => {
+            Some("the logits are the last row only; run autodiff before slice-last-row")
+        }
+        _ => Some("it has no backward op (training covers the decoder families' ops)"),
+    }
+}
+
+/// The error for a node [`refusal`] refuses.
+fn refused(node: &gerbil_ir::Node) -> PassError {
+    let why = refusal(&node.op).unwrap_or("it has no backward op");
+    refuse(format!(
+        "cannot differentiate `{}` ({}): {why}",
+        node.label,
+        node.op.mnemonic()
+    ))
 }
 
 /// Whether `v` is a weight that gets a gradient output.
@@ -97,8 +130,9 @@ impl Grads<'_> {
         let node = self.graph.node(id).clone();
         let ins = self.graph.inputs(id);
         let label = |what: &str| format!("{}.grad{what}", node.label);
-        let train = |t: TrainOp| Op::Train(t);
+        let train = Op::Train;
         match &node.op {
+            Op::Embedding(_) if !carries(self.graph, ins[0]) => {}
             Op::Embedding(e) => {
                 let rows = self.graph.value_type(ins[0]).shape[0]
                     .as_const()
@@ -141,7 +175,7 @@ impl Grads<'_> {
             }
             Op::Attention(a) => {
                 let lse = train(TrainOp::AttentionLse(a.clone()));
-                let lse = self.add(lse, &ins, format!("{}.lse", node.label))?;
+                let lse = self.add(lse, &ins[..2], format!("{}.lse", node.label))?;
                 let op = train(TrainOp::AttentionGrad(a.clone()));
                 let saved = [ins[0], ins[1], ins[2], g, ValueRef::of(id), lse];
                 let dq = self.add(op, &saved, label(""))?;
@@ -168,21 +202,7 @@ impl Grads<'_> {
                     }
                 }
             }
-            op => {
-                let why = if op.num_outputs() > 1 || matches!(op, Op::MatMul(_) | Op::MatMulGlu(_))
-                {
-                    "it is a fused op; run autodiff on the graph as lowered, before the fusion passes"
-                } else if matches!(op, Op::SliceLastRow) {
-                    "the logits are the last row only; run autodiff before slice-last-row"
-                } else {
-                    "it has no backward op (training covers the decoder families' ops)"
-                };
-                return Err(refuse(format!(
-                    "cannot differentiate `{}` ({}): {why}",
-                    node.label,
-                    op.mnemonic()
-                )));
-            }
+            _ => return Err(refused(&node)),
         }
         Ok(())
     }
@@ -227,16 +247,27 @@ impl Pass for Autodiff {
         let order = graph
             .topo_order()
             .ok_or_else(|| refuse("the graph has a cycle".into()))?;
+        // Every op the loss depends on must have a backward, checked before
+        // the graph changes.
+        let mut stack = vec![logits.node];
+        let mut seen = HashSet::new();
+        while let Some(id) = stack.pop() {
+            if seen.insert(id) {
+                if refusal(&graph.node(id).op).is_some() {
+                    return Err(refused(graph.node(id)));
+                }
+                stack.extend(graph.inputs(id).iter().map(|v| v.node));
+            }
+        }
         let targets = graph
             .add(Op::Input(Input::TargetIds), &[], "target_ids")
             .map_err(add_err(NAME))?;
-        let ce = |t| Op::Train(t);
         let loss = graph
-            .add(ce(TrainOp::CrossEntropy), &[logits, targets], LOSS)
+            .add(Op::Train(TrainOp::CrossEntropy), &[logits, targets], LOSS)
             .map_err(add_err(NAME))?;
         let dlogits = graph
             .add(
-                ce(TrainOp::CrossEntropyGrad),
+                Op::Train(TrainOp::CrossEntropyGrad),
                 &[logits, targets],
                 "logits.grad",
             )
@@ -291,7 +322,7 @@ mod tests {
         gerbil_ir::parse(&text).unwrap_or_else(|e| panic!("{e}"))
     }
 
-    fn refusal(mut g: Graph) -> String {
+    fn refused_by_the_pass(mut g: Graph) -> String {
         match Autodiff.run(&mut g) {
             Err(e) => e.to_string(),
             Ok(n) => panic!("autodiff ran ({n} rewrites)"),
@@ -304,28 +335,38 @@ mod tests {
             "  %y = matmul{norm(eps=1e-6, offset=0)}(%x, %e, %n) : f32[T,16]\n  \
              output logits = %y\n",
         );
-        let err = refusal(g);
+        let before = gerbil_ir::print::print(&g);
+        let mut changed = g.clone();
+        let err = match Autodiff.run(&mut changed) {
+            Err(e) => e.to_string(),
+            Ok(n) => panic!("autodiff ran ({n} rewrites)"),
+        };
         assert!(err.contains("cannot differentiate `y` (matmul)"), "{err}");
         assert!(err.contains("before the fusion passes"), "{err}");
+        assert_eq!(
+            gerbil_ir::print::print(&changed),
+            before,
+            "a refusal changed the graph"
+        );
     }
 
     #[test]
     fn a_graph_needs_all_rows_logits_and_is_differentiated_once() {
-        let err = refusal(graph("  output hidden = %x\n"));
+        let err = refused_by_the_pass(graph("  output hidden = %x\n"));
         assert!(err.contains("no `logits` output"), "{err}");
 
         let sliced = graph(
             "  %last = slice_last_row(%x) : f32[1,8]\n  \
              %y = matmul(%last, %e) : f32[1,16]\n  output logits = %y\n",
         );
-        let err = refusal(sliced);
+        let err = refused_by_the_pass(sliced);
         assert!(err.contains("a row per token"), "{err}");
 
         let mut g = graph("  %y = matmul(%x, %e) : f32[T,16]\n  output logits = %y\n");
         let logits = g.outputs[0].1;
         Autodiff.run(&mut g).unwrap_or_else(|e| panic!("{e}"));
         g.outputs.push((LOGITS.into(), logits));
-        let err = refusal(g);
+        let err = refused_by_the_pass(g);
         assert!(err.contains("a training graph already"), "{err}");
     }
 }

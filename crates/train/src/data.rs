@@ -75,24 +75,30 @@ impl Windows {
         self.count
     }
 
-    /// Window `w` (of `seq_len + 1` tokens), `w < count`.
+    /// Window `w` (of `seq_len + 1` tokens), counted around the stream:
+    /// window `count` is window 0 again.
     pub fn window(&self, w: usize) -> &[u32] {
         let len = self.seq_len + 1;
+        let w = w % self.count;
         &self.stream[w * len..(w + 1) * len]
     }
 
     /// The `batch` windows of step `step`: `step·batch + b` for each
-    /// `b < batch`, modulo the number of windows.
+    /// `b < batch`, around the stream (none for a batch of 0, which a
+    /// trainer refuses).
     pub fn batch(&self, step: usize, batch: usize) -> Vec<&[u32]> {
         (0..batch)
-            .map(|b| self.window((step * batch + b) % self.count))
+            .map(|b| self.window(step.wrapping_mul(batch).wrapping_add(b)))
             .collect()
     }
 
-    /// A window's input tokens and next-token targets.
+    /// A window's input tokens and next-token targets (both empty for a
+    /// window of fewer than two tokens, which [`Windows`] never makes).
     pub fn split(window: &[u32]) -> (&[u32], &[u32]) {
-        let n = window.len() - 1;
-        (&window[..n], &window[1..])
+        match window {
+            [] | [_] => (&[], &[]),
+            _ => (&window[..window.len() - 1], &window[1..]),
+        }
     }
 }
 

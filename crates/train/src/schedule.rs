@@ -5,8 +5,9 @@
 //! step uses `lr`. The defaults are `torch.optim.AdamW`'s (β = 0.9, 0.999,
 //! ε = 1e-8, λ = 0.01) with the clipping norm of HF's `Trainer` (1.0).
 //!
-//! The surprise: the warmup's first step is not at zero — a step at
-//! learning rate zero would only decay nothing and waste a batch.
+//! The surprise: the warmup's first step is at `lr / warmup`, not at zero
+//! as in HF's `get_linear_schedule_with_warmup`: a step at learning rate
+//! zero changes no weight and wastes a batch.
 
 /// What `gerbil-train`'s optimizer flags set.
 #[derive(Clone, Copy, Debug, PartialEq)]

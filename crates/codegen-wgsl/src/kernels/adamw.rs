@@ -1,6 +1,9 @@
 //! The fused multi-tensor optimizer step: every trained tensor laid end to
 //! end in one buffer of weights, one of gradients and one per AdamW moment,
 //! so a step over all of them is two dispatches, whatever their number.
+//! A buffer holds at most what one binding may (2 GiB − 4 on the H100:
+//! 536,870,911 f32s), so lengths are `u32` and the strided loops cannot
+//! wrap; a model past that cuts its buffers into ranges.
 //!
 //! [`grad_norm_partials`] sums the squared gradients, each workgroup a
 //! strided share into one partial; [`adamw_update`] has every workgroup sum
@@ -47,13 +50,17 @@ pub struct AdamwSettings {
     pub step_size: f32,
     /// `√(1 − β₂ᵗ)`.
     pub root_correction: f32,
-    /// The clipping norm; 0 for no clipping.
+    /// The clipping norm; infinite for no clipping (a factor of 1), and 0
+    /// zeroes the gradients, as in PyTorch.
     pub max_norm: f32,
 }
 
 impl AdamwSettings {
     /// The settings of step `t` (from 1) of AdamW with these
-    /// hyper-parameters, bias corrections computed in f64.
+    /// hyper-parameters, bias corrections computed in f64. `t` counts the
+    /// steps applied: a step the update skipped (its report's `applied` is
+    /// 0) does not count, so the host reads the report back before it makes
+    /// the next step's settings.
     pub fn at_step(
         t: u64,
         lr: f64,
@@ -71,7 +78,7 @@ impl AdamwSettings {
             weight_decay: weight_decay as f32,
             step_size: (lr / (1.0 - beta1.powi(t))) as f32,
             root_correction: (1.0 - beta2.powi(t)).sqrt() as f32,
-            max_norm: max_norm.unwrap_or(0.0) as f32,
+            max_norm: max_norm.unwrap_or(f64::INFINITY) as f32,
         }
     }
 
@@ -90,7 +97,7 @@ impl AdamwSettings {
     }
 }
 
-fn header(len: u64) -> String {
+fn header(len: u32) -> String {
     let mut w = prelude();
     let _ = writeln!(
         w,
@@ -118,7 +125,7 @@ fn launch(name: String, wgsl: String, b: Bindings) -> KernelSource {
 
 /// `partials[g]`: the sum of `grads[i]²` over `i ≡ g·WG + lane (mod
 /// PARTIALS·WG)`, for the `len` gradients. Bindings: `grads`, `partials`.
-pub fn grad_norm_partials(len: u64) -> KernelSource {
+pub fn grad_norm_partials(len: u32) -> KernelSource {
     let mut w = header(len);
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "grads");
@@ -140,7 +147,7 @@ pub fn grad_norm_partials(len: u64) -> KernelSource {
 /// Bindings: `settings` ([`AdamwSettings::to_array`]), `partials`, then
 /// `weights`, `grads` (zeroed), `m`, `v` and `report` (`[norm, factor,
 /// applied]`), all written.
-pub fn adamw_update(len: u64) -> KernelSource {
+pub fn adamw_update(len: u32) -> KernelSource {
     let mut w = header(len);
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "settings");
@@ -163,8 +170,7 @@ pub fn adamw_update(len: u64) -> KernelSource {
          \x20 let lr = settings[0]; let b1 = settings[1]; let b2 = settings[2]; let eps = settings[3];\n\
          \x20 let decay = 1.0f - lr * settings[4]; let step_size = settings[5]; let root = settings[6];\n\
          \x20 let max_norm = settings[7];\n\
-         \x20 var factor = 1.0f;\n\
-         \x20 if (max_norm > 0.0f) {{ factor = min(1.0f, max_norm / (norm + 1e-6f)); }}\n\
+         \x20 let factor = min(1.0f, max_norm / (norm + 1e-6f));\n\
          \x20 if (wid.x == 0u && lane == 0u) {{\n\
          \x20   report[0] = norm; report[1] = factor; report[2] = select(0.0f, 1.0f, finite);\n  }}\n\
          \x20 for (var i = wid.x * WG + lane; i < N; i = i + PARTIALS * WG) {{\n\

@@ -10,9 +10,10 @@
 //!
 //! The surprise: [`rms_norm_grad`] is one dispatch with two jobs. Its
 //! weight gradient sums over every row, which no row's workgroup can do
-//! alone, so a second row of workgroups (`workgroup_id.y == 1`) walks
+//! alone, so a second layer of workgroups (`workgroup_id.z == 1`) walks
 //! column chunks through all the rows, recomputing each row's `1/rms`
-//! (a reduction over a row is cheap next to the matmuls around it).
+//! (a reduction over a row is cheap next to the matmuls around it);
+//! [`attention_grad`] splits its jobs the same way.
 
 use super::elementwise::flat;
 use super::rowwise::{per_row, reduce_into, row_main, WG};
@@ -56,7 +57,10 @@ fn header(consts: &str) -> String {
 }
 
 /// `loss[0]`: the mean over the step's rows of `logsumexp(x[r]) −
-/// x[r][target[r]]`, `vocab` columns. One workgroup walks the rows.
+/// x[r][target[r]]`, `vocab` columns. One workgroup walks the rows. The
+/// host checks the targets (the interpreter refuses one past the
+/// vocabulary); a target past it reads the last column rather than memory
+/// out of bounds, here and in [`cross_entropy_grad`].
 pub fn cross_entropy(vocab: u32) -> KernelSource {
     let mut w = header(&format!("const H: u32 = {vocab}u;\n"));
     let mut b = Bindings::new();
@@ -288,9 +292,9 @@ pub fn matmul_grad_w(n: u32, k: u32) -> KernelSource {
 }
 
 /// The backward of `rms_norm` over rows of `width` in `n.groups` slices,
-/// the weight stored as `wdtype`: `(x, w, dy) -> (dx, dw)`. Workgroups
-/// `(s, 0)` each take slice `s` of the step's `T · groups` for `dx`;
-/// workgroups `(c, 1)` take column chunks of `dw` (see the module docs).
+/// the weight stored as `wdtype`: `(x, w, dy) -> (dx, dw)`. Workgroup
+/// `(g, t, 0)` takes slice `g` of row `t` for `dx`; workgroups `(·, ·, 1)`
+/// take column chunks of `dw` (see the module docs).
 pub fn rms_norm_grad(width: u32, n: &RmsNorm, wdtype: DType) -> KernelSource {
     let g = width / n.groups.max(1);
     let mut w = header(&format!(
@@ -313,8 +317,9 @@ pub fn rms_norm_grad(width: u32, n: &RmsNorm, wdtype: DType) -> KernelSource {
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, \
          @builtin(num_workgroups) nwg: vec3<u32>) {{\n\
          \x20 let lane = lid.x;\n  var s = 0.0f;\n\
-         \x20 if (wid.y == 0u) {{\n\
-         \x20   let base = wid.x * G;\n\
+         \x20 let slot = wid.y * GROUPS + wid.x;\n\
+         \x20 if (wid.z == 0u) {{\n\
+         \x20   let base = slot * G;\n\
          \x20   for (var i = lane; i < G; i = i + WG) {{ let v = x[base + i]; s = s + v * v; }}\n{squares}\
          \x20   let inv = 1.0f / sqrt(sq / f32(G) + EPS);\n\
          \x20   s = 0.0f;\n\
@@ -323,7 +328,7 @@ pub fn rms_norm_grad(width: u32, n: &RmsNorm, wdtype: DType) -> KernelSource {
          \x20   for (var i = lane; i < G; i = i + WG) {{\n\
          \x20     dx[base + i] = inv * dy[base + i] * (load_w(i) + OFFSET) - x[base + i] * k;\n    }}\n\
          \x20   return;\n  }}\n\
-         \x20 for (var c0 = wid.x * WG; c0 < G; c0 = c0 + nwg.x * WG) {{\n\
+         \x20 for (var c0 = slot * WG; c0 < G; c0 = c0 + nwg.x * nwg.y * WG) {{\n\
          \x20   var acc = 0.0f;\n\
          \x20   for (var sl = 0u; sl < params.t * GROUPS; sl = sl + 1u) {{\n\
          \x20     let base = sl * G;\n\
@@ -347,26 +352,32 @@ pub fn rms_norm_grad(width: u32, n: &RmsNorm, wdtype: DType) -> KernelSource {
         workgroup_size: [WG, 1, 1],
         bindings: b.finish(),
         workgroups: [
-            Rows::Tokens.count(n.groups, 1),
+            WorkgroupCount::fixed(n.groups),
+            Rows::Tokens.count(1, 1),
             WorkgroupCount::fixed(2),
-            WorkgroupCount::fixed(1),
         ],
         workgroup_bytes: WG * 4,
     }
 }
 
+/// Ids of a step an [`embedding_grad`] workgroup lists at a time.
+const ID_TILE: u32 = 1024;
+
 /// The backward of `embedding` with respect to its table of `vocab` rows
-/// of `width`, for steps of at most `max_tokens` rows: `(ids, dy) -> dt`.
-/// A workgroup per table row finds the tokens that read it, sorts them
-/// (so the sum's order, and its rounding, never depend on the scheduler)
-/// and writes the row: their `dy` rows summed, times the scale, or zeros
-/// (the padding row always). An id past the table counts for row 0, the
-/// row the forward read. Deterministic, and no atomics on floats.
-pub fn embedding_grad(vocab: u32, width: u32, e: &Embedding, max_tokens: u32) -> KernelSource {
+/// of `width`: `(ids, dy) -> dt`. A workgroup per table row walks the
+/// step's ids in tiles of [`ID_TILE`]: it lists the tokens of the tile
+/// that read its row, sorts them (so the sum's order, and its rounding,
+/// never depend on the scheduler) and adds their `dy` rows into its
+/// columns; then it writes the row, times the scale (zeros for a row no
+/// token reads, and always for the padding row). An id past the table
+/// counts for row 0, the row the forward read. Deterministic, and no
+/// atomics on floats.
+pub fn embedding_grad(vocab: u32, width: u32, e: &Embedding) -> KernelSource {
     let (gx, gy) = split_groups(vocab);
     let mut w = header(&format!(
-        "const V: u32 = {vocab}u;\nconst W: u32 = {width}u;\nconst MAXT: u32 = {max_tokens}u;\n\
-         const GX: u32 = {gx}u;\nconst SCALE: f32 = {};\nconst PAD: u32 = {}u;\n",
+        "const V: u32 = {vocab}u;\nconst W: u32 = {width}u;\nconst TILE: u32 = {ID_TILE}u;\n\
+         const CPL: u32 = {}u;\nconst GX: u32 = {gx}u;\nconst SCALE: f32 = {};\nconst PAD: u32 = {}u;\n",
+        width.div_ceil(WG),
         f32_lit(e.scale.unwrap_or(1.0)),
         e.padding.unwrap_or(u32::MAX),
     ));
@@ -375,32 +386,38 @@ pub fn embedding_grad(vocab: u32, width: u32, e: &Embedding, max_tokens: u32) ->
     b.activation(&mut w, input(1), "dy");
     b.activation(&mut w, output(0), "dt");
     w.push_str(
-        "var<workgroup> found: array<u32, MAXT>;\n\
+        "var<workgroup> found: array<u32, TILE>;\n\
          var<workgroup> count: atomic<u32>;\n\
          @compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {\n\
          \x20 let v = wid.x + wid.y * GX;\n  if (v >= V) { return; }\n\
          \x20 let lane = lid.x;\n\
-         \x20 if (lane == 0u) { atomicStore(&count, 0u); }\n  workgroupBarrier();\n\
-         \x20 for (var t = lane; t < min(params.t, MAXT); t = t + WG) {\n\
-         \x20   var id = ids[t];\n    if (id >= V) { id = 0u; }\n\
-         \x20   if (id == v) { found[atomicAdd(&count, 1u)] = t; }\n  }\n\
-         \x20 workgroupBarrier();\n\
-         \x20 let n = atomicLoad(&count);\n\
-         \x20 if (lane == 0u) {\n\
-         \x20   for (var i = 1u; i < n; i = i + 1u) {\n\
-         \x20     let key = found[i];\n      var j = i;\n\
-         \x20     while (j > 0u && found[j - 1u] > key) { found[j] = found[j - 1u]; j = j - 1u; }\n\
-         \x20     found[j] = key;\n    }\n  }\n\
-         \x20 workgroupBarrier();\n\
-         \x20 for (var c = lane; c < W; c = c + WG) {\n\
-         \x20   var s = 0.0f;\n\
-         \x20   if (v != PAD) { for (var k = 0u; k < n; k = k + 1u) { s = s + dy[found[k] * W + c]; } }\n\
-         \x20   dt[v * W + c] = s * SCALE;\n  }\n}\n",
+         \x20 var acc: array<f32, CPL>;\n\
+         \x20 for (var ci = 0u; ci < CPL; ci = ci + 1u) { acc[ci] = 0.0f; }\n\
+         \x20 for (var base = 0u; base < params.t; base = base + TILE) {\n\
+         \x20   if (lane == 0u) { atomicStore(&count, 0u); }\n    workgroupBarrier();\n\
+         \x20   for (var t = base + lane; t < min(params.t, base + TILE); t = t + WG) {\n\
+         \x20     var id = ids[t];\n      if (id >= V) { id = 0u; }\n\
+         \x20     if (id == v) { found[atomicAdd(&count, 1u)] = t; }\n    }\n\
+         \x20   workgroupBarrier();\n\
+         \x20   let n = atomicLoad(&count);\n\
+         \x20   if (lane == 0u) {\n\
+         \x20     for (var i = 1u; i < n; i = i + 1u) {\n\
+         \x20       let key = found[i];\n        var j = i;\n\
+         \x20       while (j > 0u && found[j - 1u] > key) { found[j] = found[j - 1u]; j = j - 1u; }\n\
+         \x20       found[j] = key;\n      }\n    }\n\
+         \x20   workgroupBarrier();\n\
+         \x20   for (var ci = 0u; ci < CPL; ci = ci + 1u) {\n\
+         \x20     let c = lane + ci * WG;\n\
+         \x20     if (c < W) { for (var k = 0u; k < n; k = k + 1u) { acc[ci] = acc[ci] + dy[found[k] * W + c]; } }\n    }\n\
+         \x20   workgroupBarrier();\n  }\n\
+         \x20 for (var ci = 0u; ci < CPL; ci = ci + 1u) {\n\
+         \x20   let c = lane + ci * WG;\n\
+         \x20   if (c < W) { dt[v * W + c] = select(acc[ci] * SCALE, 0.0f, v == PAD); }\n  }\n}\n",
     );
     KernelSource {
         name: format!(
-            "embedding_grad_v{vocab}_w{width}_s{}_p{}_t{max_tokens}",
+            "embedding_grad_v{vocab}_w{width}_s{}_p{}",
             e.scale.unwrap_or(1.0).to_bits(),
             e.padding.map_or("none".to_string(), |p| p.to_string())
         ),
@@ -412,7 +429,7 @@ pub fn embedding_grad(vocab: u32, width: u32, e: &Embedding, max_tokens: u32) ->
             WorkgroupCount::fixed(gy),
             WorkgroupCount::fixed(1),
         ],
-        workgroup_bytes: 4 * max_tokens + 4,
+        workgroup_bytes: 4 * ID_TILE + 4,
     }
 }
 
@@ -495,14 +512,19 @@ pub fn attention_lse(a: &Attention, lmax: u32) -> KernelSource {
 }
 
 /// Attention's backward over caches of `lmax` rows: `(q, k_cache, v_cache,
-/// dy, out, lse) -> (dq, dk_cache, dv_cache)`. Threads `(t·NH + h, 0)`
-/// each make row `t`'s `dq` for head `h`; threads `(j·NKV + g, 1)` make
+/// dy, out, lse) -> (dq, dk_cache, dv_cache)`. Threads `t·NH + h` of job
+/// 0 (`z`) each make row `t`'s `dq` for head `h`; threads `j·NKV + g` of
+/// job 1 make
 /// cache row `j`'s `dk`, `dv` for KV head `g` from every query row and
 /// head of its group that sees it (rows no query sees get zeros). With
 /// `P = softmax` rebuilt from `lse` and `D = dy · out` per row and head:
 /// `ds = P · (dy · v − D)`, `dq = scale · Σ ds · k`, `dk = scale · Σ ds · q`,
 /// `dv = Σ P · dy`.
 pub fn attention_grad(a: &Attention, lmax: u32) -> KernelSource {
+    // x and y cover the larger job's threads; z holds the two jobs.
+    let threads = u64::from(lmax) * u64::from(a.n_heads.max(a.n_kv_heads));
+    let groups = u32::try_from(threads.div_ceil(u64::from(WG))).unwrap_or(u32::MAX);
+    let (gx, gy) = split_groups(groups);
     let mut w = String::new();
     let mut b = Bindings::new();
     for (i, name) in ["q", "k", "v", "dy", "o", "lse"].into_iter().enumerate() {
@@ -512,6 +534,7 @@ pub fn attention_grad(a: &Attention, lmax: u32) -> KernelSource {
         b.activation(&mut w, output(i as u32), name);
     }
     let mut src = attention_header(a, lmax);
+    let _ = writeln!(src, "const GX: u32 = {gx}u;");
     src.push_str(&w);
     src.push_str(
         "fn dot_dy(t: u32, h: u32, base: u32, of_v: bool) -> f32 {\n\
@@ -522,10 +545,10 @@ pub fn attention_grad(a: &Attention, lmax: u32) -> KernelSource {
          \x20 return s;\n}\n\
          @compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
-         \x20 let i = gid.x;\n\
+         \x20 let i = gid.x + gid.y * GX * WG;\n\
          \x20 var acc: array<f32, HD>;\n  var acc2: array<f32, HD>;\n\
          \x20 for (var d = 0u; d < HD; d = d + 1u) { acc[d] = 0.0f; acc2[d] = 0.0f; }\n\
-         \x20 if (gid.y == 0u) {\n\
+         \x20 if (gid.z == 0u) {\n\
          \x20   if (i >= params.t * NH) { return; }\n\
          \x20   let t = i / NH;\n    let h = i % NH;\n    let r = keys(t);\n\
          \x20   let big_d = dot_dy(t, h, 0u, false);\n\
@@ -549,9 +572,6 @@ pub fn attention_grad(a: &Attention, lmax: u32) -> KernelSource {
          \x20       acc2[d] = acc2[d] + p * dy[(t * NH + h) * HD + d];\n      }\n    }\n  }\n\
          \x20 for (var d = 0u; d < HD; d = d + 1u) { dk[kv + d] = acc[d]; dv[kv + d] = acc2[d]; }\n}\n",
     );
-    // y holds the two jobs, so x alone covers them (16M threads: a context
-    // of 16,384 with 1,024 heads).
-    let gx = (lmax * a.n_heads.max(a.n_kv_heads)).div_ceil(WG);
     KernelSource {
         name: format!("attention_grad_{}_l{lmax}", attention_tag(a)),
         wgsl: src,
@@ -559,8 +579,8 @@ pub fn attention_grad(a: &Attention, lmax: u32) -> KernelSource {
         bindings: b.finish(),
         workgroups: [
             WorkgroupCount::fixed(gx),
+            WorkgroupCount::fixed(gy),
             WorkgroupCount::fixed(2),
-            WorkgroupCount::fixed(1),
         ],
         workgroup_bytes: 0,
     }
