@@ -34,6 +34,50 @@ pub struct AdamWState {
     pub m: Vec<Vec<f64>>,
     /// Second moments, one per tensor.
     pub v: Vec<Vec<f64>>,
+    /// Whether the moments are stored in 8 bits ([`quantize_moments`]):
+    /// after each step they keep only the values their bytes hold.
+    pub eight_bit: bool,
+}
+
+/// Moments per block of the 8-bit state: a block shares one scale per moment.
+pub const STATE_BLOCK: usize = 256;
+
+impl AdamWState {
+    /// A state whose moments are stored in 8 bits.
+    pub fn eight_bit() -> Self {
+        AdamWState {
+            eight_bit: true,
+            ..Default::default()
+        }
+    }
+}
+
+/// The 8-bit state's rounding of one tensor's moments, in place: per block
+/// of [`STATE_BLOCK`], `m` as `round(m / max|m| · 127)` (a signed byte) and
+/// `√v` as `round(√v / max √v · 255)` (an unsigned byte, so small second
+/// moments keep their relative precision), each block with its two
+/// scales; the values become what those bytes and scales decode to. Ties
+/// round to even, as WGSL's `round`.
+pub fn quantize_moments(m: &mut [f64], v: &mut [f64]) {
+    for (m, v) in m.chunks_mut(STATE_BLOCK).zip(v.chunks_mut(STATE_BLOCK)) {
+        let ms = m.iter().fold(0.0f64, |a, x| a.max(x.abs()));
+        let vs = v.iter().fold(0.0f64, |a, x| a.max(x.sqrt()));
+        for x in m.iter_mut() {
+            *x = if ms > 0.0 {
+                (*x / ms * 127.0).round_ties_even() * ms / 127.0
+            } else {
+                0.0
+            };
+        }
+        for x in v.iter_mut() {
+            let r = if vs > 0.0 {
+                (x.sqrt() / vs * 255.0).round_ties_even() * vs / 255.0
+            } else {
+                0.0
+            };
+            *x = r * r;
+        }
+    }
 }
 
 impl AdamW {
@@ -64,6 +108,9 @@ impl AdamW {
                 m[j] = self.beta1 * m[j] + (1.0 - self.beta1) * g[j];
                 v[j] = self.beta2 * v[j] + (1.0 - self.beta2) * g[j] * g[j];
                 w[j] -= step_size * m[j] / (v[j].sqrt() / root_correction + self.eps);
+            }
+            if state.eight_bit {
+                quantize_moments(m, v);
             }
         }
     }
@@ -116,6 +163,30 @@ mod tests {
         opt.step(&mut AdamWState::default(), 0.1, &mut [&mut w], &[vec![0.0]]);
         // A zero gradient leaves only the decay: 2 · (1 − 0.1 · 0.5).
         assert!((w[0] - 1.9).abs() < 1e-12, "{w:?}");
+    }
+
+    #[test]
+    fn the_eight_bit_state_keeps_a_block_s_largest_moment_exactly() {
+        let mut m: Vec<f64> = (0..300).map(|i| (f64::from(i) * 0.37).sin()).collect();
+        let mut v: Vec<f64> = (0..300)
+            .map(|i| (f64::from(i) * 0.11).cos().powi(2))
+            .collect();
+        let (m0, v0) = (m.clone(), v.clone());
+        quantize_moments(&mut m, &mut v);
+        for (block, (m, m0)) in m.chunks(256).zip(m0.chunks(256)).enumerate() {
+            let max = m0.iter().fold(0.0f64, |a, x| a.max(x.abs()));
+            let err = m
+                .iter()
+                .zip(m0)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0, f64::max);
+            // Half a step of 127 over the block's largest magnitude.
+            assert!(err <= max / 254.0 + 1e-15, "block {block}: {err}");
+            assert!(m.iter().any(|x| (x.abs() - max).abs() < 1e-15));
+        }
+        for (a, b) in v.iter().zip(&v0) {
+            assert!((a.sqrt() - b.sqrt()).abs() <= 1.0 / 510.0 + 1e-15);
+        }
     }
 
     #[test]

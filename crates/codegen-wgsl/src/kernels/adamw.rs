@@ -187,3 +187,93 @@ pub fn adamw_update(len: u32) -> KernelSource {
     );
     launch(format!("adamw_update_n{len}"), w, b)
 }
+
+/// Moments per block of the 8-bit state: the block shares one scale per
+/// moment (`gerbil_interp::optimizer::STATE_BLOCK`).
+pub const STATE_BLOCK: u32 = WG;
+
+/// Bytes of the 8-bit state of `len` weights: a byte per moment and two
+/// f32 scales per block, 25.4% of the f32 state's eight bytes per weight.
+pub fn eight_bit_state_bytes(len: u32) -> u64 {
+    2 * u64::from(len).next_multiple_of(4) + 8 * u64::from(len.div_ceil(STATE_BLOCK))
+}
+
+/// [`adamw_update`] with 8-bit moments. Bindings: `settings`, `partials`,
+/// then `weights`, `grads` (zeroed), `mq` and `vq` (four bytes per word:
+/// `m` as a signed byte of its block's `max|m|`, `√v` as an unsigned byte
+/// of its block's `max √v`), `scales` (per block: m's, then v's) and
+/// `report`. A workgroup takes a block of [`STATE_BLOCK`] weights at a
+/// time: it decodes the moments, steps them and the weights, and encodes
+/// them again with the block's new scales (ties to even, as the oracle's
+/// `quantize_moments`). A skipped step leaves every byte and scale as it
+/// was and only zeroes the gradients.
+pub fn adamw_update_8bit(len: u32) -> KernelSource {
+    let mut w = header(len);
+    let _ = writeln!(
+        w,
+        "const BLOCKS: u32 = {}u;\nvar<workgroup> packed: array<u32, WG>;",
+        len.div_ceil(STATE_BLOCK)
+    );
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "settings");
+    b.activation(&mut w, input(1), "partials");
+    b.activation(&mut w, output(0), "weights");
+    b.activation(&mut w, output(1), "grads");
+    b.ids_out(&mut w, output(2), "mq");
+    b.ids_out(&mut w, output(3), "vq");
+    b.activation(&mut w, output(4), "scales");
+    b.activation(&mut w, output(5), "report");
+    let reduce_max = tree_reduce(WG, "lane", "0u", "max");
+    let _ = write!(
+        w,
+        "@compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let lane = lid.x;\n  var s = 0.0f;\n\
+         \x20 for (var i = lane; i < PARTIALS; i = i + WG) {{ s = s + partials[i]; }}\n\
+         \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
+         \x20 let total = workgroupUniformLoad(&red[0]);\n\
+         \x20 let finite = (bitcast<u32>(total) & 0x7f800000u) != 0x7f800000u;\n\
+         \x20 let norm = sqrt(total);\n\
+         \x20 let lr = settings[0]; let b1 = settings[1]; let b2 = settings[2]; let eps = settings[3];\n\
+         \x20 let decay = 1.0f - lr * settings[4]; let step_size = settings[5]; let root = settings[6];\n\
+         \x20 let factor = min(1.0f, settings[7] / (norm + 1e-6f));\n\
+         \x20 if (wid.x == 0u && lane == 0u) {{\n\
+         \x20   report[0] = norm; report[1] = factor; report[2] = select(0.0f, 1.0f, finite);\n  }}\n\
+         \x20 if (!finite) {{\n\
+         \x20   for (var i = wid.x * WG + lane; i < N; i = i + PARTIALS * WG) {{ grads[i] = 0.0f; }}\n\
+         \x20   return;\n  }}\n\
+         \x20 for (var blk = wid.x; blk < BLOCKS; blk = blk + PARTIALS) {{\n\
+         \x20   let i = blk * WG + lane;\n    let live = i < N;\n\
+         \x20   var m = 0.0f;\n    var v = 0.0f;\n\
+         \x20   if (live) {{\n\
+         \x20     let shift = 8u * (i % 4u);\n\
+         \x20     let mb = (mq[i / 4u] >> shift) & 0xffu;\n\
+         \x20     let vb = (vq[i / 4u] >> shift) & 0xffu;\n\
+         \x20     let r = f32(vb) * scales[2u * blk + 1u] / 255.0f;\n\
+         \x20     let g = grads[i] * factor;\n\
+         \x20     m = b1 * (f32(bitcast<i32>(mb << 24u) >> 24u) * scales[2u * blk] / 127.0f) + (1.0f - b1) * g;\n\
+         \x20     v = b2 * r * r + (1.0f - b2) * g * g;\n\
+         \x20     weights[i] = weights[i] * decay - step_size * m / (sqrt(v) / root + eps);\n\
+         \x20     grads[i] = 0.0f;\n    }}\n\
+         \x20   red[lane] = abs(m);\n    workgroupBarrier();\n{reduce_max}\
+         \x20   let ms = red[0];\n    workgroupBarrier();\n\
+         \x20   red[lane] = sqrt(v);\n    workgroupBarrier();\n{reduce_max}\
+         \x20   let vs = red[0];\n    workgroupBarrier();\n\
+         \x20   var qm = 0i;\n    var qv = 0u;\n\
+         \x20   if (ms > 0.0f) {{ qm = i32(round(m / ms * 127.0f)); }}\n\
+         \x20   if (vs > 0.0f) {{ qv = u32(round(sqrt(v) / vs * 255.0f)); }}\n\
+         \x20   packed[lane] = (bitcast<u32>(qm) & 0xffu) | (qv << 8u);\n\
+         \x20   workgroupBarrier();\n\
+         \x20   let word = blk * (WG / 4u) + lane;\n\
+         \x20   if (lane < WG / 4u && word * 4u < N) {{\n\
+         \x20     var wm = 0u;\n      var wv = 0u;\n\
+         \x20     for (var k = 0u; k < 4u; k = k + 1u) {{\n\
+         \x20       let p = packed[lane * 4u + k];\n\
+         \x20       wm = wm | ((p & 0xffu) << (8u * k));\n        wv = wv | (((p >> 8u) & 0xffu) << (8u * k));\n      }}\n\
+         \x20     mq[word] = wm;\n      vq[word] = wv;\n    }}\n\
+         \x20   if (lane == 0u) {{ scales[2u * blk] = ms; scales[2u * blk + 1u] = vs; }}\n\
+         \x20   workgroupBarrier();\n  }}\n}}\n",
+        reduce = tree_reduce(WG, "lane", "0u", "+"),
+    );
+    launch(format!("adamw_update_8bit_n{len}"), w, b)
+}
