@@ -16,7 +16,8 @@
 //! writes the report `[norm, factor, applied]` (`applied` 0 when the norm
 //! was not finite and the step was skipped). The step's scalars come in a
 //! small buffer ([`AdamwSettings`]) the host writes each step, bias
-//! corrections computed there in f64.
+//! corrections computed there in f64. [`adamw_update_8bit`] is the same
+//! step over moments stored in a byte each (a quarter of the bytes).
 //!
 //! The surprise: the finiteness test is on the bits of the sum of squares
 //! (an all-ones exponent is an infinity or a NaN), not `x != x`, which a
