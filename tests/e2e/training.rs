@@ -326,12 +326,14 @@ fn fifty_steps_on_the_interpreter_follow_pytorchs_losses() {
 }
 
 /// The fused optimizer step on the GPU (`kernels::adamw`: the norm's
-/// partials, then the update) against the f64 oracle: two consecutive
-/// steps over one buffer of 300,000 weights (each thread strides over
-/// several), with weight decay, the first clipped and the second not; then
-/// a step whose gradient holds
-/// an infinity, which leaves the weights and moments as they were, reports
-/// itself skipped and still zeroes the gradients.
+/// partials, then the update) against the f64 oracle, over 300,000 weights
+/// cut into three ranges as a model past the binding limit is (each range
+/// its own two dispatches, every update reducing all ranges' partials, so
+/// the norm is the global one; each thread strides over several weights):
+/// two consecutive steps with weight decay, the first clipped and the
+/// second not; then a step whose gradient holds an infinity, which leaves
+/// the weights and moments as they were, reports itself skipped and still
+/// zeroes the gradients.
 #[test]
 fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
     use gerbil_codegen_wgsl::kernels::adamw::{self, AdamwSettings};
@@ -339,6 +341,8 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
     use gerbil_interp::optimizer::{clip_grad_norm, AdamW, AdamWState};
 
     let n = 300_000;
+    let ranges = adamw::ranges(n as u64, 4 * 131_072);
+    assert_eq!(ranges.len(), 3);
     let mut rng = Rng::from_label("adamw");
     let mut weights = rng.vec(n);
     let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
@@ -352,44 +356,54 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
         eps,
         weight_decay: decay,
     };
-    let partials_src = adamw::grad_norm_partials(n as u32);
-    let update_src = adamw::adamw_update(n as u32);
-    let partials_of = |grads: &[f32]| -> Vec<f32> {
-        let inputs = [f32_bytes(grads), poison(adamw::PARTIALS as usize)];
-        run_outputs(&partials_src, 1, 0, &inputs, &[1])
-            .expect("partials")
-            .remove(0)
-    };
     for t in 1..=3u64 {
         let mut grads = rng.vec(n);
         if t == 3 {
-            grads[12_345] = f32::INFINITY;
+            grads[212_345] = f32::INFINITY;
         }
         // Step 2 does not clip (an infinite norm in the settings).
         let clip = (t != 2).then_some(max_norm);
         let settings = AdamwSettings::at_step(t, lr, betas, eps, decay, clip);
-        let inputs = [
-            f32_bytes(&settings.to_array()),
-            f32_bytes(&partials_of(&grads)),
-            f32_bytes(&weights),
-            f32_bytes(&grads),
-            f32_bytes(&m),
-            f32_bytes(&v),
-            poison(3),
-        ];
-        let mut out = run_outputs(&update_src, 1, 0, &inputs, &[2, 3, 4, 5, 6]).expect("update");
-        let report = out.pop().expect("report");
+        let mut partials = Vec::new();
+        for &(start, len) in &ranges {
+            let range = start as usize..start as usize + len as usize;
+            let inputs = [f32_bytes(&grads[range]), poison(adamw::PARTIALS as usize)];
+            let src = adamw::grad_norm_partials(len);
+            partials.extend(
+                run_outputs(&src, 1, 0, &inputs, &[1])
+                    .expect("partials")
+                    .remove(0),
+            );
+        }
+        let (mut w1, mut g1, mut m1, mut v1): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) =
+            Default::default();
+        let mut report = Vec::new();
+        for &(start, len) in &ranges {
+            let r = start as usize..start as usize + len as usize;
+            let inputs = [
+                f32_bytes(&settings.to_array()),
+                f32_bytes(&partials),
+                f32_bytes(&weights[r.clone()]),
+                f32_bytes(&grads[r.clone()]),
+                f32_bytes(&m[r.clone()]),
+                f32_bytes(&v[r]),
+                poison(3),
+            ];
+            let src = adamw::adamw_update(len, ranges.len() as u32);
+            let mut out = run_outputs(&src, 1, 0, &inputs, &[2, 3, 4, 5, 6]).expect("update");
+            report = out.pop().expect("report");
+            w1.extend(&out[0]);
+            g1.extend(&out[1]);
+            m1.extend(&out[2]);
+            v1.extend(&out[3]);
+        }
         assert!(
-            out[1].iter().all(|&g| g == 0.0),
+            g1.iter().all(|&g| g == 0.0),
             "step {t}: gradients not zeroed"
         );
         if t == 3 {
             assert_eq!(report[2], 0.0, "a non-finite gradient must skip the step");
-            assert_eq!(
-                (&out[0], &out[2], &out[3]),
-                (&weights, &m, &v),
-                "skipped step moved"
-            );
+            assert_eq!((&w1, &m1, &v1), (&weights, &m, &v), "skipped step moved");
             continue;
         }
         let mut oracle_g = vec![wide(&grads)];
@@ -400,7 +414,7 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
             (f64::from(report[0]) - norm).abs() < 1e-5 * norm,
             "norm {report:?} vs {norm}"
         );
-        let worst = out[0]
+        let worst = w1
             .iter()
             .zip(&oracle_w)
             .map(|(&g, &w)| (f64::from(g) - w).abs())
@@ -410,9 +424,7 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
             worst < 1e-6,
             "step {t}: weights differ from the oracle by {worst:e}"
         );
-        weights = out[0].clone();
-        m = out[2].clone();
-        v = out[3].clone();
+        (weights, m, v) = (w1, m1, v1);
     }
 }
 
@@ -785,7 +797,7 @@ fn the_eight_bit_adamw_step_matches_the_oracle() {
         weight_decay: decay,
     };
     let partials_src = adamw::grad_norm_partials(n as u32);
-    let update_src = adamw::adamw_update_8bit(n as u32);
+    let update_src = adamw::adamw_update_8bit(n as u32, 1);
     for t in 1..=3u64 {
         let mut grads = rng.vec(n);
         if t == 3 {

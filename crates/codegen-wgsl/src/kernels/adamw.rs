@@ -1,9 +1,11 @@
 //! The fused multi-tensor optimizer step: every trained tensor laid end to
 //! end in one buffer of weights, one of gradients and one per AdamW moment,
 //! so a step over all of them is two dispatches, whatever their number.
-//! A buffer holds at most what one binding may (2 GiB − 4 on the H100:
-//! 536,870,911 f32s), so lengths are `u32` and the strided loops cannot
-//! wrap; a model past that cuts its buffers into ranges.
+//! A binding holds at most 2 GiB − 4 on the H100 (536,870,911 f32s), so
+//! a model past that cuts its buffers into [`ranges`]: each range gets its
+//! own two dispatches, bound at its offset, and every update reduces the
+//! partials of all ranges. Lengths are `u32`, and the strided loops
+//! cannot wrap.
 //!
 //! [`grad_norm_partials`] sums the squared gradients, each workgroup a
 //! strided share into one partial; [`adamw_update`] has every workgroup sum
@@ -33,6 +35,45 @@ const WG: u32 = 256;
 /// reduces: enough to fill a large GPU, few enough to sum in every
 /// workgroup of the update.
 pub const PARTIALS: u32 = 512;
+
+/// `(start, len)` of each range of `total` weights that one binding of at
+/// most `max_binding_bytes` holds, as few as may be, each starting at a
+/// multiple of [`STATE_BLOCK`] (so an 8-bit block never straddles two).
+pub fn ranges(total: u64, max_binding_bytes: u64) -> Vec<(u64, u32)> {
+    let block = u64::from(STATE_BLOCK);
+    let most =
+        (max_binding_bytes / 4 / block * block).clamp(block, u64::from(u32::MAX) / block * block);
+    (0..total.div_ceil(most))
+        .map(|i| (i * most, (total - i * most).min(most) as u32))
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The H100's and H200's largest storage binding.
+    const NVIDIA_BINDING: u64 = (2 << 30) - 4;
+
+    #[test]
+    fn smollm2_takes_one_range_and_the_1b_three() {
+        // SmolLM2-135M's 134,515,008 weights: two dispatches in all.
+        assert_eq!(ranges(134_515_008, NVIDIA_BINDING), [(0, 134_515_008)]);
+        // Llama-3.2-1B's 1,235,814,400 (tied): three ranges, six dispatches.
+        let r = ranges(1_235_814_400, NVIDIA_BINDING);
+        assert_eq!(r.len(), 3);
+        assert!(r
+            .iter()
+            .all(|&(start, _)| start % u64::from(STATE_BLOCK) == 0));
+        assert_eq!(
+            r.iter().map(|&(_, len)| u64::from(len)).sum::<u64>(),
+            1_235_814_400
+        );
+        assert!(r
+            .iter()
+            .all(|&(_, len)| u64::from(len) * 4 <= NVIDIA_BINDING));
+    }
+}
 
 /// The scalars of one step, in the order of the settings buffer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -98,11 +139,12 @@ impl AdamwSettings {
     }
 }
 
-fn header(len: u32) -> String {
+fn header(len: u32, ranges: u32) -> String {
     let mut w = prelude();
     let _ = writeln!(
         w,
         "const N: u32 = {len}u;\nconst WG: u32 = {WG}u;\nconst PARTIALS: u32 = {PARTIALS}u;\n\
+         const RANGES: u32 = {ranges}u;\n\
          var<workgroup> red: array<f32, WG>;"
     );
     w
@@ -127,7 +169,7 @@ fn launch(name: String, wgsl: String, b: Bindings) -> KernelSource {
 /// `partials[g]`: the sum of `grads[i]²` over `i ≡ g·WG + lane (mod
 /// PARTIALS·WG)`, for the `len` gradients. Bindings: `grads`, `partials`.
 pub fn grad_norm_partials(len: u32) -> KernelSource {
-    let mut w = header(len);
+    let mut w = header(len, 1);
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "grads");
     b.activation(&mut w, output(0), "partials");
@@ -144,12 +186,15 @@ pub fn grad_norm_partials(len: u32) -> KernelSource {
     launch(format!("grad_norm_partials_n{len}"), w, b)
 }
 
-/// One AdamW step over `len` weights, after [`grad_norm_partials`].
+/// One AdamW step over `len` weights, one of `ranges` ranges of the
+/// trained weights (see [`ranges`]), after [`grad_norm_partials`] of every
+/// range: it reduces all `ranges · PARTIALS` partials, so the clipping
+/// norm is the global one.
 /// Bindings: `settings` ([`AdamwSettings::to_array`]), `partials`, then
 /// `weights`, `grads` (zeroed), `m`, `v` and `report` (`[norm, factor,
 /// applied]`), all written.
-pub fn adamw_update(len: u32) -> KernelSource {
-    let mut w = header(len);
+pub fn adamw_update(len: u32, ranges: u32) -> KernelSource {
+    let mut w = header(len, ranges);
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "settings");
     b.activation(&mut w, input(1), "partials");
@@ -163,7 +208,7 @@ pub fn adamw_update(len: u32) -> KernelSource {
         "@compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
          \x20 let lane = lid.x;\n  var s = 0.0f;\n\
-         \x20 for (var i = lane; i < PARTIALS; i = i + WG) {{ s = s + partials[i]; }}\n\
+         \x20 for (var i = lane; i < PARTIALS * RANGES; i = i + WG) {{ s = s + partials[i]; }}\n\
          \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
          \x20 let total = red[0];\n\
          \x20 let finite = (bitcast<u32>(total) & 0x7f800000u) != 0x7f800000u;\n\
@@ -186,7 +231,7 @@ pub fn adamw_update(len: u32) -> KernelSource {
          \x20 }}\n}}\n",
         reduce = tree_reduce(WG, "lane", "0u", "+"),
     );
-    launch(format!("adamw_update_n{len}"), w, b)
+    launch(format!("adamw_update_n{len}_r{ranges}"), w, b)
 }
 
 /// Moments per block of the 8-bit state: the block shares one scale per
@@ -208,8 +253,8 @@ pub fn eight_bit_state_bytes(len: u32) -> u64 {
 /// them again with the block's new scales (ties to even, as the oracle's
 /// `quantize_moments`). A skipped step leaves every byte and scale as it
 /// was and only zeroes the gradients.
-pub fn adamw_update_8bit(len: u32) -> KernelSource {
-    let mut w = header(len);
+pub fn adamw_update_8bit(len: u32, ranges: u32) -> KernelSource {
+    let mut w = header(len, ranges);
     let _ = writeln!(
         w,
         "const BLOCKS: u32 = {}u;\nvar<workgroup> packed: array<u32, WG>;",
@@ -230,7 +275,7 @@ pub fn adamw_update_8bit(len: u32) -> KernelSource {
         "@compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
          \x20 let lane = lid.x;\n  var s = 0.0f;\n\
-         \x20 for (var i = lane; i < PARTIALS; i = i + WG) {{ s = s + partials[i]; }}\n\
+         \x20 for (var i = lane; i < PARTIALS * RANGES; i = i + WG) {{ s = s + partials[i]; }}\n\
          \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
          \x20 let total = workgroupUniformLoad(&red[0]);\n\
          \x20 let finite = (bitcast<u32>(total) & 0x7f800000u) != 0x7f800000u;\n\
@@ -276,5 +321,5 @@ pub fn adamw_update_8bit(len: u32) -> KernelSource {
          \x20   workgroupBarrier();\n  }}\n}}\n",
         reduce = tree_reduce(WG, "lane", "0u", "+"),
     );
-    launch(format!("adamw_update_8bit_n{len}"), w, b)
+    launch(format!("adamw_update_8bit_n{len}_r{ranges}"), w, b)
 }
