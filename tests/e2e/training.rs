@@ -333,11 +333,12 @@ fn fifty_steps_on_the_interpreter_follow_pytorchs_losses() {
 /// two consecutive steps with weight decay, the first clipped and the
 /// second not; then a step whose gradient holds an infinity, which leaves
 /// the weights and moments as they were, reports itself skipped and still
-/// zeroes the gradients.
+/// zeroes the gradients. The f16 mirror holds every updated weight rounded
+/// to f16, saturated at 65504 (one weight is a million).
 #[test]
 fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
     use gerbil_codegen_wgsl::kernels::adamw::{self, AdamwSettings};
-    use gerbil_e2e::kernel_harness::{f32_bytes, poison, run_outputs, Rng};
+    use gerbil_e2e::kernel_harness::{f16_to_f32, f32_bytes, poison, run, to_f32, Rng};
     use gerbil_interp::optimizer::{clip_grad_norm, AdamW, AdamWState};
 
     let n = 300_000;
@@ -345,6 +346,11 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
     assert_eq!(ranges.len(), 3);
     let mut rng = Rng::from_label("adamw");
     let mut weights = rng.vec(n);
+    // For the mirror: a weight past f16's range, one that rounds down to
+    // its largest, one at the edge, subnormal ones and a tie. Their
+    // gradients stay zero, so only the decay moves them.
+    let specials = [1e6, 65519.0, 65520.0, 3e-6, -1e-7, 2.9802322e-8, 6.0e-5];
+    weights[5..5 + specials.len()].copy_from_slice(&specials);
     let (mut m, mut v) = (vec![0f32; n], vec![0f32; n]);
     let wide = |x: &[f32]| -> Vec<f64> { x.iter().map(|&x| f64::from(x)).collect() };
     let mut oracle_w = wide(&weights);
@@ -358,6 +364,7 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
     };
     for t in 1..=3u64 {
         let mut grads = rng.vec(n);
+        grads[5..5 + specials.len()].fill(0.0);
         if t == 3 {
             grads[212_345] = f32::INFINITY;
         }
@@ -369,15 +376,11 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
             let range = start as usize..start as usize + len as usize;
             let inputs = [f32_bytes(&grads[range]), poison(adamw::PARTIALS as usize)];
             let src = adamw::grad_norm_partials(len);
-            partials.extend(
-                run_outputs(&src, 1, 0, &inputs, &[1])
-                    .expect("partials")
-                    .remove(0),
-            );
+            partials.extend(to_f32(&run(&src, 1, 0, &inputs)[1]));
         }
         let (mut w1, mut g1, mut m1, mut v1): (Vec<f32>, Vec<f32>, Vec<f32>, Vec<f32>) =
             Default::default();
-        let mut report = Vec::new();
+        let (mut report, mut mirror) = (Vec::new(), Vec::new());
         for &(start, len) in &ranges {
             let r = start as usize..start as usize + len as usize;
             let inputs = [
@@ -386,17 +389,20 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
                 f32_bytes(&weights[r.clone()]),
                 f32_bytes(&grads[r.clone()]),
                 f32_bytes(&m[r.clone()]),
-                f32_bytes(&v[r]),
+                f32_bytes(&v[r.clone()]),
                 poison(3),
+                f16_bytes(&weights[r]),
             ];
-            let src = adamw::adamw_update(len, ranges.len() as u32);
-            let mut out = run_outputs(&src, 1, 0, &inputs, &[2, 3, 4, 5, 6]).expect("update");
-            report = out.pop().expect("report");
-            w1.extend(&out[0]);
-            g1.extend(&out[1]);
-            m1.extend(&out[2]);
-            v1.extend(&out[3]);
+            let src = adamw::adamw_update(len, ranges.len() as u32, true);
+            let out = run(&src, 1, 0, &inputs);
+            w1.extend(to_f32(&out[2]));
+            g1.extend(to_f32(&out[3]));
+            m1.extend(to_f32(&out[4]));
+            v1.extend(to_f32(&out[5]));
+            report = to_f32(&out[6]);
+            mirror.extend(f16_to_f32(&out[7]));
         }
+        assert_eq!(mirror, saturated_f16(&w1), "step {t}: the f16 mirror");
         assert!(
             g1.iter().all(|&g| g == 0.0),
             "step {t}: gradients not zeroed"
@@ -417,9 +423,10 @@ fn the_fused_adamw_step_matches_the_oracle_and_skips_non_finite_gradients() {
         let worst = w1
             .iter()
             .zip(&oracle_w)
-            .map(|(&g, &w)| (f64::from(g) - w).abs())
+            .map(|(&g, &w)| (f64::from(g) - w).abs() / w.abs().max(1.0))
             .fold(0.0, f64::max);
-        // Each step moves a weight by about lr; f32 keeps ~1e-7 of it.
+        // Each step moves a weight by about lr; f32 keeps ~1e-7 of it (of
+        // the weight, for the one of a million).
         assert!(
             worst < 1e-6,
             "step {t}: weights differ from the oracle by {worst:e}"
@@ -773,7 +780,8 @@ fn the_eight_bit_state_follows_the_f32_losses() {
 /// the weights within 1e-6 of the oracle's (a byte that rounds the other
 /// way at a tie moves a weight by far less), every block's scales within
 /// 1e-6 of the oracle's largest moments, and a skipped step that changes
-/// no byte or scale. The state is a quarter of the f32 state's bytes.
+/// no byte or scale (nor the f16 mirror, checked as in the f32 test). The
+/// state is a quarter of the f32 state's bytes.
 #[test]
 fn the_eight_bit_adamw_step_matches_the_oracle() {
     use gerbil_codegen_wgsl::kernels::adamw::{self, AdamwSettings};
@@ -797,7 +805,7 @@ fn the_eight_bit_adamw_step_matches_the_oracle() {
         weight_decay: decay,
     };
     let partials_src = adamw::grad_norm_partials(n as u32);
-    let update_src = adamw::adamw_update_8bit(n as u32, 1);
+    let update_src = adamw::adamw_update_8bit(n as u32, 1, true);
     for t in 1..=3u64 {
         let mut grads = rng.vec(n);
         if t == 3 {
@@ -818,8 +826,10 @@ fn the_eight_bit_adamw_step_matches_the_oracle() {
             u32_bytes(&vq),
             f32_bytes(&scales),
             poison(3),
+            f16_bytes(&weights),
         ];
         let out = run(&update_src, 1, 0, &inputs);
+        let mirror = gerbil_e2e::kernel_harness::f16_to_f32(&out[8]);
         let words = |b: &[u8]| -> Vec<u32> { bytemuck::cast_slice(b).to_vec() };
         let (w1, g1, m1, v1, s1, report) = (
             to_f32(&out[2]),
@@ -829,6 +839,7 @@ fn the_eight_bit_adamw_step_matches_the_oracle() {
             to_f32(&out[6]),
             to_f32(&out[7]),
         );
+        assert_eq!(mirror, saturated_f16(&w1), "step {t}: the f16 mirror");
         assert!(
             g1.iter().all(|&g| g == 0.0),
             "step {t}: gradients not zeroed"
@@ -864,4 +875,21 @@ fn the_eight_bit_adamw_step_matches_the_oracle() {
         }
         (weights, mq, vq, scales) = (w1, m1, v1, s1);
     }
+}
+
+/// `v` rounded to f16, saturated at ±65504: what the optimizer's mirror
+/// should hold.
+fn saturated_f16(v: &[f32]) -> Vec<f32> {
+    v.iter()
+        .map(|&x| half::f16::from_f32(x.clamp(-65504.0, 65504.0)).to_f32())
+        .collect()
+}
+
+/// `v` as saturated f16 bytes (the mirror's contents before a step).
+fn f16_bytes(v: &[f32]) -> Vec<u8> {
+    let h: Vec<half::f16> = v
+        .iter()
+        .map(|&x| half::f16::from_f32(x.clamp(-65504.0, 65504.0)))
+        .collect();
+    bytemuck::cast_slice(&h).to_vec()
 }

@@ -804,8 +804,9 @@ fn golden_row_table_kernels() {
 #[test]
 fn golden_adamw_kernels() {
     golden(adamw::grad_norm_partials(134_515_008));
-    golden(adamw::adamw_update(134_515_008, 1));
-    golden(adamw::adamw_update_8bit(134_515_008, 1));
+    golden(adamw::adamw_update(134_515_008, 1, false));
+    golden(adamw::adamw_update(134_515_008, 1, true));
+    golden(adamw::adamw_update_8bit(134_515_008, 1, true));
 }
 
 /// A training step's backward kernels at SmolLM2's shapes (hidden 576,

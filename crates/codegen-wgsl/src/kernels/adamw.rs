@@ -186,14 +186,77 @@ pub fn grad_norm_partials(len: u32) -> KernelSource {
     launch(format!("grad_norm_partials_n{len}"), w, b)
 }
 
+/// The start of both updates' `main`: the global norm from every range's
+/// partials (uniform, so a skipped step may return early), the step's
+/// scalars and clipping factor, and workgroup 0's report; then a step whose
+/// norm is not finite zeroes the gradients and returns.
+fn update_prologue() -> String {
+    format!(
+        "@compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let lane = lid.x;\n  var s = 0.0f;\n\
+         \x20 for (var i = lane; i < PARTIALS * RANGES; i = i + WG) {{ s = s + partials[i]; }}\n\
+         \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
+         \x20 let total = workgroupUniformLoad(&red[0]);\n\
+         \x20 let finite = (bitcast<u32>(total) & 0x7f800000u) != 0x7f800000u;\n\
+         \x20 let norm = sqrt(total);\n\
+         \x20 let lr = settings[0]; let b1 = settings[1]; let b2 = settings[2]; let eps = settings[3];\n\
+         \x20 let decay = 1.0f - lr * settings[4]; let step_size = settings[5]; let root = settings[6];\n\
+         \x20 let factor = min(1.0f, settings[7] / (norm + 1e-6f));\n\
+         \x20 if (wid.x == 0u && lane == 0u) {{\n\
+         \x20   report[0] = norm; report[1] = factor; report[2] = select(0.0f, 1.0f, finite);\n  }}\n\
+         \x20 if (!finite) {{\n\
+         \x20   for (var i = wid.x * WG + lane; i < N; i = i + PARTIALS * WG) {{ grads[i] = 0.0f; }}\n\
+         \x20   return;\n  }}\n",
+        reduce = tree_reduce(WG, "lane", "0u", "+"),
+    )
+}
+
+/// WGSL `f16_bits(x)`: the f16 nearest `x` (ties to even, subnormals
+/// included), saturated at ±65504, as a `u32` of 16 bits. Integer work,
+/// not `pack2x16float`, which naga admits only with a capability some
+/// devices lack.
+const F16_BITS: &str = "fn f16_bits(x: f32) -> u32 {
+  let b = bitcast<u32>(x);
+  let sign = (b >> 16u) & 0x8000u;
+  let a = b & 0x7fffffffu;
+  if (a > 0x7f800000u) { return sign | 0x7e00u; }
+  if (a >= 0x477ff000u) { return sign | 0x7bffu; }
+  if (a < 0x33000001u) { return sign; }
+  var r: u32;
+  var rest: u32;
+  var half: u32;
+  if (a < 0x38800000u) {
+    let s = 126u - (a >> 23u);
+    let m = (a & 0x7fffffu) | 0x800000u;
+    r = m >> s;
+    rest = m & ((1u << s) - 1u);
+    half = 1u << (s - 1u);
+  } else {
+    r = (((a >> 23u) - 112u) << 10u) | ((a & 0x7fffffu) >> 13u);
+    rest = a & 0x1fffu;
+    half = 0x1000u;
+  }
+  if (rest > half || (rest == half && (r & 1u) == 1u)) { r = r + 1u; }
+  return sign | r;
+}
+";
+
+/// The f16 pair of `a` and `b` (WGSL expressions), packed (`a` low).
+fn f16_pair(a: &str, b: &str) -> String {
+    format!("(f16_bits({a}) | (f16_bits({b}) << 16u))")
+}
+
 /// One AdamW step over `len` weights, one of `ranges` ranges of the
 /// trained weights (see [`ranges`]), after [`grad_norm_partials`] of every
 /// range: it reduces all `ranges · PARTIALS` partials, so the clipping
-/// norm is the global one.
+/// norm is the global one. Each thread takes pairs of weights.
 /// Bindings: `settings` ([`AdamwSettings::to_array`]), `partials`, then
 /// `weights`, `grads` (zeroed), `m`, `v` and `report` (`[norm, factor,
-/// applied]`), all written.
-pub fn adamw_update(len: u32, ranges: u32) -> KernelSource {
+/// applied]`), all written; with `mirror`, also `mirror`: the updated
+/// weights as f16 pairs, saturated at ±65504 (the forward's copy in mixed
+/// precision), left as they were by a skipped step.
+pub fn adamw_update(len: u32, ranges: u32, mirror: bool) -> KernelSource {
     let mut w = header(len, ranges);
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "settings");
@@ -203,35 +266,34 @@ pub fn adamw_update(len: u32, ranges: u32) -> KernelSource {
     b.activation(&mut w, output(2), "m");
     b.activation(&mut w, output(3), "v");
     b.activation(&mut w, output(4), "report");
+    if mirror {
+        b.ids_out(&mut w, output(5), "mirror");
+        w.push_str(F16_BITS);
+    }
+    w.push_str(&update_prologue());
     let _ = write!(
         w,
-        "@compute @workgroup_size(WG, 1, 1)\n\
-         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
-         \x20 let lane = lid.x;\n  var s = 0.0f;\n\
-         \x20 for (var i = lane; i < PARTIALS * RANGES; i = i + WG) {{ s = s + partials[i]; }}\n\
-         \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
-         \x20 let total = red[0];\n\
-         \x20 let finite = (bitcast<u32>(total) & 0x7f800000u) != 0x7f800000u;\n\
-         \x20 let norm = sqrt(total);\n\
-         \x20 let lr = settings[0]; let b1 = settings[1]; let b2 = settings[2]; let eps = settings[3];\n\
-         \x20 let decay = 1.0f - lr * settings[4]; let step_size = settings[5]; let root = settings[6];\n\
-         \x20 let max_norm = settings[7];\n\
-         \x20 let factor = min(1.0f, max_norm / (norm + 1e-6f));\n\
-         \x20 if (wid.x == 0u && lane == 0u) {{\n\
-         \x20   report[0] = norm; report[1] = factor; report[2] = select(0.0f, 1.0f, finite);\n  }}\n\
-         \x20 for (var i = wid.x * WG + lane; i < N; i = i + PARTIALS * WG) {{\n\
-         \x20   if (finite) {{\n\
+        "  for (var p = wid.x * WG + lane; p * 2u < N; p = p + PARTIALS * WG) {{\n\
+         \x20   var pair = vec2<f32>(0.0f);\n\
+         \x20   for (var e = 0u; e < 2u; e = e + 1u) {{\n\
+         \x20     let i = 2u * p + e;\n\
+         \x20     if (i >= N) {{ break; }}\n\
          \x20     let g = grads[i] * factor;\n\
          \x20     let m1 = b1 * m[i] + (1.0f - b1) * g;\n\
          \x20     let v1 = b2 * v[i] + (1.0f - b2) * g * g;\n\
          \x20     m[i] = m1; v[i] = v1;\n\
-         \x20     weights[i] = weights[i] * decay - step_size * m1 / (sqrt(v1) / root + eps);\n\
-         \x20   }}\n\
-         \x20   grads[i] = 0.0f;\n\
-         \x20 }}\n}}\n",
-        reduce = tree_reduce(WG, "lane", "0u", "+"),
+         \x20     let w1 = weights[i] * decay - step_size * m1 / (sqrt(v1) / root + eps);\n\
+         \x20     weights[i] = w1;\n      pair[e] = w1;\n\
+         \x20     grads[i] = 0.0f;\n    }}\n\
+         {store}  }}\n}}\n",
+        store = if mirror {
+            format!("    mirror[p] = {};\n", f16_pair("pair.x", "pair.y"))
+        } else {
+            String::new()
+        },
     );
-    launch(format!("adamw_update_n{len}_r{ranges}"), w, b)
+    let tag = if mirror { "_mirror" } else { "" };
+    launch(format!("adamw_update_n{len}_r{ranges}{tag}"), w, b)
 }
 
 /// Moments per block of the 8-bit state: the block shares one scale per
@@ -248,16 +310,17 @@ pub fn eight_bit_state_bytes(len: u32) -> u64 {
 /// then `weights`, `grads` (zeroed), `mq` and `vq` (four bytes per word:
 /// `m` as a signed byte of its block's `max|m|`, `√v` as an unsigned byte
 /// of its block's `max √v`), `scales` (per block: m's, then v's) and
-/// `report`. A workgroup takes a block of [`STATE_BLOCK`] weights at a
-/// time: it decodes the moments, steps them and the weights, and encodes
+/// `report` (and, with `mirror`, `mirror`, as [`adamw_update`]'s). A
+/// workgroup takes a block of [`STATE_BLOCK`] weights at a time: it decodes the moments, steps them and the weights, and encodes
 /// them again with the block's new scales (ties to even, as the oracle's
 /// `quantize_moments`). A skipped step leaves every byte and scale as it
 /// was and only zeroes the gradients.
-pub fn adamw_update_8bit(len: u32, ranges: u32) -> KernelSource {
+pub fn adamw_update_8bit(len: u32, ranges: u32, mirror: bool) -> KernelSource {
     let mut w = header(len, ranges);
     let _ = writeln!(
         w,
-        "const BLOCKS: u32 = {}u;\nvar<workgroup> packed: array<u32, WG>;",
+        "const BLOCKS: u32 = {}u;\nvar<workgroup> packed: array<u32, WG>;\n\
+         var<workgroup> updated: array<f32, WG>;",
         len.div_ceil(STATE_BLOCK)
     );
     let mut b = Bindings::new();
@@ -269,28 +332,27 @@ pub fn adamw_update_8bit(len: u32, ranges: u32) -> KernelSource {
     b.ids_out(&mut w, output(3), "vq");
     b.activation(&mut w, output(4), "scales");
     b.activation(&mut w, output(5), "report");
+    if mirror {
+        b.ids_out(&mut w, output(6), "mirror");
+        w.push_str(F16_BITS);
+    }
     let reduce_max = tree_reduce(WG, "lane", "0u", "max");
+    w.push_str(&update_prologue());
+    let store = if mirror {
+        format!(
+            "    let pair = blk * (WG / 2u) + lane;\n\
+             \x20   if (lane < WG / 2u && pair * 2u < N) {{\n\
+             \x20     mirror[pair] = {};\n    }}\n",
+            f16_pair("updated[2u * lane]", "updated[2u * lane + 1u]")
+        )
+    } else {
+        String::new()
+    };
     let _ = write!(
         w,
-        "@compute @workgroup_size(WG, 1, 1)\n\
-         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
-         \x20 let lane = lid.x;\n  var s = 0.0f;\n\
-         \x20 for (var i = lane; i < PARTIALS * RANGES; i = i + WG) {{ s = s + partials[i]; }}\n\
-         \x20 red[lane] = s;\n  workgroupBarrier();\n{reduce}\
-         \x20 let total = workgroupUniformLoad(&red[0]);\n\
-         \x20 let finite = (bitcast<u32>(total) & 0x7f800000u) != 0x7f800000u;\n\
-         \x20 let norm = sqrt(total);\n\
-         \x20 let lr = settings[0]; let b1 = settings[1]; let b2 = settings[2]; let eps = settings[3];\n\
-         \x20 let decay = 1.0f - lr * settings[4]; let step_size = settings[5]; let root = settings[6];\n\
-         \x20 let factor = min(1.0f, settings[7] / (norm + 1e-6f));\n\
-         \x20 if (wid.x == 0u && lane == 0u) {{\n\
-         \x20   report[0] = norm; report[1] = factor; report[2] = select(0.0f, 1.0f, finite);\n  }}\n\
-         \x20 if (!finite) {{\n\
-         \x20   for (var i = wid.x * WG + lane; i < N; i = i + PARTIALS * WG) {{ grads[i] = 0.0f; }}\n\
-         \x20   return;\n  }}\n\
-         \x20 for (var blk = wid.x; blk < BLOCKS; blk = blk + PARTIALS) {{\n\
+        "  for (var blk = wid.x; blk < BLOCKS; blk = blk + PARTIALS) {{\n\
          \x20   let i = blk * WG + lane;\n    let live = i < N;\n\
-         \x20   var m = 0.0f;\n    var v = 0.0f;\n\
+         \x20   var m = 0.0f;\n    var v = 0.0f;\n    var w1 = 0.0f;\n\
          \x20   if (live) {{\n\
          \x20     let shift = 8u * (i % 4u);\n\
          \x20     let mb = (mq[i / 4u] >> shift) & 0xffu;\n\
@@ -299,8 +361,10 @@ pub fn adamw_update_8bit(len: u32, ranges: u32) -> KernelSource {
          \x20     let g = grads[i] * factor;\n\
          \x20     m = b1 * (f32(bitcast<i32>(mb << 24u) >> 24u) * scales[2u * blk] / 127.0f) + (1.0f - b1) * g;\n\
          \x20     v = b2 * r * r + (1.0f - b2) * g * g;\n\
-         \x20     weights[i] = weights[i] * decay - step_size * m / (sqrt(v) / root + eps);\n\
+         \x20     w1 = weights[i] * decay - step_size * m / (sqrt(v) / root + eps);\n\
+         \x20     weights[i] = w1;\n\
          \x20     grads[i] = 0.0f;\n    }}\n\
+         \x20   updated[lane] = w1;\n\
          \x20   red[lane] = abs(m);\n    workgroupBarrier();\n{reduce_max}\
          \x20   let ms = red[0];\n    workgroupBarrier();\n\
          \x20   red[lane] = sqrt(v);\n    workgroupBarrier();\n{reduce_max}\
@@ -317,9 +381,10 @@ pub fn adamw_update_8bit(len: u32, ranges: u32) -> KernelSource {
          \x20       let p = packed[lane * 4u + k];\n\
          \x20       wm = wm | ((p & 0xffu) << (8u * k));\n        wv = wv | (((p >> 8u) & 0xffu) << (8u * k));\n      }}\n\
          \x20     mq[word] = wm;\n      vq[word] = wv;\n    }}\n\
+         {store}\
          \x20   if (lane == 0u) {{ scales[2u * blk] = ms; scales[2u * blk + 1u] = vs; }}\n\
          \x20   workgroupBarrier();\n  }}\n}}\n",
-        reduce = tree_reduce(WG, "lane", "0u", "+"),
     );
-    launch(format!("adamw_update_8bit_n{len}_r{ranges}"), w, b)
+    let tag = if mirror { "_mirror" } else { "" };
+    launch(format!("adamw_update_8bit_n{len}_r{ranges}{tag}"), w, b)
 }
