@@ -39,6 +39,17 @@ pub enum DataError {
     /// A sequence length of zero.
     #[error("--seq-len must be at least 1")]
     EmptySequence,
+    /// A sequence longer than the model's context.
+    #[error(
+        "--seq-len {seq_len} is longer than the model's context of {context} tokens; \
+         use at most --seq-len {context}"
+    )]
+    PastContext {
+        /// The sequence length asked for.
+        seq_len: usize,
+        /// The model's context (`max_position_embeddings`).
+        context: usize,
+    },
 }
 
 /// A token stream cut into windows of `seq_len + 1`; see the module docs.
@@ -50,6 +61,15 @@ pub struct Windows {
 }
 
 impl Windows {
+    /// Cuts `stream` into windows of `seq_len + 1` tokens for a model of
+    /// `context` positions (a sequence may fill them all).
+    pub fn for_model(stream: Vec<u32>, seq_len: usize, context: usize) -> Result<Self, DataError> {
+        if seq_len > context {
+            return Err(DataError::PastContext { seq_len, context });
+        }
+        Windows::new(stream, seq_len)
+    }
+
     /// Cuts `stream` into windows of `seq_len + 1` tokens.
     pub fn new(stream: Vec<u32>, seq_len: usize) -> Result<Self, DataError> {
         if seq_len == 0 {
@@ -122,6 +142,16 @@ mod tests {
             Windows::new(vec![1], 0).unwrap_err(),
             DataError::EmptySequence
         );
+    }
+
+    #[test]
+    fn a_sequence_past_the_model_s_context_says_the_most_it_may_be() {
+        let err = Windows::for_model(vec![0; 100], 64, 32).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--seq-len 64 is longer than the model's context of 32 tokens; use at most --seq-len 32"
+        );
+        assert!(Windows::for_model(vec![0; 100], 32, 32).is_ok());
     }
 
     #[test]

@@ -14,4 +14,4 @@ pub mod data;
 pub mod schedule;
 
 pub use data::{DataError, Windows};
-pub use schedule::Hyperparameters;
+pub use schedule::{HyperError, Hyperparameters};
