@@ -1,0 +1,259 @@
+//! Times the training kernels on this machine's GPU at SmolLM2-135M's
+//! shapes (a sequence of 512 tokens): the fused optimizer step over all
+//! 134,515,008 weights (f32 and 8-bit state, with the f16 mirror) and
+//! each backward kernel once. Run it where a GPU is:
+//!
+//! ```text
+//! cargo bench -p gerbil-e2e --bench training_kernels
+//! ```
+//!
+//! Each line is the median of 15 timed runs (after 3 warm ones) of the
+//! kernel's dispatches submitted and waited for, so it includes one
+//! submit-and-wait (70–130 µs on the H100): the numbers are for ranking
+//! kernels and sizing the work ahead, not for a tight loop. Inputs are
+//! constants (finite, so the optimizer never skips its step).
+//!
+//! The surprise: it needs 4.3 GB of GPU memory for the optimizer's four
+//! f32 buffers, so it is a benchmark, never part of `cargo test`.
+
+use gerbil_codegen_wgsl::kernels::{adamw, backward, KernelSource};
+use gerbil_ir::{Attention, DType, Embedding, RmsNorm, UnaryOp};
+use std::time::Instant;
+
+/// SmolLM2-135M's weights.
+const WEIGHTS: u32 = 134_515_008;
+/// The sequence length.
+const T: u32 = 512;
+
+/// One kernel to time: its source, each storage binding's bytes (in
+/// binding order) and its dispatches per run.
+struct Case {
+    what: String,
+    kernels: Vec<(KernelSource, Vec<u64>)>,
+    /// Bytes a run must move at least (for a bandwidth figure), if any.
+    bytes: Option<u64>,
+}
+
+fn main() {
+    let opts = gerbil_runtime::device::DeviceOptions::default();
+    let gpu = match pollster::block_on(gerbil_runtime::Gpu::open_on(&Default::default(), &opts)) {
+        Ok(gpu) => gpu,
+        Err(e) => {
+            eprintln!("no GPU to time on: {e}");
+            return;
+        }
+    };
+    println!("{} ({:?})", gpu.adapter.name, gpu.adapter.backend);
+    for case in cases() {
+        let ms = time(&gpu, &case);
+        let rate = case
+            .bytes
+            .map(|b| format!(", {:.2} TB/s", b as f64 / (ms * 1e-3) / 1e12))
+            .unwrap_or_default();
+        println!("{:<58} {ms:>8.3} ms{rate}", case.what);
+    }
+}
+
+fn cases() -> Vec<Case> {
+    let n = u64::from(WEIGHTS);
+    let partials = u64::from(adamw::PARTIALS) * 4;
+    let norm_pass = (adamw::grad_norm_partials(WEIGHTS), vec![4 * n, partials]);
+    let f32_state = vec![32, partials, 4 * n, 4 * n, 4 * n, 4 * n, 12, 2 * n];
+    let q = n.next_multiple_of(4);
+    let scales = 8 * u64::from(WEIGHTS.div_ceil(adamw::STATE_BLOCK));
+    let eight_bit = vec![32, partials, 4 * n, 4 * n, q, q, scales, 12, 2 * n];
+    let (h, kv, hd, mlp, vocab) = (576u32, 192u32, 64u32, 1536u32, 49_152u32);
+    let (t, f) = (u64::from(T), 4u64);
+    let attention = Attention {
+        n_heads: 9,
+        n_kv_heads: 3,
+        head_dim: hd,
+        scale: 0.125,
+        window: None,
+        causal: true,
+    };
+    let norm = RmsNorm {
+        eps: 1e-5,
+        weight_offset: 0.0,
+        groups: 1,
+    };
+    let lookup = Embedding {
+        scale: None,
+        padding: Some(2),
+    };
+    let (mlp64, h64, v64) = (u64::from(mlp), u64::from(h), u64::from(vocab));
+    let one = |what: &str, src: KernelSource, bytes: Vec<u64>| Case {
+        what: what.to_string(),
+        kernels: vec![(src, bytes)],
+        bytes: None,
+    };
+    vec![
+        Case {
+            what: "adamw, f32 state + f16 mirror, all weights (2 dispatches)".into(),
+            kernels: vec![
+                norm_pass.clone(),
+                (adamw::adamw_update(WEIGHTS, 1, true), f32_state),
+            ],
+            // Gradients read twice; weights, m, v read and written; the
+            // mirror and zeroed gradients written.
+            bytes: Some(4 * n * 2 + 4 * n * 6 + 2 * n + 4 * n),
+        },
+        Case {
+            what: "adamw, 8-bit state + f16 mirror, all weights (2 dispatches)".into(),
+            kernels: vec![
+                norm_pass,
+                (adamw::adamw_update_8bit(WEIGHTS, 1, true), eight_bit),
+            ],
+            bytes: Some(4 * n * 2 + 4 * n * 2 + 2 * q * 2 + 2 * n + 4 * n),
+        },
+        one(
+            "cross_entropy_grad, T 512 × vocab 49,152",
+            backward::cross_entropy_grad(vocab),
+            vec![t * v64 * f, t * 4, t * v64 * f],
+        ),
+        one(
+            "cross_entropy (loss), T 512 × vocab 49,152",
+            backward::cross_entropy(vocab),
+            vec![t * v64 * f, t * 4, 4],
+        ),
+        one(
+            "matmul_grad_x, lm_head: 512 × 49,152 → 576 (bf16 w)",
+            backward::matmul_grad_x(vocab, h, DType::BF16),
+            vec![t * v64 * f, v64 * h64 * 2, t * h64 * f],
+        ),
+        one(
+            "matmul_grad_w, lm_head: 49,152 × 576 over 512 rows",
+            backward::matmul_grad_w(vocab, h),
+            vec![t * v64 * f, t * h64 * f, v64 * h64 * f],
+        ),
+        one(
+            "matmul_grad_x, down_proj: 512 × 576 → 1,536 (bf16 w)",
+            backward::matmul_grad_x(h, mlp, DType::BF16),
+            vec![t * h64 * f, h64 * mlp64 * 2, t * mlp64 * f],
+        ),
+        one(
+            "matmul_grad_w, gate_proj: 1,536 × 576 over 512 rows",
+            backward::matmul_grad_w(mlp, h),
+            vec![t * mlp64 * f, t * h64 * f, mlp64 * h64 * f],
+        ),
+        one(
+            "silu_grad, 512 × 1,536",
+            backward::unary_grad(UnaryOp::Silu, mlp),
+            vec![t * mlp64 * f, t * mlp64 * f, t * mlp64 * f],
+        ),
+        one(
+            "rms_norm_grad, 512 × 576 (bf16 w)",
+            backward::rms_norm_grad(h, &norm, DType::BF16),
+            vec![t * h64 * f, h64 * 2, t * h64 * f, t * h64 * f, h64 * f],
+        ),
+        one(
+            "attention_lse, 512 rows, 9 heads of 64, 3 KV heads",
+            backward::attention_lse(&attention, T),
+            vec![t * h64 * f, t * u64::from(kv) * f, t * 9 * f],
+        ),
+        one(
+            "attention_grad, 512 rows, 9 heads of 64, 3 KV heads",
+            backward::attention_grad(&attention, T),
+            {
+                let (qb, kb) = (t * h64 * f, t * u64::from(kv) * f);
+                vec![qb, kb, kb, qb, qb, t * 9 * f, qb, kb, kb]
+            },
+        ),
+        one(
+            "embedding_grad, 49,152 × 576 from 512 ids",
+            backward::embedding_grad(vocab, h, &lookup),
+            vec![t * 4, t * h64 * f, v64 * h64 * f],
+        ),
+    ]
+}
+
+/// The median milliseconds of one run of `case`'s dispatches.
+fn time(gpu: &gerbil_runtime::Gpu, case: &Case) -> f64 {
+    let device = &gpu.device;
+    let params = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("params"),
+        size: 16,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    gpu.queue
+        .write_buffer(&params, 0, bytemuck::cast_slice(&[T, 0u32, 0, 0]));
+    let mut buffers = Vec::new();
+    let mut passes = Vec::new();
+    for (src, sizes) in &case.kernels {
+        let kernel = gerbil_plan::Kernel {
+            op: Default::default(),
+            name: src.name.clone(),
+            wgsl: src.wgsl.clone(),
+            entry: "main".into(),
+            workgroup_size: src.workgroup_size,
+            bindings: src.bindings.clone(),
+        };
+        let checks = gerbil_runtime::pipeline::ShaderChecks::Unchecked;
+        let made = gerbil_runtime::pipeline::create_pipeline(device, &kernel, checks);
+        let bufs: Vec<wgpu::Buffer> = sizes
+            .iter()
+            .map(|&size| {
+                let buf = device.create_buffer(&wgpu::BufferDescriptor {
+                    label: None,
+                    size: size.next_multiple_of(4),
+                    usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                // Small finite values: 1e-3 in every f32, a valid id in
+                // every u32 (the bits of 1e-3 are not, so ids get 7).
+                let fill: Vec<f32> = vec![1e-3; (size / 4) as usize];
+                gpu.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&fill));
+                buf
+            })
+            .collect();
+        for (decl, buf) in src.bindings[1..].iter().zip(&bufs) {
+            if decl.elem == gerbil_plan::Elem::U32 && decl.access == gerbil_plan::Access::Read {
+                let ids = vec![7u32; (buf.size() / 4) as usize];
+                gpu.queue.write_buffer(buf, 0, bytemuck::cast_slice(&ids));
+            }
+        }
+        let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(params.as_entire_binding())
+            .chain(bufs.iter().map(|b| b.as_entire_binding()))
+            .enumerate()
+            .map(|(i, resource)| wgpu::BindGroupEntry {
+                binding: i as u32,
+                resource,
+            })
+            .collect();
+        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(&src.name),
+            layout: &made.layout,
+            entries: &entries,
+        });
+        let counts = src.workgroups.map(|w| w.eval_at(T, T));
+        passes.push((made.pipeline, group, counts));
+        buffers.push(bufs);
+    }
+    let run = || {
+        let mut enc = device.create_command_encoder(&Default::default());
+        {
+            let mut pass = enc.begin_compute_pass(&Default::default());
+            for (pipeline, group, [x, y, z]) in &passes {
+                pass.set_pipeline(pipeline);
+                pass.set_bind_group(0, group, &[]);
+                pass.dispatch_workgroups(*x, *y, *z);
+            }
+        }
+        gpu.queue.submit([enc.finish()]);
+        // A lost device is the run's end; the timing then means nothing.
+        let _ = device.poll(wgpu::PollType::wait_indefinitely());
+    };
+    for _ in 0..3 {
+        run();
+    }
+    let mut times: Vec<f64> = (0..15)
+        .map(|_| {
+            let start = Instant::now();
+            run();
+            start.elapsed().as_secs_f64() * 1e3
+        })
+        .collect();
+    times.sort_by(f64::total_cmp);
+    times[times.len() / 2]
+}
