@@ -113,8 +113,8 @@ fn cases() -> Vec<Case> {
         ),
         one(
             "cross_entropy (loss), T 512 × vocab 49,152",
-            backward::cross_entropy(vocab),
-            vec![t * v64 * f, t * 4, 4],
+            backward::cross_entropy(vocab, T),
+            vec![t * v64 * f, t * 4, 4, t * 4, 4],
         ),
         one(
             "matmul_grad_x, lm_head: 512 × 49,152 → 576 (bf16 w)",
@@ -201,16 +201,23 @@ fn time(gpu: &gerbil_runtime::Gpu, case: &Case) -> f64 {
                     mapped_at_creation: false,
                 });
                 // Small finite values: 1e-3 in every f32, a valid id in
-                // every u32 (the bits of 1e-3 are not, so ids get 7).
+                // every u32 id (the bits of 1e-3 are not, so ids get 7),
+                // and counters at zero, as the plan's scratch starts.
                 let fill: Vec<f32> = vec![1e-3; (size / 4) as usize];
                 gpu.queue.write_buffer(&buf, 0, bytemuck::cast_slice(&fill));
                 buf
             })
             .collect();
         for (decl, buf) in src.bindings[1..].iter().zip(&bufs) {
-            if decl.elem == gerbil_plan::Elem::U32 && decl.access == gerbil_plan::Access::Read {
-                let ids = vec![7u32; (buf.size() / 4) as usize];
-                gpu.queue.write_buffer(buf, 0, bytemuck::cast_slice(&ids));
+            let words = (buf.size() / 4) as usize;
+            if decl.port == gerbil_plan::Port::Counters {
+                gpu.queue
+                    .write_buffer(buf, 0, bytemuck::cast_slice(&vec![0u32; words]));
+            } else if decl.elem == gerbil_plan::Elem::U32
+                && decl.access == gerbil_plan::Access::Read
+            {
+                gpu.queue
+                    .write_buffer(buf, 0, bytemuck::cast_slice(&vec![7u32; words]));
             }
         }
         let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(params.as_entire_binding())

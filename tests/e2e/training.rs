@@ -462,7 +462,7 @@ fn backward_kernels_match_the_gradients() {
         let targets: Vec<u32> = (0..t).map(|_| rng.below(vocab)).collect();
         let inputs = [f32_bytes(&logits), u32_bytes(&targets)];
         let (loss, dl) = grad::cross_entropy(&widen(&logits), vocab as usize, &targets);
-        let src = backward::cross_entropy(vocab);
+        let src = backward::cross_entropy(vocab, 8);
         let got = run_outputs(
             &src,
             t,

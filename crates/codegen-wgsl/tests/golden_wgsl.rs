@@ -818,7 +818,7 @@ fn golden_backward_kernels() {
         weight_offset: 0.0,
         groups: 1,
     };
-    golden(backward::cross_entropy(49_152));
+    golden(backward::cross_entropy(49_152, 512));
     golden(backward::cross_entropy_grad(49_152));
     golden(backward::unary_grad(UnaryOp::Silu, 1536));
     golden(backward::sum_rows(576));

@@ -56,34 +56,43 @@ fn header(consts: &str) -> String {
     w
 }
 
-/// `loss[0]`: the mean over the step's rows of `logsumexp(x[r]) −
-/// x[r][target[r]]`, `vocab` columns. One workgroup walks the rows. The
-/// host checks the targets (the interpreter refuses one past the
-/// vocabulary); a target past it reads the last column rather than memory
-/// out of bounds, here and in [`cross_entropy_grad`].
-pub fn cross_entropy(vocab: u32) -> KernelSource {
+/// `loss[0]`: the mean over the step's rows (at most `max_rows`) of
+/// `logsumexp(x[r]) − x[r][target[r]]`, `vocab` columns. A workgroup per
+/// row writes its row's loss to the dispatch's scratch; the last to finish
+/// (a counter) sums them in row order, so the sum never depends on the
+/// scheduler, and leaves the counter at zero. The host checks the targets
+/// (the interpreter refuses one past the vocabulary); a target past it
+/// reads the last column rather than memory out of bounds, here and in
+/// [`cross_entropy_grad`].
+pub fn cross_entropy(vocab: u32, max_rows: u32) -> KernelSource {
     let mut w = header(&format!("const H: u32 = {vocab}u;\n"));
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
     b.ids(&mut w, input(1), "targets");
     b.activation(&mut w, output(0), "loss");
+    b.scratch(&mut w, "rows", 4 * u64::from(max_rows.max(1)));
+    b.counters(&mut w, "count", 1);
+    w.push_str("var<workgroup> last: u32;\n");
     w.push_str(&row_main(&format!(
-        "  var sum = 0.0f;\n\
-         \x20 for (var r = 0u; r < params.t; r = r + 1u) {{\n\
-         \x20 let row = r * H;\n{stats}\
-         \x20 sum = sum + m + log(total) - x[row + min(targets[r], H - 1u)];\n\
-         \x20 }}\n\
-         \x20 if (lane == 0u) {{ loss[0] = sum / f32(params.t); }}\n",
+        "{stats}\
+         \x20 if (lane == 0u) {{ rows[wid.x] = m + log(total) - x[row + min(targets[wid.x], H - 1u)]; }}\n\
+         \x20 storageBarrier();\n\
+         \x20 if (lane == 0u) {{ last = select(0u, 1u, atomicAdd(&count[0], 1u) == params.t - 1u); }}\n\
+         \x20 if (workgroupUniformLoad(&last) == 0u) {{ return; }}\n\
+         \x20 storageBarrier();\n\
+         \x20 if (lane == 0u) {{\n\
+         \x20   var sum = 0.0f;\n\
+         \x20   for (var r = 0u; r < params.t; r = r + 1u) {{ sum = sum + rows[r]; }}\n\
+         \x20   loss[0] = sum / f32(params.t);\n\
+         \x20   atomicStore(&count[0], 0u);\n  }}\n",
         stats = softmax_stats(),
     )));
-    KernelSource {
-        name: format!("cross_entropy_v{vocab}"),
-        wgsl: w,
-        workgroup_size: [WG, 1, 1],
-        bindings: b.finish(),
-        workgroups: [WorkgroupCount::fixed(1); 3],
-        workgroup_bytes: WG * 4,
-    }
+    per_row(
+        format!("cross_entropy_v{vocab}_t{max_rows}"),
+        w,
+        Rows::Tokens,
+        b.finish(),
+    )
 }
 
 /// `dx[r] = (softmax(x[r]) − onehot(target[r])) / T`, a workgroup per row.
