@@ -543,7 +543,13 @@ fn backward_kernels_match_the_gradients() {
         got.and_then(|g| check_close("y", &g[0], &want, 0.0)),
     );
 
-    for (t, n, k, wdtype) in [(5u32, 40u32, 33u32, DType::F32), (2, 17, 300, DType::BF16)] {
+    // Partial tiles everywhere, and (the last) two tiles of rows and of
+    // columns with a depth of several steps.
+    for (t, n, k, wdtype) in [
+        (5u32, 40u32, 33u32, DType::F32),
+        (2, 17, 300, DType::BF16),
+        (70, 50, 130, DType::F16),
+    ] {
         let dy = rng.vec((t * n) as usize);
         let (wbytes, wvals) = encode(&rng.vec((n * k) as usize), wdtype);
         let want = grad::matmul_dx(&widen(&dy), n as usize, &wvals);

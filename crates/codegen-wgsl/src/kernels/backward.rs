@@ -247,57 +247,128 @@ pub fn cache_rows(width: u32) -> KernelSource {
     )
 }
 
+/// Side of the tiles of [`tiled_product`]: a workgroup makes a 64 × 64
+/// tile of the output, each of its 256 threads a 4 × 4 block.
+const TILE: u32 = 64;
+/// The depth of the tiles staged in workgroup memory per step.
+const DEPTH: u32 = 16;
+
+/// One side of a [`tiled_product`]: its element as a WGSL expression of
+/// the indices, and whether consecutive `i` (for `a`) are consecutive in
+/// memory, so the staging reads them side by side.
+struct Operand<'a> {
+    load: &'a str,
+    rows_first: bool,
+}
+
+/// The WGSL entry of `out[i, j] = Σ_l a(i, l) · b(l, j)` over `i < m`,
+/// `j < NC` and `l < depth` (`m`, `depth` WGSL expressions; `NC` declared
+/// by the caller), `a.load` an expression of `i` and `l`, `b` one of `l`
+/// and `j`, consecutive in `j`. The tiles of `a` and `b` are staged
+/// through workgroup memory, 8 KiB.
+fn tiled_product(a: Operand, b: &str, out: &str, m: &str, depth: &str) -> String {
+    let a_load = a.load;
+    let (a_i, a_l) = if a.rows_first {
+        ("e % TILE", "e / TILE")
+    } else {
+        ("e / DEPTH", "e % DEPTH")
+    };
+    format!(
+        "const TILE: u32 = {TILE}u;\nconst DEPTH: u32 = {DEPTH}u;\n\
+         var<workgroup> at: array<f32, {staged}>;\n\
+         var<workgroup> bt: array<f32, {staged}>;\n\
+         @compute @workgroup_size(256, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let lane = lid.x;\n  let tx = lane % 16u;\n  let ty = lane / 16u;\n\
+         \x20 let i0 = wid.y * TILE;\n  let j0 = wid.x * TILE;\n\
+         \x20 var acc: array<vec4<f32>, 4>;\n\
+         \x20 for (var l0 = 0u; l0 < {depth}; l0 = l0 + DEPTH) {{\n\
+         \x20   for (var k = 0u; k < 4u; k = k + 1u) {{\n\
+         \x20     let e = lane + k * 256u;\n\
+         \x20     let ai = {a_i};\n      let al = {a_l};\n\
+         \x20     var av = 0.0f;\n\
+         \x20     if (i0 + ai < {m} && l0 + al < {depth}) {{ let i = i0 + ai; let l = l0 + al; av = {a_load}; }}\n\
+         \x20     at[al * TILE + ai] = av;\n\
+         \x20     let bj = e % TILE;\n      let bl = e / TILE;\n\
+         \x20     var bv = 0.0f;\n\
+         \x20     if (j0 + bj < NC && l0 + bl < {depth}) {{ let l = l0 + bl; let j = j0 + bj; bv = {b}; }}\n\
+         \x20     bt[bl * TILE + bj] = bv;\n    }}\n\
+         \x20   workgroupBarrier();\n\
+         \x20   for (var l = 0u; l < DEPTH; l = l + 1u) {{\n\
+         \x20     let av = vec4<f32>(at[l * TILE + ty * 4u], at[l * TILE + ty * 4u + 1u], at[l * TILE + ty * 4u + 2u], at[l * TILE + ty * 4u + 3u]);\n\
+         \x20     let bv = vec4<f32>(bt[l * TILE + tx * 4u], bt[l * TILE + tx * 4u + 1u], bt[l * TILE + tx * 4u + 2u], bt[l * TILE + tx * 4u + 3u]);\n\
+         \x20     for (var r = 0u; r < 4u; r = r + 1u) {{ acc[r] = acc[r] + av[r] * bv; }}\n    }}\n\
+         \x20   workgroupBarrier();\n  }}\n\
+         \x20 for (var r = 0u; r < 4u; r = r + 1u) {{\n\
+         \x20   let i = i0 + ty * 4u + r;\n\
+         \x20   for (var c = 0u; c < 4u; c = c + 1u) {{\n\
+         \x20     let j = j0 + tx * 4u + c;\n\
+         \x20     if (i < {m} && j < NC) {{ {out}[i * NC + j] = acc[r][c]; }}\n    }}\n  }}\n}}\n",
+        staged = TILE * DEPTH,
+    )
+}
+
+/// A tiled product's launch: `cols` output columns across x, `rows` output
+/// rows across y, in tiles of 64.
+fn tiled_launch(name: String, wgsl: String, b: Bindings, rows: Rows, cols: u32) -> KernelSource {
+    KernelSource {
+        name,
+        wgsl,
+        workgroup_size: [256, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            WorkgroupCount::fixed(cols.div_ceil(TILE)),
+            rows.count(1, TILE),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: 2 * TILE * DEPTH * 4,
+    }
+}
+
 /// `dx = dy · w` for `dy` `[T, n]` and the weight `[n, k]` stored as
-/// `wdtype`: a matmul's input gradient, a thread per element of `dx`.
+/// `wdtype`: a matmul's input gradient, in 64 × 64 tiles.
 pub fn matmul_grad_x(n: u32, k: u32, wdtype: DType) -> KernelSource {
-    let mut w = header(&format!("const N: u32 = {n}u;\nconst K: u32 = {k}u;\n"));
+    let mut w = prelude();
+    let _ = writeln!(w, "const N: u32 = {n}u;\nconst NC: u32 = {k}u;");
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "dy");
     b.weight(&mut w, input(1), "w", wdtype);
     b.activation(&mut w, output(0), "dx");
-    w.push_str(
-        "@compute @workgroup_size(WG, 1, 1)\n\
-         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
-         \x20 let i = gid.x;\n  if (i >= params.t * K) { return; }\n\
-         \x20 let r = i / K;\n  let c = i % K;\n  var s = 0.0f;\n\
-         \x20 for (var o = 0u; o < N; o = o + 1u) { s = s + dy[r * N + o] * load_w(o * K + c); }\n\
-         \x20 dx[i] = s;\n}\n",
-    );
-    flat(
+    let dy = Operand {
+        load: "dy[i * N + l]",
+        rows_first: false,
+    };
+    w.push_str(&tiled_product(
+        dy,
+        "load_w(l * NC + j)",
+        "dx",
+        "params.t",
+        "N",
+    ));
+    tiled_launch(
         format!("matmul_grad_x_{wdtype}_n{n}_k{k}"),
         w,
+        b,
         Rows::Tokens,
         k,
-        b.finish(),
     )
 }
 
 /// `dw = dyᵀ · x` for `dy` `[T, n]` and `x` `[T, k]`: a matmul's weight
-/// gradient `[n, k]`, a thread per element.
+/// gradient `[n, k]`, in 64 × 64 tiles over the step's rows.
 pub fn matmul_grad_w(n: u32, k: u32) -> KernelSource {
-    let mut w = header(&format!("const N: u32 = {n}u;\nconst K: u32 = {k}u;\n"));
+    let mut w = prelude();
+    let _ = writeln!(w, "const N: u32 = {n}u;\nconst NC: u32 = {k}u;");
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "dy");
     b.activation(&mut w, input(1), "x");
     b.activation(&mut w, output(0), "dw");
-    let (workgroups, index) = constant_grid(u64::from(n) * u64::from(k));
-    let _ = write!(
-        w,
-        "@compute @workgroup_size(WG, 1, 1)\n\
-         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n\
-         \x20 let i = {index};\n  if (i >= N * K) {{ return; }}\n\
-         \x20 let o = i / K;\n  let c = i % K;\n  var s = 0.0f;\n\
-         \x20 for (var r = 0u; r < params.t; r = r + 1u) {{ s = s + dy[r * N + o] * x[r * K + c]; }}\n\
-         \x20 dw[i] = s;\n}}\n",
-    );
-    KernelSource {
-        name: format!("matmul_grad_w_n{n}_k{k}"),
-        wgsl: w,
-        workgroup_size: [WG, 1, 1],
-        bindings: b.finish(),
-        workgroups,
-        workgroup_bytes: 0,
-    }
+    let dy_t = Operand {
+        load: "dy[l * N + i]",
+        rows_first: true,
+    };
+    w.push_str(&tiled_product(dy_t, "x[l * NC + j]", "dw", "N", "params.t"));
+    tiled_launch(format!("matmul_grad_w_n{n}_k{k}"), w, b, Rows::Fixed(n), k)
 }
 
 /// The backward of `rms_norm` over rows of `width` in `n.groups` slices,
