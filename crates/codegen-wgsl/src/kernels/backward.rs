@@ -3,10 +3,12 @@
 //! derivatives, a matmul's input and weight gradients, column sums, the
 //! rows a cache write wrote, the norm's backward, the embedding's, and
 //! attention's (with the log-sum-exp it rebuilds the probabilities from).
-//! (RoPE's backward is [`super::rope::backward`].) Each is the plainest kernel that is right —
-//! a thread per output element, or a workgroup per row where a row is
-//! reduced — and checked against `gerbil_interp::gradient` on random
-//! inputs; speed comes later, measured.
+//! (RoPE's backward is [`super::rope::backward`].) Each is checked against
+//! `gerbil_interp::gradient` on random inputs. Most are the plainest
+//! kernel that is right — a thread per output element, or a workgroup per
+//! row where a row is reduced; the matmul gradients are tiled products
+//! (64 × 64 output tiles staged through workgroup memory), having been
+//! measured as the slowest (`tests/benches/training_kernels.rs`).
 //!
 //! The surprise: [`rms_norm_grad`] is one dispatch with two jobs. Its
 //! weight gradient sums over every row, which no row's workgroup can do
