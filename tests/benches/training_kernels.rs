@@ -181,16 +181,7 @@ fn time(gpu: &gerbil_runtime::Gpu, case: &Case) -> f64 {
     let mut buffers = Vec::new();
     let mut passes = Vec::new();
     for (src, sizes) in &case.kernels {
-        let kernel = gerbil_plan::Kernel {
-            op: Default::default(),
-            name: src.name.clone(),
-            wgsl: src.wgsl.clone(),
-            entry: "main".into(),
-            workgroup_size: src.workgroup_size,
-            bindings: src.bindings.clone(),
-        };
-        let checks = gerbil_runtime::pipeline::ShaderChecks::Unchecked;
-        let made = gerbil_runtime::pipeline::create_pipeline(device, &kernel, checks);
+        let made = gerbil_e2e::kernel_harness::kernel_pipeline(device, src);
         let bufs: Vec<wgpu::Buffer> = sizes
             .iter()
             .map(|&size| {
@@ -220,19 +211,9 @@ fn time(gpu: &gerbil_runtime::Gpu, case: &Case) -> f64 {
                     .write_buffer(buf, 0, bytemuck::cast_slice(&vec![7u32; words]));
             }
         }
-        let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(params.as_entire_binding())
-            .chain(bufs.iter().map(|b| b.as_entire_binding()))
-            .enumerate()
-            .map(|(i, resource)| wgpu::BindGroupEntry {
-                binding: i as u32,
-                resource,
-            })
-            .collect();
-        let group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(&src.name),
-            layout: &made.layout,
-            entries: &entries,
-        });
+        let storage = bufs.iter().map(|b| b.as_entire_binding());
+        let group =
+            gerbil_e2e::kernel_harness::bind_group(device, src, &made.layout, &params, storage);
         let counts = src.workgroups.map(|w| w.eval_at(T, T));
         passes.push((made.pipeline, group, counts));
         buffers.push(bufs);

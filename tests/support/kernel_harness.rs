@@ -189,37 +189,18 @@ pub fn run_steps(src: &KernelSource, steps: &[Step]) -> Vec<Vec<Vec<u8>>> {
         })
         .collect();
 
-    let kernel = gerbil_plan::Kernel {
-        op: Default::default(),
-        name: src.name.clone(),
-        wgsl: src.wgsl.clone(),
-        entry: "main".into(),
-        workgroup_size: src.workgroup_size,
-        bindings: src.bindings.clone(),
-    };
     let gerbil_runtime::pipeline::KernelPipeline {
         layout: bgl,
         pipeline,
-    } = gerbil_runtime::pipeline::create_pipeline(device, &kernel, checks);
-    let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(params.as_entire_binding())
-        .chain(buffers.iter().map(|(buffer, size, guard)| {
-            wgpu::BindingResource::Buffer(wgpu::BufferBinding {
-                buffer,
-                offset: *guard,
-                size: std::num::NonZeroU64::new(*size),
-            })
-        }))
-        .enumerate()
-        .map(|(i, resource)| wgpu::BindGroupEntry {
-            binding: i as u32,
-            resource,
+    } = kernel_pipeline(device, src);
+    let resources = buffers.iter().map(|(buffer, size, guard)| {
+        wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+            buffer,
+            offset: *guard,
+            size: std::num::NonZeroU64::new(*size),
         })
-        .collect();
-    let bind_group = device.create_bind_group(&wgpu::BindGroupDescriptor {
-        label: Some(&src.name),
-        layout: &bgl,
-        entries: &entries,
     });
+    let bind_group = bind_group(device, src, &bgl, &params, resources);
 
     if let Some(e) = pollster::block_on(setup.pop()) {
         panic!("kernel `{}`: {e}", src.name);
@@ -391,6 +372,48 @@ pub fn run_steps_outputs(
         all.push(results);
     }
     Ok(all)
+}
+
+/// `src`'s pipeline and binding layout, made as the runtime makes them
+/// (without wgpu's shader runtime checks).
+pub fn kernel_pipeline(
+    device: &wgpu::Device,
+    src: &KernelSource,
+) -> gerbil_runtime::pipeline::KernelPipeline {
+    let kernel = gerbil_plan::Kernel {
+        op: Default::default(),
+        name: src.name.clone(),
+        wgsl: src.wgsl.clone(),
+        entry: "main".into(),
+        workgroup_size: src.workgroup_size,
+        bindings: src.bindings.clone(),
+    };
+    let checks = gerbil_runtime::pipeline::ShaderChecks::Unchecked;
+    gerbil_runtime::pipeline::create_pipeline(device, &kernel, checks)
+}
+
+/// The bind group of `src` on `layout`: the step parameters at binding 0,
+/// then `storage` in binding order.
+pub fn bind_group<'a>(
+    device: &wgpu::Device,
+    src: &KernelSource,
+    layout: &wgpu::BindGroupLayout,
+    params: &'a wgpu::Buffer,
+    storage: impl Iterator<Item = wgpu::BindingResource<'a>>,
+) -> wgpu::BindGroup {
+    let entries: Vec<wgpu::BindGroupEntry> = std::iter::once(params.as_entire_binding())
+        .chain(storage)
+        .enumerate()
+        .map(|(i, resource)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource,
+        })
+        .collect();
+    device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(&src.name),
+        layout,
+        entries: &entries,
+    })
 }
 
 /// `n` f32s of NaN (all bits set): the initial contents of an output.
