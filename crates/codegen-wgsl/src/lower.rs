@@ -539,12 +539,7 @@ impl Lowering<'_> {
             Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
                 return Err(unsupported("source nodes have no kernel"))
             }
-            Op::Train(_) => {
-                return Err(unsupported(
-                    "training ops (the autodiff pass's) are not lowered to kernels yet; \
-                     compile the forward graph",
-                ))
-            }
+            Op::Train(t) => self.train_kernel(id, t)?,
         };
         Ok(Lowered {
             source,

@@ -161,6 +161,17 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
     });
     let specs = variants_for(&opts.target, opts.prefill_rows_per_workgroup, quantized);
     let sources = sources::place(graph, &order, opts, &specs)?;
+    if sources.target_ids.is_some() {
+        return Err(CodegenError::Graph(
+            "the graph reads next-token targets (a training graph, made by the autodiff \
+             pass); plans run forward graphs only (training compiles with \
+             `generate_training`)"
+                .into(),
+        ));
+    }
+    let logits = sources.logits.ok_or_else(|| {
+        CodegenError::Graph("the graph has no `logits` (or `embedding`) output".into())
+    })?;
     let steps: Vec<NodeId> = order
         .iter()
         .copied()
@@ -239,7 +250,7 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         offset: 0,
         size: decls[i as usize].size,
     };
-    let (logits, logits_all_rows) = sources.logits;
+    let (logits, logits_all_rows) = logits;
     let max_batch = if sources::is_encoder(graph) {
         0
     } else {
@@ -278,7 +289,7 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
 /// One phase's schedule of variant `spec`: every compute node in `steps`
 /// lowered and bound, each `fused` pair as one dispatch, and in prefill a
 /// matmul with a short form as two, each for its own range of `T`.
-fn schedule(
+pub(crate) fn schedule(
     steps: &[NodeId],
     layout: &Layout<'_, '_>,
     lowering: &Lowering<'_>,

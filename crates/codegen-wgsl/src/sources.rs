@@ -22,7 +22,7 @@ use crate::CodegenError;
 use gerbil_ir::op::KvKind;
 use gerbil_ir::{DType, Dim, Graph, Input, NodeId, Op, Sym, TensorType, ValueRef, WeightSource};
 use gerbil_plan::{
-    BufferDecl, BufferKind, BufferSlice, KvHalf, OutputKind, Precision, SectionRef,
+    BufferDecl, BufferKind, BufferSlice, KvHalf, OutputKind, Precision, SectionRef, TrainingBuffer,
     BINDING_OFFSET_ALIGN, SAMPLING_PARAMS_BYTES, SECTION_ALIGN, STEP_PARAMS_BYTES,
 };
 use std::collections::HashMap;
@@ -319,14 +319,19 @@ pub(crate) struct Sources<'o> {
     pub token_ids: u32,
     /// The f16 buffer of each KV cache, for variants that store caches in f16.
     pub f16_caches: HashMap<ValueRef, u32>,
-    /// The logits buffer and whether it holds every row (`[T, vocab]`).
-    pub logits: (u32, bool),
+    /// The logits buffer and whether it holds every row (`[T, vocab]`);
+    /// `None` in a training graph.
+    pub logits: Option<(u32, bool)>,
     /// The chosen next token, if the graph samples on the GPU.
     pub next_token: Option<BufferSlice>,
     /// The sampling-parameter uniform, with `next_token`.
     pub sampling_params: Option<u32>,
     /// The row table of batch steps (a plan with a batch schedule).
     pub step_rows: Option<u32>,
+    /// A training graph's next-token targets.
+    pub target_ids: Option<u32>,
+    /// A training graph's outputs (the loss and `grad.*`), by name.
+    pub training: Vec<(String, u32)>,
 }
 
 /// Gives every source and output of `graph` (in topological `order`) its
@@ -367,6 +372,7 @@ pub(crate) fn place<'o>(
         (opts.max_batch > 0).then(|| b.push(8 * u64::from(opts.max_batch), BufferKind::StepRows))
     };
     let mut token_ids = None;
+    let mut target_ids = None;
     let mut caches = Vec::new();
     for &id in order {
         let node = graph.node(id);
@@ -374,11 +380,10 @@ pub(crate) fn place<'o>(
         let ty = &node.outputs[0];
         match &node.op {
             Op::Input(Input::TargetIds) => {
-                return Err(CodegenError::Graph(
-                    "the graph reads next-token targets (a training graph, made by the \
-                     autodiff pass); plans run forward graphs only"
-                        .into(),
-                ))
+                let holds = TrainingBuffer::TargetIds;
+                let i = b.push(b.value_bytes(ty), BufferKind::Training { holds });
+                target_ids = Some(i);
+                b.own.insert(v, Own::Whole(i));
             }
             Op::Input(Input::TokenIds) => {
                 let i = b.push(b.value_bytes(ty), BufferKind::TokenIds);
@@ -430,8 +435,8 @@ pub(crate) fn place<'o>(
     let mut logits = None;
     let mut next_token = None;
     let mut sampling_params = None;
+    let mut training = Vec::new();
     for (name, v) in &graph.outputs {
-        let output = output_kind(name)?;
         let ty = graph.value_type(*v);
         let bytes = b.value_bytes(ty);
         b.check_binding(
@@ -439,6 +444,19 @@ pub(crate) fn place<'o>(
             bytes,
             "use a smaller --max-tokens-per-step",
         )?;
+        // A training graph's loss and gradients.
+        if name == gerbil_ir::LOSS || gerbil_ir::gradient_of(name).is_some() {
+            let holds = if name == gerbil_ir::LOSS {
+                TrainingBuffer::Loss
+            } else {
+                TrainingBuffer::Gradients
+            };
+            let i = b.push(bytes, BufferKind::Training { holds });
+            b.own.insert(*v, Own::Whole(i));
+            training.push((name.clone(), i));
+            continue;
+        }
+        let output = output_kind(name)?;
         let i = b.push(bytes, BufferKind::Output { output });
         b.own.insert(*v, Own::Whole(i));
         if output == OutputKind::NextToken {
@@ -461,9 +479,6 @@ pub(crate) fn place<'o>(
         };
         logits = Some((i, all_rows));
     }
-    let logits = logits.ok_or_else(|| {
-        CodegenError::Graph("the graph has no `logits` (or `embedding`) output".into())
-    })?;
     Ok(Sources {
         buffers: b,
         step_params,
@@ -473,5 +488,7 @@ pub(crate) fn place<'o>(
         next_token,
         sampling_params,
         step_rows,
+        target_ids,
+        training,
     })
 }

@@ -33,6 +33,7 @@ pub mod options;
 pub mod quantize;
 pub mod selftest;
 pub mod text_check;
+pub mod training;
 pub mod tuning;
 
 pub use assemble::{build_plan, Plan};
@@ -52,4 +53,5 @@ pub use opt::{opt, OptOptions, Optimized, PassSelection};
 pub use options::{CompileOptions, Target, DEFAULT_MAX_CONTEXT_CAP};
 pub use quantize::{Quantization, Rounding};
 pub use text_check::{check_text_assets, TextAssetError};
+pub use training::{compile_training, TrainingBuild};
 pub use tuning::{TunedGemm, Tuning, TUNING_FORMAT};

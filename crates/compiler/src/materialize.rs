@@ -167,6 +167,10 @@ fn converted<'a>(
     if view.dtype == dtype {
         return Ok(view.data);
     }
+    // A training graph's f32 master copy of a 16-bit weight: exact.
+    if dtype == DType::F32 && matches!(view.dtype, DType::F16 | DType::BF16) {
+        return Ok(Cow::Owned(widened(&view.data, view.dtype)));
+    }
     if dtype.is_quantized() && !view.dtype.is_quantized() {
         let blocks = quantize_tensor(&view, dtype, rounding)
             .map_err(|e| weight_error(source, format!("tensor `{name}`: {e}")))?;
@@ -179,6 +183,21 @@ fn converted<'a>(
             view.dtype
         ),
     ))
+}
+
+/// Little-endian f16 or bf16 `bytes` as f32 bytes.
+fn widened(bytes: &[u8], from: DType) -> Vec<u8> {
+    bytes
+        .chunks_exact(2)
+        .flat_map(|b| {
+            let bits = u16::from_le_bytes([b[0], b[1]]);
+            let v = match from {
+                DType::BF16 => half::bf16::from_bits(bits).to_f32(),
+                _ => half::f16::from_bits(bits).to_f32(),
+            };
+            v.to_le_bytes()
+        })
+        .collect()
 }
 
 /// Rows `rows` (all of them for `None`) of tensor `name` as `dtype`. Only

@@ -117,6 +117,12 @@ pub fn gradient_output(label: &str) -> String {
     format!("grad.{label}")
 }
 
+/// The weight label a training graph's output named `name` is the gradient
+/// of ([`gradient_output`]'s inverse), if it is one.
+pub fn gradient_of(name: &str) -> Option<&str> {
+    name.strip_prefix("grad.")
+}
+
 /// A dataflow graph with named outputs.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct Graph {

@@ -24,8 +24,8 @@ pub mod types;
 pub mod verify;
 
 pub use graph::{
-    gradient_output, layer_prefix, without_layers, Edge, Graph, Node, NodeId, ValueRef, EMBEDDING,
-    LOGITS, LOSS, NEXT_TOKEN,
+    gradient_of, gradient_output, layer_prefix, without_layers, Edge, Graph, Node, NodeId,
+    ValueRef, EMBEDDING, LOGITS, LOSS, NEXT_TOKEN,
 };
 pub use op::{
     Attention, BinaryOp, Embedding, Input, LayerNorm, MatMul, MatMulGlu, MatMulPorts, NormPrologue,

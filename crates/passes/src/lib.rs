@@ -24,6 +24,7 @@ pub mod fuse_qkv;
 pub mod fuse_qkv_rope;
 pub mod fuse_residual_norm;
 pub mod manager;
+pub mod master_weights;
 mod rewrite;
 pub mod slice_last_row;
 

@@ -137,25 +137,28 @@ pub fn default_pipeline() -> Vec<Box<dyn Pass>> {
     ]
 }
 
-/// What makes a training step's graph of a lowered forward graph: the
-/// loss and the backward ops (`autodiff`), then `dce` of what the loss and
-/// the gradients no longer read (the next-token sampling). Not part of the
-/// default pipeline; the fusions may run after it.
+/// What makes a training step's graph of a lowered forward graph: f32
+/// master weights (`master-weights`), the loss and the backward ops
+/// (`autodiff`), then `dce` of what the loss and the gradients no longer
+/// read (the next-token sampling). Not part of the default pipeline; the
+/// fusions may run after it.
 pub fn training_passes() -> Vec<Box<dyn Pass>> {
     vec![
+        Box::new(crate::master_weights::MasterWeights),
         Box::new(crate::autodiff::Autodiff),
         Box::new(crate::dce::Dce),
     ]
 }
 
-/// Every pass there is: the default pipeline's, then `autodiff`.
+/// Every pass there is: the default pipeline's, then the training ones.
 fn all_passes() -> Vec<Box<dyn Pass>> {
     let mut all = default_pipeline();
+    all.push(Box::new(crate::master_weights::MasterWeights));
     all.push(Box::new(crate::autodiff::Autodiff));
     all
 }
 
-/// The passes with these names (of the default pipeline, or `autodiff`),
+/// The passes with these names (of the default pipeline, or a training one),
 /// in the order given (`gerbilc opt --passes a,b,c`, the pass file tests);
 /// an unknown name is an error listing the valid ones.
 pub fn passes_named<S: AsRef<str>>(names: &[S]) -> Result<Vec<Box<dyn Pass>>, PassError> {

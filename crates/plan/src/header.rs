@@ -405,6 +405,11 @@ pub enum BufferKind {
         /// Bytes of counters at the start (a multiple of 256).
         counter_bytes: u64,
     },
+    /// A training program's buffer (`TrainingPlan`); never in a plan file.
+    Training {
+        /// What it holds.
+        holds: crate::TrainingBuffer,
+    },
 }
 
 impl BufferKind {
@@ -422,6 +427,7 @@ impl BufferKind {
             BufferKind::TokenIds => "token ids".into(),
             BufferKind::StepRows => "step rows".into(),
             BufferKind::Scratch { .. } => "dispatch scratch".into(),
+            BufferKind::Training { holds } => format!("training {holds:?}"),
         }
     }
 }

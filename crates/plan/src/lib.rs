@@ -24,6 +24,7 @@ mod header;
 pub mod limits;
 pub mod safe_file;
 pub mod sampling;
+mod training;
 mod validate;
 
 pub use file::{
@@ -31,4 +32,5 @@ pub use file::{
     PlanSource, SectionData, FORMAT_VERSION, MAGIC, SECTION_ALIGN,
 };
 pub use header::*;
+pub use training::{Parameter, TrainingBuffer, TrainingIo, TrainingPlan};
 pub use validate::BINDING_OFFSET_ALIGN;

@@ -159,6 +159,9 @@ pub enum RuntimeError {
     /// Invalid generation settings.
     #[error("invalid sampling settings: {0}")]
     Sampling(String),
+    /// A training step's input does not fit its plan.
+    #[error("training: {0}")]
+    Training(String),
     /// The logits a step produced hold a NaN or an infinity, so no token can be chosen soundly.
     #[error(
         "generation stopped at step {step} (position {position}): the logits hold a non-finite \

@@ -40,6 +40,7 @@ mod residency;
 pub mod sampling;
 pub mod selftest;
 pub mod session;
+pub mod training;
 pub mod variant;
 pub mod variant_pipelines;
 
@@ -53,6 +54,7 @@ pub use profile::DispatchTime;
 pub use progress::{Progress, ProgressHook};
 pub use sampling::{argmax, top_logits, Sampler, SamplingParams, TokenHistory};
 pub use session::{LoadReport, MemoryReport, PrefillFallback, Session, SessionOptions};
+pub use training::{StepReport, Trainer};
 pub use variant::PrecisionChoice;
 pub use variant_pipelines::PipelineStats;
 

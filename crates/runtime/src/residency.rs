@@ -65,7 +65,7 @@ fn pool_of(kind: &BufferKind) -> Option<Pool> {
     }
 }
 
-fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
+pub(crate) fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
     use wgpu::BufferUsages as U;
     match kind {
         // Unit tests read an upload back.
@@ -78,6 +78,8 @@ fn usage_for(kind: &BufferKind) -> wgpu::BufferUsages {
         BufferKind::Output { .. } => U::STORAGE | U::COPY_SRC,
         BufferKind::StepParams | BufferKind::SamplingParams => U::UNIFORM | U::COPY_DST,
         BufferKind::TokenIds | BufferKind::StepRows => U::STORAGE | U::COPY_DST,
+        // Written by the host, copied between, read back, saved.
+        BufferKind::Training { .. } => U::STORAGE | U::COPY_SRC | U::COPY_DST,
     }
 }
 

@@ -36,11 +36,17 @@ const WG: u32 = 256;
 /// workgroup of the update.
 pub const PARTIALS: u32 = 512;
 
+/// Weights a range of [`ranges`] starts at a multiple of: whole 8-bit
+/// blocks ([`STATE_BLOCK`]), whose two f32 scales per block then start at a
+/// 256-byte binding offset too.
+pub const RANGE_ALIGN: u32 = 32 * STATE_BLOCK;
+
 /// `(start, len)` of each range of `total` weights that one binding of at
 /// most `max_binding_bytes` holds, as few as may be, each starting at a
-/// multiple of [`STATE_BLOCK`] (so an 8-bit block never straddles two).
+/// multiple of [`RANGE_ALIGN`] (so an 8-bit block never straddles two, and
+/// every state buffer binds the range at an aligned offset).
 pub fn ranges(total: u64, max_binding_bytes: u64) -> Vec<(u64, u32)> {
-    let block = u64::from(STATE_BLOCK);
+    let block = u64::from(RANGE_ALIGN);
     let most =
         (max_binding_bytes / 4 / block * block).clamp(block, u64::from(u32::MAX) / block * block);
     (0..total.div_ceil(most))
@@ -64,7 +70,7 @@ mod tests {
         assert_eq!(r.len(), 3);
         assert!(r
             .iter()
-            .all(|&(start, _)| start % u64::from(STATE_BLOCK) == 0));
+            .all(|&(start, _)| start % u64::from(RANGE_ALIGN) == 0));
         assert_eq!(
             r.iter().map(|&(_, len)| u64::from(len)).sum::<u64>(),
             1_235_814_400
@@ -294,6 +300,42 @@ pub fn adamw_update(len: u32, ranges: u32, mirror: bool) -> KernelSource {
     );
     let tag = if mirror { "_mirror" } else { "" };
     launch(format!("adamw_update_n{len}_r{ranges}{tag}"), w, b)
+}
+
+/// `acc[i] += grads[i] · SCALE` over `len` gradients: one sequence's
+/// gradients added into a batch's of `batch` sequences (`SCALE` = 1 /
+/// `batch`, so the batch's is their mean). A thread per gradient, strided
+/// over at most 65,535 workgroups. Bindings: `grads`, then `acc`.
+pub fn accumulate(len: u32, batch: u32) -> KernelSource {
+    let mut w = prelude();
+    let groups = len.div_ceil(WG).clamp(1, 65_535);
+    let _ = writeln!(
+        w,
+        "const N: u32 = {len}u;\nconst WG: u32 = {WG}u;\nconst STRIDE: u32 = {stride}u;\n\
+         const SCALE: f32 = {scale};",
+        stride = groups * WG,
+        scale = super::f32_lit(1.0 / batch.max(1) as f32),
+    );
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "grads");
+    b.activation(&mut w, output(0), "acc");
+    w.push_str(
+        "@compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
+         \x20 for (var i = gid.x; i < N; i = i + STRIDE) { acc[i] = acc[i] + grads[i] * SCALE; }\n}\n",
+    );
+    KernelSource {
+        name: format!("accumulate_n{len}_b{batch}"),
+        wgsl: w,
+        workgroup_size: [WG, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            WorkgroupCount::fixed(groups),
+            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: 0,
+    }
 }
 
 /// Moments per block of the 8-bit state: the block shares one scale per

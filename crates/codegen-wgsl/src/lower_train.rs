@@ -1,0 +1,60 @@
+//! Training op → kernel lowering: the [`TrainOp`] arm of
+//! [`Lowering::kernel`](crate::lower::Lowering), one template of
+//! [`crate::kernels::backward`] (or RoPE's backward) per op.
+//!
+//! A training step is a prefill step of `T` = the sequence length at `P` =
+//! 0, so every kernel here reads `T` from the step parameters and the
+//! caches are `max_context` = `T` rows. The surprise: a weight split into
+//! row shards is refused, not lowered — training binds every weight whole
+//! (as a range of the parameter buffer, `crate::training`), which the
+//! shards' sizes would contradict.
+
+use crate::kernels::{backward, rope, KernelSource};
+use crate::lower::Lowering;
+use crate::CodegenError;
+use gerbil_ir::{NodeId, TrainOp};
+
+impl Lowering<'_> {
+    /// The kernel of training node `id`, whose op is `op`.
+    pub(crate) fn train_kernel(
+        &self,
+        id: NodeId,
+        op: &TrainOp,
+    ) -> Result<KernelSource, CodegenError> {
+        let g = self.graph;
+        let node = g.node(id);
+        let ins = g.inputs(id);
+        let ty = |i: usize| g.value_type(ins[i]);
+        let width = |i: usize| ty(i).last_const().unwrap_or(0) as u32;
+        if let Some(sharded) = ins.iter().find(|v| self.shard_rows.contains_key(v)) {
+            return Err(CodegenError::Unsupported {
+                label: node.label.clone(),
+                reason: format!(
+                    "its operand `{}` is too large for one binding, and training binds \
+                     every weight whole; use a target with larger bindings (--target desktop)",
+                    g.node(sharded.node).label
+                ),
+            });
+        }
+        Ok(match op {
+            TrainOp::CrossEntropy => backward::cross_entropy(width(0), self.max_tokens),
+            TrainOp::CrossEntropyGrad => backward::cross_entropy_grad(width(0)),
+            TrainOp::MatMulGradX => backward::matmul_grad_x(width(0), width(1), ty(1).dtype),
+            TrainOp::MatMulGradW => backward::matmul_grad_w(width(0), width(1)),
+            TrainOp::SumRows => backward::sum_rows(width(0)),
+            TrainOp::RmsNormGrad(n) => backward::rms_norm_grad(width(0), n, ty(1).dtype),
+            TrainOp::RopeGrad(r) => rope::backward(rope::RopeSpec {
+                heads: r.n_heads,
+                head_dim: r.head_dim,
+                rotary_dim: r.rotary_dim,
+            }),
+            TrainOp::CacheRows => backward::cache_rows(width(0)),
+            TrainOp::AttentionLse(a) => backward::attention_lse(a, self.max_context),
+            TrainOp::AttentionGrad(a) => backward::attention_grad(a, self.max_context),
+            TrainOp::UnaryGrad(u) => backward::unary_grad(*u, width(0)),
+            TrainOp::EmbeddingGrad { embedding, rows } => {
+                backward::embedding_grad(*rows as u32, width(1), embedding)
+            }
+        })
+    }
+}

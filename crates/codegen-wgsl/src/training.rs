@@ -1,0 +1,458 @@
+//! [`generate_training`]: a training graph (the forward graph after
+//! `gerbil_passes::training_passes`) becomes a [`TrainingPlan`].
+//!
+//! The sequence schedule is built as a plan's prefill schedule is —
+//! sources placed ([`crate::sources`]), activations planned by liveness
+//! ([`crate::binder`]), every node lowered ([`crate::lower`]; the training
+//! ops in [`crate::lower_train`]) — for one variant, `portable` (f32, no
+//! optional feature), at `T` = `max_context` = the sequence length. Then
+//! the trained weights and their `grad.*` outputs move into the optimizer's
+//! buffers: each weight becomes a range of the parameter buffer and its
+//! gradient the same range of the gradient buffer, and every dispatch that
+//! bound the weight's or the output's own buffer binds that range instead
+//! (the own buffers leave the table). Last come the dispatches that add a
+//! sequence's gradients into the batch's and the fused AdamW
+//! ([`crate::kernels::adamw`]), two per binding-sized range.
+//!
+//! The surprise: the trained weights are found by the outputs' names
+//! (`grad.LABEL` names the weight labelled `LABEL`), so whatever the
+//! autodiff pass decided trains — RoPE tables and quantized weights do not
+//! — is what the optimizer steps; every other weight keeps a buffer of its
+//! own, which the caller fills ([`TrainingProgram::frozen`]).
+
+use crate::binder::Layout;
+use crate::dispatch::{Assembler, Lowered, Operands};
+use crate::fusion::RopeAttention;
+use crate::kernels::{adamw, input, output, KernelSource};
+use crate::lower::{Lowering, Phase};
+use crate::schedule::{schedule, CodegenOptions, WeightBuffer};
+use crate::sources::{self, Own};
+use crate::target::Target;
+use crate::tuning::GemmTiles;
+use crate::variant::VariantSpec;
+use crate::CodegenError;
+use gerbil_ir::{DType, Graph, NodeId, Op, ValueRef, WeightSource};
+use gerbil_plan::{
+    BufferDecl, BufferKind, BufferSlice, Dispatch, FlopCount, KernelOp, Parameter, Port, Precision,
+    TrainingBuffer, TrainingIo, TrainingPlan, STEP_PARAMS_BYTES,
+};
+use std::collections::HashMap;
+
+/// Matmul rows per workgroup of the sequence schedule's matmuls that are
+/// not GEMM tiles.
+const ROWS_PER_WORKGROUP: u32 = 8;
+
+/// Values a parameter's range starts at a multiple of: 256 bytes of f32,
+/// WebGPU's binding offset alignment.
+const PARAMETER_ALIGN: u64 = 64;
+
+/// How to compile a training step.
+#[derive(Clone, Debug)]
+pub struct TrainingOptions {
+    /// Tokens per sequence (`T`, and the caches' rows).
+    pub seq_len: u32,
+    /// Sequences per optimizer step.
+    pub batch: u32,
+    /// AdamW's moments in 8 bits (`kernels::adamw::adamw_update_8bit`).
+    pub eight_bit: bool,
+    /// Features and limits to compile for.
+    pub target: Target,
+}
+
+/// [`generate_training`]'s result.
+#[derive(Clone, Debug)]
+pub struct TrainingProgram {
+    /// What the runtime runs.
+    pub plan: TrainingPlan,
+    /// Weights that do not train: a buffer each (indices into the plan's
+    /// buffers), for the caller to fill.
+    pub frozen: Vec<WeightBuffer>,
+    /// Where each of the plan's parameters comes from, in its order (f32,
+    /// of the parameter's shape).
+    pub trained: Vec<WeightSource>,
+}
+
+/// Compiles training graph `graph` (see the module documentation).
+pub fn generate_training(
+    graph: &Graph,
+    opts: &TrainingOptions,
+) -> Result<TrainingProgram, CodegenError> {
+    let order = graph
+        .topo_order()
+        .ok_or_else(|| CodegenError::Graph("the graph has a cycle".into()))?;
+    let copts = CodegenOptions {
+        max_context: u64::from(opts.seq_len),
+        max_tokens_per_step: u64::from(opts.seq_len),
+        target: opts.target.clone(),
+        prefill_rows_per_workgroup: ROWS_PER_WORKGROUP,
+        gemm_tiles: GemmTiles::new(),
+        max_batch: 0,
+    };
+    let spec = VariantSpec::portable(Precision::F32, ROWS_PER_WORKGROUP);
+    let sources = sources::place(graph, &order, &copts, std::slice::from_ref(&spec))?;
+    let target_ids = sources.target_ids.ok_or_else(|| {
+        CodegenError::Graph(
+            "the graph reads no next-token targets: it is not a training graph (run the \
+             autodiff pass)"
+                .into(),
+        )
+    })?;
+    let loss = output_buffer(&sources.training, gerbil_ir::LOSS)?;
+    let steps: Vec<NodeId> = order
+        .iter()
+        .copied()
+        .filter(|&id| !graph.node(id).op.is_source())
+        .collect();
+    let no_fusion = RopeAttention::find(graph, &[]);
+    let layout = Layout::plan(graph, &steps, sources, &no_fusion)?;
+    let lowering = Lowering {
+        graph,
+        shard_rows: &layout.sources.buffers.shard_rows,
+        max_context: opts.seq_len,
+        max_tokens: opts.seq_len,
+        max_batch: 0,
+        target: &opts.target,
+        gemm_tiles: &copts.gemm_tiles,
+    };
+    let scratch = layout.sources.buffers.decls.len() as u32;
+    let mut asm = Assembler::new(scratch);
+    let phase = Phase::Prefill(ROWS_PER_WORKGROUP);
+    let mut sequence = schedule(&steps, &layout, &lowering, &mut asm, &spec, phase, None)?;
+    let (parameters, trained, moved) = parameters(graph, &layout)?;
+    let sources = layout.sources;
+    let mut decls = sources.buffers.decls;
+    if let Some(decl) = asm.place_scratch(&mut [&mut sequence]) {
+        decls.push(decl);
+    }
+    let total = parameters.last().map_or(0, |p| {
+        (p.offset + p.len()).next_multiple_of(PARAMETER_ALIGN)
+    });
+    let mut add = |holds: TrainingBuffer, bytes: u64| {
+        decls.push(BufferDecl {
+            size: bytes.max(4).next_multiple_of(4),
+            kind: BufferKind::Training { holds },
+        });
+        (decls.len() - 1) as u32
+    };
+    let limit = opts.target.limits.max_storage_binding;
+    let ranges = adamw::ranges(total, limit);
+    let io = TrainingIo {
+        step_params: sources.step_params,
+        token_ids: sources.token_ids,
+        target_ids,
+        loss,
+        parameters: add(TrainingBuffer::Parameters, 4 * total),
+        gradients: add(TrainingBuffer::Gradients, 4 * total),
+        accumulated: add(TrainingBuffer::Accumulated, 4 * total),
+        settings: add(TrainingBuffer::Settings, 32),
+        report: add(TrainingBuffer::Report, 12),
+    };
+    let partials = add(
+        TrainingBuffer::Partials,
+        4 * u64::from(adamw::PARTIALS) * ranges.len() as u64,
+    );
+    let state = if opts.eight_bit {
+        State::EightBit {
+            mq: add(TrainingBuffer::FirstMoment, total.next_multiple_of(4)),
+            vq: add(TrainingBuffer::SecondMoment, total.next_multiple_of(4)),
+            scales: add(
+                TrainingBuffer::Scales,
+                8 * total.div_ceil(u64::from(adamw::STATE_BLOCK)),
+            ),
+        }
+    } else {
+        State::F32 {
+            m: add(TrainingBuffer::FirstMoment, 4 * total),
+            v: add(TrainingBuffer::SecondMoment, 4 * total),
+        }
+    };
+    // The trained weights and their gradients move into the ranges.
+    let home = |b: u32| -> Option<(u32, u64)> {
+        let &(param, is_grad) = moved.get(&b)?;
+        let buffer = if is_grad { io.gradients } else { io.parameters };
+        Some((buffer, 4 * parameters[param].offset))
+    };
+    for slice in sequence.iter_mut().flat_map(|d| d.bindings.iter_mut()) {
+        if let Some((buffer, offset)) = home(slice.buffer) {
+            slice.buffer = buffer;
+            slice.offset += offset;
+        }
+    }
+    let mut bind = Binder {
+        asm: &mut asm,
+        limits: spec.limits(&opts.target),
+        params: BufferSlice {
+            buffer: io.step_params,
+            offset: 0,
+            size: STEP_PARAMS_BYTES,
+        },
+    };
+    let mut accumulate = Vec::new();
+    let mut optimizer = Vec::new();
+    let range = |buffer: u32, start: u64, len: u32| BufferSlice {
+        buffer,
+        offset: 4 * start,
+        size: 4 * u64::from(len),
+    };
+    for (r, &(start, len)) in ranges.iter().enumerate() {
+        accumulate.push(bind.dispatch(
+            "accumulate",
+            adamw::accumulate(len, opts.batch),
+            &[
+                (input(0), range(io.gradients, start, len)),
+                (output(0), range(io.accumulated, start, len)),
+            ],
+        )?);
+        optimizer.push(bind.dispatch(
+            "grad_norm",
+            adamw::grad_norm_partials(len),
+            &[
+                (input(0), range(io.accumulated, start, len)),
+                (
+                    output(0),
+                    range(
+                        partials,
+                        r as u64 * u64::from(adamw::PARTIALS),
+                        adamw::PARTIALS,
+                    ),
+                ),
+            ],
+        )?);
+    }
+    let whole = |b: u32| BufferSlice {
+        buffer: b,
+        offset: 0,
+        size: decls[b as usize].size,
+    };
+    for &(start, len) in &ranges {
+        let mut operands = vec![
+            (input(0), whole(io.settings)),
+            (input(1), whole(partials)),
+            (output(0), range(io.parameters, start, len)),
+            (output(1), range(io.accumulated, start, len)),
+        ];
+        let source = match state {
+            State::F32 { m, v } => {
+                operands.push((output(2), range(m, start, len)));
+                operands.push((output(3), range(v, start, len)));
+                operands.push((output(4), whole(io.report)));
+                adamw::adamw_update(len, ranges.len() as u32, false)
+            }
+            State::EightBit { mq, vq, scales } => {
+                let bytes = |b: u32| BufferSlice {
+                    buffer: b,
+                    offset: start,
+                    size: u64::from(len).next_multiple_of(4),
+                };
+                let block = u64::from(adamw::STATE_BLOCK);
+                operands.push((output(2), bytes(mq)));
+                operands.push((output(3), bytes(vq)));
+                operands.push((
+                    output(4),
+                    BufferSlice {
+                        buffer: scales,
+                        offset: 8 * (start / block),
+                        size: 8 * u64::from(len).div_ceil(block),
+                    },
+                ));
+                operands.push((output(5), whole(io.report)));
+                adamw::adamw_update_8bit(len, ranges.len() as u32, false)
+            }
+        };
+        optimizer.push(bind.dispatch("adamw", source, &operands)?);
+    }
+    // The moved buffers leave the table; the rest are renumbered.
+    let kept: Vec<u32> = (0..decls.len() as u32)
+        .filter(|b| !moved.contains_key(b))
+        .collect();
+    let renumber: HashMap<u32, u32> = kept
+        .iter()
+        .enumerate()
+        .map(|(new, &old)| (old, new as u32))
+        .collect();
+    let at = |b: u32| renumber.get(&b).copied().unwrap_or(u32::MAX);
+    for slice in [&mut sequence, &mut accumulate, &mut optimizer]
+        .into_iter()
+        .flat_map(|s| s.iter_mut())
+        .flat_map(|d| d.bindings.iter_mut())
+    {
+        slice.buffer = at(slice.buffer);
+    }
+    let frozen = sources
+        .buffers
+        .weights
+        .into_iter()
+        .filter(|w| !moved.contains_key(&w.buffer))
+        .map(|w| WeightBuffer {
+            buffer: at(w.buffer),
+            ..w
+        })
+        .collect();
+    let io = TrainingIo {
+        step_params: at(io.step_params),
+        token_ids: at(io.token_ids),
+        target_ids: at(io.target_ids),
+        loss: at(io.loss),
+        parameters: at(io.parameters),
+        gradients: at(io.gradients),
+        accumulated: at(io.accumulated),
+        settings: at(io.settings),
+        report: at(io.report),
+    };
+    let buffers: Vec<BufferDecl> = kept.iter().map(|&b| decls[b as usize].clone()).collect();
+    let requirements = asm.requirements(&buffers, &[&sequence, &accumulate, &optimizer]);
+    Ok(TrainingProgram {
+        plan: TrainingPlan {
+            buffers,
+            kernels: asm.finish()?,
+            sequence,
+            accumulate,
+            optimizer,
+            io,
+            parameters,
+            seq_len: opts.seq_len,
+            batch: opts.batch,
+            vocab: vocab(graph)?,
+            requirements,
+        },
+        frozen,
+        trained,
+    })
+}
+
+/// Where AdamW's moments live.
+#[derive(Clone, Copy)]
+enum State {
+    F32 { m: u32, v: u32 },
+    EightBit { mq: u32, vq: u32, scales: u32 },
+}
+
+/// The vocabulary: the width of the logits the loss reads.
+fn vocab(graph: &Graph) -> Result<u32, CodegenError> {
+    graph
+        .g
+        .node_indices()
+        .find(|&id| {
+            matches!(
+                graph.node(id).op,
+                Op::Train(gerbil_ir::TrainOp::CrossEntropy)
+            )
+        })
+        .and_then(|id| graph.value_type(graph.inputs(id)[0]).last_const())
+        .map(|v| v as u32)
+        .ok_or_else(|| CodegenError::Graph("a training graph has a `cross_entropy` loss".into()))
+}
+
+/// The buffer of training output `name`.
+fn output_buffer(outputs: &[(String, u32)], name: &str) -> Result<u32, CodegenError> {
+    outputs
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|&(_, b)| b)
+        .ok_or_else(|| CodegenError::Graph(format!("a training graph has a `{name}` output")))
+}
+
+/// The trained weights in output order, each at its offset in the
+/// parameter buffer; their sources; and the buffers that move there: each
+/// weight's and each gradient output's own buffer, with the parameter's
+/// index and whether it is the gradient.
+fn parameters(graph: &Graph, layout: &Layout<'_, '_>) -> Result<Moved, CodegenError> {
+    let b = &layout.sources.buffers;
+    let weights: HashMap<&str, ValueRef> = graph
+        .g
+        .node_indices()
+        .filter(|&id| matches!(graph.node(id).op, Op::Weight(_)))
+        .map(|id| (graph.node(id).label.as_str(), ValueRef::of(id)))
+        .collect();
+    let mut params = Vec::new();
+    let mut sources = Vec::new();
+    let mut moved = HashMap::new();
+    let mut next = 0u64;
+    for (name, grad) in &layout.sources.training {
+        let Some(label) = gerbil_ir::gradient_of(name) else {
+            continue;
+        };
+        let refuse = |reason: String| CodegenError::Unsupported {
+            label: label.to_string(),
+            reason,
+        };
+        let &v = weights
+            .get(label)
+            .ok_or_else(|| refuse(format!("output `{name}` names no weight")))?;
+        let Op::Weight(w) = &graph.node(v.node).op else {
+            return Err(refuse(format!("output `{name}` names no weight")));
+        };
+        sources.push(w.source.clone());
+        let ty = graph.value_type(v);
+        if ty.dtype != DType::F32 {
+            return Err(refuse(format!(
+                "a trained weight is f32 (the master copy the optimizer steps), this one is \
+                 {}; load the checkpoint's weights as f32",
+                ty.dtype
+            )));
+        }
+        let Some(Own::Whole(own)) = b.own.get(&v) else {
+            return Err(refuse(
+                "it is too large for one binding, and training binds every weight whole; use \
+                 a target with larger bindings (--target desktop)"
+                    .into(),
+            ));
+        };
+        let shape: Vec<u64> = ty.shape.iter().filter_map(|d| d.as_const()).collect();
+        let offset = next.next_multiple_of(PARAMETER_ALIGN);
+        moved.insert(*own, (params.len(), false));
+        moved.insert(*grad, (params.len(), true));
+        params.push(Parameter {
+            label: label.to_string(),
+            offset,
+            shape,
+        });
+        next = offset + params[params.len() - 1].len();
+    }
+    Ok((params, sources, moved))
+}
+
+/// [`parameters`]' answer.
+type Moved = (
+    Vec<Parameter>,
+    Vec<WeightSource>,
+    HashMap<u32, (usize, bool)>,
+);
+
+/// Dispatches of kernels made here rather than lowered from a node: their
+/// operands are given slices.
+struct Binder<'a> {
+    asm: &'a mut Assembler,
+    limits: crate::target::Limits,
+    /// The step parameters, which every kernel declares.
+    params: BufferSlice,
+}
+
+impl Binder<'_> {
+    fn dispatch(
+        &mut self,
+        label: &str,
+        source: KernelSource,
+        operands: &[(Port, BufferSlice)],
+    ) -> Result<Dispatch, CodegenError> {
+        let find = |port: Port| {
+            operands
+                .iter()
+                .chain([&(Port::Params, self.params)])
+                .find(|(p, _)| *p == port)
+                .map(|&(_, s)| s)
+        };
+        let ops = Operands {
+            label,
+            layer: None,
+            slice: &find,
+            bytes: &|port| find(port).map(|s| s.size),
+            flops: FlopCount::default(),
+        };
+        let lowered = Lowered {
+            source,
+            op: KernelOp::Other,
+        };
+        self.asm.dispatch(lowered, &ops, &[], &self.limits, 1)
+    }
+}

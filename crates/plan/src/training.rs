@@ -1,0 +1,129 @@
+//! A training program: what `gerbil-train` runs on the GPU, as plan data.
+//!
+//! [`TrainingPlan`] is codegen's answer for a training graph (the forward
+//! graph after the `autodiff` pass) and everything the runtime needs to run
+//! it: the buffer table, the kernels, and three schedules — one sequence's
+//! forward and backward ([`TrainingPlan::sequence`]), the dispatches that add
+//! its gradients into the batch's ([`TrainingPlan::accumulate`]), and the
+//! fused optimizer ([`TrainingPlan::optimizer`]). A step of `B` sequences
+//! runs `sequence` and `accumulate` `B` times, then `optimizer` once.
+//!
+//! The surprise: every trained weight is a range of one buffer
+//! ([`TrainingIo::parameters`]), and its gradient the same range of another
+//! ([`TrainingIo::gradients`]), so the optimizer steps all of them in two
+//! dispatches per binding-sized range, however many tensors the model has.
+//! Ranges start at multiples of 64 values (256 bytes), which WebGPU asks of
+//! a binding's offset; the gaps between them hold zeros that stay zero.
+//!
+//! Training programs are made and run in one process; they are not written
+//! to plan files, and a plan that binds a [`BufferKind::Training`] buffer
+//! fails validation.
+
+use crate::{BufferDecl, Dispatch, Kernel, Requirements};
+use serde::{Deserialize, Serialize};
+
+/// What a training buffer holds ([`crate::BufferKind::Training`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TrainingBuffer {
+    /// The next-token target of every row of the step, `u32[T]`.
+    TargetIds,
+    /// The step's mean cross-entropy, `f32[1]`.
+    Loss,
+    /// Every trained weight, f32, each at its [`Parameter::offset`].
+    Parameters,
+    /// The gradients of one sequence, laid out as the parameters.
+    Gradients,
+    /// The gradients summed over the batch (divided by its size), which
+    /// the optimizer reads and zeroes.
+    Accumulated,
+    /// AdamW's first moment (f32), or its 8-bit codes.
+    FirstMoment,
+    /// AdamW's second moment (f32), or its 8-bit codes.
+    SecondMoment,
+    /// The 8-bit state's per-block scales.
+    Scales,
+    /// The optimizer step's scalars, `f32[8]`, written by the host.
+    Settings,
+    /// The gradient norm's per-workgroup partial sums.
+    Partials,
+    /// The optimizer's report, `f32[3]`: norm, clipping factor, applied.
+    Report,
+}
+
+/// One trained weight: where it lives in the parameter buffer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Parameter {
+    /// The weight's IR label (`layers.0.mlp.down_proj.weight`).
+    pub label: String,
+    /// Its shape.
+    pub shape: Vec<u64>,
+    /// Its first value's index in the parameter buffer, a multiple of 64.
+    pub offset: u64,
+}
+
+impl Parameter {
+    /// How many values it has.
+    pub fn len(&self) -> u64 {
+        self.shape.iter().product()
+    }
+
+    /// Whether it has no values.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Where the runtime finds a training program's inputs and outputs: indices
+/// into [`TrainingPlan::buffers`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainingIo {
+    /// The step parameters (`T` = the sequence length, `P` = 0).
+    pub step_params: u32,
+    /// The token ids of the sequence.
+    pub token_ids: u32,
+    /// Its next-token targets.
+    pub target_ids: u32,
+    /// Its loss.
+    pub loss: u32,
+    /// Every trained weight.
+    pub parameters: u32,
+    /// One sequence's gradients.
+    pub gradients: u32,
+    /// The batch's gradients.
+    pub accumulated: u32,
+    /// The optimizer's settings.
+    pub settings: u32,
+    /// The optimizer's report.
+    pub report: u32,
+}
+
+/// A compiled training step; see the module documentation.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct TrainingPlan {
+    /// Every buffer; weights that do not train (RoPE tables, quantized
+    /// weights) are [`crate::BufferKind::Weight`]s the caller fills.
+    pub buffers: Vec<BufferDecl>,
+    /// The distinct kernels.
+    pub kernels: Vec<Kernel>,
+    /// One sequence's forward pass, loss and backward pass.
+    pub sequence: Vec<Dispatch>,
+    /// Adds one sequence's gradients, divided by the batch size, into the
+    /// batch's.
+    pub accumulate: Vec<Dispatch>,
+    /// The optimizer: the gradient norm's partials, then the update, for
+    /// each range of the parameters one binding holds.
+    pub optimizer: Vec<Dispatch>,
+    /// Inputs and outputs.
+    pub io: TrainingIo,
+    /// The trained weights, in parameter-buffer order.
+    pub parameters: Vec<Parameter>,
+    /// Tokens per sequence (`T`).
+    pub seq_len: u32,
+    /// Sequences per step.
+    pub batch: u32,
+    /// Token ids and targets are below this.
+    pub vocab: u32,
+    /// The device limits it needs.
+    pub requirements: Requirements,
+}

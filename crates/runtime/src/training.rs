@@ -1,0 +1,337 @@
+//! Running a [`TrainingPlan`]: one optimizer step of `B` sequences per
+//! [`Trainer::step`], in one submission.
+//!
+//! [`Trainer::new`] creates the plan's buffers (the parameter buffer filled
+//! with the caller's initial weights, frozen weights with their bytes), a
+//! pipeline per kernel and a bind group per dispatch. A step uploads the
+//! batch's tokens and targets into a staging buffer, then records, for each
+//! sequence, copies of its ids into the plan's token and target buffers,
+//! the sequence schedule, a copy of its loss aside, and the accumulation of
+//! its gradients; then the optimizer; then the copy of the losses and the
+//! optimizer's report into a buffer it maps. One wait per step.
+//!
+//! The surprise: the ids are copied inside the command encoder rather than
+//! written with `Queue::write_buffer`, whose writes all land before the
+//! submission runs — `B` writes to the token buffer would leave only the
+//! last sequence's for every pass.
+
+use crate::device::{check_limits, Gpu};
+use crate::error::RuntimeError;
+use crate::pipeline::{create_pipeline, KernelPipeline, ShaderChecks};
+use crate::residency::usage_for;
+use gerbil_plan::{Dispatch, TrainingPlan, STEP_PARAMS_BYTES};
+
+/// One dispatch, ready to record.
+struct Bound {
+    kernel: usize,
+    group: wgpu::BindGroup,
+    workgroups: [u32; 3],
+}
+
+/// What one optimizer step did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepReport {
+    /// Each sequence's mean cross-entropy, in batch order.
+    pub losses: Vec<f32>,
+    /// The global gradient norm of the batch's mean gradient, before
+    /// clipping.
+    pub grad_norm: f32,
+    /// The factor the gradients were scaled by (1 without clipping).
+    pub clip: f32,
+    /// Whether the step changed the weights: `false` when the gradient was
+    /// not finite (the step was skipped and the gradients dropped).
+    pub applied: bool,
+}
+
+impl StepReport {
+    /// The batch's loss: the mean of its sequences'.
+    pub fn loss(&self) -> f32 {
+        self.losses.iter().sum::<f32>() / self.losses.len().max(1) as f32
+    }
+}
+
+/// A training plan on a device; see the module documentation.
+pub struct Trainer {
+    gpu: Gpu,
+    plan: TrainingPlan,
+    buffers: Vec<wgpu::Buffer>,
+    pipelines: Vec<KernelPipeline>,
+    sequence: Vec<Bound>,
+    accumulate: Vec<Bound>,
+    optimizer: Vec<Bound>,
+    /// Every sequence's tokens, then every sequence's targets.
+    ids: wgpu::Buffer,
+    /// The batch's losses, then the report.
+    results: wgpu::Buffer,
+    readback: wgpu::Buffer,
+}
+
+impl Trainer {
+    /// Loads `plan` on `gpu`: `parameters` are the parameter buffer's
+    /// initial values (every [`gerbil_plan::Parameter`] at its offset,
+    /// zeros between), `frozen` the bytes of each other weight buffer.
+    pub async fn new(
+        gpu: Gpu,
+        plan: TrainingPlan,
+        parameters: &[f32],
+        frozen: &[(u32, Vec<u8>)],
+    ) -> Result<Self, RuntimeError> {
+        check_limits(&gpu.adapter.name, &gpu.limits, &plan.requirements)?;
+        let io = &plan.io;
+        let expected = plan.buffers[io.parameters as usize].size / 4;
+        if parameters.len() as u64 != expected {
+            return Err(RuntimeError::Training(format!(
+                "the initial parameters hold {} values, the plan's parameter buffer {expected}",
+                parameters.len()
+            )));
+        }
+        let buffers = gpu
+            .scoped("creating the training buffers", || {
+                plan.buffers
+                    .iter()
+                    .map(|decl| {
+                        gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                            label: Some(&decl.kind.describe()),
+                            size: decl.size,
+                            usage: usage_for(&decl.kind),
+                            mapped_at_creation: false,
+                        })
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await?;
+        let queue = &gpu.queue;
+        queue.write_buffer(
+            &buffers[io.parameters as usize],
+            0,
+            bytemuck::cast_slice(parameters),
+        );
+        for (buffer, bytes) in frozen {
+            let Some(b) = buffers.get(*buffer as usize) else {
+                return Err(RuntimeError::Training(format!(
+                    "frozen weight buffer {buffer} is not in the plan"
+                )));
+            };
+            queue.write_buffer(b, 0, bytes);
+        }
+        let params: [u32; (STEP_PARAMS_BYTES / 4) as usize] = [plan.seq_len, 0, 0, 0];
+        queue.write_buffer(
+            &buffers[io.step_params as usize],
+            0,
+            bytemuck::cast_slice(&params),
+        );
+        let pipelines = gpu
+            .scoped("compiling the training kernels", || {
+                plan.kernels
+                    .iter()
+                    .map(|k| create_pipeline(&gpu.device, k, ShaderChecks::Unchecked))
+                    .collect::<Vec<_>>()
+            })
+            .await?;
+        let bind = |schedule: &[Dispatch]| {
+            schedule
+                .iter()
+                .map(|d| bound(&gpu, &buffers, &pipelines, d, plan.seq_len))
+                .collect::<Vec<_>>()
+        };
+        let (sequence, accumulate, optimizer) = gpu
+            .scoped("binding the training dispatches", || {
+                (
+                    bind(&plan.sequence),
+                    bind(&plan.accumulate),
+                    bind(&plan.optimizer),
+                )
+            })
+            .await?;
+        let batch = u64::from(plan.batch.max(1));
+        let ids_bytes = 2 * batch * u64::from(plan.seq_len) * 4;
+        let results_bytes = 4 * batch + 12;
+        let buffer = |label: &str, size: u64, usage: wgpu::BufferUsages| {
+            gpu.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size: size.next_multiple_of(4),
+                usage,
+                mapped_at_creation: false,
+            })
+        };
+        use wgpu::BufferUsages as U;
+        let (ids, results, readback) = gpu
+            .scoped("creating the batch buffers", || {
+                (
+                    buffer("batch ids", ids_bytes, U::COPY_SRC | U::COPY_DST),
+                    buffer("batch results", results_bytes, U::COPY_SRC | U::COPY_DST),
+                    buffer("batch readback", results_bytes, U::MAP_READ | U::COPY_DST),
+                )
+            })
+            .await?;
+        Ok(Trainer {
+            gpu,
+            plan,
+            buffers,
+            pipelines,
+            sequence,
+            accumulate,
+            optimizer,
+            ids,
+            results,
+            readback,
+        })
+    }
+
+    /// The plan it runs.
+    pub fn plan(&self) -> &TrainingPlan {
+        &self.plan
+    }
+
+    /// One optimizer step over `sequences` (the plan's batch of them, each
+    /// `(tokens, targets)` of the plan's sequence length) with the AdamW
+    /// settings `settings` (`gerbil_codegen_wgsl::kernels::adamw::AdamwSettings::to_array`).
+    pub async fn step(
+        &mut self,
+        sequences: &[(&[u32], &[u32])],
+        settings: [f32; 8],
+    ) -> Result<StepReport, RuntimeError> {
+        let (batch, len) = (self.plan.batch as usize, self.plan.seq_len as usize);
+        if sequences.len() != batch {
+            return Err(RuntimeError::Training(format!(
+                "a step takes {batch} sequences (the plan's batch), got {}",
+                sequences.len()
+            )));
+        }
+        let vocab = self.plan.vocab;
+        let mut ids = Vec::with_capacity(2 * batch * len);
+        for part in [0, 1] {
+            for (i, seq) in sequences.iter().enumerate() {
+                let values = if part == 0 { seq.0 } else { seq.1 };
+                if values.len() != len {
+                    return Err(RuntimeError::Training(format!(
+                        "sequence {i} has {} {}, the plan's sequence length is {len}",
+                        values.len(),
+                        if part == 0 { "tokens" } else { "targets" },
+                    )));
+                }
+                if let Some(&id) = values.iter().find(|&&t| t >= vocab) {
+                    return Err(RuntimeError::TokenOutOfRange {
+                        id,
+                        vocab: vocab.into(),
+                    });
+                }
+                ids.extend_from_slice(values);
+            }
+        }
+        let io = &self.plan.io;
+        let queue = &self.gpu.queue;
+        queue.write_buffer(&self.ids, 0, bytemuck::cast_slice(&ids));
+        queue.write_buffer(
+            &self.buffers[io.settings as usize],
+            0,
+            bytemuck::cast_slice(&settings),
+        );
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("training step"),
+            });
+        let row = 4 * len as u64;
+        let targets_at = (batch * len * 4) as u64;
+        for b in 0..batch as u64 {
+            let token_ids = &self.buffers[io.token_ids as usize];
+            let target_ids = &self.buffers[io.target_ids as usize];
+            enc.copy_buffer_to_buffer(&self.ids, b * row, token_ids, 0, row);
+            enc.copy_buffer_to_buffer(&self.ids, targets_at + b * row, target_ids, 0, row);
+            self.record(&mut enc, &self.sequence);
+            let loss = &self.buffers[io.loss as usize];
+            enc.copy_buffer_to_buffer(loss, 0, &self.results, 4 * b, 4);
+            self.record(&mut enc, &self.accumulate);
+        }
+        self.record(&mut enc, &self.optimizer);
+        let report = &self.buffers[io.report as usize];
+        enc.copy_buffer_to_buffer(report, 0, &self.results, 4 * batch as u64, 12);
+        enc.copy_buffer_to_buffer(&self.results, 0, &self.readback, 0, self.results.size());
+        self.gpu
+            .scoped("running a training step", || queue.submit([enc.finish()]))
+            .await?;
+        let values: Vec<f32> = self
+            .gpu
+            .read_mapped(&self.readback, |bytes| {
+                bytemuck::cast_slice::<u8, f32>(bytes).to_vec()
+            })
+            .await?;
+        Ok(StepReport {
+            losses: values[..batch].to_vec(),
+            grad_norm: values[batch],
+            clip: values[batch + 1],
+            applied: values[batch + 2] != 0.0,
+        })
+    }
+
+    /// The parameter buffer as it is now (the trained weights at their
+    /// offsets).
+    pub async fn parameters(&self) -> Result<Vec<f32>, RuntimeError> {
+        let source = &self.buffers[self.plan.io.parameters as usize];
+        let readback = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("parameters readback"),
+            size: source.size(),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = self
+            .gpu
+            .device
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("parameters readback"),
+            });
+        enc.copy_buffer_to_buffer(source, 0, &readback, 0, source.size());
+        self.gpu.queue.submit([enc.finish()]);
+        self.gpu
+            .read_mapped(&readback, |bytes| {
+                bytemuck::cast_slice::<u8, f32>(bytes).to_vec()
+            })
+            .await
+    }
+
+    fn record(&self, enc: &mut wgpu::CommandEncoder, schedule: &[Bound]) {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+        for d in schedule {
+            pass.set_pipeline(&self.pipelines[d.kernel].pipeline);
+            pass.set_bind_group(0, &d.group, &[]);
+            let [x, y, z] = d.workgroups;
+            pass.dispatch_workgroups(x, y, z);
+        }
+    }
+}
+
+/// `d`'s bind group over `buffers`, and its workgroups at `T = t`.
+fn bound(
+    gpu: &Gpu,
+    buffers: &[wgpu::Buffer],
+    pipelines: &[KernelPipeline],
+    d: &Dispatch,
+    t: u32,
+) -> Bound {
+    let kernel = d.kernel as usize;
+    let entries: Vec<wgpu::BindGroupEntry> = d
+        .bindings
+        .iter()
+        .enumerate()
+        .map(|(i, s)| wgpu::BindGroupEntry {
+            binding: i as u32,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &buffers[s.buffer as usize],
+                offset: s.offset,
+                size: wgpu::BufferSize::new(s.size),
+            }),
+        })
+        .collect();
+    let group = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+        label: Some(&d.label),
+        layout: &pipelines[kernel].layout,
+        entries: &entries,
+    });
+    Bound {
+        kernel,
+        group,
+        workgroups: d.workgroups.map(|w| w.eval(t)),
+    }
+}
