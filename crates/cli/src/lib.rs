@@ -1,4 +1,4 @@
-//! The `gerbilc` and `gerbil-run` command-line tools.
+//! The `gerbilc`, `gerbil-run` and `gerbil-train` command-line tools.
 //!
 //! The compiler itself is the `gerbil-compiler` crate and the runtime is
 //! `gerbil-runtime`; this crate holds argument handling and output only:
@@ -8,7 +8,8 @@
 //! compares two plans on it), [`sweep`] times
 //! generation across context lengths and [`plot`] charts a sweep; [`inspect`]
 //! summarizes a plan, [`schedule`] lists its dispatches and [`graph_svg`]
-//! draws one layer of them (through [`svg_canvas`]); [`passes`]
+//! draws one layer of them (through [`svg_canvas`]); [`train`] fine-tunes
+//! a model (`gerbil-train`); [`passes`]
 //! prints what the pass pipeline did; [`mod@env`] maps gerbil's environment
 //! variables onto the libraries' typed options and [`hub_env`] reads the Hugging Face
 //! environment variables for the hub client; [`devices`] lists the GPUs;
@@ -18,7 +19,7 @@
 //!
 //! Libraries do the work: `gerbil-compiler` compiles (and checks a
 //! checkpoint's text assets), `gerbil-hub` fetches hub models,
-//! `gerbil-tune` measures GEMM tiles, `gerbil` (the facade over
+//! `gerbil-tune` measures GEMM tiles, `gerbil-train` trains, `gerbil` (the facade over
 //! `gerbil-runtime` and `gerbil-text`) generates, and `gerbil-serve` is the
 //! HTTP server. No other crate depends on this one (`tests/e2e/architecture.rs`
 //! checks it).
@@ -44,6 +45,7 @@ pub mod schedule;
 pub mod selftest;
 pub mod svg_canvas;
 pub mod sweep;
+pub mod train;
 
 /// An error and its causes on one line, leaving out causes whose text an
 /// earlier message already includes (library errors often embed their source).

@@ -19,7 +19,7 @@ use crate::device::{check_limits, Gpu};
 use crate::error::RuntimeError;
 use crate::pipeline::{create_pipeline, KernelPipeline, ShaderChecks};
 use crate::residency::usage_for;
-use gerbil_plan::{Dispatch, TrainingPlan, STEP_PARAMS_BYTES};
+use gerbil_plan::{BufferKind, Dispatch, TrainingBuffer, TrainingPlan, STEP_PARAMS_BYTES};
 
 /// One dispatch, ready to record.
 struct Bound {
@@ -266,12 +266,39 @@ impl Trainer {
         })
     }
 
-    /// The parameter buffer as it is now (the trained weights at their
-    /// offsets).
-    pub async fn parameters(&self) -> Result<Vec<f32>, RuntimeError> {
-        let source = &self.buffers[self.plan.io.parameters as usize];
+    /// The plan's buffer that holds `holds`.
+    fn buffer(&self, holds: TrainingBuffer) -> Result<&wgpu::Buffer, RuntimeError> {
+        self.plan
+            .buffers
+            .iter()
+            .position(|b| b.kind == BufferKind::Training { holds })
+            .map(|i| &self.buffers[i])
+            .ok_or_else(|| RuntimeError::Training(format!("the plan has no {holds:?} buffer")))
+    }
+
+    /// Overwrites the buffer that holds `holds` (the parameters, or the
+    /// optimizer's state when a run resumes) with `bytes`, which must be its
+    /// size.
+    pub fn write(&self, holds: TrainingBuffer, bytes: &[u8]) -> Result<(), RuntimeError> {
+        let buffer = self.buffer(holds)?;
+        if buffer.size() != bytes.len() as u64 {
+            return Err(RuntimeError::Training(format!(
+                "the {holds:?} buffer holds {} bytes, not {}",
+                buffer.size(),
+                bytes.len()
+            )));
+        }
+        self.gpu.queue.write_buffer(buffer, 0, bytes);
+        Ok(())
+    }
+
+    /// The bytes of the buffer that holds `holds`, as they are now: the
+    /// parameters (every trained weight at its offset), or the optimizer's
+    /// state for a checkpoint.
+    pub async fn read(&self, holds: TrainingBuffer) -> Result<Vec<u8>, RuntimeError> {
+        let source = self.buffer(holds)?;
         let readback = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("parameters readback"),
+            label: Some("training readback"),
             size: source.size(),
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
             mapped_at_creation: false,
@@ -280,14 +307,12 @@ impl Trainer {
             .gpu
             .device
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
-                label: Some("parameters readback"),
+                label: Some("training readback"),
             });
         enc.copy_buffer_to_buffer(source, 0, &readback, 0, source.size());
         self.gpu.queue.submit([enc.finish()]);
         self.gpu
-            .read_mapped(&readback, |bytes| {
-                bytemuck::cast_slice::<u8, f32>(bytes).to_vec()
-            })
+            .read_mapped(&readback, |bytes| bytes.to_vec())
             .await
     }
 

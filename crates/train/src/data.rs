@@ -15,10 +15,22 @@
 //! # Ok::<(), gerbil_train::DataError>(())
 //! ```
 //!
+//! With `--shuffle SEED` ([`Windows::shuffled`]) each pass over the
+//! windows takes them in an order of its own, drawn from the seed and the
+//! pass's number: the same seed gives the same batches.
+//!
 //! The surprise: a window shares no token with the next, so the last token
 //! of a window is a target but never an input; that is what PyTorch
 //! scripts that chunk a corpus into `L + 1` blocks do, and what
 //! `scripts/make-train-refs.py` does.
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::SeedableRng;
+use std::cell::RefCell;
+
+/// Mixes a pass's number into the shuffle's seed (the golden ratio's bits).
+const PASS_MIX: u64 = 0x9e37_79b9_7f4a_7c15;
 
 /// Why a token stream cannot be cut into windows.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -58,6 +70,8 @@ pub struct Windows {
     stream: Vec<u32>,
     seq_len: usize,
     count: usize,
+    /// The shuffle's seed, and the last pass's order.
+    shuffle: Option<(u64, RefCell<Option<(usize, Vec<usize>)>>)>,
 }
 
 impl Windows {
@@ -87,7 +101,37 @@ impl Windows {
             stream,
             seq_len,
             count,
+            shuffle: None,
         })
+    }
+
+    /// The same windows, each pass over them in an order drawn from `seed`
+    /// and the pass's number.
+    pub fn shuffled(self, seed: u64) -> Self {
+        Windows {
+            shuffle: Some((seed, RefCell::new(None))),
+            ..self
+        }
+    }
+
+    /// Which window is the `w`-th taken, counted around the stream.
+    fn taken(&self, w: usize) -> usize {
+        let (pass, at) = (w / self.count, w % self.count);
+        let Some((seed, order)) = &self.shuffle else {
+            return at;
+        };
+        let mut order = order.borrow_mut();
+        match &*order {
+            Some((p, o)) if *p == pass => o[at],
+            _ => {
+                let mut o: Vec<usize> = (0..self.count).collect();
+                let mut rng = StdRng::seed_from_u64(seed ^ (pass as u64).wrapping_mul(PASS_MIX));
+                o.shuffle(&mut rng);
+                let taken = o[at];
+                *order = Some((pass, o));
+                taken
+            }
+        }
     }
 
     /// Number of windows.
@@ -95,11 +139,12 @@ impl Windows {
         self.count
     }
 
-    /// Window `w` (of `seq_len + 1` tokens), counted around the stream:
-    /// window `count` is window 0 again.
+    /// The `w`-th window taken (of `seq_len + 1` tokens), counted around
+    /// the stream: window `count` is window 0 again (without a shuffle; with
+    /// one, the first of the next pass's order).
     pub fn window(&self, w: usize) -> &[u32] {
         let len = self.seq_len + 1;
-        let w = w % self.count;
+        let w = self.taken(w);
         &self.stream[w * len..(w + 1) * len]
     }
 
@@ -162,5 +207,19 @@ mod tests {
         assert_eq!(firsts(0), [0, 5, 10]);
         assert_eq!(firsts(1), [15, 0, 5]);
         assert_eq!(firsts(4), [0, 5, 10]);
+    }
+
+    #[test]
+    fn a_shuffle_takes_every_window_once_a_pass_and_repeats_with_its_seed() {
+        let w = Windows::new((0..100).collect(), 4).unwrap().shuffled(7);
+        let pass = |p: usize| -> Vec<u32> { (0..20).map(|i| w.window(p * 20 + i)[0]).collect() };
+        let (first, second) = (pass(0), pass(1));
+        let mut sorted = first.clone();
+        sorted.sort_unstable();
+        assert_eq!(sorted, (0..20).map(|i| i * 5).collect::<Vec<u32>>());
+        assert_ne!(first, second, "each pass has an order of its own");
+        assert_ne!(first, sorted, "a shuffled pass is not in file order");
+        let again = Windows::new((0..100).collect(), 4).unwrap().shuffled(7);
+        assert_eq!(again.window(25), w.window(25));
     }
 }

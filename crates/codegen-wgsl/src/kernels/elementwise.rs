@@ -2,7 +2,8 @@
 //! add/mul, the KV-cache write, and the row and column slices.
 
 use super::{
-    f32_lit, input, kv_store, kv_tag, output, prelude, Bindings, KernelSource, Positions, Rows,
+    f32_lit, input, kv_store, kv_tag, output, prelude, split_groups, Bindings, KernelSource,
+    Positions, Rows, MAX_WORKGROUPS_PER_DIM,
 };
 use gerbil_ir::{BinaryOp, DType, UnaryOp};
 use gerbil_plan::{BindingDecl, WorkgroupCount};
@@ -10,7 +11,22 @@ use std::fmt::Write;
 
 const WG: u32 = 256;
 
-/// A kernel of a thread per element of `rows` rows of `width`.
+/// The x and y workgroups of a thread per element of `rows` of `width`
+/// when x alone cannot hold them (more than 65,535 workgroups, as a
+/// gradient of a whole embedding table has); `None` for a step's rows
+/// (their count is checked against the limit at compile time) or a count x
+/// holds.
+fn fixed_split(rows: Rows, width: u32) -> Option<(u32, u32)> {
+    let Rows::Fixed(n) = rows else {
+        return None;
+    };
+    let groups = (u64::from(n) * u64::from(width)).div_ceil(u64::from(WG));
+    (groups > u64::from(MAX_WORKGROUPS_PER_DIM))
+        .then(|| split_groups(u32::try_from(groups).unwrap_or(u32::MAX)))
+}
+
+/// A kernel of a thread per element of `rows` rows of `width`, whose entry
+/// [`entry`] made (a kernel with an entry of its own takes a step's rows).
 pub(crate) fn flat(
     name: String,
     wgsl: String,
@@ -18,16 +34,24 @@ pub(crate) fn flat(
     width: u32,
     bindings: Vec<BindingDecl>,
 ) -> KernelSource {
+    let workgroups = match fixed_split(rows, width) {
+        Some((gx, gy)) => [
+            WorkgroupCount::fixed(gx),
+            WorkgroupCount::fixed(gy),
+            WorkgroupCount::fixed(1),
+        ],
+        None => [
+            rows.count(width, WG),
+            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(1),
+        ],
+    };
     KernelSource {
         name,
         wgsl,
         workgroup_size: [WG, 1, 1],
         bindings,
-        workgroups: [
-            rows.count(width, WG),
-            WorkgroupCount::fixed(1),
-            WorkgroupCount::fixed(1),
-        ],
+        workgroups,
         workgroup_bytes: 0,
     }
 }
@@ -38,11 +62,17 @@ fn header(width: u32) -> String {
     w
 }
 
-fn entry(rows: Rows, body: &str) -> String {
+/// The entry of a thread per element `i` of `rows` of `width` running
+/// `body`.
+fn entry(rows: Rows, width: u32, body: &str) -> String {
+    let index = match fixed_split(rows, width) {
+        Some((gx, _)) => format!("gid.x + gid.y * {}u", gx * WG),
+        None => "gid.x".to_string(),
+    };
     format!(
         "@compute @workgroup_size({WG}, 1, 1)\n\
          fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n\
-         \x20 let i = gid.x;\n  if (i >= {rows} * W) {{ return; }}\n{body}}}\n",
+         \x20 let i = {index};\n  if (i >= {rows} * W) {{ return; }}\n{body}}}\n",
         rows = rows.wgsl()
     )
 }
@@ -89,6 +119,7 @@ pub fn unary(op: UnaryOp, rows: Rows, width: u32) -> KernelSource {
     b.activation(&mut w, output(0), "y");
     w.push_str(&entry(
         rows,
+        width,
         &format!("  let v = x[i];\n  y[i] = {};\n", unary_expr(op, "v")),
     ));
     flat(
@@ -111,7 +142,7 @@ pub fn binary(op: BinaryOp, rows: Rows, width: u32) -> KernelSource {
         BinaryOp::Add => ("+", "add"),
         BinaryOp::Mul => ("*", "mul"),
     };
-    w.push_str(&entry(rows, &format!("  y[i] = a[i] {sym} b[i];\n")));
+    w.push_str(&entry(rows, width, &format!("  y[i] = a[i] {sym} b[i];\n")));
     flat(
         format!("{tag}_r{}_w{width}", rows.tag()),
         w,
@@ -128,7 +159,7 @@ pub fn add_bias(rows: Rows, width: u32, bdtype: DType) -> KernelSource {
     b.activation(&mut w, input(0), "x");
     b.weight(&mut w, input(1), "b", bdtype);
     b.activation(&mut w, output(0), "y");
-    w.push_str(&entry(rows, "  y[i] = x[i] + load_b(i % W);\n"));
+    w.push_str(&entry(rows, width, "  y[i] = x[i] + load_b(i % W);\n"));
     flat(
         format!("add_bias_{bdtype}_r{}_w{width}", rows.tag()),
         w,
@@ -159,7 +190,7 @@ pub fn cache_write_at(width: u32, kv: DType, at: Positions) -> KernelSource {
             kv_store(kv, "x[i]")
         ),
     };
-    w.push_str(&entry(Rows::Tokens, &body));
+    w.push_str(&entry(Rows::Tokens, width, &body));
     flat(
         format!("cache_write_w{width}{}{}", kv_tag(kv), at.tag()),
         w,
@@ -177,6 +208,7 @@ pub fn slice_last_row(width: u32) -> KernelSource {
     b.activation(&mut w, output(0), "y");
     w.push_str(&entry(
         Rows::Fixed(1),
+        width,
         "  y[i] = x[(params.t - 1u) * W + i];\n",
     ));
     flat(
@@ -197,6 +229,7 @@ pub fn slice_cols(rows: Rows, width: u32, start: u32, len: u32) -> KernelSource 
     b.activation(&mut w, output(0), "y");
     w.push_str(&entry(
         rows,
+        len,
         "  let r = i / W;\n  let c = i % W;\n  y[i] = x[r * XW + START + c];\n",
     ));
     flat(

@@ -1,0 +1,153 @@
+//! `gerbil-train`: fine-tunes a HuggingFace model on a text file, on any
+//! WebGPU device (`gerbil_cli::train`).
+
+use anyhow::Result;
+use clap::Parser;
+use gerbil_cli::numbers::whole_u64;
+use gerbil_cli::train::{train, TrainOptions};
+use gerbil_runtime::device::DeviceOptions;
+use gerbil_train::{Hyperparameters, RunOptions};
+use std::path::PathBuf;
+
+#[derive(Parser)]
+#[command(
+    name = "gerbil-train",
+    version,
+    about = "Fine-tune a HuggingFace model on a text file, on the GPU"
+)]
+struct Cli {
+    /// The model: a checkpoint directory (config.json, safetensors,
+    /// tokenizer.json) or a hub id ORG/NAME; with --resume, a checkpoint
+    /// directory gerbil-train wrote.
+    #[arg(value_name = "MODEL")]
+    model: PathBuf,
+    /// The training text (UTF-8), tokenized as the model's tokenizer does.
+    #[arg(long, value_name = "FILE")]
+    data: PathBuf,
+    /// Optimizer steps to train (a resumed run counts its checkpoint's).
+    #[arg(long, value_parser = whole_u64)]
+    steps: u64,
+    /// Tokens per sequence (at most the model's context).
+    #[arg(long, value_name = "L", value_parser = whole_u32)]
+    seq_len: u32,
+    /// Sequences per optimizer step.
+    #[arg(long, value_name = "B", default_value_t = 1, value_parser = whole_u32)]
+    batch: u32,
+    /// Peak learning rate.
+    #[arg(long, default_value_t = Hyperparameters::default().lr)]
+    lr: f64,
+    /// Steps of linear warmup to the learning rate (first step at lr/W).
+    #[arg(long, value_name = "W", default_value_t = 0, value_parser = whole_u64)]
+    warmup: u64,
+    /// AdamW's decoupled weight decay.
+    #[arg(long, value_name = "D", default_value_t = Hyperparameters::default().weight_decay)]
+    weight_decay: f64,
+    /// Clip the global gradient norm to G, or `none`.
+    #[arg(long, value_name = "G", default_value = "1.0", value_parser = clip_norm)]
+    max_grad_norm: ClipNorm,
+    /// AdamW's β₁,β₂.
+    #[arg(long, value_name = "B1,B2", default_value = "0.9,0.999", value_parser = betas)]
+    betas: (f64, f64),
+    /// AdamW's ε.
+    #[arg(long, value_name = "E", default_value_t = Hyperparameters::default().eps)]
+    eps: f64,
+    /// AdamW's moments: `f32`, or `8bit` (block-quantized, a quarter of the
+    /// bytes).
+    #[arg(long, value_name = "f32|8bit", default_value = "f32", value_parser = ["f32", "8bit"])]
+    optimizer_state: String,
+    /// Take the windows in a shuffled order (a new one each pass, from
+    /// --seed) instead of file order.
+    #[arg(long)]
+    shuffle: bool,
+    /// The shuffle's seed.
+    #[arg(long, value_name = "S", default_value_t = 0, value_parser = whole_u64)]
+    seed: u64,
+    /// Where the trained model goes (HF format, with the optimizer state).
+    #[arg(long, value_name = "DIR")]
+    out: PathBuf,
+    /// Write one JSON line per step here: step, loss, grad_norm, lr,
+    /// applied, tokens, seconds.
+    #[arg(long, value_name = "FILE")]
+    json_log: Option<PathBuf>,
+    /// Save a checkpoint OUT/checkpoint-STEP every K steps.
+    #[arg(long, value_name = "K", value_parser = whole_u64)]
+    save_every: Option<u64>,
+    /// Continue MODEL (a checkpoint gerbil-train wrote) from its optimizer
+    /// state and step.
+    #[arg(long)]
+    resume: bool,
+    /// Run on adapter N of `gerbil-run devices`.
+    #[arg(long, value_name = "N")]
+    device: Option<usize>,
+    /// No progress bar.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Log to stderr (-v, -vv, -vvv).
+    #[arg(short, long, action = clap::ArgAction::Count)]
+    verbose: u8,
+}
+
+fn whole_u32(s: &str) -> Result<u32, String> {
+    gerbil_cli::numbers::whole(s, u64::from(u32::MAX)).map(|v| v as u32)
+}
+
+/// `--max-grad-norm`: a norm, or `none` (no clipping).
+#[derive(Clone, Copy, Debug)]
+struct ClipNorm(Option<f64>);
+
+fn clip_norm(s: &str) -> Result<ClipNorm, String> {
+    if s == "none" {
+        return Ok(ClipNorm(None));
+    }
+    s.parse::<f64>()
+        .map(|n| ClipNorm(Some(n)))
+        .map_err(|e| format!("{e}: give a number or `none`"))
+}
+
+fn betas(s: &str) -> Result<(f64, f64), String> {
+    let parse = |p: &str| p.trim().parse::<f64>().map_err(|e| format!("`{p}`: {e}"));
+    match s.split_once(',') {
+        Some((a, b)) => Ok((parse(a)?, parse(b)?)),
+        None => Err("give two numbers, B1,B2 (for example 0.9,0.999)".into()),
+    }
+}
+
+fn main() {
+    let cli = Cli::parse();
+    gerbil_cli::logging::init(cli.verbose);
+    gerbil_cli::console::exit(real_main(cli))
+}
+
+fn real_main(cli: Cli) -> Result<()> {
+    let progress = gerbil_cli::progress::Progress::new(cli.quiet);
+    let hub = gerbil_cli::hub_env::hub_options(None, None, progress, false);
+    let opts = TrainOptions {
+        model: cli.model,
+        data: cli.data,
+        steps: cli.steps,
+        run: RunOptions {
+            seq_len: cli.seq_len,
+            batch: cli.batch,
+            hyper: Hyperparameters {
+                lr: cli.lr,
+                warmup: cli.warmup,
+                betas: cli.betas,
+                eps: cli.eps,
+                weight_decay: cli.weight_decay,
+                max_grad_norm: cli.max_grad_norm.0,
+            },
+            eight_bit: cli.optimizer_state == "8bit",
+            shuffle: cli.shuffle.then_some(cli.seed),
+            device: DeviceOptions {
+                adapter: cli.device,
+                ..DeviceOptions::default()
+            },
+        },
+        out: cli.out,
+        json_log: cli.json_log,
+        save_every: cli.save_every,
+        resume: cli.resume,
+        quiet: cli.quiet,
+    };
+    train(&opts, &hub)
+}

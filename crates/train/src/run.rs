@@ -1,0 +1,197 @@
+//! A training run on the GPU: [`Run::start`] compiles the model's training
+//! step (`gerbil_compiler::compile_training`), opens a device and loads it
+//! (`gerbil_runtime::Trainer`), optionally resuming a checkpoint's
+//! optimizer state; [`Run::step`] takes the next batch of the documented
+//! windows ([`crate::Windows`]) through one optimizer step; [`Run::save`]
+//! writes a checkpoint directory (HF weights and optimizer state) that
+//! `gerbilc compile` takes and `--resume` continues from.
+//!
+//! The surprise: a step's AdamW settings depend on how many steps were
+//! *applied* before it — a step skipped for a non-finite gradient does not
+//! advance the bias correction, as in PyTorch when the scaler skips
+//! `optimizer.step()` — so the run keeps that count, and checkpoints save
+//! it.
+
+use crate::data::Windows;
+use crate::schedule::Hyperparameters;
+use crate::state::{saved_buffers, OptimizerState};
+use crate::{export, TrainError};
+use gerbil_codegen_wgsl::kernels::adamw::AdamwSettings;
+use gerbil_codegen_wgsl::{Target, TrainingOptions};
+use gerbil_frontend_hf::Checkpoint;
+use gerbil_ir::WeightSource;
+use gerbil_plan::{Requirements, TrainingBuffer};
+use gerbil_runtime::device::DeviceOptions;
+use gerbil_runtime::{Gpu, Trainer};
+use std::path::Path;
+
+/// How to train.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Tokens per sequence.
+    pub seq_len: u32,
+    /// Sequences per optimizer step.
+    pub batch: u32,
+    /// The optimizer's settings and schedule.
+    pub hyper: Hyperparameters,
+    /// AdamW's moments in 8 bits.
+    pub eight_bit: bool,
+    /// Shuffle the windows with this seed (each pass over them in a new
+    /// order); `None`: in file order.
+    pub shuffle: Option<u64>,
+    /// Which device to open.
+    pub device: DeviceOptions,
+}
+
+/// What one step did.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepLog {
+    /// The step's number, from 1.
+    pub step: u64,
+    /// The batch's mean cross-entropy (before the update).
+    pub loss: f64,
+    /// The gradient's global norm before clipping.
+    pub grad_norm: f64,
+    /// The learning rate the step used.
+    pub lr: f64,
+    /// Whether the weights changed (`false`: a non-finite gradient, skipped).
+    pub applied: bool,
+    /// Tokens the step trained on.
+    pub tokens: u64,
+}
+
+/// A run in progress; see the module documentation.
+pub struct Run {
+    ckpt: Checkpoint,
+    trainer: Trainer,
+    windows: Windows,
+    opts: RunOptions,
+    trained: Vec<WeightSource>,
+    step: u64,
+    applied: u64,
+}
+
+impl Run {
+    /// Compiles and loads the training step of `ckpt` for `tokens` (the
+    /// tokenized training text); with `resume`, continues from the optimizer
+    /// state saved beside `ckpt`'s weights (a checkpoint [`Run::save`] wrote).
+    pub async fn start(
+        ckpt: Checkpoint,
+        tokens: Vec<u32>,
+        opts: RunOptions,
+        resume: bool,
+    ) -> Result<Run, TrainError> {
+        opts.hyper.check()?;
+        if opts.batch == 0 {
+            return Err(TrainError::Options("--batch must be at least 1".into()));
+        }
+        let context = ckpt
+            .config_json
+            .get("max_position_embeddings")
+            .and_then(|v| v.as_u64())
+            .unwrap_or(u64::MAX);
+        let windows = Windows::for_model(
+            tokens,
+            opts.seq_len as usize,
+            usize::try_from(context).unwrap_or(usize::MAX),
+        )?;
+        let windows = match opts.shuffle {
+            Some(seed) => windows.shuffled(seed),
+            None => windows,
+        };
+        // The device first: its binding limit is the program's.
+        let gpu = Gpu::open_on(&Requirements::default(), &opts.device).await?;
+        let mut target = Target::portable();
+        target.limits.max_storage_binding = gpu.limits.max_storage_buffer_binding_size;
+        target.wide_binding = target.limits.max_storage_binding;
+        let training = TrainingOptions {
+            seq_len: opts.seq_len,
+            batch: opts.batch,
+            eight_bit: opts.eight_bit,
+            target,
+        };
+        let build = gerbil_compiler::compile_training(&ckpt, &training)?;
+        let plan = build.program.plan;
+        let trainer = Trainer::new(gpu, plan, &build.parameters, &build.frozen).await?;
+        let (mut step, mut applied) = (0, 0);
+        if resume {
+            let parameters = &trainer.plan().parameters;
+            let state = OptimizerState::load(&ckpt.dir, parameters, opts.eight_bit)?;
+            for (holds, bytes) in &state.buffers {
+                trainer.write(*holds, bytes)?;
+            }
+            (step, applied) = (state.step, state.applied);
+        }
+        Ok(Run {
+            ckpt,
+            trainer,
+            windows,
+            opts,
+            trained: build.program.trained,
+            step,
+            applied,
+        })
+    }
+
+    /// Steps taken so far (a resumed run counts its checkpoint's).
+    pub fn steps_done(&self) -> u64 {
+        self.step
+    }
+
+    /// The trainer, for its plan.
+    pub fn trainer(&self) -> &Trainer {
+        &self.trainer
+    }
+
+    /// The next optimizer step.
+    pub async fn step(&mut self) -> Result<StepLog, TrainError> {
+        let (seq_len, batch) = (self.opts.seq_len as usize, self.opts.batch as usize);
+        let windows = self.windows.batch(self.step as usize, batch);
+        let sequences: Vec<(&[u32], &[u32])> = windows.into_iter().map(Windows::split).collect();
+        let hyper = &self.opts.hyper;
+        let lr = hyper.lr_at(self.step);
+        let settings = AdamwSettings::at_step(
+            self.applied + 1,
+            lr,
+            hyper.betas,
+            hyper.eps,
+            hyper.weight_decay,
+            hyper.max_grad_norm,
+        );
+        let report = self.trainer.step(&sequences, settings.to_array()).await?;
+        self.step += 1;
+        self.applied += u64::from(report.applied);
+        Ok(StepLog {
+            step: self.step,
+            loss: f64::from(report.loss()),
+            grad_norm: f64::from(report.grad_norm),
+            lr,
+            applied: report.applied,
+            tokens: (seq_len * batch) as u64,
+        })
+    }
+
+    /// Writes a checkpoint directory `dir`: the model in HF format and the
+    /// optimizer state ([`crate::state`]).
+    pub async fn save(&self, dir: &Path) -> Result<(), TrainError> {
+        let plan = self.trainer.plan();
+        let mut buffers = Vec::new();
+        for holds in saved_buffers(self.opts.eight_bit) {
+            buffers.push((holds, self.trainer.read(holds).await?));
+        }
+        let master = buffers
+            .iter()
+            .find(|(b, _)| *b == TrainingBuffer::Parameters)
+            .map(|(_, bytes)| bytemuck::cast_slice::<u8, f32>(bytes).to_vec())
+            .unwrap_or_default();
+        export::write_model(dir, &self.ckpt, &plan.parameters, &self.trained, &master)?;
+        OptimizerState {
+            step: self.step,
+            applied: self.applied,
+            eight_bit: self.opts.eight_bit,
+            parameters: plan.parameters.clone(),
+            buffers,
+        }
+        .save(dir)
+    }
+}
