@@ -64,8 +64,22 @@ struct LogLine {
     seconds: f64,
 }
 
+/// How a run ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// Every step was taken; the model is in `--out`.
+    Finished,
+    /// Ctrl-C: the steps taken so far are saved in `checkpoint`.
+    Interrupted {
+        /// Steps taken.
+        step: u64,
+        /// Where they are saved.
+        checkpoint: PathBuf,
+    },
+}
+
 /// Runs `gerbil-train` (see the module documentation); `hub` resolves a hub id.
-pub fn train(opts: &TrainOptions, hub: &HubOptions) -> Result<()> {
+pub fn train(opts: &TrainOptions, hub: &HubOptions) -> Result<Ended> {
     let model = gerbil_hub::resolve(&opts.model, hub)?;
     let ckpt = Checkpoint::open(&model.dir)?;
     let tokens = tokenize(&ckpt, &opts.data)?;
@@ -110,13 +124,10 @@ pub fn train(opts: &TrainOptions, hub: &HubOptions) -> Result<()> {
                 dir.display()
             ));
             save(&run, &dir)?;
-            bail!(
-                "interrupted: {} steps saved in {}; continue with `gerbil-train {} --resume` and \
-                 the same flags",
-                s.step,
-                dir.display(),
-                dir.display()
-            );
+            return Ok(Ended::Interrupted {
+                step: s.step,
+                checkpoint: dir,
+            });
         }
     }
     bar.finish_and_clear();
@@ -128,7 +139,7 @@ pub fn train(opts: &TrainOptions, hub: &HubOptions) -> Result<()> {
         started.elapsed().as_secs_f64(),
         opts.out.display()
     ));
-    Ok(())
+    Ok(Ended::Finished)
 }
 
 /// The text of `path` as the model's tokenizer encodes it.

@@ -82,6 +82,9 @@ impl Run {
         resume: bool,
     ) -> Result<Run, TrainError> {
         opts.hyper.check()?;
+        if resume {
+            OptimizerState::check_present(&ckpt.dir)?;
+        }
         if opts.batch == 0 {
             return Err(TrainError::Options("--batch must be at least 1".into()));
         }

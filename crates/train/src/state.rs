@@ -93,6 +93,20 @@ impl OptimizerState {
         Ok(())
     }
 
+    /// Refuses a `dir` without [`STATE_FILE`] before anything is compiled
+    /// (what [`OptimizerState::load`] would say, but at once).
+    pub fn check_present(dir: &Path) -> Result<(), TrainError> {
+        let path = dir.join(STATE_FILE);
+        if path.is_file() {
+            return Ok(());
+        }
+        Err(TrainError::State(format!(
+            "{}: no such file; --resume takes a checkpoint directory gerbil-train wrote (it \
+             holds {STATE_FILE} beside the weights)",
+            path.display()
+        )))
+    }
+
     /// Reads `dir`/[`STATE_FILE`] for a run whose parameters are laid out
     /// as `parameters`, with 8-bit moments if `eight_bit`.
     pub fn load(

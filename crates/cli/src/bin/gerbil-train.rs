@@ -4,7 +4,7 @@
 use anyhow::Result;
 use clap::Parser;
 use gerbil_cli::numbers::whole_u64;
-use gerbil_cli::train::{train, TrainOptions};
+use gerbil_cli::train::{train, Ended, TrainOptions};
 use gerbil_runtime::device::DeviceOptions;
 use gerbil_train::{Hyperparameters, RunOptions};
 use std::path::PathBuf;
@@ -115,10 +115,21 @@ fn betas(s: &str) -> Result<(f64, f64), String> {
 fn main() {
     let cli = Cli::parse();
     gerbil_cli::logging::init(cli.verbose);
-    gerbil_cli::console::exit(real_main(cli))
+    match real_main(cli) {
+        // The shell's status for an interrupt.
+        Ok(Ended::Interrupted { step, checkpoint }) => {
+            gerbil_cli::console::note(&format!(
+                "interrupted: {step} steps saved in {dir}; continue with `gerbil-train {dir} \
+                 --resume` and the same flags",
+                dir = checkpoint.display()
+            ));
+            std::process::exit(130)
+        }
+        other => gerbil_cli::console::exit(other.map(|_| ())),
+    }
 }
 
-fn real_main(cli: Cli) -> Result<()> {
+fn real_main(cli: Cli) -> Result<Ended> {
     let progress = gerbil_cli::progress::Progress::new(cli.quiet);
     let hub = gerbil_cli::hub_env::hub_options(None, None, progress, false);
     let opts = TrainOptions {

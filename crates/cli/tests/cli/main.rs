@@ -20,4 +20,5 @@ mod serve;
 mod slots;
 mod structured;
 mod svg;
+mod train;
 mod web;

@@ -3,7 +3,7 @@
 //! the SmolLM2 fixture, and the transformers references.
 
 mod tiny_text;
-pub use tiny_text::{tiny_text_plan, tiny_text_plan_of};
+pub use tiny_text::{tiny_text_model, tiny_text_plan, tiny_text_plan_of};
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};

@@ -94,7 +94,20 @@ pub fn tiny_text_plan_of(family: &str, dir: &Path, extra: &[&str]) -> PathBuf {
             other
         }
     };
-    let model = dir.join(named("tiny-text", format!("tiny-text-{family}")));
+    let model = tiny_text_model(
+        family,
+        &dir.join(named("tiny-text", format!("tiny-text-{family}"))),
+    );
+    let plan = dir.join(named("tiny.plan", format!("tiny-{family}.plan")));
+    compile_to(&model, &plan, extra);
+    plan
+}
+
+/// The checkpoint directory of [`tiny_text_plan_of`]: the tiny model of
+/// `family` with [`tiny_tokenizer`] and a ChatML template, written to
+/// `model`.
+pub fn tiny_text_model(family: &str, model: &Path) -> PathBuf {
+    let model = model.to_path_buf();
     std::fs::create_dir_all(&model).unwrap();
     for f in ["config.json", "generation_config.json", "model.safetensors"] {
         std::fs::copy(
@@ -107,7 +120,5 @@ pub fn tiny_text_plan_of(family: &str, dir: &Path, extra: &[&str]) -> PathBuf {
     let template = "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
     let config = json!({"chat_template": template, "eos_token": "<|im_end|>"});
     std::fs::write(model.join("tokenizer_config.json"), config.to_string()).unwrap();
-    let plan = dir.join(named("tiny.plan", format!("tiny-{family}.plan")));
-    compile_to(&model, &plan, extra);
-    plan
+    model
 }
