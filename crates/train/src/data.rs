@@ -71,8 +71,11 @@ pub struct Windows {
     seq_len: usize,
     count: usize,
     /// The shuffle's seed, and the last pass's order.
-    shuffle: Option<(u64, RefCell<Option<(usize, Vec<usize>)>>)>,
+    shuffle: Option<(u64, RefCell<Option<PassOrder>>)>,
 }
+
+/// A pass's number and the order it takes the windows in.
+type PassOrder = (usize, Vec<usize>);
 
 impl Windows {
     /// Cuts `stream` into windows of `seq_len + 1` tokens for a model of
