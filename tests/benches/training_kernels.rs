@@ -151,14 +151,27 @@ fn cases() -> Vec<Case> {
             backward::attention_lse(&attention, T),
             vec![t * h64 * f, t * u64::from(kv) * f, t * 9 * f],
         ),
-        one(
-            "attention_grad, 512 rows, 9 heads of 64, 3 KV heads",
-            backward::attention_grad(&attention, T),
-            {
-                let (qb, kb) = (t * h64 * f, t * u64::from(kv) * f);
-                vec![qb, kb, kb, qb, qb, t * 9 * f, qb, kb, kb]
-            },
-        ),
+        Case {
+            what: "attention_grad (6 dispatches), 512 rows, 9 heads of 64, 3 KV heads".into(),
+            kernels: backward::attention_grad(&attention, T, T)
+                .into_iter()
+                .map(|src| {
+                    // Each binding's bytes by its name (scratch: as declared).
+                    let (qb, kb) = (t * h64 * f, t * u64::from(kv) * f);
+                    let sizes = src.bindings[1..]
+                        .iter()
+                        .map(|b| match b.name.as_str() {
+                            "q" | "dy" | "o" | "dq" => qb,
+                            "k" | "v" | "dk" | "dv" => kb,
+                            "lse" => t * 9 * f,
+                            _ => b.bytes,
+                        })
+                        .collect();
+                    (src, sizes)
+                })
+                .collect(),
+            bytes: None,
+        },
         one(
             "embedding_grad, 49,152 × 576 from 512 ids",
             backward::embedding_grad(vocab, h, &lookup),

@@ -841,31 +841,30 @@ fn backward_kernels_match_the_gradients() {
             got.and_then(|g| check_close("lse", &g[0], &lse, 1e-5)),
         );
         let as_f32 = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
-        let inputs = [
-            f32_bytes(&q),
-            f32_bytes(&kc),
-            f32_bytes(&vc),
-            f32_bytes(&dy),
-            f32_bytes(&as_f32(&out)),
-            f32_bytes(&as_f32(&lse)),
-            poison(q.len()),
-            poison(kc.len()),
-            poison(vc.len()),
+        use gerbil_codegen_wgsl::kernels::{input, output};
+        let operands = [
+            (input(0), f32_bytes(&q)),
+            (input(1), f32_bytes(&kc)),
+            (input(2), f32_bytes(&vc)),
+            (input(3), f32_bytes(&dy)),
+            (input(4), f32_bytes(&as_f32(&out))),
+            (input(5), f32_bytes(&as_f32(&lse))),
+            (output(0), poison(q.len())),
+            (output(1), poison(kc.len())),
+            (output(2), poison(vc.len())),
         ];
-        let got = run_outputs(
-            &backward::attention_grad(&a, lmax),
-            t,
-            p,
-            &inputs,
-            &[6, 7, 8],
-        );
+        // Steps of at most 5 rows: the scratch's row stride is not `T`.
+        let kernels = backward::attention_grad(&a, lmax, 5);
+        let got = gerbil_e2e::kernel_harness::run_chain(&kernels, t, p, &operands);
+        for (i, (port, bytes)) in operands.iter().enumerate().take(6) {
+            assert_eq!(&got[i], bytes, "{what}: {port:?} was modified");
+        }
+        let g = |i: usize| gerbil_e2e::kernel_harness::to_f32(&got[i]);
         check(
             format!("{what} grad"),
-            got.and_then(|g| {
-                check_close("dq", &g[0], &dq, 1e-5)?;
-                check_close("dk", &g[1], &dk, 1e-5)?;
-                check_close("dv", &g[2], &dv, 1e-5)
-            }),
+            check_close("dq", &g(6), &dq, 1e-5)
+                .and_then(|_| check_close("dk", &g(7), &dk, 1e-5))
+                .and_then(|_| check_close("dv", &g(8), &dv, 1e-5)),
         );
     }
 

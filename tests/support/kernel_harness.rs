@@ -595,3 +595,124 @@ impl Rng {
         (0..n).map(|_| self.unit()).collect()
     }
 }
+
+/// Runs `kernels` one after another, in one submission, as a plan runs the
+/// dispatches of one node (`backward::attention_grad`'s six): every kernel
+/// binds each of its ports to the buffer `operands` gives that port, and
+/// its scratch bindings to one shared scratch buffer laid out as the plan
+/// lays it out (in binding order, each at a 256-byte boundary; working
+/// memory starts as NaN), so what one kernel leaves there the next reads.
+/// Returns every operand's bytes afterwards, in `operands`' order.
+pub fn run_chain(
+    kernels: &[KernelSource],
+    t: u32,
+    p: u32,
+    operands: &[(Port, Vec<u8>)],
+) -> Vec<Vec<u8>> {
+    let _lock = crate::gpu_lock();
+    let gpu = gpu();
+    let gerbil_runtime::Gpu { device, queue, .. } = &gpu;
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let usage =
+        wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::COPY_SRC;
+    let buffer = |bytes: &[u8]| {
+        let b = device.create_buffer(&wgpu::BufferDescriptor {
+            label: None,
+            size: (bytes.len() as u64).next_multiple_of(4).max(4),
+            usage,
+            mapped_at_creation: false,
+        });
+        let mut padded = bytes.to_vec();
+        padded.resize(b.size() as usize, 0);
+        queue.write_buffer(&b, 0, &padded);
+        b
+    };
+    let buffers: Vec<wgpu::Buffer> = operands.iter().map(|(_, bytes)| buffer(bytes)).collect();
+    let aligned = |n: u64| n.next_multiple_of(256);
+    let scratch_bytes = kernels
+        .iter()
+        .map(|k| {
+            k.bindings
+                .iter()
+                .filter(|b| is_scratch(b))
+                .map(|b| aligned(b.bytes))
+                .sum::<u64>()
+        })
+        .max()
+        .unwrap_or(0);
+    let scratch = buffer(&vec![0xFF; scratch_bytes.max(4) as usize]);
+    let params = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("params"),
+        size: 16,
+        usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    queue.write_buffer(&params, 0, bytemuck::cast_slice(&[t, p, 0u32, 0u32]));
+    let mut enc = device.create_command_encoder(&Default::default());
+    for src in kernels {
+        let gerbil_runtime::pipeline::KernelPipeline { layout, pipeline } =
+            kernel_pipeline(device, src);
+        let mut next = 0;
+        let resources = src.bindings[1..].iter().map(|b| {
+            if is_scratch(b) {
+                let offset = next;
+                next += aligned(b.bytes);
+                return wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                    buffer: &scratch,
+                    offset,
+                    size: std::num::NonZeroU64::new(b.bytes),
+                });
+            }
+            let i = operands
+                .iter()
+                .position(|(port, _)| *port == b.port)
+                .unwrap_or_else(|| panic!("{}: no operand for {:?}", src.name, b.port));
+            buffers[i].as_entire_binding()
+        });
+        let group = bind_group(device, src, &layout, &params, resources);
+        let groups = src.workgroups.map(|w| w.eval_at(t, p + t));
+        let mut pass = enc.begin_compute_pass(&Default::default());
+        pass.set_pipeline(&pipeline);
+        pass.set_bind_group(0, &group, &[]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+    }
+    let readbacks: Vec<wgpu::Buffer> = buffers
+        .iter()
+        .map(|b| {
+            let staging = device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("readback"),
+                size: b.size(),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            });
+            enc.copy_buffer_to_buffer(b, 0, &staging, 0, b.size());
+            staging
+        })
+        .collect();
+    queue.submit([enc.finish()]);
+    if let Some(e) = pollster::block_on(scope.pop()) {
+        panic!(
+            "kernels {:?}: {e}",
+            kernels.iter().map(|k| &k.name).collect::<Vec<_>>()
+        );
+    }
+    for staging in &readbacks {
+        staging
+            .slice(..)
+            .map_async(wgpu::MapMode::Read, |r| r.expect("map readback buffer"));
+    }
+    device
+        .poll(wgpu::PollType::wait_indefinitely())
+        .expect("device lost");
+    readbacks
+        .iter()
+        .zip(operands)
+        .map(|(staging, (_, bytes))| {
+            let view = staging
+                .slice(..)
+                .get_mapped_range()
+                .expect("mapped readback");
+            view[..bytes.len()].to_vec()
+        })
+        .collect()
+}

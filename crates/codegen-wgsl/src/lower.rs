@@ -236,6 +236,28 @@ impl Lowering<'_> {
             && !variant.features.contains(&Feature::Cpu)
     }
 
+    /// The kernels for compute node `id` in a schedule of `phase` of
+    /// `variant`, in the order they run: [`Lowering::kernel`]'s one, or a
+    /// training op's ([`Lowering::train_kernels`]).
+    pub fn kernels(
+        &self,
+        id: NodeId,
+        phase: Phase,
+        variant: &VariantSpec,
+    ) -> Result<Vec<Lowered>, CodegenError> {
+        match &self.graph.node(id).op {
+            Op::Train(t) => Ok(self
+                .train_kernels(id, t)?
+                .into_iter()
+                .map(|source| Lowered {
+                    source,
+                    op: KernelOp::Other,
+                })
+                .collect()),
+            _ => Ok(vec![self.kernel(id, phase, variant)?]),
+        }
+    }
+
     /// The kernel for compute node `id` in a schedule of `phase` of `variant`.
     pub fn kernel(
         &self,
@@ -539,7 +561,11 @@ impl Lowering<'_> {
             Op::Input(_) | Op::Weight(_) | Op::KvCache { .. } => {
                 return Err(unsupported("source nodes have no kernel"))
             }
-            Op::Train(t) => self.train_kernel(id, t)?,
+            Op::Train(_) => {
+                return Err(unsupported(
+                    "a training op has a list of kernels (`Lowering::kernels`; a compiler bug)",
+                ))
+            }
         };
         Ok(Lowered {
             source,

@@ -15,12 +15,14 @@ use crate::CodegenError;
 use gerbil_ir::{NodeId, TrainOp};
 
 impl Lowering<'_> {
-    /// The kernel of training node `id`, whose op is `op`.
-    pub(crate) fn train_kernel(
+    /// The kernels of training node `id`, whose op is `op`, in the order
+    /// they run: one for every op but attention's backward, which is six
+    /// ([`backward::attention_grad`]).
+    pub(crate) fn train_kernels(
         &self,
         id: NodeId,
         op: &TrainOp,
-    ) -> Result<KernelSource, CodegenError> {
+    ) -> Result<Vec<KernelSource>, CodegenError> {
         let g = self.graph;
         let node = g.node(id);
         let ins = g.inputs(id);
@@ -36,7 +38,7 @@ impl Lowering<'_> {
                 ),
             });
         }
-        Ok(match op {
+        let one = match op {
             TrainOp::CrossEntropy => backward::cross_entropy(width(0), self.max_tokens),
             TrainOp::CrossEntropyGrad => backward::cross_entropy_grad(width(0)),
             TrainOp::MatMulGradX => backward::matmul_grad_x(width(0), width(1), ty(1).dtype),
@@ -50,11 +52,18 @@ impl Lowering<'_> {
             }),
             TrainOp::CacheRows => backward::cache_rows(width(0)),
             TrainOp::AttentionLse(a) => backward::attention_lse(a, self.max_context),
-            TrainOp::AttentionGrad(a) => backward::attention_grad(a, self.max_context),
+            TrainOp::AttentionGrad(a) => {
+                return Ok(backward::attention_grad(
+                    a,
+                    self.max_context,
+                    self.max_tokens,
+                ))
+            }
             TrainOp::UnaryGrad(u) => backward::unary_grad(*u, width(0)),
             TrainOp::EmbeddingGrad { embedding, rows } => {
                 backward::embedding_grad(*rows as u32, width(1), embedding)
             }
-        })
+        };
+        Ok(vec![one])
     }
 }

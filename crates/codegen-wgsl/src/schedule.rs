@@ -340,7 +340,9 @@ pub(crate) fn schedule(
             });
             out.extend([short, long]);
         } else {
-            out.push(dispatch(lowering.kernel(id, phase, spec)?, most)?);
+            for lowered in lowering.kernels(id, phase, spec)? {
+                out.push(dispatch(lowered, most)?);
+            }
         }
     }
     Ok(out)

@@ -840,7 +840,9 @@ fn golden_backward_kernels() {
         causal: true,
     };
     golden(backward::attention_lse(&attention, 512));
-    golden(backward::attention_grad(&attention, 512));
+    for kernel in backward::attention_grad(&attention, 512, 512) {
+        golden(kernel);
+    }
     golden(rope::backward(RopeSpec {
         heads: 9,
         head_dim: 64,

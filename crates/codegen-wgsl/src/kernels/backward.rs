@@ -266,9 +266,12 @@ struct Operand<'a> {
 /// The WGSL entry of `out[i, j] = Σ_l a(i, l) · b(l, j)` over `i < m`,
 /// `j < NC` and `l < depth` (`m`, `depth` WGSL expressions; `NC` declared
 /// by the caller), `a.load` an expression of `i` and `l`, `b` one of `l`
-/// and `j`, consecutive in `j`. The tiles of `a` and `b` are staged
-/// through workgroup memory, 8 KiB.
-fn tiled_product(a: Operand, b: &str, out: &str, m: &str, depth: &str) -> String {
+/// and `j`, consecutive in `j`; `store` is the statement that takes each
+/// sum, `VALUE` in it, at `i`, `j`. Every expression may also read `z`,
+/// the workgroup's z (a batch of products in one dispatch). The tiles of
+/// `a` and `b` are staged through workgroup memory, 8 KiB.
+fn tiled_product(a: Operand, b: &str, store: &str, m: &str, depth: &str) -> String {
+    let store = store.replace("VALUE", "acc[r][c]");
     let a_load = a.load;
     let (a_i, a_l) = if a.rows_first {
         ("e % TILE", "e / TILE")
@@ -281,12 +284,12 @@ fn tiled_product(a: Operand, b: &str, out: &str, m: &str, depth: &str) -> String
          var<workgroup> bt: array<f32, {staged}>;\n\
          @compute @workgroup_size(256, 1, 1)\n\
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
-         \x20 let lane = lid.x;\n  let tx = lane % 16u;\n  let ty = lane / 16u;\n\
+         \x20 let lane = lid.x;\n  let tx = lane % 16u;\n  let ty = lane / 16u;\n  let z = wid.z;\n\
          \x20 let i0 = wid.y * TILE;\n  let j0 = wid.x * TILE;\n\
          \x20 var acc: array<vec4<f32>, 4>;\n\
          \x20 for (var l0 = 0u; l0 < {depth}; l0 = l0 + DEPTH) {{\n\
-         \x20   for (var k = 0u; k < 4u; k = k + 1u) {{\n\
-         \x20     let e = lane + k * 256u;\n\
+         \x20   for (var part = 0u; part < 4u; part = part + 1u) {{\n\
+         \x20     let e = lane + part * 256u;\n\
          \x20     let ai = {a_i};\n      let al = {a_l};\n\
          \x20     var av = 0.0f;\n\
          \x20     if (i0 + ai < {m} && l0 + al < {depth}) {{ let i = i0 + ai; let l = l0 + al; av = {a_load}; }}\n\
@@ -305,7 +308,7 @@ fn tiled_product(a: Operand, b: &str, out: &str, m: &str, depth: &str) -> String
          \x20   let i = i0 + ty * 4u + r;\n\
          \x20   for (var c = 0u; c < 4u; c = c + 1u) {{\n\
          \x20     let j = j0 + tx * 4u + c;\n\
-         \x20     if (i < {m} && j < NC) {{ {out}[i * NC + j] = acc[r][c]; }}\n    }}\n  }}\n}}\n",
+         \x20     if (i < {m} && j < NC) {{ {store} }}\n    }}\n  }}\n}}\n",
         staged = TILE * DEPTH,
     )
 }
@@ -313,6 +316,18 @@ fn tiled_product(a: Operand, b: &str, out: &str, m: &str, depth: &str) -> String
 /// A tiled product's launch: `cols` output columns across x, `rows` output
 /// rows across y, in tiles of 64.
 fn tiled_launch(name: String, wgsl: String, b: Bindings, rows: Rows, cols: u32) -> KernelSource {
+    batched_launch(name, wgsl, b, rows, cols, 1)
+}
+
+/// [`tiled_launch`] of `batch` products, one per workgroup z.
+fn batched_launch(
+    name: String,
+    wgsl: String,
+    b: Bindings,
+    rows: Rows,
+    cols: u32,
+    batch: u32,
+) -> KernelSource {
     KernelSource {
         name,
         wgsl,
@@ -321,7 +336,7 @@ fn tiled_launch(name: String, wgsl: String, b: Bindings, rows: Rows, cols: u32) 
         workgroups: [
             WorkgroupCount::fixed(cols.div_ceil(TILE)),
             rows.count(1, TILE),
-            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(batch),
         ],
         workgroup_bytes: 2 * TILE * DEPTH * 4,
     }
@@ -343,7 +358,7 @@ pub fn matmul_grad_x(n: u32, k: u32, wdtype: DType) -> KernelSource {
     w.push_str(&tiled_product(
         dy,
         "load_w(l * NC + j)",
-        "dx",
+        "dx[i * NC + j] = VALUE;",
         "params.t",
         "N",
     ));
@@ -369,7 +384,13 @@ pub fn matmul_grad_w(n: u32, k: u32) -> KernelSource {
         load: "dy[l * N + i]",
         rows_first: true,
     };
-    w.push_str(&tiled_product(dy_t, "x[l * NC + j]", "dw", "N", "params.t"));
+    w.push_str(&tiled_product(
+        dy_t,
+        "x[l * NC + j]",
+        "dw[i * NC + j] = VALUE;",
+        "N",
+        "params.t",
+    ));
     tiled_launch(format!("matmul_grad_w_n{n}_k{k}"), w, b, Rows::Fixed(n), k)
 }
 
@@ -515,14 +536,15 @@ pub fn embedding_grad(vocab: u32, width: u32, e: &Embedding) -> KernelSource {
     }
 }
 
-/// The constants of attention `a` over caches of `lmax` rows, and
-/// `fn keys(t) -> vec2<u32>`: the first and last cache row query row `t`
-/// sees (causal or not, within the window), as the interpreter's
-/// `keys_seen`.
-fn attention_header(a: &Attention, lmax: u32) -> String {
+/// The constants of attention `a` over caches of `lmax` rows (and steps
+/// of at most `max_rows`), and `fn keys(t) -> vec2<u32>`: the first and
+/// last cache row query row `t` sees (causal or not, within the window), as
+/// the interpreter's `keys_seen`.
+fn attention_consts(a: &Attention, lmax: u32, max_rows: u32) -> String {
     let mut w = header(&format!(
         "const NH: u32 = {}u;\nconst NKV: u32 = {}u;\nconst HD: u32 = {}u;\n\
-         const GROUP: u32 = {}u;\nconst SCALE: f32 = {};\nconst LMAX: u32 = {lmax}u;\n",
+         const GROUP: u32 = {}u;\nconst SCALE: f32 = {};\nconst LMAX: u32 = {lmax}u;\n\
+         const TMAX: u32 = {max_rows}u;\n",
         a.n_heads,
         a.n_kv_heads,
         a.head_dim,
@@ -542,11 +564,7 @@ fn attention_header(a: &Attention, lmax: u32) -> String {
     };
     let _ = writeln!(
         w,
-        "fn keys(t: u32) -> vec2<u32> {{\n  let me = params.p + t;\n  return {range};\n}}\n\
-         fn score(t: u32, h: u32, j: u32) -> f32 {{\n\
-         \x20 var s = 0.0f;\n\
-         \x20 for (var d = 0u; d < HD; d = d + 1u) {{ s = s + q[(t * NH + h) * HD + d] * k[(j * NKV + h / GROUP) * HD + d]; }}\n\
-         \x20 return s * SCALE;\n}}"
+        "fn keys(t: u32) -> vec2<u32> {{\n  let me = params.p + t;\n  return {range};\n}}"
     );
     w
 }
@@ -571,10 +589,14 @@ pub fn attention_lse(a: &Attention, lmax: u32) -> KernelSource {
     b.activation(&mut w, input(0), "q");
     b.activation(&mut w, input(1), "k");
     b.activation(&mut w, output(0), "lse");
-    let mut src = attention_header(a, lmax);
+    let mut src = attention_consts(a, lmax, 1);
     src.push_str(&w);
     src.push_str(
-        "@compute @workgroup_size(WG, 1, 1)\n\
+        "fn score(t: u32, h: u32, j: u32) -> f32 {\n\
+         \x20 var s = 0.0f;\n\
+         \x20 for (var d = 0u; d < HD; d = d + 1u) { s = s + q[(t * NH + h) * HD + d] * k[(j * NKV + h / GROUP) * HD + d]; }\n\
+         \x20 return s * SCALE;\n}\n\
+         @compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
          \x20 let i = gid.x;\n  if (i >= params.t * NH) { return; }\n\
          \x20 let t = i / NH;\n  let h = i % NH;\n  let r = keys(t);\n\
@@ -593,77 +615,174 @@ pub fn attention_lse(a: &Attention, lmax: u32) -> KernelSource {
     )
 }
 
-/// Attention's backward over caches of `lmax` rows: `(q, k_cache, v_cache,
-/// dy, out, lse) -> (dq, dk_cache, dv_cache)`. Threads `t·NH + h` of job
-/// 0 (`z`) each make row `t`'s `dq` for head `h`; threads `j·NKV + g` of
-/// job 1 make
-/// cache row `j`'s `dk`, `dv` for KV head `g` from every query row and
-/// head of its group that sees it (rows no query sees get zeros). With
-/// `P = softmax` rebuilt from `lse` and `D = dy · out` per row and head:
-/// `ds = P · (dy · v − D)`, `dq = scale · Σ ds · k`, `dk = scale · Σ ds · q`,
-/// `dv = Σ P · dy`.
-pub fn attention_grad(a: &Attention, lmax: u32) -> KernelSource {
-    // x and y cover the larger job's threads; z holds the two jobs.
-    let threads = u64::from(lmax) * u64::from(a.n_heads.max(a.n_kv_heads));
-    let groups = u32::try_from(threads.div_ceil(u64::from(WG))).unwrap_or(u32::MAX);
-    let (gx, gy) = split_groups(groups);
-    let mut w = String::new();
-    let mut b = Bindings::new();
-    for (i, name) in ["q", "k", "v", "dy", "o", "lse"].into_iter().enumerate() {
-        b.activation(&mut w, input(i as u32), name);
-    }
-    for (i, name) in ["dq", "dk", "dv"].into_iter().enumerate() {
-        b.activation(&mut w, output(i as u32), name);
-    }
-    let mut src = attention_header(a, lmax);
-    let _ = writeln!(src, "const GX: u32 = {gx}u;");
-    src.push_str(&w);
-    src.push_str(
-        "fn dot_dy(t: u32, h: u32, base: u32, of_v: bool) -> f32 {\n\
-         \x20 var s = 0.0f;\n\
-         \x20 for (var d = 0u; d < HD; d = d + 1u) {\n\
-         \x20   let other = select(o[(t * NH + h) * HD + d], v[base + d], of_v);\n\
-         \x20   s = s + dy[(t * NH + h) * HD + d] * other;\n  }\n\
-         \x20 return s;\n}\n\
-         @compute @workgroup_size(WG, 1, 1)\n\
+/// The scratch of [`attention_grad`]'s dispatches, declared in the same
+/// order by each so every one binds it at the same offsets: `delta[t·NH +
+/// h]` (each row's and head's `dy · out`), then `probs[(h·TMAX + t)·LMAX +
+/// j]` (the probabilities, which the third dispatch turns into the scores'
+/// gradients in place).
+fn attention_scratch(b: &mut Bindings, w: &mut String, a: &Attention, lmax: u32, max_rows: u32) {
+    let rows = u64::from(max_rows) * u64::from(a.n_heads);
+    b.scratch(w, "delta", 4 * rows);
+    b.scratch(w, "probs", 4 * rows * u64::from(lmax));
+}
+
+/// Attention's backward over caches of `lmax` rows, in steps of at most
+/// `max_rows`: `(q, k_cache, v_cache, dy, out, lse) -> (dq, dk_cache,
+/// dv_cache)`, as six dispatches run in order, which pass the
+/// probabilities on through the scratch ([`attention_scratch`]):
+///
+/// 1. `delta`: `D = dy · out` per row and head;
+/// 2. `probs`: `P = exp(scale · q·k − lse)` for the keys each row sees, 0
+///    for the rest (a tiled product per head);
+/// 3. `dv = Σ Pᵀ · dy` over each KV head's group of heads;
+/// 4. `ds = scale · P · (dy · v − D)`, in place of `P`;
+/// 5. `dq = ds · k`;
+/// 6. `dk = Σ dsᵀ · q` over the group.
+///
+/// Each product is [`tiled_product`]'s 64 × 64 tiles, a dispatch's z
+/// taking the heads (or KV heads). The cache gradients have every row, 0
+/// where no query looks.
+pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSource> {
+    let tag = format!("{}_l{lmax}_t{max_rows}", attention_tag(a));
+    let start = |inputs: &[(u32, &str)], outputs: &[(u32, &str)], nc: &str| {
+        let mut w = attention_consts(a, lmax, max_rows);
+        let _ = writeln!(w, "const NC: u32 = {nc};");
+        let mut b = Bindings::new();
+        for &(i, name) in inputs {
+            b.activation(&mut w, input(i), name);
+        }
+        for &(i, name) in outputs {
+            b.activation(&mut w, output(i), name);
+        }
+        attention_scratch(&mut b, &mut w, a, lmax, max_rows);
+        (w, b)
+    };
+    // The probabilities' rows of head `z`, at `i`, `j`.
+    let probs_at = "(z * TMAX + i) * LMAX + j";
+    // Over l < GROUP · T: head `z`'s group member `l / T` at row `l % T`.
+    let member = "(l % params.t) * NH + z * GROUP + l / params.t";
+
+    let (mut w, b) = start(&[(3, "dy"), (4, "o")], &[], "1u");
+    w.push_str(
+        "@compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
-         \x20 let i = gid.x + gid.y * GX * WG;\n\
-         \x20 var acc: array<f32, HD>;\n  var acc2: array<f32, HD>;\n\
-         \x20 for (var d = 0u; d < HD; d = d + 1u) { acc[d] = 0.0f; acc2[d] = 0.0f; }\n\
-         \x20 if (gid.z == 0u) {\n\
-         \x20   if (i >= params.t * NH) { return; }\n\
-         \x20   let t = i / NH;\n    let h = i % NH;\n    let r = keys(t);\n\
-         \x20   let big_d = dot_dy(t, h, 0u, false);\n\
-         \x20   for (var j = r.x; j <= r.y; j = j + 1u) {\n\
-         \x20     let kv = (j * NKV + h / GROUP) * HD;\n\
-         \x20     let p = exp(score(t, h, j) - lse[i]);\n\
-         \x20     let ds = p * (dot_dy(t, h, kv, true) - big_d);\n\
-         \x20     for (var d = 0u; d < HD; d = d + 1u) { acc[d] = acc[d] + ds * k[kv + d]; }\n    }\n\
-         \x20   for (var d = 0u; d < HD; d = d + 1u) { dq[i * HD + d] = SCALE * acc[d]; }\n\
-         \x20   return;\n  }\n\
-         \x20 if (i >= LMAX * NKV) { return; }\n\
-         \x20 let j = i / NKV;\n  let g = i % NKV;\n  let kv = i * HD;\n\
-         \x20 for (var h = g * GROUP; h < (g + 1u) * GROUP; h = h + 1u) {\n\
-         \x20   for (var t = 0u; t < params.t; t = t + 1u) {\n\
-         \x20     let r = keys(t);\n\
-         \x20     if (j < r.x || j > r.y) { continue; }\n\
-         \x20     let p = exp(score(t, h, j) - lse[t * NH + h]);\n\
-         \x20     let ds = p * (dot_dy(t, h, kv, true) - dot_dy(t, h, 0u, false));\n\
-         \x20     for (var d = 0u; d < HD; d = d + 1u) {\n\
-         \x20       acc[d] = acc[d] + SCALE * ds * q[(t * NH + h) * HD + d];\n\
-         \x20       acc2[d] = acc2[d] + p * dy[(t * NH + h) * HD + d];\n      }\n    }\n  }\n\
-         \x20 for (var d = 0u; d < HD; d = d + 1u) { dk[kv + d] = acc[d]; dv[kv + d] = acc2[d]; }\n}\n",
+         \x20 let i = gid.x;\n  if (i >= params.t * NH) { return; }\n\
+         \x20 var s = 0.0f;\n\
+         \x20 for (var d = 0u; d < HD; d = d + 1u) { s = s + dy[i * HD + d] * o[i * HD + d]; }\n\
+         \x20 delta[i] = s;\n}\n",
     );
-    KernelSource {
-        name: format!("attention_grad_{}_l{lmax}", attention_tag(a)),
-        wgsl: src,
-        workgroup_size: [WG, 1, 1],
-        bindings: b.finish(),
-        workgroups: [
-            WorkgroupCount::fixed(gx),
-            WorkgroupCount::fixed(gy),
-            WorkgroupCount::fixed(2),
-        ],
-        workgroup_bytes: 0,
-    }
+    let delta = flat(
+        format!("attention_grad_delta_{tag}"),
+        w,
+        Rows::Tokens,
+        a.n_heads,
+        b.finish(),
+    );
+
+    let (mut w, b) = start(&[(0, "q"), (1, "k"), (5, "lse")], &[], "LMAX");
+    w.push_str(&tiled_product(
+        Operand {
+            load: "q[(i * NH + z) * HD + l]",
+            rows_first: false,
+        },
+        "k[(j * NKV + z / GROUP) * HD + l]",
+        &format!(
+            "let kr = keys(i); probs[{probs_at}] = select(0.0f, exp(VALUE * SCALE - lse[i * NH + z]), j >= kr.x && j <= kr.y);"
+        ),
+        "params.t",
+        "HD",
+    ));
+    let probs = batched_launch(
+        format!("attention_grad_probs_{tag}"),
+        w,
+        b,
+        Rows::Tokens,
+        lmax,
+        a.n_heads,
+    );
+
+    let (mut w, b) = start(&[(3, "dy")], &[(2, "dv")], "HD");
+    let probs_of_member =
+        "probs[((z * GROUP + l / params.t) * TMAX + l % params.t) * LMAX + i]".to_string();
+    w.push_str(&tiled_product(
+        Operand {
+            load: &probs_of_member,
+            rows_first: true,
+        },
+        &format!("dy[({member}) * HD + j]"),
+        "dv[(i * NKV + z) * HD + j] = VALUE;",
+        "LMAX",
+        "GROUP * params.t",
+    ));
+    let dv = batched_launch(
+        format!("attention_grad_dv_{tag}"),
+        w,
+        b,
+        Rows::Fixed(lmax),
+        a.head_dim,
+        a.n_kv_heads,
+    );
+
+    let (mut w, b) = start(&[(2, "v"), (3, "dy")], &[], "LMAX");
+    w.push_str(&tiled_product(
+        Operand {
+            load: "dy[(i * NH + z) * HD + l]",
+            rows_first: false,
+        },
+        "v[(j * NKV + z / GROUP) * HD + l]",
+        &format!(
+            "let idx = {probs_at}; probs[idx] = SCALE * probs[idx] * (VALUE - delta[i * NH + z]);"
+        ),
+        "params.t",
+        "HD",
+    ));
+    let ds = batched_launch(
+        format!("attention_grad_ds_{tag}"),
+        w,
+        b,
+        Rows::Tokens,
+        lmax,
+        a.n_heads,
+    );
+
+    let (mut w, b) = start(&[(1, "k")], &[(0, "dq")], "HD");
+    w.push_str(&tiled_product(
+        Operand {
+            load: "probs[(z * TMAX + i) * LMAX + l]",
+            rows_first: false,
+        },
+        "k[(l * NKV + z / GROUP) * HD + j]",
+        "dq[(i * NH + z) * HD + j] = VALUE;",
+        "params.t",
+        "LMAX",
+    ));
+    let dq = batched_launch(
+        format!("attention_grad_dq_{tag}"),
+        w,
+        b,
+        Rows::Tokens,
+        a.head_dim,
+        a.n_heads,
+    );
+
+    let (mut w, b) = start(&[(0, "q")], &[(1, "dk")], "HD");
+    w.push_str(&tiled_product(
+        Operand {
+            load: &probs_of_member,
+            rows_first: true,
+        },
+        &format!("q[({member}) * HD + j]"),
+        "dk[(i * NKV + z) * HD + j] = VALUE;",
+        "LMAX",
+        "GROUP * params.t",
+    ));
+    let dk = batched_launch(
+        format!("attention_grad_dk_{tag}"),
+        w,
+        b,
+        Rows::Fixed(lmax),
+        a.head_dim,
+        a.n_kv_heads,
+    );
+    vec![delta, probs, dv, ds, dq, dk]
 }
