@@ -146,11 +146,25 @@ fn cases() -> Vec<Case> {
             backward::rms_norm_grad(h, &norm, DType::BF16),
             vec![t * h64 * f, h64 * 2, t * h64 * f, t * h64 * f, h64 * f],
         ),
-        one(
-            "attention_lse, 512 rows, 9 heads of 64, 3 KV heads",
-            backward::attention_lse(&attention, T),
-            vec![t * h64 * f, t * u64::from(kv) * f, t * 9 * f],
-        ),
+        Case {
+            what: "attention_lse (2 dispatches), 512 rows, 9 heads of 64, 3 KV heads".into(),
+            kernels: backward::attention_lse(&attention, T, T)
+                .into_iter()
+                .map(|src| {
+                    let sizes = src.bindings[1..]
+                        .iter()
+                        .map(|b| match b.name.as_str() {
+                            "q" => t * h64 * f,
+                            "k" => t * u64::from(kv) * f,
+                            "lse" => t * 9 * f,
+                            _ => b.bytes,
+                        })
+                        .collect();
+                    (src, sizes)
+                })
+                .collect(),
+            bytes: None,
+        },
         Case {
             what: "attention_grad (6 dispatches), 512 rows, 9 heads of 64, 3 KV heads".into(),
             kernels: backward::attention_grad(&attention, T, T)

@@ -828,20 +828,27 @@ fn backward_kernels_match_the_gradients() {
         let lse = grad::attention_lse(&q64, &k64, &a, p as usize);
         let (dq, dk, dv) = grad::attention(&q64, &k64, &v64, &a, p as usize, &widen(&dy));
         let what = format!("attention causal={causal} window={window:?} p={p} lmax={lmax}");
-        let src = backward::attention_lse(&a, lmax);
-        let got = run_outputs(
-            &src,
+        use gerbil_codegen_wgsl::kernels::{input, output};
+        let got = gerbil_e2e::kernel_harness::run_chain(
+            &backward::attention_lse(&a, lmax, 5),
             t,
             p,
-            &[f32_bytes(&q), f32_bytes(&kc), poison(t as usize * 4)],
-            &[2],
+            &[
+                (input(0), f32_bytes(&q)),
+                (input(1), f32_bytes(&kc)),
+                (output(0), poison(t as usize * 4)),
+            ],
         );
         check(
             format!("{what} lse"),
-            got.and_then(|g| check_close("lse", &g[0], &lse, 1e-5)),
+            check_close(
+                "lse",
+                &gerbil_e2e::kernel_harness::to_f32(&got[2]),
+                &lse,
+                1e-5,
+            ),
         );
         let as_f32 = |v: &[f64]| -> Vec<f32> { v.iter().map(|&x| x as f32).collect() };
-        use gerbil_codegen_wgsl::kernels::{input, output};
         let operands = [
             (input(0), f32_bytes(&q)),
             (input(1), f32_bytes(&kc)),

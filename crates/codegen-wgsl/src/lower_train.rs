@@ -16,8 +16,9 @@ use gerbil_ir::{NodeId, TrainOp};
 
 impl Lowering<'_> {
     /// The kernels of training node `id`, whose op is `op`, in the order
-    /// they run: one for every op but attention's backward, which is six
-    /// ([`backward::attention_grad`]).
+    /// they run: one for every op but attention's log-sum-exp (two,
+    /// [`backward::attention_lse`]) and backward (six,
+    /// [`backward::attention_grad`]).
     pub(crate) fn train_kernels(
         &self,
         id: NodeId,
@@ -51,7 +52,13 @@ impl Lowering<'_> {
                 rotary_dim: r.rotary_dim,
             }),
             TrainOp::CacheRows => backward::cache_rows(width(0)),
-            TrainOp::AttentionLse(a) => backward::attention_lse(a, self.max_context),
+            TrainOp::AttentionLse(a) => {
+                return Ok(backward::attention_lse(
+                    a,
+                    self.max_context,
+                    self.max_tokens,
+                ))
+            }
             TrainOp::AttentionGrad(a) => {
                 return Ok(backward::attention_grad(
                     a,

@@ -839,7 +839,9 @@ fn golden_backward_kernels() {
         window: None,
         causal: true,
     };
-    golden(backward::attention_lse(&attention, 512));
+    for kernel in backward::attention_lse(&attention, 512, 512) {
+        golden(kernel);
+    }
     for kernel in backward::attention_grad(&attention, 512, 512) {
         golden(kernel);
     }

@@ -66,6 +66,12 @@ enum Uncaptured {
     Validation(String),
 }
 
+/// How many more waits [`Gpu::settle`] gives a callback that a wait made
+/// due but that has not come yet, 2 ms apart, before it calls the device
+/// lost.
+#[cfg(not(target_arch = "wasm32"))]
+const SETTLE_RETRIES: u32 = 50;
+
 /// Locks the faults, whatever a panicking holder left: they are plain data.
 fn lock(faults: &Mutex<Faults>) -> std::sync::MutexGuard<'_, Faults> {
     faults.lock().unwrap_or_else(|e| e.into_inner())
@@ -641,9 +647,18 @@ impl Gpu {
         let delivered = {
             let mut done = done;
             let mut delivered = done.try_recv();
-            if let Ok(None) = delivered {
+            // With several devices of one process polled on several threads
+            // (lavapipe), a callback can come a moment after the wait that
+            // made it due: wait again a few times before giving up.
+            for _ in 0..SETTLE_RETRIES {
+                if !matches!(delivered, Ok(None)) {
+                    break;
+                }
                 self.wait(None, context)?;
                 delivered = done.try_recv();
+                if matches!(delivered, Ok(None)) {
+                    std::thread::sleep(std::time::Duration::from_millis(2));
+                }
             }
             delivered
         };

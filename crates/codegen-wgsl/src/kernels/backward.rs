@@ -581,38 +581,66 @@ fn attention_tag(a: &Attention) -> String {
 }
 
 /// `lse[t, h]`: the log-sum-exp of row `t`'s scaled scores against the keys
-/// it sees, for head `h`, over caches of `lmax` rows: `(q, k_cache) ->
-/// lse`. A thread per row and head, one pass with a running maximum.
-pub fn attention_lse(a: &Attention, lmax: u32) -> KernelSource {
-    let mut w = String::new();
+/// it sees, for head `h`, over caches of `lmax` rows, in steps of at most
+/// `max_rows`: `(q, k_cache) -> lse`, as two dispatches through the
+/// scratch: the scores of every head as [`tiled_product`]s (the lowest
+/// finite f32 for keys a row does not see), then a workgroup per row and
+/// head takes their maximum and the sum of their exponentials.
+pub fn attention_lse(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSource> {
+    let tag = format!("{}_l{lmax}_t{max_rows}", attention_tag(a));
+    let scores_bytes = 4 * u64::from(max_rows) * u64::from(a.n_heads) * u64::from(lmax);
+    let mut w = attention_consts(a, lmax, max_rows);
+    w.push_str("const NC: u32 = LMAX;\n");
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "q");
     b.activation(&mut w, input(1), "k");
-    b.activation(&mut w, output(0), "lse");
-    let mut src = attention_consts(a, lmax, 1);
-    src.push_str(&w);
-    src.push_str(
-        "fn score(t: u32, h: u32, j: u32) -> f32 {\n\
-         \x20 var s = 0.0f;\n\
-         \x20 for (var d = 0u; d < HD; d = d + 1u) { s = s + q[(t * NH + h) * HD + d] * k[(j * NKV + h / GROUP) * HD + d]; }\n\
-         \x20 return s * SCALE;\n}\n\
-         @compute @workgroup_size(WG, 1, 1)\n\
-         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
-         \x20 let i = gid.x;\n  if (i >= params.t * NH) { return; }\n\
-         \x20 let t = i / NH;\n  let h = i % NH;\n  let r = keys(t);\n\
-         \x20 var m = -3.4028235e38f;\n  var sum = 0.0f;\n\
-         \x20 for (var j = r.x; j <= r.y; j = j + 1u) {\n\
-         \x20   let s = score(t, h, j);\n\
-         \x20   if (s > m) { sum = sum * exp(m - s) + 1.0f; m = s; } else { sum = sum + exp(s - m); }\n  }\n\
-         \x20 lse[i] = m + log(sum);\n}\n",
-    );
-    flat(
-        format!("attention_lse_{}", attention_tag(a)),
-        src,
+    b.scratch(&mut w, "scores", scores_bytes);
+    w.push_str(&tiled_product(
+        Operand {
+            load: "q[(i * NH + z) * HD + l]",
+            rows_first: false,
+        },
+        "k[(j * NKV + z / GROUP) * HD + l]",
+        &format!(
+            "let kr = keys(i); scores[(z * TMAX + i) * LMAX + j] = select({LOWEST}, VALUE * SCALE, j >= kr.x && j <= kr.y);"
+        ),
+        "params.t",
+        "HD",
+    ));
+    let scores = batched_launch(
+        format!("attention_lse_scores_{tag}"),
+        w,
+        b,
         Rows::Tokens,
+        lmax,
         a.n_heads,
-        b.finish(),
-    )
+    );
+    let mut w = attention_consts(a, lmax, max_rows);
+    w.push_str("const H: u32 = LMAX;\nvar<workgroup> red: array<f32, WG>;\n");
+    let mut b = Bindings::new();
+    b.activation(&mut w, output(0), "lse");
+    b.scratch(&mut w, "x", scores_bytes);
+    let _ = write!(
+        w,
+        "@compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let lane = lid.x;\n  let row = (wid.y * TMAX + wid.x) * H;\n  var s = 0.0f;\n{stats}\
+         \x20 if (lane == 0u) {{ lse[wid.x * NH + wid.y] = m + log(total); }}\n}}\n",
+        stats = softmax_stats(),
+    );
+    let reduce = KernelSource {
+        name: format!("attention_lse_rows_{tag}"),
+        wgsl: w,
+        workgroup_size: [WG, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            Rows::Tokens.count(1, 1),
+            WorkgroupCount::fixed(a.n_heads),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: WG * 4,
+    };
+    vec![scores, reduce]
 }
 
 /// The scratch of [`attention_grad`]'s dispatches, declared in the same

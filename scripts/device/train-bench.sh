@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Training speed (issue 27) on the `device` tool's machine, run from the repo root: gerbil-train
+# against PyTorch eager (fused AdamW) in f32 and under bf16 autocast, each shape on random weights.
+#
+# Expects .device/bin/gerbil-train and .gl/ (the Vulkan loader's packages). For each model shape
+# (default: SmolLM2-135M and Llama-3.2-1B, scripts/device/common.sh), makes an f32 random-weight
+# model from the config with transformers and gives it a byte-level tokenizer of its vocabulary
+# (byte-tokenizer.py), then trains on data/moby-dick.txt for $STEPS steps (default 8) of $BATCH
+# sequences (default 4) of $SEQ tokens (default 512):
+#   gerbil-train MODEL --data data/moby-dick.txt --steps S --seq-len L --batch B --json-log LOG
+#   python3 scripts/device/train-torch.py --speed --config DIR ... --autocast none|bf16
+# Tokens/s is the median over the steps after the first two (gerbil: from the log's seconds).
+# Writes logs to $OUT (or /tmp/gerbil-train-bench) and prints one markdown table.
+set -uo pipefail
+for f in .gl/*.deb; do dpkg -x "$f" /; done
+ldconfig
+source scripts/device/common.sh
+export XDG_RUNTIME_DIR=/tmp
+out=${OUT:-/tmp/gerbil-train-bench}
+mkdir -p "$out"
+steps=${STEPS:-8}
+batch=${BATCH:-4}
+seq=${SEQ:-512}
+echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
+shapes=("$@")
+[ ${#shapes[@]} -eq 0 ] && shapes=("${default_shapes[@]}")
+rows=("| shape | seq × batch | gerbil-train | PyTorch f32 | PyTorch bf16 autocast |" "|---|---|---|---|---|")
+for cfg in "${shapes[@]}"; do
+    name=$(basename "$(dirname "$cfg")")
+    work=/tmp/train-$name
+    mkdir -p "$work"
+    python3 - "$cfg" "$work/model" <<'PY' || { echo "$name: making the model failed"; continue; }
+import sys, torch
+from transformers import AutoConfig, AutoModelForCausalLM
+config = AutoConfig.from_pretrained(sys.argv[1])
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(sys.argv[2])
+PY
+    vocab=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$cfg")
+    python3 scripts/device/byte-tokenizer.py --vocab "$vocab" --out "$work/model"
+    .device/bin/gerbil-train "$work/model" --data data/moby-dick.txt --steps "$steps" --seq-len "$seq" \
+        --batch "$batch" --lr 1e-5 --out "$work/out" --json-log "$out/gerbil-$name.jsonl" -q \
+        > "$out/gerbil-$name.log" 2>&1 || { echo "$name: gerbil-train failed"; tail -5 "$out/gerbil-$name.log"; }
+    gerbil=$(python3 - "$out/gerbil-$name.jsonl" "$((batch * seq))" <<'PY'
+import json, statistics, sys
+lines = [json.loads(l) for l in open(sys.argv[1])]
+t = [b["seconds"] - a["seconds"] for a, b in zip(lines, lines[1:])][1:]
+print(round(int(sys.argv[2]) / statistics.median(t)) if t else "-")
+PY
+)
+    torch_rate() {
+        python3 scripts/device/train-torch.py --speed --config "$(dirname "$cfg")" --steps "$steps" \
+            --seq-len "$seq" --batch "$batch" --autocast "$1" 2> "$out/torch-$name-$1.log" |
+            tee -a "$out/torch.jsonl" | python3 -c "import json,sys; print(round(json.load(sys.stdin)['tokens_per_s']))"
+    }
+    f32=$(torch_rate none)
+    bf16=$(torch_rate bf16)
+    rows+=("| $name | $seq × $batch | $gerbil | $f32 | $bf16 |")
+done
+printf '%s\n' "${rows[@]}" | tee "$out/table.md"
