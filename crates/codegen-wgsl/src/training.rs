@@ -118,59 +118,65 @@ pub fn generate_training(
     let mut asm = Assembler::new(scratch);
     let phase = Phase::Prefill(ROWS_PER_WORKGROUP);
     let mut sequence = schedule(&steps, &layout, &lowering, &mut asm, &spec, phase, None)?;
-    let (parameters, trained, moved) = parameters(graph, &layout)?;
+    let (mut parameters, trained, moved) = parameters(graph, &layout)?;
     let sources = layout.sources;
     let mut decls = sources.buffers.decls;
     if let Some(decl) = asm.place_scratch(&mut [&mut sequence]) {
         decls.push(decl);
     }
-    let total = parameters.last().map_or(0, |p| {
-        (p.offset + p.len()).next_multiple_of(PARAMETER_ALIGN)
-    });
-    let mut add = |holds: TrainingBuffer, bytes: u64| {
-        decls.push(BufferDecl {
-            size: bytes.max(4).next_multiple_of(4),
-            kind: BufferKind::Training { holds },
-        });
-        (decls.len() - 1) as u32
+    let banks = banks(&mut parameters, opts.target.limits.max_storage_binding / 4);
+    // Every bank's buffer of each kind, in bank order.
+    let mut bank_buffers = |holds: TrainingBuffer, bytes: &dyn Fn(u64) -> u64| -> Vec<u32> {
+        banks
+            .iter()
+            .map(|&(_, len)| push(&mut decls, holds, bytes(u64::from(len))))
+            .collect()
     };
-    let limit = opts.target.limits.max_storage_binding;
-    let ranges = adamw::ranges(total, limit);
     let io = TrainingIo {
         step_params: sources.step_params,
         token_ids: sources.token_ids,
         target_ids,
         loss,
-        parameters: add(TrainingBuffer::Parameters, 4 * total),
-        gradients: add(TrainingBuffer::Gradients, 4 * total),
-        accumulated: add(TrainingBuffer::Accumulated, 4 * total),
-        settings: add(TrainingBuffer::Settings, 32),
-        report: add(TrainingBuffer::Report, 12),
+        parameters: bank_buffers(TrainingBuffer::Parameters, &|n| 4 * n),
+        gradients: bank_buffers(TrainingBuffer::Gradients, &|n| 4 * n),
+        accumulated: bank_buffers(TrainingBuffer::Accumulated, &|n| 4 * n),
+        settings: 0,
+        report: 0,
     };
-    let partials = add(
-        TrainingBuffer::Partials,
-        4 * u64::from(adamw::PARTIALS) * ranges.len() as u64,
-    );
     let state = if opts.eight_bit {
+        let block = u64::from(adamw::STATE_BLOCK);
         State::EightBit {
-            mq: add(TrainingBuffer::FirstMoment, total.next_multiple_of(4)),
-            vq: add(TrainingBuffer::SecondMoment, total.next_multiple_of(4)),
-            scales: add(
-                TrainingBuffer::Scales,
-                8 * total.div_ceil(u64::from(adamw::STATE_BLOCK)),
-            ),
+            mq: bank_buffers(TrainingBuffer::FirstMoment, &|n| n.next_multiple_of(4)),
+            vq: bank_buffers(TrainingBuffer::SecondMoment, &|n| n.next_multiple_of(4)),
+            scales: bank_buffers(TrainingBuffer::Scales, &|n| 8 * n.div_ceil(block)),
         }
     } else {
         State::F32 {
-            m: add(TrainingBuffer::FirstMoment, 4 * total),
-            v: add(TrainingBuffer::SecondMoment, 4 * total),
+            m: bank_buffers(TrainingBuffer::FirstMoment, &|n| 4 * n),
+            v: bank_buffers(TrainingBuffer::SecondMoment, &|n| 4 * n),
         }
     };
-    // The trained weights and their gradients move into the ranges.
+    let io = TrainingIo {
+        settings: push(&mut decls, TrainingBuffer::Settings, 32),
+        report: push(&mut decls, TrainingBuffer::Report, 12),
+        ..io
+    };
+    let partials = push(
+        &mut decls,
+        TrainingBuffer::Partials,
+        4 * u64::from(adamw::PARTIALS) * banks.len() as u64,
+    );
+    // The trained weights and their gradients move into their banks.
     let home = |b: u32| -> Option<(u32, u64)> {
         let &(param, is_grad) = moved.get(&b)?;
-        let buffer = if is_grad { io.gradients } else { io.parameters };
-        Some((buffer, 4 * parameters[param].offset))
+        let p = &parameters[param];
+        let bank = banks.iter().rposition(|&(start, _)| start <= p.offset)?;
+        let buffers = if is_grad {
+            &io.gradients
+        } else {
+            &io.parameters
+        };
+        Some((buffers[bank], 4 * (p.offset - banks[bank].0)))
     };
     for slice in sequence.iter_mut().flat_map(|d| d.bindings.iter_mut()) {
         if let Some((buffer, offset)) = home(slice.buffer) {
@@ -187,76 +193,60 @@ pub fn generate_training(
             size: STEP_PARAMS_BYTES,
         },
     };
-    let mut accumulate = Vec::new();
-    let mut optimizer = Vec::new();
-    let range = |buffer: u32, start: u64, len: u32| BufferSlice {
-        buffer,
-        offset: 4 * start,
-        size: 4 * u64::from(len),
-    };
-    for (r, &(start, len)) in ranges.iter().enumerate() {
-        accumulate.push(bind.dispatch(
-            "accumulate",
-            adamw::accumulate(len, opts.batch),
-            &[
-                (input(0), range(io.gradients, start, len)),
-                (output(0), range(io.accumulated, start, len)),
-            ],
-        )?);
-        optimizer.push(bind.dispatch(
-            "grad_norm",
-            adamw::grad_norm_partials(len),
-            &[
-                (input(0), range(io.accumulated, start, len)),
-                (
-                    output(0),
-                    range(
-                        partials,
-                        r as u64 * u64::from(adamw::PARTIALS),
-                        adamw::PARTIALS,
-                    ),
-                ),
-            ],
-        )?);
-    }
     let whole = |b: u32| BufferSlice {
         buffer: b,
         offset: 0,
         size: decls[b as usize].size,
     };
-    for &(start, len) in &ranges {
+    let mut accumulate = Vec::new();
+    let mut optimizer = Vec::new();
+    for (r, &(_, len)) in banks.iter().enumerate() {
+        accumulate.push(bind.dispatch(
+            "accumulate",
+            adamw::accumulate(len, opts.batch),
+            &[
+                (input(0), whole(io.gradients[r])),
+                (output(0), whole(io.accumulated[r])),
+            ],
+        )?);
+        let partial_bytes = 4 * u64::from(adamw::PARTIALS);
+        optimizer.push(bind.dispatch(
+            "grad_norm",
+            adamw::grad_norm_partials(len),
+            &[
+                (input(0), whole(io.accumulated[r])),
+                (
+                    output(0),
+                    BufferSlice {
+                        buffer: partials,
+                        offset: r as u64 * partial_bytes,
+                        size: partial_bytes,
+                    },
+                ),
+            ],
+        )?);
+    }
+    for (r, &(_, len)) in banks.iter().enumerate() {
         let mut operands = vec![
             (input(0), whole(io.settings)),
             (input(1), whole(partials)),
-            (output(0), range(io.parameters, start, len)),
-            (output(1), range(io.accumulated, start, len)),
+            (output(0), whole(io.parameters[r])),
+            (output(1), whole(io.accumulated[r])),
         ];
-        let source = match state {
+        let count = banks.len() as u32;
+        let source = match &state {
             State::F32 { m, v } => {
-                operands.push((output(2), range(m, start, len)));
-                operands.push((output(3), range(v, start, len)));
+                operands.push((output(2), whole(m[r])));
+                operands.push((output(3), whole(v[r])));
                 operands.push((output(4), whole(io.report)));
-                adamw::adamw_update(len, ranges.len() as u32, false)
+                adamw::adamw_update(len, count, false)
             }
             State::EightBit { mq, vq, scales } => {
-                let bytes = |b: u32| BufferSlice {
-                    buffer: b,
-                    offset: start,
-                    size: u64::from(len).next_multiple_of(4),
-                };
-                let block = u64::from(adamw::STATE_BLOCK);
-                operands.push((output(2), bytes(mq)));
-                operands.push((output(3), bytes(vq)));
-                operands.push((
-                    output(4),
-                    BufferSlice {
-                        buffer: scales,
-                        offset: 8 * (start / block),
-                        size: 8 * u64::from(len).div_ceil(block),
-                    },
-                ));
+                operands.push((output(2), whole(mq[r])));
+                operands.push((output(3), whole(vq[r])));
+                operands.push((output(4), whole(scales[r])));
                 operands.push((output(5), whole(io.report)));
-                adamw::adamw_update_8bit(len, ranges.len() as u32, false)
+                adamw::adamw_update_8bit(len, count, false)
             }
         };
         optimizer.push(bind.dispatch("adamw", source, &operands)?);
@@ -293,9 +283,9 @@ pub fn generate_training(
         token_ids: at(io.token_ids),
         target_ids: at(io.target_ids),
         loss: at(io.loss),
-        parameters: at(io.parameters),
-        gradients: at(io.gradients),
-        accumulated: at(io.accumulated),
+        parameters: io.parameters.iter().map(|&b| at(b)).collect(),
+        gradients: io.gradients.iter().map(|&b| at(b)).collect(),
+        accumulated: io.accumulated.iter().map(|&b| at(b)).collect(),
         settings: at(io.settings),
         report: at(io.report),
     };
@@ -320,11 +310,52 @@ pub fn generate_training(
     })
 }
 
-/// Where AdamW's moments live.
-#[derive(Clone, Copy)]
+/// Where AdamW's moments live: a buffer per bank of each.
 enum State {
-    F32 { m: u32, v: u32 },
-    EightBit { mq: u32, vq: u32, scales: u32 },
+    F32 {
+        m: Vec<u32>,
+        v: Vec<u32>,
+    },
+    EightBit {
+        mq: Vec<u32>,
+        vq: Vec<u32>,
+        scales: Vec<u32>,
+    },
+}
+
+/// Declares a training buffer of `bytes` (at least 4, a multiple of 4).
+fn push(decls: &mut Vec<BufferDecl>, holds: TrainingBuffer, bytes: u64) -> u32 {
+    decls.push(BufferDecl {
+        size: bytes.max(4).next_multiple_of(4),
+        kind: BufferKind::Training { holds },
+    });
+    (decls.len() - 1) as u32
+}
+
+/// Packs `params` in order into banks of at most `limit` values (one
+/// binding), none straddling two: sets each one's offset (in the banks laid
+/// end to end, a multiple of [`PARAMETER_ALIGN`] within its bank) and
+/// returns each bank's first value and length. A parameter larger than a
+/// bank gets one of its own (codegen has refused it before: a weight past
+/// one binding is split into row shards, which training refuses).
+fn banks(params: &mut [Parameter], limit: u64) -> Vec<(u64, u32)> {
+    let mut banks = Vec::new();
+    let (mut start, mut fill) = (0u64, 0u64);
+    for p in params.iter_mut() {
+        let mut at = fill.next_multiple_of(PARAMETER_ALIGN);
+        if fill > 0 && at + p.len() > limit {
+            let len = fill.next_multiple_of(PARAMETER_ALIGN);
+            banks.push((start, len as u32));
+            start += len;
+            at = 0;
+        }
+        p.offset = start + at;
+        fill = at + p.len();
+    }
+    if fill > 0 || banks.is_empty() {
+        banks.push((start, fill.next_multiple_of(PARAMETER_ALIGN) as u32));
+    }
+    banks
 }
 
 /// The vocabulary: the width of the logits the loss reads.
@@ -367,7 +398,6 @@ fn parameters(graph: &Graph, layout: &Layout<'_, '_>) -> Result<Moved, CodegenEr
     let mut params = Vec::new();
     let mut sources = Vec::new();
     let mut moved = HashMap::new();
-    let mut next = 0u64;
     for (name, grad) in &layout.sources.training {
         let Some(label) = gerbil_ir::gradient_of(name) else {
             continue;
@@ -399,15 +429,14 @@ fn parameters(graph: &Graph, layout: &Layout<'_, '_>) -> Result<Moved, CodegenEr
             ));
         };
         let shape: Vec<u64> = ty.shape.iter().filter_map(|d| d.as_const()).collect();
-        let offset = next.next_multiple_of(PARAMETER_ALIGN);
         moved.insert(*own, (params.len(), false));
         moved.insert(*grad, (params.len(), true));
+        // Offsets are the banks' ([`banks`]).
         params.push(Parameter {
             label: label.to_string(),
-            offset,
+            offset: 0,
             shape,
         });
-        next = offset + params[params.len() - 1].len();
     }
     Ok((params, sources, moved))
 }
@@ -454,5 +483,76 @@ impl Binder<'_> {
             op: KernelOp::Other,
         };
         self.asm.dispatch(lowered, &ops, &[], &self.limits, 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(lens: &[u64]) -> Vec<Parameter> {
+        lens.iter()
+            .enumerate()
+            .map(|(i, &n)| Parameter {
+                label: format!("w{i}"),
+                shape: vec![n],
+                offset: 0,
+            })
+            .collect()
+    }
+
+    /// The H100's and H200's largest storage binding, in f32s.
+    const NVIDIA: u64 = ((2 << 30) - 4) / 4;
+
+    #[test]
+    fn no_parameter_straddles_two_banks_and_every_bank_fits_a_binding() {
+        let mut p = params(&[100, 30, 1000, 7, 64, 900, 1]);
+        let banks = banks(&mut p, 1024);
+        assert_eq!(banks, [(0, 192), (192, 1024), (1216, 128), (1344, 1024)]);
+        for q in &p {
+            let (start, len) = banks[banks.iter().rposition(|b| b.0 <= q.offset).unwrap()];
+            assert_eq!((q.offset - start) % PARAMETER_ALIGN, 0, "{q:?}");
+            assert!(q.offset + q.len() <= start + u64::from(len), "{q:?}");
+        }
+    }
+
+    #[test]
+    fn smollm2_takes_one_bank_and_the_1b_shape_three() {
+        // SmolLM2-135M: 30 layers of 9 tensors, the embedding, the final norm.
+        let layer = [
+            576 * 576,
+            192 * 576,
+            192 * 576,
+            576 * 576,
+            1536 * 576,
+            1536 * 576,
+            576 * 1536,
+            576,
+            576,
+        ];
+        let mut lens = vec![49_152 * 576];
+        lens.extend(layer.iter().cycle().take(30 * layer.len()));
+        lens.push(576);
+        let mut p = params(&lens);
+        assert_eq!(banks(&mut p, NVIDIA).len(), 1);
+        // Llama-3.2-1B (tied): 1,235,814,400 values, 4.9 GB of f32.
+        let layer = [
+            2048 * 2048,
+            512 * 2048,
+            512 * 2048,
+            2048 * 2048,
+            8192 * 2048,
+            8192 * 2048,
+            2048 * 8192,
+            2048,
+            2048,
+        ];
+        let mut lens = vec![128_256 * 2048];
+        lens.extend(layer.iter().cycle().take(16 * layer.len()));
+        lens.push(2048);
+        let mut p = params(&lens);
+        let b = banks(&mut p, NVIDIA);
+        assert_eq!(b.len(), 3);
+        assert_eq!(p.iter().map(Parameter::len).sum::<u64>(), 1_235_814_400);
     }
 }

@@ -26,7 +26,8 @@ use gerbil_passes::{training_passes, PassManager};
 pub struct TrainingBuild {
     /// The program.
     pub program: TrainingProgram,
-    /// The parameter buffer's values: every trained weight at its offset.
+    /// The parameter banks' values, laid end to end: every trained weight
+    /// at its offset.
     pub parameters: Vec<f32>,
     /// Each frozen weight's buffer index and bytes.
     pub frozen: Vec<(u32, Vec<u8>)>,
@@ -48,7 +49,13 @@ pub fn compile_training(
         allow_non_finite: false,
     };
     let plan = &program.plan;
-    let mut parameters = vec![0f32; (plan.buffers[plan.io.parameters as usize].size / 4) as usize];
+    let bank_bytes: u64 = plan
+        .io
+        .parameters
+        .iter()
+        .map(|&b| plan.buffers[b as usize].size)
+        .sum();
+    let mut parameters = vec![0f32; (bank_bytes / 4) as usize];
     for (p, source) in plan.parameters.iter().zip(&program.trained) {
         let rows = p.shape.first().copied().unwrap_or(1);
         let bytes = materialize(ckpt, source, DType::F32, rows, options)?;

@@ -8,12 +8,15 @@
 //! fused optimizer ([`TrainingPlan::optimizer`]). A step of `B` sequences
 //! runs `sequence` and `accumulate` `B` times, then `optimizer` once.
 //!
-//! The surprise: every trained weight is a range of one buffer
+//! The surprise: every trained weight is a range of one buffer, a *bank*
 //! ([`TrainingIo::parameters`]), and its gradient the same range of another
 //! ([`TrainingIo::gradients`]), so the optimizer steps all of them in two
-//! dispatches per binding-sized range, however many tensors the model has.
-//! Ranges start at multiples of 64 values (256 bytes), which WebGPU asks of
-//! a binding's offset; the gaps between them hold zeros that stay zero.
+//! dispatches per bank, however many tensors the model has. A bank is at
+//! most one binding (2 GiB − 4 on NVIDIA, below its 4 GiB buffers): a model
+//! of more f32 weights than that, such as Llama-3.2-1B's 4.9 GB, takes
+//! several. Ranges start at multiples of 64 values (256 bytes), which WebGPU
+//! asks of a binding's offset; the gaps between them hold zeros that stay
+//! zero.
 //!
 //! Training programs are made and run in one process; they are not written
 //! to plan files, and a plan that binds a [`BufferKind::Training`] buffer
@@ -58,7 +61,9 @@ pub struct Parameter {
     pub label: String,
     /// Its shape.
     pub shape: Vec<u64>,
-    /// Its first value's index in the parameter buffer, a multiple of 64.
+    /// Its first value's index in the parameter banks laid end to end (each
+    /// bank one buffer of at most one binding, none holding part of a
+    /// weight), a multiple of 64 within its bank.
     pub offset: u64,
 }
 
@@ -86,12 +91,12 @@ pub struct TrainingIo {
     pub target_ids: u32,
     /// Its loss.
     pub loss: u32,
-    /// Every trained weight.
-    pub parameters: u32,
-    /// One sequence's gradients.
-    pub gradients: u32,
-    /// The batch's gradients.
-    pub accumulated: u32,
+    /// Every trained weight: a buffer per bank (see [`Parameter::offset`]).
+    pub parameters: Vec<u32>,
+    /// One sequence's gradients, a buffer per bank.
+    pub gradients: Vec<u32>,
+    /// The batch's gradients, a buffer per bank.
+    pub accumulated: Vec<u32>,
     /// The optimizer's settings.
     pub settings: u32,
     /// The optimizer's report.

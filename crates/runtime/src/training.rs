@@ -67,9 +67,10 @@ pub struct Trainer {
 }
 
 impl Trainer {
-    /// Loads `plan` on `gpu`: `parameters` are the parameter buffer's
-    /// initial values (every [`gerbil_plan::Parameter`] at its offset,
-    /// zeros between), `frozen` the bytes of each other weight buffer.
+    /// Loads `plan` on `gpu`: `parameters` are the parameter banks' initial
+    /// values, laid end to end (every [`gerbil_plan::Parameter`] at its
+    /// offset, zeros between), `frozen` the bytes of each other weight
+    /// buffer.
     pub async fn new(
         gpu: Gpu,
         plan: TrainingPlan,
@@ -78,13 +79,6 @@ impl Trainer {
     ) -> Result<Self, RuntimeError> {
         check_limits(&gpu.adapter.name, &gpu.limits, &plan.requirements)?;
         let io = &plan.io;
-        let expected = plan.buffers[io.parameters as usize].size / 4;
-        if parameters.len() as u64 != expected {
-            return Err(RuntimeError::Training(format!(
-                "the initial parameters hold {} values, the plan's parameter buffer {expected}",
-                parameters.len()
-            )));
-        }
         let buffers = gpu
             .scoped("creating the training buffers", || {
                 plan.buffers
@@ -101,11 +95,6 @@ impl Trainer {
             })
             .await?;
         let queue = &gpu.queue;
-        queue.write_buffer(
-            &buffers[io.parameters as usize],
-            0,
-            bytemuck::cast_slice(parameters),
-        );
         for (buffer, bytes) in frozen {
             let Some(b) = buffers.get(*buffer as usize) else {
                 return Err(RuntimeError::Training(format!(
@@ -164,7 +153,7 @@ impl Trainer {
                 )
             })
             .await?;
-        Ok(Trainer {
+        let trainer = Trainer {
             gpu,
             plan,
             buffers,
@@ -175,7 +164,9 @@ impl Trainer {
             ids,
             results,
             readback,
-        })
+        };
+        trainer.write(TrainingBuffer::Parameters, bytemuck::cast_slice(parameters))?;
+        Ok(trainer)
     }
 
     /// The plan it runs.
@@ -266,54 +257,72 @@ impl Trainer {
         })
     }
 
-    /// The plan's buffer that holds `holds`.
-    fn buffer(&self, holds: TrainingBuffer) -> Result<&wgpu::Buffer, RuntimeError> {
-        self.plan
+    /// The plan's buffers that hold `holds`, one per bank, in bank order.
+    fn banks(&self, holds: TrainingBuffer) -> Result<Vec<&wgpu::Buffer>, RuntimeError> {
+        let banks: Vec<&wgpu::Buffer> = self
+            .plan
             .buffers
             .iter()
-            .position(|b| b.kind == BufferKind::Training { holds })
-            .map(|i| &self.buffers[i])
-            .ok_or_else(|| RuntimeError::Training(format!("the plan has no {holds:?} buffer")))
+            .zip(&self.buffers)
+            .filter(|(b, _)| b.kind == BufferKind::Training { holds })
+            .map(|(_, buffer)| buffer)
+            .collect();
+        if banks.is_empty() {
+            return Err(RuntimeError::Training(format!(
+                "the plan has no {holds:?} buffer"
+            )));
+        }
+        Ok(banks)
     }
 
-    /// Overwrites the buffer that holds `holds` (the parameters, or the
-    /// optimizer's state when a run resumes) with `bytes`, which must be its
-    /// size.
+    /// Overwrites the buffers that hold `holds` (the parameters, or the
+    /// optimizer's state when a run resumes) with `bytes`: their contents
+    /// laid end to end, bank after bank, which must be their size.
     pub fn write(&self, holds: TrainingBuffer, bytes: &[u8]) -> Result<(), RuntimeError> {
-        let buffer = self.buffer(holds)?;
-        if buffer.size() != bytes.len() as u64 {
+        let banks = self.banks(holds)?;
+        let size: u64 = banks.iter().map(|b| b.size()).sum();
+        if size != bytes.len() as u64 {
             return Err(RuntimeError::Training(format!(
-                "the {holds:?} buffer holds {} bytes, not {}",
-                buffer.size(),
+                "the {holds:?} buffers hold {size} bytes, not {}",
                 bytes.len()
             )));
         }
-        self.gpu.queue.write_buffer(buffer, 0, bytes);
+        let mut rest = bytes;
+        for bank in banks {
+            let (head, tail) = rest.split_at(bank.size() as usize);
+            self.gpu.queue.write_buffer(bank, 0, head);
+            rest = tail;
+        }
         Ok(())
     }
 
-    /// The bytes of the buffer that holds `holds`, as they are now: the
-    /// parameters (every trained weight at its offset), or the optimizer's
-    /// state for a checkpoint.
+    /// The bytes of the buffers that hold `holds`, as they are now, bank
+    /// after bank: the parameters (every trained weight at its offset), or
+    /// the optimizer's state for a checkpoint.
     pub async fn read(&self, holds: TrainingBuffer) -> Result<Vec<u8>, RuntimeError> {
-        let source = self.buffer(holds)?;
-        let readback = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("training readback"),
-            size: source.size(),
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = self
-            .gpu
-            .device
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+        let mut out = Vec::new();
+        for source in self.banks(holds)? {
+            let readback = self.gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("training readback"),
+                size: source.size(),
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
             });
-        enc.copy_buffer_to_buffer(source, 0, &readback, 0, source.size());
-        self.gpu.queue.submit([enc.finish()]);
-        self.gpu
-            .read_mapped(&readback, |bytes| bytes.to_vec())
-            .await
+            let mut enc = self
+                .gpu
+                .device
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("training readback"),
+                });
+            enc.copy_buffer_to_buffer(source, 0, &readback, 0, source.size());
+            self.gpu.queue.submit([enc.finish()]);
+            let bytes = self
+                .gpu
+                .read_mapped(&readback, |bytes| bytes.to_vec())
+                .await?;
+            out.extend_from_slice(&bytes);
+        }
+        Ok(out)
     }
 
     fn record(&self, enc: &mut wgpu::CommandEncoder, schedule: &[Bound]) {

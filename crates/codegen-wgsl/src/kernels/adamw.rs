@@ -2,10 +2,10 @@
 //! end in one buffer of weights, one of gradients and one per AdamW moment,
 //! so a step over all of them is two dispatches, whatever their number.
 //! A binding holds at most 2 GiB − 4 on the H100 (536,870,911 f32s), so
-//! a model past that cuts its buffers into [`ranges`]: each range gets its
-//! own two dispatches, bound at its offset, and every update reduces the
-//! partials of all ranges. Lengths are `u32`, and the strided loops
-//! cannot wrap.
+//! a model past that keeps its weights in several such buffers, *banks*
+//! (`crate::training`): each bank gets its own two dispatches, and every
+//! update reduces the partials of all banks, so the clipping norm is the
+//! global one. Lengths are `u32`, and the strided loops cannot wrap.
 //!
 //! [`grad_norm_partials`] sums the squared gradients, each workgroup a
 //! strided share into one partial; [`adamw_update`] has every workgroup sum
@@ -35,51 +35,6 @@ const WG: u32 = 256;
 /// reduces: enough to fill a large GPU, few enough to sum in every
 /// workgroup of the update.
 pub const PARTIALS: u32 = 512;
-
-/// Weights a range of [`ranges`] starts at a multiple of: whole 8-bit
-/// blocks ([`STATE_BLOCK`]), whose two f32 scales per block then start at a
-/// 256-byte binding offset too.
-pub const RANGE_ALIGN: u32 = 32 * STATE_BLOCK;
-
-/// `(start, len)` of each range of `total` weights that one binding of at
-/// most `max_binding_bytes` holds, as few as may be, each starting at a
-/// multiple of [`RANGE_ALIGN`] (so an 8-bit block never straddles two, and
-/// every state buffer binds the range at an aligned offset).
-pub fn ranges(total: u64, max_binding_bytes: u64) -> Vec<(u64, u32)> {
-    let block = u64::from(RANGE_ALIGN);
-    let most =
-        (max_binding_bytes / 4 / block * block).clamp(block, u64::from(u32::MAX) / block * block);
-    (0..total.div_ceil(most))
-        .map(|i| (i * most, (total - i * most).min(most) as u32))
-        .collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// The H100's and H200's largest storage binding.
-    const NVIDIA_BINDING: u64 = (2 << 30) - 4;
-
-    #[test]
-    fn smollm2_takes_one_range_and_the_1b_three() {
-        // SmolLM2-135M's 134,515,008 weights: two dispatches in all.
-        assert_eq!(ranges(134_515_008, NVIDIA_BINDING), [(0, 134_515_008)]);
-        // Llama-3.2-1B's 1,235,814,400 (tied): three ranges, six dispatches.
-        let r = ranges(1_235_814_400, NVIDIA_BINDING);
-        assert_eq!(r.len(), 3);
-        assert!(r
-            .iter()
-            .all(|&(start, _)| start % u64::from(RANGE_ALIGN) == 0));
-        assert_eq!(
-            r.iter().map(|&(_, len)| u64::from(len)).sum::<u64>(),
-            1_235_814_400
-        );
-        assert!(r
-            .iter()
-            .all(|&(_, len)| u64::from(len) * 4 <= NVIDIA_BINDING));
-    }
-}
 
 /// The scalars of one step, in the order of the settings buffer.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -253,9 +208,9 @@ fn f16_pair(a: &str, b: &str) -> String {
     format!("(f16_bits({a}) | (f16_bits({b}) << 16u))")
 }
 
-/// One AdamW step over `len` weights, one of `ranges` ranges of the
-/// trained weights (see [`ranges`]), after [`grad_norm_partials`] of every
-/// range: it reduces all `ranges · PARTIALS` partials, so the clipping
+/// One AdamW step over `len` weights, one of `ranges` banks of the
+/// trained weights (see the module docs), after [`grad_norm_partials`] of
+/// every bank: it reduces all `ranges · PARTIALS` partials, so the clipping
 /// norm is the global one. Each thread takes pairs of weights.
 /// Bindings: `settings` ([`AdamwSettings::to_array`]), `partials`, then
 /// `weights`, `grads` (zeroed), `m`, `v` and `report` (`[norm, factor,
