@@ -9,7 +9,9 @@
 # sequences (default 4) of $SEQ tokens (default 512):
 #   gerbil-train MODEL --data data/moby-dick.txt --steps S --seq-len L --batch B --json-log LOG
 #   python3 scripts/device/train-torch.py --speed --config DIR ... --autocast none|bf16
-# Tokens/s is the median over the steps after the first two (gerbil: from the log's seconds).
+# Tokens/s is the median over the steps after the first two (gerbil: from the log's seconds);
+# gerbil's profile of one sequence (--profile) goes to profile-SHAPE.json and its summary to
+# the output.
 # Writes logs to $OUT (or /tmp/gerbil-train-bench) and prints one markdown table.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
@@ -40,7 +42,9 @@ PY
     python3 scripts/device/byte-tokenizer.py --vocab "$vocab" --out "$work/model"
     .device/bin/gerbil-train "$work/model" --data data/moby-dick.txt --steps "$steps" --seq-len "$seq" \
         --batch "$batch" --lr 1e-5 --out "$work/out" --json-log "$out/gerbil-$name.jsonl" -q \
-        > "$out/gerbil-$name.log" 2>&1 || { echo "$name: gerbil-train failed"; tail -5 "$out/gerbil-$name.log"; }
+        --profile "$out/profile-$name.json" > "$out/gerbil-$name.log" 2>&1 ||
+        { echo "$name: gerbil-train failed"; tail -5 "$out/gerbil-$name.log"; }
+    grep -A16 "one sequence" "$out/gerbil-$name.log"
     gerbil=$(python3 - "$out/gerbil-$name.jsonl" "$((batch * seq))" <<'PY'
 import json, statistics, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]

@@ -358,8 +358,8 @@ fn train_on_the_gpu(
             "{name}: {banks} bank at a binding of {binding:?}"
         );
     }
-    // A device of its own: a wait on a device other test threads poll too
-    // can find its callback run by them, and not yet delivered.
+    // The process's device of the default options (the kernel harness's
+    // asks for tensor cores, so it is another).
     let need = &build.program.plan.requirements;
     let gpu = pollster::block_on(gerbil_runtime::Gpu::open_on(need, &Default::default()))
         .unwrap_or_else(|e| panic!("{e}"));

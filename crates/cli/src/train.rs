@@ -48,6 +48,9 @@ pub struct TrainOptions {
     pub save_every: Option<u64>,
     /// Continue from `model`'s optimizer state.
     pub resume: bool,
+    /// After the first step, time every dispatch of one sequence and write
+    /// them here as JSON (the device needs timestamps: set in `run`).
+    pub profile: Option<PathBuf>,
     /// No progress bar.
     pub quiet: bool,
 }
@@ -111,6 +114,10 @@ pub fn train(opts: &TrainOptions, hub: &HubOptions) -> Result<Ended> {
         report(&bar, &s, tokens_done as f64 / seconds.max(1e-9));
         if let Some(log) = log.as_mut() {
             write_line(log, &s, seconds)?;
+        }
+        if let Some(path) = opts.profile.as_ref().filter(|_| s.step == first + 1) {
+            let times = pollster::block_on(run.profile())?;
+            crate::progress::suspend(|| write_profile(path, &times))?;
         }
         if opts.save_every.is_some_and(|k| s.step % k == 0) && s.step < opts.steps {
             save(&run, &opts.out.join(format!("checkpoint-{}", s.step)))?;
@@ -191,6 +198,55 @@ fn write_line(log: &mut impl Write, s: &StepLog, seconds: f64) -> Result<()> {
     serde_json::to_writer(&mut *log, &line)?;
     writeln!(log)?;
     log.flush()?;
+    Ok(())
+}
+
+/// Writes `times` to `path` as JSON and the costliest groups to standard
+/// error.
+fn write_profile(path: &Path, times: &[gerbil_runtime::DispatchTime]) -> Result<()> {
+    #[derive(Serialize)]
+    struct Row<'a> {
+        label: &'a str,
+        group: &'a str,
+        kernel: &'a str,
+        nanos: f64,
+    }
+    let rows: Vec<Row> = times
+        .iter()
+        .map(|t| Row {
+            label: &t.label,
+            group: &t.group,
+            kernel: &t.kernel,
+            nanos: t.nanos,
+        })
+        .collect();
+    std::fs::write(path, serde_json::to_string_pretty(&rows)?)
+        .with_context(|| format!("writing {}", path.display()))?;
+    let mut groups: Vec<(String, f64, usize)> = Vec::new();
+    for t in times {
+        let key = format!("{} ({})", t.group, t.kernel);
+        match groups.iter_mut().find(|(k, _, _)| *k == key) {
+            Some(g) => {
+                g.1 += t.nanos;
+                g.2 += 1;
+            }
+            None => groups.push((key, t.nanos, 1)),
+        }
+    }
+    groups.sort_by(|a, b| b.1.total_cmp(&a.1));
+    let total: f64 = times.iter().map(|t| t.nanos).sum();
+    crate::console::note(&format!(
+        "one sequence: {:.2} ms in {} dispatches; the costliest:",
+        total / 1e6,
+        times.len()
+    ));
+    for (key, nanos, n) in groups.iter().take(15) {
+        crate::console::note(&format!(
+            "{:>9.3} ms {:>5.1}%  {n:>3}×  {key}",
+            nanos / 1e6,
+            100.0 * nanos / total.max(1.0)
+        ));
+    }
     Ok(())
 }
 

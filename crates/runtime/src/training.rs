@@ -18,6 +18,7 @@
 use crate::device::{check_limits, Gpu};
 use crate::error::RuntimeError;
 use crate::pipeline::{create_pipeline, KernelPipeline, ShaderChecks};
+use crate::profile::DispatchTime;
 use crate::residency::usage_for;
 use gerbil_plan::{BufferKind, Dispatch, TrainingBuffer, TrainingPlan, STEP_PARAMS_BYTES};
 
@@ -323,6 +324,100 @@ impl Trainer {
             out.extend_from_slice(&bytes);
         }
         Ok(out)
+    }
+
+    /// Runs one sequence's dispatches on `tokens` and `targets` with a
+    /// timestamp after each and returns each dispatch's GPU time — not the
+    /// accumulation or the optimizer, so the weights and the batch's
+    /// gradients stay as they were. Needs a device opened with timestamps
+    /// (`DeviceOptions::timestamps`).
+    pub async fn profile(
+        &self,
+        tokens: &[u32],
+        targets: &[u32],
+    ) -> Result<Vec<DispatchTime>, RuntimeError> {
+        if !self.gpu.has_timestamps() {
+            return Err(RuntimeError::Device(
+                "this device has no timestamp queries inside compute passes; profiling needs them"
+                    .into(),
+            ));
+        }
+        let len = self.plan.seq_len as usize;
+        if tokens.len() != len || targets.len() != len {
+            return Err(RuntimeError::Training(format!(
+                "profile one sequence of {len} tokens and targets"
+            )));
+        }
+        let io = &self.plan.io;
+        let queue = &self.gpu.queue;
+        queue.write_buffer(
+            &self.buffers[io.token_ids as usize],
+            0,
+            bytemuck::cast_slice(tokens),
+        );
+        queue.write_buffer(
+            &self.buffers[io.target_ids as usize],
+            0,
+            bytemuck::cast_slice(targets),
+        );
+        let device = &self.gpu.device;
+        let count = self.sequence.len() as u32 + 1;
+        let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
+            label: Some("training profile"),
+            ty: wgpu::QueryType::Timestamp,
+            count,
+        });
+        let bytes = u64::from(count) * 8;
+        let resolve = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("training profile resolve"),
+            size: bytes,
+            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: false,
+        });
+        let read = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("training profile read"),
+            size: bytes,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("training profile"),
+        });
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.write_timestamp(&queries, 0);
+            for (i, d) in self.sequence.iter().enumerate() {
+                pass.set_pipeline(&self.pipelines[d.kernel].pipeline);
+                pass.set_bind_group(0, &d.group, &[]);
+                let [x, y, z] = d.workgroups;
+                pass.dispatch_workgroups(x, y, z);
+                pass.write_timestamp(&queries, i as u32 + 1);
+            }
+        }
+        enc.resolve_query_set(&queries, 0..count, &resolve, 0);
+        enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, bytes);
+        queue.submit([enc.finish()]);
+        let stamps: Vec<u64> = self
+            .gpu
+            .read_mapped(&read, |b| bytemuck::cast_slice(b).to_vec())
+            .await?;
+        let period = f64::from(queue.get_timestamp_period());
+        let t = self.plan.seq_len;
+        Ok(self
+            .plan
+            .sequence
+            .iter()
+            .enumerate()
+            .map(|(i, d)| DispatchTime {
+                label: d.label.clone(),
+                layer: d.layer,
+                group: d.group_or_label().to_string(),
+                kernel: self.plan.kernels[d.kernel as usize].name.clone(),
+                nanos: stamps[i + 1].saturating_sub(stamps[i]) as f64 * period,
+                bytes: 0,
+                flops: d.flops.eval(t),
+            })
+            .collect())
     }
 
     fn record(&self, enc: &mut wgpu::CommandEncoder, schedule: &[Bound]) {

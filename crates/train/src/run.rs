@@ -174,6 +174,15 @@ impl Run {
         })
     }
 
+    /// The GPU time of each dispatch of one sequence (the next batch's
+    /// first), without changing the weights; the device must have been
+    /// opened with timestamps ([`RunOptions::device`]).
+    pub async fn profile(&self) -> Result<Vec<gerbil_runtime::DispatchTime>, TrainError> {
+        let windows = self.windows.batch(self.step as usize, 1);
+        let (tokens, targets) = Windows::split(windows[0]);
+        Ok(self.trainer.profile(tokens, targets).await?)
+    }
+
     /// Writes a checkpoint directory `dir`: the model in HF format and the
     /// optimizer state ([`crate::state`]).
     pub async fn save(&self, dir: &Path) -> Result<(), TrainError> {

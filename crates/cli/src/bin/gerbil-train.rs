@@ -76,6 +76,10 @@ struct Cli {
     /// state and step.
     #[arg(long)]
     resume: bool,
+    /// After the first step, time every dispatch of one sequence on the GPU
+    /// and write them to FILE as JSON (the costliest to stderr).
+    #[arg(long, value_name = "FILE")]
+    profile: Option<PathBuf>,
     /// Run on adapter N of `gerbil-run devices`.
     #[arg(long, value_name = "N")]
     device: Option<usize>,
@@ -151,6 +155,7 @@ fn real_main(cli: Cli) -> Result<Ended> {
             shuffle: cli.shuffle.then_some(cli.seed),
             device: DeviceOptions {
                 adapter: cli.device,
+                timestamps: cli.profile.is_some(),
                 ..DeviceOptions::default()
             },
         },
@@ -158,6 +163,7 @@ fn real_main(cli: Cli) -> Result<Ended> {
         json_log: cli.json_log,
         save_every: cli.save_every,
         resume: cli.resume,
+        profile: cli.profile,
         quiet: cli.quiet,
     };
     train(&opts, &hub)
