@@ -141,11 +141,25 @@ fn cases() -> Vec<Case> {
             backward::unary_grad(UnaryOp::Silu, mlp),
             vec![t * mlp64 * f, t * mlp64 * f, t * mlp64 * f],
         ),
-        one(
-            "rms_norm_grad, 512 × 576 (bf16 w)",
-            backward::rms_norm_grad(h, &norm, DType::BF16),
-            vec![t * h64 * f, h64 * 2, t * h64 * f, t * h64 * f, h64 * f],
-        ),
+        Case {
+            what: "rms_norm_grad (2 dispatches), 512 × 576 (bf16 w)".into(),
+            kernels: backward::rms_norm_grad(h, &norm, DType::BF16, T)
+                .into_iter()
+                .map(|src| {
+                    let sizes = src.bindings[1..]
+                        .iter()
+                        .map(|b| match b.name.as_str() {
+                            "x" | "dy" | "dx" => t * h64 * f,
+                            "w" => h64 * 2,
+                            "dw" => h64 * f,
+                            _ => b.bytes,
+                        })
+                        .collect();
+                    (src, sizes)
+                })
+                .collect(),
+            bytes: None,
+        },
         Case {
             what: "attention_lse (2 dispatches), 512 rows, 9 heads of 64, 3 KV heads".into(),
             kernels: backward::attention_lse(&attention, T, T)

@@ -774,21 +774,22 @@ fn backward_kernels_match_the_gradients() {
         let (x, dy) = (scaled(&mut rng, n, 2.0), rng.vec(n));
         let (wbytes, wvals) = encode(&rng.vec(g as usize), wdtype);
         let (dx, dw) = grad::rms_norm(&widen(&x), &wvals, &norm, &widen(&dy));
-        let inputs = [
-            f32_bytes(&x),
-            wbytes,
-            f32_bytes(&dy),
-            poison(n),
-            poison(g as usize),
+        use gerbil_codegen_wgsl::kernels::{input, output};
+        use gerbil_e2e::kernel_harness::{run_chain, to_f32};
+        let operands = [
+            (input(0), f32_bytes(&x)),
+            (input(1), wbytes),
+            (input(2), f32_bytes(&dy)),
+            (output(0), poison(n)),
+            (output(1), poison(g as usize)),
         ];
-        let src = backward::rms_norm_grad(width, &norm, wdtype);
-        let got = run_outputs(&src, t, 0, &inputs, &[3, 4]);
+        // Steps of at most 9 rows: the scratch holds more than this step's.
+        let kernels = backward::rms_norm_grad(width, &norm, wdtype, 9);
+        let got = run_chain(&kernels, t, 0, &operands);
         check(
-            format!("{} t={t}", src.name),
-            got.and_then(|o| {
-                check_close("dx", &o[0], &dx, 1e-5)?;
-                check_close("dw", &o[1], &dw, 1e-5)
-            }),
+            format!("{} t={t}", kernels[0].name),
+            check_close("dx", &to_f32(&got[3]), &dx, 1e-5)
+                .and_then(|_| check_close("dw", &to_f32(&got[4]), &dw, 1e-5)),
         );
     }
 

@@ -16,8 +16,9 @@ use gerbil_ir::{NodeId, TrainOp};
 
 impl Lowering<'_> {
     /// The kernels of training node `id`, whose op is `op`, in the order
-    /// they run: one for every op but attention's log-sum-exp (two,
-    /// [`backward::attention_lse`]) and backward (six,
+    /// they run: one for every op but the norm's backward and attention's
+    /// log-sum-exp (two each, [`backward::rms_norm_grad`],
+    /// [`backward::attention_lse`]) and attention's backward (six,
     /// [`backward::attention_grad`]).
     pub(crate) fn train_kernels(
         &self,
@@ -45,7 +46,14 @@ impl Lowering<'_> {
             TrainOp::MatMulGradX => backward::matmul_grad_x(width(0), width(1), ty(1).dtype),
             TrainOp::MatMulGradW => backward::matmul_grad_w(width(0), width(1)),
             TrainOp::SumRows => backward::sum_rows(width(0)),
-            TrainOp::RmsNormGrad(n) => backward::rms_norm_grad(width(0), n, ty(1).dtype),
+            TrainOp::RmsNormGrad(n) => {
+                return Ok(backward::rms_norm_grad(
+                    width(0),
+                    n,
+                    ty(1).dtype,
+                    self.max_tokens,
+                ))
+            }
             TrainOp::RopeGrad(r) => rope::backward(rope::RopeSpec {
                 heads: r.n_heads,
                 head_dim: r.head_dim,

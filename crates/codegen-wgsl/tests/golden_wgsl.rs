@@ -825,7 +825,9 @@ fn golden_backward_kernels() {
     golden(backward::cache_rows(192));
     golden(backward::matmul_grad_x(1536, 576, DType::BF16));
     golden(backward::matmul_grad_w(49_152, 576));
-    golden(backward::rms_norm_grad(576, &norm, DType::BF16));
+    for kernel in backward::rms_norm_grad(576, &norm, DType::BF16, 512) {
+        golden(kernel);
+    }
     let lookup = gerbil_ir::Embedding {
         scale: None,
         padding: Some(2),

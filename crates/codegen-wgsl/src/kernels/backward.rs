@@ -10,12 +10,13 @@
 //! (64 × 64 output tiles staged through workgroup memory), having been
 //! measured as the slowest (`tests/benches/training_kernels.rs`).
 //!
-//! The surprise: [`rms_norm_grad`] is one dispatch with two jobs. Its
-//! weight gradient sums over every row, which no row's workgroup can do
-//! alone, so a second layer of workgroups (`workgroup_id.z == 1`) walks
-//! column chunks through all the rows, recomputing each row's `1/rms`
-//! (a reduction over a row is cheap next to the matmuls around it);
-//! [`attention_grad`] splits its jobs the same way.
+//! The surprise: some ops are several dispatches that hand values on
+//! through the dispatch scratch, each declaring the same scratch bindings
+//! in the same order so every one binds them at the same offsets:
+//! [`rms_norm_grad`] keeps each row's `1/rms` for the weight gradient's
+//! column sums, [`attention_lse`] the scores, [`attention_grad`] the
+//! probabilities (a tiled product per head instead of a thread per row,
+//! 55× faster on an H200).
 
 use super::elementwise::flat;
 use super::rowwise::{per_row, reduce_into, row_main, WG};
@@ -395,72 +396,93 @@ pub fn matmul_grad_w(n: u32, k: u32) -> KernelSource {
 }
 
 /// The backward of `rms_norm` over rows of `width` in `n.groups` slices,
-/// the weight stored as `wdtype`: `(x, w, dy) -> (dx, dw)`. Workgroup
-/// `(g, t, 0)` takes slice `g` of row `t` for `dx`; workgroups `(·, ·, 1)`
-/// take column chunks of `dw` (see the module docs).
-pub fn rms_norm_grad(width: u32, n: &RmsNorm, wdtype: DType) -> KernelSource {
+/// the weight stored as `wdtype`, in steps of at most `max_rows`: `(x, w,
+/// dy) -> (dx, dw)`, as two dispatches. The first takes a workgroup per
+/// slice of a row: `dx`, and the slice's `1/rms` into the scratch. The
+/// second takes a thread per column of `dw`, summing `dy · x · (1/rms)`
+/// over every slice of every row (consecutive threads read consecutive
+/// columns). The weight gradient sums over every row, which no row's
+/// workgroup can do alone; with the `1/rms` kept, its sum is one pass.
+pub fn rms_norm_grad(width: u32, n: &RmsNorm, wdtype: DType, max_rows: u32) -> Vec<KernelSource> {
     let g = width / n.groups.max(1);
-    let mut w = header(&format!(
+    let consts = format!(
         "const W: u32 = {width}u;\nconst G: u32 = {g}u;\nconst GROUPS: u32 = {}u;\n\
          const EPS: f32 = {};\nconst OFFSET: f32 = {};\n",
         n.groups,
         f32_lit(n.eps),
         f32_lit(n.weight_offset),
-    ));
+    );
+    let rrms_bytes = 4 * u64::from(max_rows) * u64::from(n.groups.max(1));
+    let tag = format!(
+        "{wdtype}_w{width}_g{}_o{}_t{max_rows}",
+        n.groups,
+        n.weight_offset.to_bits()
+    );
+    let mut w = header(&consts);
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
     b.weight(&mut w, input(1), "w", wdtype);
     b.activation(&mut w, input(2), "dy");
     b.activation(&mut w, output(0), "dx");
-    b.activation(&mut w, output(1), "dw");
+    b.scratch(&mut w, "rrms", rrms_bytes);
     let _ = write!(
         w,
         "var<workgroup> red: array<f32, WG>;\n\
          @compute @workgroup_size(WG, 1, 1)\n\
-         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>, \
-         @builtin(num_workgroups) nwg: vec3<u32>) {{\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
          \x20 let lane = lid.x;\n  var s = 0.0f;\n\
-         \x20 let slot = wid.y * GROUPS + wid.x;\n\
-         \x20 if (wid.z == 0u) {{\n\
-         \x20   let base = slot * G;\n\
-         \x20   for (var i = lane; i < G; i = i + WG) {{ let v = x[base + i]; s = s + v * v; }}\n{squares}\
-         \x20   let inv = 1.0f / sqrt(sq / f32(G) + EPS);\n\
-         \x20   s = 0.0f;\n\
-         \x20   for (var i = lane; i < G; i = i + WG) {{ s = s + dy[base + i] * (load_w(i) + OFFSET) * x[base + i]; }}\n{dots}\
-         \x20   let k = inv * inv * inv * gx / f32(G);\n\
-         \x20   for (var i = lane; i < G; i = i + WG) {{\n\
-         \x20     dx[base + i] = inv * dy[base + i] * (load_w(i) + OFFSET) - x[base + i] * k;\n    }}\n\
-         \x20   return;\n  }}\n\
-         \x20 for (var c0 = slot * WG; c0 < G; c0 = c0 + nwg.x * nwg.y * WG) {{\n\
-         \x20   var acc = 0.0f;\n\
-         \x20   for (var sl = 0u; sl < params.t * GROUPS; sl = sl + 1u) {{\n\
-         \x20     let base = sl * G;\n\
-         \x20     s = 0.0f;\n\
-         \x20     for (var i = lane; i < G; i = i + WG) {{ let v = x[base + i]; s = s + v * v; }}\n{chunk}\
-         \x20     let c = c0 + lane;\n\
-         \x20     if (c < G) {{ acc = acc + dy[base + c] * x[base + c] / sqrt(sq2 / f32(G) + EPS); }}\n\
-         \x20   }}\n\
-         \x20   if (c0 + lane < G) {{ dw[c0 + lane] = acc; }}\n  }}\n}}\n",
+         \x20 let slot = wid.y * GROUPS + wid.x;\n  let base = slot * G;\n\
+         \x20 for (var i = lane; i < G; i = i + WG) {{ let v = x[base + i]; s = s + v * v; }}\n{squares}\
+         \x20 let inv = 1.0f / sqrt(sq / f32(G) + EPS);\n\
+         \x20 if (lane == 0u) {{ rrms[slot] = inv; }}\n\
+         \x20 s = 0.0f;\n\
+         \x20 for (var i = lane; i < G; i = i + WG) {{ s = s + dy[base + i] * (load_w(i) + OFFSET) * x[base + i]; }}\n{dots}\
+         \x20 let k = inv * inv * inv * gx / f32(G);\n\
+         \x20 for (var i = lane; i < G; i = i + WG) {{\n\
+         \x20   dx[base + i] = inv * dy[base + i] * (load_w(i) + OFFSET) - x[base + i] * k;\n  }}\n}}\n",
         squares = reduce_into("sq"),
         dots = reduce_into("gx"),
-        chunk = reduce_into("sq2"),
     );
-    KernelSource {
-        name: format!(
-            "rms_norm_grad_{wdtype}_w{width}_g{}_o{}",
-            n.groups,
-            n.weight_offset.to_bits()
-        ),
+    let rows = KernelSource {
+        name: format!("rms_norm_grad_rows_{tag}"),
         wgsl: w,
         workgroup_size: [WG, 1, 1],
         bindings: b.finish(),
         workgroups: [
             WorkgroupCount::fixed(n.groups),
             Rows::Tokens.count(1, 1),
-            WorkgroupCount::fixed(2),
+            WorkgroupCount::fixed(1),
         ],
         workgroup_bytes: WG * 4,
-    }
+    };
+    let mut w = header(&consts);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "x");
+    b.activation(&mut w, input(2), "dy");
+    b.activation(&mut w, output(1), "dw");
+    b.scratch(&mut w, "rrms", rrms_bytes);
+    w.push_str(
+        "@compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
+         \x20 let c = gid.x;\n  if (c >= G) { return; }\n\
+         \x20 var acc = 0.0f;\n\
+         \x20 for (var sl = 0u; sl < params.t * GROUPS; sl = sl + 1u) {\n\
+         \x20   let at = sl * G + c;\n    acc = acc + dy[at] * x[at] * rrms[sl];\n  }\n\
+         \x20 dw[c] = acc;\n}\n",
+    );
+    let columns = KernelSource {
+        name: format!("rms_norm_grad_weight_{tag}"),
+        wgsl: w,
+        workgroup_size: [WG, 1, 1],
+        bindings: b.finish(),
+        workgroups: [
+            WorkgroupCount::fixed(g.div_ceil(WG)),
+            WorkgroupCount::fixed(1),
+            WorkgroupCount::fixed(1),
+        ],
+        workgroup_bytes: 0,
+    };
+    vec![rows, columns]
 }
 
 /// Ids of a step an [`embedding_grad`] workgroup lists at a time.
