@@ -19,7 +19,7 @@
 //! zero.
 //!
 //! Training programs are made and run in one process; they are not written
-//! to plan files, and a plan that binds a [`BufferKind::Training`] buffer
+//! to plan files, and a plan that binds a [`crate::BufferKind::Training`] buffer
 //! fails validation.
 
 use crate::{BufferDecl, Dispatch, Kernel, Requirements};
