@@ -82,6 +82,29 @@ fn cases() -> Vec<Case> {
         padding: Some(2),
     };
     let (mlp64, h64, v64) = (u64::from(mlp), u64::from(h), u64::from(vocab));
+    // Several dispatches of one op, each binding's bytes by its name
+    // (scratch: as declared).
+    let chain =
+        |what: &str, kernels: Vec<KernelSource>, bytes: &dyn Fn(&str) -> Option<u64>| Case {
+            what: what.to_string(),
+            kernels: kernels
+                .into_iter()
+                .map(|src| {
+                    let sizes = src.bindings[1..]
+                        .iter()
+                        .map(|b| bytes(&b.name).unwrap_or(b.bytes))
+                        .collect();
+                    (src, sizes)
+                })
+                .collect(),
+            bytes: None,
+        };
+    let attention_bytes = |name: &str| match name {
+        "q" | "dy" | "o" | "dq" => Some(t * h64 * f),
+        "k" | "v" | "dk" | "dv" => Some(t * u64::from(kv) * f),
+        "lse" => Some(t * 9 * f),
+        _ => None,
+    };
     let one = |what: &str, src: KernelSource, bytes: Vec<u64>| Case {
         what: what.to_string(),
         kernels: vec![(src, bytes)],
@@ -141,65 +164,26 @@ fn cases() -> Vec<Case> {
             backward::unary_grad(UnaryOp::Silu, mlp),
             vec![t * mlp64 * f, t * mlp64 * f, t * mlp64 * f],
         ),
-        Case {
-            what: "rms_norm_grad (2 dispatches), 512 × 576 (bf16 w)".into(),
-            kernels: backward::rms_norm_grad(h, &norm, DType::BF16, T)
-                .into_iter()
-                .map(|src| {
-                    let sizes = src.bindings[1..]
-                        .iter()
-                        .map(|b| match b.name.as_str() {
-                            "x" | "dy" | "dx" => t * h64 * f,
-                            "w" => h64 * 2,
-                            "dw" => h64 * f,
-                            _ => b.bytes,
-                        })
-                        .collect();
-                    (src, sizes)
-                })
-                .collect(),
-            bytes: None,
-        },
-        Case {
-            what: "attention_lse (2 dispatches), 512 rows, 9 heads of 64, 3 KV heads".into(),
-            kernels: backward::attention_lse(&attention, T, T)
-                .into_iter()
-                .map(|src| {
-                    let sizes = src.bindings[1..]
-                        .iter()
-                        .map(|b| match b.name.as_str() {
-                            "q" => t * h64 * f,
-                            "k" => t * u64::from(kv) * f,
-                            "lse" => t * 9 * f,
-                            _ => b.bytes,
-                        })
-                        .collect();
-                    (src, sizes)
-                })
-                .collect(),
-            bytes: None,
-        },
-        Case {
-            what: "attention_grad (6 dispatches), 512 rows, 9 heads of 64, 3 KV heads".into(),
-            kernels: backward::attention_grad(&attention, T, T)
-                .into_iter()
-                .map(|src| {
-                    // Each binding's bytes by its name (scratch: as declared).
-                    let (qb, kb) = (t * h64 * f, t * u64::from(kv) * f);
-                    let sizes = src.bindings[1..]
-                        .iter()
-                        .map(|b| match b.name.as_str() {
-                            "q" | "dy" | "o" | "dq" => qb,
-                            "k" | "v" | "dk" | "dv" => kb,
-                            "lse" => t * 9 * f,
-                            _ => b.bytes,
-                        })
-                        .collect();
-                    (src, sizes)
-                })
-                .collect(),
-            bytes: None,
-        },
+        chain(
+            "rms_norm_grad (2 dispatches), 512 × 576 (bf16 w)",
+            backward::rms_norm_grad(h, &norm, DType::BF16, T),
+            &|name| match name {
+                "x" | "dy" | "dx" => Some(t * h64 * f),
+                "w" => Some(h64 * 2),
+                "dw" => Some(h64 * f),
+                _ => None,
+            },
+        ),
+        chain(
+            "attention_lse (2 dispatches), 512 rows, 9 heads of 64, 3 KV heads",
+            backward::attention_lse(&attention, T, T),
+            &attention_bytes,
+        ),
+        chain(
+            "attention_grad (6 dispatches), 512 rows, 9 heads of 64, 3 KV heads",
+            backward::attention_grad(&attention, T, T),
+            &attention_bytes,
+        ),
         one(
             "embedding_grad, 49,152 × 576 from 512 ids",
             backward::embedding_grad(vocab, h, &lookup),

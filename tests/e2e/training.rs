@@ -220,6 +220,20 @@ struct TrainRef {
     trajectory: Vec<RefStep>,
 }
 
+impl TrainRef {
+    /// The run's optimizer settings.
+    fn hyperparameters(&self) -> gerbil_train::Hyperparameters {
+        gerbil_train::Hyperparameters {
+            lr: self.lr,
+            warmup: self.warmup,
+            betas: self.betas,
+            eps: self.eps,
+            weight_decay: self.weight_decay,
+            max_grad_norm: Some(self.max_grad_norm),
+        }
+    }
+}
+
 fn train_ref(name: &str) -> TrainRef {
     let path = gerbil_e2e::data_dir().join(format!("refs/train/{name}.json"));
     let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
@@ -235,7 +249,7 @@ fn train_on_the_interpreter(
     mut state: gerbil_interp::optimizer::AdamWState,
 ) -> Vec<(f64, f64, f64)> {
     use gerbil_interp::optimizer::{clip_grad_norm, AdamW};
-    use gerbil_train::{Hyperparameters, Windows};
+    use gerbil_train::Windows;
     let ckpt = Checkpoint::open(&tiny_model(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let graph = training_graph(&ckpt, r.seq_len);
     let weights = interpreter_weights(&ckpt);
@@ -244,14 +258,7 @@ fn train_on_the_interpreter(
         .iter()
         .map(|(name, _)| name["grad.".len()..].to_string())
         .collect();
-    let hyper = Hyperparameters {
-        lr: r.lr,
-        warmup: r.warmup,
-        betas: r.betas,
-        eps: r.eps,
-        weight_decay: r.weight_decay,
-        max_grad_norm: Some(r.max_grad_norm),
-    };
+    let hyper = r.hyperparameters();
     let opt = AdamW {
         beta1: hyper.betas.0,
         beta2: hyper.betas.1,
@@ -337,7 +344,7 @@ fn train_on_the_gpu(
     binding: Option<u64>,
 ) -> Vec<(f64, f64, f64)> {
     use gerbil_codegen_wgsl::{kernels::adamw::AdamwSettings, Target, TrainingOptions};
-    use gerbil_train::{Hyperparameters, Windows};
+    use gerbil_train::Windows;
     let ckpt = Checkpoint::open(&tiny_model(name)).unwrap_or_else(|e| panic!("{name}: {e}"));
     let mut target = Target::portable();
     if let Some(bytes) = binding {
@@ -370,14 +377,7 @@ fn train_on_the_gpu(
         &build.frozen,
     ))
     .unwrap_or_else(|e| panic!("{name}: {e}"));
-    let hyper = Hyperparameters {
-        lr: r.lr,
-        warmup: r.warmup,
-        betas: r.betas,
-        eps: r.eps,
-        weight_decay: r.weight_decay,
-        max_grad_norm: Some(r.max_grad_norm),
-    };
+    let hyper = r.hyperparameters();
     let windows = Windows::new(r.stream.clone(), r.seq_len).unwrap_or_else(|e| panic!("{e}"));
     let mut applied = 0;
     let mut steps = Vec::new();

@@ -665,6 +665,9 @@ pub fn attention_lse(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSourc
     vec![scores, reduce]
 }
 
+/// Operands of a kernel: each port's index and binding name.
+type Ports<'a> = &'a [(u32, &'a str)];
+
 /// The scratch of [`attention_grad`]'s dispatches, declared in the same
 /// order by each so every one binds it at the same offsets: `delta[t·NH +
 /// h]` (each row's and head's `dy · out`), then `probs[(h·TMAX + t)·LMAX +
@@ -729,110 +732,89 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSour
         b.finish(),
     );
 
-    let (mut w, b) = start(&[(0, "q"), (1, "k"), (5, "lse")], &[], "LMAX");
-    w.push_str(&tiled_product(
-        Operand {
-            load: "q[(i * NH + z) * HD + l]",
-            rows_first: false,
-        },
+    // A tiled product per head (or KV head, `batch` of them): its kernel
+    // binding `ports`, `NC` = `nc`, `rows` × `cols` outputs.
+    let product = |name: &str,
+                   ports: (Ports, Ports),
+                   nc: &str,
+                   (a_load, rows_first): (&str, bool),
+                   b_load: &str,
+                   store: &str,
+                   (m, depth): (&str, &str),
+                   (rows, cols, batch): (Rows, u32, u32)| {
+        let (mut w, b) = start(ports.0, ports.1, nc);
+        let a = Operand {
+            load: a_load,
+            rows_first,
+        };
+        w.push_str(&tiled_product(a, b_load, store, m, depth));
+        batched_launch(
+            format!("attention_grad_{name}_{tag}"),
+            w,
+            b,
+            rows,
+            cols,
+            batch,
+        )
+    };
+    let (heads, kv_heads, hd) = (a.n_heads, a.n_kv_heads, a.head_dim);
+    let probs = product(
+        "probs",
+        (&[(0, "q"), (1, "k"), (5, "lse")], &[]),
+        "LMAX",
+        ("q[(i * NH + z) * HD + l]", false),
         "k[(j * NKV + z / GROUP) * HD + l]",
         &format!(
             "let kr = keys(i); probs[{probs_at}] = select(0.0f, exp(VALUE * SCALE - lse[i * NH + z]), j >= kr.x && j <= kr.y);"
         ),
-        "params.t",
-        "HD",
-    ));
-    let probs = batched_launch(
-        format!("attention_grad_probs_{tag}"),
-        w,
-        b,
-        Rows::Tokens,
-        lmax,
-        a.n_heads,
+        ("params.t", "HD"),
+        (Rows::Tokens, lmax, heads),
     );
-
-    let (mut w, b) = start(&[(3, "dy")], &[(2, "dv")], "HD");
-    let probs_of_member =
-        "probs[((z * GROUP + l / params.t) * TMAX + l % params.t) * LMAX + i]".to_string();
-    w.push_str(&tiled_product(
-        Operand {
-            load: &probs_of_member,
-            rows_first: true,
-        },
+    // Over the group's members: the probabilities (or scores' gradients)
+    // of member `l / T` at row `l % T`, key `i`.
+    let of_member = "probs[((z * GROUP + l / params.t) * TMAX + l % params.t) * LMAX + i]";
+    let over_group = ("LMAX", "GROUP * params.t");
+    let dv = product(
+        "dv",
+        (&[(3, "dy")], &[(2, "dv")]),
+        "HD",
+        (of_member, true),
         &format!("dy[({member}) * HD + j]"),
         "dv[(i * NKV + z) * HD + j] = VALUE;",
-        "LMAX",
-        "GROUP * params.t",
-    ));
-    let dv = batched_launch(
-        format!("attention_grad_dv_{tag}"),
-        w,
-        b,
-        Rows::Fixed(lmax),
-        a.head_dim,
-        a.n_kv_heads,
+        over_group,
+        (Rows::Fixed(lmax), hd, kv_heads),
     );
-
-    let (mut w, b) = start(&[(2, "v"), (3, "dy")], &[], "LMAX");
-    w.push_str(&tiled_product(
-        Operand {
-            load: "dy[(i * NH + z) * HD + l]",
-            rows_first: false,
-        },
+    let ds = product(
+        "ds",
+        (&[(2, "v"), (3, "dy")], &[]),
+        "LMAX",
+        ("dy[(i * NH + z) * HD + l]", false),
         "v[(j * NKV + z / GROUP) * HD + l]",
         &format!(
             "let idx = {probs_at}; probs[idx] = SCALE * probs[idx] * (VALUE - delta[i * NH + z]);"
         ),
-        "params.t",
-        "HD",
-    ));
-    let ds = batched_launch(
-        format!("attention_grad_ds_{tag}"),
-        w,
-        b,
-        Rows::Tokens,
-        lmax,
-        a.n_heads,
+        ("params.t", "HD"),
+        (Rows::Tokens, lmax, heads),
     );
-
-    let (mut w, b) = start(&[(1, "k")], &[(0, "dq")], "HD");
-    w.push_str(&tiled_product(
-        Operand {
-            load: "probs[(z * TMAX + i) * LMAX + l]",
-            rows_first: false,
-        },
+    let dq = product(
+        "dq",
+        (&[(1, "k")], &[(0, "dq")]),
+        "HD",
+        ("probs[(z * TMAX + i) * LMAX + l]", false),
         "k[(l * NKV + z / GROUP) * HD + j]",
         "dq[(i * NH + z) * HD + j] = VALUE;",
-        "params.t",
-        "LMAX",
-    ));
-    let dq = batched_launch(
-        format!("attention_grad_dq_{tag}"),
-        w,
-        b,
-        Rows::Tokens,
-        a.head_dim,
-        a.n_heads,
+        ("params.t", "LMAX"),
+        (Rows::Tokens, hd, heads),
     );
-
-    let (mut w, b) = start(&[(0, "q")], &[(1, "dk")], "HD");
-    w.push_str(&tiled_product(
-        Operand {
-            load: &probs_of_member,
-            rows_first: true,
-        },
+    let dk = product(
+        "dk",
+        (&[(0, "q")], &[(1, "dk")]),
+        "HD",
+        (of_member, true),
         &format!("q[({member}) * HD + j]"),
         "dk[(i * NKV + z) * HD + j] = VALUE;",
-        "LMAX",
-        "GROUP * params.t",
-    ));
-    let dk = batched_launch(
-        format!("attention_grad_dk_{tag}"),
-        w,
-        b,
-        Rows::Fixed(lmax),
-        a.head_dim,
-        a.n_kv_heads,
+        over_group,
+        (Rows::Fixed(lmax), hd, kv_heads),
     );
     vec![delta, probs, dv, ds, dq, dk]
 }
