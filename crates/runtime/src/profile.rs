@@ -12,6 +12,7 @@
 //! their slices — so a kernel that reads its input twice shows as faster than
 //! it is.
 
+use crate::device::Gpu;
 use crate::error::RuntimeError;
 use crate::session::{Session, Step};
 
@@ -34,6 +35,51 @@ pub struct DispatchTime {
     /// Floating-point operations it does (the plan's count at this step's
     /// `T`; zero where codegen does not count them).
     pub flops: u64,
+}
+
+/// Records one compute pass through `record`, which writes timestamps
+/// `0..count` into the query set it is given (one before the first
+/// dispatch, one after each), then resolves and reads them back: the GPU
+/// clock in ticks of the queue's timestamp period.
+pub(crate) async fn timed_pass(
+    gpu: &Gpu,
+    count: u32,
+    record: impl FnOnce(&mut wgpu::ComputePass<'_>, &wgpu::QuerySet) -> Result<(), RuntimeError>,
+) -> Result<Vec<u64>, RuntimeError> {
+    let device = &gpu.device;
+    let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
+        label: Some("profile"),
+        ty: wgpu::QueryType::Timestamp,
+        count,
+    });
+    let bytes = u64::from(count) * 8;
+    let resolve = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("profile resolve"),
+        size: bytes,
+        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    let read = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("profile read"),
+        size: bytes,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
+        label: Some("profile"),
+    });
+    {
+        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
+            label: Some("profile"),
+            timestamp_writes: None,
+        });
+        record(&mut pass, &queries)?;
+    }
+    enc.resolve_query_set(&queries, 0..count, &resolve, 0);
+    enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, bytes);
+    gpu.queue.submit([enc.finish()]);
+    gpu.read_mapped(&read, |bytes| bytemuck::cast_slice(bytes).to_vec())
+        .await
 }
 
 impl Session {
@@ -135,50 +181,19 @@ impl Session {
         context: u64,
     ) -> Result<Vec<DispatchTime>, RuntimeError> {
         self.ensure_pipelines(steps, t).await?;
-        let device = &self.gpu.device;
         let count = (steps.len() + 1) as u32;
-        let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("profile"),
-            ty: wgpu::QueryType::Timestamp,
-            count,
-        });
-        let bytes = u64::from(count) * 8;
-        let resolve = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("profile resolve"),
-            size: bytes,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let read = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("profile read"),
-            size: bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("profile"),
-        });
         let mut recorded = Vec::new();
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor {
-                label: Some("profile"),
-                timestamp_writes: None,
-            });
-            pass.write_timestamp(&queries, 0);
+        let stamps = timed_pass(&self.gpu, count, |pass, queries| {
+            pass.write_timestamp(queries, 0);
             for (i, s) in steps.iter().enumerate() {
-                if self.record(&mut pass, s, t, context)? {
+                if self.record(pass, s, t, context)? {
                     recorded.push(i);
                 }
-                pass.write_timestamp(&queries, (i + 1) as u32);
+                pass.write_timestamp(queries, (i + 1) as u32);
             }
-        }
-        enc.resolve_query_set(&queries, 0..count, &resolve, 0);
-        enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, bytes);
-        self.gpu.queue.submit([enc.finish()]);
-        let stamps: Vec<u64> = self
-            .gpu
-            .read_mapped(&read, |bytes| bytemuck::cast_slice(bytes).to_vec())
-            .await?;
+            Ok(())
+        })
+        .await?;
         let period = f64::from(self.gpu.queue.get_timestamp_period());
         let times = recorded
             .into_iter()

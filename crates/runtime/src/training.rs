@@ -18,7 +18,7 @@
 use crate::device::{check_limits, Gpu};
 use crate::error::RuntimeError;
 use crate::pipeline::{create_pipeline, KernelPipeline, ShaderChecks};
-use crate::profile::DispatchTime;
+use crate::profile::{timed_pass, DispatchTime};
 use crate::residency::usage_for;
 use gerbil_plan::{BufferKind, Dispatch, TrainingBuffer, TrainingPlan, STEP_PARAMS_BYTES};
 
@@ -360,47 +360,19 @@ impl Trainer {
             0,
             bytemuck::cast_slice(targets),
         );
-        let device = &self.gpu.device;
         let count = self.sequence.len() as u32 + 1;
-        let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
-            label: Some("training profile"),
-            ty: wgpu::QueryType::Timestamp,
-            count,
-        });
-        let bytes = u64::from(count) * 8;
-        let resolve = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("training profile resolve"),
-            size: bytes,
-            usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: false,
-        });
-        let read = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("training profile read"),
-            size: bytes,
-            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        let mut enc = device.create_command_encoder(&wgpu::CommandEncoderDescriptor {
-            label: Some("training profile"),
-        });
-        {
-            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-            pass.write_timestamp(&queries, 0);
+        let stamps = timed_pass(&self.gpu, count, |pass, queries| {
+            pass.write_timestamp(queries, 0);
             for (i, d) in self.sequence.iter().enumerate() {
                 pass.set_pipeline(&self.pipelines[d.kernel].pipeline);
                 pass.set_bind_group(0, &d.group, &[]);
                 let [x, y, z] = d.workgroups;
                 pass.dispatch_workgroups(x, y, z);
-                pass.write_timestamp(&queries, i as u32 + 1);
+                pass.write_timestamp(queries, i as u32 + 1);
             }
-        }
-        enc.resolve_query_set(&queries, 0..count, &resolve, 0);
-        enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, bytes);
-        queue.submit([enc.finish()]);
-        let stamps: Vec<u64> = self
-            .gpu
-            .read_mapped(&read, |b| bytemuck::cast_slice(b).to_vec())
-            .await?;
+            Ok(())
+        })
+        .await?;
         let period = f64::from(queue.get_timestamp_period());
         let t = self.plan.seq_len;
         Ok(self
