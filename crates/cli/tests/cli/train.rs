@@ -1,7 +1,7 @@
 //! `gerbil-train` as a user drives it, on the tiny Llama with the tests'
 //! byte-level tokenizer ([`common::tiny_text_model`]) and the first
 //! kilobytes of `data/moby-dick.txt`: a run writes its JSON log, its
-//! checkpoints and a model `gerbilc` compiles; a resumed run continues
+//! checkpoints, its profile and a model `gerbilc` compiles; a resumed run continues
 //! exactly where the checkpoint stopped; Ctrl-C saves the steps taken; and
 //! bad input is a clear error.
 
@@ -73,10 +73,22 @@ fn a_run_logs_every_step_saves_checkpoints_and_writes_a_model_gerbilc_compiles()
     let model = tiny_text_model("llama", &dir.path().join("tiny"));
     let data = text(dir.path(), 4000);
     let (out, log) = (dir.path().join("out"), dir.path().join("log.jsonl"));
+    let profile = dir.path().join("profile.json");
     let mut args = flags(s(&model), s(&data), "6", s(&out));
     args.extend(["--json-log", s(&log), "--save-every", "3"]);
+    args.extend(["--profile", s(&profile)]);
     let o = gerbil_train(&args);
     assert!(o.status.success(), "{}", stderr(&o));
+    // The profile: every dispatch of one sequence, the costliest on stderr.
+    let times: Vec<Value> =
+        serde_json::from_str(&std::fs::read_to_string(&profile).unwrap()).unwrap();
+    assert!(times.len() > 50, "{} dispatches", times.len());
+    assert!(
+        times.iter().any(|t| t["label"] == "lm_head.grad.x"),
+        "{times:?}"
+    );
+    assert!(times.iter().all(|t| t["nanos"].as_f64().unwrap() >= 0.0));
+    assert!(stderr(&o).contains("one sequence:"), "{}", stderr(&o));
     let lines = log_lines(&log);
     assert_eq!(lines.len(), 6);
     for (i, l) in lines.iter().enumerate() {
