@@ -119,18 +119,22 @@ pub fn train(opts: &TrainOptions, hub: &HubOptions) -> Result<Ended> {
             let times = pollster::block_on(run.profile())?;
             crate::progress::suspend(|| write_profile(path, &times))?;
         }
-        if opts.save_every.is_some_and(|k| s.step % k == 0) && s.step < opts.steps {
-            save(&run, &opts.out.join(format!("checkpoint-{}", s.step)))?;
+        let checkpoint = opts.out.join(format!("checkpoint-{}", s.step));
+        let saved = opts.save_every.is_some_and(|k| s.step % k == 0) && s.step < opts.steps;
+        if saved {
+            save(&run, &checkpoint)?;
         }
         if stop.load(Ordering::SeqCst) && s.step < opts.steps {
             bar.abandon();
-            let dir = opts.out.join(format!("checkpoint-{}", s.step));
-            crate::console::note(&format!(
-                "interrupted after step {}; saving it to {}",
-                s.step,
-                dir.display()
-            ));
-            save(&run, &dir)?;
+            let dir = checkpoint;
+            if !saved {
+                crate::console::note(&format!(
+                    "interrupted after step {}; saving it to {}",
+                    s.step,
+                    dir.display()
+                ));
+                save(&run, &dir)?;
+            }
             return Ok(Ended::Interrupted {
                 step: s.step,
                 checkpoint: dir,

@@ -34,8 +34,9 @@ impl Lowering<'_> {
             return Err(CodegenError::Unsupported {
                 label: node.label.clone(),
                 reason: format!(
-                    "its operand `{}` is too large for one binding, and training binds \
-                     every weight whole; use a target with larger bindings (--target desktop)",
+                    "its operand `{}` is too large for one binding of this device, and \
+                     training binds every weight whole; train on a GPU with larger storage \
+                     bindings",
                     g.node(sharded.node).label
                 ),
             });

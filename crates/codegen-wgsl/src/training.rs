@@ -339,6 +339,8 @@ fn push(decls: &mut Vec<BufferDecl>, holds: TrainingBuffer, bytes: u64) -> u32 {
 /// bank gets one of its own (codegen has refused it before: a weight past
 /// one binding is split into row shards, which training refuses).
 fn banks(params: &mut [Parameter], limit: u64) -> Vec<(u64, u32)> {
+    // A bank's length is rounded up to the alignment: keep that within one binding.
+    let limit = (limit / PARAMETER_ALIGN * PARAMETER_ALIGN).max(PARAMETER_ALIGN);
     let mut banks = Vec::new();
     let (mut start, mut fill) = (0u64, 0u64);
     for p in params.iter_mut() {
@@ -371,7 +373,13 @@ fn vocab(graph: &Graph) -> Result<u32, CodegenError> {
         })
         .and_then(|id| graph.value_type(graph.inputs(id)[0]).last_const())
         .map(|v| v as u32)
-        .ok_or_else(|| CodegenError::Graph("a training graph has a `cross_entropy` loss".into()))
+        .ok_or_else(|| {
+            CodegenError::Graph(
+                "the graph has no `cross_entropy` loss: it is not a training graph (run the \
+                 autodiff pass)"
+                    .into(),
+            )
+        })
 }
 
 /// The buffer of training output `name`.
@@ -380,7 +388,12 @@ fn output_buffer(outputs: &[(String, u32)], name: &str) -> Result<u32, CodegenEr
         .iter()
         .find(|(n, _)| n == name)
         .map(|&(_, b)| b)
-        .ok_or_else(|| CodegenError::Graph(format!("a training graph has a `{name}` output")))
+        .ok_or_else(|| {
+            CodegenError::Graph(format!(
+                "the graph has no `{name}` output: it is not a training graph (run the autodiff \
+                 pass)"
+            ))
+        })
 }
 
 /// The trained weights in output order, each at its offset in the
@@ -417,14 +430,15 @@ fn parameters(graph: &Graph, layout: &Layout<'_, '_>) -> Result<Moved, CodegenEr
         if ty.dtype != DType::F32 {
             return Err(refuse(format!(
                 "a trained weight is f32 (the master copy the optimizer steps), this one is \
-                 {}; load the checkpoint's weights as f32",
+                 {}; the master-weights pass (training_passes) makes 16-bit weights f32, so \
+                 this is a compiler bug",
                 ty.dtype
             )));
         }
         let Some(Own::Whole(own)) = b.own.get(&v) else {
             return Err(refuse(
-                "it is too large for one binding, and training binds every weight whole; use \
-                 a target with larger bindings (--target desktop)"
+                "it is too large for one binding of this device, and training binds every \
+                 weight whole; train on a GPU with larger storage bindings"
                     .into(),
             ));
         };

@@ -137,6 +137,11 @@ impl Windows {
         }
     }
 
+    /// The whole token stream.
+    pub fn tokens(&self) -> &[u32] {
+        &self.stream
+    }
+
     /// Number of windows.
     pub fn count(&self) -> usize {
         self.count

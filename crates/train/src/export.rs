@@ -151,6 +151,13 @@ fn trained_tensors(
                 .copy_from_slice(head);
             value = rest;
         }
+        if !value.is_empty() {
+            return Err(TrainError::Export(format!(
+                "weight `{}` has {} more values than the tensors it was made of",
+                p.label,
+                value.len()
+            )));
+        }
     }
     Ok(out)
 }

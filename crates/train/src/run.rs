@@ -14,7 +14,7 @@
 
 use crate::data::Windows;
 use crate::schedule::Hyperparameters;
-use crate::state::{saved_buffers, OptimizerState};
+use crate::state::{saved_buffers, Batches, OptimizerState};
 use crate::{export, TrainError};
 use gerbil_codegen_wgsl::kernels::adamw::AdamwSettings;
 use gerbil_codegen_wgsl::{Target, TrainingOptions};
@@ -67,6 +67,7 @@ pub struct Run {
     windows: Windows,
     opts: RunOptions,
     trained: Vec<WeightSource>,
+    batches: Batches,
     step: u64,
     applied: u64,
 }
@@ -88,6 +89,20 @@ impl Run {
         if opts.batch == 0 {
             return Err(TrainError::Options("--batch must be at least 1".into()));
         }
+        // The trained weights are saved as safetensors: refuse what cannot be.
+        if let Some(gguf) = ckpt
+            .weights
+            .files()
+            .into_iter()
+            .find(|f| f.extension().is_some_and(|e| e == "gguf"))
+        {
+            return Err(TrainError::Options(format!(
+                "{} is a GGUF file, whose quantized weights cannot train or be saved as a \
+                 checkpoint; train the model's safetensors checkpoint (a HF directory or hub id)",
+                gguf.display()
+            )));
+        }
+        let batches = Batches::of(&tokens, opts.seq_len, opts.batch, opts.shuffle);
         let context = ckpt
             .config_json
             .get("max_position_embeddings")
@@ -115,11 +130,20 @@ impl Run {
         };
         let build = gerbil_compiler::compile_training(&ckpt, &training)?;
         let plan = build.program.plan;
+        // A tokenizer may give ids past the model's vocabulary (added tokens):
+        // say so now, not at the step whose batch holds one.
+        if let Some(&id) = windows.tokens().iter().find(|&&t| t >= plan.vocab) {
+            return Err(TrainError::Options(format!(
+                "the tokenizer gives token id {id}, past the model's vocabulary of {}; train \
+                 on a text without it, or a model whose embedding covers the tokenizer",
+                plan.vocab
+            )));
+        }
         let trainer = Trainer::new(gpu, plan, &build.parameters, &build.frozen).await?;
         let (mut step, mut applied) = (0, 0);
         if resume {
             let parameters = &trainer.plan().parameters;
-            let state = OptimizerState::load(&ckpt.dir, parameters, opts.eight_bit)?;
+            let state = OptimizerState::load(&ckpt.dir, parameters, opts.eight_bit, &batches)?;
             for (holds, bytes) in &state.buffers {
                 trainer.write(*holds, bytes)?;
             }
@@ -131,6 +155,7 @@ impl Run {
             windows,
             opts,
             trained: build.program.trained,
+            batches,
             step,
             applied,
         })
@@ -194,7 +219,7 @@ impl Run {
         let master = buffers
             .iter()
             .find(|(b, _)| *b == TrainingBuffer::Parameters)
-            .map(|(_, bytes)| bytemuck::cast_slice::<u8, f32>(bytes).to_vec())
+            .map(|(_, bytes)| bytemuck::pod_collect_to_vec::<u8, f32>(bytes))
             .unwrap_or_default();
         export::write_model(dir, &self.ckpt, &plan.parameters, &self.trained, &master)?;
         OptimizerState {
@@ -202,6 +227,7 @@ impl Run {
             applied: self.applied,
             eight_bit: self.opts.eight_bit,
             parameters: plan.parameters.clone(),
+            batches: self.batches,
             buffers,
         }
         .save(dir)

@@ -35,9 +35,86 @@ pub struct OptimizerState {
     pub eight_bit: bool,
     /// The parameter layout the buffers belong to.
     pub parameters: Vec<Parameter>,
+    /// What made the batches: a resumed run must take the same ones.
+    pub batches: Batches,
     /// Each training buffer's bytes: the parameters and the moments (and,
     /// in 8 bits, the scales).
     pub buffers: Vec<(TrainingBuffer, Vec<u8>)>,
+}
+
+/// What decides a run's batches ([`crate::Windows`]): resuming with other
+/// values would train on other batches than the uninterrupted run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Batches {
+    /// `--seq-len`.
+    pub seq_len: u32,
+    /// `--batch`.
+    pub batch: u32,
+    /// `--shuffle`'s seed, if shuffled.
+    pub shuffle: Option<u64>,
+    /// Tokens of the training text.
+    pub tokens: u64,
+    /// The CRC-32 of the tokens' little-endian bytes.
+    pub crc: u32,
+}
+
+impl Batches {
+    /// The batches of `tokens` cut as the other fields say.
+    pub fn of(tokens: &[u32], seq_len: u32, batch: u32, shuffle: Option<u64>) -> Batches {
+        let mut crc = crc32fast::Hasher::new();
+        for t in tokens {
+            crc.update(&t.to_le_bytes());
+        }
+        Batches {
+            seq_len,
+            batch,
+            shuffle,
+            tokens: tokens.len() as u64,
+            crc: crc.finalize(),
+        }
+    }
+
+    /// The metadata entries that record it.
+    fn entries(&self) -> [(&'static str, String); 5] {
+        [
+            ("seq_len", self.seq_len.to_string()),
+            ("batch", self.batch.to_string()),
+            (
+                "shuffle",
+                self.shuffle.map_or("none".to_string(), |s| s.to_string()),
+            ),
+            ("tokens", self.tokens.to_string()),
+            ("data_crc32", self.crc.to_string()),
+        ]
+    }
+
+    /// How `saved` (its metadata entries) differs from these batches, as
+    /// the flag to change.
+    fn difference(&self, saved: &HashMap<String, String>) -> Option<String> {
+        let get = |k: &str| saved.get(k).map(String::as_str).unwrap_or("?");
+        let e = self.entries();
+        if get("seq_len") != e[0].1 {
+            return Some(format!("it was made with --seq-len {}", get("seq_len")));
+        }
+        if get("batch") != e[1].1 {
+            return Some(format!("it was made with --batch {}", get("batch")));
+        }
+        if get("shuffle") != e[2].1 {
+            return Some(match get("shuffle") {
+                "none" => "it was made without --shuffle".to_string(),
+                seed => format!("it was made with --shuffle --seed {seed}"),
+            });
+        }
+        if get("tokens") != e[3].1 || get("data_crc32") != e[4].1 {
+            return Some(format!(
+                "it was made from another training text ({} tokens, this one {}); give the \
+                 same --data",
+                get("tokens"),
+                self.tokens
+            ));
+        }
+        None
+    }
 }
 
 /// The buffers a state of this kind holds, with their tensor names.
@@ -72,6 +149,7 @@ impl OptimizerState {
             ("parameters", layout),
         ]
         .into_iter()
+        .chain(self.batches.entries())
         .map(|(k, v)| (k.to_string(), v))
         .collect();
         let mut views = Vec::new();
@@ -108,11 +186,13 @@ impl OptimizerState {
     }
 
     /// Reads `dir`/[`STATE_FILE`] for a run whose parameters are laid out
-    /// as `parameters`, with 8-bit moments if `eight_bit`.
+    /// as `parameters`, with 8-bit moments if `eight_bit`, taking
+    /// `batches`.
     pub fn load(
         dir: &Path,
         parameters: &[Parameter],
         eight_bit: bool,
+        batches: &Batches,
     ) -> Result<OptimizerState, TrainError> {
         let path = dir.join(STATE_FILE);
         let bad = |why: String| TrainError::State(format!("{}: {why}", path.display()));
@@ -142,9 +222,11 @@ impl OptimizerState {
         let saved: Vec<Parameter> =
             serde_json::from_str(&field("parameters")?).map_err(|e| bad(e.to_string()))?;
         if let Some(why) = layout_difference(&saved, parameters) {
+            return Err(bad(why));
+        }
+        if let Some(why) = batches.difference(&meta) {
             return Err(bad(format!(
-                "it is the state of another model ({why}); resume from a checkpoint of this \
-                 model, or start from the weights alone without --resume"
+                "{why}, and a resumed run must take the batches the checkpoint's run would have"
             )));
         }
         let kind = field("state")?;
@@ -166,26 +248,42 @@ impl OptimizerState {
             applied: number("applied")?,
             eight_bit,
             parameters: saved,
+            batches: *batches,
             buffers,
         })
     }
 }
 
-/// How layout `saved` differs from `run`'s, if it does.
+/// Why a state of layout `saved` cannot resume a run of layout `run`, if
+/// it cannot.
 fn layout_difference(saved: &[Parameter], run: &[Parameter]) -> Option<String> {
+    let other_model = |why: String| {
+        format!(
+            "it is the state of another model ({why}); resume from a checkpoint of this model, \
+             or start from the weights alone without --resume"
+        )
+    };
     for (i, (s, r)) in saved.iter().zip(run).enumerate() {
-        if s != r {
-            return Some(format!(
+        if s.label != r.label || s.shape != r.shape {
+            return Some(other_model(format!(
                 "its parameter {i} is `{}` {:?}, this model's `{}` {:?}",
                 s.label, s.shape, r.label, r.shape
+            )));
+        }
+        if s.offset != r.offset {
+            return Some(format!(
+                "its parameter {i}, `{}`, lies at {} and here at {}: it was saved on a device \
+                 with another storage-binding limit, which lays the weights out in other \
+                 banks; resume on the same kind of GPU",
+                s.label, s.offset, r.offset
             ));
         }
     }
     (saved.len() != run.len()).then(|| {
-        format!(
+        other_model(format!(
             "it has {} trained tensors, this model {}",
             saved.len(),
             run.len()
-        )
+        ))
     })
 }

@@ -25,7 +25,7 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     data: PathBuf,
     /// Optimizer steps to train (a resumed run counts its checkpoint's).
-    #[arg(long, value_parser = whole_u64)]
+    #[arg(long, value_parser = at_least_one)]
     steps: u64,
     /// Tokens per sequence (at most the model's context).
     #[arg(long, value_name = "L", value_parser = whole_u32)]
@@ -70,7 +70,7 @@ struct Cli {
     #[arg(long, value_name = "FILE")]
     json_log: Option<PathBuf>,
     /// Save a checkpoint OUT/checkpoint-STEP every K steps.
-    #[arg(long, value_name = "K", value_parser = whole_u64)]
+    #[arg(long, value_name = "K", value_parser = at_least_one)]
     save_every: Option<u64>,
     /// Continue MODEL (a checkpoint gerbil-train wrote) from its optimizer
     /// state and step.
@@ -89,6 +89,13 @@ struct Cli {
     /// Log to stderr (-v, -vv, -vvv).
     #[arg(short, long, action = clap::ArgAction::Count)]
     verbose: u8,
+}
+
+fn at_least_one(s: &str) -> Result<u64, String> {
+    match whole_u64(s)? {
+        0 => Err("must be at least 1".into()),
+        n => Ok(n),
+    }
 }
 
 fn whole_u32(s: &str) -> Result<u32, String> {

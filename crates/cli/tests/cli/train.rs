@@ -265,4 +265,22 @@ fn bad_input_is_a_clear_error() {
     assert!(err.contains("resume with --optimizer-state f32"), "{err}");
     let err = refused(&[flags(s(&qwen_out), d, "1", o), vec!["--resume"]].concat());
     assert!(err.contains("has taken 1 steps already"), "{err}");
+    // Other batches than the checkpoint's run took.
+    let mut args = flags(s(&qwen_out), d, "3", o);
+    args[8] = "1";
+    let err = refused(&[args, vec!["--resume"]].concat());
+    assert!(err.contains("it was made with --batch 2"), "{err}");
+    let err = refused(&[flags(s(&qwen_out), s(&short), "3", o), vec!["--resume"]].concat());
+    assert!(err.contains("fewer than one window"), "{err}");
+    let other = text(&dir.path().join("qwen"), 3000);
+    let err = refused(&[flags(s(&qwen_out), s(&other), "3", o), vec!["--resume"]].concat());
+    assert!(err.contains("another training text"), "{err}");
+    // Zero steps: a usage error, as clap reports them (status 2).
+    let zero = gerbil_train(&flags(m, d, "0", o));
+    assert_eq!(zero.status.code(), Some(2), "{}", stderr(&zero));
+    assert!(
+        stderr(&zero).contains("must be at least 1"),
+        "{}",
+        stderr(&zero)
+    );
 }
