@@ -180,7 +180,7 @@ fn cases() -> Vec<Case> {
             &attention_bytes,
         ),
         chain(
-            "attention_grad (6 dispatches), 512 rows, 9 heads of 64, 3 KV heads",
+            "attention_grad (8 dispatches), 512 rows, 9 heads of 64, 3 KV heads",
             backward::attention_grad(&attention, T, T),
             &attention_bytes,
         ),

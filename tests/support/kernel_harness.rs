@@ -597,7 +597,7 @@ impl Rng {
 }
 
 /// Runs `kernels` one after another, in one submission, as a plan runs the
-/// dispatches of one node (`backward::attention_grad`'s six): every kernel
+/// dispatches of one node (`backward::attention_grad`'s eight): every kernel
 /// binds each of its ports to the buffer `operands` gives that port, and
 /// its scratch bindings to one shared scratch buffer laid out as the plan
 /// lays it out (in binding order, each at a 256-byte boundary; working

@@ -18,7 +18,7 @@ impl Lowering<'_> {
     /// The kernels of training node `id`, whose op is `op`, in the order
     /// they run: one for every op but the norm's backward and attention's
     /// log-sum-exp (two each, [`backward::rms_norm_grad`],
-    /// [`backward::attention_lse`]) and attention's backward (six,
+    /// [`backward::attention_lse`]) and attention's backward (eight,
     /// [`backward::attention_grad`]).
     pub(crate) fn train_kernels(
         &self,

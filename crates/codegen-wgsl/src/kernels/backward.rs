@@ -586,7 +586,10 @@ fn attention_consts(a: &Attention, lmax: u32, max_rows: u32) -> String {
     };
     let _ = writeln!(
         w,
-        "fn keys(t: u32) -> vec2<u32> {{\n  let me = params.p + t;\n  return {range};\n}}"
+        "fn keys(t: u32) -> vec2<u32> {{\n  let me = params.p + t;\n  return {range};\n}}\n\
+         const SPLITS: u32 = {splits}u;\n\
+         fn chunk() -> u32 {{ return (GROUP * params.t + SPLITS - 1u) / SPLITS; }}",
+        splits = cache_splits(a, lmax),
     );
     w
 }
@@ -677,24 +680,36 @@ fn attention_scratch(b: &mut Bindings, w: &mut String, a: &Attention, lmax: u32,
     let rows = u64::from(max_rows) * u64::from(a.n_heads);
     b.scratch(w, "delta", 4 * rows);
     b.scratch(w, "probs", 4 * rows * u64::from(lmax));
+    let cache = u64::from(lmax) * u64::from(a.n_kv_heads) * u64::from(a.head_dim);
+    b.scratch(w, "part", 4 * u64::from(cache_splits(a, lmax)) * cache);
+}
+
+/// Pieces the depth (the group's rows) of the cache gradients' products is
+/// cut into, each a z of its own, so that those products, whose outputs
+/// are only `lmax × head_dim` per KV head, fill the GPU with some 512
+/// workgroups (at most 16 pieces).
+fn cache_splits(a: &Attention, lmax: u32) -> u32 {
+    let tiles = lmax.div_ceil(TILE) * a.head_dim.div_ceil(TILE) * a.n_kv_heads.max(1);
+    512u32.div_ceil(tiles).clamp(1, 16)
 }
 
 /// Attention's backward over caches of `lmax` rows, in steps of at most
 /// `max_rows`: `(q, k_cache, v_cache, dy, out, lse) -> (dq, dk_cache,
-/// dv_cache)`, as six dispatches run in order, which pass the
+/// dv_cache)`, as eight dispatches run in order, which pass the
 /// probabilities on through the scratch ([`attention_scratch`]):
 ///
 /// 1. `delta`: `D = dy · out` per row and head;
 /// 2. `probs`: `P = exp(scale · q·k − lse)` for the keys each row sees, 0
 ///    for the rest (a tiled product per head);
-/// 3. `dv = Σ Pᵀ · dy` over each KV head's group of heads;
-/// 4. `ds = scale · P · (dy · v − D)`, in place of `P`;
-/// 5. `dq = ds · k`;
-/// 6. `dk = Σ dsᵀ · q` over the group.
+/// 3. `dv = Σ Pᵀ · dy` over each KV head's group of heads, in pieces of
+///    the depth ([`cache_splits`]), 4. then the pieces' sum;
+/// 5. `ds = scale · P · (dy · v − D)`, in place of `P`;
+/// 6. `dq = ds · k`;
+/// 7. `dk = Σ dsᵀ · q` over the group, in pieces, 8. then their sum.
 ///
 /// Each product is [`tiled_product`]'s 64 × 64 tiles, a dispatch's z
-/// taking the heads (or KV heads). The cache gradients have every row, 0
-/// where no query looks.
+/// taking the heads (or KV heads and pieces). The cache gradients have
+/// every row, 0 where no query looks.
 pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSource> {
     let tag = format!("{}_l{lmax}_t{max_rows}", attention_tag(a));
     let start = |inputs: &[(u32, &str)], outputs: &[(u32, &str)], nc: &str| {
@@ -712,8 +727,41 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSour
     };
     // The probabilities' rows of head `z`, at `i`, `j`.
     let probs_at = "(z * TMAX + i) * LMAX + j";
-    // Over l < GROUP · T: head `z`'s group member `l / T` at row `l % T`.
-    let member = "(l % params.t) * NH + z * GROUP + l / params.t";
+    // The cache gradients' products: z is KV head `g` and piece `z % SPLITS`
+    // of the depth `l < GROUP · T`, whose `lp`-th step is the group's member
+    // `lp / T` at row `lp % T`.
+    let (g, lp) = ("(z / SPLITS)", "((z % SPLITS) * chunk() + l)");
+    let member = format!("({lp} % params.t) * NH + {g} * GROUP + {lp} / params.t");
+    let of_member =
+        format!("probs[(({g} * GROUP + {lp} / params.t) * TMAX + {lp} % params.t) * LMAX + i]");
+    let depth = "min(chunk(), GROUP * params.t - min((z % SPLITS) * chunk(), GROUP * params.t))";
+    let part_at = format!("((z % SPLITS) * LMAX + i) * NKV * HD + {g} * HD + j");
+    let splits = cache_splits(a, lmax);
+
+    // The sum of the pieces of a cache gradient, a thread per value.
+    let pieces_sum = |name: &str, out: (u32, &str)| {
+        let (mut w, b) = start(&[], &[out], "1u");
+        let values = lmax * a.n_kv_heads * a.head_dim;
+        let (workgroups, index) = constant_grid(u64::from(values));
+        let _ = write!(
+            w,
+            "@compute @workgroup_size(WG, 1, 1)\n\
+             fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n\
+             \x20 let i = {index};\n  if (i >= {values}u) {{ return; }}\n\
+             \x20 var s = 0.0f;\n\
+             \x20 for (var p = 0u; p < SPLITS; p = p + 1u) {{ s = s + part[p * {values}u + i]; }}\n\
+             \x20 {dst}[i] = s;\n}}\n",
+            dst = out.1,
+        );
+        KernelSource {
+            name: format!("attention_grad_{name}_{tag}"),
+            wgsl: w,
+            workgroup_size: [WG, 1, 1],
+            bindings: b.finish(),
+            workgroups,
+            workgroup_bytes: 0,
+        }
+    };
 
     let (mut w, b) = start(&[(3, "dy"), (4, "o")], &[], "1u");
     w.push_str(
@@ -771,19 +819,20 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSour
         (Rows::Tokens, lmax, heads),
     );
     // Over the group's members: the probabilities (or scores' gradients)
-    // of member `l / T` at row `l % T`, key `i`.
-    let of_member = "probs[((z * GROUP + l / params.t) * TMAX + l % params.t) * LMAX + i]";
-    let over_group = ("LMAX", "GROUP * params.t");
+    // of each, a piece of the depth per z, into the pieces' scratch.
+    let over_group = ("LMAX", depth);
+    let store = format!("part[{part_at}] = VALUE;");
     let dv = product(
         "dv",
-        (&[(3, "dy")], &[(2, "dv")]),
+        (&[(3, "dy")], &[]),
         "HD",
-        (of_member, true),
+        (&of_member, true),
         &format!("dy[({member}) * HD + j]"),
-        "dv[(i * NKV + z) * HD + j] = VALUE;",
+        &store,
         over_group,
-        (Rows::Fixed(lmax), hd, kv_heads),
+        (Rows::Fixed(lmax), hd, kv_heads * splits),
     );
+    let dv_sum = pieces_sum("dv_sum", (2, "dv"));
     let ds = product(
         "ds",
         (&[(2, "v"), (3, "dy")], &[]),
@@ -808,13 +857,14 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSour
     );
     let dk = product(
         "dk",
-        (&[(0, "q")], &[(1, "dk")]),
+        (&[(0, "q")], &[]),
         "HD",
-        (of_member, true),
+        (&of_member, true),
         &format!("q[({member}) * HD + j]"),
-        "dk[(i * NKV + z) * HD + j] = VALUE;",
+        &store,
         over_group,
-        (Rows::Fixed(lmax), hd, kv_heads),
+        (Rows::Fixed(lmax), hd, kv_heads * splits),
     );
-    vec![delta, probs, dv, ds, dq, dk]
+    let dk_sum = pieces_sum("dk_sum", (1, "dk"));
+    vec![delta, probs, dv, dv_sum, ds, dq, dk, dk_sum]
 }
