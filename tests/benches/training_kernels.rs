@@ -139,10 +139,15 @@ fn cases() -> Vec<Case> {
             backward::cross_entropy(vocab, T),
             vec![t * v64 * f, t * 4, 4, t * 4, 4],
         ),
-        one(
-            "matmul_grad_x, lm_head: 512 × 49,152 → 576 (bf16 w)",
-            backward::matmul_grad_x(vocab, h, DType::BF16),
-            vec![t * v64 * f, v64 * h64 * 2, t * h64 * f],
+        chain(
+            "matmul_grad_x (2 dispatches: pieces, sum), lm_head: 512 × 49,152 → 576 (bf16 w)",
+            backward::matmul_grad_x(vocab, h, DType::BF16, T),
+            &|name| match name {
+                "dy" => Some(t * v64 * f),
+                "w" => Some(v64 * h64 * 2),
+                "dx" => Some(t * h64 * f),
+                _ => None,
+            },
         ),
         one(
             "matmul_grad_w, lm_head: 49,152 × 576 over 512 rows",
@@ -151,7 +156,7 @@ fn cases() -> Vec<Case> {
         ),
         one(
             "matmul_grad_x, down_proj: 512 × 576 → 1,536 (bf16 w)",
-            backward::matmul_grad_x(h, mlp, DType::BF16),
+            backward::matmul_grad_x(h, mlp, DType::BF16, T).remove(0),
             vec![t * h64 * f, h64 * mlp64 * 2, t * mlp64 * f],
         ),
         one(

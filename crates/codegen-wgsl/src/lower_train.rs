@@ -44,7 +44,14 @@ impl Lowering<'_> {
         let one = match op {
             TrainOp::CrossEntropy => backward::cross_entropy(width(0), self.max_tokens),
             TrainOp::CrossEntropyGrad => backward::cross_entropy_grad(width(0)),
-            TrainOp::MatMulGradX => backward::matmul_grad_x(width(0), width(1), ty(1).dtype),
+            TrainOp::MatMulGradX => {
+                return Ok(backward::matmul_grad_x(
+                    width(0),
+                    width(1),
+                    ty(1).dtype,
+                    self.max_tokens,
+                ))
+            }
             TrainOp::MatMulGradW => backward::matmul_grad_w(width(0), width(1)),
             TrainOp::SumRows => backward::sum_rows(width(0)),
             TrainOp::RmsNormGrad(n) => {

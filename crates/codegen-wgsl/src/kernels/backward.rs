@@ -343,33 +343,96 @@ fn batched_launch(
     }
 }
 
+/// Pieces [`matmul_grad_x`] cuts its depth `n` into for steps of at most
+/// `max_rows` and `k` output columns: 1 where the output's tiles fill the
+/// GPU or the depth is short, else enough for some 512 workgroups (at most
+/// 16, each piece at least 256 deep). The LM head's input gradient is the
+/// case: 72 tiles at SmolLM2's shape over a depth of 49,152.
+fn depth_pieces(n: u32, k: u32, max_rows: u32) -> u32 {
+    let tiles = max_rows.div_ceil(TILE) * k.div_ceil(TILE);
+    if tiles >= 256 || n < 4096 {
+        return 1;
+    }
+    512u32.div_ceil(tiles).min(n / 256).clamp(1, 16)
+}
+
 /// `dx = dy · w` for `dy` `[T, n]` and the weight `[n, k]` stored as
-/// `wdtype`: a matmul's input gradient, in 64 × 64 tiles.
-pub fn matmul_grad_x(n: u32, k: u32, wdtype: DType) -> KernelSource {
+/// `wdtype`, in steps of at most `max_rows`: a matmul's input gradient, in
+/// 64 × 64 tiles. A deep product with few tiles ([`depth_pieces`]) is two
+/// dispatches: each piece of the depth a workgroup z, writing its partial
+/// product to the scratch, then a thread per output summing the pieces.
+pub fn matmul_grad_x(n: u32, k: u32, wdtype: DType, max_rows: u32) -> Vec<KernelSource> {
+    let pieces = depth_pieces(n, k, max_rows);
     let mut w = prelude();
-    let _ = writeln!(w, "const N: u32 = {n}u;\nconst NC: u32 = {k}u;");
+    let _ = writeln!(
+        w,
+        "const N: u32 = {n}u;\nconst NC: u32 = {k}u;\nconst PIECES: u32 = {pieces}u;\n\
+         const CHUNK: u32 = {}u;\nconst TMAX: u32 = {max_rows}u;",
+        n.div_ceil(pieces)
+    );
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "dy");
     b.weight(&mut w, input(1), "w", wdtype);
-    b.activation(&mut w, output(0), "dx");
+    if pieces == 1 {
+        b.activation(&mut w, output(0), "dx");
+        let dy = Operand {
+            load: "dy[i * N + l]",
+            rows_first: false,
+        };
+        w.push_str(&tiled_product(
+            dy,
+            "load_w(l * NC + j)",
+            "dx[i * NC + j] = VALUE;",
+            "params.t",
+            "N",
+        ));
+        let name = format!("matmul_grad_x_{wdtype}_n{n}_k{k}");
+        return vec![tiled_launch(name, w, b, Rows::Tokens, k)];
+    }
+    let part_bytes = 4 * u64::from(pieces) * u64::from(max_rows) * u64::from(k);
+    b.scratch(&mut w, "part", part_bytes);
     let dy = Operand {
-        load: "dy[i * N + l]",
+        load: "dy[i * N + z * CHUNK + l]",
         rows_first: false,
     };
     w.push_str(&tiled_product(
         dy,
-        "load_w(l * NC + j)",
-        "dx[i * NC + j] = VALUE;",
+        "load_w((z * CHUNK + l) * NC + j)",
+        "part[(z * TMAX + i) * NC + j] = VALUE;",
         "params.t",
-        "N",
+        "min(CHUNK, N - min(z * CHUNK, N))",
     ));
-    tiled_launch(
-        format!("matmul_grad_x_{wdtype}_n{n}_k{k}"),
+    let tag = format!("{wdtype}_n{n}_k{k}_p{pieces}_t{max_rows}");
+    let product = batched_launch(
+        format!("matmul_grad_x_pieces_{tag}"),
         w,
         b,
         Rows::Tokens,
         k,
-    )
+        pieces,
+    );
+    let mut w = header(&format!(
+        "const NC: u32 = {k}u;\nconst PIECES: u32 = {pieces}u;\nconst TMAX: u32 = {max_rows}u;\n"
+    ));
+    let mut b = Bindings::new();
+    b.activation(&mut w, output(0), "dx");
+    b.scratch(&mut w, "part", part_bytes);
+    w.push_str(
+        "@compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
+         \x20 let i = gid.x;\n  if (i >= params.t * NC) { return; }\n\
+         \x20 var s = 0.0f;\n\
+         \x20 for (var p = 0u; p < PIECES; p = p + 1u) { s = s + part[p * TMAX * NC + i]; }\n\
+         \x20 dx[i] = s;\n}\n",
+    );
+    let sum = flat(
+        format!("matmul_grad_x_sum_{tag}"),
+        w,
+        Rows::Tokens,
+        k,
+        b.finish(),
+    );
+    vec![product, sum]
 }
 
 /// `dw = dyᵀ · x` for `dy` `[T, n]` and `x` `[T, k]`: a matmul's weight
