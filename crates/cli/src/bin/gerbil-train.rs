@@ -3,7 +3,7 @@
 
 use anyhow::Result;
 use clap::Parser;
-use gerbil_cli::numbers::whole_u64;
+use gerbil_cli::numbers::{positive, whole_u64};
 use gerbil_cli::train::{train, Ended, TrainOptions};
 use gerbil_runtime::device::DeviceOptions;
 use gerbil_train::{Hyperparameters, RunOptions};
@@ -91,11 +91,9 @@ struct Cli {
     verbose: u8,
 }
 
+/// `--steps`, `--save-every`: a positive count.
 fn at_least_one(s: &str) -> Result<u64, String> {
-    match whole_u64(s)? {
-        0 => Err("must be at least 1".into()),
-        n => Ok(n),
-    }
+    positive(s, "must be at least 1").map(|n| n as u64)
 }
 
 fn whole_u32(s: &str) -> Result<u32, String> {
