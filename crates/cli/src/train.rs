@@ -7,7 +7,9 @@
 //! (`{"step", "loss", "grad_norm", "lr", …}`), a checkpoint directory every
 //! `--save-every` steps (`OUT/checkpoint-STEP`) and the trained model in
 //! `OUT` at the end — both in HF format with the optimizer state, so
-//! `gerbilc compile` takes them and `--resume` continues from them.
+//! `gerbilc compile` takes them and `--resume` continues from them. With
+//! `--lora R` they hold a LoRA adapter (PEFT's files) beside the model's
+//! config and tokenizer, and the checkpoint weights stay frozen.
 //!
 //! The surprise: Ctrl-C does not stop the process mid-step. The first one
 //! sets a flag the loop reads between steps; the run then saves a last

@@ -36,9 +36,9 @@ pub fn check_weights_finite(graph: &Graph, tensors: &dyn TensorSource) -> Result
     for node in graph.g.node_weights() {
         let Op::Weight(w) = &node.op else { continue };
         let names: Vec<&str> = match &w.source {
-            WeightSource::Checkpoint { tensor } | WeightSource::Rows { tensor, .. } => {
-                vec![tensor]
-            }
+            WeightSource::Checkpoint { tensor }
+            | WeightSource::Rows { tensor, .. }
+            | WeightSource::Adapter { tensor } => vec![tensor],
             WeightSource::Concat { tensors } => tensors.iter().map(String::as_str).collect(),
             WeightSource::RopeTable { .. } => continue,
         };

@@ -65,6 +65,9 @@ impl TensorSource for Checkpoint {
     }
 
     fn rows(&self, name: &str) -> Result<u64, FrontendError> {
+        if let Some(f) = self.adapter.as_ref().and_then(|a| a.factors.get(name)) {
+            return Ok(f.shape[0]);
+        }
         let (_, shape) = self.weights.tensor_type(name)?;
         Ok(shape.first().copied().unwrap_or(1))
     }
@@ -227,7 +230,7 @@ pub fn materialize<'a>(
     options: WeightOptions,
 ) -> Result<Cow<'a, [u8]>, CompileError> {
     Ok(match source {
-        WeightSource::Checkpoint { tensor } => {
+        WeightSource::Checkpoint { tensor } | WeightSource::Adapter { tensor } => {
             checked(tensors, source, tensor, dtype, None, options)?
         }
         WeightSource::Concat { tensors: names } => {
@@ -274,7 +277,7 @@ fn materialize_shard<'a>(
         )
     };
     match source {
-        WeightSource::Checkpoint { tensor } => checked(
+        WeightSource::Checkpoint { tensor } | WeightSource::Adapter { tensor } => checked(
             tensors,
             source,
             tensor,

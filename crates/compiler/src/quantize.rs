@@ -159,7 +159,9 @@ fn layer_of(name: &str) -> Option<u64> {
 fn tensor_of(source: &WeightSource) -> Option<&str> {
     match source {
         WeightSource::Checkpoint { tensor } | WeightSource::Rows { tensor, .. } => Some(tensor),
-        WeightSource::Concat { .. } | WeightSource::RopeTable { .. } => None,
+        WeightSource::Concat { .. }
+        | WeightSource::Adapter { .. }
+        | WeightSource::RopeTable { .. } => None,
     }
 }
 

@@ -8,7 +8,10 @@
 //! is read from the checkpoint, widened to f32 if it is stored in 16 bits,
 //! into its range of the parameter buffer, and every frozen one (RoPE
 //! tables, quantized weights) into bytes of its own buffer. Hand the result
-//! to `gerbil_runtime::Trainer::new`.
+//! to `gerbil_runtime::Trainer::new`. A checkpoint holding an adapter that
+//! is not merged ([`gerbil_frontend_hf::adapter`]) trains that adapter: the
+//! `lora` pass runs first, its factors are the trained weights, and every
+//! checkpoint weight is frozen.
 //!
 //! The surprise: non-finite weights are refused here as in `gerbilc
 //! compile` — a NaN in the starting weights would only show up as a
@@ -18,8 +21,10 @@ use crate::error::CompileError;
 use crate::materialize::{materialize, weight_buffer_bytes, WeightOptions};
 use crate::quantize::Rounding;
 use gerbil_codegen_wgsl::{generate_training, TrainingOptions, TrainingProgram};
+use gerbil_frontend_hf::adapter::factor_names;
 use gerbil_frontend_hf::{lower_with, Checkpoint, LowerOptions};
 use gerbil_ir::DType;
+use gerbil_passes::lora::Lora;
 use gerbil_passes::{training_passes, PassManager};
 
 /// A training program and what its buffers start as.
@@ -42,7 +47,24 @@ pub fn compile_training(
         max_context: Some(u64::from(opts.seq_len)),
     };
     let mut graph = lower_with(ckpt, &lower)?.graph;
-    PassManager::new(training_passes()).run(&mut graph, |_, _| {})?;
+    let mut passes: Vec<Box<dyn gerbil_passes::Pass>> = Vec::new();
+    if let Some(adapter) = ckpt.adapter.as_ref().filter(|a| !a.merged) {
+        let adapted = adapter
+            .adapted()
+            .into_iter()
+            .map(|w| {
+                let names = factor_names(&w);
+                (w, names)
+            })
+            .collect();
+        passes.push(Box::new(Lora {
+            adapted,
+            rank: adapter.config.rank,
+            scale: adapter.config.scale(),
+        }));
+    }
+    passes.extend(training_passes());
+    PassManager::new(passes).run(&mut graph, |_, _| {})?;
     let program = generate_training(&graph, opts)?;
     let options = WeightOptions {
         rounding: Rounding::Ggml,

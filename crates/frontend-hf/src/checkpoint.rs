@@ -20,13 +20,19 @@
 //! like the rest: a decoder saved without its head (`Qwen3Model`:
 //! `layers.0…`, no `model.` prefix) gets the prefix the families read, and
 //! the weights of sentence-transformers `Dense` modules (`2_Dense/model.safetensors`)
-//! join the store as `2_Dense.linear.weight` ([`crate::sentence`]).
+//! join the store as `2_Dense.linear.weight` ([`crate::sentence`]). A
+//! directory with a LoRA adapter (`adapter_config.json`: what `gerbil-train
+//! --lora` writes, or PEFT's) opens as its base model — the directory's own
+//! `config.json` and weights, else those of the base it names — holding the
+//! adapter, merged into every weight it covers ([`crate::adapter`]).
 
+use crate::adapter::Adapter;
 use crate::config::HfConfig;
 use crate::error::{FrontendError, Result};
 use crate::text::TextAssets;
 use crate::weights::{TensorView, WeightStore};
 use serde_json::Value;
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 /// The model configuration file.
@@ -49,6 +55,8 @@ pub struct Checkpoint {
     pub has_weights: bool,
     /// Tokenizer, chat template and special tokens.
     pub text: TextAssets,
+    /// The LoRA adapter the directory holds, if any.
+    pub adapter: Option<Adapter>,
 }
 
 impl Checkpoint {
@@ -57,6 +65,14 @@ impl Checkpoint {
     /// and reads the optional text assets), a GGUF file ([`crate::gguf`]),
     /// or a directory without `config.json` that holds exactly one GGUF file.
     pub fn open(dir: &Path) -> Result<Checkpoint> {
+        if dir.is_dir() && Adapter::is_in(dir) {
+            return open_adapter(dir);
+        }
+        Self::open_model(dir)
+    }
+
+    /// [`Checkpoint::open`] without looking for an adapter.
+    fn open_model(dir: &Path) -> Result<Checkpoint> {
         let meta = std::fs::metadata(dir).map_err(|source| FrontendError::Io {
             path: dir.to_path_buf(),
             source,
@@ -110,23 +126,63 @@ impl Checkpoint {
             weights,
             has_weights,
             text,
+            adapter: None,
         })
     }
 
     /// The tensor called `name` (see [`WeightStore::tensor`]).
+    /// With an adapter: its factors by their names, and the weights it
+    /// covers merged while it is ([`Adapter::apply`]).
     pub fn tensor(&self, name: &str) -> Result<TensorView<'_>> {
-        self.weights.tensor(name)
+        match &self.adapter {
+            Some(a) => match a.factor(name) {
+                Some(factor) => Ok(factor),
+                None => a.apply(name, self.weights.tensor(name)?),
+            },
+            None => self.weights.tensor(name),
+        }
     }
 
     /// Rows `start..start + count` of tensor `name` (see
     /// [`WeightStore::tensor_rows`]).
     pub fn tensor_rows(&self, name: &str, start: u64, count: u64) -> Result<TensorView<'_>> {
-        self.weights.tensor_rows(name, start, count)
+        if let Some(factor) = self.adapter.as_ref().and_then(|a| a.factor(name)) {
+            let total = factor.shape[0];
+            if start.checked_add(count).is_none_or(|end| end > total) {
+                return Err(FrontendError::TensorShape {
+                    name: name.to_string(),
+                    expected: vec![start.saturating_add(count), factor.shape[1]],
+                    found: factor.shape,
+                });
+            }
+            let row = factor.data.len() / total.max(1) as usize;
+            let (at, len) = (start as usize * row, count as usize * row);
+            return Ok(TensorView {
+                shape: vec![count, factor.shape[1]],
+                data: Cow::Owned(factor.data[at..at + len].to_vec()),
+                ..factor
+            });
+        }
+        let rows = self.weights.tensor_rows(name, start, count)?;
+        let Some(adapter) = self.adapter.as_ref().filter(|a| a.covers(name)) else {
+            return Ok(rows);
+        };
+        let mut whole = adapter.apply(name, self.weights.tensor(name)?)?;
+        let row_bytes = rows.data.len() as u64 / count.max(1);
+        let at = (start * row_bytes) as usize;
+        whole.data = Cow::Owned(whole.data[at..at + rows.data.len()].to_vec());
+        whole.shape = rows.shape;
+        Ok(whole)
     }
 
-    /// Whether the checkpoint holds a tensor called `name`.
+    /// Whether the checkpoint holds a tensor called `name` (an adapter's
+    /// factors included).
     pub fn contains(&self, name: &str) -> bool {
         self.weights.contains(name)
+            || self
+                .adapter
+                .as_ref()
+                .is_some_and(|a| a.factors.contains_key(name))
     }
 
     /// Where the configuration came from, for error messages: `config.json`,
@@ -134,6 +190,58 @@ impl Checkpoint {
     pub fn config_path(&self) -> PathBuf {
         self.config.path.clone()
     }
+}
+
+/// The checkpoint of adapter directory `dir`: its own `config.json`, text
+/// assets and weights where it has them, the rest from the base model its
+/// `adapter_config.json` names; holding the adapter, merged.
+fn open_adapter(dir: &Path) -> Result<Checkpoint> {
+    let adapter = Adapter::open(dir)?;
+    let config = dir.join(crate::adapter::ADAPTER_CONFIG);
+    let base = || {
+        let named = Path::new(&adapter.config.base);
+        [dir.join(named), named.to_path_buf()]
+            .into_iter()
+            .find(|p| !adapter.config.base.is_empty() && p.join(CONFIG_FILE).is_file())
+            .ok_or_else(|| FrontendError::Adapter {
+                path: config.clone(),
+                why: format!(
+                    "its base model `{}` (`base_model_name_or_path`) is not a model directory \
+                     here; set it to the base checkpoint's directory",
+                    adapter.config.base
+                ),
+            })
+    };
+    let mut ckpt = if dir.join(CONFIG_FILE).is_file() {
+        Checkpoint::open_model(dir)?
+    } else {
+        let mut ckpt = Checkpoint::open_model(&base()?)?;
+        ckpt.name = dir_name(dir);
+        ckpt
+    };
+    if !ckpt.has_weights {
+        let from = base()?;
+        ckpt.weights = WeightStore::open_dir(&from)?.ok_or_else(|| FrontendError::Adapter {
+            path: config.clone(),
+            why: format!("its base model {} has no weights", from.display()),
+        })?;
+        ckpt.has_weights = true;
+    }
+    if let Some(missing) = adapter
+        .adapted()
+        .into_iter()
+        .find(|w| !ckpt.weights.contains(w))
+    {
+        return Err(FrontendError::Adapter {
+            path: config,
+            why: format!(
+                "it adapts `{missing}`, which its base model does not have: it was trained \
+                 for another model"
+            ),
+        });
+    }
+    ckpt.adapter = Some(adapter);
+    Ok(ckpt)
 }
 
 /// The one `.gguf` file in `dir`, `None` when there is none, an error

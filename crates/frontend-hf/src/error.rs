@@ -115,6 +115,14 @@ pub enum FrontendError {
         /// Its length when opened.
         expected: u64,
     },
+    /// A LoRA adapter's files do not fit together or its base model.
+    #[error("LoRA adapter {}: {why}", path.display())]
+    Adapter {
+        /// The adapter file.
+        path: PathBuf,
+        /// What is wrong.
+        why: String,
+    },
     /// A safetensors file (or its index) is corrupt, truncated or inconsistent.
     #[error("invalid safetensors file {}: {msg}", path.display())]
     Safetensors {

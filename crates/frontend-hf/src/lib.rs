@@ -22,6 +22,7 @@
 
 #![warn(missing_docs)]
 
+pub mod adapter;
 pub mod checkpoint;
 pub mod config;
 pub mod error;

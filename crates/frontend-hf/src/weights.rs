@@ -53,6 +53,55 @@ pub struct TensorView<'a> {
     pub data: Cow<'a, [u8]>,
 }
 
+impl TensorView<'_> {
+    /// The values as f32 (`None` for a dtype that is not a float: a
+    /// quantized block type or an integer).
+    pub fn to_f32(&self) -> Option<Vec<f32>> {
+        let halves = || {
+            self.data
+                .chunks_exact(2)
+                .map(|b| u16::from_le_bytes([b[0], b[1]]))
+        };
+        Some(match self.dtype {
+            DType::F32 => self
+                .data
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            DType::BF16 => halves()
+                .map(|h| half::bf16::from_bits(h).to_f32())
+                .collect(),
+            DType::F16 => halves().map(|h| half::f16::from_bits(h).to_f32()).collect(),
+            _ => return None,
+        })
+    }
+
+    /// A view of `values` stored as `dtype` (f32, or f16 and bf16 rounded
+    /// to nearest even).
+    pub fn from_f32(values: &[f32], dtype: DType, shape: Vec<u64>) -> TensorView<'static> {
+        let data = match dtype {
+            DType::BF16 => values
+                .iter()
+                .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
+                .collect(),
+            DType::F16 => values
+                .iter()
+                .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
+                .collect(),
+            _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        };
+        let dtype = match dtype {
+            DType::BF16 | DType::F16 => dtype,
+            _ => DType::F32,
+        };
+        TensorView {
+            dtype,
+            shape,
+            data: Cow::Owned(data),
+        }
+    }
+}
+
 /// One safetensors file.
 struct Shard {
     path: PathBuf,

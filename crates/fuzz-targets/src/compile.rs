@@ -102,6 +102,7 @@ fn checkpoint(config: &[u8]) -> Option<Checkpoint> {
         weights: WeightStore::empty(),
         has_weights: true,
         text: TextAssets::default(),
+        adapter: None,
     })
 }
 

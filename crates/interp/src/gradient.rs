@@ -111,6 +111,7 @@ pub fn unary_derivative(op: UnaryOp, v: f64) -> f64 {
             let th = (v / f64::from(cap)).tanh();
             1.0 - th * th
         }
+        UnaryOp::Scale(s) => f64::from(s),
     }
 }
 

@@ -265,6 +265,7 @@ pub fn unary_scalar(op: UnaryOp, v: f64) -> f64 {
         }
         UnaryOp::Gelu => 0.5 * v * (1.0 + libm::erf(v / std::f64::consts::SQRT_2)),
         UnaryOp::Softcap(cap) => (v / f64::from(cap)).tanh() * f64::from(cap),
+        UnaryOp::Scale(s) => v * f64::from(s),
     }
 }
 

@@ -35,6 +35,14 @@ pub enum WeightSource {
         /// Number of rows (at least 1).
         count: u64,
     },
+    /// A LoRA factor that trains (`lora_A` or `lora_B` of a projection), by
+    /// its PEFT name (`base_model.model.….lora_A.weight`), read from the
+    /// checkpoint's adapter. The `lora` pass adds them; `autodiff` then
+    /// trains these and freezes every other weight.
+    Adapter {
+        /// The factor's name in `adapter_model.safetensors`.
+        tensor: String,
+    },
     /// The rotary-embedding table `[Lmax, rotary_dim]`: row `p` holds
     /// `cos(p·f_i)·s` for `i < rotary_dim/2`, then `sin(p·f_i)·s`.
     RopeTable {
@@ -349,6 +357,8 @@ pub enum UnaryOp {
     Gelu,
     /// `tanh(x / cap) · cap`.
     Softcap(f32),
+    /// `x · by` (a LoRA update's `alpha / r`).
+    Scale(f32),
 }
 
 /// Elementwise binary functions on equal shapes.
@@ -643,7 +653,7 @@ impl Op {
                 if m.has_bias {
                     expect_vector(ins[2], n, "matmul bias")?;
                 }
-                if let Some(UnaryOp::Softcap(_)) = m.act {
+                if let Some(UnaryOp::Softcap(_) | UnaryOp::Scale(_)) = m.act {
                     return Err("a matmul's activation is silu, gelu or gelu_tanh".into());
                 }
                 TensorType::new(DType::F32, [rows, Dim::Const(n)])
@@ -775,6 +785,11 @@ impl Op {
                 return Ok(vec![last, normed]);
             }
             Op::MatMulGlu(m) => {
+                if let UnaryOp::Scale(_) = m.act {
+                    return Err(
+                        "a gated matmul's activation is silu, gelu, gelu_tanh or softcap".into(),
+                    );
+                }
                 let plain = MatMul {
                     has_bias: m.has_bias,
                     norm: m.norm,
@@ -903,6 +918,7 @@ impl Op {
             Op::Unary(UnaryOp::GeluTanh) => "gelu_tanh",
             Op::Unary(UnaryOp::Gelu) => "gelu",
             Op::Unary(UnaryOp::Softcap(_)) => "softcap",
+            Op::Unary(UnaryOp::Scale(_)) => "scale",
             Op::Binary(BinaryOp::Add) => "add",
             Op::AddBias => "add_bias",
             Op::Binary(BinaryOp::Mul) => "mul",
@@ -916,7 +932,7 @@ impl Op {
             Op::MatMulGlu(m) => match m.act {
                 UnaryOp::Silu => "matmul_swiglu",
                 UnaryOp::GeluTanh => "matmul_geglu",
-                UnaryOp::Gelu | UnaryOp::Softcap(_) => "matmul_glu",
+                UnaryOp::Gelu | UnaryOp::Softcap(_) | UnaryOp::Scale(_) => "matmul_glu",
             },
             Op::QkvRope(_) => "qkv_rope",
             Op::LayerNorm(_) => "layer_norm",
@@ -933,6 +949,7 @@ impl fmt::Display for WeightSource {
         match self {
             WeightSource::Checkpoint { tensor } => write!(f, "{tensor:?}"),
             WeightSource::Concat { tensors } => write!(f, "concat{tensors:?}"),
+            WeightSource::Adapter { tensor } => write!(f, "adapter({tensor:?})"),
             WeightSource::Rows {
                 tensor,
                 start,
@@ -1057,6 +1074,7 @@ impl fmt::Display for Op {
                 f.write_str("}")
             }
             Op::Unary(UnaryOp::Softcap(c)) => write!(f, "{{cap={c}}}"),
+            Op::Unary(UnaryOp::Scale(s)) => write!(f, "{{by={s}}}"),
             Op::LayerNorm(n) => write!(f, "{{eps={:e}}}", n.eps),
             Op::Pool(p) => write!(f, "{{{}}}", p.name()),
             Op::Train(t) => write_train_attrs(f, t),

@@ -256,6 +256,7 @@ impl TrainOp {
             TrainOp::UnaryGrad(UnaryOp::GeluTanh) => "gelu_tanh_grad",
             TrainOp::UnaryGrad(UnaryOp::Gelu) => "gelu_grad",
             TrainOp::UnaryGrad(UnaryOp::Softcap(_)) => "softcap_grad",
+            TrainOp::UnaryGrad(UnaryOp::Scale(_)) => "scale_grad",
             TrainOp::EmbeddingGrad { .. } => "embedding_grad",
         }
     }

@@ -17,7 +17,9 @@
 //! The graph is one step over one sequence at positions `0..T`: the KV
 //! caches hold exactly this step's keys and values, so attention's cache
 //! gradients are the keys' and values' own (`cache_rows`). Weights that do
-//! not train: RoPE tables, and quantized weights (frozen, for adapters).
+//! not train: RoPE tables, quantized weights, and — in a graph with LoRA
+//! factors ([`WeightSource::Adapter`], the `lora` pass's) — every weight
+//! but those.
 //!
 //! The surprise: it refuses fused ops. Each fused op is its pieces chained,
 //! and differentiating the pieces is what the fusion passes can then fuse
@@ -77,24 +79,42 @@ fn refused(node: &gerbil_ir::Node) -> PassError {
     ))
 }
 
-/// Whether `v` is a weight that gets a gradient output.
-fn trains(graph: &Graph, v: ValueRef) -> bool {
-    match &graph.node(v.node).op {
-        Op::Weight(w) => {
-            let float = matches!(w.ty.dtype, DType::F32 | DType::F16 | DType::BF16);
-            float && !matches!(w.source, WeightSource::RopeTable { .. })
-        }
-        _ => false,
-    }
+/// Which weights train: every float weight but the RoPE tables, or, in a
+/// graph with LoRA factors, those alone.
+#[derive(Clone, Copy)]
+struct Trained {
+    adapters_only: bool,
 }
 
-/// Whether a gradient flowing into `v` can reach a weight: not into token
-/// ids, a cache's old contents, or a frozen weight.
-fn carries(graph: &Graph, v: ValueRef) -> bool {
-    match &graph.node(v.node).op {
-        Op::Input(_) | Op::KvCache { .. } => false,
-        Op::Weight(_) => trains(graph, v),
-        _ => true,
+impl Trained {
+    fn of(graph: &Graph) -> Trained {
+        let adapters_only = graph.g.node_weights().any(
+            |n| matches!(&n.op, Op::Weight(w) if matches!(w.source, WeightSource::Adapter { .. })),
+        );
+        Trained { adapters_only }
+    }
+
+    /// Whether `v` is a weight that gets a gradient output.
+    fn trains(self, graph: &Graph, v: ValueRef) -> bool {
+        match &graph.node(v.node).op {
+            Op::Weight(w) => match w.source {
+                WeightSource::Adapter { .. } => true,
+                _ if self.adapters_only => false,
+                WeightSource::RopeTable { .. } => false,
+                _ => matches!(w.ty.dtype, DType::F32 | DType::F16 | DType::BF16),
+            },
+            _ => false,
+        }
+    }
+
+    /// Whether a gradient flowing into `v` can reach a weight: not into token
+    /// ids, a cache's old contents, or a frozen weight.
+    fn carries(self, graph: &Graph, v: ValueRef) -> bool {
+        match &graph.node(v.node).op {
+            Op::Input(_) | Op::KvCache { .. } => false,
+            Op::Weight(_) => self.trains(graph, v),
+            _ => true,
+        }
     }
 }
 
@@ -102,6 +122,7 @@ fn carries(graph: &Graph, v: ValueRef) -> bool {
 struct Grads<'g> {
     graph: &'g mut Graph,
     of: HashMap<ValueRef, ValueRef>,
+    trained: Trained,
 }
 
 impl Grads<'_> {
@@ -110,8 +131,12 @@ impl Grads<'_> {
     }
 
     /// Adds `g` to the gradient of `v` (a sum when `v` already has one).
+    fn carries(&self, v: ValueRef) -> bool {
+        self.trained.carries(self.graph, v)
+    }
+
     fn accumulate(&mut self, v: ValueRef, g: ValueRef) -> Result<(), PassError> {
-        if !carries(self.graph, v) {
+        if !self.carries(v) {
             return Ok(());
         }
         let sum = match self.of.get(&v) {
@@ -132,7 +157,7 @@ impl Grads<'_> {
         let label = |what: &str| format!("{}.grad{what}", node.label);
         let train = Op::Train;
         match &node.op {
-            Op::Embedding(_) if !carries(self.graph, ins[0]) => {}
+            Op::Embedding(_) if !self.carries(ins[0]) => {}
             Op::Embedding(e) => {
                 let rows = self.graph.value_type(ins[0]).shape[0]
                     .as_const()
@@ -153,7 +178,7 @@ impl Grads<'_> {
             Op::MatMul(m) if m.norm.is_none() && !m.residual && !m.last_row && m.act.is_none() => {
                 let dx = self.add(train(TrainOp::MatMulGradX), &[g, ins[1]], label(".x"))?;
                 self.accumulate(ins[0], dx)?;
-                if carries(self.graph, ins[1]) {
+                if self.carries(ins[1]) {
                     let dw = self.add(train(TrainOp::MatMulGradW), &[g, ins[0]], label(".w"))?;
                     self.accumulate(ins[1], dw)?;
                 }
@@ -195,7 +220,7 @@ impl Grads<'_> {
             Op::Binary(BinaryOp::Mul) => {
                 let mul = Op::Binary(BinaryOp::Mul);
                 for (this, other) in [(ins[0], ins[1]), (ins[1], ins[0])] {
-                    if carries(self.graph, this) {
+                    if self.carries(this) {
                         let side = if this == ins[0] { ".lhs" } else { ".rhs" };
                         let d = self.add(mul.clone(), &[g, other], label(side))?;
                         self.accumulate(this, d)?;
@@ -209,7 +234,7 @@ impl Grads<'_> {
 
     /// The gradient of a bias added to every row of `g`'s value.
     fn bias(&mut self, b: ValueRef, g: ValueRef, label: String) -> Result<(), PassError> {
-        if carries(self.graph, b) {
+        if self.carries(b) {
             let db = self.add(Op::Train(TrainOp::SumRows), &[g], label)?;
             self.accumulate(b, db)?;
         }
@@ -272,9 +297,11 @@ impl Pass for Autodiff {
                 "logits.grad",
             )
             .map_err(add_err(NAME))?;
+        let trained = Trained::of(graph);
         let mut grads = Grads {
             graph,
             of: HashMap::from([(logits, dlogits)]),
+            trained,
         };
         let mut differentiated = 0;
         for &id in order.iter().rev() {
@@ -295,7 +322,7 @@ impl Pass for Autodiff {
         let mut weights: Vec<(String, ValueRef)> = order
             .iter()
             .map(|&id| ValueRef::of(id))
-            .filter(|v| trains(grads.graph, *v))
+            .filter(|v| trained.trains(grads.graph, *v))
             .filter_map(|v| {
                 let g = grads.of.get(&v)?;
                 Some((gradient_output(&grads.graph.node(v.node).label), *g))

@@ -23,6 +23,7 @@ pub mod fuse_norm_matmul;
 pub mod fuse_qkv;
 pub mod fuse_qkv_rope;
 pub mod fuse_residual_norm;
+pub mod lora;
 pub mod manager;
 pub mod master_weights;
 mod rewrite;

@@ -16,12 +16,18 @@
 //! the original. The exact f32 master copy travels in the optimizer state
 //! ([`crate::state`]), for a run that resumes.
 //!
+//! A LoRA run writes [`write_adapter`]'s directory instead: the adapter
+//! (PEFT's `adapter_config.json` and `adapter_model.safetensors`, naming the
+//! base model's directory) beside the same config and tokenizer files, which
+//! `gerbilc compile` opens as the base model with the adapter merged.
+//!
 //! The surprise: one IR weight may be several checkpoint tensors (a
 //! `Concat` of row blocks) or part of one (`Rows` of a fused projection),
 //! so tensors are rebuilt from the weights' sources, not copied by name.
 
 use crate::TrainError;
-use gerbil_frontend_hf::Checkpoint;
+use gerbil_frontend_hf::adapter::Adapter;
+use gerbil_frontend_hf::{Checkpoint, TensorView};
 use gerbil_ir::{DType, WeightSource};
 use gerbil_plan::{safe_file, Parameter};
 use safetensors::Dtype;
@@ -66,7 +72,9 @@ pub fn write_model(
             ))
         })?;
         let bytes = match trained.get(name) {
-            Some(v) => narrowed(v, view.dtype),
+            Some(v) => TensorView::from_f32(v, view.dtype, Vec::new())
+                .data
+                .into_owned(),
             None => view.data.into_owned(),
         };
         let shape = view.shape.iter().map(|&d| d as usize).collect::<Vec<_>>();
@@ -84,6 +92,46 @@ pub fn write_model(
     let bytes = safetensors::serialize(views, Some(metadata))
         .map_err(|e| TrainError::Export(e.to_string()))?;
     safe_file::write_file(&dir.join("model.safetensors"), &bytes)?;
+    copy_companions(ckpt, dir)
+}
+
+/// Writes `adapter` with its trained factors `values` (the parameter
+/// buffer: each of `params`, the factor `sources` names, at its offset) as
+/// an adapter directory `dir` with `ckpt`'s config and tokenizer files.
+pub fn write_adapter(
+    dir: &Path,
+    ckpt: &Checkpoint,
+    adapter: &Adapter,
+    params: &[Parameter],
+    sources: &[WeightSource],
+    values: &[f32],
+) -> Result<(), TrainError> {
+    let io = |e: std::io::Error| TrainError::Io(format!("{}: {e}", dir.display()));
+    std::fs::create_dir_all(dir).map_err(io)?;
+    let mut adapter = adapter.clone();
+    for (p, source) in params.iter().zip(sources) {
+        let start = p.offset as usize;
+        let factor = match source {
+            WeightSource::Adapter { tensor } => adapter.factors.get_mut(tensor),
+            _ => None,
+        };
+        let (Some(factor), Some(value)) = (factor, values.get(start..start + p.len() as usize))
+        else {
+            return Err(TrainError::Export(format!(
+                "trained weight `{}` is not one of the adapter's factors",
+                p.label
+            )));
+        };
+        factor.values = value.to_vec();
+    }
+    for (name, bytes) in adapter.to_files()? {
+        safe_file::write_file(&dir.join(name), &bytes)?;
+    }
+    copy_companions(ckpt, dir)
+}
+
+/// Copies `ckpt`'s config, tokenizer and generation files into `dir`.
+fn copy_companions(ckpt: &Checkpoint, dir: &Path) -> Result<(), TrainError> {
     for file in COMPANIONS {
         let from = ckpt.dir.join(file);
         if from.is_file() {
@@ -123,13 +171,19 @@ fn trained_tensors(
             WeightSource::Concat { tensors } => {
                 tensors.iter().map(|t| (t.as_str(), 0, None)).collect()
             }
-            WeightSource::RopeTable { .. } => continue,
+            WeightSource::RopeTable { .. } | WeightSource::Adapter { .. } => continue,
         };
         for (tensor, first, rows) in parts {
             let whole = match out.get_mut(tensor) {
                 Some(w) => w,
                 None => {
-                    let original = widened(&ckpt.tensor(tensor)?.data, tensor, ckpt)?;
+                    let view = ckpt.tensor(tensor)?;
+                    let original = view.to_f32().ok_or_else(|| {
+                        TrainError::Export(format!(
+                            "tensor `{tensor}` is {}: only float tensors train",
+                            view.dtype
+                        ))
+                    })?;
                     out.entry(tensor.to_string()).or_insert(original)
                 }
             };
@@ -160,47 +214,6 @@ fn trained_tensors(
         }
     }
     Ok(out)
-}
-
-/// Tensor `name`'s bytes as f32 values.
-fn widened(bytes: &[u8], name: &str, ckpt: &Checkpoint) -> Result<Vec<f32>, TrainError> {
-    let (dtype, _) = ckpt.weights.tensor_type(name)?;
-    let halves = || {
-        bytes
-            .chunks_exact(2)
-            .map(|b| u16::from_le_bytes([b[0], b[1]]))
-    };
-    Ok(match dtype {
-        DType::F32 => bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
-        DType::BF16 => halves()
-            .map(|h| half::bf16::from_bits(h).to_f32())
-            .collect(),
-        DType::F16 => halves().map(|h| half::f16::from_bits(h).to_f32()).collect(),
-        other => {
-            return Err(TrainError::Export(format!(
-                "tensor `{name}` is {other}: only float tensors train"
-            )))
-        }
-    })
-}
-
-/// f32 `values` as little-endian bytes of `dtype` (a float type; rounding
-/// to nearest even).
-fn narrowed(values: &[f32], dtype: DType) -> Vec<u8> {
-    match dtype {
-        DType::BF16 => values
-            .iter()
-            .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-            .collect(),
-        DType::F16 => values
-            .iter()
-            .flat_map(|&v| half::f16::from_f32(v).to_le_bytes())
-            .collect(),
-        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
-    }
 }
 
 /// The safetensors dtype of a float or integer `dtype`.

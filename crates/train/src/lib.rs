@@ -20,7 +20,7 @@ pub mod schedule;
 pub mod state;
 
 pub use data::{DataError, Windows};
-pub use run::{Run, RunOptions, StepLog};
+pub use run::{LoraOptions, Run, RunOptions, StepLog};
 pub use schedule::{HyperError, Hyperparameters};
 
 /// Why a training run cannot go on.

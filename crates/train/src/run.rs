@@ -4,7 +4,10 @@
 //! optimizer state; [`Run::step`] takes the next batch of the documented
 //! windows ([`crate::Windows`]) through one optimizer step; [`Run::save`]
 //! writes a checkpoint directory (HF weights and optimizer state) that
-//! `gerbilc compile` takes and `--resume` continues from.
+//! `gerbilc compile` takes and `--resume` continues from. With
+//! [`RunOptions::lora`] (or when resuming an adapter checkpoint) the run
+//! trains a LoRA adapter instead of the weights ([`prepare_adapter`]) and
+//! saves the adapter.
 //!
 //! The surprise: a step's AdamW settings depend on how many steps were
 //! *applied* before it — a step skipped for a non-finite gradient does not
@@ -18,6 +21,7 @@ use crate::state::{saved_buffers, Batches, OptimizerState};
 use crate::{export, TrainError};
 use gerbil_codegen_wgsl::kernels::adamw::AdamwSettings;
 use gerbil_codegen_wgsl::{Target, TrainingOptions};
+use gerbil_frontend_hf::adapter::{Adapter, LoraConfig, DEFAULT_TARGETS};
 use gerbil_frontend_hf::Checkpoint;
 use gerbil_ir::WeightSource;
 use gerbil_plan::{Requirements, TrainingBuffer};
@@ -41,6 +45,79 @@ pub struct RunOptions {
     pub shuffle: Option<u64>,
     /// Which device to open.
     pub device: DeviceOptions,
+    /// Train a LoRA adapter of these settings instead of the weights.
+    pub lora: Option<LoraOptions>,
+}
+
+/// A LoRA adapter to train (`--lora`).
+#[derive(Clone, Debug)]
+pub struct LoraOptions {
+    /// The rank `r`.
+    pub rank: u32,
+    /// `alpha` (the update is scaled by `alpha / r`); `None`: the rank.
+    pub alpha: Option<f32>,
+    /// The projections to adapt; `None`: those of
+    /// [`DEFAULT_TARGETS`] the model has.
+    pub targets: Option<Vec<String>>,
+    /// Seeds the `A` factors' start.
+    pub seed: u64,
+}
+
+/// Readies `ckpt` for a LoRA run when `lora` asks for one or `resume`
+/// continues an adapter checkpoint: the adapter it holds, unmerged, or a
+/// new one ([`Adapter::init`]) over its weights. Returns whether the run
+/// trains an adapter.
+fn prepare_adapter(
+    ckpt: &mut Checkpoint,
+    lora: Option<&LoraOptions>,
+    resume: bool,
+) -> Result<bool, TrainError> {
+    match (&mut ckpt.adapter, lora) {
+        (Some(adapter), Some(l)) if adapter.config.rank != l.rank => {
+            Err(TrainError::Options(format!(
+                "the checkpoint's adapter has rank {}, --lora asks for {}; pass --lora {} to \
+                 go on training it, or train a new adapter on its base model {}",
+                adapter.config.rank, l.rank, adapter.config.rank, adapter.config.base
+            )))
+        }
+        (Some(adapter), Some(_)) => {
+            adapter.merged = false;
+            Ok(true)
+        }
+        (Some(adapter), None) if resume => {
+            adapter.merged = false;
+            Ok(true)
+        }
+        (None, Some(l)) => {
+            ckpt.adapter = Some(new_adapter(ckpt, l)?);
+            Ok(true)
+        }
+        _ => Ok(false),
+    }
+}
+
+/// A new adapter of `lora`'s settings over `ckpt`'s weights, naming
+/// `ckpt`'s directory as its base (not merged: ready to train).
+pub fn new_adapter(ckpt: &Checkpoint, lora: &LoraOptions) -> Result<Adapter, TrainError> {
+    let targets = lora.targets.clone().unwrap_or_else(|| {
+        let names = ckpt.weights.names();
+        DEFAULT_TARGETS
+            .iter()
+            .filter(|t| {
+                let suffix = format!(".{t}.weight");
+                names.iter().any(|n| n.ends_with(&suffix))
+            })
+            .map(|t| t.to_string())
+            .collect()
+    });
+    let base = ckpt.dir.canonicalize().unwrap_or_else(|_| ckpt.dir.clone());
+    let config = LoraConfig {
+        rank: lora.rank,
+        alpha: lora.alpha.unwrap_or(lora.rank as f32),
+        targets,
+        base: base.display().to_string(),
+    };
+    Ok(Adapter::init(&ckpt.weights, config, lora.seed)?)
 }
 
 /// What one step did.
@@ -102,6 +179,8 @@ impl Run {
                 gguf.display()
             )));
         }
+        let mut ckpt = ckpt;
+        prepare_adapter(&mut ckpt, opts.lora.as_ref(), resume)?;
         let batches = Batches::of(&tokens, opts.seq_len, opts.batch, opts.shuffle);
         let context = ckpt
             .config_json
@@ -208,8 +287,9 @@ impl Run {
         Ok(self.trainer.profile(tokens, targets).await?)
     }
 
-    /// Writes a checkpoint directory `dir`: the model in HF format and the
-    /// optimizer state ([`crate::state`]).
+    /// Writes a checkpoint directory `dir`: the model in HF format (or the
+    /// adapter, with the model's config and tokenizer) and the optimizer
+    /// state ([`crate::state`]).
     pub async fn save(&self, dir: &Path) -> Result<(), TrainError> {
         let plan = self.trainer.plan();
         let mut buffers = Vec::new();
@@ -221,7 +301,17 @@ impl Run {
             .find(|(b, _)| *b == TrainingBuffer::Parameters)
             .map(|(_, bytes)| bytemuck::pod_collect_to_vec::<u8, f32>(bytes))
             .unwrap_or_default();
-        export::write_model(dir, &self.ckpt, &plan.parameters, &self.trained, &master)?;
+        match self.ckpt.adapter.as_ref().filter(|a| !a.merged) {
+            Some(adapter) => export::write_adapter(
+                dir,
+                &self.ckpt,
+                adapter,
+                &plan.parameters,
+                &self.trained,
+                &master,
+            )?,
+            None => export::write_model(dir, &self.ckpt, &plan.parameters, &self.trained, &master)?,
+        }
         OptimizerState {
             step: self.step,
             applied: self.applied,

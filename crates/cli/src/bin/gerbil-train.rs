@@ -6,7 +6,7 @@ use clap::Parser;
 use gerbil_cli::numbers::{positive, whole_u64};
 use gerbil_cli::train::{train, Ended, TrainOptions};
 use gerbil_runtime::device::DeviceOptions;
-use gerbil_train::{Hyperparameters, RunOptions};
+use gerbil_train::{Hyperparameters, LoraOptions, RunOptions};
 use std::path::PathBuf;
 
 #[derive(Parser)]
@@ -59,7 +59,18 @@ struct Cli {
     /// --seed) instead of file order.
     #[arg(long)]
     shuffle: bool,
-    /// The shuffle's seed.
+    /// Train a LoRA adapter of rank R (the model's weights stay frozen)
+    /// and write it, PEFT's format, to OUT.
+    #[arg(long, value_name = "R", value_parser = whole_u32)]
+    lora: Option<u32>,
+    /// The adapter's alpha: its update is scaled by A/R [default: R].
+    #[arg(long, value_name = "A", requires = "lora")]
+    lora_alpha: Option<f32>,
+    /// The projections the adapter covers, by module name [default: those
+    /// of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj the model has].
+    #[arg(long, value_name = "LIST", value_delimiter = ',', requires = "lora")]
+    lora_targets: Option<Vec<String>>,
+    /// The seed of the shuffle and of the adapter's starting values.
     #[arg(long, value_name = "S", default_value_t = 0, value_parser = whole_u64)]
     seed: u64,
     /// Where the trained model goes (HF format, with the optimizer state).
@@ -163,6 +174,12 @@ fn real_main(cli: Cli) -> Result<Ended> {
                 timestamps: cli.profile.is_some(),
                 ..DeviceOptions::default()
             },
+            lora: cli.lora.map(|rank| LoraOptions {
+                rank,
+                alpha: cli.lora_alpha,
+                targets: cli.lora_targets,
+                seed: cli.seed,
+            }),
         },
         out: cli.out,
         json_log: cli.json_log,

@@ -156,6 +156,7 @@ fn derivative(op: UnaryOp, v: &str) -> String {
             let th = tanh(format!("{v} / {}", f32_lit(c)));
             format!("(1.0f - {th} * {th})")
         }
+        UnaryOp::Scale(s) => f32_lit(s),
     }
 }
 
@@ -176,6 +177,7 @@ pub fn unary_grad(op: UnaryOp, width: u32) -> KernelSource {
     );
     let tag = match op {
         UnaryOp::Softcap(c) => format!("softcap{}", c.to_bits()),
+        UnaryOp::Scale(s) => format!("scale{}", s.to_bits()),
         other => gerbil_ir::Op::Unary(other).mnemonic().to_string(),
     };
     flat(

@@ -99,6 +99,7 @@ pub fn unary_expr(op: UnaryOp, v: &str) -> String {
             "tanh(clamp({v} / {c}, -15.0f, 15.0f)) * {c}",
             c = f32_lit(c)
         ),
+        UnaryOp::Scale(s) => format!("{v} * {}", f32_lit(s)),
     }
 }
 
@@ -108,6 +109,7 @@ fn unary_tag(op: UnaryOp) -> String {
         UnaryOp::GeluTanh => "gelu_tanh".into(),
         UnaryOp::Gelu => "gelu".into(),
         UnaryOp::Softcap(c) => format!("softcap{}", c.to_bits()),
+        UnaryOp::Scale(s) => format!("scale{}", s.to_bits()),
     }
 }
 

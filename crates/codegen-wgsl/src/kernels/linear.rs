@@ -207,6 +207,7 @@ pub(super) fn name_parts(s: &MatMulSpec, shards: usize) -> (String, String) {
         Some(UnaryOp::GeluTanh) => "_geglu".to_string(),
         Some(UnaryOp::Gelu) => "_glu_gelu".to_string(),
         Some(UnaryOp::Softcap(c)) => format!("_glu_softcap{}", c.to_bits()),
+        Some(UnaryOp::Scale(s)) => format!("_glu_scale{}", s.to_bits()),
     };
     let act = match s.act {
         None => String::new(),
@@ -214,6 +215,7 @@ pub(super) fn name_parts(s: &MatMulSpec, shards: usize) -> (String, String) {
         Some(UnaryOp::GeluTanh) => "_gelu_tanh".to_string(),
         Some(UnaryOp::Gelu) => "_gelu".to_string(),
         Some(UnaryOp::Softcap(c)) => format!("_softcap{}", c.to_bits()),
+        Some(UnaryOp::Scale(s)) => format!("_scale{}", s.to_bits()),
     };
     let options = format!(
         "{}{act}{}{}{}{}",

@@ -116,5 +116,6 @@ pub fn checkpoint(g: GgufFile) -> Result<Checkpoint> {
         has_weights: !weights.is_empty(),
         weights,
         text: assets,
+        adapter: None,
     })
 }

@@ -236,6 +236,7 @@ impl OpSyntax {
                 }
             }
             "softcap" => Op::Unary(UnaryOp::Softcap(a.f32(cur, "cap")?)),
+            "scale" => Op::Unary(UnaryOp::Scale(a.f32(cur, "by")?)),
             "add" => Op::Binary(BinaryOp::Add),
             "mul" => Op::Binary(BinaryOp::Mul),
             "add_bias" => Op::AddBias,
@@ -307,6 +308,7 @@ const OP_NAMES: &[&str] = &[
     "pool",
     "l2_normalize",
     "softcap",
+    "scale",
     "add",
     "mul",
     "add_bias",
@@ -321,10 +323,10 @@ const OP_NAMES: &[&str] = &[
     "sum_rows",
     "cache_rows",
     "attention_lse",
-    "X_grad (the backward of X: rms_norm, rope, attention, silu, gelu_tanh, gelu, softcap, embedding)",
+    "X_grad (the backward of X: rms_norm, rope, attention, silu, gelu_tanh, gelu, softcap, scale, embedding)",
 ];
 
-/// `"tensor"`, `"tensor"[a..b]`, `concat["a", "b"]` or
+/// `"tensor"`, `"tensor"[a..b]`, `concat["a", "b"]`, `adapter("tensor")` or
 /// `rope_table(inv_freq=[…], scaling=s)`.
 fn weight_source(cur: &mut Cursor) -> Result<WeightSource, ParseError> {
     cur.skip_ws();
@@ -358,6 +360,14 @@ fn weight_source(cur: &mut Cursor) -> Result<WeightSource, ParseError> {
                 cur.expect(',')?;
             }
         }
+        "adapter" => {
+            cur.expect('(')?;
+            cur.skip_ws();
+            let tensor = cur.string()?;
+            cur.skip_ws();
+            cur.expect(')')?;
+            Ok(WeightSource::Adapter { tensor })
+        }
         "rope_table" => {
             cur.expect('(')?;
             let mut a = attrs(cur, ')')?;
@@ -375,7 +385,8 @@ fn weight_source(cur: &mut Cursor) -> Result<WeightSource, ParseError> {
         }
         _ => Err(cur.err_at(
             col,
-            "expected a weight source: \"tensor\", \"tensor\"[a..b], concat[…] or rope_table(…)"
+            "expected a weight source: \"tensor\", \"tensor\"[a..b], concat[…], adapter(…) or \
+             rope_table(…)"
                 .into(),
         )),
     }
