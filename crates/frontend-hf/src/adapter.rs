@@ -186,11 +186,7 @@ impl Adapter {
     /// target no tensor has, or a rank past a projection's smaller side, is
     /// an error naming it.
     pub fn init(weights: &WeightStore, config: LoraConfig, seed: u64) -> Result<Adapter> {
-        let option = |why: String| FrontendError::Config {
-            path: PathBuf::from("--lora"),
-            key: "lora".into(),
-            why,
-        };
+        let option = FrontendError::Lora;
         if config.rank == 0 {
             return Err(option("the rank must be at least 1".into()));
         }

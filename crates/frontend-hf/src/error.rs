@@ -115,6 +115,9 @@ pub enum FrontendError {
         /// Its length when opened.
         expected: u64,
     },
+    /// A new LoRA adapter's settings do not fit the model.
+    #[error("LoRA: {0}")]
+    Lora(String),
     /// A LoRA adapter's files do not fit together or its base model.
     #[error("LoRA adapter {}: {why}", path.display())]
     Adapter {

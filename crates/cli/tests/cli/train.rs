@@ -284,3 +284,88 @@ fn bad_input_is_a_clear_error() {
         stderr(&zero)
     );
 }
+
+#[test]
+fn a_lora_run_writes_an_adapter_that_compiles_merged_and_resumes_exactly() {
+    let dir = temp("train-lora");
+    let model = tiny_text_model("llama", &dir.path().join("tiny"));
+    let data = text(dir.path(), 4000);
+    let (m, d) = (s(&model), s(&data));
+    let lora = ["--lora", "2", "--lora-alpha", "4"];
+    let (whole, whole_log) = (dir.path().join("whole"), dir.path().join("whole.jsonl"));
+    let o = gerbil_train(
+        &[
+            flags(m, d, "4", s(&whole)),
+            lora.to_vec(),
+            vec!["--json-log", s(&whole_log)],
+        ]
+        .concat(),
+    );
+    assert!(o.status.success(), "{}", stderr(&o));
+    let half = dir.path().join("half");
+    let o = gerbil_train(&[flags(m, d, "2", s(&half)), lora.to_vec()].concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    // The adapter in PEFT's files, beside the model's config and tokenizer.
+    for f in [
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "config.json",
+        "tokenizer.json",
+        "optimizer.safetensors",
+    ] {
+        assert!(half.join(f).is_file(), "{} lacks {f}", half.display());
+    }
+    assert!(!half.join("model.safetensors").exists());
+    let config: Value =
+        serde_json::from_str(&std::fs::read_to_string(half.join("adapter_config.json")).unwrap())
+            .unwrap();
+    assert_eq!(config["peft_type"], "LORA");
+    assert_eq!(config["r"], 2);
+    assert_eq!(config["lora_alpha"], 4.0);
+    let base = model.canonicalize().unwrap();
+    assert_eq!(config["base_model_name_or_path"], s(&base));
+    let targets = config["target_modules"].as_array().unwrap();
+    assert_eq!(targets.len(), 7, "{config}");
+    // Resumed (LoRA is implied by the adapter checkpoint): the steps the
+    // uninterrupted run took.
+    let (rest, rest_log) = (dir.path().join("rest"), dir.path().join("rest.jsonl"));
+    let args = [
+        flags(s(&half), d, "4", s(&rest)),
+        vec!["--resume", "--json-log", s(&rest_log)],
+    ];
+    let o = gerbil_train(&args.concat());
+    assert!(o.status.success(), "{}", stderr(&o));
+    let (whole_lines, rest_lines) = (log_lines(&whole_log), log_lines(&rest_log));
+    assert_eq!(rest_lines.len(), 2);
+    for (w, r) in whole_lines[2..].iter().zip(&rest_lines) {
+        assert_eq!(w["loss"], r["loss"], "{w} against {r}");
+        assert_eq!(w["grad_norm"], r["grad_norm"], "{w} against {r}");
+    }
+    // `gerbilc compile` takes the adapter back, merged into the base model.
+    let plan = dir.path().join("lora.plan");
+    common::compile_to(&whole, &plan, &[]);
+    let o = common::gerbil_run(&[s(&plan), "--prompt", "Call me", "--max-new-tokens", "4"]);
+    assert!(o.status.success(), "{}", stderr(&o));
+    // Bad LoRA settings.
+    let out = dir.path().join("out");
+    let err = refused(&[flags(m, d, "2", s(&out)), vec!["--lora", "1000"]].concat());
+    assert!(
+        err.contains("rank 1000 is larger than projection") && err.contains("smaller --lora"),
+        "{err}"
+    );
+    let args = [
+        flags(m, d, "2", s(&out)),
+        vec!["--lora", "2", "--lora-targets", "q_proj,qkv"],
+    ];
+    let err = refused(&args.concat());
+    assert!(
+        err.contains("no projection called `qkv`") && err.contains("q_proj"),
+        "{err}"
+    );
+    let args = [
+        flags(s(&half), d, "4", s(&out)),
+        vec!["--resume", "--lora", "3"],
+    ];
+    let err = refused(&args.concat());
+    assert!(err.contains("has rank 2, --lora asks for 3"), "{err}");
+}
