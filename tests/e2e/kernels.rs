@@ -2085,6 +2085,7 @@ fn unary_matches_reference() {
         UnaryOp::GeluTanh,
         UnaryOp::Softcap(30.0),
         UnaryOp::Softcap(15.0),
+        UnaryOp::Scale(-0.375),
     ];
     let launches = [
         (Rows::Tokens, 3, 300),

@@ -729,6 +729,7 @@ fn backward_kernels_match_the_gradients() {
         UnaryOp::GeluTanh,
         UnaryOp::Gelu,
         UnaryOp::Softcap(2.5),
+        UnaryOp::Scale(2.5),
     ] {
         let (t, width) = (3u32, 70u32);
         let n = (t * width) as usize;

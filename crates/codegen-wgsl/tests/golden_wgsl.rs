@@ -371,6 +371,7 @@ fn golden_kernels() {
         Rows::Fixed(1),
         262_144,
     ));
+    golden(elementwise::unary(UnaryOp::Scale(2.0), Rows::Tokens, 576));
     golden(elementwise::binary(BinaryOp::Add, Rows::Tokens, 576));
     golden(elementwise::cache_write(192, DType::F32));
     golden(elementwise::add_bias(Rows::Tokens, 896, DType::BF16));

@@ -327,6 +327,23 @@ fn every_op() -> Graph {
     let capped = g
         .add(Op::Unary(UnaryOp::Softcap(f32::MAX)), &[logits], "softcap")
         .unwrap();
+    // A LoRA branch: an adapter factor and the update's scale.
+    let lora_name = "base_model.model.lm_head.lora_B.weight";
+    let lora = WeightSource::Adapter {
+        tensor: lora_name.into(),
+    };
+    let b = weight(&mut g, lora, f(&[32, 16]), lora_name);
+    let update = g.add(mm(false), &[sum, b], "lm_head.lora_b").unwrap();
+    let update = g
+        .add(
+            Op::Unary(UnaryOp::Scale(-1.5e-3)),
+            &[update],
+            "lm_head.lora_scale",
+        )
+        .unwrap();
+    let capped = g
+        .add(Op::Binary(BinaryOp::Add), &[capped, update], "lm_head.lora")
+        .unwrap();
     g.outputs.push(("logits".into(), capped));
     g.outputs.push(("the stream".into(), port(lr, 0)));
     encoder_ops(&mut g, port(er, 0), (qr, kw, vw), (table, w16));
