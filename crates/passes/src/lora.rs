@@ -5,7 +5,7 @@
 //! tensor named in [`Lora::adapted`]. Rewrite: the same matmul plus
 //! `scale(matmul(matmul(x, A), B))` — `A` (`[r, in]`) and `B` (`[out, r]`)
 //! weights of source [`WeightSource::Adapter`], named as PEFT names them
-//! ([`gerbil_frontend_hf`]'s `adapter::factor_names` makes the names; this
+//! (`gerbil_frontend_hf::adapter::factor_names` makes the names; this
 //! pass takes them as given) — so every reader of the projection reads
 //! `x·Wᵀ + s·(x·Aᵀ)·Bᵀ`. `autodiff` then trains the adapter weights alone.
 //! Part of the training pipeline when `gerbil-train --lora` runs, before
