@@ -14,8 +14,7 @@ and its last SEQ the targets. The loss is the mean cross-entropy over the batch'
 With --lora, each model instead trains a LoRA adapter (lora-<name>.json, LORA_STEPS steps): every
 projection of LORA_TARGETS the model has as an nn.Linear of its own gets A (rank x in) and
 B (out x rank) with the output x W^T + (alpha / rank) (x A^T) B^T, the model's weights frozen;
-B starts at zero and A at gerbil's documented values (`gerbil_frontend_hf::adapter::init_values`:
-SplitMix64 from the seed, drawn over the A factors in name order, uniform in +-1/sqrt(in)).
+B starts at zero and A at gerbil's documented values (scripts/lora_ref.py).
 
 Usage: python3 scripts/make-train-refs.py [--out tests/data/refs/train] [--lora] [MODEL ...]
 (needs torch and transformers; CPU is enough.)
@@ -25,9 +24,13 @@ import argparse
 import json
 import os
 import random
+import sys
 
 import torch
 from transformers import AutoModelForCausalLM
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import lora_ref  # noqa: E402  (scripts/lora_ref.py: gerbil-train --lora in PyTorch)
 
 MODELS = ["llama", "llama_bf16", "qwen2", "qwen3", "mistral", "gemma3", "phi3"]
 SEQ, BATCH, STEPS = 16, 2, 50
@@ -43,7 +46,7 @@ SETTINGS = {
     "max_grad_norm": 1.0,
 }
 LORA = {"rank": 4, "alpha": 8.0, "seed": 7}
-LORA_TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+LORA_TARGETS = lora_ref.DEFAULT_TARGETS
 LORA_STEPS = 20
 # 24 windows and a 5-token tail: the steps wrap around the stream every 12 steps.
 STREAM_TOKENS = 24 * (SEQ + 1) + 5
@@ -62,58 +65,6 @@ def lr_at(step):
     return s["lr"] * min(1.0, (step + 1) / s["warmup"]) if s["warmup"] else s["lr"]
 
 
-MASK = (1 << 64) - 1
-
-
-def init_values(state, count, bound):
-    """gerbil's `adapter::init_values`: (new state, `count` values uniform in +-bound)."""
-    out = []
-    for _ in range(count):
-        state = (state + 0x9E3779B97F4A7C15) & MASK
-        z = state
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & MASK
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & MASK
-        z ^= z >> 31
-        u = (z >> 11) / float(1 << 53)
-        out.append((2.0 * u - 1.0) * bound)
-    return state, out
-
-
-class LoraLinear(torch.nn.Module):
-    def __init__(self, base, a, b, scale):
-        super().__init__()
-        self.base, self.scale = base, scale
-        self.lora_A = torch.nn.Parameter(a)
-        self.lora_B = torch.nn.Parameter(b)
-
-    def forward(self, x):
-        f = torch.nn.functional
-        return self.base(x) + self.scale * f.linear(f.linear(x, self.lora_A), self.lora_B)
-
-
-def add_lora(model):
-    """Freezes `model` and wraps its targeted projections; returns the factors, A's and B's."""
-    for p in model.parameters():
-        p.requires_grad_(False)
-    found = {}
-    for mname, mod in model.named_modules():
-        if isinstance(mod, torch.nn.Linear) and ".layers." in mname:
-            if mname.rsplit(".", 1)[-1] in LORA_TARGETS:
-                found[f"base_model.model.{mname}.lora_A.weight"] = (mname, mod)
-    state, wrapped = LORA["seed"], []
-    for a_name in sorted(found):
-        mname, mod = found[a_name]
-        r, (out, inp) = LORA["rank"], mod.weight.shape
-        state, values = init_values(state, r * inp, 1.0 / inp ** 0.5)
-        a = torch.tensor(values, dtype=torch.float32).reshape(r, inp)
-        b = torch.zeros(out, r, dtype=torch.float32)
-        lora = LoraLinear(mod, a, b, LORA["alpha"] / r)
-        parent = model.get_submodule(mname.rsplit(".", 1)[0])
-        setattr(parent, mname.rsplit(".", 1)[-1], lora)
-        wrapped.append(lora)
-    return [m.lora_A for m in wrapped] + [m.lora_B for m in wrapped]
-
-
 def record(model_dir, name, lora):
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_pretrained(
@@ -125,7 +76,10 @@ def record(model_dir, name, lora):
     stream = [rng.randrange(vocab) for _ in range(STREAM_TOKENS)]
     s = SETTINGS
     steps_to_take = LORA_STEPS if lora else STEPS
-    params = add_lora(model) if lora else [p for p in model.parameters() if p.requires_grad]
+    if lora:
+        params = lora_ref.add_lora(model, LORA["rank"], LORA["alpha"], LORA_TARGETS, LORA["seed"])
+    else:
+        params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(
         params, lr=s["lr"], betas=tuple(s["betas"]), eps=s["eps"], weight_decay=s["weight_decay"]
     )

@@ -11,7 +11,9 @@
 #   python3 scripts/device/train-torch.py --speed --config DIR ... --autocast none|bf16
 # Tokens/s is the median over the steps after the first two (gerbil: from the log's seconds);
 # gerbil's profile of one sequence (--profile) goes to profile-SHAPE.json and its summary to
-# the output.
+# the output. With LORA=R, both also train a rank-R adapter (`--lora R --lora-alpha 2R`), and
+# gerbil-train's LoRA run of $TWIN_STEPS steps (default 30, lr 1e-3, batch 2 of 256 tokens) is
+# checked against PyTorch's twin (train-torch.py --lora: the same starting factors), step by step.
 # Writes logs to $OUT (or /tmp/gerbil-train-bench) and prints one markdown table.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
@@ -26,7 +28,9 @@ seq=${SEQ:-512}
 echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader 2>/dev/null)"
 shapes=("$@")
 [ ${#shapes[@]} -eq 0 ] && shapes=("${default_shapes[@]}")
-rows=("| shape | seq × batch | gerbil-train | PyTorch f32 | PyTorch bf16 autocast |" "|---|---|---|---|---|")
+lora=${LORA:-}
+rows=("| shape | seq × batch | gerbil-train | PyTorch f32 | PyTorch bf16 autocast |${lora:+ gerbil-train --lora $lora | PyTorch f32 --lora $lora |}"
+    "|---|---|---|---|---|${lora:+---|---|}")
 for cfg in "${shapes[@]}"; do
     name=$(basename "$(dirname "$cfg")")
     work=/tmp/train-$name
@@ -45,20 +49,44 @@ PY
         --profile "$out/profile-$name.json" > "$out/gerbil-$name.log" 2>&1 ||
         { echo "$name: gerbil-train failed"; tail -5 "$out/gerbil-$name.log"; }
     grep -A16 "one sequence" "$out/gerbil-$name.log"
-    gerbil=$(python3 - "$out/gerbil-$name.jsonl" "$((batch * seq))" <<'PY'
+    gerbil_rate() {
+        python3 - "$1" "$((batch * seq))" <<'PY'
 import json, statistics, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
 t = [b["seconds"] - a["seconds"] for a, b in zip(lines, lines[1:])][1:]
 print(round(int(sys.argv[2]) / statistics.median(t)) if t else "-")
 PY
-)
+    }
+    gerbil=$(gerbil_rate "$out/gerbil-$name.jsonl")
     torch_rate() {
         python3 scripts/device/train-torch.py --speed --config "$(dirname "$cfg")" --steps "$steps" \
-            --seq-len "$seq" --batch "$batch" --autocast "$1" 2> "$out/torch-$name-$1.log" |
+            --seq-len "$seq" --batch "$batch" --autocast "$@" 2> "$out/torch-$name-$1.log" |
             tee -a "$out/torch.jsonl" | python3 -c "import json,sys; print(round(json.load(sys.stdin)['tokens_per_s']))"
     }
     f32=$(torch_rate none)
     bf16=$(torch_rate bf16)
-    rows+=("| $name | $seq × $batch | $gerbil | $f32 | $bf16 |")
+    row="| $name | $seq × $batch | $gerbil | $f32 | $bf16 |"
+    if [ -n "$lora" ]; then
+        lora_flags=(--lora "$lora" --lora-alpha "$((2 * lora))")
+        .device/bin/gerbil-train "$work/model" --data data/moby-dick.txt --steps "$steps" \
+            --seq-len "$seq" --batch "$batch" --lr 1e-5 --out "$work/lora-out" "${lora_flags[@]}" \
+            --json-log "$out/gerbil-lora-$name.jsonl" -q > "$out/gerbil-lora-$name.log" 2>&1 ||
+            { echo "$name: gerbil-train --lora failed"; tail -5 "$out/gerbil-lora-$name.log"; }
+        grep -h "GPU buffers" "$out/gerbil-$name.log" "$out/gerbil-lora-$name.log"
+        row+=" $(gerbil_rate "$out/gerbil-lora-$name.jsonl") | $(torch_rate none "${lora_flags[@]}") |"
+        twin=(--data data/moby-dick.txt --steps "${TWIN_STEPS:-30}" --seq-len 256 --batch 2 --lr 1e-3)
+        .device/bin/gerbil-train "$work/model" "${twin[@]}" "${lora_flags[@]}" -q \
+            --out "$work/twin-out" --json-log "$out/twin-gerbil-$name.jsonl" > /dev/null 2>&1
+        python3 scripts/device/train-torch.py --model "$work/model" "${twin[@]}" "${lora_flags[@]}" \
+            --json-log "$out/twin-torch-$name.jsonl" 2> "$out/twin-torch-$name.log"
+        python3 - "$out/twin-gerbil-$name.jsonl" "$out/twin-torch-$name.jsonl" "$name" <<'PY'
+import json, sys
+g, t = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(g, t)) if g and t else float("nan")
+print(f"{sys.argv[3]} LoRA twin, {min(len(g), len(t))} steps: loss {t[0]['loss']:.4f} -> "
+      f"{t[-1]['loss']:.4f} (PyTorch), {g[-1]['loss']:.4f} (gerbil); worst relative difference {worst:.1e}")
+PY
+    fi
+    rows+=("$row")
 done
 printf '%s\n' "${rows[@]}" | tee "$out/table.md"

@@ -12,6 +12,9 @@ real ones) for `--steps` steps of `--batch` random sequences of `--seq-len` toke
 AdamW, eager PyTorch in f32 (`--autocast none`) or under bf16 autocast (`--autocast bf16`), and
 prints one JSON line: the median tokens/s of the steps after two warm-up steps.
 
+With `--lora R [--lora-alpha A]`, either mode trains a LoRA adapter as `gerbil-train --lora` does
+(scripts/lora_ref.py: the same projections, the same starting factors from `--seed`).
+
 Usage:
   python3 scripts/device/train-torch.py --model DIR --data FILE --steps N --seq-len L --batch B \\
       --lr X [--warmup W] [--weight-decay D] [--betas B1,B2] [--eps E] [--max-grad-norm G] \\
@@ -25,8 +28,23 @@ import json
 import statistics
 import time
 
+import os
+import sys
+
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+import lora_ref  # noqa: E402  (scripts/lora_ref.py)
+
+
+def trained(args, model):
+    """The parameters the run trains: every weight, or a new LoRA adapter's factors."""
+    if args.lora:
+        alpha = args.lora_alpha if args.lora_alpha is not None else float(args.lora)
+        return lora_ref.add_lora(model, args.lora, alpha, seed=args.seed)
+    return [p for p in model.parameters() if p.requires_grad]
 
 
 def windows(stream, seq, batch, step):
@@ -48,7 +66,7 @@ def twin(args, device):
     ).to(device)
     model.train()
     vocab = model.config.vocab_size
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = trained(args, model)
     betas = tuple(float(b) for b in args.betas.split(","))
     opt = torch.optim.AdamW(
         params, lr=args.lr, betas=betas, eps=args.eps, weight_decay=args.weight_decay
@@ -80,7 +98,8 @@ def speed(args, device):
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32).to(device)
     model.train()
     vocab = config.vocab_size
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, fused=True)
+    params = trained(args, model)
+    opt = torch.optim.AdamW(params, lr=1e-5, fused=True)
     times = []
     for i in range(args.steps):
         batch = torch.randint(0, vocab, (args.batch, args.seq_len + 1), device=device)
@@ -92,7 +111,7 @@ def speed(args, device):
                 logits.reshape(-1, vocab).float(), batch[:, 1:].reshape(-1)
             )
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         opt.zero_grad()
         torch.cuda.synchronize()
@@ -100,7 +119,8 @@ def speed(args, device):
     tokens = args.batch * args.seq_len
     rate = tokens / statistics.median(times[2:])
     print(json.dumps({
-        "engine": f"pytorch-eager-{'f32' if args.autocast == 'none' else 'bf16-autocast'}",
+        "engine": f"pytorch-eager-{'f32' if args.autocast == 'none' else 'bf16-autocast'}"
+        + (f"-lora{args.lora}" if args.lora else ""),
         "config": args.config, "seq_len": args.seq_len, "batch": args.batch,
         "tokens_per_s": round(rate, 1), "torch": torch.__version__,
         "gpu": torch.cuda.get_device_name(0),
@@ -123,6 +143,9 @@ def main():
     p.add_argument("--eps", type=float, default=1e-8)
     p.add_argument("--max-grad-norm", default="1.0")
     p.add_argument("--autocast", default="none", choices=["none", "bf16"])
+    p.add_argument("--lora", type=int, default=0)
+    p.add_argument("--lora-alpha", type=float)
+    p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json-log")
     p.add_argument("--out")
     args = p.parse_args()

@@ -145,11 +145,19 @@ pub fn train(opts: &TrainOptions, hub: &HubOptions) -> Result<Ended> {
     }
     bar.finish_and_clear();
     save(&run, &opts.out)?;
+    let what = if run.trains_adapter() {
+        "the adapter"
+    } else {
+        "the model"
+    };
     crate::console::note(&format!(
-        "trained {} steps ({} tokens) in {:.1} s; the model is in {}",
+        "trained {} steps ({} tokens) in {:.1} s: {:.2} M trained values, {:.2} GiB of GPU \
+         buffers; {what} is in {}",
         run.steps_done() - first,
         tokens_done,
         started.elapsed().as_secs_f64(),
+        run.trained_values() as f64 / 1e6,
+        run.gpu_bytes() as f64 / f64::from(1u32 << 30),
         opts.out.display()
     ));
     Ok(Ended::Finished)

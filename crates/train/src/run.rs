@@ -245,6 +245,21 @@ impl Run {
         self.step
     }
 
+    /// Whether the run trains a LoRA adapter.
+    pub fn trains_adapter(&self) -> bool {
+        self.ckpt.adapter.as_ref().is_some_and(|a| !a.merged)
+    }
+
+    /// The trained values (every weight, or a LoRA adapter's factors).
+    pub fn trained_values(&self) -> u64 {
+        self.trainer.plan().parameters.iter().map(|p| p.len()).sum()
+    }
+
+    /// The bytes of every GPU buffer the training step holds.
+    pub fn gpu_bytes(&self) -> u64 {
+        self.trainer.plan().buffers.iter().map(|b| b.size).sum()
+    }
+
     /// The trainer, for its plan.
     pub fn trainer(&self) -> &Trainer {
         &self.trainer
