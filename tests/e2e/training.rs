@@ -462,13 +462,14 @@ fn fifty_steps_on_the_gpu_follow_pytorchs_losses() {
 
 /// LoRA: 20 steps of a rank-4 adapter (alpha 8) over every projection the
 /// model has as a tensor of its own — Phi-3's fused `qkv_proj` and
-/// `gate_up_proj` are not — with the weights frozen, on the GPU: each
+/// `gate_up_proj` are not — with the weights frozen (the Llama's in the
+/// bf16 it stores them in, which the kernels read exactly), on the GPU: each
 /// step's loss within 1e-3 (relative) of PyTorch's and its gradient norm
 /// within 1e-2, from the same documented starting factors.
 #[test]
 fn a_lora_adapter_on_the_gpu_follows_pytorchs_losses() {
     let mut failures = Vec::new();
-    for name in ["llama", "gemma3", "phi3"] {
+    for name in ["llama_bf16", "gemma3", "phi3"] {
         let r = train_ref(&format!("lora-{name}"));
         let got = train_on_the_gpu(name, &r, false, None);
         assert_eq!(got.len(), r.trajectory.len());

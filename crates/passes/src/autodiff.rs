@@ -27,7 +27,7 @@
 //! is an error that says so.
 
 use crate::manager::{Pass, PassError};
-use crate::rewrite::add_err;
+use crate::rewrite::{add_err, has_adapters};
 use gerbil_ir::{
     gradient_output, BinaryOp, DType, Graph, Input, NodeId, Op, TrainOp, ValueRef, WeightSource,
     LOGITS, LOSS,
@@ -88,10 +88,9 @@ struct Trained {
 
 impl Trained {
     fn of(graph: &Graph) -> Trained {
-        let adapters_only = graph.g.node_weights().any(
-            |n| matches!(&n.op, Op::Weight(w) if matches!(w.source, WeightSource::Adapter { .. })),
-        );
-        Trained { adapters_only }
+        Trained {
+            adapters_only: has_adapters(graph),
+        }
     }
 
     /// Whether `v` is a weight that gets a gradient output.

@@ -6,6 +6,12 @@
 //! an f32). Quantized weights keep their blocks: they do not train. Part of
 //! [`crate::training_passes`], before `autodiff`; an inference plan never
 //! runs it (it would double the bytes every decode step reads).
+//!
+//! The surprise: in a graph with LoRA factors (the `lora` pass's
+//! `WeightSource::Adapter` weights, f32 already) it changes nothing. The
+//! checkpoint's weights are frozen there, and the kernels read 16-bit
+//! weights exactly as they are, so keeping them halves their memory and
+//! computes the same numbers.
 
 use crate::manager::{Pass, PassError};
 use gerbil_ir::{DType, Graph, Op};
@@ -23,6 +29,9 @@ impl Pass for MasterWeights {
     }
 
     fn run(&self, graph: &mut Graph) -> Result<usize, PassError> {
+        if crate::rewrite::has_adapters(graph) {
+            return Ok(0);
+        }
         let mut changed = 0;
         for id in graph.g.node_indices().collect::<Vec<_>>() {
             let node = &mut graph.g[id];
@@ -36,5 +45,35 @@ impl Pass for MasterWeights {
             }
         }
         Ok(changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dtypes(text: &str) -> (usize, Vec<DType>) {
+        let mut g = gerbil_ir::parse(text).unwrap_or_else(|e| panic!("{e}"));
+        let changed = MasterWeights.run(&mut g).unwrap_or_else(|e| panic!("{e}"));
+        let mut types: Vec<DType> =
+            g.g.node_weights()
+                .filter_map(|n| match &n.op {
+                    Op::Weight(w) => Some(w.ty.dtype),
+                    _ => None,
+                })
+                .collect();
+        types.sort_by_key(|d| d.to_string());
+        (changed, types)
+    }
+
+    #[test]
+    fn sixteen_bit_weights_widen_unless_an_adapter_trains_instead() {
+        let base = "graph g\n  %w = weight \"w\" : bf16[4,8]\n  %h = weight \"h\" : f16[8]\n";
+        let (changed, types) = dtypes(base);
+        assert_eq!((changed, types), (2, vec![DType::F32, DType::F32]));
+        let lora = format!("{base}  %a = weight adapter(\"a\") : f32[2,8]\n");
+        let (changed, types) = dtypes(&lora);
+        assert_eq!(changed, 0);
+        assert_eq!(types, vec![DType::BF16, DType::F16, DType::F32]);
     }
 }

@@ -9,6 +9,14 @@ use gerbil_ir::{
 };
 use petgraph::Direction;
 
+/// Whether `graph` has LoRA factors (the `lora` pass's adapter weights).
+pub(crate) fn has_adapters(graph: &Graph) -> bool {
+    graph
+        .g
+        .node_weights()
+        .any(|n| matches!(&n.op, Op::Weight(w) if matches!(w.source, WeightSource::Adapter { .. })))
+}
+
 /// A [`PassError::Rewrite`] of `pass` from a failed `Graph::add`.
 pub(crate) fn add_err(pass: &'static str) -> impl Fn(AddError) -> PassError {
     move |e| PassError::Rewrite {
