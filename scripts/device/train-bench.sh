@@ -70,8 +70,10 @@ PY
         lora_flags=(--lora "$lora" --lora-alpha "$((2 * lora))")
         .device/bin/gerbil-train "$work/model" --data data/moby-dick.txt --steps "$steps" \
             --seq-len "$seq" --batch "$batch" --lr 1e-5 --out "$work/lora-out" "${lora_flags[@]}" \
-            --json-log "$out/gerbil-lora-$name.jsonl" -q > "$out/gerbil-lora-$name.log" 2>&1 ||
+            --json-log "$out/gerbil-lora-$name.jsonl" -q --profile "$out/profile-lora-$name.json" \
+            > "$out/gerbil-lora-$name.log" 2>&1 ||
             { echo "$name: gerbil-train --lora failed"; tail -5 "$out/gerbil-lora-$name.log"; }
+        grep -A16 "one sequence" "$out/gerbil-lora-$name.log"
         grep -h "GPU buffers" "$out/gerbil-$name.log" "$out/gerbil-lora-$name.log"
         row+=" $(gerbil_rate "$out/gerbil-lora-$name.jsonl") | $(torch_rate none "${lora_flags[@]}") |"
         twin=(--data data/moby-dick.txt --steps "${TWIN_STEPS:-30}" --seq-len 256 --batch 2 --lr 1e-3)

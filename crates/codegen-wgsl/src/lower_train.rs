@@ -52,7 +52,9 @@ impl Lowering<'_> {
                     self.max_tokens,
                 ))
             }
-            TrainOp::MatMulGradW => backward::matmul_grad_w(width(0), width(1)),
+            TrainOp::MatMulGradW => {
+                return Ok(backward::matmul_grad_w(width(0), width(1), self.max_tokens))
+            }
             TrainOp::SumRows => backward::sum_rows(width(0)),
             TrainOp::RmsNormGrad(n) => {
                 return Ok(backward::rms_norm_grad(

@@ -831,7 +831,13 @@ fn golden_backward_kernels() {
     {
         golden(kernel);
     }
-    golden(backward::matmul_grad_w(49_152, 576));
+    // The LM head's weight gradient; a LoRA factor's, in pieces of the rows.
+    for kernel in backward::matmul_grad_w(49_152, 576, 512)
+        .into_iter()
+        .chain(backward::matmul_grad_w(8, 576, 512))
+    {
+        golden(kernel);
+    }
     for kernel in backward::rms_norm_grad(576, &norm, DType::BF16, 512) {
         golden(kernel);
     }

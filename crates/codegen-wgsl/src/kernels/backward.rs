@@ -345,17 +345,56 @@ fn batched_launch(
     }
 }
 
-/// Pieces [`matmul_grad_x`] cuts its depth `n` into for steps of at most
-/// `max_rows` and `k` output columns: 1 where the output's tiles fill the
-/// GPU or the depth is short, else enough for some 512 workgroups (at most
-/// 16, each piece at least 256 deep). The LM head's input gradient is the
-/// case: 72 tiles at SmolLM2's shape over a depth of 49,152.
-fn depth_pieces(n: u32, k: u32, max_rows: u32) -> u32 {
-    let tiles = max_rows.div_ceil(TILE) * k.div_ceil(TILE);
-    if tiles >= 256 || n < 4096 {
+/// Pieces a matmul gradient of `tiles` output tiles cuts its `depth` into:
+/// 1 where the tiles fill the GPU, or where there are 32 or more of them
+/// over a depth under 4,096; else enough for some 512 workgroups (at most
+/// 16, each piece at least 256 deep, or 64 under a depth of 4,096). Two
+/// cases: the LM head's input gradient (72 tiles at SmolLM2's shape over a
+/// depth of 49,152), and a LoRA factor's products, whose rank-wide side
+/// makes a handful of tiles over a whole projection's or step's depth.
+fn depth_pieces(tiles: u32, depth: u32) -> u32 {
+    if tiles >= 256 || (depth < 4096 && tiles >= 32) {
         return 1;
     }
-    512u32.div_ceil(tiles).min(n / 256).clamp(1, 16)
+    let least = if depth >= 4096 { 256 } else { 64 };
+    512u32.div_ceil(tiles).min(depth / least).clamp(1, 16)
+}
+
+/// How a product cut into pieces lays out its output: `rows` × `cols`,
+/// each piece's partials `stride` rows after the last's in the scratch.
+struct Pieces {
+    rows: Rows,
+    cols: u32,
+    pieces: u32,
+    stride: u32,
+    part_bytes: u64,
+}
+
+/// The second dispatch of a product cut into pieces: a thread per output
+/// of `out` sums the pieces' partials in the scratch.
+fn sum_pieces(name: String, out: &str, p: &Pieces) -> KernelSource {
+    let count = match p.rows {
+        Rows::Fixed(n) => format!("{n}u * NC"),
+        _ => "params.t * NC".to_string(),
+    };
+    let stride = "TMAX * NC";
+    let mut w = header(&format!(
+        "const NC: u32 = {}u;\nconst PIECES: u32 = {}u;\nconst TMAX: u32 = {}u;\n",
+        p.cols, p.pieces, p.stride
+    ));
+    let mut b = Bindings::new();
+    b.activation(&mut w, output(0), out);
+    b.scratch(&mut w, "part", p.part_bytes);
+    let _ = write!(
+        w,
+        "@compute @workgroup_size(WG, 1, 1)\n\
+         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n\
+         \x20 let i = gid.x;\n  if (i >= {count}) {{ return; }}\n\
+         \x20 var s = 0.0f;\n\
+         \x20 for (var p = 0u; p < PIECES; p = p + 1u) {{ s = s + part[p * {stride} + i]; }}\n\
+         \x20 {out}[i] = s;\n}}\n",
+    );
+    flat(name, w, p.rows, p.cols, b.finish())
 }
 
 /// `dx = dy · w` for `dy` `[T, n]` and the weight `[n, k]` stored as
@@ -364,7 +403,7 @@ fn depth_pieces(n: u32, k: u32, max_rows: u32) -> u32 {
 /// dispatches: each piece of the depth a workgroup z, writing its partial
 /// product to the scratch, then a thread per output summing the pieces.
 pub fn matmul_grad_x(n: u32, k: u32, wdtype: DType, max_rows: u32) -> Vec<KernelSource> {
-    let pieces = depth_pieces(n, k, max_rows);
+    let pieces = depth_pieces(max_rows.div_ceil(TILE) * k.div_ceil(TILE), n);
     let mut w = prelude();
     let _ = writeln!(
         w,
@@ -413,51 +452,85 @@ pub fn matmul_grad_x(n: u32, k: u32, wdtype: DType, max_rows: u32) -> Vec<Kernel
         k,
         pieces,
     );
-    let mut w = header(&format!(
-        "const NC: u32 = {k}u;\nconst PIECES: u32 = {pieces}u;\nconst TMAX: u32 = {max_rows}u;\n"
-    ));
-    let mut b = Bindings::new();
-    b.activation(&mut w, output(0), "dx");
-    b.scratch(&mut w, "part", part_bytes);
-    w.push_str(
-        "@compute @workgroup_size(WG, 1, 1)\n\
-         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
-         \x20 let i = gid.x;\n  if (i >= params.t * NC) { return; }\n\
-         \x20 var s = 0.0f;\n\
-         \x20 for (var p = 0u; p < PIECES; p = p + 1u) { s = s + part[p * TMAX * NC + i]; }\n\
-         \x20 dx[i] = s;\n}\n",
-    );
-    let sum = flat(
-        format!("matmul_grad_x_sum_{tag}"),
-        w,
-        Rows::Tokens,
-        k,
-        b.finish(),
-    );
+    let layout = Pieces {
+        rows: Rows::Tokens,
+        cols: k,
+        pieces,
+        stride: max_rows,
+        part_bytes,
+    };
+    let sum = sum_pieces(format!("matmul_grad_x_sum_{tag}"), "dx", &layout);
     vec![product, sum]
 }
 
-/// `dw = dyᵀ · x` for `dy` `[T, n]` and `x` `[T, k]`: a matmul's weight
-/// gradient `[n, k]`, in 64 × 64 tiles over the step's rows.
-pub fn matmul_grad_w(n: u32, k: u32) -> KernelSource {
+/// `dw = dyᵀ · x` for `dy` `[T, n]` and `x` `[T, k]` in steps of at most
+/// `max_rows`: a matmul's weight gradient `[n, k]`, in 64 × 64 tiles over
+/// the step's rows. A product of few tiles ([`depth_pieces`]: a LoRA
+/// factor's, rank-wide) cuts the rows into pieces, a workgroup z each
+/// writing its partial product to the scratch, and sums them in a second
+/// dispatch.
+pub fn matmul_grad_w(n: u32, k: u32, max_rows: u32) -> Vec<KernelSource> {
+    let pieces = depth_pieces(n.div_ceil(TILE) * k.div_ceil(TILE), max_rows);
     let mut w = prelude();
     let _ = writeln!(w, "const N: u32 = {n}u;\nconst NC: u32 = {k}u;");
+    if pieces > 1 {
+        let _ = writeln!(w, "const CHUNK: u32 = {}u;", max_rows.div_ceil(pieces));
+    }
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "dy");
     b.activation(&mut w, input(1), "x");
-    b.activation(&mut w, output(0), "dw");
+    if pieces == 1 {
+        b.activation(&mut w, output(0), "dw");
+        let dy_t = Operand {
+            load: "dy[l * N + i]",
+            rows_first: true,
+        };
+        w.push_str(&tiled_product(
+            dy_t,
+            "x[l * NC + j]",
+            "dw[i * NC + j] = VALUE;",
+            "N",
+            "params.t",
+        ));
+        return vec![tiled_launch(
+            format!("matmul_grad_w_n{n}_k{k}"),
+            w,
+            b,
+            Rows::Fixed(n),
+            k,
+        )];
+    }
+    let part_bytes = 4 * u64::from(pieces) * u64::from(n) * u64::from(k);
+    b.scratch(&mut w, "part", part_bytes);
     let dy_t = Operand {
-        load: "dy[l * N + i]",
+        load: "dy[(z * CHUNK + l) * N + i]",
         rows_first: true,
     };
     w.push_str(&tiled_product(
         dy_t,
-        "x[l * NC + j]",
-        "dw[i * NC + j] = VALUE;",
+        "x[(z * CHUNK + l) * NC + j]",
+        "part[(z * N + i) * NC + j] = VALUE;",
         "N",
-        "params.t",
+        "min(CHUNK, params.t - min(z * CHUNK, params.t))",
     ));
-    tiled_launch(format!("matmul_grad_w_n{n}_k{k}"), w, b, Rows::Fixed(n), k)
+    let tag = format!("n{n}_k{k}_p{pieces}_t{max_rows}");
+    let product = batched_launch(
+        format!("matmul_grad_w_pieces_{tag}"),
+        w,
+        b,
+        Rows::Fixed(n),
+        k,
+        pieces,
+    );
+    let layout = Pieces {
+        rows: Rows::Fixed(n),
+        cols: k,
+        pieces,
+        stride: n,
+        part_bytes,
+    };
+    let sum = sum_pieces(format!("matmul_grad_w_sum_{tag}"), "dw", &layout);
+    vec![product, sum]
 }
 
 /// The backward of `rms_norm` over rows of `width` in `n.groups` slices,
