@@ -37,21 +37,56 @@ pub struct DispatchTime {
     pub flops: u64,
 }
 
+/// Timestamps `0..count` of a [`timed_pass`], over as many query sets as
+/// they need (wgpu caps a set at [`wgpu::QUERY_SET_MAX_QUERIES`]: a LoRA
+/// training step has more dispatches than that).
+pub(crate) struct Stamps {
+    sets: Vec<wgpu::QuerySet>,
+    /// Queries per set.
+    per: u32,
+}
+
+impl Stamps {
+    /// Writes timestamp `i` after what `pass` has recorded so far.
+    pub(crate) fn write(&self, pass: &mut wgpu::ComputePass<'_>, i: u32) {
+        pass.write_timestamp(&self.sets[(i / self.per) as usize], i % self.per);
+    }
+}
+
 /// Records one compute pass through `record`, which writes timestamps
-/// `0..count` into the query set it is given (one before the first
+/// `0..count` through the [`Stamps`] it is given (one before the first
 /// dispatch, one after each), then resolves and reads them back: the GPU
 /// clock in ticks of the queue's timestamp period.
 pub(crate) async fn timed_pass(
     gpu: &Gpu,
     count: u32,
-    record: impl FnOnce(&mut wgpu::ComputePass<'_>, &wgpu::QuerySet) -> Result<(), RuntimeError>,
+    record: impl FnOnce(&mut wgpu::ComputePass<'_>, &Stamps) -> Result<(), RuntimeError>,
+) -> Result<Vec<u64>, RuntimeError> {
+    timed_pass_in_sets_of(gpu, count, wgpu::QUERY_SET_MAX_QUERIES, record).await
+}
+
+/// [`timed_pass`] with query sets of `per` queries (a multiple of 32: each
+/// set resolves at `per · 8` bytes past the last, and resolves go to
+/// offsets of [`wgpu::QUERY_RESOLVE_BUFFER_ALIGNMENT`]).
+async fn timed_pass_in_sets_of(
+    gpu: &Gpu,
+    count: u32,
+    per: u32,
+    record: impl FnOnce(&mut wgpu::ComputePass<'_>, &Stamps) -> Result<(), RuntimeError>,
 ) -> Result<Vec<u64>, RuntimeError> {
     let device = &gpu.device;
-    let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
-        label: Some("profile"),
-        ty: wgpu::QueryType::Timestamp,
-        count,
-    });
+    let stamps = Stamps {
+        per,
+        sets: (0..count.div_ceil(per))
+            .map(|s| {
+                device.create_query_set(&wgpu::QuerySetDescriptor {
+                    label: Some("profile"),
+                    ty: wgpu::QueryType::Timestamp,
+                    count: (count - s * per).min(per),
+                })
+            })
+            .collect(),
+    };
     let bytes = u64::from(count) * 8;
     let resolve = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("profile resolve"),
@@ -73,9 +108,13 @@ pub(crate) async fn timed_pass(
             label: Some("profile"),
             timestamp_writes: None,
         });
-        record(&mut pass, &queries)?;
+        record(&mut pass, &stamps)?;
     }
-    enc.resolve_query_set(&queries, 0..count, &resolve, 0);
+    for (s, set) in stamps.sets.iter().enumerate() {
+        let first = s as u32 * per;
+        let offset = u64::from(first) * 8;
+        enc.resolve_query_set(set, 0..(count - first).min(per), &resolve, offset);
+    }
     enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, bytes);
     gpu.queue.submit([enc.finish()]);
     gpu.read_mapped(&read, |bytes| bytemuck::cast_slice(bytes).to_vec())
@@ -183,13 +222,13 @@ impl Session {
         self.ensure_pipelines(steps, t).await?;
         let count = (steps.len() + 1) as u32;
         let mut recorded = Vec::new();
-        let stamps = timed_pass(&self.gpu, count, |pass, queries| {
-            pass.write_timestamp(queries, 0);
+        let stamps = timed_pass(&self.gpu, count, |pass, stamps| {
+            stamps.write(pass, 0);
             for (i, s) in steps.iter().enumerate() {
                 if self.record(pass, s, t, context)? {
                     recorded.push(i);
                 }
-                pass.write_timestamp(queries, (i + 1) as u32);
+                stamps.write(pass, (i + 1) as u32);
             }
             Ok(())
         })
@@ -296,5 +335,57 @@ impl Session {
             crate::kernel_timer::time_dispatches(&self.gpu, &pipeline, &bind, [groups, 1, 1])
                 .await?;
         Ok(2.0 * bytes as f64 / secs.max(1e-12))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::device::DeviceOptions;
+
+    /// More timestamps than one query set holds (sets of 32 here, of 4,096
+    /// in use) come back whole and in order.
+    #[test]
+    fn timestamps_past_one_query_set_come_back_in_order() {
+        let options = DeviceOptions {
+            timestamps: true,
+            ..DeviceOptions::default()
+        };
+        let need = gerbil_plan::Requirements::default();
+        let gpu =
+            pollster::block_on(Gpu::open_on(&need, &options)).unwrap_or_else(|e| panic!("{e}"));
+        if !gpu.has_timestamps() {
+            return;
+        }
+        let module = gpu
+            .device
+            .create_shader_module(wgpu::ShaderModuleDescriptor {
+                label: None,
+                source: wgpu::ShaderSource::Wgsl("@compute @workgroup_size(1) fn main() {}".into()),
+            });
+        let pipeline = gpu
+            .device
+            .create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+                label: None,
+                layout: None,
+                module: &module,
+                entry_point: Some("main"),
+                compilation_options: Default::default(),
+                cache: None,
+            });
+        let count = 70;
+        let stamps = pollster::block_on(timed_pass_in_sets_of(&gpu, count, 32, |pass, stamps| {
+            stamps.write(pass, 0);
+            for i in 1..count {
+                pass.set_pipeline(&pipeline);
+                pass.dispatch_workgroups(1, 1, 1);
+                stamps.write(pass, i);
+            }
+            Ok(())
+        }))
+        .unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(stamps.len(), count as usize);
+        assert!(stamps.windows(2).all(|w| w[0] <= w[1]), "{stamps:?}");
+        assert!(stamps[count as usize - 1] > stamps[0], "{stamps:?}");
     }
 }

@@ -361,14 +361,14 @@ impl Trainer {
             bytemuck::cast_slice(targets),
         );
         let count = self.sequence.len() as u32 + 1;
-        let stamps = timed_pass(&self.gpu, count, |pass, queries| {
-            pass.write_timestamp(queries, 0);
+        let stamps = timed_pass(&self.gpu, count, |pass, stamps| {
+            stamps.write(pass, 0);
             for (i, d) in self.sequence.iter().enumerate() {
                 pass.set_pipeline(&self.pipelines[d.kernel].pipeline);
                 pass.set_bind_group(0, &d.group, &[]);
                 let [x, y, z] = d.workgroups;
                 pass.dispatch_workgroups(x, y, z);
-                pass.write_timestamp(queries, i as u32 + 1);
+                stamps.write(pass, i as u32 + 1);
             }
             Ok(())
         })
