@@ -58,8 +58,7 @@ pub fn write_model(
     sources: &[WeightSource],
     values: &[f32],
 ) -> Result<(), TrainError> {
-    let io = |e: std::io::Error| TrainError::Io(format!("{}: {e}", dir.display()));
-    std::fs::create_dir_all(dir).map_err(io)?;
+    create_dir(dir)?;
     let trained = trained_tensors(ckpt, params, sources, values)?;
     let mut tensors = Vec::new();
     for name in ckpt.weights.names() {
@@ -106,8 +105,7 @@ pub fn write_adapter(
     sources: &[WeightSource],
     values: &[f32],
 ) -> Result<(), TrainError> {
-    let io = |e: std::io::Error| TrainError::Io(format!("{}: {e}", dir.display()));
-    std::fs::create_dir_all(dir).map_err(io)?;
+    create_dir(dir)?;
     let mut adapter = adapter.clone();
     for (p, source) in params.iter().zip(sources) {
         let start = p.offset as usize;
@@ -128,6 +126,11 @@ pub fn write_adapter(
         safe_file::write_file(&dir.join(name), &bytes)?;
     }
     copy_companions(ckpt, dir)
+}
+
+/// Creates `dir` (and its parents) if need be.
+fn create_dir(dir: &Path) -> Result<(), TrainError> {
+    std::fs::create_dir_all(dir).map_err(|e| TrainError::Io(format!("{}: {e}", dir.display())))
 }
 
 /// Copies `ckpt`'s config, tokenizer and generation files into `dir`.
