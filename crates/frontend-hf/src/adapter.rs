@@ -154,6 +154,14 @@ impl Adapter {
         })?;
         let config = parse_config(&json, &path)?;
         let weights = dir.join(ADAPTER_WEIGHTS);
+        if !weights.is_file() && dir.join("adapter_model.bin").is_file() {
+            return Err(bad(
+                &dir.join("adapter_model.bin"),
+                "a pickled adapter cannot be read; save it as safetensors (PEFT's \
+                 `save_pretrained(..., safe_serialization=True)`)"
+                    .into(),
+            ));
+        }
         let store = WeightStore::open_files(std::slice::from_ref(&weights))?;
         let mut factors = BTreeMap::new();
         for name in store.names() {
@@ -177,6 +185,9 @@ impl Adapter {
             merged: true,
         };
         adapter.check_pairs(&weights)?;
+        if adapter.factors.is_empty() {
+            return Err(bad(&weights, "it holds no LoRA factors".into()));
+        }
         Ok(adapter)
     }
 
@@ -237,6 +248,11 @@ impl Adapter {
                 );
             }
         }
+        if factors.is_empty() {
+            return Err(option(
+                "no projection to adapt: name some with --lora-targets".into(),
+            ));
+        }
         // Drawn in name order, whatever order the targets came in.
         for (name, factor) in factors.iter_mut() {
             if name.ends_with(".lora_A.weight") {
@@ -251,6 +267,37 @@ impl Adapter {
             factors,
             merged: false,
         })
+    }
+
+    /// Every factor pair fits the weight it adapts in `weights` (`B·A` has
+    /// its `[out, in]`), which must be there: otherwise the adapter was
+    /// made for another model.
+    pub fn check_fits(&self, weights: &WeightStore, path: &Path) -> Result<()> {
+        for w in self.adapted() {
+            let other = || {
+                bad(
+                    path,
+                    format!("it adapts `{w}`, which its base model does not have: it was trained for another model"),
+                )
+            };
+            if !weights.contains(&w) {
+                return Err(other());
+            }
+            let (_, shape) = weights.tensor_type(&w)?;
+            let (a, b) = factor_names(&w);
+            let (a, b) = (&self.factors[&a], &self.factors[&b]);
+            if shape != [b.shape[0], a.shape[1]] {
+                return Err(bad(
+                    path,
+                    format!(
+                        "the factors of `{w}` ({}×{} and {}×{}) do not fit its shape {shape:?}: \
+                         it was trained for another model",
+                        b.shape[0], b.shape[1], a.shape[0], a.shape[1]
+                    ),
+                ));
+            }
+        }
+        Ok(())
     }
 
     /// Every `(A, B)` pair has both factors, of shapes `[r, in]` and `[out, r]`.
@@ -337,6 +384,9 @@ impl Adapter {
             )
         })?;
         let (r, inp) = (r as usize, inp as usize);
+        if inp == 0 || r == 0 {
+            return Ok(view);
+        }
         let scale = self.config.scale();
         for (row, b_row) in w.chunks_exact_mut(inp).zip(b.values.chunks_exact(r)) {
             for (k, &bk) in b_row.iter().enumerate() {
@@ -352,21 +402,24 @@ impl Adapter {
         Ok(TensorView::from_f32(&w, view.dtype, view.shape))
     }
 
+    /// The adapted modules' names (`q_proj`, …), sorted, once each.
+    pub fn modules(&self) -> Vec<String> {
+        let mut m: Vec<String> = self
+            .adapted()
+            .iter()
+            .filter_map(|w| w.strip_suffix(".weight")?.rsplit('.').next())
+            .map(str::to_string)
+            .collect();
+        m.sort();
+        m.dedup();
+        m
+    }
+
     /// The adapter's files, `adapter_config.json` and
     /// `adapter_model.safetensors` (f32 factors), as (name, bytes).
     pub fn to_files(&self) -> Result<Vec<(&'static str, Vec<u8>)>> {
         let c = &self.config;
-        let modules: Vec<String> = {
-            let mut m: Vec<String> = self
-                .adapted()
-                .iter()
-                .filter_map(|w| w.strip_suffix(".weight")?.rsplit('.').next())
-                .map(str::to_string)
-                .collect();
-            m.sort();
-            m.dedup();
-            m
-        };
+        let modules = self.modules();
         let config = json!({
             "peft_type": "LORA",
             "task_type": "CAUSAL_LM",
@@ -453,8 +506,9 @@ fn parse_config(json: &Value, path: &Path) -> Result<LoraConfig> {
         .and_then(|r| u32::try_from(r).ok())
         .filter(|&r| r > 0)
         .ok_or_else(|| refuse("r", "expected the rank, a positive integer"))?;
+    // PEFT's default.
     let alpha = match field("lora_alpha") {
-        None => rank as f32,
+        None => 8.0,
         Some(v) => v
             .as_f64()
             .ok_or_else(|| refuse("lora_alpha", "expected a number"))? as f32,
@@ -606,6 +660,32 @@ mod tests {
             .unwrap_or_else(|e| panic!("{e}"));
         let same = adapter.apply("model.embed_tokens.weight", other.clone());
         assert_eq!(same.unwrap_or_else(|e| panic!("{e}")), other);
+    }
+
+    #[test]
+    fn an_adapter_for_another_shape_is_refused_when_it_opens() {
+        let weights = store(&[("model.layers.0.self_attn.q_proj.weight", [3, 4])]);
+        let adapter =
+            Adapter::init(&weights, config(2, &["q_proj"]), 1).unwrap_or_else(|e| panic!("{e}"));
+        adapter
+            .check_fits(&weights, Path::new("a"))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let wider = store(&[("model.layers.0.self_attn.q_proj.weight", [3, 5])]);
+        let err = adapter
+            .check_fits(&wider, Path::new("a"))
+            .err()
+            .map(|e| e.to_string());
+        assert!(err
+            .unwrap_or_default()
+            .contains("do not fit its shape [3, 5]"));
+        let other = store(&[("model.layers.0.self_attn.k_proj.weight", [3, 4])]);
+        let err = adapter
+            .check_fits(&other, Path::new("a"))
+            .err()
+            .map(|e| e.to_string());
+        assert!(err
+            .unwrap_or_default()
+            .contains("trained for another model"));
     }
 
     #[test]

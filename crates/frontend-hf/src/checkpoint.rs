@@ -196,22 +196,28 @@ impl Checkpoint {
 /// assets and weights where it has them, the rest from the base model its
 /// `adapter_config.json` names; holding the adapter, merged.
 fn open_adapter(dir: &Path) -> Result<Checkpoint> {
-    let adapter = Adapter::open(dir)?;
+    let mut adapter = Adapter::open(dir)?;
     let config = dir.join(crate::adapter::ADAPTER_CONFIG);
+    // The base as found, made absolute: a checkpoint written elsewhere
+    // names it from there.
+    let named = Path::new(&adapter.config.base);
+    let found = [dir.join(named), named.to_path_buf()]
+        .into_iter()
+        .find(|p| !adapter.config.base.is_empty() && p.join(CONFIG_FILE).is_file())
+        .map(|p| p.canonicalize().unwrap_or(p));
+    let named = adapter.config.base.clone();
     let base = || {
-        let named = Path::new(&adapter.config.base);
-        [dir.join(named), named.to_path_buf()]
-            .into_iter()
-            .find(|p| !adapter.config.base.is_empty() && p.join(CONFIG_FILE).is_file())
-            .ok_or_else(|| FrontendError::Adapter {
-                path: config.clone(),
-                why: format!(
-                    "its base model `{}` (`base_model_name_or_path`) is not a model directory \
-                     here; set it to the base checkpoint's directory",
-                    adapter.config.base
-                ),
-            })
+        found.clone().ok_or_else(|| FrontendError::Adapter {
+            path: config.clone(),
+            why: format!(
+                "its base model `{named}` (`base_model_name_or_path`) is not a model directory \
+                 here; set it to the base checkpoint's directory"
+            ),
+        })
     };
+    if let Some(found) = &found {
+        adapter.config.base = found.display().to_string();
+    }
     let mut ckpt = if dir.join(CONFIG_FILE).is_file() {
         Checkpoint::open_model(dir)?
     } else {
@@ -227,19 +233,7 @@ fn open_adapter(dir: &Path) -> Result<Checkpoint> {
         })?;
         ckpt.has_weights = true;
     }
-    if let Some(missing) = adapter
-        .adapted()
-        .into_iter()
-        .find(|w| !ckpt.weights.contains(w))
-    {
-        return Err(FrontendError::Adapter {
-            path: config,
-            why: format!(
-                "it adapts `{missing}`, which its base model does not have: it was trained \
-                 for another model"
-            ),
-        });
-    }
+    adapter.check_fits(&ckpt.weights, &config)?;
     ckpt.adapter = Some(adapter);
     Ok(ckpt)
 }

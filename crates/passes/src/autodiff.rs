@@ -29,8 +29,8 @@
 use crate::manager::{Pass, PassError};
 use crate::rewrite::{add_err, has_adapters};
 use gerbil_ir::{
-    gradient_output, BinaryOp, DType, Graph, Input, NodeId, Op, TrainOp, ValueRef, WeightSource,
-    LOGITS, LOSS,
+    gradient_output, BinaryOp, DType, Graph, Input, NodeId, Op, TrainOp, UnaryOp, ValueRef,
+    WeightSource, LOGITS, LOSS,
 };
 use std::collections::{HashMap, HashSet};
 
@@ -129,11 +129,12 @@ impl Grads<'_> {
         self.graph.add(op, ins, label).map_err(add_err(NAME))
     }
 
-    /// Adds `g` to the gradient of `v` (a sum when `v` already has one).
+    /// Whether a gradient flowing into `v` can reach a trained weight.
     fn carries(&self, v: ValueRef) -> bool {
         self.trained.carries(self.graph, v)
     }
 
+    /// Adds `g` to the gradient of `v` (a sum when `v` already has one).
     fn accumulate(&mut self, v: ValueRef, g: ValueRef) -> Result<(), PassError> {
         if !self.carries(v) {
             return Ok(());
@@ -207,6 +208,12 @@ impl Grads<'_> {
                     let port = port as u32;
                     self.accumulate(*v, ValueRef { port, ..dq })?;
                 }
+            }
+            // A constant derivative: `dy` scaled, which keeps no activation
+            // alive for the backward (a LoRA update's `[T, out]`).
+            Op::Unary(UnaryOp::Scale(by)) => {
+                let dx = self.add(Op::Unary(UnaryOp::Scale(*by)), &[g], label(""))?;
+                self.accumulate(ins[0], dx)?;
             }
             Op::Unary(u) => {
                 let dx = self.add(train(TrainOp::UnaryGrad(*u)), &[ins[0], g], label(""))?;

@@ -26,7 +26,7 @@
 //! so tensors are rebuilt from the weights' sources, not copied by name.
 
 use crate::TrainError;
-use gerbil_frontend_hf::adapter::Adapter;
+use gerbil_frontend_hf::adapter::{Adapter, ADAPTER_CONFIG, ADAPTER_WEIGHTS};
 use gerbil_frontend_hf::{Checkpoint, TensorView};
 use gerbil_ir::{DType, WeightSource};
 use gerbil_plan::{safe_file, Parameter};
@@ -91,7 +91,22 @@ pub fn write_model(
     let bytes = safetensors::serialize(views, Some(metadata))
         .map_err(|e| TrainError::Export(e.to_string()))?;
     safe_file::write_file(&dir.join("model.safetensors"), &bytes)?;
+    // An adapter an earlier run left here would open merged into these.
+    remove_stale(dir, &[ADAPTER_CONFIG, ADAPTER_WEIGHTS])?;
     copy_companions(ckpt, dir)
+}
+
+/// Removes `files` from `dir` where they are: what a run of the other kind
+/// (whole model, adapter) left in the same output directory.
+fn remove_stale(dir: &Path, files: &[&str]) -> Result<(), TrainError> {
+    for f in files {
+        let path = dir.join(f);
+        if path.is_file() {
+            std::fs::remove_file(&path)
+                .map_err(|e| TrainError::Io(format!("{}: {e}", path.display())))?;
+        }
+    }
+    Ok(())
 }
 
 /// Writes `adapter` with its trained factors `values` (the parameter
@@ -125,6 +140,8 @@ pub fn write_adapter(
     for (name, bytes) in adapter.to_files()? {
         safe_file::write_file(&dir.join(name), &bytes)?;
     }
+    // A model an earlier run left here would be taken for the base.
+    remove_stale(dir, &["model.safetensors", "model.safetensors.index.json"])?;
     copy_companions(ckpt, dir)
 }
 

@@ -80,7 +80,27 @@ fn prepare_adapter(
                 adapter.config.rank, l.rank, adapter.config.rank, adapter.config.base
             )))
         }
-        (Some(adapter), Some(_)) => {
+        (Some(adapter), Some(l)) => {
+            // The adapter's own settings stand: a different one asked for is
+            // a new adapter, not this one.
+            let modules = adapter.modules();
+            let differs = l.alpha.is_some_and(|a| a != adapter.config.alpha)
+                || l.targets.as_ref().is_some_and(|t| {
+                    let mut t = t.clone();
+                    t.sort();
+                    t.dedup();
+                    t != modules
+                });
+            if differs {
+                return Err(TrainError::Options(format!(
+                    "the checkpoint's adapter has alpha {} over {}; leave out --lora-alpha and \
+                     --lora-targets to go on training it, or train a new adapter on its base \
+                     model {}",
+                    adapter.config.alpha,
+                    modules.join(","),
+                    adapter.config.base
+                )));
+            }
             adapter.merged = false;
             Ok(true)
         }
@@ -88,6 +108,11 @@ fn prepare_adapter(
             adapter.merged = false;
             Ok(true)
         }
+        (None, Some(_)) if resume => Err(TrainError::Options(
+            "the checkpoint holds a whole model, not an adapter: resume it without --lora, or \
+             start a new adapter on it without --resume"
+                .into(),
+        )),
         (None, Some(l)) => {
             ckpt.adapter = Some(new_adapter(ckpt, l)?);
             Ok(true)
@@ -105,7 +130,9 @@ pub fn new_adapter(ckpt: &Checkpoint, lora: &LoraOptions) -> Result<Adapter, Tra
             .iter()
             .filter(|t| {
                 let suffix = format!(".{t}.weight");
-                names.iter().any(|n| n.ends_with(&suffix))
+                names
+                    .iter()
+                    .any(|n| n.ends_with(&suffix) && n.contains(".layers."))
             })
             .map(|t| t.to_string())
             .collect()
@@ -160,8 +187,15 @@ impl Run {
         resume: bool,
     ) -> Result<Run, TrainError> {
         opts.hyper.check()?;
+        // An adapter's state is in its own directory (a PEFT adapter's
+        // checkpoint holds the base model's `dir`).
+        let state_dir = ckpt
+            .adapter
+            .as_ref()
+            .and_then(|a| a.dir.clone())
+            .unwrap_or_else(|| ckpt.dir.clone());
         if resume {
-            OptimizerState::check_present(&ckpt.dir)?;
+            OptimizerState::check_present(&state_dir)?;
         }
         if opts.batch == 0 {
             return Err(TrainError::Options("--batch must be at least 1".into()));
@@ -222,7 +256,7 @@ impl Run {
         let (mut step, mut applied) = (0, 0);
         if resume {
             let parameters = &trainer.plan().parameters;
-            let state = OptimizerState::load(&ckpt.dir, parameters, opts.eight_bit, &batches)?;
+            let state = OptimizerState::load(&state_dir, parameters, opts.eight_bit, &batches)?;
             for (holds, bytes) in &state.buffers {
                 trainer.write(*holds, bytes)?;
             }

@@ -64,7 +64,7 @@ struct Cli {
     #[arg(long, value_name = "R", value_parser = whole_u32)]
     lora: Option<u32>,
     /// The adapter's alpha: its update is scaled by A/R [default: R].
-    #[arg(long, value_name = "A", requires = "lora")]
+    #[arg(long, value_name = "A", requires = "lora", value_parser = alpha)]
     lora_alpha: Option<f32>,
     /// The projections the adapter covers, by module name [default: those
     /// of q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj the model has].
@@ -73,7 +73,9 @@ struct Cli {
     /// The seed of the shuffle and of the adapter's starting values.
     #[arg(long, value_name = "S", default_value_t = 0, value_parser = whole_u64)]
     seed: u64,
-    /// Where the trained model goes (HF format, with the optimizer state).
+    /// Where the trained model goes (HF format, with the optimizer state;
+    /// with --lora, the adapter in PEFT's files and the model's config and
+    /// tokenizer).
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
     /// Write one JSON line per step here: step, loss, grad_norm, lr,
@@ -105,6 +107,15 @@ struct Cli {
 /// `--steps`, `--save-every`: a positive count.
 fn at_least_one(s: &str) -> Result<u64, String> {
     positive(s, "must be at least 1").map(|n| n as u64)
+}
+
+/// `--lora-alpha`: a finite, positive number.
+fn alpha(s: &str) -> Result<f32, String> {
+    match s.parse::<f32>() {
+        Ok(a) if a.is_finite() && a > 0.0 => Ok(a),
+        Ok(_) => Err("give a finite number above 0".into()),
+        Err(e) => Err(format!("{e}: give a number")),
+    }
 }
 
 fn whole_u32(s: &str) -> Result<u32, String> {

@@ -368,4 +368,26 @@ fn a_lora_run_writes_an_adapter_that_compiles_merged_and_resumes_exactly() {
     ];
     let err = refused(&args.concat());
     assert!(err.contains("has rank 2, --lora asks for 3"), "{err}");
+    let resume = ["--resume", "--lora", "2", "--lora-alpha", "5"];
+    let err = refused(&[flags(s(&half), d, "4", s(&out)), resume.to_vec()].concat());
+    assert!(
+        err.contains("has alpha 4 over") && err.contains("leave out --lora-alpha"),
+        "{err}"
+    );
+    let nan = ["--lora", "2", "--lora-alpha", "nan"];
+    let bad_alpha = gerbil_train(&[flags(m, d, "2", s(&out)), nan.to_vec()].concat());
+    assert_eq!(bad_alpha.status.code(), Some(2), "{}", stderr(&bad_alpha));
+    // A whole model's checkpoint does not resume as an adapter.
+    let full = dir.path().join("full");
+    let o = gerbil_train(&flags(m, d, "1", s(&full)));
+    assert!(o.status.success(), "{}", stderr(&o));
+    let resume = ["--resume", "--lora", "2"];
+    let err = refused(&[flags(s(&full), d, "2", s(&out)), resume.to_vec()].concat());
+    assert!(err.contains("holds a whole model, not an adapter"), "{err}");
+    // A whole-model run into the adapter's directory leaves no adapter
+    // behind to be merged into its weights.
+    let o = gerbil_train(&flags(m, d, "1", s(&half)));
+    assert!(o.status.success(), "{}", stderr(&o));
+    assert!(half.join("model.safetensors").is_file());
+    assert!(!half.join("adapter_config.json").exists());
 }
