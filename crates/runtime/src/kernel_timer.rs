@@ -45,42 +45,17 @@ pub async fn time_dispatches(
             "this device has no timestamp queries inside compute passes; timing needs them".into(),
         ));
     }
-    let device = &gpu.device;
-    let queries = device.create_query_set(&wgpu::QuerySetDescriptor {
-        label: Some("kernel timer"),
-        ty: wgpu::QueryType::Timestamp,
-        count: 2 * RUNS,
-    });
-    let stamp_bytes = u64::from(2 * RUNS) * 8;
-    let resolve = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("kernel timer resolve"),
-        size: stamp_bytes,
-        usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
-        mapped_at_creation: false,
-    });
-    let read = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("kernel timer read"),
-        size: stamp_bytes,
-        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    let mut enc = device.create_command_encoder(&Default::default());
-    {
-        let mut pass = enc.begin_compute_pass(&Default::default());
+    let stamps = crate::profile::timed_pass(gpu, 2 * RUNS, |pass, stamps| {
         pass.set_pipeline(pipeline);
         pass.set_bind_group(0, bind, &[]);
         for r in 0..RUNS {
-            pass.write_timestamp(&queries, 2 * r);
+            stamps.write(pass, 2 * r);
             pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
-            pass.write_timestamp(&queries, 2 * r + 1);
+            stamps.write(pass, 2 * r + 1);
         }
-    }
-    enc.resolve_query_set(&queries, 0..2 * RUNS, &resolve, 0);
-    enc.copy_buffer_to_buffer(&resolve, 0, &read, 0, stamp_bytes);
-    gpu.queue.submit([enc.finish()]);
-    let stamps: Vec<u64> = gpu
-        .read_mapped(&read, |b| bytemuck::cast_slice(b).to_vec())
-        .await?;
+        Ok(())
+    })
+    .await?;
     let period = f64::from(gpu.queue.get_timestamp_period());
     let mut secs: Vec<f64> = stamps
         .chunks_exact(2)

@@ -370,6 +370,35 @@ struct Pieces {
     part_bytes: u64,
 }
 
+impl Pieces {
+    fn new(rows: Rows, cols: u32, pieces: u32, stride: u32) -> Pieces {
+        let part_bytes = 4 * u64::from(pieces) * u64::from(stride) * u64::from(cols);
+        Pieces {
+            rows,
+            cols,
+            pieces,
+            stride,
+            part_bytes,
+        }
+    }
+
+    /// The two dispatches: `wgsl` (each piece a workgroup z, its partials
+    /// into the scratch) named `KIND_pieces_TAG`, then the sum into `out`.
+    fn dispatches(
+        &self,
+        kind: &str,
+        tag: &str,
+        wgsl: String,
+        b: Bindings,
+        out: &str,
+    ) -> Vec<KernelSource> {
+        let name = format!("{kind}_pieces_{tag}");
+        let product = batched_launch(name, wgsl, b, self.rows, self.cols, self.pieces);
+        let sum = sum_pieces(format!("{kind}_sum_{tag}"), out, self);
+        vec![product, sum]
+    }
+}
+
 /// The second dispatch of a product cut into pieces: a thread per output
 /// of `out` sums the pieces' partials in the scratch.
 fn sum_pieces(name: String, out: &str, p: &Pieces) -> KernelSource {
@@ -430,8 +459,8 @@ pub fn matmul_grad_x(n: u32, k: u32, wdtype: DType, max_rows: u32) -> Vec<Kernel
         let name = format!("matmul_grad_x_{wdtype}_n{n}_k{k}");
         return vec![tiled_launch(name, w, b, Rows::Tokens, k)];
     }
-    let part_bytes = 4 * u64::from(pieces) * u64::from(max_rows) * u64::from(k);
-    b.scratch(&mut w, "part", part_bytes);
+    let layout = Pieces::new(Rows::Tokens, k, pieces, max_rows);
+    b.scratch(&mut w, "part", layout.part_bytes);
     let dy = Operand {
         load: "dy[i * N + z * CHUNK + l]",
         rows_first: false,
@@ -444,23 +473,7 @@ pub fn matmul_grad_x(n: u32, k: u32, wdtype: DType, max_rows: u32) -> Vec<Kernel
         "min(CHUNK, N - min(z * CHUNK, N))",
     ));
     let tag = format!("{wdtype}_n{n}_k{k}_p{pieces}_t{max_rows}");
-    let product = batched_launch(
-        format!("matmul_grad_x_pieces_{tag}"),
-        w,
-        b,
-        Rows::Tokens,
-        k,
-        pieces,
-    );
-    let layout = Pieces {
-        rows: Rows::Tokens,
-        cols: k,
-        pieces,
-        stride: max_rows,
-        part_bytes,
-    };
-    let sum = sum_pieces(format!("matmul_grad_x_sum_{tag}"), "dx", &layout);
-    vec![product, sum]
+    layout.dispatches("matmul_grad_x", &tag, w, b, "dx")
 }
 
 /// `dw = dyᵀ · x` for `dy` `[T, n]` and `x` `[T, k]` in steps of at most
@@ -500,8 +513,8 @@ pub fn matmul_grad_w(n: u32, k: u32, max_rows: u32) -> Vec<KernelSource> {
             k,
         )];
     }
-    let part_bytes = 4 * u64::from(pieces) * u64::from(n) * u64::from(k);
-    b.scratch(&mut w, "part", part_bytes);
+    let layout = Pieces::new(Rows::Fixed(n), k, pieces, n);
+    b.scratch(&mut w, "part", layout.part_bytes);
     let dy_t = Operand {
         load: "dy[(z * CHUNK + l) * N + i]",
         rows_first: true,
@@ -514,23 +527,7 @@ pub fn matmul_grad_w(n: u32, k: u32, max_rows: u32) -> Vec<KernelSource> {
         "min(CHUNK, params.t - min(z * CHUNK, params.t))",
     ));
     let tag = format!("n{n}_k{k}_p{pieces}_t{max_rows}");
-    let product = batched_launch(
-        format!("matmul_grad_w_pieces_{tag}"),
-        w,
-        b,
-        Rows::Fixed(n),
-        k,
-        pieces,
-    );
-    let layout = Pieces {
-        rows: Rows::Fixed(n),
-        cols: k,
-        pieces,
-        stride: n,
-        part_bytes,
-    };
-    let sum = sum_pieces(format!("matmul_grad_w_sum_{tag}"), "dw", &layout);
-    vec![product, sum]
+    layout.dispatches("matmul_grad_w", &tag, w, b, "dw")
 }
 
 /// The backward of `rms_norm` over rows of `width` in `n.groups` slices,
