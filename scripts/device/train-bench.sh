@@ -14,6 +14,8 @@
 # the output. With LORA=R, both also train a rank-R adapter (`--lora R --lora-alpha 2R`), and
 # gerbil-train's LoRA run of $TWIN_STEPS steps (default 30, lr 1e-3, batch 2 of 256 tokens) is
 # checked against PyTorch's twin (train-torch.py --lora: the same starting factors), step by step.
+# With MIXED=1, gerbil-train also runs with --precision mixed (every matmul on tensor cores), and
+# a mixed run of $TWIN_STEPS steps is checked against PyTorch's f32 twin the same way.
 # Writes logs to $OUT (or /tmp/gerbil-train-bench) and prints one markdown table.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
@@ -29,8 +31,20 @@ echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 shapes=("$@")
 [ ${#shapes[@]} -eq 0 ] && shapes=("${default_shapes[@]}")
 lora=${LORA:-}
-rows=("| shape | seq × batch | gerbil-train | PyTorch f32 | PyTorch bf16 autocast |${lora:+ gerbil-train --lora $lora | PyTorch f32 --lora $lora |}"
-    "|---|---|---|---|---|${lora:+---|---|}")
+mixed=${MIXED:-}
+rows=("| shape | seq × batch | gerbil-train | PyTorch f32 | PyTorch bf16 autocast |${mixed:+ gerbil-train --precision mixed |}${lora:+ gerbil-train --lora $lora | PyTorch f32 --lora $lora |}"
+    "|---|---|---|---|---|${mixed:+---|}${lora:+---|---|}")
+# Step-by-step losses of two runs' logs: the worst relative difference.
+compare() {
+    python3 - "$1" "$2" "$3" <<'PY'
+import json, sys
+g, t = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
+worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(g, t)) if g and t else float("nan")
+print(f"{sys.argv[3]}, {min(len(g), len(t))} steps: loss {t[0]['loss']:.4f} -> "
+      f"{t[-1]['loss']:.4f} (PyTorch), {g[-1]['loss']:.4f} (gerbil); worst relative difference {worst:.1e}")
+PY
+}
+twin=(--data data/moby-dick.txt --steps "${TWIN_STEPS:-30}" --seq-len 256 --batch 2 --lr 1e-3)
 for cfg in "${shapes[@]}"; do
     name=$(basename "$(dirname "$cfg")")
     work=/tmp/train-$name
@@ -66,6 +80,21 @@ PY
     f32=$(torch_rate none)
     bf16=$(torch_rate bf16)
     row="| $name | $seq × $batch | $gerbil | $f32 | $bf16 |"
+    if [ -n "$mixed" ]; then
+        .device/bin/gerbil-train "$work/model" --data data/moby-dick.txt --steps "$steps" \
+            --seq-len "$seq" --batch "$batch" --lr 1e-5 --out "$work/mixed-out" --precision mixed \
+            --json-log "$out/gerbil-mixed-$name.jsonl" -q --profile "$out/profile-mixed-$name.json" \
+            > "$out/gerbil-mixed-$name.log" 2>&1 ||
+            { echo "$name: gerbil-train --precision mixed failed"; tail -5 "$out/gerbil-mixed-$name.log"; }
+        grep -A16 "one sequence" "$out/gerbil-mixed-$name.log"
+        row+=" $(gerbil_rate "$out/gerbil-mixed-$name.jsonl") |"
+        .device/bin/gerbil-train "$work/model" "${twin[@]}" --precision mixed -q \
+            --out "$work/twin-mixed-out" --json-log "$out/twin-mixed-gerbil-$name.jsonl" > /dev/null 2>&1
+        python3 scripts/device/train-torch.py --model "$work/model" "${twin[@]}" \
+            --json-log "$out/twin-f32-torch-$name.jsonl" 2> "$out/twin-f32-torch-$name.log"
+        compare "$out/twin-mixed-gerbil-$name.jsonl" "$out/twin-f32-torch-$name.jsonl" \
+            "$name mixed twin (PyTorch f32)"
+    fi
     if [ -n "$lora" ]; then
         lora_flags=(--lora "$lora" --lora-alpha "$((2 * lora))")
         .device/bin/gerbil-train "$work/model" --data data/moby-dick.txt --steps "$steps" \
@@ -76,18 +105,11 @@ PY
         grep -A16 "one sequence" "$out/gerbil-lora-$name.log"
         grep -h "GPU buffers" "$out/gerbil-$name.log" "$out/gerbil-lora-$name.log"
         row+=" $(gerbil_rate "$out/gerbil-lora-$name.jsonl") | $(torch_rate none "${lora_flags[@]}") |"
-        twin=(--data data/moby-dick.txt --steps "${TWIN_STEPS:-30}" --seq-len 256 --batch 2 --lr 1e-3)
         .device/bin/gerbil-train "$work/model" "${twin[@]}" "${lora_flags[@]}" -q \
             --out "$work/twin-out" --json-log "$out/twin-gerbil-$name.jsonl" > /dev/null 2>&1
         python3 scripts/device/train-torch.py --model "$work/model" "${twin[@]}" "${lora_flags[@]}" \
             --json-log "$out/twin-torch-$name.jsonl" 2> "$out/twin-torch-$name.log"
-        python3 - "$out/twin-gerbil-$name.jsonl" "$out/twin-torch-$name.jsonl" "$name" <<'PY'
-import json, sys
-g, t = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(g, t)) if g and t else float("nan")
-print(f"{sys.argv[3]} LoRA twin, {min(len(g), len(t))} steps: loss {t[0]['loss']:.4f} -> "
-      f"{t[-1]['loss']:.4f} (PyTorch), {g[-1]['loss']:.4f} (gerbil); worst relative difference {worst:.1e}")
-PY
+        compare "$out/twin-gerbil-$name.jsonl" "$out/twin-torch-$name.jsonl" "$name LoRA twin"
     fi
     rows+=("$row")
 done

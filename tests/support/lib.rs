@@ -3,6 +3,7 @@
 //! and a lock that keeps GPU tests from running at the same time (lavapipe
 //! already uses every core).
 
+pub mod coop_emulation;
 pub mod kernel_harness;
 
 pub use gerbil_interp::{interpreter, reference};

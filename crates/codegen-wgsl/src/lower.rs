@@ -123,6 +123,9 @@ pub struct Lowering<'g> {
     pub max_context: u32,
     /// Largest step (`T`) of a prefill schedule.
     pub max_tokens: u32,
+    /// Smallest step of a prefill schedule: 1 in a plan, the sequence
+    /// length in a training step (whose steps are all that long).
+    pub min_tokens: u32,
     /// Largest step of the batch schedule.
     pub max_batch: u32,
     /// The target's limits (a variant may allow its kernels more
@@ -221,7 +224,8 @@ impl Lowering<'_> {
     /// Whether prefill steps of at most [`SHORT_PROMPT`] tokens run node
     /// `id` through a kernel of their own ([`Phase::ShortPrefill`]): a
     /// matmul over the step's rows (not one that reads the last row alone)
-    /// in a GPU variant with subgroups, in a plan whose steps can be longer.
+    /// in a GPU variant with subgroups, in a plan whose steps can be longer
+    /// and shorter (not a training step's, all of one length).
     pub fn has_short_form(&self, id: NodeId, variant: &VariantSpec) -> bool {
         let node = self.graph.node(id);
         let last_row = match &node.op {
@@ -232,6 +236,7 @@ impl Lowering<'_> {
         !last_row
             && rows_of(&node.outputs[0]) == Rows::Tokens
             && self.max_tokens > SHORT_PROMPT
+            && self.min_tokens <= SHORT_PROMPT
             && variant.features.contains(&Feature::Subgroups)
             && !variant.features.contains(&Feature::Cpu)
     }
@@ -247,7 +252,7 @@ impl Lowering<'_> {
     ) -> Result<Vec<Lowered>, CodegenError> {
         match &self.graph.node(id).op {
             Op::Train(t) => Ok(self
-                .train_kernels(id, t)?
+                .train_kernels(id, t, variant)?
                 .into_iter()
                 .map(|source| Lowered {
                     source,

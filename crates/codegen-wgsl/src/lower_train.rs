@@ -4,27 +4,36 @@
 //!
 //! A training step is a prefill step of `T` = the sequence length at `P` =
 //! 0, so every kernel here reads `T` from the step parameters and the
-//! caches are `max_context` = `T` rows. The surprise: a weight split into
+//! caches are `max_context` = `T` rows. In a variant with cooperative
+//! matrices (mixed precision) the matmul gradients run on tensor cores
+//! ([`grad_coop`]), as its forward matmuls do. In a variant with cooperative
+//! matrices (mixed precision) the matmul gradients run on tensor cores
+//! ([`grad_coop`]), as its forward matmuls do. The surprise: a weight split into
 //! row shards is refused, not lowered — training binds every weight whole
 //! (as a range of the parameter buffer, `crate::training`), which the
 //! shards' sizes would contradict.
 
-use crate::kernels::{backward, rope, KernelSource};
+use crate::kernels::{backward, grad_coop, rope, KernelSource};
 use crate::lower::Lowering;
+use crate::variant::VariantSpec;
 use crate::CodegenError;
 use gerbil_ir::{NodeId, TrainOp};
+use gerbil_plan::Feature;
 
 impl Lowering<'_> {
     /// The kernels of training node `id`, whose op is `op`, in the order
     /// they run: one for every op but the norm's backward and attention's
     /// log-sum-exp (two each, [`backward::rms_norm_grad`],
     /// [`backward::attention_lse`]) and attention's backward (eight,
-    /// [`backward::attention_grad`]).
+    /// [`backward::attention_grad`]), and the matmul gradients on tensor
+    /// cores (three each, [`grad_coop`]) where `variant` has them.
     pub(crate) fn train_kernels(
         &self,
         id: NodeId,
         op: &TrainOp,
+        variant: &VariantSpec,
     ) -> Result<Vec<KernelSource>, CodegenError> {
+        let coop = variant.features.contains(&Feature::CooperativeMatrix);
         let g = self.graph;
         let node = g.node(id);
         let ins = g.inputs(id);
@@ -44,6 +53,21 @@ impl Lowering<'_> {
         let one = match op {
             TrainOp::CrossEntropy => backward::cross_entropy(width(0), self.max_tokens),
             TrainOp::CrossEntropyGrad => backward::cross_entropy_grad(width(0)),
+            TrainOp::MatMulGradX if coop => {
+                return Ok(grad_coop::matmul_grad_x(
+                    width(0),
+                    width(1),
+                    ty(1).dtype,
+                    self.max_tokens,
+                ))
+            }
+            TrainOp::MatMulGradW if coop => {
+                return Ok(grad_coop::matmul_grad_w(
+                    width(0),
+                    width(1),
+                    self.max_tokens,
+                ))
+            }
             TrainOp::MatMulGradX => {
                 return Ok(backward::matmul_grad_x(
                     width(0),

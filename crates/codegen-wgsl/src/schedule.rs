@@ -184,6 +184,7 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         shard_rows: &layout.sources.buffers.shard_rows,
         max_context: opts.max_context as u32,
         max_tokens: opts.max_tokens_per_step as u32,
+        min_tokens: 1,
         max_batch: opts.max_batch,
         target: &opts.target,
         gemm_tiles: &opts.gemm_tiles,

@@ -55,6 +55,10 @@ pub struct TrainingOptions {
     pub batch: u32,
     /// AdamW's moments in 8 bits (`kernels::adamw::adamw_update_8bit`).
     pub eight_bit: bool,
+    /// Mixed precision: every matmul, forward and backward, on tensor
+    /// cores ([`VariantSpec::training_mixed`]); the target must have
+    /// cooperative matrices.
+    pub mixed: bool,
     /// Features and limits to compile for.
     pub target: Target,
 }
@@ -88,7 +92,20 @@ pub fn generate_training(
         gemm_tiles: GemmTiles::new(),
         max_batch: 0,
     };
-    let spec = VariantSpec::portable(Precision::F32, ROWS_PER_WORKGROUP);
+    let spec = if opts.mixed {
+        VariantSpec::training_mixed(ROWS_PER_WORKGROUP)
+    } else {
+        VariantSpec::portable(Precision::F32, ROWS_PER_WORKGROUP)
+    };
+    if let Some(missing) = spec.features.iter().find(|f| !opts.target.has(**f)) {
+        return Err(CodegenError::Unsupported {
+            label: "the training step".into(),
+            reason: format!(
+                "mixed precision needs the `{missing:?}` feature, which the target lacks; \
+                 train in f32 on this device"
+            ),
+        });
+    }
     let sources = sources::place(graph, &order, &copts, std::slice::from_ref(&spec))?;
     let target_ids = sources.target_ids.ok_or_else(|| {
         CodegenError::Graph(
@@ -110,6 +127,7 @@ pub fn generate_training(
         shard_rows: &layout.sources.buffers.shard_rows,
         max_context: opts.seq_len,
         max_tokens: opts.seq_len,
+        min_tokens: opts.seq_len,
         max_batch: 0,
         target: &opts.target,
         gemm_tiles: &copts.gemm_tiles,

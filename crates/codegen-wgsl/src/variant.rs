@@ -147,6 +147,25 @@ impl VariantSpec {
 }
 
 impl VariantSpec {
+    /// The variant of a mixed-precision training step: [`VariantSpec::portable`]
+    /// at f32 (activations, caches, norms, attention and the optimizer in f32)
+    /// with every matmul on tensor cores, the forward ones as `tensor-f16`'s
+    /// ([`crate::kernels::gemm_coop`]) and their gradients
+    /// ([`crate::kernels::grad_coop`]): f16 operands, one of them in two parts,
+    /// and f32 sums.
+    pub fn training_mixed(prefill_rows_per_workgroup: u32) -> Self {
+        VariantSpec {
+            name: "tensor-mixed",
+            features: vec![
+                Feature::ShaderF16,
+                Feature::Subgroups,
+                Feature::CooperativeMatrix,
+            ],
+            workgroup_storage: Some(TENSOR_WORKGROUP_STORAGE),
+            ..Self::portable(Precision::F32, prefill_rows_per_workgroup)
+        }
+    }
+
     /// For CPU adapters: [`VariantSpec::portable`] at f32 with every matmul
     /// and attention scheduled for SIMD lanes ([`crate::kernels::matmul_cpu`],
     /// [`crate::kernels::attention_cpu`]) and the next-token choice in small

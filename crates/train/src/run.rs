@@ -40,6 +40,8 @@ pub struct RunOptions {
     pub hyper: Hyperparameters,
     /// AdamW's moments in 8 bits.
     pub eight_bit: bool,
+    /// Every matmul on tensor cores (`--precision mixed`).
+    pub mixed: bool,
     /// Shuffle the windows with this seed (each pass over them in a new
     /// order); `None`: in file order.
     pub shuffle: Option<u64>,
@@ -61,6 +63,30 @@ pub struct LoraOptions {
     pub targets: Option<Vec<String>>,
     /// Seeds the `A` factors' start.
     pub seed: u64,
+}
+
+/// The target of a mixed-precision run on `gpu`: [`Target::desktop`]'s
+/// features, which the device must have (cooperative matrices of f16, f16
+/// and subgroups), or an error that names what it lacks.
+fn mixed_target(gpu: &Gpu) -> Result<Target, TrainError> {
+    let target = Target::desktop();
+    let have = gerbil_runtime::variant::device_features(gpu);
+    let missing: Vec<String> = target
+        .features
+        .iter()
+        .filter(|f| !have.contains(f))
+        .map(|f| format!("{f:?}"))
+        .collect();
+    if missing.is_empty() {
+        return Ok(target);
+    }
+    Err(TrainError::Options(format!(
+        "--precision mixed runs every matmul on tensor cores, and the adapter `{}` lacks {} \
+         (cooperative matrices of f16 with f32 sums, f16 and subgroups are needed); train \
+         with --precision f32",
+        gpu.adapter.name,
+        missing.join(", ")
+    )))
 }
 
 /// Readies `ckpt` for a LoRA run when `lora` asks for one or `resume`
@@ -232,13 +258,18 @@ impl Run {
         };
         // The device first: its binding limit is the program's.
         let gpu = Gpu::open_on(&Requirements::default(), &opts.device).await?;
-        let mut target = Target::portable();
+        let mut target = if opts.mixed {
+            mixed_target(&gpu)?
+        } else {
+            Target::portable()
+        };
         target.limits.max_storage_binding = gpu.limits.max_storage_buffer_binding_size;
         target.wide_binding = target.limits.max_storage_binding;
         let training = TrainingOptions {
             seq_len: opts.seq_len,
             batch: opts.batch,
             eight_bit: opts.eight_bit,
+            mixed: opts.mixed,
             target,
         };
         let build = gerbil_compiler::compile_training(&ckpt, &training)?;

@@ -55,6 +55,13 @@ struct Cli {
     /// bytes).
     #[arg(long, value_name = "f32|8bit", default_value = "f32", value_parser = ["f32", "8bit"])]
     optimizer_state: String,
+    /// The matmuls' precision: `f32` (every product in f32), or `mixed`
+    /// (every matmul, forward and backward, on tensor cores: f16 operands,
+    /// the activation or gradient side in two parts, f32 sums; needs a GPU
+    /// with cooperative matrices). Weights, optimizer and every other op stay
+    /// f32.
+    #[arg(long, value_name = "f32|mixed", default_value = "f32", value_parser = ["f32", "mixed"])]
+    precision: String,
     /// Take the windows in a shuffled order (a new one each pass, from
     /// --seed) instead of file order.
     #[arg(long)]
@@ -179,6 +186,7 @@ fn real_main(cli: Cli) -> Result<Ended> {
                 max_grad_norm: cli.max_grad_norm.0,
             },
             eight_bit: cli.optimizer_state == "8bit",
+            mixed: cli.precision == "mixed",
             shuffle: cli.shuffle.then_some(cli.seed),
             device: DeviceOptions {
                 adapter: cli.device,

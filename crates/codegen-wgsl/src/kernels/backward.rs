@@ -362,16 +362,16 @@ fn depth_pieces(tiles: u32, depth: u32) -> u32 {
 
 /// How a product cut into pieces lays out its output: `rows` × `cols`,
 /// each piece's partials `stride` rows after the last's in the scratch.
-struct Pieces {
+pub(super) struct Pieces {
     rows: Rows,
     cols: u32,
-    pieces: u32,
+    pub(super) pieces: u32,
     stride: u32,
-    part_bytes: u64,
+    pub(super) part_bytes: u64,
 }
 
 impl Pieces {
-    fn new(rows: Rows, cols: u32, pieces: u32, stride: u32) -> Pieces {
+    pub(super) fn new(rows: Rows, cols: u32, pieces: u32, stride: u32) -> Pieces {
         let part_bytes = 4 * u64::from(pieces) * u64::from(stride) * u64::from(cols);
         Pieces {
             rows,
@@ -401,7 +401,7 @@ impl Pieces {
 
 /// The second dispatch of a product cut into pieces: a thread per output
 /// of `out` sums the pieces' partials in the scratch.
-fn sum_pieces(name: String, out: &str, p: &Pieces) -> KernelSource {
+pub(super) fn sum_pieces(name: String, out: &str, p: &Pieces) -> KernelSource {
     let count = match p.rows {
         Rows::Fixed(n) => format!("{n}u * NC"),
         _ => "params.t * NC".to_string(),

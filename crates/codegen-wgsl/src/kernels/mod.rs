@@ -25,6 +25,7 @@ pub mod gemm_coop;
 pub mod gemv;
 pub mod gemv_batch;
 pub mod gemv_int8;
+pub mod grad_coop;
 mod linear;
 pub mod matmul;
 pub mod matmul_cpu;
