@@ -15,7 +15,9 @@
 # gerbil-train's LoRA run of $TWIN_STEPS steps (default 30, lr 1e-3, batch 2 of 256 tokens) is
 # checked against PyTorch's twin (train-torch.py --lora: the same starting factors), step by step.
 # With MIXED=1, gerbil-train also runs with --precision mixed (every matmul on tensor cores), and
-# a mixed run of $TWIN_STEPS steps is checked against PyTorch's f32 twin the same way.
+# a mixed run of $TWIN_STEPS steps is checked against PyTorch's f32 twin the same way. With
+# TORCH=0, PyTorch does not run (its columns read "-", no twin): gerbil's numbers alone, faster;
+# with F32=0, neither does gerbil-train's f32 run.
 # Writes logs to $OUT (or /tmp/gerbil-train-bench) and prints one markdown table.
 set -uo pipefail
 for f in .gl/*.deb; do dpkg -x "$f" /; done
@@ -58,12 +60,15 @@ AutoModelForCausalLM.from_config(config, dtype=torch.float32).save_pretrained(sy
 PY
     vocab=$(python3 -c "import json, sys; print(json.load(open(sys.argv[1]))['vocab_size'])" "$cfg")
     python3 scripts/device/byte-tokenizer.py --vocab "$vocab" --out "$work/model"
-    .device/bin/gerbil-train "$work/model" --data data/moby-dick.txt --steps "$steps" --seq-len "$seq" \
-        --batch "$batch" --lr 1e-5 --out "$work/out" --json-log "$out/gerbil-$name.jsonl" -q \
-        --profile "$out/profile-$name.json" > "$out/gerbil-$name.log" 2>&1 ||
-        { echo "$name: gerbil-train failed"; tail -5 "$out/gerbil-$name.log"; }
-    grep -A16 "one sequence" "$out/gerbil-$name.log"
+    if [ "${F32:-1}" != 0 ]; then
+        .device/bin/gerbil-train "$work/model" --data data/moby-dick.txt --steps "$steps" --seq-len "$seq" \
+            --batch "$batch" --lr 1e-5 --out "$work/out" --json-log "$out/gerbil-$name.jsonl" -q \
+            --profile "$out/profile-$name.json" > "$out/gerbil-$name.log" 2>&1 ||
+            { echo "$name: gerbil-train failed"; tail -5 "$out/gerbil-$name.log"; }
+        grep -A16 "one sequence" "$out/gerbil-$name.log"
+    fi
     gerbil_rate() {
+        [ -s "$1" ] || { echo "-"; return; }
         python3 - "$1" "$((batch * seq))" <<'PY'
 import json, statistics, sys
 lines = [json.loads(l) for l in open(sys.argv[1])]
@@ -73,6 +78,7 @@ PY
     }
     gerbil=$(gerbil_rate "$out/gerbil-$name.jsonl")
     torch_rate() {
+        [ "${TORCH:-1}" = 0 ] && { echo "-"; return; }
         python3 scripts/device/train-torch.py --speed --config "$(dirname "$cfg")" --steps "$steps" \
             --seq-len "$seq" --batch "$batch" --autocast "$@" 2> "$out/torch-$name-$1.log" |
             tee -a "$out/torch.jsonl" | python3 -c "import json,sys; print(round(json.load(sys.stdin)['tokens_per_s']))"
@@ -88,6 +94,8 @@ PY
             { echo "$name: gerbil-train --precision mixed failed"; tail -5 "$out/gerbil-mixed-$name.log"; }
         grep -A16 "one sequence" "$out/gerbil-mixed-$name.log"
         row+=" $(gerbil_rate "$out/gerbil-mixed-$name.jsonl") |"
+    fi
+    if [ -n "$mixed" ] && [ "${TORCH:-1}" != 0 ]; then
         .device/bin/gerbil-train "$work/model" "${twin[@]}" --precision mixed -q \
             --out "$work/twin-mixed-out" --json-log "$out/twin-mixed-gerbil-$name.jsonl" > /dev/null 2>&1
         python3 scripts/device/train-torch.py --model "$work/model" "${twin[@]}" \
