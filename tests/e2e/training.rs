@@ -985,7 +985,7 @@ fn backward_kernels_match_the_gradients() {
         ];
         let got = run_chain(&kernels, t, 0, &operands);
         check(
-            format!("{} ×{by}", kernels[0].name),
+            format!("{} ×{by}", kernels[1].name),
             check_close("dx", &back(to_f32(&got[2])), &want, 2e-5),
         );
         let x = rng.vec((t * k) as usize);
@@ -998,7 +998,7 @@ fn backward_kernels_match_the_gradients() {
         ];
         let got = run_chain(&kernels, t, 0, &operands);
         check(
-            format!("{} ×{by}", kernels[0].name),
+            format!("{} ×{by}", kernels[1].name),
             check_close("dw", &back(to_f32(&got[2])), &want, 2e-5),
         );
     }

@@ -103,7 +103,6 @@ pub fn emulate_coop(src: &KernelSource) -> KernelSource {
         lines.push(
             line.replace("enable wgpu_cooperative_matrix;", "")
                 .replace("coopLoadT<coop_mat16x16<f16, A>>(&stage[", "emu_rows(")
-                .replace("coopLoad<coop_mat16x16<f16, A>>(&stage[", "emu_cols(")
                 .replace("coopLoad<coop_mat16x16<f16, B>>(&stage[", "emu_cols(")
                 .replace("coopLoadT<coop_mat16x16<f16, B>>(&stage[", "emu_rows(")
                 .replace("coopLoad<coop_mat16x16<f32, C>>(&cs[", "emu_acc(")

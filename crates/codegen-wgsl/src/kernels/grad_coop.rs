@@ -14,22 +14,22 @@
 //!
 //! The surprise is the range: a gradient's values can be far below f16's
 //! smallest (the LM head's `dy` at SmolLM2's shape is about 4e-8, f16's
-//! smallest subnormal 6e-8), so each workgroup first reads its rows of `a`
-//! over its piece of the depth and keeps, per row, the power of two that
-//! brings the row's largest `|a|` to `[2¹³, 2¹⁴)`; the staging multiplies by
-//! it, the epilogue divides by it, both exactly (a workgroup's partial sums
-//! are its own, so its scales need agree with no other's). Scaled, `a` is
-//! staged in two f16 parts (the high one keeps f32's top 11 bits, the low
-//! one the rest), so every product is two multiply-adds and the sums see
-//! about 22 bits of `dy`; `b` is rounded to f16 once. `dw`'s `a` (`dyᵀ`)
-//! is staged depth-major, as it lies in memory, and loaded column-major,
-//! which keeps the staging's stores off each other's memory banks. Like
-//! [`super::gemm_coop`], the kernel assumes no subgroup size: it runs its
-//! subgroup tiles in as many passes as the adapter's subgroups take, and a
-//! subgroup without a tile computes a duplicate into a spare slot.
+//! smallest subnormal 6e-8), so a first dispatch takes the largest `|a|` of
+//! each row of `a` and keeps a power of two that brings it to `[2¹³, 2¹⁴)`;
+//! the staging multiplies by it, the epilogue divides by it, both exactly.
+//! Scaled, `a` is staged in two f16 parts (the high one keeps f32's top 11
+//! bits, the low one the rest), so every product is two multiply-adds and
+//! the sums see about 22 bits of `dy`; `b` is rounded to f16 once. Every
+//! dispatch of one gradient declares the scratch in the same order (the
+//! pieces' partials first, then the scales), so each binds them at the same
+//! offsets. Like [`super::gemm_coop`], the kernel assumes no subgroup size:
+//! it runs its subgroup tiles in as many passes as the adapter's subgroups
+//! take, and a subgroup without a tile computes a duplicate into a spare
+//! slot.
 
 use super::backward::{sum_pieces, Pieces};
-use super::{enable_f16, input, output, prelude, Bindings, KernelSource, Rows};
+use super::rowwise::{per_row, WG};
+use super::{enable_f16, input, output, prelude, tree_reduce, Bindings, KernelSource, Rows};
 use gerbil_ir::DType;
 use gerbil_plan::WorkgroupCount;
 use std::fmt::Write;
@@ -47,44 +47,21 @@ const THREADS: u32 = 32 * WARPS;
 /// Rows and columns of `out` per block.
 const BM: u32 = 16 * WARPS_M * FRAGS_M;
 const BN: u32 = 16 * WARPS_N * FRAGS_N;
-/// Row stride of the staged `b` tile, in f16: padded by 8, which spreads a
-/// fragment's rows over the memory banks and keeps every row 16-byte
-/// aligned (as `a`'s, [`a_stride`]).
+/// Row strides of the staged `a` and `b` tiles, in f16: padded by 8, which
+/// spreads a fragment's rows over the memory banks and keeps every row
+/// 16-byte aligned.
+const A_STRIDE: u32 = BK + 8;
 const B_STRIDE: u32 = BN + 8;
 /// Workgroups a product aims for: about two per SM of a 132-SM GPU.
 const TARGET_GROUPS: u32 = 264;
 /// Most pieces of one product's depth.
 const MAX_PIECES: u32 = 16;
 
-/// Row stride of the staged `a` tile: `BK` wide, or `BM` wide when staged
-/// depth-major (`dw`).
-const fn a_stride(rows_first: bool) -> u32 {
-    if rows_first {
-        BM + 8
-    } else {
-        BK + 8
-    }
-}
-
-/// f16 elements of one part of the staged `a` tile.
-const fn a_tile(rows_first: bool) -> u32 {
-    if rows_first {
-        BK * a_stride(true)
-    } else {
-        BM * a_stride(false)
-    }
-}
-
-/// Workgroup memory of a kernel: the staged tiles (`a` in two parts), one
-/// accumulator slot per subgroup and a spare, the threads' row maxima, the
-/// rows' scales and the subgroup count.
-pub const fn workgroup_bytes(rows_first: bool) -> u32 {
-    2 * (2 * a_tile(rows_first) + BK * B_STRIDE)
-        + 4 * (WARPS + 1) * 256
-        + 16 * THREADS
-        + 4 * BM
-        + 16
-}
+/// Workgroup memory of the product kernel: the staged tiles (`a` in two
+/// parts), one accumulator slot per subgroup and a spare, and the subgroup
+/// count.
+pub const WORKGROUP_BYTES: u32 =
+    2 * (2 * BM * A_STRIDE + BK * B_STRIDE) + 4 * (WARPS + 1) * 256 + 16;
 
 /// Pieces a product of `blocks` blocks cuts its `depth` into: enough for
 /// [`TARGET_GROUPS`] workgroups, at most [`MAX_PIECES`], each at least two
@@ -188,30 +165,36 @@ fn kernels(
 ) -> Vec<KernelSource> {
     let pieces = pieces(p.blocks(), p.max_depth);
     let layout = (pieces > 1).then(|| Pieces::new(p.rows, p.cols, pieces, p.max_rows));
+    // Every dispatch: the partials (when cut), then the scales.
+    let scratch = |b: &mut Bindings, w: &mut String| {
+        if let Some(l) = &layout {
+            b.scratch(w, "part", l.part_bytes);
+        }
+        b.scratch(w, "scales", 4 * u64::from(p.max_rows));
+    };
+    let consts = format!("const N: u32 = {n}u;\nconst NC: u32 = {}u;\n", p.cols);
+    let mut out = vec![scales(kind, tag, &consts, p, &scratch)];
     let mut w = prelude();
     w.insert_str(0, "enable wgpu_cooperative_matrix;\n");
     enable_f16(&mut w);
-    let _ = writeln!(w, "const N: u32 = {n}u;\nconst NC: u32 = {}u;", p.cols);
+    w.push_str(&consts);
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "dy");
     bind_b(&mut b, &mut w);
     let name = match &layout {
-        Some(l) => {
-            b.scratch(&mut w, "part", l.part_bytes);
-            format!("{kind}_pieces_{tag}_p{}", l.pieces)
-        }
+        Some(l) => format!("{kind}_pieces_{tag}_p{}", l.pieces),
         None => {
             b.activation(&mut w, output(0), "out");
             format!("{kind}_{tag}")
         }
     };
-    w.push_str(SCALE_OF);
+    scratch(&mut b, &mut w);
     w.push_str(&product(p, pieces));
     let row_blocks = match p.rows {
         Rows::Tokens => WorkgroupCount::per_token(1, 0, BM),
         Rows::Fixed(rows) => WorkgroupCount::fixed(rows.div_ceil(BM)),
     };
-    let mut out = vec![KernelSource {
+    out.push(KernelSource {
         name,
         wgsl: w,
         workgroup_size: [THREADS, 1, 1],
@@ -221,8 +204,8 @@ fn kernels(
             WorkgroupCount::fixed(p.cols.div_ceil(BN)),
             WorkgroupCount::fixed(pieces),
         ],
-        workgroup_bytes: workgroup_bytes(p.a_rows_first),
-    }];
+        workgroup_bytes: WORKGROUP_BYTES,
+    });
     if let Some(l) = &layout {
         out.push(sum_pieces(format!("{kind}_sum_{tag}_p{pieces}"), "out", l));
     }
@@ -235,6 +218,75 @@ fn kernels(
 const SCALE_OF: &str = "fn scale_of(m: f32) -> f32 {\n\
     \x20 let e = i32((bitcast<u32>(m) >> 23u) & 0xffu) - 127;\n\
     \x20 return bitcast<f32>(u32(clamp(13 - e, -126, 127) + 127) << 23u);\n}\n";
+
+/// Columns of `dy` one workgroup of [`scales`] takes for `dw`.
+const COLS: u32 = 32;
+
+/// The first dispatch: each row of `a`'s scale into `scales`. `dx`'s rows
+/// of `a` are `dy`'s rows (a workgroup each); `dw`'s are its columns (a
+/// thread each, reading down the step's rows).
+fn scales(
+    kind: &str,
+    tag: &str,
+    consts: &str,
+    p: &Product,
+    scratch: &dyn Fn(&mut Bindings, &mut String),
+) -> KernelSource {
+    let mut w = prelude();
+    w.push_str(consts);
+    let mut b = Bindings::new();
+    b.activation(&mut w, input(0), "dy");
+    scratch(&mut b, &mut w);
+    w.push_str(SCALE_OF);
+    let name = format!("{kind}_scales_{tag}");
+    if p.a_rows_first {
+        // 32 columns a workgroup, 8 threads a column each taking every
+        // 8th row: consecutive threads read consecutive columns, and a
+        // thread reads an eighth of the step's rows (one thread a column
+        // took an H200 6–7 ms a sequence at 512 rows).
+        let _ = write!(
+            w,
+            "var<workgroup> red: array<f32, {WG}>;\n\
+             @compute @workgroup_size({WG}, 1, 1)\n\
+             fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+             \x20 let c = lid.x % {COLS}u;\n  let g = lid.x / {COLS}u;\n\
+             \x20 let j = min(wid.x * {COLS}u + c, N - 1u);\n\
+             \x20 var m = 0.0f;\n\
+             \x20 for (var t = g; t < params.t; t = t + {groups}u) {{ m = max(m, abs(dy[t * N + j])); }}\n\
+             \x20 red[lid.x] = m;\n  workgroupBarrier();\n\
+             \x20 if (g == 0u && wid.x * {COLS}u + c < N) {{\n\
+             \x20   for (var q = 1u; q < {groups}u; q = q + 1u) {{ m = max(m, red[q * {COLS}u + c]); }}\n\
+             \x20   scales[j] = scale_of(m);\n\
+             \x20 }}\n}}\n",
+            groups = WG / COLS,
+        );
+        return KernelSource {
+            name,
+            wgsl: w,
+            workgroup_size: [WG, 1, 1],
+            bindings: b.finish(),
+            workgroups: [
+                WorkgroupCount::fixed(p.max_rows.div_ceil(COLS)),
+                WorkgroupCount::fixed(1),
+                WorkgroupCount::fixed(1),
+            ],
+            workgroup_bytes: 4 * WG,
+        };
+    }
+    let _ = write!(
+        w,
+        "var<workgroup> red: array<f32, {WG}>;\n\
+         @compute @workgroup_size({WG}, 1, 1)\n\
+         fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
+         \x20 let i = wid.x;\n  let lane = lid.x;\n\
+         \x20 var m = 0.0f;\n\
+         \x20 for (var l = lane; l < N; l = l + {WG}u) {{ m = max(m, abs(dy[i * N + l])); }}\n\
+         \x20 red[lane] = m;\n  workgroupBarrier();\n{}\
+         \x20 if (lane == 0u) {{ scales[i] = scale_of(red[0]); }}\n}}\n",
+        tree_reduce(WG, "lane", "0u", "max")
+    );
+    per_row(name, w, p.rows, b.finish())
+}
 
 /// Each thread's share of a staged tile, loaded as runs of 4 consecutive
 /// elements in memory: `a`'s `BM × BK` tile is 4 runs a thread, `b`'s
@@ -260,16 +312,12 @@ fn a_element(rows_first: bool, r: u32, c: u32) -> (String, String) {
     }
 }
 
-/// The product's entry point, cut into `pieces` pieces of its depth. It
-/// first takes its rows' scales (a pass over its `a` tiles: each thread's
-/// largest `|a|` of each of its 4 rows, then, per row, the largest of the 8
-/// threads that hold it), then runs the K loop, which stages the registers
-/// loaded in the step before and loads the next tile's while the subgroups
-/// multiply this one's.
+/// The product's entry point, cut into `pieces` pieces of its depth. The
+/// K loop stages the registers loaded in the step before, then loads the
+/// next tile's while the subgroups multiply this one's.
 fn product(p: &Product, pieces: u32) -> String {
-    let rf = p.a_rows_first;
     // Where a thread's runs start: `ai`, `al` (a), `bl`, `bj` (b).
-    let a_start = if rf {
+    let a_start = if p.a_rows_first {
         format!(
             "  let ai = (lid % {q}u) * 4u;\n  let al = lid / {q}u;\n",
             q = BM / 4
@@ -284,70 +332,47 @@ fn product(p: &Product, pieces: u32) -> String {
         "  let bj = (lid % {q}u) * 4u;\n  let bl = lid / {q}u;\n",
         q = BN / 4
     );
-    // Of a thread's 16 elements of `a`, which of its 4 rows each is in.
-    let row_of = |r: u32, c: u32| if rf { c } else { r };
     let mut regs = String::new();
     let mut scales = String::new();
-    let mut load_a = String::new();
-    let mut load_b = String::new();
-    let mut maxima = String::new();
+    let mut load = String::new();
     let mut store = String::new();
     for r in 0..A_RUNS {
         for c in 0..4 {
-            let (ii, ll) = a_element(rf, r, c);
+            let (ii, ll) = a_element(p.a_rows_first, r, c);
             let _ = writeln!(regs, "  var ra{r}_{c} = 0.0f;");
             let _ = writeln!(
-                load_a,
+                load,
                 "      ra{r}_{c} = 0.0f;\n      \
                  {{ let i = i0 + {ii}; let l = k0 + {ll}; if (i < rows && l < l1) {{ ra{r}_{c} = {a}; }} }}",
                 a = p.a
             );
-            let q = row_of(r, c);
-            let _ = writeln!(maxima, "      m{q} = max(m{q}, abs(ra{r}_{c}));");
-            let o = if rf {
-                format!("({ll}) * STRIDE + {ii}")
-            } else {
-                format!("({ii}) * STRIDE + {ll}")
-            };
+            // One scale per row of `a`: a run along rows has four.
+            let sc = if p.a_rows_first { c } else { r };
             let _ = writeln!(
                 store,
-                "      {{ let v = ra{r}_{c} * sa{q}; let h = bitcast<f32>(bitcast<u32>(v) & 0xffffe000u);\n        \
-                 let o = {o}; stage[o] = f16(h); stage[SL + o] = f16(v - h); }}"
+                "      {{ let v = ra{r}_{c} * sa{sc}; let h = bitcast<f32>(bitcast<u32>(v) & 0xffffe000u);\n        \
+                 let o = ({ii}) * STRIDE + {ll}; stage[o] = f16(h); stage[SL + o] = f16(v - h); }}"
             );
         }
     }
-    for q in 0..4 {
-        let (ii, _) = if rf {
+    let scale_rows = if p.a_rows_first { 4 } else { A_RUNS };
+    for q in 0..scale_rows {
+        let (ii, _) = if p.a_rows_first {
             a_element(true, 0, q)
         } else {
             a_element(false, q, 0)
         };
-        let _ = writeln!(scales, "  let sa{q} = srow[{ii}];");
+        let _ = writeln!(
+            scales,
+            "  let sa{q} = select(1.0f, scales[min(i0 + {ii}, MR - 1u)], i0 + {ii} < rows);"
+        );
     }
-    // Thread `s` of the 8 holding tile row `lid`, and which of its rows it is.
-    let (holder, slot) = if rf {
-        ("lid / 4u + 16u * s", "lid % 4u")
-    } else {
-        ("(lid % 16u) * 8u + s", "lid / 16u")
-    };
-    let row_scales = format!(
-        "  var m0 = 0.0f;\n  var m1 = 0.0f;\n  var m2 = 0.0f;\n  var m3 = 0.0f;\n\
-         \x20 for (var k0 = l0; k0 < l1; k0 = k0 + BK) {{\n{load_a}{maxima}  }}\n\
-         \x20 red[lid * 4u] = m0;\n  red[lid * 4u + 1u] = m1;\n  red[lid * 4u + 2u] = m2;\n  red[lid * 4u + 3u] = m3;\n\
-         \x20 workgroupBarrier();\n\
-         \x20 if (lid < BM) {{\n\
-         \x20   var m = 0.0f;\n\
-         \x20   for (var s = 0u; s < 8u; s = s + 1u) {{ m = max(m, red[({holder}) * 4u + {slot}]); }}\n\
-         \x20   srow[lid] = scale_of(m);\n\
-         \x20 }}\n\
-         \x20 workgroupBarrier();\n"
-    );
     for r in 0..B_RUNS {
         for c in 0..4 {
             let ll = format!("bl + {}u", r * THREADS / (BN / 4));
             let _ = writeln!(regs, "  var rb{r}_{c} = 0.0f;");
             let _ = writeln!(
-                load_b,
+                load,
                 "      rb{r}_{c} = 0.0f;\n      \
                  {{ let l = k0 + {ll}; let j = j0 + bj + {c}u; if (l < l1 && j < NC) {{ rb{r}_{c} = {b}; }} }}",
                 b = p.b
@@ -358,27 +383,18 @@ fn product(p: &Product, pieces: u32) -> String {
             );
         }
     }
-    let load = format!("{load_a}{load_b}");
-    // `a`'s fragments: row-major from a row-major tile, column-major from a
-    // depth-major one.
-    let (a_load, a_offset) = if rf {
-        ("coopLoad", "{k16}u * STRIDE + wm * {fm16}u + {i16}u")
-    } else {
-        ("coopLoadT", "(wm * {fm16}u + {i16}u) * STRIDE + {k16}u")
-    };
     let mut mma = String::new();
     for ks in 0..BK / 16 {
         for i in 0..FRAGS_M {
-            let offset = a_offset
-                .replace("{k16}", &(ks * 16).to_string())
-                .replace("{fm16}", &(FRAGS_M * 16).to_string())
-                .replace("{i16}", &(i * 16).to_string());
             let _ = writeln!(
                 mma,
-                "      let oa{ks}_{i} = {offset};\n      \
-                 let fa{ks}_{i} = {a_load}<coop_mat16x16<f16, A>>(&stage[oa{ks}_{i}], STRIDE);\n      \
+                "      let oa{ks}_{i} = (wm * {fm16}u + {i16}u) * STRIDE + {k16}u;\n      \
+                 let fa{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[oa{ks}_{i}], STRIDE);\n      \
                  let ol{ks}_{i} = SL + oa{ks}_{i};\n      \
-                 let fl{ks}_{i} = {a_load}<coop_mat16x16<f16, A>>(&stage[ol{ks}_{i}], STRIDE);"
+                 let fl{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[ol{ks}_{i}], STRIDE);",
+                fm16 = FRAGS_M * 16,
+                i16 = i * 16,
+                k16 = ks * 16,
             );
         }
         for j in 0..FRAGS_N {
@@ -422,7 +438,7 @@ fn product(p: &Product, pieces: u32) -> String {
                  let jb = j0 + wn * {fn16}u + {j16}u;\n      \
                  for (var e = sgl; e < 256u; e = e + sgs) {{\n        \
                  let i = ib + e / 16u;\n        let j = jb + e % 16u;\n        \
-                 if (i < rows && j < NC) {{ {out} = cs[cb + e] / srow[i - i0]; }}\n      \
+                 if (i < rows && j < NC) {{ {out} = cs[cb + e] / scales[i]; }}\n      \
                  }}\n    }}\n    workgroupBarrier();\n",
                 fm16 = FRAGS_M * 16,
                 i16 = i * 16,
@@ -438,13 +454,11 @@ fn product(p: &Product, pieces: u32) -> String {
     };
     format!(
         "const BM: u32 = {BM}u;\nconst BN: u32 = {BN}u;\nconst BK: u32 = {BK}u;\n\
-         const STRIDE: u32 = {a_stride}u;\nconst BSTRIDE: u32 = {B_STRIDE}u;\n\
+         const STRIDE: u32 = {A_STRIDE}u;\nconst BSTRIDE: u32 = {B_STRIDE}u;\n\
          const SL: u32 = {sl}u;\nconst SB: u32 = {sb}u;\nconst WARPS: u32 = {WARPS}u;\n\
          const MR: u32 = {mr}u;\n\
          var<workgroup> stage: array<f16, {st}>;\n\
          var<workgroup> cs: array<f32, {cs}>;\n\
-         var<workgroup> red: array<f32, {red}>;\n\
-         var<workgroup> srow: array<f32, {BM}>;\n\
          var<workgroup> groups_sh: array<u32, 4>;\n\
          @compute @workgroup_size({THREADS}, 1, 1)\n\
          fn main(@builtin(local_invocation_index) lid: u32, @builtin(workgroup_id) wid: vec3<u32>,\n\
@@ -457,7 +471,7 @@ fn product(p: &Product, pieces: u32) -> String {
          \x20 let chunk = {chunk};\n\
          \x20 let l0 = min(z * chunk, depth);\n  let l1 = min(l0 + chunk, depth);\n\
          \x20 let kts = (l1 - l0 + BK - 1u) / BK;\n\
-         {a_start}{b_start}{regs}{row_scales}{scales}\
+         {a_start}{b_start}{scales}{regs}\
          \x20 for (var base = 0u; base < WARPS; base = base + groups) {{\n\
          \x20   let tile = base + sg;\n    let owns = tile < WARPS;\n\
          \x20   let wt = min(tile, WARPS - 1u);\n\
@@ -478,12 +492,10 @@ fn product(p: &Product, pieces: u32) -> String {
          \x20   }}\n\
          {epilogue}\
          \x20 }}\n}}\n",
-        a_stride = a_stride(rf),
-        sl = a_tile(rf),
-        sb = 2 * a_tile(rf),
+        sl = BM * A_STRIDE,
+        sb = 2 * BM * A_STRIDE,
         mr = p.max_rows,
-        st = 2 * a_tile(rf) + BK * B_STRIDE,
-        red = 4 * THREADS,
+        st = 2 * BM * A_STRIDE + BK * B_STRIDE,
         cs = (WARPS + 1) * 256,
         rows = p.rows_expr(),
         depth = wgsl_count(p.depth),
