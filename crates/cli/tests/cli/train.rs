@@ -275,6 +275,20 @@ fn bad_input_is_a_clear_error() {
     let other = text(&dir.path().join("qwen"), 3000);
     let err = refused(&[flags(s(&qwen_out), s(&other), "3", o), vec!["--resume"]].concat());
     assert!(err.contains("another training text"), "{err}");
+    // Mixed precision needs tensor cores: on an adapter without cooperative
+    // matrices (lavapipe) it is refused, naming the way out; on one with
+    // them it trains.
+    let mixed_run = gerbil_train(&[flags(m, d, "1", o), vec!["--precision", "mixed"]].concat());
+    if mixed_run.status.success() {
+        assert!(out.join("model.safetensors").is_file());
+    } else {
+        let err = stderr(&mixed_run);
+        assert_eq!(mixed_run.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains("--precision mixed") && err.contains("train with --precision f32"),
+            "{err}"
+        );
+    }
     // Zero steps: a usage error, as clap reports them (status 2).
     let zero = gerbil_train(&flags(m, d, "0", o));
     assert_eq!(zero.status.code(), Some(2), "{}", stderr(&zero));
