@@ -8,7 +8,7 @@ use gerbil_codegen_wgsl::kernels::{
     embedding::{self, EmbeddingSpec},
     gemm::{self, GemmTile},
     gemv::{self, Dots, Reduce},
-    gemv_batch,
+    gemv_batch, grad_coop,
     matmul::{self, MatMulSpec},
     matmul_cpu,
     qkv_rope::{self, QkvRopeSpec},
@@ -30,6 +30,9 @@ fn golden(src: KernelSource) {
     }
     if src.wgsl.contains("@builtin(subgroup_id)") {
         features.push(Feature::Subgroups);
+    }
+    if src.wgsl.contains("enable wgpu_cooperative_matrix;") {
+        features.push(Feature::CooperativeMatrix);
     }
     if features.is_empty() {
         validate(&src.name, &src.wgsl)
@@ -835,6 +838,18 @@ fn golden_backward_kernels() {
     for kernel in backward::matmul_grad_w(49_152, 576, 512)
         .into_iter()
         .chain(backward::matmul_grad_w(8, 576, 512))
+    {
+        golden(kernel);
+    }
+    // On tensor cores (`--precision mixed`): SmolLM2's MLP input gradient
+    // in pieces of its depth and the 1B shape's down projection's unpieced;
+    // the LM head's weight gradient, and a projection's in pieces of the
+    // step's rows.
+    for kernel in grad_coop::matmul_grad_x(1536, 576, DType::F32, 512)
+        .into_iter()
+        .chain(grad_coop::matmul_grad_x(2048, 8192, DType::BF16, 512))
+        .chain(grad_coop::matmul_grad_w(49_152, 576, 512))
+        .chain(grad_coop::matmul_grad_w(576, 576, 512))
     {
         golden(kernel);
     }

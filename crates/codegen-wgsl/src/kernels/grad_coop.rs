@@ -501,3 +501,43 @@ fn product(p: &Product, pieces: u32) -> String {
         depth = wgsl_count(p.depth),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    proptest! {
+        /// A product is cut into 1 to 16 pieces, each at least two tiles
+        /// deep when cut, and into enough for the workgroups it aims for
+        /// unless one of those bounds stops it.
+        #[test]
+        fn pieces_fill_the_gpu_within_their_bounds(blocks in 1u32..5000, depth in 1u32..200_000) {
+            let p = pieces(blocks, depth);
+            prop_assert!((1..=MAX_PIECES).contains(&p));
+            if p > 1 {
+                prop_assert!(depth / p >= 2 * BK);
+            }
+            prop_assert!(
+                blocks * p >= TARGET_GROUPS || p == MAX_PIECES || p == (depth / (2 * BK)).max(1)
+            );
+        }
+    }
+
+    /// Every kernel validates with the capabilities of the variant that
+    /// runs it, both gradients, pieced or not.
+    #[test]
+    fn every_kernel_validates_with_cooperative_matrices() {
+        use gerbil_plan::Feature::{CooperativeMatrix, ShaderF16, Subgroups};
+        let kernels = [
+            matmul_grad_x(8, 70, DType::F32, 310),
+            matmul_grad_x(49_152, 576, DType::BF16, 512),
+            matmul_grad_w(576, 576, 512),
+            matmul_grad_w(49_152, 576, 512),
+        ];
+        for k in kernels.iter().flatten() {
+            crate::validate_with(&k.name, &k.wgsl, &[ShaderF16, Subgroups, CooperativeMatrix])
+                .unwrap_or_else(|e| panic!("{e}"));
+        }
+    }
+}
