@@ -327,6 +327,86 @@ impl Shape {
     }
 }
 
+/// The WGSL that opens one pass over a cooperative kernel's `WARPS`
+/// subgroup tiles (of `warps_n` along the columns) in a workgroup of
+/// `threads`: the tile this subgroup computes (`wm`, `wn`; `owns` false for
+/// one past the last, which computes a duplicate of it), its accumulator
+/// slot `cb` (the spare one for a duplicate), and the zeros at `zero` that
+/// the accumulators start from. The caller declares `cs` and the
+/// subgroup builtins, and closes the loop.
+pub(super) fn subgroup_pass(warps_n: u32, threads: u32) -> String {
+    format!(
+        "  for (var base = 0u; base < WARPS; base = base + groups) {{\n\
+         \x20   let tile = base + sg;\n\
+         \x20   let owns = tile < WARPS;\n\
+         \x20   let wt = min(tile, WARPS - 1u);\n\
+         \x20   let wm = wt / {warps_n}u;\n    let wn = wt % {warps_n}u;\n\
+         \x20   let cb = min(sg, WARPS) * 256u;\n\
+         \x20   let zero = WARPS * 256u;\n\
+         \x20   for (var e = lid; e < 256u; e = e + {threads}u) {{ cs[zero + e] = 0.0f; }}\n\
+         \x20   workgroupBarrier();\n"
+    )
+}
+
+/// The WGSL of a cooperative kernel's K loop over `tiles` staged tiles
+/// (a WGSL expression), each step storing the registers `load` filled into
+/// the workgroup's tiles (`store`), loading the next tile's registers while
+/// the subgroups multiply this one's (`mma`). The caller loads the first
+/// tile's registers at `k0` before it.
+pub(super) fn k_loop(tiles: &str, load: &str, store: &str, mma: &str) -> String {
+    format!(
+        "    for (var kt = 0u; kt < {tiles}; kt = kt + 1u) {{\n\
+         {store}\
+         \x20     workgroupBarrier();\n\
+         \x20     k0 = k0 + BK;\n\
+         \x20     if (kt + 1u < {tiles}) {{\n{load}      }}\n\
+         {mma}\
+         \x20     workgroupBarrier();\n\
+         \x20   }}\n"
+    )
+}
+
+/// The WGSL multiplying one staged tile `bk` deep: for each 16 of its
+/// depth (`ks`), each subgroup loads its `frags_m` fragments of `a` from the
+/// staged tile (row-major at `STRIDE`, the high parts and at `SL` the low
+/// ones) and its `frags_n` of `b` (`b_fragment(ks, j)`: the WGSL declaring
+/// `fb{ks}_{j}`), and adds both parts' products into each accumulator.
+pub(super) fn multiplies(
+    bk: u32,
+    frags_m: u32,
+    frags_n: u32,
+    b_fragment: &dyn Fn(u32, u32) -> String,
+) -> String {
+    let mut mma = String::new();
+    for ks in 0..bk / 16 {
+        for i in 0..frags_m {
+            let _ = writeln!(
+                mma,
+                "      let oa{ks}_{i} = (wm * {fm16}u + {i16}u) * STRIDE + {k16}u;\n      \
+                 let fa{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[oa{ks}_{i}], STRIDE);\n      \
+                 let ol{ks}_{i} = SL + oa{ks}_{i};\n      \
+                 let fl{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[ol{ks}_{i}], STRIDE);",
+                fm16 = frags_m * 16,
+                i16 = i * 16,
+                k16 = ks * 16,
+            );
+        }
+        for j in 0..frags_n {
+            let _ = writeln!(mma, "{}", b_fragment(ks, j));
+        }
+        for i in 0..frags_m {
+            for j in 0..frags_n {
+                let _ = writeln!(
+                    mma,
+                    "      acc{i}_{j} = coopMultiplyAdd(fl{ks}_{i}, fb{ks}_{j}, acc{i}_{j});\n      \
+                     acc{i}_{j} = coopMultiplyAdd(fa{ks}_{i}, fb{ks}_{j}, acc{i}_{j});"
+                );
+            }
+        }
+    }
+    mma
+}
+
 /// Builds the kernel. `s.rows` must be [`super::Rows::Tokens`] (lowering
 /// picks this template only for prefill and batch-step matmuls over the
 /// step's tokens).
@@ -539,40 +619,15 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
         }
     }
     // The multiplies of one staged tile.
-    let mut mma = String::new();
-    for ks in 0..kw / 16 {
-        for i in 0..t.frags_m {
-            let _ = writeln!(
-                mma,
-                "      let oa{ks}_{i} = (wm * {fm16}u + {i16}u) * STRIDE + {k16}u;\n      \
-                 let fa{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[oa{ks}_{i}], STRIDE);\n      \
-                 let ol{ks}_{i} = SL + oa{ks}_{i};\n      \
-                 let fl{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[ol{ks}_{i}], STRIDE);",
-                fm16 = t.frags_m * 16,
-                i16 = i * 16,
-                k16 = ks * 16,
-            );
-        }
-        for j in 0..t.frags_n {
-            let _ = writeln!(
-                mma,
-                "      let ob{ks}_{j} = SB + (wn * {fn16}u + {j16}u) * STRIDE + {k16}u;\n      \
-                 let fb{ks}_{j} = coopLoad<coop_mat16x16<f16, B>>(&stage[ob{ks}_{j}], STRIDE);",
-                fn16 = t.frags_n * 16,
-                j16 = j * 16,
-                k16 = ks * 16,
-            );
-        }
-        for i in 0..t.frags_m {
-            for j in 0..t.frags_n {
-                let _ = writeln!(
-                    mma,
-                    "      acc{i}_{j} = coopMultiplyAdd(fl{ks}_{i}, fb{ks}_{j}, acc{i}_{j});\n      \
-                     acc{i}_{j} = coopMultiplyAdd(fa{ks}_{i}, fb{ks}_{j}, acc{i}_{j});"
-                );
-            }
-        }
-    }
+    let mma = multiplies(kw, t.frags_m, t.frags_n, &|ks, j| {
+        format!(
+            "      let ob{ks}_{j} = SB + (wn * {fn16}u + {j16}u) * STRIDE + {k16}u;\n      \
+             let fb{ks}_{j} = coopLoad<coop_mat16x16<f16, B>>(&stage[ob{ks}_{j}], STRIDE);",
+            fn16 = t.frags_n * 16,
+            j16 = j * 16,
+            k16 = ks * 16,
+        )
+    });
     // The epilogue of one output `(m, n)` from its sum `v` (gated: and the
     // up projection's sum `u`), as WGSL expressions.
     let write_y = |v: &str, u: &str| format!("            {}\n", linear::store(&s, "m", v, u));
@@ -717,29 +772,13 @@ pub fn kernel(s: MatMulSpec, g: CoopGemm) -> KernelSource {
          \x20 let sk = gid / NB;\n\
          \x20 let n0 = (gid % NB) * BNO;\n\
          {body}{regs}\
-         \x20 for (var base = 0u; base < WARPS; base = base + groups) {{\n\
-         \x20   let tile = base + sg;\n\
-         \x20   let owns = tile < WARPS;\n\
-         \x20   let wt = min(tile, WARPS - 1u);\n\
-         \x20   let wm = wt / {wn}u;\n    let wn = wt % {wn}u;\n\
-         \x20   let cb = min(sg, WARPS) * 256u;\n\
-         \x20   let zero = WARPS * 256u;\n\
-         \x20   for (var e = lid; e < 256u; e = e + {threads}u) {{ cs[zero + e] = 0.0f; }}\n\
-         \x20   workgroupBarrier();\n\
-         {accs}{ssq_init}\
+         {pass}{accs}{ssq_init}\
          \x20   var k0 = sk * KTS * BK;\n\
          {load}\
-         \x20   for (var kt = 0u; kt < KTS; kt = kt + 1u) {{\n\
-         {store}\
-         \x20     workgroupBarrier();\n\
-         \x20     k0 = k0 + BK;\n\
-         \x20     if (kt + 1u < KTS) {{\n{load}      }}\n\
-         {mma}\
-         \x20     workgroupBarrier();\n\
-         \x20   }}\n\
-         {norm_phase}{epilogue}\
+         {k_loop}{norm_phase}{epilogue}\
          \x20 }}\n{combine}}}\n",
-        wn = t.warps_n,
+        pass = subgroup_pass(t.warps_n, threads),
+        k_loop = k_loop("KTS", &load, &store, &mma),
     );
     let (glu_tag, options) = name_parts(&s, shards.len());
     KernelSource {

@@ -28,6 +28,7 @@
 //! slot.
 
 use super::backward::{sum_pieces, Pieces};
+use super::gemm_coop::{k_loop, multiplies, subgroup_pass};
 use super::rowwise::{per_row, WG};
 use super::{enable_f16, input, output, prelude, tree_reduce, Bindings, KernelSource, Rows};
 use gerbil_ir::DType;
@@ -383,40 +384,15 @@ fn product(p: &Product, pieces: u32) -> String {
             );
         }
     }
-    let mut mma = String::new();
-    for ks in 0..BK / 16 {
-        for i in 0..FRAGS_M {
-            let _ = writeln!(
-                mma,
-                "      let oa{ks}_{i} = (wm * {fm16}u + {i16}u) * STRIDE + {k16}u;\n      \
-                 let fa{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[oa{ks}_{i}], STRIDE);\n      \
-                 let ol{ks}_{i} = SL + oa{ks}_{i};\n      \
-                 let fl{ks}_{i} = coopLoadT<coop_mat16x16<f16, A>>(&stage[ol{ks}_{i}], STRIDE);",
-                fm16 = FRAGS_M * 16,
-                i16 = i * 16,
-                k16 = ks * 16,
-            );
-        }
-        for j in 0..FRAGS_N {
-            let _ = writeln!(
-                mma,
-                "      let ob{ks}_{j} = SB + {k16}u * BSTRIDE + wn * {fn16}u + {j16}u;\n      \
-                 let fb{ks}_{j} = coopLoadT<coop_mat16x16<f16, B>>(&stage[ob{ks}_{j}], BSTRIDE);",
-                fn16 = FRAGS_N * 16,
-                j16 = j * 16,
-                k16 = ks * 16,
-            );
-        }
-        for i in 0..FRAGS_M {
-            for j in 0..FRAGS_N {
-                let _ = writeln!(
-                    mma,
-                    "      acc{i}_{j} = coopMultiplyAdd(fl{ks}_{i}, fb{ks}_{j}, acc{i}_{j});\n      \
-                     acc{i}_{j} = coopMultiplyAdd(fa{ks}_{i}, fb{ks}_{j}, acc{i}_{j});"
-                );
-            }
-        }
-    }
+    let mma = multiplies(BK, FRAGS_M, FRAGS_N, &|ks, j| {
+        format!(
+            "      let ob{ks}_{j} = SB + {k16}u * BSTRIDE + wn * {fn16}u + {j16}u;\n      \
+             let fb{ks}_{j} = coopLoadT<coop_mat16x16<f16, B>>(&stage[ob{ks}_{j}], BSTRIDE);",
+            fn16 = FRAGS_N * 16,
+            j16 = j * 16,
+            k16 = ks * 16,
+        )
+    });
     let mut accs = String::new();
     let mut epilogue = String::new();
     let out = if pieces > 1 {
@@ -472,25 +448,10 @@ fn product(p: &Product, pieces: u32) -> String {
          \x20 let l0 = min(z * chunk, depth);\n  let l1 = min(l0 + chunk, depth);\n\
          \x20 let kts = (l1 - l0 + BK - 1u) / BK;\n\
          {a_start}{b_start}{scales}{regs}\
-         \x20 for (var base = 0u; base < WARPS; base = base + groups) {{\n\
-         \x20   let tile = base + sg;\n    let owns = tile < WARPS;\n\
-         \x20   let wt = min(tile, WARPS - 1u);\n\
-         \x20   let wm = wt / {WARPS_N}u;\n    let wn = wt % {WARPS_N}u;\n\
-         \x20   let cb = min(sg, WARPS) * 256u;\n    let zero = WARPS * 256u;\n\
-         \x20   for (var e = lid; e < 256u; e = e + {THREADS}u) {{ cs[zero + e] = 0.0f; }}\n\
-         \x20   workgroupBarrier();\n\
-         {accs}\
+         {pass}{accs}\
          \x20   var k0 = l0;\n\
          {load}\
-         \x20   for (var kt = 0u; kt < kts; kt = kt + 1u) {{\n\
-         {store}\
-         \x20     workgroupBarrier();\n\
-         \x20     k0 = k0 + BK;\n\
-         \x20     if (kt + 1u < kts) {{\n{load}      }}\n\
-         {mma}\
-         \x20     workgroupBarrier();\n\
-         \x20   }}\n\
-         {epilogue}\
+         {k_loop}{epilogue}\
          \x20 }}\n}}\n",
         sl = BM * A_STRIDE,
         sb = 2 * BM * A_STRIDE,
@@ -498,6 +459,8 @@ fn product(p: &Product, pieces: u32) -> String {
         st = 2 * BM * A_STRIDE + BK * B_STRIDE,
         cs = (WARPS + 1) * 256,
         rows = p.rows_expr(),
+        pass = subgroup_pass(WARPS_N, THREADS),
+        k_loop = k_loop("kts", &load, &store, &mma),
         depth = wgsl_count(p.depth),
     )
 }
