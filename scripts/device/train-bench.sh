@@ -33,7 +33,8 @@ echo "device: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 shapes=("$@")
 [ ${#shapes[@]} -eq 0 ] && shapes=("${default_shapes[@]}")
 lora=${LORA:-}
-mixed=${MIXED:-}
+mixed=
+[ "${MIXED:-0}" != 0 ] && mixed=1
 rows=("| shape | seq × batch | gerbil-train | PyTorch f32 | PyTorch bf16 autocast |${mixed:+ gerbil-train --precision mixed |}${lora:+ gerbil-train --lora $lora | PyTorch f32 --lora $lora |}"
     "|---|---|---|---|---|${mixed:+---|}${lora:+---|---|}")
 # Step-by-step losses of two runs' logs: the worst relative difference.
@@ -41,7 +42,9 @@ compare() {
     python3 - "$1" "$2" "$3" <<'PY'
 import json, sys
 g, t = ([json.loads(l) for l in open(p)] for p in sys.argv[1:3])
-worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(g, t)) if g and t else float("nan")
+if not (g and t):
+    sys.exit(f"{sys.argv[3]}: a run wrote no steps")
+worst = max(abs(a["loss"] - b["loss"]) / b["loss"] for a, b in zip(g, t))
 print(f"{sys.argv[3]}, {min(len(g), len(t))} steps: loss {t[0]['loss']:.4f} -> "
       f"{t[-1]['loss']:.4f} (PyTorch), {g[-1]['loss']:.4f} (gerbil); worst relative difference {worst:.1e}")
 PY
@@ -76,7 +79,8 @@ t = [b["seconds"] - a["seconds"] for a, b in zip(lines, lines[1:])][1:]
 print(round(int(sys.argv[2]) / statistics.median(t)) if t else "-")
 PY
     }
-    gerbil=$(gerbil_rate "$out/gerbil-$name.jsonl")
+    gerbil="-"
+    [ "${F32:-1}" != 0 ] && gerbil=$(gerbil_rate "$out/gerbil-$name.jsonl")
     torch_rate() {
         [ "${TORCH:-1}" = 0 ] && { echo "-"; return; }
         python3 scripts/device/train-torch.py --speed --config "$(dirname "$cfg")" --steps "$steps" \
@@ -97,7 +101,8 @@ PY
     fi
     if [ -n "$mixed" ] && [ "${TORCH:-1}" != 0 ]; then
         .device/bin/gerbil-train "$work/model" "${twin[@]}" --precision mixed -q \
-            --out "$work/twin-mixed-out" --json-log "$out/twin-mixed-gerbil-$name.jsonl" > /dev/null 2>&1
+            --out "$work/twin-mixed-out" --json-log "$out/twin-mixed-gerbil-$name.jsonl" \
+            > "$out/twin-mixed-gerbil-$name.log" 2>&1 || echo "$name: the mixed twin failed"
         python3 scripts/device/train-torch.py --model "$work/model" "${twin[@]}" \
             --json-log "$out/twin-f32-torch-$name.jsonl" 2> "$out/twin-f32-torch-$name.log"
         compare "$out/twin-mixed-gerbil-$name.jsonl" "$out/twin-f32-torch-$name.jsonl" \
@@ -111,13 +116,17 @@ PY
             > "$out/gerbil-lora-$name.log" 2>&1 ||
             { echo "$name: gerbil-train --lora failed"; tail -5 "$out/gerbil-lora-$name.log"; }
         grep -A16 "one sequence" "$out/gerbil-lora-$name.log"
-        grep -h "GPU buffers" "$out/gerbil-$name.log" "$out/gerbil-lora-$name.log"
+        grep -h "GPU buffers" "$out/gerbil-lora-$name.log"
+        [ "${F32:-1}" != 0 ] && grep -h "GPU buffers" "$out/gerbil-$name.log"
         row+=" $(gerbil_rate "$out/gerbil-lora-$name.jsonl") | $(torch_rate none "${lora_flags[@]}") |"
-        .device/bin/gerbil-train "$work/model" "${twin[@]}" "${lora_flags[@]}" -q \
-            --out "$work/twin-out" --json-log "$out/twin-gerbil-$name.jsonl" > /dev/null 2>&1
-        python3 scripts/device/train-torch.py --model "$work/model" "${twin[@]}" "${lora_flags[@]}" \
-            --json-log "$out/twin-torch-$name.jsonl" 2> "$out/twin-torch-$name.log"
-        compare "$out/twin-gerbil-$name.jsonl" "$out/twin-torch-$name.jsonl" "$name LoRA twin"
+        if [ "${TORCH:-1}" != 0 ]; then
+            .device/bin/gerbil-train "$work/model" "${twin[@]}" "${lora_flags[@]}" -q \
+                --out "$work/twin-out" --json-log "$out/twin-gerbil-$name.jsonl" \
+                > "$out/twin-gerbil-$name.log" 2>&1 || echo "$name: the LoRA twin failed"
+            python3 scripts/device/train-torch.py --model "$work/model" "${twin[@]}" "${lora_flags[@]}" \
+                --json-log "$out/twin-torch-$name.jsonl" 2> "$out/twin-torch-$name.log"
+            compare "$out/twin-gerbil-$name.jsonl" "$out/twin-torch-$name.jsonl" "$name LoRA twin"
+        fi
     fi
     rows+=("$row")
 done

@@ -6,10 +6,8 @@
 //! 0, so every kernel here reads `T` from the step parameters and the
 //! caches are `max_context` = `T` rows. In a variant with cooperative
 //! matrices (mixed precision) the matmul gradients run on tensor cores
-//! ([`grad_coop`]), as its forward matmuls do. In a variant with cooperative
-//! matrices (mixed precision) the matmul gradients run on tensor cores
-//! ([`grad_coop`]), as its forward matmuls do. The surprise: a weight split into
-//! row shards is refused, not lowered — training binds every weight whole
+//! ([`grad_coop`]), as its forward matmuls do. The surprise: a weight
+//! split into row shards is refused, not lowered — training binds every weight whole
 //! (as a range of the parameter buffer, `crate::training`), which the
 //! shards' sizes would contradict.
 
@@ -26,7 +24,7 @@ impl Lowering<'_> {
     /// log-sum-exp (two each, [`backward::rms_norm_grad`],
     /// [`backward::attention_lse`]) and attention's backward (eight,
     /// [`backward::attention_grad`]), and the matmul gradients on tensor
-    /// cores (three each, [`grad_coop`]) where `variant` has them.
+    /// cores (the scales and the product, and the pieces' sum where the depth is cut: [`grad_coop`]) where `variant` has them.
     pub(crate) fn train_kernels(
         &self,
         id: NodeId,

@@ -101,8 +101,9 @@ pub fn generate_training(
         return Err(CodegenError::Unsupported {
             label: "the training step".into(),
             reason: format!(
-                "mixed precision needs the `{missing:?}` feature, which the target lacks; \
-                 train in f32 on this device"
+                "mixed precision needs the `{}` feature, which the target lacks; \
+                 train in f32 on this device",
+                missing.name()
             ),
         });
     }

@@ -111,7 +111,9 @@ impl VariantSpec {
     /// Prefill matmuls on tensor cores (cooperative matrices), and a batch
     /// step's wide dense ones ([`crate::kernels::gemm_coop::CoopGemm::choose_batch`]), the rest as
     /// [`VariantSpec::subgroups`] at f16: rounding the matmul operands to
-    /// f16 is an f16-precision choice, so there is no f32 tensor variant.
+    /// f16 is an f16-precision choice, so no plan has an f32 tensor variant
+    /// (a training step's, [`VariantSpec::training_mixed`], keeps f32
+    /// activations around its matmuls).
     pub fn tensor(prefill_rows_per_workgroup: u32) -> Self {
         VariantSpec {
             name: "tensor-f16",

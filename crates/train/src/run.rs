@@ -75,7 +75,7 @@ fn mixed_target(gpu: &Gpu) -> Result<Target, TrainError> {
         .features
         .iter()
         .filter(|f| !have.contains(f))
-        .map(|f| format!("{f:?}"))
+        .map(|f| f.name().to_string())
         .collect();
     if missing.is_empty() {
         return Ok(target);

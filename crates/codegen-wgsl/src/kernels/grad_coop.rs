@@ -16,9 +16,10 @@
 //! smallest (the LM head's `dy` at SmolLM2's shape is about 4e-8, f16's
 //! smallest subnormal 6e-8), so a first dispatch takes the largest `|a|` of
 //! each row of `a` and keeps a power of two that brings it to `[2¹³, 2¹⁴)`;
-//! the staging multiplies by it, the epilogue divides by it, both exactly.
-//! Scaled, `a` is staged in two f16 parts (the high one keeps f32's top 11
-//! bits, the low one the rest), so every product is two multiply-adds and
+//! the staging multiplies by it, the epilogue by its reciprocal, both
+//! exactly. Scaled, `a` is staged in two f16 parts (the high one keeps its
+//! top 11 significant bits, the low one the rest), so every product is two
+//! multiply-adds and
 //! the sums see about 22 bits of `dy`; `b` is rounded to f16 once. Every
 //! dispatch of one gradient declares the scratch in the same order (the
 //! pieces' partials first, then the scales), so each binds them at the same
@@ -72,6 +73,12 @@ fn pieces(blocks: u32, depth: u32) -> u32 {
         .div_ceil(blocks.max(1))
         .min(depth / (2 * BK))
         .clamp(1, MAX_PIECES)
+}
+
+/// The depth of each of `pieces` pieces of a fixed `depth`: a whole number
+/// of tiles.
+fn chunk(depth: u32, pieces: u32) -> u32 {
+    depth.div_ceil(pieces).div_ceil(BK) * BK
 }
 
 /// One gradient's product: where `a` and `b` come from and how big it is.
@@ -164,7 +171,18 @@ fn kernels(
     p: &Product,
     bind_b: &dyn Fn(&mut Bindings, &mut String),
 ) -> Vec<KernelSource> {
-    let pieces = pieces(p.blocks(), p.max_depth);
+    // The pieces and each one's depth (WGSL): whole tiles, and for a fixed
+    // depth, none left empty.
+    let (pieces, chunk) = match p.depth {
+        Rows::Fixed(d) => {
+            let c = chunk(d, pieces(p.blocks(), d));
+            (d.div_ceil(c), format!("{c}u"))
+        }
+        Rows::Tokens => {
+            let n = pieces(p.blocks(), p.max_depth);
+            (n, format!("(params.t + {n}u * BK - 1u) / ({n}u * BK) * BK"))
+        }
+    };
     let layout = (pieces > 1).then(|| Pieces::new(p.rows, p.cols, pieces, p.max_rows));
     // Every dispatch: the partials (when cut), then the scales.
     let scratch = |b: &mut Bindings, w: &mut String| {
@@ -190,7 +208,8 @@ fn kernels(
         }
     };
     scratch(&mut b, &mut w);
-    w.push_str(&product(p, pieces));
+    w.push_str(INVERSE_OF);
+    w.push_str(&product(p, pieces, &chunk));
     let row_blocks = match p.rows {
         Rows::Tokens => WorkgroupCount::per_token(1, 0, BM),
         Rows::Fixed(rows) => WorkgroupCount::fixed(rows.div_ceil(BM)),
@@ -214,18 +233,25 @@ fn kernels(
 }
 
 /// WGSL of `scale_of(m)`: the power of two that brings `m` (a row's
-/// largest `|a|`, finite or not) to `[2¹³, 2¹⁴)`, within f32's normal range
-/// (`2¹²⁷` for zero, so a row of zeros stays zeros).
+/// largest `|a|`, finite or not) to `[2¹³, 2¹⁴)`, within `[2⁻¹²⁶, 2¹²⁶]`
+/// (`2¹²⁶` for zero, so a row of zeros stays zeros).
 const SCALE_OF: &str = "fn scale_of(m: f32) -> f32 {\n\
     \x20 let e = i32((bitcast<u32>(m) >> 23u) & 0xffu) - 127;\n\
-    \x20 return bitcast<f32>(u32(clamp(13 - e, -126, 127) + 127) << 23u);\n}\n";
+    \x20 return bitcast<f32>(u32(clamp(13 - e, -126, 126) + 127) << 23u);\n}\n";
+
+/// WGSL of `inverse_of(s)`: the reciprocal of a [`SCALE_OF`] scale, made
+/// from its exponent bits, so that undoing the scale is a multiplication by
+/// an exact power of two (a division need not be correctly rounded on every
+/// backend).
+const INVERSE_OF: &str = "fn inverse_of(s: f32) -> f32 {\n\
+    \x20 return bitcast<f32>((254u - (bitcast<u32>(s) >> 23u)) << 23u);\n}\n";
 
 /// Columns of `dy` one workgroup of [`scales`] takes for `dw`.
 const COLS: u32 = 32;
 
 /// The first dispatch: each row of `a`'s scale into `scales`. `dx`'s rows
-/// of `a` are `dy`'s rows (a workgroup each); `dw`'s are its columns (a
-/// thread each, reading down the step's rows).
+/// of `a` are `dy`'s rows (a workgroup each); `dw`'s are its columns
+/// ([`COLS`] a workgroup, 8 threads each, reading down the step's rows).
 fn scales(
     kind: &str,
     tag: &str,
@@ -313,10 +339,11 @@ fn a_element(rows_first: bool, r: u32, c: u32) -> (String, String) {
     }
 }
 
-/// The product's entry point, cut into `pieces` pieces of its depth. The
+/// The product's entry point, cut into `pieces` pieces of its depth,
+/// each `chunk` deep (a WGSL expression, whole tiles). The
 /// K loop stages the registers loaded in the step before, then loads the
 /// next tile's while the subgroups multiply this one's.
-fn product(p: &Product, pieces: u32) -> String {
+fn product(p: &Product, pieces: u32, chunk: &str) -> String {
     // Where a thread's runs start: `ai`, `al` (a), `bl`, `bj` (b).
     let a_start = if p.a_rows_first {
         format!(
@@ -414,7 +441,7 @@ fn product(p: &Product, pieces: u32) -> String {
                  let jb = j0 + wn * {fn16}u + {j16}u;\n      \
                  for (var e = sgl; e < 256u; e = e + sgs) {{\n        \
                  let i = ib + e / 16u;\n        let j = jb + e % 16u;\n        \
-                 if (i < rows && j < NC) {{ {out} = cs[cb + e] / scales[i]; }}\n      \
+                 if (i < rows && j < NC) {{ {out} = cs[cb + e] * inverse_of(scales[i]); }}\n      \
                  }}\n    }}\n    workgroupBarrier();\n",
                 fm16 = FRAGS_M * 16,
                 i16 = i * 16,
@@ -423,11 +450,6 @@ fn product(p: &Product, pieces: u32) -> String {
             );
         }
     }
-    // Each piece a whole number of tiles: a constant for a fixed depth.
-    let chunk = match p.depth {
-        Rows::Fixed(d) => format!("{}u", d.div_ceil(pieces).div_ceil(BK) * BK),
-        Rows::Tokens => format!("(params.t + {pieces}u * BK - 1u) / ({pieces}u * BK) * BK"),
-    };
     format!(
         "const BM: u32 = {BM}u;\nconst BN: u32 = {BN}u;\nconst BK: u32 = {BK}u;\n\
          const STRIDE: u32 = {A_STRIDE}u;\nconst BSTRIDE: u32 = {B_STRIDE}u;\n\
@@ -484,6 +506,11 @@ mod tests {
             prop_assert!(
                 blocks * p >= TARGET_GROUPS || p == MAX_PIECES || p == (depth / (2 * BK)).max(1)
             );
+            // Rounded to whole tiles, a fixed depth's pieces cover it, and
+            // as many as start before its end run.
+            let c = chunk(depth, p);
+            let used = depth.div_ceil(c);
+            prop_assert!(c % BK == 0 && used * c >= depth && (used - 1) * c < depth && used <= p);
         }
     }
 
