@@ -510,7 +510,7 @@ mod tests {
             // as many as start before its end run.
             let c = chunk(depth, p);
             let used = depth.div_ceil(c);
-            prop_assert!(c % BK == 0 && used * c >= depth && (used - 1) * c < depth && used <= p);
+            prop_assert!(c.is_multiple_of(BK) && used * c >= depth && (used - 1) * c < depth && used <= p);
         }
     }
 
