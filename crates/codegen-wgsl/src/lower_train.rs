@@ -7,9 +7,9 @@
 //! caches are `max_context` = `T` rows. In a variant with cooperative
 //! matrices (mixed precision) the matmul gradients run on tensor cores
 //! ([`grad_coop`]), as its forward matmuls do. The surprise: a weight
-//! split into row shards is refused, not lowered — training binds every weight whole
-//! (as a range of the parameter buffer, `crate::training`), which the
-//! shards' sizes would contradict.
+//! split into row shards is refused, not lowered — training binds every
+//! weight whole (as a range of the parameter buffer, `crate::training`),
+//! which the shards' sizes would contradict.
 
 use crate::kernels::{backward, grad_coop, rope, KernelSource};
 use crate::lower::Lowering;
@@ -24,7 +24,8 @@ impl Lowering<'_> {
     /// log-sum-exp (two each, [`backward::rms_norm_grad`],
     /// [`backward::attention_lse`]) and attention's backward (eight,
     /// [`backward::attention_grad`]), and the matmul gradients on tensor
-    /// cores (the scales and the product, and the pieces' sum where the depth is cut: [`grad_coop`]) where `variant` has them.
+    /// cores where `variant` has them (the scales and the product, and the
+    /// pieces' sum where the depth is cut: [`grad_coop`]).
     pub(crate) fn train_kernels(
         &self,
         id: NodeId,
