@@ -36,6 +36,9 @@ then the rest; each run's output is printed whole when it ends.
 A run's seconds are its wall time on the shared machine; the table's last line is the wall time of
 all of them together.
 
+`SUITE_ENV` gives a suite environment variables of its own (the kernel cases run lavapipe without
+its LLVM optimizations).
+
 The surprise: a binary's time includes lavapipe compiling its kernels, so the table says where a
 slow suite's time goes, which `cargo test`'s own output never does.
 """
@@ -144,6 +147,19 @@ LONG_FIRST = [
 ]
 
 
+# Environment of one suite's run. The kernel cases compile hundreds of kernels and run each once
+# on small inputs: there lavapipe's LLVM optimizations cost more time than they save (`nopt`: 377 s
+# of one core where the default took 436); every other suite runs its kernels for many steps, and
+# without them the real-model and training suites took 1.7x the CPU time.
+SUITE_ENV = {"e2e kernels": {"GALLIVM_PERF": "nopt"}}
+
+
+def suite_env(label, env):
+    """`env` with the variables `SUITE_ENV` sets for the suite of run `label`."""
+    extra = [v for suite, v in SUITE_ENV.items() if label == suite or label.endswith(f"::{suite}")]
+    return dict(env, **extra[0]) if extra else env
+
+
 def order(label, folded):
     """Sort key of a run: `LONG_FIRST`'s suites in its order, then folded suites, then the rest."""
     long = [
@@ -246,7 +262,10 @@ def main():
     planned = []
     for name, exe, cwd in binaries:
         parts = [] if filtered or name.endswith("unit)") else suites(exe, cwd, env)
-        runs = [(f"{name} {m}", [exe, f, *extra], cwd, others, True, env) for m, f, others in parts]
+        runs = [
+            (f"{name} {m}", [exe, f, *extra], cwd, others, True, suite_env(f"{name} {m}", env))
+            for m, f, others in parts
+        ]
         planned += runs or [(name, [exe, *extra], cwd, 0, False, env)]
     if not extra and not quick:
         doc = [cargo, "test", "--workspace", "--doc"]

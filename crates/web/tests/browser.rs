@@ -144,13 +144,17 @@ async fn tiny_models_match_transformers_in_the_browser() {
     );
 }
 
-/// The plans' self-tests (the reference `gerbilc` computed on the CPU) in
-/// the browser: every variant SwiftShader runs passes (`cpu`, which a
-/// browser's fallback adapter runs, and `portable`), none fails.
+/// A plan's self-tests (the reference `gerbilc` computed on the CPU) in the
+/// browser: every variant SwiftShader runs passes (`cpu`, which a browser's
+/// fallback adapter runs, and `portable`), none fails. On Gemma 3's plan,
+/// the family of the most kernels: the self-test's path through the page is
+/// what this checks, [`tiny_models_match_transformers_in_the_browser`] the
+/// kernels of every family (self-testing each plan again took a minute of
+/// SwiftShader's compiler).
 #[wasm_bindgen_test]
 async fn tiny_plans_pass_their_self_tests_in_the_browser() {
     let mut failures = Vec::new();
-    for tiny in &TINY {
+    for tiny in TINY.iter().filter(|t| t.name == "gemma3") {
         let plan = PlanFile::from_bytes(format!("{}.plan", tiny.name), tiny.plan.to_vec())
             .expect("the embedded plan opens");
         let report = gerbil_runtime::selftest::run(&plan, &SessionOptions::default())
