@@ -1192,12 +1192,18 @@ fn backward_kernels_match_the_gradients() {
 
 /// The 8-bit optimizer state (`AdamWState::eight_bit`: both moments in a
 /// byte each, a scale per block of 256) trains every tiny decoder for the
-/// same 50 steps to losses within 3% of the f32 state's at every step.
+/// same 50 steps to losses within 3% of the f32 state's at every step: on
+/// the interpreter every decoder but the Llama and Gemma 3, which the GPU
+/// trainer's 8-bit test trains (each decoder's two interpreted runs cost
+/// CI seconds of its CPU).
 #[test]
 fn the_eight_bit_state_follows_the_f32_losses() {
     use gerbil_interp::optimizer::AdamWState;
     let mut failures = Vec::new();
-    for name in TINY_DECODERS {
+    for name in TINY_DECODERS
+        .iter()
+        .filter(|n| !["llama", "gemma3"].contains(n))
+    {
         let r = train_ref(name);
         let f32_run = train_on_the_interpreter(name, &r, AdamWState::default());
         let eight = train_on_the_interpreter(name, &r, AdamWState::eight_bit());
