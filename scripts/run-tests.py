@@ -156,17 +156,18 @@ SUITE_ENV = {"e2e kernels": {"GALLIVM_PERF": "nopt"}}
 
 def suite_env(label, env):
     """`env` with the variables `SUITE_ENV` sets for the suite of run `label`."""
-    extra = [v for suite, v in SUITE_ENV.items() if label == suite or label.endswith(f"::{suite}")]
+    extra = [v for suite, v in SUITE_ENV.items() if is_run_of(label, suite)]
     return dict(env, **extra[0]) if extra else env
+
+
+def is_run_of(label, suite):
+    """Whether run `label` ("gerbil-e2e::e2e kernels", "web") is the run of `suite` ("e2e kernels")."""
+    return label == suite or label.endswith(f"::{suite}")
 
 
 def order(label, folded):
     """Sort key of a run: `LONG_FIRST`'s suites in its order, then folded suites, then the rest."""
-    long = [
-        i
-        for i, suite in enumerate(LONG_FIRST)
-        if label == suite or label.endswith(f"::{suite}")
-    ]
+    long = [i for i, suite in enumerate(LONG_FIRST) if is_run_of(label, suite)]
     return (long[0] if long else len(LONG_FIRST), not folded)
 
 
