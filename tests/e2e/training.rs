@@ -943,7 +943,12 @@ fn backward_kernels_match_the_gradients() {
     // `gemm_coop`'s larger blocks: a miscompile of the emulation), so the
     // deeper cases run only on a GPU with cooperative matrices: a depth of
     // 5,000 in pieces of 10 tiles, 4 tiles unpieced, and `dw` over a step of
-    // 300 rows (10 tiles) for 17,000 rows of `dw`, `dy` scaled up.
+    // 300 rows (10 tiles) for 17,000 rows of `dw`, `dy` scaled up. The
+    // tolerance grows with the depth past 1,024: a tensor core's f32
+    // accumulator does not round to nearest, so its error grows with the
+    // steps it adds (the H200's worst at a depth of 17,000 was 1.6e-4, on an
+    // output near zero among sums of some 40).
+    let tol = |depth: u32| 2e-5 * f64::from(depth.max(1024)) / 1024.0;
     let real = gerbil_e2e::kernel_harness::has_cooperative_matrix();
     let deep = [
         (7, 5000, 33, DType::BF16, 1e-9),
@@ -995,7 +1000,7 @@ fn backward_kernels_match_the_gradients() {
         let got = run_chain(&kernels, t, 0, &operands);
         check(
             format!("{} ×{by}", kernels[1].name),
-            check_close("dx", &back(to_f32(&got[2])), &want, 2e-5),
+            check_close("dx", &back(to_f32(&got[2])), &want, tol(n)),
         );
         let x = rng.vec((t * k) as usize);
         let want = unscaled(grad::matmul_dw(&widen(&dy), n as usize, &f16(&widen(&x))));
@@ -1008,7 +1013,7 @@ fn backward_kernels_match_the_gradients() {
         let got = run_chain(&kernels, t, 0, &operands);
         check(
             format!("{} ×{by}", kernels[1].name),
-            check_close("dw", &back(to_f32(&got[2])), &want, 2e-5),
+            check_close("dw", &back(to_f32(&got[2])), &want, tol(t)),
         );
     }
 
@@ -1140,8 +1145,16 @@ fn backward_kernels_match_the_gradients() {
             (output(1), poison(kc.len())),
             (output(2), poison(vc.len())),
         ];
-        // Steps of at most 5 rows: the scratch's row stride is not `T`.
-        let kernels = backward::attention_grad(&a, lmax, 5);
+        // Steps of at most 5 rows: the scratch's row stride is not `T`. At
+        // most 64 after cached rows: a group's 128 rows are two pieces of
+        // the cache gradients' depth, each 3 of this step's 6.
+        let max_rows = if p > 0 { 64 } else { 5 };
+        let kernels = backward::attention_grad(&a, lmax, max_rows);
+        assert_eq!(
+            kernels[0].wgsl.contains("const SPLITS: u32 = 2u;"),
+            p > 0,
+            "{what}: pieces of the cache gradients"
+        );
         let got = gerbil_e2e::kernel_harness::run_chain(&kernels, t, p, &operands);
         for (i, (port, bytes)) in operands.iter().enumerate().take(6) {
             assert_eq!(&got[i], bytes, "{what}: {port:?} was modified");

@@ -724,7 +724,7 @@ fn attention_consts(a: &Attention, lmax: u32, max_rows: u32) -> String {
         "fn keys(t: u32) -> vec2<u32> {{\n  let me = params.p + t;\n  return {range};\n}}\n\
          const SPLITS: u32 = {splits}u;\n\
          fn chunk() -> u32 {{ return (GROUP * params.t + SPLITS - 1u) / SPLITS; }}",
-        splits = cache_splits(a, lmax),
+        splits = cache_splits(a, lmax, max_rows),
     );
     w
 }
@@ -816,16 +816,23 @@ fn attention_scratch(b: &mut Bindings, w: &mut String, a: &Attention, lmax: u32,
     b.scratch(w, "delta", 4 * rows);
     b.scratch(w, "probs", 4 * rows * u64::from(lmax));
     let cache = u64::from(lmax) * u64::from(a.n_kv_heads) * u64::from(a.head_dim);
-    b.scratch(w, "part", 4 * u64::from(cache_splits(a, lmax)) * cache);
+    b.scratch(
+        w,
+        "part",
+        4 * u64::from(cache_splits(a, lmax, max_rows)) * cache,
+    );
 }
 
-/// Pieces the depth (the group's rows) of the cache gradients' products is
-/// cut into, each a z of its own, so that those products, whose outputs
-/// are only `lmax × head_dim` per KV head, fill the GPU with some 512
-/// workgroups (at most 16 pieces).
-fn cache_splits(a: &Attention, lmax: u32) -> u32 {
+/// Pieces the depth (the group's rows, `GROUP · max_rows` at most) of the
+/// cache gradients' products is cut into, each a z of its own, so that
+/// those products, whose outputs are only `lmax × head_dim` per KV head,
+/// fill the GPU with some 512 workgroups (at most 16 pieces, each at least
+/// a tile deep: a tiny model's 32 rows in 16 pieces of 2 took lavapipe
+/// 6–7 ms a product, most of a training step's time).
+fn cache_splits(a: &Attention, lmax: u32, max_rows: u32) -> u32 {
     let tiles = lmax.div_ceil(TILE) * a.head_dim.div_ceil(TILE) * a.n_kv_heads.max(1);
-    512u32.div_ceil(tiles).clamp(1, 16)
+    let depth = a.n_heads / a.n_kv_heads.max(1) * max_rows;
+    512u32.div_ceil(tiles).min(depth / TILE).clamp(1, 16)
 }
 
 /// Attention's backward over caches of `lmax` rows, in steps of at most
@@ -871,7 +878,7 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSour
         format!("probs[(({g} * GROUP + {lp} / params.t) * TMAX + {lp} % params.t) * LMAX + i]");
     let depth = "min(chunk(), GROUP * params.t - min((z % SPLITS) * chunk(), GROUP * params.t))";
     let part_at = format!("((z % SPLITS) * LMAX + i) * NKV * HD + {g} * HD + j");
-    let splits = cache_splits(a, lmax);
+    let splits = cache_splits(a, lmax, max_rows);
 
     // The sum of the pieces of a cache gradient, a thread per value.
     let pieces_sum = |name: &str, out: (u32, &str)| {
