@@ -28,10 +28,10 @@ their configs: 256 is the default scale).
 A test binary folded from several suites (the e2e and CLI binaries: one module per former
 binary) runs once per top-level module, so the table still names each suite's time.
 
-Three runs go at once (`--jobs N` changes it; `--jobs 1` echoes each run's output as it comes):
+Two runs go at once (`--jobs N` changes it; `--jobs 1` echoes each run's output as it comes):
 lavapipe keeps about 1.6 of the 2 CI cores busy, and the rest of a suite's time is one core
-compiling, validating or starting processes, so other runs fill the gaps (with two at once the
-2-core machine still sat idle 15% of CI's wall time). The longest suites
+compiling, validating or starting processes, so a second run fills the gaps. Three at once made CI
+63 s slower: the kernel cases, started first, stretched from 435 to 740 s and ended alone. The longest suites
 start first (`LONG_FIRST`), then the other suites of the folded binaries (they hold the GPU work),
 then the rest; each run's output is printed whole when it ends.
 A run's seconds are its wall time on the shared machine; the table's last line is the wall time of
@@ -241,7 +241,7 @@ def main():
     extra = args[args.index("--") + 1 :] if "--" in args else []
     own = args[: args.index("--")] if "--" in args else args
     quick = "--quick" in own
-    jobs = int(own[own.index("--jobs") + 1]) if "--jobs" in own else 3
+    jobs = int(own[own.index("--jobs") + 1]) if "--jobs" in own else 2
     checks = [own[i + 1].split("=", 1) for i, a in enumerate(own) if a == "--check"]
     lint = "--clippy" in own
     cargo = os.environ.get("CARGO") or shutil.which("cargo")
