@@ -841,8 +841,9 @@ fn golden_backward_kernels() {
     {
         golden(kernel);
     }
-    // On tensor cores (`--precision mixed`): SmolLM2's MLP input gradient
-    // in pieces of its depth and the 1B shape's down projection's unpieced;
+    // On tensor cores (`--precision mixed`): the input gradients of
+    // SmolLM2's MLP and of the 1B shape's down projection, in pieces of
+    // their depth (10 and 2);
     // the LM head's weight gradient, and a projection's in pieces of the
     // step's rows.
     for kernel in grad_coop::matmul_grad_x(1536, 576, DType::F32, 512)

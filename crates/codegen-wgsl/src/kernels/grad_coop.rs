@@ -318,7 +318,7 @@ fn scales(
 }
 
 /// Each thread's share of a staged tile, loaded as runs of 4 consecutive
-/// elements in memory: `a`'s `BM × BK` tile is 4 runs a thread, `b`'s
+/// elements in memory: `a`'s `BM × BK` tile is 2 runs a thread, `b`'s
 /// `BK × BN` tile 8.
 const A_RUNS: u32 = BM * BK / (4 * THREADS);
 const B_RUNS: u32 = BK * BN / (4 * THREADS);
