@@ -181,12 +181,12 @@ fn cases() -> Vec<Case> {
         ),
         chain(
             "attention_lse (2 dispatches), 512 rows, 9 heads of 64, 3 KV heads",
-            backward::attention_lse(&attention, T, T),
+            backward::attention_lse(&attention, T, T, 1),
             &attention_bytes,
         ),
         chain(
             "attention_grad (8 dispatches), 512 rows, 9 heads of 64, 3 KV heads",
-            backward::attention_grad(&attention, T, T),
+            backward::attention_grad(&attention, T, T, 1),
             &attention_bytes,
         ),
         one(

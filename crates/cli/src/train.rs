@@ -250,7 +250,7 @@ fn write_profile(path: &Path, times: &[gerbil_runtime::DispatchTime]) -> Result<
     groups.sort_by(|a, b| b.1.total_cmp(&a.1));
     let total: f64 = times.iter().map(|t| t.nanos).sum();
     crate::console::note(&format!(
-        "one sequence: {:.2} ms in {} dispatches; the costliest:",
+        "one pass: {:.2} ms in {} dispatches; the costliest:",
         total / 1e6,
         times.len()
     ));

@@ -128,6 +128,10 @@ pub struct Lowering<'g> {
     pub min_tokens: u32,
     /// Largest step of the batch schedule.
     pub max_batch: u32,
+    /// Sequences a training step packs end to end, `max_tokens` rows in
+    /// all (1 in a plan, which packs none, or whose encoder steps read
+    /// their sequences from the segment table).
+    pub sequences: u32,
     /// The target's limits (a variant may allow its kernels more
     /// workgroup memory: [`VariantSpec::limits`]).
     pub target: &'g Target,
@@ -275,7 +279,12 @@ impl Lowering<'_> {
             Phase::ShortPrefill | Phase::Decode | Phase::Batch => 1,
         };
         let batch = phase == Phase::Batch;
-        let encoder = crate::sources::is_encoder(self.graph);
+        let g = self.graph;
+        let node = g.node(id);
+        let ins = g.inputs(id);
+        let in_ty = |i: usize| g.value_type(ins[i]);
+        let out_ty = &node.outputs[0];
+        let encoder = crate::sources::is_encoder(g);
         // In a batch, a value of one row has a row per sequence; in an
         // encoder, a row per input the step packs (a pooled vector, and the
         // projections and norm after it).
@@ -284,9 +293,10 @@ impl Lowering<'_> {
             Rows::Fixed(1) if encoder => Rows::Fixed(self.max_batch.max(1)),
             rows => rows,
         };
-        // An encoder's prefill steps pack whole sequences; its one-row
-        // (decode) steps are one sequence at position 0 either way.
-        let packed = matches!(phase, Phase::Prefill(_)) && encoder;
+        // An encoder's (and a training step's) prefill steps pack whole
+        // sequences; its one-row (decode) steps are one sequence at
+        // position 0 either way.
+        let packed = matches!(phase, Phase::Prefill(_)) && crate::sources::is_packed(g);
         let at = if batch {
             Positions::Table
         } else if packed {
@@ -294,11 +304,7 @@ impl Lowering<'_> {
         } else {
             Positions::Step
         };
-        let g = self.graph;
-        let node = g.node(id);
-        let ins = g.inputs(id);
-        let in_ty = |i: usize| g.value_type(ins[i]);
-        let out_ty = &node.outputs[0];
+
         // A KV cache of type `t` as this variant stores it.
         let kv = |t: &TensorType| match variant.precision {
             Precision::F16 => DType::F16,

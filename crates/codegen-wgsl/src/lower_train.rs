@@ -2,16 +2,18 @@
 //! [`Lowering::kernel`](crate::lower::Lowering), one template of
 //! [`crate::kernels::backward`] (or RoPE's backward) per op.
 //!
-//! A training step is a prefill step of `T` = the sequence length at `P` =
-//! 0, so every kernel here reads `T` from the step parameters and the
-//! caches are `max_context` = `T` rows. In a variant with cooperative
+//! A training step is a packed prefill step: `T` = the batch's (or a
+//! micro-batch's) sequences end to end at `P` = 0, each sequence's keys and
+//! values in cache rows of its own (cache row = row), so RoPE's backward
+//! reads each row's position from the segment table and attention's
+//! backward takes the sequences as one more dimension of its products. In a variant with cooperative
 //! matrices (mixed precision) the matmul gradients run on tensor cores
 //! ([`grad_coop`]), as its forward matmuls do. The surprise: a weight
 //! split into row shards is refused, not lowered — training binds every
 //! weight whole (as a range of the parameter buffer, `crate::training`),
 //! which the shards' sizes would contradict.
 
-use crate::kernels::{backward, grad_coop, rope, KernelSource};
+use crate::kernels::{backward, grad_coop, rope, KernelSource, Positions};
 use crate::lower::Lowering;
 use crate::variant::VariantSpec;
 use crate::CodegenError;
@@ -49,6 +51,8 @@ impl Lowering<'_> {
                 ),
             });
         }
+        // The step packs `sequences` sequences of `seq_len` rows end to end.
+        let seq_len = self.max_tokens / self.sequences.max(1);
         let one = match op {
             TrainOp::CrossEntropy => backward::cross_entropy(width(0), self.max_tokens),
             TrainOp::CrossEntropyGrad => backward::cross_entropy_grad(width(0)),
@@ -87,24 +91,24 @@ impl Lowering<'_> {
                     self.max_tokens,
                 ))
             }
-            TrainOp::RopeGrad(r) => rope::backward(rope::RopeSpec {
-                heads: r.n_heads,
-                head_dim: r.head_dim,
-                rotary_dim: r.rotary_dim,
-            }),
+            TrainOp::RopeGrad(r) => rope::backward(
+                rope::RopeSpec {
+                    heads: r.n_heads,
+                    head_dim: r.head_dim,
+                    rotary_dim: r.rotary_dim,
+                },
+                Positions::Packed,
+            ),
             TrainOp::CacheRows => backward::cache_rows(width(0)),
             TrainOp::AttentionLse(a) => {
-                return Ok(backward::attention_lse(
-                    a,
-                    self.max_context,
-                    self.max_tokens,
-                ))
+                return Ok(backward::attention_lse(a, seq_len, seq_len, self.sequences))
             }
             TrainOp::AttentionGrad(a) => {
                 return Ok(backward::attention_grad(
                     a,
-                    self.max_context,
-                    self.max_tokens,
+                    seq_len,
+                    seq_len,
+                    self.sequences,
                 ))
             }
             TrainOp::UnaryGrad(u) => backward::unary_grad(*u, width(0)),

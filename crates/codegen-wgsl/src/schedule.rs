@@ -186,6 +186,7 @@ fn assemble(graph: &Graph, opts: &CodegenOptions) -> Result<Assembled, CodegenEr
         max_tokens: opts.max_tokens_per_step as u32,
         min_tokens: 1,
         max_batch: opts.max_batch,
+        sequences: 1,
         target: &opts.target,
         gemm_tiles: &opts.gemm_tiles,
     };

@@ -294,6 +294,18 @@ pub(crate) fn is_encoder(graph: &Graph) -> bool {
         .any(|(name, _)| name == gerbil_ir::EMBEDDING)
 }
 
+/// Whether `graph`'s prefill steps pack whole sequences end to end, each
+/// row's sequence read from the segment table (`kernels::Segments`): an
+/// encoder's, and a training step's (its output is a loss), whose batch
+/// of sequences runs as one step.
+pub(crate) fn is_packed(graph: &Graph) -> bool {
+    is_encoder(graph)
+        || graph
+            .outputs
+            .iter()
+            .any(|(name, _)| name == gerbil_ir::LOSS)
+}
+
 /// The graph output a named output stands for.
 fn output_kind(name: &str) -> Result<OutputKind, CodegenError> {
     match name {
@@ -363,9 +375,9 @@ pub(crate) fn place<'o>(
         });
     }
     let step_params = b.push(STEP_PARAMS_BYTES, BufferKind::StepParams);
-    // A batch step's row table, or an encoder step's segment table (a pair
+    // A batch step's row table, or a packed step's segment table (a pair
     // per row, then one per sequence place: `kernels::Segments`).
-    let step_rows = if is_encoder(graph) {
+    let step_rows = if is_packed(graph) {
         let pairs = opts.max_tokens_per_step + u64::from(opts.max_batch.max(1));
         Some(b.push(8 * pairs, BufferKind::StepRows))
     } else {

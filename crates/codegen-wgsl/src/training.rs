@@ -1,17 +1,20 @@
 //! [`generate_training`]: a training graph (the forward graph after
 //! `gerbil_passes::training_passes`) becomes a [`TrainingPlan`].
 //!
-//! The sequence schedule is built as a plan's prefill schedule is —
-//! sources placed ([`crate::sources`]), activations planned by liveness
+//! The pass schedule is built as a plan's prefill schedule is — sources
+//! placed ([`crate::sources`]), activations planned by liveness
 //! ([`crate::binder`]), every node lowered ([`crate::lower`]; the training
 //! ops in [`crate::lower_train`]) — for one variant, `portable` (f32, no
-//! optional feature), at `T` = `max_context` = the sequence length. Then
+//! optional feature) or `tensor-mixed`, as a packed step: a micro-batch of
+//! `M` sequences end to end, `T` = `max_context` = `M` times the sequence
+//! length, each row's position and sequence read from the segment table
+//! (so a matmul sees every row of the micro-batch at once). Then
 //! the trained weights and their `grad.*` outputs move into the optimizer's
 //! buffers: each weight becomes a range of the parameter buffer and its
 //! gradient the same range of the gradient buffer, and every dispatch that
 //! bound the weight's or the output's own buffer binds that range instead
 //! (the own buffers leave the table). Last come the dispatches that add a
-//! sequence's gradients into the batch's and the fused AdamW
+//! pass's gradients into the batch's and the fused AdamW
 //! ([`crate::kernels::adamw`]), two per binding-sized range.
 //!
 //! The surprise: the trained weights are found by the outputs' names
@@ -46,6 +49,11 @@ const ROWS_PER_WORKGROUP: u32 = 8;
 /// WebGPU's binding offset alignment.
 const PARAMETER_ALIGN: u64 = 64;
 
+/// Most rows a pass packs when the micro-batch is chosen
+/// ([`TrainingOptions::micro_batch`] `None`): SmolLM2's batch of 4 × 512,
+/// whose narrow matmuls fill an H200 only at that depth.
+pub const PACKED_ROWS: u32 = 2048;
+
 /// How to compile a training step.
 #[derive(Clone, Debug)]
 pub struct TrainingOptions {
@@ -53,6 +61,10 @@ pub struct TrainingOptions {
     pub seq_len: u32,
     /// Sequences per optimizer step.
     pub batch: u32,
+    /// Sequences per pass, packed end to end (a divisor of `batch`); `None`
+    /// chooses the largest divisor whose rows are at most [`PACKED_ROWS`]
+    /// and whose logits fit one binding.
+    pub micro_batch: Option<u32>,
     /// AdamW's moments in 8 bits (`kernels::adamw::adamw_update_8bit`).
     pub eight_bit: bool,
     /// Mixed precision: every matmul, forward and backward, on tensor
@@ -84,13 +96,17 @@ pub fn generate_training(
     let order = graph
         .topo_order()
         .ok_or_else(|| CodegenError::Graph("the graph has a cycle".into()))?;
+    let vocab = vocab(graph)?;
+    let micro = micro_batch(opts, vocab)?;
+    let rows = micro * opts.seq_len;
     let copts = CodegenOptions {
-        max_context: u64::from(opts.seq_len),
-        max_tokens_per_step: u64::from(opts.seq_len),
+        max_context: u64::from(rows),
+        max_tokens_per_step: u64::from(rows),
         target: opts.target.clone(),
         prefill_rows_per_workgroup: ROWS_PER_WORKGROUP,
         gemm_tiles: GemmTiles::new(),
-        max_batch: 0,
+        // The segment table's sequence places.
+        max_batch: micro,
     };
     let spec = if opts.mixed {
         VariantSpec::training_mixed(ROWS_PER_WORKGROUP)
@@ -126,21 +142,22 @@ pub fn generate_training(
     let lowering = Lowering {
         graph,
         shard_rows: &layout.sources.buffers.shard_rows,
-        max_context: opts.seq_len,
-        max_tokens: opts.seq_len,
-        min_tokens: opts.seq_len,
+        max_context: rows,
+        max_tokens: rows,
+        min_tokens: rows,
         max_batch: 0,
+        sequences: micro,
         target: &opts.target,
         gemm_tiles: &copts.gemm_tiles,
     };
     let scratch = layout.sources.buffers.decls.len() as u32;
     let mut asm = Assembler::new(scratch);
     let phase = Phase::Prefill(ROWS_PER_WORKGROUP);
-    let mut sequence = schedule(&steps, &layout, &lowering, &mut asm, &spec, phase, None)?;
+    let mut pass = schedule(&steps, &layout, &lowering, &mut asm, &spec, phase, None)?;
     let (mut parameters, trained, moved) = parameters(graph, &layout)?;
     let sources = layout.sources;
     let mut decls = sources.buffers.decls;
-    if let Some(decl) = asm.place_scratch(&mut [&mut sequence]) {
+    if let Some(decl) = asm.place_scratch(&mut [&mut pass]) {
         decls.push(decl);
     }
     let banks = banks(&mut parameters, opts.target.limits.max_storage_binding / 4);
@@ -153,6 +170,9 @@ pub fn generate_training(
     };
     let io = TrainingIo {
         step_params: sources.step_params,
+        step_rows: sources
+            .step_rows
+            .ok_or_else(|| CodegenError::Graph("a training step has no segment table".into()))?,
         token_ids: sources.token_ids,
         target_ids,
         loss,
@@ -197,7 +217,7 @@ pub fn generate_training(
         };
         Some((buffers[bank], 4 * (p.offset - banks[bank].0)))
     };
-    for slice in sequence.iter_mut().flat_map(|d| d.bindings.iter_mut()) {
+    for slice in pass.iter_mut().flat_map(|d| d.bindings.iter_mut()) {
         if let Some((buffer, offset)) = home(slice.buffer) {
             slice.buffer = buffer;
             slice.offset += offset;
@@ -222,7 +242,7 @@ pub fn generate_training(
     for (r, &(_, len)) in banks.iter().enumerate() {
         accumulate.push(bind.dispatch(
             "accumulate",
-            adamw::accumulate(len, opts.batch),
+            adamw::accumulate(len, opts.batch / micro),
             &[
                 (input(0), whole(io.gradients[r])),
                 (output(0), whole(io.accumulated[r])),
@@ -280,7 +300,7 @@ pub fn generate_training(
         .map(|(new, &old)| (old, new as u32))
         .collect();
     let at = |b: u32| renumber.get(&b).copied().unwrap_or(u32::MAX);
-    for slice in [&mut sequence, &mut accumulate, &mut optimizer]
+    for slice in [&mut pass, &mut accumulate, &mut optimizer]
         .into_iter()
         .flat_map(|s| s.iter_mut())
         .flat_map(|d| d.bindings.iter_mut())
@@ -299,6 +319,7 @@ pub fn generate_training(
         .collect();
     let io = TrainingIo {
         step_params: at(io.step_params),
+        step_rows: at(io.step_rows),
         token_ids: at(io.token_ids),
         target_ids: at(io.target_ids),
         loss: at(io.loss),
@@ -309,19 +330,20 @@ pub fn generate_training(
         report: at(io.report),
     };
     let buffers: Vec<BufferDecl> = kept.iter().map(|&b| decls[b as usize].clone()).collect();
-    let requirements = asm.requirements(&buffers, &[&sequence, &accumulate, &optimizer]);
+    let requirements = asm.requirements(&buffers, &[&pass, &accumulate, &optimizer]);
     Ok(TrainingProgram {
         plan: TrainingPlan {
             buffers,
             kernels: asm.finish()?,
-            sequence,
+            pass,
             accumulate,
             optimizer,
             io,
             parameters,
             seq_len: opts.seq_len,
             batch: opts.batch,
-            vocab: vocab(graph)?,
+            micro_batch: micro,
+            vocab,
             requirements,
         },
         frozen,
@@ -380,6 +402,33 @@ fn banks(params: &mut [Parameter], limit: u64) -> Vec<(u64, u32)> {
 }
 
 /// The vocabulary: the width of the logits the loss reads.
+/// The sequences a pass packs: `opts.micro_batch` if it divides the batch,
+/// or the largest divisor of the batch within [`PACKED_ROWS`] rows whose
+/// `[rows, vocab]` f32 logits fit one binding (at least 1).
+fn micro_batch(opts: &TrainingOptions, vocab: u32) -> Result<u32, CodegenError> {
+    let batch = opts.batch.max(1);
+    if let Some(m) = opts.micro_batch {
+        if m == 0 || !batch.is_multiple_of(m) {
+            return Err(CodegenError::Unsupported {
+                label: "the training step".into(),
+                reason: format!(
+                    "a micro-batch of {m} sequences does not divide the batch of {batch};                      pick a divisor of the batch"
+                ),
+            });
+        }
+        return Ok(m);
+    }
+    let binding = opts.target.limits.max_storage_binding;
+    let fits = |m: u32| {
+        let rows = m * opts.seq_len;
+        rows <= PACKED_ROWS && 4 * u64::from(rows) * u64::from(vocab) <= binding
+    };
+    Ok((1..=batch)
+        .rev()
+        .find(|&m| batch.is_multiple_of(m) && fits(m))
+        .unwrap_or(1))
+}
+
 fn vocab(graph: &Graph) -> Result<u32, CodegenError> {
     graph
         .g

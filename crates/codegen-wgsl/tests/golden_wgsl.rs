@@ -870,15 +870,19 @@ fn golden_backward_kernels() {
         window: None,
         causal: true,
     };
-    for kernel in backward::attention_lse(&attention, 512, 512) {
+    // A pass of SmolLM2's batch of 4 sequences of 512, packed.
+    for kernel in backward::attention_lse(&attention, 512, 512, 4) {
         golden(kernel);
     }
-    for kernel in backward::attention_grad(&attention, 512, 512) {
+    for kernel in backward::attention_grad(&attention, 512, 512, 4) {
         golden(kernel);
     }
-    golden(rope::backward(RopeSpec {
-        heads: 9,
-        head_dim: 64,
-        rotary_dim: 64,
-    }));
+    golden(rope::backward(
+        RopeSpec {
+            heads: 9,
+            head_dim: 64,
+            rotary_dim: 64,
+        },
+        Positions::Packed,
+    ));
 }

@@ -2,11 +2,13 @@
 //!
 //! [`TrainingPlan`] is codegen's answer for a training graph (the forward
 //! graph after the `autodiff` pass) and everything the runtime needs to run
-//! it: the buffer table, the kernels, and three schedules — one sequence's
-//! forward and backward ([`TrainingPlan::sequence`]), the dispatches that add
-//! its gradients into the batch's ([`TrainingPlan::accumulate`]), and the
-//! fused optimizer ([`TrainingPlan::optimizer`]). A step of `B` sequences
-//! runs `sequence` and `accumulate` `B` times, then `optimizer` once.
+//! it: the buffer table, the kernels, and three schedules — one pass's
+//! forward and backward over a micro-batch of sequences packed end to end
+//! ([`TrainingPlan::pass`]), the dispatches that add its gradients into the
+//! batch's ([`TrainingPlan::accumulate`]), and the fused optimizer
+//! ([`TrainingPlan::optimizer`]). A step of `B` sequences in micro-batches
+//! of `M` runs `pass` and `accumulate` `B / M` times, then `optimizer`
+//! once.
 //!
 //! The surprise: every trained weight is a range of one buffer, a *bank*
 //! ([`TrainingIo::parameters`]), and its gradient the same range of another
@@ -29,16 +31,16 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TrainingBuffer {
-    /// The next-token target of every row of the step, `u32[T]`.
+    /// The next-token target of every row of a pass, `u32[T]`.
     TargetIds,
-    /// The step's mean cross-entropy, `f32[1]`.
+    /// A pass's mean cross-entropy, `f32[1]`.
     Loss,
     /// Every trained weight, f32, each at its [`Parameter::offset`].
     Parameters,
-    /// The gradients of one sequence, laid out as the parameters.
+    /// The gradients of one pass, laid out as the parameters.
     Gradients,
-    /// The gradients summed over the batch (divided by its size), which
-    /// the optimizer reads and zeroes.
+    /// The gradients summed over the batch's passes (divided by their
+    /// count), which the optimizer reads and zeroes.
     Accumulated,
     /// AdamW's first moment (f32), or its 8-bit codes.
     FirstMoment,
@@ -67,6 +69,13 @@ pub struct Parameter {
     pub offset: u64,
 }
 
+impl TrainingPlan {
+    /// Passes per optimizer step.
+    pub fn passes(&self) -> u32 {
+        self.batch / self.micro_batch.max(1)
+    }
+}
+
 impl Parameter {
     /// How many values it has.
     pub fn len(&self) -> u64 {
@@ -83,17 +92,21 @@ impl Parameter {
 /// into [`TrainingPlan::buffers`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct TrainingIo {
-    /// The step parameters (`T` = the sequence length, `P` = 0).
+    /// The step parameters (`T` = a pass's rows, `P` = 0).
     pub step_params: u32,
-    /// The token ids of the sequence.
+    /// The segment table of a pass's sequences
+    /// (`gerbil_codegen_wgsl::kernels::Segments`), which the runtime writes
+    /// once: every pass packs the same lengths.
+    pub step_rows: u32,
+    /// The token ids of a pass's sequences, end to end.
     pub token_ids: u32,
-    /// Its next-token targets.
+    /// Their next-token targets.
     pub target_ids: u32,
-    /// Its loss.
+    /// The pass's loss, the mean over its rows.
     pub loss: u32,
     /// Every trained weight: a buffer per bank (see [`Parameter::offset`]).
     pub parameters: Vec<u32>,
-    /// One sequence's gradients, a buffer per bank.
+    /// One pass's gradients, a buffer per bank.
     pub gradients: Vec<u32>,
     /// The batch's gradients, a buffer per bank.
     pub accumulated: Vec<u32>,
@@ -111,10 +124,10 @@ pub struct TrainingPlan {
     pub buffers: Vec<BufferDecl>,
     /// The distinct kernels.
     pub kernels: Vec<Kernel>,
-    /// One sequence's forward pass, loss and backward pass.
-    pub sequence: Vec<Dispatch>,
-    /// Adds one sequence's gradients, divided by the batch size, into the
-    /// batch's.
+    /// One pass: the forward pass, loss and backward pass of a micro-batch.
+    pub pass: Vec<Dispatch>,
+    /// Adds one pass's gradients, divided by the passes a step takes, into
+    /// the batch's.
     pub accumulate: Vec<Dispatch>,
     /// The optimizer: the gradient norm's partials, then the update, for
     /// each range of the parameters one binding holds.
@@ -127,6 +140,8 @@ pub struct TrainingPlan {
     pub seq_len: u32,
     /// Sequences per step.
     pub batch: u32,
+    /// Sequences per pass, packed end to end (a divisor of `batch`).
+    pub micro_batch: u32,
     /// Token ids and targets are below this.
     pub vocab: u32,
     /// The device limits it needs.

@@ -2,18 +2,20 @@
 //! [`Trainer::step`], in one submission.
 //!
 //! [`Trainer::new`] creates the plan's buffers (the parameter buffer filled
-//! with the caller's initial weights, frozen weights with their bytes), a
-//! pipeline per kernel and a bind group per dispatch. A step uploads the
-//! batch's tokens and targets into a staging buffer, then records, for each
-//! sequence, copies of its ids into the plan's token and target buffers,
-//! the sequence schedule, a copy of its loss aside, and the accumulation of
-//! its gradients; then the optimizer; then the copy of the losses and the
-//! optimizer's report into a buffer it maps. One wait per step.
+//! with the caller's initial weights, frozen weights with their bytes, the
+//! segment table of a pass's sequences), a pipeline per kernel and a bind
+//! group per dispatch. A step uploads the batch's tokens and targets into a
+//! staging buffer, then records, for each pass (a micro-batch of `M`
+//! sequences packed end to end), copies of its ids into the plan's token
+//! and target buffers, the pass schedule, a copy of its loss aside, and the
+//! accumulation of its gradients; then the optimizer; then the copy of the
+//! losses and the optimizer's report into a buffer it maps. One wait per
+//! step.
 //!
 //! The surprise: the ids are copied inside the command encoder rather than
 //! written with `Queue::write_buffer`, whose writes all land before the
-//! submission runs — `B` writes to the token buffer would leave only the
-//! last sequence's for every pass.
+//! submission runs — `B / M` writes to the token buffer would leave only
+//! the last pass's for every pass.
 
 use crate::device::{check_limits, Gpu};
 use crate::error::RuntimeError;
@@ -32,7 +34,8 @@ struct Bound {
 /// What one optimizer step did.
 #[derive(Clone, Debug, PartialEq)]
 pub struct StepReport {
-    /// Each sequence's mean cross-entropy, in batch order.
+    /// Each pass's mean cross-entropy (the mean of its micro-batch's
+    /// sequences'), in batch order.
     pub losses: Vec<f32>,
     /// The global gradient norm of the batch's mean gradient, before
     /// clipping.
@@ -45,7 +48,8 @@ pub struct StepReport {
 }
 
 impl StepReport {
-    /// The batch's loss: the mean of its sequences'.
+    /// The batch's loss: the mean of its sequences' (passes have as many
+    /// rows each).
     pub fn loss(&self) -> f32 {
         self.losses.iter().sum::<f32>() / self.losses.len().max(1) as f32
     }
@@ -57,7 +61,7 @@ pub struct Trainer {
     plan: TrainingPlan,
     buffers: Vec<wgpu::Buffer>,
     pipelines: Vec<KernelPipeline>,
-    sequence: Vec<Bound>,
+    pass: Vec<Bound>,
     accumulate: Vec<Bound>,
     optimizer: Vec<Bound>,
     /// Every sequence's tokens, then every sequence's targets.
@@ -104,11 +108,17 @@ impl Trainer {
             };
             queue.write_buffer(b, 0, bytes);
         }
-        let params: [u32; (STEP_PARAMS_BYTES / 4) as usize] = [plan.seq_len, 0, 0, 0];
+        let rows = plan.micro_batch * plan.seq_len;
+        let params: [u32; (STEP_PARAMS_BYTES / 4) as usize] = [rows, 0, 0, 0];
         queue.write_buffer(
             &buffers[io.step_params as usize],
             0,
             bytemuck::cast_slice(&params),
+        );
+        queue.write_buffer(
+            &buffers[io.step_rows as usize],
+            0,
+            bytemuck::cast_slice(&segments(plan.micro_batch, plan.seq_len)),
         );
         let pipelines = gpu
             .scoped("compiling the training kernels", || {
@@ -121,13 +131,13 @@ impl Trainer {
         let bind = |schedule: &[Dispatch]| {
             schedule
                 .iter()
-                .map(|d| bound(&gpu, &buffers, &pipelines, d, plan.seq_len))
+                .map(|d| bound(&gpu, &buffers, &pipelines, d, rows))
                 .collect::<Vec<_>>()
         };
-        let (sequence, accumulate, optimizer) = gpu
+        let (pass, accumulate, optimizer) = gpu
             .scoped("binding the training dispatches", || {
                 (
-                    bind(&plan.sequence),
+                    bind(&plan.pass),
                     bind(&plan.accumulate),
                     bind(&plan.optimizer),
                 )
@@ -135,7 +145,7 @@ impl Trainer {
             .await?;
         let batch = u64::from(plan.batch.max(1));
         let ids_bytes = 2 * batch * u64::from(plan.seq_len) * 4;
-        let results_bytes = 4 * batch + 12;
+        let results_bytes = 4 * u64::from(plan.passes()) + 12;
         let buffer = |label: &str, size: u64, usage: wgpu::BufferUsages| {
             gpu.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some(label),
@@ -159,7 +169,7 @@ impl Trainer {
             plan,
             buffers,
             pipelines,
-            sequence,
+            pass,
             accumulate,
             optimizer,
             ids,
@@ -225,21 +235,23 @@ impl Trainer {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("training step"),
             });
-        let row = 4 * len as u64;
+        let passes = self.plan.passes() as usize;
+        let pass_bytes = (4 * len * batch / passes) as u64;
         let targets_at = (batch * len * 4) as u64;
-        for b in 0..batch as u64 {
+        for b in 0..passes as u64 {
             let token_ids = &self.buffers[io.token_ids as usize];
             let target_ids = &self.buffers[io.target_ids as usize];
-            enc.copy_buffer_to_buffer(&self.ids, b * row, token_ids, 0, row);
-            enc.copy_buffer_to_buffer(&self.ids, targets_at + b * row, target_ids, 0, row);
-            self.record(&mut enc, &self.sequence);
+            enc.copy_buffer_to_buffer(&self.ids, b * pass_bytes, token_ids, 0, pass_bytes);
+            let targets = targets_at + b * pass_bytes;
+            enc.copy_buffer_to_buffer(&self.ids, targets, target_ids, 0, pass_bytes);
+            self.record(&mut enc, &self.pass);
             let loss = &self.buffers[io.loss as usize];
             enc.copy_buffer_to_buffer(loss, 0, &self.results, 4 * b, 4);
             self.record(&mut enc, &self.accumulate);
         }
         self.record(&mut enc, &self.optimizer);
         let report = &self.buffers[io.report as usize];
-        enc.copy_buffer_to_buffer(report, 0, &self.results, 4 * batch as u64, 12);
+        enc.copy_buffer_to_buffer(report, 0, &self.results, 4 * passes as u64, 12);
         enc.copy_buffer_to_buffer(&self.results, 0, &self.readback, 0, self.results.size());
         self.gpu
             .scoped("running a training step", || queue.submit([enc.finish()]))
@@ -251,10 +263,10 @@ impl Trainer {
             })
             .await?;
         Ok(StepReport {
-            losses: values[..batch].to_vec(),
-            grad_norm: values[batch],
-            clip: values[batch + 1],
-            applied: values[batch + 2] != 0.0,
+            losses: values[..passes].to_vec(),
+            grad_norm: values[passes],
+            clip: values[passes + 1],
+            applied: values[passes + 2] != 0.0,
         })
     }
 
@@ -326,11 +338,11 @@ impl Trainer {
         Ok(out)
     }
 
-    /// Runs one sequence's dispatches on `tokens` and `targets` with a
-    /// timestamp after each and returns each dispatch's GPU time — not the
-    /// accumulation or the optimizer, so the weights and the batch's
-    /// gradients stay as they were. Needs a device opened with timestamps
-    /// (`DeviceOptions::timestamps`).
+    /// Runs one pass's dispatches on `tokens` and `targets` (a micro-batch's
+    /// sequences end to end) with a timestamp after each and returns each
+    /// dispatch's GPU time — not the accumulation or the optimizer, so the
+    /// weights and the batch's gradients stay as they were. Needs a device
+    /// opened with timestamps (`DeviceOptions::timestamps`).
     pub async fn profile(
         &self,
         tokens: &[u32],
@@ -342,10 +354,11 @@ impl Trainer {
                     .into(),
             ));
         }
-        let len = self.plan.seq_len as usize;
-        if tokens.len() != len || targets.len() != len {
+        let rows = (self.plan.micro_batch * self.plan.seq_len) as usize;
+        if tokens.len() != rows || targets.len() != rows {
             return Err(RuntimeError::Training(format!(
-                "profile one sequence of {len} tokens and targets"
+                "profile one pass: {rows} tokens and targets ({} sequences of {})",
+                self.plan.micro_batch, self.plan.seq_len
             )));
         }
         let io = &self.plan.io;
@@ -360,10 +373,10 @@ impl Trainer {
             0,
             bytemuck::cast_slice(targets),
         );
-        let count = self.sequence.len() as u32 + 1;
+        let count = self.pass.len() as u32 + 1;
         let stamps = timed_pass(&self.gpu, count, |pass, stamps| {
             stamps.write(pass, 0);
-            for (i, d) in self.sequence.iter().enumerate() {
+            for (i, d) in self.pass.iter().enumerate() {
                 pass.set_pipeline(&self.pipelines[d.kernel].pipeline);
                 pass.set_bind_group(0, &d.group, &[]);
                 let [x, y, z] = d.workgroups;
@@ -374,10 +387,10 @@ impl Trainer {
         })
         .await?;
         let period = f64::from(queue.get_timestamp_period());
-        let t = self.plan.seq_len;
+        let t = rows as u32;
         Ok(self
             .plan
-            .sequence
+            .pass
             .iter()
             .enumerate()
             .map(|(i, d)| DispatchTime {
@@ -401,6 +414,14 @@ impl Trainer {
             pass.dispatch_workgroups(x, y, z);
         }
     }
+}
+
+/// The segment table (`gerbil_codegen_wgsl::kernels::Segments`) of `m`
+/// sequences of `len` rows end to end: each row's sequence's first row and
+/// length, then each sequence's.
+fn segments(m: u32, len: u32) -> Vec<u32> {
+    let rows = (0..m * len).flat_map(|r| [r / len * len, len]);
+    rows.chain((0..m).flat_map(|s| [s * len, len])).collect()
 }
 
 /// `d`'s bind group over `buffers`, and its workgroups at `T = t`.

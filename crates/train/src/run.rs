@@ -36,6 +36,10 @@ pub struct RunOptions {
     pub seq_len: u32,
     /// Sequences per optimizer step.
     pub batch: u32,
+    /// Sequences per pass on the GPU, packed end to end (a divisor of
+    /// `batch`); `None`: as many as `TrainingOptions::micro_batch` chooses.
+    /// The losses are the same either way, up to f32 rounding.
+    pub micro_batch: Option<u32>,
     /// The optimizer's settings and schedule.
     pub hyper: Hyperparameters,
     /// AdamW's moments in 8 bits.
@@ -268,6 +272,7 @@ impl Run {
         let training = TrainingOptions {
             seq_len: opts.seq_len,
             batch: opts.batch,
+            micro_batch: opts.micro_batch,
             eight_bit: opts.eight_bit,
             mixed: opts.mixed,
             target,
@@ -358,13 +363,18 @@ impl Run {
         })
     }
 
-    /// The GPU time of each dispatch of one sequence (the next batch's
-    /// first), without changing the weights; the device must have been
-    /// opened with timestamps ([`RunOptions::device`]).
+    /// The GPU time of each dispatch of one pass (the next batch's first
+    /// micro-batch), without changing the weights; the device must have
+    /// been opened with timestamps ([`RunOptions::device`]).
     pub async fn profile(&self) -> Result<Vec<gerbil_runtime::DispatchTime>, TrainError> {
-        let windows = self.windows.batch(self.step as usize, 1);
-        let (tokens, targets) = Windows::split(windows[0]);
-        Ok(self.trainer.profile(tokens, targets).await?)
+        let micro = self.trainer.plan().micro_batch as usize;
+        let (mut tokens, mut targets) = (Vec::new(), Vec::new());
+        for window in self.windows.batch(self.step as usize, micro) {
+            let (t, y) = Windows::split(window);
+            tokens.extend_from_slice(t);
+            targets.extend_from_slice(y);
+        }
+        Ok(self.trainer.profile(&tokens, &targets).await?)
     }
 
     /// Writes a checkpoint directory `dir`: the model in HF format (or the

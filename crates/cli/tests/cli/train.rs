@@ -88,7 +88,7 @@ fn a_run_logs_every_step_saves_checkpoints_and_writes_a_model_gerbilc_compiles()
         "{times:?}"
     );
     assert!(times.iter().all(|t| t["nanos"].as_f64().unwrap() >= 0.0));
-    assert!(stderr(&o).contains("one sequence:"), "{}", stderr(&o));
+    assert!(stderr(&o).contains("one pass:"), "{}", stderr(&o));
     let lines = log_lines(&log);
     assert_eq!(lines.len(), 6);
     for (i, l) in lines.iter().enumerate() {

@@ -692,16 +692,17 @@ pub fn embedding_grad(vocab: u32, width: u32, e: &Embedding) -> KernelSource {
         workgroup_bytes: 4 * ID_TILE + 4,
     }
 }
-
-/// The constants of attention `a` over caches of `lmax` rows (and steps
-/// of at most `max_rows`), and `fn keys(t) -> vec2<u32>`: the first and
-/// last cache row query row `t` sees (causal or not, within the window), as
-/// the interpreter's `keys_seen`.
-fn attention_consts(a: &Attention, lmax: u32, max_rows: u32) -> String {
+/// The constants of attention `a` over `seqs` sequences packed end to end,
+/// each with a cache of `lmax` rows (and steps of at most `max_rows` rows
+/// a sequence), and its helpers: `fn seq_rows()`, a sequence's rows
+/// (`T / SEQS`), and `fn keys(t) -> vec2<u32>`: the first and last cache
+/// row of its sequence that query row `t` of a sequence sees (causal or
+/// not, within the window), as the interpreter's `keys_seen`.
+fn attention_consts(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> String {
     let mut w = header(&format!(
         "const NH: u32 = {}u;\nconst NKV: u32 = {}u;\nconst HD: u32 = {}u;\n\
          const GROUP: u32 = {}u;\nconst SCALE: f32 = {};\nconst LMAX: u32 = {lmax}u;\n\
-         const TMAX: u32 = {max_rows}u;\n",
+         const TMAX: u32 = {max_rows}u;\nconst SEQS: u32 = {seqs}u;\n",
         a.n_heads,
         a.n_kv_heads,
         a.head_dim,
@@ -711,7 +712,7 @@ fn attention_consts(a: &Attention, lmax: u32, max_rows: u32) -> String {
     let last = if a.causal {
         "me"
     } else {
-        "params.p + params.t - 1u"
+        "params.p + seq_rows() - 1u"
     };
     let range = match a.window {
         Some(win) => format!(
@@ -721,61 +722,103 @@ fn attention_consts(a: &Attention, lmax: u32, max_rows: u32) -> String {
     };
     let _ = writeln!(
         w,
-        "fn keys(t: u32) -> vec2<u32> {{\n  let me = params.p + t;\n  return {range};\n}}\n\
+        "fn seq_rows() -> u32 {{ return params.t / SEQS; }}\n\
+         fn keys(t: u32) -> vec2<u32> {{\n  let me = params.p + t;\n  return {range};\n}}\n\
          const SPLITS: u32 = {splits}u;\n\
-         fn chunk() -> u32 {{ return (GROUP * params.t + SPLITS - 1u) / SPLITS; }}",
-        splits = cache_splits(a, lmax, max_rows),
+         fn chunk() -> u32 {{ return (GROUP * seq_rows() + SPLITS - 1u) / SPLITS; }}",
+        splits = cache_splits(a, lmax, max_rows, seqs),
     );
     w
 }
 
-fn attention_tag(a: &Attention) -> String {
+/// The helpers of a product whose workgroup z is `z_per_seq` products for
+/// each of the packed sequences: `fn zs(z)`, z's own product within its
+/// sequence, `fn row0(z)`, its sequence's first row, and `fn key0(z)`,
+/// its sequence's first cache row.
+fn per_sequence(w: &mut String, z_per_seq: u32) {
+    let _ = writeln!(
+        w,
+        "const ZS: u32 = {z_per_seq}u;\n\
+         fn zs(z: u32) -> u32 {{ return z % ZS; }}\n\
+         fn row0(z: u32) -> u32 {{ return z / ZS * seq_rows(); }}\n\
+         fn key0(z: u32) -> u32 {{ return z / ZS * LMAX; }}"
+    );
+}
+
+/// A product's launch over `seqs` packed sequences: each sequence's
+/// `rows` (its rows, or `Rows::Fixed` cache rows) by `cols`, `batch`
+/// products a sequence, one per workgroup z.
+fn packed_launch(
+    name: String,
+    wgsl: String,
+    b: Bindings,
+    (rows, cols): (Rows, u32),
+    batch: u32,
+    seqs: u32,
+) -> KernelSource {
+    let mut k = batched_launch(name, wgsl, b, rows, cols, batch * seqs);
+    if rows == Rows::Tokens {
+        k.workgroups[1] = WorkgroupCount::per_token(1, 0, TILE * seqs);
+    }
+    k
+}
+
+fn attention_tag(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> String {
     format!(
-        "h{}_kv{}_d{}{}{}",
+        "h{}_kv{}_d{}{}{}_l{lmax}_t{max_rows}{}",
         a.n_heads,
         a.n_kv_heads,
         a.head_dim,
         a.window.map_or(String::new(), |w| format!("_w{w}")),
-        if a.causal { "" } else { "_bi" }
+        if a.causal { "" } else { "_bi" },
+        if seqs > 1 {
+            format!("_s{seqs}")
+        } else {
+            String::new()
+        }
     )
 }
 
 /// `lse[t, h]`: the log-sum-exp of row `t`'s scaled scores against the keys
-/// it sees, for head `h`, over caches of `lmax` rows, in steps of at most
-/// `max_rows`: `(q, k_cache) -> lse`, as two dispatches through the
-/// scratch: the scores of every head as [`tiled_product`]s (the lowest
+/// it sees, for head `h`, over `seqs` sequences packed end to end (a
+/// training step's batch: `T / seqs` rows each, at most `max_rows`, and
+/// caches of `lmax` rows each, a sequence's from `lmax` times its index):
+/// `(q, k_cache) -> lse`, as two dispatches through the scratch: the
+/// scores of every sequence's heads as [`tiled_product`]s (the lowest
 /// finite f32 for keys a row does not see), then a workgroup per row and
 /// head takes their maximum and the sum of their exponentials.
-pub fn attention_lse(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSource> {
-    let tag = format!("{}_l{lmax}_t{max_rows}", attention_tag(a));
-    let scores_bytes = 4 * u64::from(max_rows) * u64::from(a.n_heads) * u64::from(lmax);
-    let mut w = attention_consts(a, lmax, max_rows);
+pub fn attention_lse(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec<KernelSource> {
+    let tag = attention_tag(a, lmax, max_rows, seqs);
+    let scores_bytes =
+        4 * u64::from(seqs) * u64::from(max_rows) * u64::from(a.n_heads) * u64::from(lmax);
+    let mut w = attention_consts(a, lmax, max_rows, seqs);
     w.push_str("const NC: u32 = LMAX;\n");
+    per_sequence(&mut w, a.n_heads);
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "q");
     b.activation(&mut w, input(1), "k");
     b.scratch(&mut w, "scores", scores_bytes);
     w.push_str(&tiled_product(
         Operand {
-            load: "q[(i * NH + z) * HD + l]",
+            load: "q[((row0(z) + i) * NH + zs(z)) * HD + l]",
             rows_first: false,
         },
-        "k[(j * NKV + z / GROUP) * HD + l]",
+        "k[((key0(z) + j) * NKV + zs(z) / GROUP) * HD + l]",
         &format!(
             "let kr = keys(i); scores[(z * TMAX + i) * LMAX + j] = select({LOWEST}, VALUE * SCALE, j >= kr.x && j <= kr.y);"
         ),
-        "params.t",
+        "seq_rows()",
         "HD",
     ));
-    let scores = batched_launch(
+    let scores = packed_launch(
         format!("attention_lse_scores_{tag}"),
         w,
         b,
-        Rows::Tokens,
-        lmax,
+        (Rows::Tokens, lmax),
         a.n_heads,
+        seqs,
     );
-    let mut w = attention_consts(a, lmax, max_rows);
+    let mut w = attention_consts(a, lmax, max_rows, seqs);
     w.push_str("const H: u32 = LMAX;\nvar<workgroup> red: array<f32, WG>;\n");
     let mut b = Bindings::new();
     b.activation(&mut w, output(0), "lse");
@@ -784,7 +827,9 @@ pub fn attention_lse(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSourc
         w,
         "@compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
-         \x20 let lane = lid.x;\n  let row = (wid.y * TMAX + wid.x) * H;\n  var s = 0.0f;\n{stats}\
+         \x20 let lane = lid.x;\n\
+         \x20 let seq = wid.x / seq_rows();\n\
+         \x20 let row = ((seq * NH + wid.y) * TMAX + wid.x % seq_rows()) * H;\n  var s = 0.0f;\n{stats}\
          \x20 if (lane == 0u) {{ lse[wid.x * NH + wid.y] = m + log(total); }}\n}}\n",
         stats = softmax_stats(),
     );
@@ -808,41 +853,45 @@ type Ports<'a> = &'a [(u32, &'a str)];
 
 /// The scratch of [`attention_grad`]'s dispatches, declared in the same
 /// order by each so every one binds it at the same offsets: `delta[t·NH +
-/// h]` (each row's and head's `dy · out`), then `probs[(h·TMAX + t)·LMAX +
-/// j]` (the probabilities, which the third dispatch turns into the scores'
-/// gradients in place).
-fn attention_scratch(b: &mut Bindings, w: &mut String, a: &Attention, lmax: u32, max_rows: u32) {
-    let rows = u64::from(max_rows) * u64::from(a.n_heads);
+/// h]` (each row's and head's `dy · out`), then `probs[((s·NH + h)·TMAX +
+/// t)·LMAX + j]` (sequence `s`'s probabilities, which the fifth dispatch
+/// turns into the scores' gradients in place), then the cache gradients'
+/// pieces.
+fn attention_scratch(
+    b: &mut Bindings,
+    w: &mut String,
+    a: &Attention,
+    (lmax, max_rows, seqs): (u32, u32, u32),
+) {
+    let rows = u64::from(seqs) * u64::from(max_rows) * u64::from(a.n_heads);
     b.scratch(w, "delta", 4 * rows);
     b.scratch(w, "probs", 4 * rows * u64::from(lmax));
     let cache = u64::from(lmax) * u64::from(a.n_kv_heads) * u64::from(a.head_dim);
-    b.scratch(
-        w,
-        "part",
-        4 * u64::from(cache_splits(a, lmax, max_rows)) * cache,
-    );
+    let pieces = u64::from(seqs) * u64::from(cache_splits(a, lmax, max_rows, seqs));
+    b.scratch(w, "part", 4 * pieces * cache);
 }
 
 /// Pieces the depth (the group's rows, `GROUP · max_rows` at most) of the
 /// cache gradients' products is cut into, each a z of its own, so that
-/// those products, whose outputs are only `lmax × head_dim` per KV head,
-/// fill the GPU with some 512 workgroups (at most 16 pieces, each at least
-/// a tile deep: a tiny model's 32 rows in 16 pieces of 2 took lavapipe
-/// 6–7 ms a product, most of a training step's time).
-fn cache_splits(a: &Attention, lmax: u32, max_rows: u32) -> u32 {
-    let tiles = lmax.div_ceil(TILE) * a.head_dim.div_ceil(TILE) * a.n_kv_heads.max(1);
+/// those products, whose outputs are only `lmax × head_dim` per KV head and
+/// sequence, fill the GPU with some 512 workgroups (at most 16 pieces, each
+/// at least a tile deep: a tiny model's 32 rows in 16 pieces of 2 took
+/// lavapipe 6–7 ms a product, most of a training step's time).
+fn cache_splits(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> u32 {
+    let tiles = lmax.div_ceil(TILE) * a.head_dim.div_ceil(TILE) * a.n_kv_heads.max(1) * seqs;
     let depth = a.n_heads / a.n_kv_heads.max(1) * max_rows;
     512u32.div_ceil(tiles).min(depth / TILE).clamp(1, 16)
 }
 
-/// Attention's backward over caches of `lmax` rows, in steps of at most
-/// `max_rows`: `(q, k_cache, v_cache, dy, out, lse) -> (dq, dk_cache,
+/// Attention's backward over `seqs` sequences packed end to end (as
+/// [`attention_lse`]'s), each with caches of `lmax` rows and at most
+/// `max_rows` rows: `(q, k_cache, v_cache, dy, out, lse) -> (dq, dk_cache,
 /// dv_cache)`, as eight dispatches run in order, which pass the
 /// probabilities on through the scratch ([`attention_scratch`]):
 ///
 /// 1. `delta`: `D = dy · out` per row and head;
 /// 2. `probs`: `P = exp(scale · q·k − lse)` for the keys each row sees, 0
-///    for the rest (a tiled product per head);
+///    for the rest (a tiled product per sequence and head);
 /// 3. `dv = Σ Pᵀ · dy` over each KV head's group of heads, in pieces of
 ///    the depth ([`cache_splits`]), 4. then the pieces' sum;
 /// 5. `ds = scale · P · (dy · v − D)`, in place of `P`;
@@ -850,13 +899,15 @@ fn cache_splits(a: &Attention, lmax: u32, max_rows: u32) -> u32 {
 /// 7. `dk = Σ dsᵀ · q` over the group, in pieces, 8. then their sum.
 ///
 /// Each product is [`tiled_product`]'s 64 × 64 tiles, a dispatch's z
-/// taking the heads (or KV heads and pieces). The cache gradients have
-/// every row, 0 where no query looks.
-pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSource> {
-    let tag = format!("{}_l{lmax}_t{max_rows}", attention_tag(a));
-    let start = |inputs: &[(u32, &str)], outputs: &[(u32, &str)], nc: &str| {
-        let mut w = attention_consts(a, lmax, max_rows);
+/// taking the sequences and heads (or KV heads and pieces). The cache
+/// gradients have every row, 0 where no query looks.
+pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec<KernelSource> {
+    let tag = attention_tag(a, lmax, max_rows, seqs);
+    let shape = (lmax, max_rows, seqs);
+    let start = |inputs: &[(u32, &str)], outputs: &[(u32, &str)], nc: &str, zs: u32| {
+        let mut w = attention_consts(a, lmax, max_rows, seqs);
         let _ = writeln!(w, "const NC: u32 = {nc};");
+        per_sequence(&mut w, zs);
         let mut b = Bindings::new();
         for &(i, name) in inputs {
             b.activation(&mut w, input(i), name);
@@ -864,34 +915,41 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSour
         for &(i, name) in outputs {
             b.activation(&mut w, output(i), name);
         }
-        attention_scratch(&mut b, &mut w, a, lmax, max_rows);
+        attention_scratch(&mut b, &mut w, a, shape);
         (w, b)
     };
-    // The probabilities' rows of head `z`, at `i`, `j`.
+    let splits = cache_splits(a, lmax, max_rows, seqs);
+    let (heads, kv_heads, hd) = (a.n_heads, a.n_kv_heads, a.head_dim);
+    // The probabilities' rows of sequence and head `z`, at `i`, `j`.
     let probs_at = "(z * TMAX + i) * LMAX + j";
-    // The cache gradients' products: z is KV head `g` and piece `z % SPLITS`
-    // of the depth `l < GROUP · T`, whose `lp`-th step is the group's member
-    // `lp / T` at row `lp % T`.
-    let (g, lp) = ("(z / SPLITS)", "((z % SPLITS) * chunk() + l)");
-    let member = format!("({lp} % params.t) * NH + {g} * GROUP + {lp} / params.t");
+    // The cache gradients' products: z is a sequence's KV head `g` and
+    // piece `zs(z) % SPLITS` of the depth `l < GROUP · T`, whose `lp`-th
+    // step is the group's member `lp / T` at row `lp % T` (T a sequence's
+    // rows).
+    let (g, lp) = ("(zs(z) / SPLITS)", "((zs(z) % SPLITS) * chunk() + l)");
+    let head = format!("({g} * GROUP + {lp} / seq_rows())");
+    let member = format!("(row0(z) + {lp} % seq_rows()) * NH + {head}");
     let of_member =
-        format!("probs[(({g} * GROUP + {lp} / params.t) * TMAX + {lp} % params.t) * LMAX + i]");
-    let depth = "min(chunk(), GROUP * params.t - min((z % SPLITS) * chunk(), GROUP * params.t))";
-    let part_at = format!("((z % SPLITS) * LMAX + i) * NKV * HD + {g} * HD + j");
-    let splits = cache_splits(a, lmax, max_rows);
+        format!("probs[((z / ZS * NH + {head}) * TMAX + {lp} % seq_rows()) * LMAX + i]");
+    let depth =
+        "min(chunk(), GROUP * seq_rows() - min((zs(z) % SPLITS) * chunk(), GROUP * seq_rows()))";
+    let part_at =
+        format!("((z / ZS * SPLITS + zs(z) % SPLITS) * LMAX + i) * NKV * HD + {g} * HD + j");
 
     // The sum of the pieces of a cache gradient, a thread per value.
     let pieces_sum = |name: &str, out: (u32, &str)| {
-        let (mut w, b) = start(&[], &[out], "1u");
-        let values = lmax * a.n_kv_heads * a.head_dim;
-        let (workgroups, index) = constant_grid(u64::from(values));
+        let (mut w, b) = start(&[], &[out], "1u", 1);
+        let per_seq = lmax * kv_heads * hd;
+        let values = u64::from(seqs) * u64::from(per_seq);
+        let (workgroups, index) = constant_grid(values);
         let _ = write!(
             w,
             "@compute @workgroup_size(WG, 1, 1)\n\
              fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n\
              \x20 let i = {index};\n  if (i >= {values}u) {{ return; }}\n\
+             \x20 let first = i / {per_seq}u * SPLITS * {per_seq}u + i % {per_seq}u;\n\
              \x20 var s = 0.0f;\n\
-             \x20 for (var p = 0u; p < SPLITS; p = p + 1u) {{ s = s + part[p * {values}u + i]; }}\n\
+             \x20 for (var p = 0u; p < SPLITS; p = p + 1u) {{ s = s + part[first + p * {per_seq}u]; }}\n\
              \x20 {dst}[i] = s;\n}}\n",
             dst = out.1,
         );
@@ -905,7 +963,7 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSour
         }
     };
 
-    let (mut w, b) = start(&[(3, "dy"), (4, "o")], &[], "1u");
+    let (mut w, b) = start(&[(3, "dy"), (4, "o")], &[], "1u", 1);
     w.push_str(
         "@compute @workgroup_size(WG, 1, 1)\n\
          fn main(@builtin(global_invocation_id) gid: vec3<u32>) {\n\
@@ -918,12 +976,13 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSour
         format!("attention_grad_delta_{tag}"),
         w,
         Rows::Tokens,
-        a.n_heads,
+        heads,
         b.finish(),
     );
 
-    // A tiled product per head (or KV head, `batch` of them): its kernel
-    // binding `ports`, `NC` = `nc`, `rows` × `cols` outputs.
+    // A tiled product per sequence and head (or KV head and piece, `batch`
+    // of them a sequence): its kernel binding `ports`, `NC` = `nc`, `rows`
+    // × `cols` outputs a sequence.
     let product = |name: &str,
                    ports: (Ports, Ports),
                    nc: &str,
@@ -932,32 +991,32 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSour
                    store: &str,
                    (m, depth): (&str, &str),
                    (rows, cols, batch): (Rows, u32, u32)| {
-        let (mut w, b) = start(ports.0, ports.1, nc);
+        let (mut w, b) = start(ports.0, ports.1, nc, batch);
         let a = Operand {
             load: a_load,
             rows_first,
         };
         w.push_str(&tiled_product(a, b_load, store, m, depth));
-        batched_launch(
+        packed_launch(
             format!("attention_grad_{name}_{tag}"),
             w,
             b,
-            rows,
-            cols,
+            (rows, cols),
             batch,
+            seqs,
         )
     };
-    let (heads, kv_heads, hd) = (a.n_heads, a.n_kv_heads, a.head_dim);
+    let q_at = "q[((row0(z) + i) * NH + zs(z)) * HD + l]";
     let probs = product(
         "probs",
         (&[(0, "q"), (1, "k"), (5, "lse")], &[]),
         "LMAX",
-        ("q[(i * NH + z) * HD + l]", false),
-        "k[(j * NKV + z / GROUP) * HD + l]",
+        (q_at, false),
+        "k[((key0(z) + j) * NKV + zs(z) / GROUP) * HD + l]",
         &format!(
-            "let kr = keys(i); probs[{probs_at}] = select(0.0f, exp(VALUE * SCALE - lse[i * NH + z]), j >= kr.x && j <= kr.y);"
+            "let kr = keys(i); probs[{probs_at}] = select(0.0f, exp(VALUE * SCALE - lse[(row0(z) + i) * NH + zs(z)]), j >= kr.x && j <= kr.y);"
         ),
-        ("params.t", "HD"),
+        ("seq_rows()", "HD"),
         (Rows::Tokens, lmax, heads),
     );
     // Over the group's members: the probabilities (or scores' gradients)
@@ -979,12 +1038,12 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSour
         "ds",
         (&[(2, "v"), (3, "dy")], &[]),
         "LMAX",
-        ("dy[(i * NH + z) * HD + l]", false),
-        "v[(j * NKV + z / GROUP) * HD + l]",
+        ("dy[((row0(z) + i) * NH + zs(z)) * HD + l]", false),
+        "v[((key0(z) + j) * NKV + zs(z) / GROUP) * HD + l]",
         &format!(
-            "let idx = {probs_at}; probs[idx] = SCALE * probs[idx] * (VALUE - delta[i * NH + z]);"
+            "let idx = {probs_at}; probs[idx] = SCALE * probs[idx] * (VALUE - delta[(row0(z) + i) * NH + zs(z)]);"
         ),
-        ("params.t", "HD"),
+        ("seq_rows()", "HD"),
         (Rows::Tokens, lmax, heads),
     );
     let dq = product(
@@ -992,9 +1051,9 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32) -> Vec<KernelSour
         (&[(1, "k")], &[(0, "dq")]),
         "HD",
         ("probs[(z * TMAX + i) * LMAX + l]", false),
-        "k[(l * NKV + z / GROUP) * HD + j]",
-        "dq[(i * NH + z) * HD + j] = VALUE;",
-        ("params.t", "LMAX"),
+        "k[((key0(z) + l) * NKV + zs(z) / GROUP) * HD + j]",
+        "dq[((row0(z) + i) * NH + zs(z)) * HD + j] = VALUE;",
+        ("seq_rows()", "LMAX"),
         (Rows::Tokens, hd, heads),
     );
     let dk = product(

@@ -31,8 +31,8 @@ pub fn kernel_at(s: RopeSpec, at: Positions) -> KernelSource {
 
 /// The backward of [`kernel`] (`rope_grad`): each pair of the output's
 /// gradient turned back by its angle, the pass-through dimensions copied.
-pub fn backward(s: RopeSpec) -> KernelSource {
-    rotation(s, Positions::Step, true)
+pub fn backward(s: RopeSpec, at: Positions) -> KernelSource {
+    rotation(s, at, true)
 }
 
 /// The rotation by each position's angles, or with `inverse` by their
