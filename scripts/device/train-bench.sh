@@ -10,7 +10,7 @@
 #   gerbil-train MODEL --data data/moby-dick.txt --steps S --seq-len L --batch B --json-log LOG
 #   python3 scripts/device/train-torch.py --speed --config DIR ... --autocast none|bf16
 # Tokens/s is the median over the steps after the first two (gerbil: from the log's seconds);
-# gerbil's profile of one sequence (--profile) goes to profile-SHAPE.json and its summary to
+# gerbil's profile of one pass (--profile) goes to profile-SHAPE.json and its summary to
 # the output. With LORA=R, both also train a rank-R adapter (`--lora R --lora-alpha 2R`), and
 # gerbil-train's LoRA run of $TWIN_STEPS steps (default 30, lr 1e-3, batch 2 of 256 tokens) is
 # checked against PyTorch's twin (train-torch.py --lora: the same starting factors), step by step.
@@ -68,7 +68,7 @@ PY
             --batch "$batch" --lr 1e-5 --out "$work/out" --json-log "$out/gerbil-$name.jsonl" -q \
             --profile "$out/profile-$name.json" > "$out/gerbil-$name.log" 2>&1 ||
             { echo "$name: gerbil-train failed"; tail -5 "$out/gerbil-$name.log"; }
-        grep -A16 "one sequence" "$out/gerbil-$name.log"
+        grep -A16 "one pass" "$out/gerbil-$name.log"
     fi
     gerbil_rate() {
         [ -s "$1" ] || { echo "-"; return; }
@@ -96,7 +96,7 @@ PY
             --json-log "$out/gerbil-mixed-$name.jsonl" -q --profile "$out/profile-mixed-$name.json" \
             > "$out/gerbil-mixed-$name.log" 2>&1 ||
             { echo "$name: gerbil-train --precision mixed failed"; tail -5 "$out/gerbil-mixed-$name.log"; }
-        grep -A16 "one sequence" "$out/gerbil-mixed-$name.log"
+        grep -A16 "one pass" "$out/gerbil-mixed-$name.log"
         row+=" $(gerbil_rate "$out/gerbil-mixed-$name.jsonl") |"
     fi
     if [ -n "$mixed" ] && [ "${TORCH:-1}" != 0 ]; then
@@ -115,7 +115,7 @@ PY
             --json-log "$out/gerbil-lora-$name.jsonl" -q --profile "$out/profile-lora-$name.json" \
             > "$out/gerbil-lora-$name.log" 2>&1 ||
             { echo "$name: gerbil-train --lora failed"; tail -5 "$out/gerbil-lora-$name.log"; }
-        grep -A16 "one sequence" "$out/gerbil-lora-$name.log"
+        grep -A16 "one pass" "$out/gerbil-lora-$name.log"
         grep -h "GPU buffers" "$out/gerbil-lora-$name.log"
         [ "${F32:-1}" != 0 ] && grep -h "GPU buffers" "$out/gerbil-$name.log"
         row+=" $(gerbil_rate "$out/gerbil-lora-$name.jsonl") | $(torch_rate none "${lora_flags[@]}") |"

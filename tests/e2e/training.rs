@@ -595,6 +595,40 @@ fn a_lora_adapter_on_the_gpu_follows_pytorchs_losses() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// A pass packs as many of a batch's sequences as the target's limits
+/// allow: all 8 of the tiny Llama's 128-token sequences on a portable
+/// target; 4 where a dispatch may have at most 600 workgroups on an axis
+/// (the loss takes a workgroup a row: 1,024 rows of 8 would need 1,024).
+/// A micro-batch asked for that does not fit, or does not divide the batch,
+/// is an error that names the flag.
+#[test]
+fn a_pass_packs_as_many_sequences_as_the_limits_allow() {
+    use gerbil_codegen_wgsl::{generate_training, Target, TrainingOptions};
+    let ckpt = Checkpoint::open(&tiny_model("llama")).unwrap_or_else(|e| panic!("{e}"));
+    let graph = training_graph(&ckpt, 128);
+    let micro = |micro_batch, target| {
+        let opts = TrainingOptions {
+            seq_len: 128,
+            batch: 8,
+            micro_batch,
+            eight_bit: false,
+            mixed: false,
+            target,
+        };
+        generate_training(&graph, &opts)
+            .map(|p| p.plan.micro_batch)
+            .map_err(|e| e.to_string())
+    };
+    assert_eq!(micro(None, Target::portable()), Ok(8));
+    let mut narrow = Target::portable();
+    narrow.limits.max_workgroups_per_dim = 600;
+    assert_eq!(micro(None, narrow.clone()), Ok(4));
+    let err = micro(Some(8), narrow).unwrap_err();
+    assert!(err.contains("smaller --micro-batch"), "{err}");
+    let err = micro(Some(3), Target::portable()).unwrap_err();
+    assert!(err.contains("does not divide the batch of 8"), "{err}");
+}
+
 /// The optimizer-state bytes of `name`'s training program, f32 or 8-bit.
 fn state_bytes(name: &str, seq_len: u32, eight_bit: bool) -> u64 {
     use gerbil_codegen_wgsl::{Target, TrainingOptions};

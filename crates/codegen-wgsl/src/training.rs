@@ -63,7 +63,9 @@ pub struct TrainingOptions {
     pub batch: u32,
     /// Sequences per pass, packed end to end (a divisor of `batch`); `None`
     /// chooses the largest divisor whose rows are at most [`PACKED_ROWS`]
-    /// and whose logits fit one binding.
+    /// and whose pass fits the target's limits (its logits one binding, its
+    /// dispatches' workgroup counts: Llama-3.2-1B's 8,192-wide activations
+    /// take at most 2,047 rows of a thread an element).
     pub micro_batch: Option<u32>,
     /// AdamW's moments in 8 bits (`kernels::adamw::adamw_update_8bit`).
     pub eight_bit: bool,
@@ -93,11 +95,47 @@ pub fn generate_training(
     graph: &Graph,
     opts: &TrainingOptions,
 ) -> Result<TrainingProgram, CodegenError> {
+    let vocab = vocab(graph)?;
+    let candidates = micro_batches(opts, vocab)?;
+    let (&fewest, more) = candidates
+        .split_last()
+        .ok_or_else(|| CodegenError::Graph("no micro-batch to try".into()))?;
+    for &micro in more {
+        match generate_pass(graph, opts, micro, vocab) {
+            // A pass past the device's limits (a workgroup count, a
+            // binding): fewer sequences a pass.
+            Err(CodegenError::Limit { .. }) => continue,
+            done => return done,
+        }
+    }
+    generate_pass(graph, opts, fewest, vocab).map_err(|e| match e {
+        CodegenError::Limit {
+            what,
+            needed,
+            limit,
+            limit_name,
+            ..
+        } => CodegenError::Limit {
+            what,
+            needed,
+            limit,
+            limit_name,
+            hint: "train with a smaller --micro-batch or a shorter --seq-len",
+        },
+        e => e,
+    })
+}
+
+/// [`generate_training`] with `micro` sequences a pass.
+fn generate_pass(
+    graph: &Graph,
+    opts: &TrainingOptions,
+    micro: u32,
+    vocab: u32,
+) -> Result<TrainingProgram, CodegenError> {
     let order = graph
         .topo_order()
         .ok_or_else(|| CodegenError::Graph("the graph has a cycle".into()))?;
-    let vocab = vocab(graph)?;
-    let micro = micro_batch(opts, vocab)?;
     let rows = micro * opts.seq_len;
     let copts = CodegenOptions {
         max_context: u64::from(rows),
@@ -402,10 +440,11 @@ fn banks(params: &mut [Parameter], limit: u64) -> Vec<(u64, u32)> {
 }
 
 /// The vocabulary: the width of the logits the loss reads.
-/// The sequences a pass packs: `opts.micro_batch` if it divides the batch,
-/// or the largest divisor of the batch within [`PACKED_ROWS`] rows whose
-/// `[rows, vocab]` f32 logits fit one binding (at least 1).
-fn micro_batch(opts: &TrainingOptions, vocab: u32) -> Result<u32, CodegenError> {
+/// The micro-batches to try, the first that compiles within the target's
+/// limits taken: `opts.micro_batch` if it divides the batch, or the
+/// divisors of the batch within [`PACKED_ROWS`] rows whose `[rows, vocab]`
+/// f32 logits fit one binding, largest first (1 at least).
+fn micro_batches(opts: &TrainingOptions, vocab: u32) -> Result<Vec<u32>, CodegenError> {
     let batch = opts.batch.max(1);
     if let Some(m) = opts.micro_batch {
         if m == 0 || !batch.is_multiple_of(m) {
@@ -416,17 +455,19 @@ fn micro_batch(opts: &TrainingOptions, vocab: u32) -> Result<u32, CodegenError> 
                 ),
             });
         }
-        return Ok(m);
+        return Ok(vec![m]);
     }
     let binding = opts.target.limits.max_storage_binding;
     let fits = |m: u32| {
         let rows = m * opts.seq_len;
         rows <= PACKED_ROWS && 4 * u64::from(rows) * u64::from(vocab) <= binding
     };
-    Ok((1..=batch)
+    let mut fitting: Vec<u32> = (2..=batch)
         .rev()
-        .find(|&m| batch.is_multiple_of(m) && fits(m))
-        .unwrap_or(1))
+        .filter(|&m| batch.is_multiple_of(m) && fits(m))
+        .collect();
+    fitting.push(1);
+    Ok(fitting)
 }
 
 fn vocab(graph: &Graph) -> Result<u32, CodegenError> {
