@@ -451,7 +451,8 @@ fn micro_batches(opts: &TrainingOptions, vocab: u32) -> Result<Vec<u32>, Codegen
             return Err(CodegenError::Unsupported {
                 label: "the training step".into(),
                 reason: format!(
-                    "a micro-batch of {m} sequences does not divide the batch of {batch};                      pick a divisor of the batch"
+                    "a micro-batch of {m} sequences (--micro-batch) does not divide the \
+                     batch of {batch} (--batch); pick a divisor of the batch"
                 ),
             });
         }
