@@ -1066,11 +1066,15 @@ fn backward_kernels_match_the_gradients() {
         );
     }
 
-    for (t, width, groups, offset, wdtype) in [
-        (3u32, 64u32, 1u32, 0.0f32, DType::F32),
-        (3, 300, 1, 1.0, DType::F32),
-        (1, 300, 1, 0.0, DType::F32),
-        (2, 128, 4, 1.0, DType::BF16),
+    // Steps of at most 9 rows (the scratch holds more than this step's),
+    // and of 300, whose weight gradients sum 5 and 19 chunks of the rows.
+    for (t, width, groups, offset, wdtype, max_rows) in [
+        (3u32, 64u32, 1u32, 0.0f32, DType::F32, 9u32),
+        (3, 300, 1, 1.0, DType::F32, 9),
+        (1, 300, 1, 0.0, DType::F32, 9),
+        (2, 128, 4, 1.0, DType::BF16, 9),
+        (200, 64, 1, 0.0, DType::F32, 300),
+        (150, 128, 4, 1.0, DType::BF16, 300),
     ] {
         let norm = gerbil_ir::RmsNorm {
             eps: 1e-6,
@@ -1091,8 +1095,19 @@ fn backward_kernels_match_the_gradients() {
             (output(0), poison(n)),
             (output(1), poison(g as usize)),
         ];
-        // Steps of at most 9 rows: the scratch holds more than this step's.
-        let kernels = backward::rms_norm_grad(width, &norm, wdtype, 9);
+        let kernels = backward::rms_norm_grad(width, &norm, wdtype, max_rows);
+        let chunks = if max_rows > 9 {
+            5 + 14 * (groups / 4)
+        } else {
+            1
+        };
+        assert!(
+            kernels[1]
+                .wgsl
+                .contains(&format!("const CHUNKS: u32 = {chunks}u;")),
+            "{}: {chunks} chunks",
+            kernels[1].name
+        );
         let got = run_chain(&kernels, t, 0, &operands);
         check(
             format!("{} t={t}", kernels[0].name),

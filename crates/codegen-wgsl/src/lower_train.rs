@@ -22,8 +22,8 @@ use gerbil_plan::Feature;
 
 impl Lowering<'_> {
     /// The kernels of training node `id`, whose op is `op`, in the order
-    /// they run: one for every op but the norm's backward and attention's
-    /// log-sum-exp (two each, [`backward::rms_norm_grad`],
+    /// they run: one for every op but the norm's backward (three,
+    /// [`backward::rms_norm_grad`]), attention's log-sum-exp (two,
     /// [`backward::attention_lse`]) and attention's backward (eight,
     /// [`backward::attention_grad`]), and the matmul gradients on tensor
     /// cores where `variant` has them (the scales and the product, and the
