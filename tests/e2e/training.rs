@@ -1153,15 +1153,19 @@ fn backward_kernels_match_the_gradients() {
     // window, bidirectional; a training step (P = 0, the cache exactly the
     // step) and a step after cached rows with cache rows no query sees; and
     // two sequences packed end to end (a training pass of a micro-batch),
-    // each with caches of its own.
-    for (causal, window, p, lmax, seqs) in [
-        (true, None, 0u32, 3u32, 1u32),
-        (true, Some(2), 0, 3, 1),
-        (false, None, 0, 3, 1),
-        (false, Some(2), 0, 3, 1),
-        (true, None, 2, 7, 1),
-        (true, Some(2), 0, 3, 2),
-        (false, None, 0, 3, 2),
+    // each with caches of its own. Steps of 130 rows, three 64-row tiles
+    // a side, skip the tiles of keys no row sees: past the causal diagonal,
+    // and before a window of 40.
+    for (causal, window, p, lmax, seqs, t) in [
+        (true, None, 0u32, 3u32, 1u32, 3u32),
+        (true, Some(2), 0, 3, 1, 3),
+        (false, None, 0, 3, 1, 3),
+        (false, Some(2), 0, 3, 1, 3),
+        (true, None, 2, 7, 1, 3),
+        (true, Some(2), 0, 3, 2, 3),
+        (false, None, 0, 3, 2, 3),
+        (true, None, 0, 130, 2, 130),
+        (true, Some(40), 0, 130, 1, 130),
     ] {
         let a = gerbil_ir::Attention {
             n_heads: 4,
@@ -1171,7 +1175,6 @@ fn backward_kernels_match_the_gradients() {
             window,
             causal,
         };
-        let t = 3u32;
         let (qw, kw) = (12usize, 6usize);
         let n = seqs as usize;
         let q = rng.vec(n * t as usize * qw);
@@ -1205,7 +1208,7 @@ fn backward_kernels_match_the_gradients() {
             format!("attention causal={causal} window={window:?} p={p} lmax={lmax} seqs={seqs}");
         use gerbil_codegen_wgsl::kernels::{input, output};
         let got = gerbil_e2e::kernel_harness::run_chain(
-            &backward::attention_lse(&a, lmax, 5, seqs),
+            &backward::attention_lse(&a, lmax, t.max(5), seqs),
             seqs * t,
             p,
             &[
@@ -1240,8 +1243,9 @@ fn backward_kernels_match_the_gradients() {
         // the cache gradients' depth, each 3 of this step's 6. At most 512
         // for the windowed bidirectional case: 16 pieces of its 6 rows, some
         // empty (a step shorter than the longest). Packed, 64: two pieces
-        // of each sequence's depth.
+        // of each sequence's depth. Steps of 130: four pieces.
         let (max_rows, splits) = match (p, causal, window, seqs) {
+            _ if t > 64 => (t, 4),
             (0, false, Some(_), 1) => (512, 16),
             (0, .., 1) => (5, 1),
             _ => (64, 2),

@@ -271,9 +271,44 @@ struct Operand<'a> {
 /// by the caller), `a.load` an expression of `i` and `l`, `b` one of `l`
 /// and `j`, consecutive in `j`; `store` is the statement that takes each
 /// sum, `VALUE` in it, at `i`, `j`. Every expression may also read `z`,
-/// the workgroup's z (a batch of products in one dispatch). The tiles of
-/// `a` and `b` are staged through workgroup memory, 8 KiB.
+/// the workgroup's z (a batch of products in one dispatch), and `i0`, the
+/// tile's first row. The tiles of `a` and `b` are staged through workgroup
+/// memory, 8 KiB.
 fn tiled_product(a: Operand, b: &str, store: &str, m: &str, depth: &str) -> String {
+    masked_product(a, b, store, m, depth, Skips::default())
+}
+
+/// What a [`masked_product`] skips: WGSL conditions.
+#[derive(Clone, Copy, Default)]
+struct Skips<'a> {
+    /// Of `i0` and `j0`, a tile's first row and column: the tile's product
+    /// is zero (its `store` runs with `VALUE` = 0).
+    tile: Option<&'a str>,
+    /// Of `i0` and `l0`, a tile's first row and a step's first depth: the
+    /// step adds nothing to the tile.
+    step: Option<&'a str>,
+}
+
+/// [`tiled_product`], skipping the work `skips` says is zero: attention's
+/// tiles of keys no row of the tile sees, and the steps of its cache
+/// gradients' depth over queries that see no key of the tile.
+fn masked_product(a: Operand, b: &str, store: &str, m: &str, depth: &str, skips: Skips) -> String {
+    let masked = skips.tile;
+    let step_skip = skips.step.map_or(String::new(), |c| {
+        format!("\x20   if ({c}) {{ continue; }}\n")
+    });
+    let skip = masked.map_or(String::new(), |cond| {
+        let zero = store.replace("VALUE", "0.0f");
+        format!(
+            "\x20 if ({cond}) {{\n\
+             \x20   for (var r = 0u; r < 4u; r = r + 1u) {{\n\
+             \x20     let i = i0 + ty * 4u + r;\n\
+             \x20     for (var c = 0u; c < 4u; c = c + 1u) {{\n\
+             \x20       let j = j0 + tx * 4u + c;\n\
+             \x20       if (i < {m} && j < NC) {{ {zero} }}\n      }}\n    }}\n\
+             \x20   return;\n  }}\n"
+        )
+    });
     let store = store.replace("VALUE", "acc[r][c]");
     let a_load = a.load;
     let (a_i, a_l) = if a.rows_first {
@@ -288,9 +323,9 @@ fn tiled_product(a: Operand, b: &str, store: &str, m: &str, depth: &str) -> Stri
          @compute @workgroup_size(256, 1, 1)\n\
          fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {{\n\
          \x20 let lane = lid.x;\n  let tx = lane % 16u;\n  let ty = lane / 16u;\n  let z = wid.z;\n\
-         \x20 let i0 = wid.y * TILE;\n  let j0 = wid.x * TILE;\n\
+         \x20 let i0 = wid.y * TILE;\n  let j0 = wid.x * TILE;\n{skip}\
          \x20 var acc: array<vec4<f32>, 4>;\n\
-         \x20 for (var l0 = 0u; l0 < {depth}; l0 = l0 + DEPTH) {{\n\
+         \x20 for (var l0 = 0u; l0 < {depth}; l0 = l0 + DEPTH) {{\n{step_skip}\
          \x20   for (var part = 0u; part < 4u; part = part + 1u) {{\n\
          \x20     let e = lane + part * 256u;\n\
          \x20     let ai = {a_i};\n      let al = {a_l};\n\
@@ -742,7 +777,12 @@ pub fn embedding_grad(vocab: u32, width: u32, e: &Embedding) -> KernelSource {
 /// a sequence), and its helpers: `fn seq_rows()`, a sequence's rows
 /// (`T / SEQS`), and `fn keys(t) -> vec2<u32>`: the first and last cache
 /// row of its sequence that query row `t` of a sequence sees (causal or
-/// not, within the window), as the interpreter's `keys_seen`.
+/// not, within the window), as the interpreter's `keys_seen`; from it,
+/// `fn tile_masked(i0, j0)`, whether no row of a 64-row tile from `i0`
+/// sees a key of the 64 from `j0`, and `fn step_unseen(first, i0)`, whether
+/// the 16 query rows of a cache gradient's depth step from `first` (of the
+/// group's rows) see none of the 64 keys from `i0`. (`keys` grows with
+/// `t`, so the tile's first and last rows decide.)
 fn attention_consts(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> String {
     let mut w = header(&format!(
         "const NH: u32 = {}u;\nconst NKV: u32 = {}u;\nconst HD: u32 = {}u;\n\
@@ -769,9 +809,17 @@ fn attention_consts(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Strin
         w,
         "fn seq_rows() -> u32 {{ return params.t / SEQS; }}\n\
          fn keys(t: u32) -> vec2<u32> {{\n  let me = params.p + t;\n  return {range};\n}}\n\
+         fn tile_masked(i0: u32, j0: u32) -> bool {{\n\
+         \x20 return keys(i0 + {last}u).y < j0 || keys(i0).x > j0 + {last}u;\n}}\n\
+         fn step_unseen(first: u32, i0: u32) -> bool {{\n\
+         \x20 let r = first % seq_rows();\n\
+         \x20 if (r + {depth}u > seq_rows()) {{ return false; }}\n\
+         \x20 return keys(r + {depth}u - 1u).y < i0 || keys(r).x > i0 + {last}u;\n}}\n\
          const SPLITS: u32 = {splits}u;\n\
          fn chunk() -> u32 {{ return (GROUP * seq_rows() + SPLITS - 1u) / SPLITS; }}",
         splits = cache_splits(a, lmax, max_rows, seqs),
+        last = TILE - 1,
+        depth = DEPTH,
     );
     w
 }
@@ -829,9 +877,10 @@ fn attention_tag(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> String {
 /// training step's batch: `T / seqs` rows each, at most `max_rows`, and
 /// caches of `lmax` rows each, a sequence's from `lmax` times its index):
 /// `(q, k_cache) -> lse`, as two dispatches through the scratch: the
-/// scores of every sequence's heads as [`tiled_product`]s (the lowest
-/// finite f32 for keys a row does not see), then a workgroup per row and
-/// head takes their maximum and the sum of their exponentials.
+/// scores of every sequence's heads as [`masked_product`]s (the lowest
+/// finite f32 for keys a row does not see, a tile no row sees skipping its
+/// product), then a workgroup per row and head takes their maximum and the
+/// sum of their exponentials.
 pub fn attention_lse(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec<KernelSource> {
     let tag = attention_tag(a, lmax, max_rows, seqs);
     let scores_bytes =
@@ -843,7 +892,7 @@ pub fn attention_lse(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec<
     b.activation(&mut w, input(0), "q");
     b.activation(&mut w, input(1), "k");
     b.scratch(&mut w, "scores", scores_bytes);
-    w.push_str(&tiled_product(
+    w.push_str(&masked_product(
         Operand {
             load: "q[((row0(z) + i) * NH + zs(z)) * HD + l]",
             rows_first: false,
@@ -854,6 +903,10 @@ pub fn attention_lse(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec<
         ),
         "seq_rows()",
         "HD",
+        Skips {
+            tile: Some(MASKED),
+            step: None,
+        },
     ));
     let scores = packed_launch(
         format!("attention_lse_scores_{tag}"),
@@ -892,6 +945,10 @@ pub fn attention_lse(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec<
     };
     vec![scores, reduce]
 }
+
+/// The condition of attention's score tiles that no row of the tile sees
+/// (`attention_consts`' `tile_masked`).
+const MASKED: &str = "tile_masked(i0, j0)";
 
 /// Operands of a kernel: each port's index and binding name.
 type Ports<'a> = &'a [(u32, &'a str)];
@@ -1027,21 +1084,21 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec
 
     // A tiled product per sequence and head (or KV head and piece, `batch`
     // of them a sequence): its kernel binding `ports`, `NC` = `nc`, `rows`
-    // × `cols` outputs a sequence.
+    // × `cols` outputs a sequence, skipping the tiles `masked` says no row
+    // sees.
     let product = |name: &str,
                    ports: (Ports, Ports),
                    nc: &str,
                    (a_load, rows_first): (&str, bool),
-                   b_load: &str,
-                   store: &str,
-                   (m, depth): (&str, &str),
+                   (b_load, store): (&str, &str),
+                   (m, depth, skips): (&str, &str, Skips),
                    (rows, cols, batch): (Rows, u32, u32)| {
         let (mut w, b) = start(ports.0, ports.1, nc, batch);
         let a = Operand {
             load: a_load,
             rows_first,
         };
-        w.push_str(&tiled_product(a, b_load, store, m, depth));
+        w.push_str(&masked_product(a, b_load, store, m, depth, skips));
         packed_launch(
             format!("attention_grad_{name}_{tag}"),
             w,
@@ -1052,29 +1109,38 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec
         )
     };
     let q_at = "q[((row0(z) + i) * NH + zs(z)) * HD + l]";
+    let dq_depth = format!("min(LMAX, keys(i0 + {}u).y + 1u)", TILE - 1);
     let probs = product(
         "probs",
         (&[(0, "q"), (1, "k"), (5, "lse")], &[]),
         "LMAX",
         (q_at, false),
-        "k[((key0(z) + j) * NKV + zs(z) / GROUP) * HD + l]",
-        &format!(
-            "let kr = keys(i); probs[{probs_at}] = select(0.0f, exp(VALUE * SCALE - lse[(row0(z) + i) * NH + zs(z)]), j >= kr.x && j <= kr.y);"
+        (
+            "k[((key0(z) + j) * NKV + zs(z) / GROUP) * HD + l]",
+            &format!(
+                "let kr = keys(i); probs[{probs_at}] = select(0.0f, exp(VALUE * SCALE - lse[(row0(z) + i) * NH + zs(z)]), j >= kr.x && j <= kr.y);"
+            ),
         ),
-        ("seq_rows()", "HD"),
+        ("seq_rows()", "HD", Skips {
+            tile: Some(MASKED),
+            step: None,
+        }),
         (Rows::Tokens, lmax, heads),
     );
     // Over the group's members: the probabilities (or scores' gradients)
     // of each, a piece of the depth per z, into the pieces' scratch.
-    let over_group = ("LMAX", depth);
+    let unseen = Skips {
+        tile: None,
+        step: Some("step_unseen((zs(z) % SPLITS) * chunk() + l0, i0)"),
+    };
+    let over_group = ("LMAX", depth, unseen);
     let store = format!("part[{part_at}] = VALUE;");
     let dv = product(
         "dv",
         (&[(3, "dy")], &[]),
         "HD",
         (&of_member, true),
-        &format!("dy[({member}) * HD + j]"),
-        &store,
+        (&format!("dy[({member}) * HD + j]"), &store),
         over_group,
         (Rows::Fixed(lmax), hd, kv_heads * splits),
     );
@@ -1084,11 +1150,16 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec
         (&[(2, "v"), (3, "dy")], &[]),
         "LMAX",
         ("dy[((row0(z) + i) * NH + zs(z)) * HD + l]", false),
-        "v[((key0(z) + j) * NKV + zs(z) / GROUP) * HD + l]",
-        &format!(
-            "let idx = {probs_at}; probs[idx] = SCALE * probs[idx] * (VALUE - delta[(row0(z) + i) * NH + zs(z)]);"
+        (
+            "v[((key0(z) + j) * NKV + zs(z) / GROUP) * HD + l]",
+            &format!(
+                "let idx = {probs_at}; probs[idx] = SCALE * probs[idx] * (VALUE - delta[(row0(z) + i) * NH + zs(z)]);"
+            ),
         ),
-        ("seq_rows()", "HD"),
+        ("seq_rows()", "HD", Skips {
+            tile: Some(MASKED),
+            step: None,
+        }),
         (Rows::Tokens, lmax, heads),
     );
     let dq = product(
@@ -1096,9 +1167,12 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec
         (&[(1, "k")], &[(0, "dq")]),
         "HD",
         ("probs[(z * TMAX + i) * LMAX + l]", false),
-        "k[((key0(z) + l) * NKV + zs(z) / GROUP) * HD + j]",
-        "dq[((row0(z) + i) * NH + zs(z)) * HD + j] = VALUE;",
-        ("seq_rows()", "LMAX"),
+        (
+            "k[((key0(z) + l) * NKV + zs(z) / GROUP) * HD + j]",
+            "dq[((row0(z) + i) * NH + zs(z)) * HD + j] = VALUE;",
+        ),
+        // No key past the last the tile's rows see.
+        ("seq_rows()", &dq_depth, Skips::default()),
         (Rows::Tokens, hd, heads),
     );
     let dk = product(
@@ -1106,8 +1180,7 @@ pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec
         (&[(0, "q")], &[]),
         "HD",
         (&of_member, true),
-        &format!("q[({member}) * HD + j]"),
-        &store,
+        (&format!("q[({member}) * HD + j]"), &store),
         over_group,
         (Rows::Fixed(lmax), hd, kv_heads * splits),
     );
