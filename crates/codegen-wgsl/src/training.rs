@@ -216,7 +216,7 @@ fn generate_pass(
         loss,
         parameters: bank_buffers(TrainingBuffer::Parameters, &|n| 4 * n),
         gradients: bank_buffers(TrainingBuffer::Gradients, &|n| 4 * n),
-        accumulated: bank_buffers(TrainingBuffer::Accumulated, &|n| 4 * n),
+        accumulated: Vec::new(),
         settings: 0,
         report: 0,
     };
@@ -233,7 +233,17 @@ fn generate_pass(
             v: bank_buffers(TrainingBuffer::SecondMoment, &|n| 4 * n),
         }
     };
+    // One pass a step: the optimizer reads the pass's gradients (and
+    // zeroes them) with nothing to add first, and the batch's buffers are
+    // the same; several: a buffer per bank that each pass adds into.
+    let passes = opts.batch / micro;
+    let accumulated = if passes > 1 {
+        bank_buffers(TrainingBuffer::Accumulated, &|n| 4 * n)
+    } else {
+        io.gradients.clone()
+    };
     let io = TrainingIo {
+        accumulated,
         settings: push(&mut decls, TrainingBuffer::Settings, 32),
         report: push(&mut decls, TrainingBuffer::Report, 12),
         ..io
@@ -278,14 +288,16 @@ fn generate_pass(
     let mut accumulate = Vec::new();
     let mut optimizer = Vec::new();
     for (r, &(_, len)) in banks.iter().enumerate() {
-        accumulate.push(bind.dispatch(
-            "accumulate",
-            adamw::accumulate(len, opts.batch / micro),
-            &[
-                (input(0), whole(io.gradients[r])),
-                (output(0), whole(io.accumulated[r])),
-            ],
-        )?);
+        if passes > 1 {
+            accumulate.push(bind.dispatch(
+                "accumulate",
+                adamw::accumulate(len, passes),
+                &[
+                    (input(0), whole(io.gradients[r])),
+                    (output(0), whole(io.accumulated[r])),
+                ],
+            )?);
+        }
         let partial_bytes = 4 * u64::from(adamw::PARTIALS);
         optimizer.push(bind.dispatch(
             "grad_norm",

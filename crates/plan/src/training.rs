@@ -108,7 +108,8 @@ pub struct TrainingIo {
     pub parameters: Vec<u32>,
     /// One pass's gradients, a buffer per bank.
     pub gradients: Vec<u32>,
-    /// The batch's gradients, a buffer per bank.
+    /// The batch's gradients, a buffer per bank: the pass's own
+    /// (`gradients`) when a step is one pass.
     pub accumulated: Vec<u32>,
     /// The optimizer's settings.
     pub settings: u32,
@@ -127,7 +128,7 @@ pub struct TrainingPlan {
     /// One pass: the forward pass, loss and backward pass of a micro-batch.
     pub pass: Vec<Dispatch>,
     /// Adds one pass's gradients, divided by the passes a step takes, into
-    /// the batch's.
+    /// the batch's (nothing when a step is one pass).
     pub accumulate: Vec<Dispatch>,
     /// The optimizer: the gradient norm's partials, then the update, for
     /// each range of the parameters one binding holds.
