@@ -170,7 +170,7 @@ fn cases() -> Vec<Case> {
             vec![t * mlp64 * f, t * mlp64 * f, t * mlp64 * f],
         ),
         chain(
-            "rms_norm_grad (2 dispatches), 512 × 576 (bf16 w)",
+            "rms_norm_grad (3 dispatches), 512 × 576 (bf16 w)",
             backward::rms_norm_grad(h, &norm, DType::BF16, T),
             &|name| match name {
                 "x" | "dy" | "dx" => Some(t * h64 * f),

@@ -627,6 +627,50 @@ fn a_pass_packs_as_many_sequences_as_the_limits_allow() {
     assert!(err.contains("smaller --micro-batch"), "{err}");
     let err = micro(Some(3), Target::portable()).unwrap_err();
     assert!(err.contains("does not divide the batch of 8"), "{err}");
+
+    // A rank-1 adapter's `A` factors are one-row values: in a pass of 8
+    // sequences, each gradient's binding is still the factor's own bytes.
+    let mut ckpt = ckpt;
+    let lora = gerbil_train::LoraOptions {
+        rank: 1,
+        alpha: None,
+        targets: None,
+        seed: 0,
+    };
+    ckpt.adapter =
+        Some(gerbil_train::run::new_adapter(&ckpt, &lora).unwrap_or_else(|e| panic!("{e}")));
+    let opts = TrainingOptions {
+        seq_len: 16,
+        batch: 8,
+        micro_batch: None,
+        eight_bit: false,
+        mixed: false,
+        target: Target::portable(),
+    };
+    let plan = gerbil_compiler::compile_training(&ckpt, &opts)
+        .unwrap_or_else(|e| panic!("{e}"))
+        .program
+        .plan;
+    assert_eq!(plan.micro_batch, 8);
+    let bank = plan.io.gradients[0];
+    for p in &plan.parameters {
+        let at = 4 * p.offset;
+        for d in &plan.pass {
+            for b in d
+                .bindings
+                .iter()
+                .filter(|b| b.buffer == bank && b.offset == at)
+            {
+                assert_eq!(
+                    b.size,
+                    4 * p.len(),
+                    "{}: {}'s gradient binding",
+                    d.label,
+                    p.label
+                );
+            }
+        }
+    }
 }
 
 /// The optimizer-state bytes of `name`'s training program, f32 or 8-bit.
@@ -1155,7 +1199,7 @@ fn backward_kernels_match_the_gradients() {
     // two sequences packed end to end (a training pass of a micro-batch),
     // each with caches of its own. Steps of 130 rows, three 64-row tiles
     // a side, skip the tiles of keys no row sees: past the causal diagonal,
-    // and before a window of 40.
+    // and outside a window of 40 (causal, and both sides, packed).
     for (causal, window, p, lmax, seqs, t) in [
         (true, None, 0u32, 3u32, 1u32, 3u32),
         (true, Some(2), 0, 3, 1, 3),
@@ -1166,6 +1210,7 @@ fn backward_kernels_match_the_gradients() {
         (false, None, 0, 3, 2, 3),
         (true, None, 0, 130, 2, 130),
         (true, Some(40), 0, 130, 1, 130),
+        (false, Some(40), 0, 130, 2, 130),
     ] {
         let a = gerbil_ir::Attention {
             n_heads: 4,

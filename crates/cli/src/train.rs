@@ -50,7 +50,7 @@ pub struct TrainOptions {
     pub save_every: Option<u64>,
     /// Continue from `model`'s optimizer state.
     pub resume: bool,
-    /// After the first step, time every dispatch of one sequence and write
+    /// After the first step, time every dispatch of one pass and write
     /// them here as JSON (the device needs timestamps: set in `run`).
     pub profile: Option<PathBuf>,
     /// No progress bar.

@@ -2,11 +2,11 @@
 //! [`Lowering::kernel`](crate::lower::Lowering), one template of
 //! [`crate::kernels::backward`] (or RoPE's backward) per op.
 //!
-//! A training step is a packed prefill step: `T` = the batch's (or a
-//! micro-batch's) sequences end to end at `P` = 0, each sequence's keys and
-//! values in cache rows of its own (cache row = row), so RoPE's backward
-//! reads each row's position from the segment table and attention's
-//! backward takes the sequences as one more dimension of its products. In a variant with cooperative
+//! A training step is a packed prefill step: `T` = a micro-batch's
+//! sequences end to end at `P` = 0, each sequence's keys and values in
+//! cache rows of its own (cache row = row), so RoPE's backward reads each
+//! row's position from the segment table and attention's backward takes
+//! the sequences as one more dimension of its products. In a variant with cooperative
 //! matrices (mixed precision) the matmul gradients run on tensor cores
 //! ([`grad_coop`]), as its forward matmuls do. The surprise: a weight
 //! split into row shards is refused, not lowered — training binds every

@@ -94,6 +94,10 @@ pub(crate) struct Buffers<'o> {
     pub wide: HashMap<ValueRef, u32>,
     /// Whether any variant to build is [`VariantSpec::wide`].
     wide_variants: bool,
+    /// Whether a value of one row holds a row per sequence (a batch
+    /// step's, an encoder's pooled vectors); not in a training step, whose
+    /// `max_batch` only counts the segment table's sequences.
+    row_per_sequence: bool,
     /// Weight buffers to fill.
     pub weights: Vec<WeightBuffer>,
     /// Shards whose bytes are a range of a whole weight's.
@@ -155,7 +159,7 @@ impl<'o> Buffers<'o> {
     pub(crate) fn value_bytes(&self, ty: &TensorType) -> u64 {
         let bytes = buffer_bytes(ty, self.opts.max_tokens_per_step, self.opts.max_context);
         match ty.shape.first() {
-            Some(Dim::Const(1)) if self.opts.max_batch > 1 => {
+            Some(Dim::Const(1)) if self.row_per_sequence && self.opts.max_batch > 1 => {
                 bytes.saturating_mul(u64::from(self.opts.max_batch))
             }
             _ => bytes,
@@ -296,14 +300,18 @@ pub(crate) fn is_encoder(graph: &Graph) -> bool {
 
 /// Whether `graph`'s prefill steps pack whole sequences end to end, each
 /// row's sequence read from the segment table (`kernels::Segments`): an
-/// encoder's, and a training step's (its output is a loss), whose batch
-/// of sequences runs as one step.
+/// encoder's, and a training step's, whose micro-batch of sequences runs
+/// as one step.
 pub(crate) fn is_packed(graph: &Graph) -> bool {
-    is_encoder(graph)
-        || graph
-            .outputs
-            .iter()
-            .any(|(name, _)| name == gerbil_ir::LOSS)
+    is_encoder(graph) || is_training(graph)
+}
+
+/// Whether `graph` is a training step's: its output is a loss.
+fn is_training(graph: &Graph) -> bool {
+    graph
+        .outputs
+        .iter()
+        .any(|(name, _)| name == gerbil_ir::LOSS)
 }
 
 /// The graph output a named output stands for.
@@ -361,6 +369,7 @@ pub(crate) fn place<'o>(
         shard_rows: HashMap::new(),
         wide: HashMap::new(),
         wide_variants: specs.iter().any(|s| s.wide),
+        row_per_sequence: !is_training(graph),
         weights: Vec::new(),
         aliases: Vec::new(),
     };

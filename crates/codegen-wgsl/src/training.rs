@@ -14,7 +14,8 @@
 //! gradient the same range of the gradient buffer, and every dispatch that
 //! bound the weight's or the output's own buffer binds that range instead
 //! (the own buffers leave the table). Last come the dispatches that add a
-//! pass's gradients into the batch's and the fused AdamW
+//! pass's gradients into the batch's (none when a step is one pass: the
+//! optimizer reads the pass's own) and the fused AdamW
 //! ([`crate::kernels::adamw`]), two per binding-sized range.
 //!
 //! The surprise: the trained weights are found by the outputs' names
@@ -41,8 +42,8 @@ use gerbil_plan::{
 };
 use std::collections::HashMap;
 
-/// Matmul rows per workgroup of the sequence schedule's matmuls that are
-/// not GEMM tiles.
+/// Matmul rows per workgroup of the pass schedule's matmuls that are not
+/// GEMM tiles.
 const ROWS_PER_WORKGROUP: u32 = 8;
 
 /// Values a parameter's range starts at a multiple of: 256 bytes of f32,
@@ -57,7 +58,8 @@ pub const PACKED_ROWS: u32 = 2048;
 /// How to compile a training step.
 #[derive(Clone, Debug)]
 pub struct TrainingOptions {
-    /// Tokens per sequence (`T`, and the caches' rows).
+    /// Tokens per sequence (a pass's `T` and caches' rows are the
+    /// micro-batch's sequences times this).
     pub seq_len: u32,
     /// Sequences per optimizer step.
     pub batch: u32,
@@ -102,9 +104,9 @@ pub fn generate_training(
         .ok_or_else(|| CodegenError::Graph("no micro-batch to try".into()))?;
     for &micro in more {
         match generate_pass(graph, opts, micro, vocab) {
-            // A pass past the device's limits (a workgroup count, a
-            // binding): fewer sequences a pass.
-            Err(CodegenError::Limit { .. }) => continue,
+            // A pass past a limit that grows with its rows: fewer
+            // sequences a pass.
+            Err(e) if grows_with_rows(&e) => continue,
             done => return done,
         }
     }
@@ -115,15 +117,30 @@ pub fn generate_training(
             limit,
             limit_name,
             ..
-        } => CodegenError::Limit {
+        } if ROW_LIMITS.contains(&limit_name) => CodegenError::Limit {
             what,
             needed,
             limit,
             limit_name,
-            hint: "train with a smaller --micro-batch or a shorter --seq-len",
+            hint: if fewest > 1 {
+                "train with a smaller --micro-batch or a shorter --seq-len"
+            } else {
+                "train with a shorter --seq-len"
+            },
         },
         e => e,
     })
+}
+
+/// The limits a pass of more rows may pass: a dispatch's workgroups along
+/// an axis, a binding's bytes.
+const ROW_LIMITS: [&str; 2] = [
+    "max_compute_workgroups_per_dimension",
+    "max_storage_buffer_binding_size",
+];
+
+fn grows_with_rows(e: &CodegenError) -> bool {
+    matches!(e, CodegenError::Limit { limit_name, .. } if ROW_LIMITS.contains(limit_name))
 }
 
 /// [`generate_training`] with `micro` sequences a pass.
@@ -451,31 +468,44 @@ fn banks(params: &mut [Parameter], limit: u64) -> Vec<(u64, u32)> {
     banks
 }
 
-/// The vocabulary: the width of the logits the loss reads.
 /// The micro-batches to try, the first that compiles within the target's
 /// limits taken: `opts.micro_batch` if it divides the batch, or the
 /// divisors of the batch within [`PACKED_ROWS`] rows whose `[rows, vocab]`
 /// f32 logits fit one binding, largest first (1 at least).
 fn micro_batches(opts: &TrainingOptions, vocab: u32) -> Result<Vec<u32>, CodegenError> {
     let batch = opts.batch.max(1);
+    let refuse = |why: String| CodegenError::Unsupported {
+        label: "the training step".into(),
+        reason: why,
+    };
     if let Some(m) = opts.micro_batch {
-        if m == 0 || !batch.is_multiple_of(m) {
-            return Err(CodegenError::Unsupported {
-                label: "the training step".into(),
-                reason: format!(
-                    "a micro-batch of {m} sequences (--micro-batch) does not divide the \
-                     batch of {batch} (--batch); pick a divisor of the batch"
-                ),
-            });
+        if m == 0 {
+            return Err(refuse(
+                "a micro-batch (--micro-batch) takes at least 1 sequence".into(),
+            ));
+        }
+        if !batch.is_multiple_of(m) {
+            return Err(refuse(format!(
+                "a micro-batch of {m} sequences (--micro-batch) does not divide the batch of \
+                 {batch} (--batch); pick a divisor of the batch"
+            )));
+        }
+        if m.checked_mul(opts.seq_len).is_none() {
+            return Err(refuse(format!(
+                "a micro-batch of {m} sequences of {} tokens is past 2^32 rows; pick a \
+                 smaller --micro-batch",
+                opts.seq_len
+            )));
         }
         return Ok(vec![m]);
     }
     let binding = opts.target.limits.max_storage_binding;
     let fits = |m: u32| {
-        let rows = m * opts.seq_len;
-        rows <= PACKED_ROWS && 4 * u64::from(rows) * u64::from(vocab) <= binding
+        let rows = u64::from(m) * u64::from(opts.seq_len);
+        rows <= u64::from(PACKED_ROWS) && 4 * rows * u64::from(vocab) <= binding
     };
-    let mut fitting: Vec<u32> = (2..=batch)
+    let most = batch.min(PACKED_ROWS / opts.seq_len.max(1));
+    let mut fitting: Vec<u32> = (2..=most)
         .rev()
         .filter(|&m| batch.is_multiple_of(m) && fits(m))
         .collect();
@@ -483,6 +513,7 @@ fn micro_batches(opts: &TrainingOptions, vocab: u32) -> Result<Vec<u32>, Codegen
     Ok(fitting)
 }
 
+/// The vocabulary: the width of the logits the loss reads.
 fn vocab(graph: &Graph) -> Result<u32, CodegenError> {
     graph
         .g

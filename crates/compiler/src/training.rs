@@ -1,7 +1,7 @@
 //! [`compile_training`]: a checkpoint becomes a training program and the
 //! bytes it starts from, in process (no plan file).
 //!
-//! The forward graph is lowered for `T` = the sequence length, the training
+//! The forward graph is lowered for the sequence length, the training
 //! passes make its f32 master weights, loss and backward
 //! (`gerbil_passes::training_passes`), and codegen lays it out
 //! ([`gerbil_codegen_wgsl::generate_training`]). Then every trained weight

@@ -137,7 +137,7 @@ pub struct TrainingPlan {
     pub io: TrainingIo,
     /// The trained weights, in parameter-buffer order.
     pub parameters: Vec<Parameter>,
-    /// Tokens per sequence (`T`).
+    /// Tokens per sequence (a pass's `T` is `micro_batch` times this).
     pub seq_len: u32,
     /// Sequences per step.
     pub batch: u32,

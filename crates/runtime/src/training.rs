@@ -8,9 +8,9 @@
 //! staging buffer, then records, for each pass (a micro-batch of `M`
 //! sequences packed end to end), copies of its ids into the plan's token
 //! and target buffers, the pass schedule, a copy of its loss aside, and the
-//! accumulation of its gradients; then the optimizer; then the copy of the
-//! losses and the optimizer's report into a buffer it maps. One wait per
-//! step.
+//! accumulation of its gradients (none in a step of one pass); then the
+//! optimizer; then the copy of the losses and the optimizer's report into
+//! a buffer it maps. One wait per step.
 //!
 //! The surprise: the ids are copied inside the command encoder rather than
 //! written with `Queue::write_buffer`, whose writes all land before the
@@ -83,6 +83,13 @@ impl Trainer {
         frozen: &[(u32, Vec<u8>)],
     ) -> Result<Self, RuntimeError> {
         check_limits(&gpu.adapter.name, &gpu.limits, &plan.requirements)?;
+        if plan.batch == 0 || plan.micro_batch == 0 || !plan.batch.is_multiple_of(plan.micro_batch)
+        {
+            return Err(RuntimeError::Training(format!(
+                "the plan's micro-batch of {} does not divide its batch of {}",
+                plan.micro_batch, plan.batch
+            )));
+        }
         let io = &plan.io;
         let buffers = gpu
             .scoped("creating the training buffers", || {
@@ -341,8 +348,11 @@ impl Trainer {
     /// Runs one pass's dispatches on `tokens` and `targets` (a micro-batch's
     /// sequences end to end) with a timestamp after each and returns each
     /// dispatch's GPU time — not the accumulation or the optimizer, so the
-    /// weights and the batch's gradients stay as they were. Needs a device
-    /// opened with timestamps (`DeviceOptions::timestamps`).
+    /// weights and the batch's gradients stay as they were (a plan of one
+    /// pass a step has no gradients of the batch of its own: the pass's,
+    /// which this leaves written, are overwritten by the next step's pass
+    /// before the optimizer reads them). Needs a device opened with
+    /// timestamps (`DeviceOptions::timestamps`).
     pub async fn profile(
         &self,
         tokens: &[u32],

@@ -367,9 +367,15 @@ impl Run {
     /// micro-batch), without changing the weights; the device must have
     /// been opened with timestamps ([`RunOptions::device`]).
     pub async fn profile(&self) -> Result<Vec<gerbil_runtime::DispatchTime>, TrainError> {
-        let micro = self.trainer.plan().micro_batch as usize;
+        let plan = self.trainer.plan();
+        let (batch, micro) = (plan.batch as usize, plan.micro_batch as usize);
         let (mut tokens, mut targets) = (Vec::new(), Vec::new());
-        for window in self.windows.batch(self.step as usize, micro) {
+        for &window in self
+            .windows
+            .batch(self.step as usize, batch)
+            .iter()
+            .take(micro)
+        {
             let (t, y) = Windows::split(window);
             tokens.extend_from_slice(t);
             targets.extend_from_slice(y);

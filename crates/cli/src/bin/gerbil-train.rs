@@ -34,8 +34,9 @@ struct Cli {
     #[arg(long, value_name = "B", default_value_t = 1, value_parser = whole_u32)]
     batch: u32,
     /// Sequences per pass on the GPU, packed end to end (a divisor of B);
-    /// default: the largest divisor of B within 2,048 tokens. Fewer take
-    /// less memory; the losses are the same up to rounding.
+    /// default: the largest divisor of B within 2,048 tokens whose pass
+    /// fits the device's limits. Fewer take less memory; the losses are the
+    /// same up to rounding.
     #[arg(long, value_name = "M", value_parser = whole_u32)]
     micro_batch: Option<u32>,
     /// Peak learning rate.

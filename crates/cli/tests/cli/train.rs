@@ -289,6 +289,12 @@ fn bad_input_is_a_clear_error() {
             "{err}"
         );
     }
+    // A micro-batch that does not divide the batch.
+    let err = refused(&[flags(m, d, "1", o), vec!["--micro-batch", "3"]].concat());
+    assert!(
+        err.contains("does not divide the batch of 2") && err.contains("--micro-batch"),
+        "{err}"
+    );
     // Zero steps: a usage error, as clap reports them (status 2).
     let zero = gerbil_train(&flags(m, d, "0", o));
     assert_eq!(zero.status.code(), Some(2), "{}", stderr(&zero));

@@ -257,9 +257,9 @@ pub fn adamw_update(len: u32, ranges: u32, mirror: bool) -> KernelSource {
     launch(format!("adamw_update_n{len}_r{ranges}{tag}"), w, b)
 }
 
-/// `acc[i] += grads[i] · SCALE` over `len` gradients: one sequence's
-/// gradients added into a batch's of `batch` sequences (`SCALE` = 1 /
-/// `batch`, so the batch's is their mean). A thread per gradient, strided
+/// `acc[i] += grads[i] · SCALE` over `len` gradients: one pass's gradients
+/// added into a batch's of `batch` passes (`SCALE` = 1 / `batch`, so the
+/// batch's is their mean). A thread per gradient, strided
 /// over at most 65,535 workgroups. Bindings: `grads`, then `acc`.
 pub fn accumulate(len: u32, batch: u32) -> KernelSource {
     let mut w = prelude();

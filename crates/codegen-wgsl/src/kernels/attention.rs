@@ -65,7 +65,7 @@ pub struct AttentionSpec {
     /// A decode step's one row sees the same keys either way.
     pub causal: bool,
     /// Whether the step packs whole sequences end to end (an encoder's
-    /// prefill step): each row's sequence is read from the segment table
+    /// prefill step, a training pass): each row's sequence is read from the segment table
     /// (see [`super::Segments`]). Bidirectional attention is always packed.
     pub packed: bool,
 }

@@ -573,7 +573,7 @@ pub fn matmul_grad_w(n: u32, k: u32, max_rows: u32) -> Vec<KernelSource> {
 /// per 64 columns and chunk (consecutive threads read consecutive
 /// columns), into the scratch; the third sums each column's chunks, in
 /// order. The weight gradient sums over every row, which no row's
-/// workgroup can do alone; with the `1/rms` kept, its sum is one pass.
+/// workgroup can do alone; with the `1/rms` kept, it reads every row once.
 /// (A thread per column down all the rows, in one dispatch, took an H200
 /// 150 µs at SmolLM2's 2,048 × 576: three workgroups.)
 pub fn rms_norm_grad(width: u32, n: &RmsNorm, wdtype: DType, max_rows: u32) -> Vec<KernelSource> {
@@ -772,6 +772,7 @@ pub fn embedding_grad(vocab: u32, width: u32, e: &Embedding) -> KernelSource {
         workgroup_bytes: 4 * ID_TILE + 4,
     }
 }
+
 /// The constants of attention `a` over `seqs` sequences packed end to end,
 /// each with a cache of `lmax` rows (and steps of at most `max_rows` rows
 /// a sequence), and its helpers: `fn seq_rows()`, a sequence's rows
@@ -810,15 +811,15 @@ fn attention_consts(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Strin
         "fn seq_rows() -> u32 {{ return params.t / SEQS; }}\n\
          fn keys(t: u32) -> vec2<u32> {{\n  let me = params.p + t;\n  return {range};\n}}\n\
          fn tile_masked(i0: u32, j0: u32) -> bool {{\n\
-         \x20 return keys(i0 + {last}u).y < j0 || keys(i0).x > j0 + {last}u;\n}}\n\
+         \x20 return keys(i0 + {tile_last}u).y < j0 || keys(i0).x > j0 + {tile_last}u;\n}}\n\
          fn step_unseen(first: u32, i0: u32) -> bool {{\n\
          \x20 let r = first % seq_rows();\n\
          \x20 if (r + {depth}u > seq_rows()) {{ return false; }}\n\
-         \x20 return keys(r + {depth}u - 1u).y < i0 || keys(r).x > i0 + {last}u;\n}}\n\
+         \x20 return keys(r + {depth}u - 1u).y < i0 || keys(r).x > i0 + {tile_last}u;\n}}\n\
          const SPLITS: u32 = {splits}u;\n\
          fn chunk() -> u32 {{ return (GROUP * seq_rows() + SPLITS - 1u) / SPLITS; }}",
         splits = cache_splits(a, lmax, max_rows, seqs),
-        last = TILE - 1,
+        tile_last = TILE - 1,
         depth = DEPTH,
     );
     w
@@ -880,7 +881,9 @@ fn attention_tag(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> String {
 /// scores of every sequence's heads as [`masked_product`]s (the lowest
 /// finite f32 for keys a row does not see, a tile no row sees skipping its
 /// product), then a workgroup per row and head takes their maximum and the
-/// sum of their exponentials.
+/// sum of their exponentials. The step's `T` must be `seqs` times each
+/// sequence's rows, and a sequence's caches `lmax` rows from `lmax` times
+/// its index: a training pass's (`T` = `seqs · lmax`).
 pub fn attention_lse(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec<KernelSource> {
     let tag = attention_tag(a, lmax, max_rows, seqs);
     let scores_bytes =
@@ -1000,9 +1003,10 @@ fn cache_splits(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> u32 {
 /// 6. `dq = ds · k`;
 /// 7. `dk = Σ dsᵀ · q` over the group, in pieces, 8. then their sum.
 ///
-/// Each product is [`tiled_product`]'s 64 × 64 tiles, a dispatch's z
+/// Each product is [`masked_product`]'s 64 × 64 tiles, a dispatch's z
 /// taking the sequences and heads (or KV heads and pieces). The cache
-/// gradients have every row, 0 where no query looks.
+/// gradients have every row, 0 where no query looks. `T`, the rows and
+/// the caches are laid out as [`attention_lse`]'s.
 pub fn attention_grad(a: &Attention, lmax: u32, max_rows: u32, seqs: u32) -> Vec<KernelSource> {
     let tag = attention_tag(a, lmax, max_rows, seqs);
     let shape = (lmax, max_rows, seqs);

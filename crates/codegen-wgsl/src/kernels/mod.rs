@@ -72,8 +72,8 @@ pub enum Positions {
     /// `rows[2t]` and `rows[2t + 1]` (the runtime's row table; a cache row is
     /// the sequence's slot times the rows a slot spans, plus its position).
     Table,
-    /// A packed encoder step ([`Segments`]): whole sequences end to end
-    /// from cache row 0, so row `t` is in cache row `t`, at position `t`
+    /// A packed step ([`Segments`]: an encoder's, or a training pass):
+    /// whole sequences end to end from cache row 0, so row `t` is in cache row `t`, at position `t`
     /// minus its sequence's first row.
     Packed,
 }
@@ -114,12 +114,14 @@ impl Positions {
     }
 }
 
-/// The segment table of a packed encoder step: the step's `T` rows are
+/// The segment table of a packed step (an encoder's, a training pass's):
+/// the step's `T` rows are
 /// whole sequences laid end to end (at position 0, so cache row = row).
 /// Entries `2t` and `2t + 1` give row `t`'s sequence's first row and length;
 /// after the `T` rows' pairs, sequence `b`'s first row and length (zero
 /// length past the step's sequences, up to the plan's `max_batch`). The
-/// runtime writes it into the plan's step-rows buffer before each step.
+/// runtime writes it into the plan's step-rows buffer before each step (a
+/// trainer once: every pass packs the same lengths).
 pub struct Segments;
 
 impl Segments {
