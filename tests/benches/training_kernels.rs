@@ -16,7 +16,7 @@
 //! The surprise: it needs 4.3 GB of GPU memory for the optimizer's four
 //! f32 buffers, so it is a benchmark, never part of `cargo test`.
 
-use gerbil_codegen_wgsl::kernels::{adamw, backward, KernelSource};
+use gerbil_codegen_wgsl::kernels::{adamw, backward, KernelSource, Rows};
 use gerbil_ir::{Attention, DType, Embedding, RmsNorm, UnaryOp};
 use std::time::Instant;
 
@@ -166,7 +166,7 @@ fn cases() -> Vec<Case> {
         ),
         one(
             "silu_grad, 512 × 1,536",
-            backward::unary_grad(UnaryOp::Silu, mlp),
+            backward::unary_grad(UnaryOp::Silu, Rows::Tokens, mlp),
             vec![t * mlp64 * f, t * mlp64 * f, t * mlp64 * f],
         ),
         chain(

@@ -905,18 +905,20 @@ fn backward_kernels_match_the_gradients() {
         );
     }
 
-    for op in [
-        UnaryOp::Silu,
-        UnaryOp::GeluTanh,
-        UnaryOp::Gelu,
-        UnaryOp::Softcap(2.5),
-        UnaryOp::Scale(2.5),
+    use gerbil_codegen_wgsl::kernels::Rows;
+    // The step's rows from the parameters, or a constant (a training pass).
+    for (op, rows) in [
+        (UnaryOp::Silu, Rows::Tokens),
+        (UnaryOp::GeluTanh, Rows::Fixed(3)),
+        (UnaryOp::Gelu, Rows::Tokens),
+        (UnaryOp::Softcap(2.5), Rows::Fixed(3)),
+        (UnaryOp::Scale(2.5), Rows::Tokens),
     ] {
         let (t, width) = (3u32, 70u32);
         let n = (t * width) as usize;
         let (x, dy) = (scaled(&mut rng, n, 4.0), rng.vec(n));
         let want = grad::unary(op, &widen(&x), &widen(&dy));
-        let src = backward::unary_grad(op, width);
+        let src = backward::unary_grad(op, rows, width);
         let got = run_outputs(
             &src,
             t,

@@ -141,6 +141,18 @@ pub struct Lowering<'g> {
 }
 
 impl Lowering<'_> {
+    /// The rows of a step's kernels of a thread an element: a constant
+    /// where every step has `max_tokens` of them (a training pass), so that
+    /// past 65,535 workgroups they split over y (Llama-3.2-1B's 8,192-wide
+    /// activations at 2,048 rows need 65,536); else the step's `T`.
+    pub(crate) fn elementwise_rows(&self) -> Rows {
+        if self.min_tokens == self.max_tokens && self.max_tokens > 1 {
+            Rows::Fixed(self.max_tokens)
+        } else {
+            Rows::Tokens
+        }
+    }
+
     /// The arithmetic of compute node `id`: `2·K·N` per output row of a
     /// matmul (`N` the weight's rows, so both halves of a gated one), zero
     /// for every other op (their time is memory, not arithmetic).
@@ -291,6 +303,11 @@ impl Lowering<'_> {
         let rows_of = |ty: &TensorType| match rows_of(ty) {
             Rows::Fixed(1) if batch => Rows::Tokens,
             Rows::Fixed(1) if encoder => Rows::Fixed(self.max_batch.max(1)),
+            rows => rows,
+        };
+        // A thread an element: a training pass's rows as a constant.
+        let flat_rows = |ty: &TensorType| match rows_of(ty) {
+            Rows::Tokens if !batch => self.elementwise_rows(),
             rows => rows,
         };
         // An encoder's (and a training step's) prefill steps pack whole
@@ -544,9 +561,11 @@ impl Lowering<'_> {
             // An encoder step packs up to `max_batch` sequences: a row each.
             Op::Pool(p) => encoder::pool(*p, width_of(out_ty), self.max_batch.max(1)),
             Op::L2Normalize => encoder::l2_normalize(rows_of(out_ty), width_of(out_ty)),
-            Op::Unary(u) => elementwise::unary(*u, rows_of(out_ty), width_of(out_ty)),
-            Op::Binary(b) => elementwise::binary(*b, rows_of(out_ty), width_of(out_ty)),
-            Op::AddBias => elementwise::add_bias(rows_of(out_ty), width_of(out_ty), in_ty(1).dtype),
+            Op::Unary(u) => elementwise::unary(*u, flat_rows(out_ty), width_of(out_ty)),
+            Op::Binary(b) => elementwise::binary(*b, flat_rows(out_ty), width_of(out_ty)),
+            Op::AddBias => {
+                elementwise::add_bias(flat_rows(out_ty), width_of(out_ty), in_ty(1).dtype)
+            }
             // A batch keeps every row: the slice is a copy.
             Op::SliceLastRow if batch => {
                 let w = width_of(out_ty);

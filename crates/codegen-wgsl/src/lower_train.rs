@@ -111,7 +111,7 @@ impl Lowering<'_> {
                     self.sequences,
                 ))
             }
-            TrainOp::UnaryGrad(u) => backward::unary_grad(*u, width(0)),
+            TrainOp::UnaryGrad(u) => backward::unary_grad(*u, self.elementwise_rows(), width(0)),
             TrainOp::EmbeddingGrad { embedding, rows } => {
                 backward::embedding_grad(*rows as u32, width(1), embedding)
             }

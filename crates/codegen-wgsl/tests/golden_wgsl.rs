@@ -824,7 +824,7 @@ fn golden_backward_kernels() {
     };
     golden(backward::cross_entropy(49_152, 512));
     golden(backward::cross_entropy_grad(49_152));
-    golden(backward::unary_grad(UnaryOp::Silu, 1536));
+    golden(backward::unary_grad(UnaryOp::Silu, Rows::Fixed(2048), 1536));
     golden(backward::sum_rows(576));
     golden(backward::cache_rows(192));
     // One dispatch for an MLP projection; the LM head's in pieces of its depth.

@@ -18,7 +18,7 @@
 //! probabilities (a tiled product per head instead of a thread per row,
 //! 55× faster on an H200).
 
-use super::elementwise::flat;
+use super::elementwise::{entry, flat};
 use super::rowwise::{per_row, reduce_into, row_main, WG};
 use super::{
     f32_lit, input, output, prelude, split_groups, tree_reduce, Bindings, KernelSource, Rows,
@@ -160,30 +160,31 @@ fn derivative(op: UnaryOp, v: &str) -> String {
     }
 }
 
-/// `dx = dy · f′(x)` of a unary op, `width` columns, a thread per element.
-pub fn unary_grad(op: UnaryOp, width: u32) -> KernelSource {
+/// `dx = dy · f′(x)` of a unary op over `rows` of `width` columns, a
+/// thread per element.
+pub fn unary_grad(op: UnaryOp, rows: Rows, width: u32) -> KernelSource {
     let mut w = header(&format!("const W: u32 = {width}u;\n"));
     let mut b = Bindings::new();
     b.activation(&mut w, input(0), "x");
     b.activation(&mut w, input(1), "dy");
     b.activation(&mut w, output(0), "dx");
-    let _ = write!(
-        w,
-        "@compute @workgroup_size(WG, 1, 1)\n\
-         fn main(@builtin(global_invocation_id) gid: vec3<u32>) {{\n\
-         \x20 let i = gid.x;\n  if (i >= params.t * W) {{ return; }}\n\
-         \x20 let v = x[i];\n  dx[i] = dy[i] * {d};\n}}\n",
-        d = derivative(op, "v"),
-    );
+    w.push_str(&entry(
+        rows,
+        width,
+        &format!(
+            "  let v = x[i];\n  dx[i] = dy[i] * {};\n",
+            derivative(op, "v")
+        ),
+    ));
     let tag = match op {
         UnaryOp::Softcap(c) => format!("softcap{}", c.to_bits()),
         UnaryOp::Scale(s) => format!("scale{}", s.to_bits()),
         other => gerbil_ir::Op::Unary(other).mnemonic().to_string(),
     };
     flat(
-        format!("{tag}_grad_w{width}"),
+        format!("{tag}_grad_r{}_w{width}", rows.tag()),
         w,
-        Rows::Tokens,
+        rows,
         width,
         b.finish(),
     )

@@ -63,8 +63,8 @@ fn header(width: u32) -> String {
 }
 
 /// The entry of a thread per element `i` of `rows` of `width` running
-/// `body`.
-fn entry(rows: Rows, width: u32, body: &str) -> String {
+/// `body` (`W`, the width, declared by the caller).
+pub(crate) fn entry(rows: Rows, width: u32, body: &str) -> String {
     let index = match fixed_split(rows, width) {
         Some((gx, _)) => format!("gid.x + gid.y * {}u", gx * WG),
         None => "gid.x".to_string(),
