@@ -66,8 +66,7 @@ pub struct TrainingOptions {
     /// Sequences per pass, packed end to end (a divisor of `batch`); `None`
     /// chooses the largest divisor whose rows are at most [`PACKED_ROWS`]
     /// and whose pass fits the target's limits (its logits one binding, its
-    /// dispatches' workgroup counts: Llama-3.2-1B's 8,192-wide activations
-    /// take at most 2,047 rows of a thread an element).
+    /// dispatches' workgroup counts).
     pub micro_batch: Option<u32>,
     /// AdamW's moments in 8 bits (`kernels::adamw::adamw_update_8bit`).
     pub eight_bit: bool,
