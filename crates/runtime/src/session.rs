@@ -1123,19 +1123,8 @@ impl Session {
     /// first row and length, then each of `places` sequence places' (zero
     /// past the group).
     pub(crate) fn write_segments(&self, group: &[&[u32]], places: usize) {
-        let mut table = Vec::new();
-        let mut first = 0u32;
-        let mut sequences = Vec::with_capacity(places);
-        for tokens in group {
-            let len = tokens.len() as u32;
-            for _ in 0..len {
-                table.extend([first, len]);
-            }
-            sequences.push([first, len]);
-            first += len;
-        }
-        sequences.resize(places, [0, 0]);
-        table.extend(sequences.into_iter().flatten());
+        let lengths: Vec<u32> = group.iter().map(|t| t.len() as u32).collect();
+        let table = segment_table(&lengths, places);
         if let Some(rows) = self.header.io.step_rows {
             let q = &self.gpu.queue;
             q.write_buffer(self.buffer(rows), 0, bytemuck::cast_slice(&table));
@@ -1244,3 +1233,23 @@ impl Session {
 /// Why a language model's plan makes no vectors.
 pub const NOT_EMBEDDING: &str =
     "this plan is a language model, not an embedding model: it makes logits, not vectors";
+
+/// The segment table (`gerbil_codegen_wgsl::kernels::Segments`) of
+/// sequences of `lengths` packed end to end: each row's sequence's first
+/// row and length, then each of `places` sequence places' (zeros past the
+/// sequences).
+pub(crate) fn segment_table(lengths: &[u32], places: usize) -> Vec<u32> {
+    let mut table = Vec::new();
+    let mut first = 0u32;
+    let mut sequences = Vec::with_capacity(places);
+    for &len in lengths {
+        for _ in 0..len {
+            table.extend([first, len]);
+        }
+        sequences.push([first, len]);
+        first += len;
+    }
+    sequences.resize(places, [0, 0]);
+    table.extend(sequences.into_iter().flatten());
+    table
+}

@@ -22,6 +22,7 @@ use crate::error::RuntimeError;
 use crate::pipeline::{create_pipeline, KernelPipeline, ShaderChecks};
 use crate::profile::{timed_pass, DispatchTime};
 use crate::residency::usage_for;
+use crate::session::segment_table;
 use gerbil_plan::{BufferKind, Dispatch, TrainingBuffer, TrainingPlan, STEP_PARAMS_BYTES};
 
 /// One dispatch, ready to record.
@@ -125,7 +126,10 @@ impl Trainer {
         queue.write_buffer(
             &buffers[io.step_rows as usize],
             0,
-            bytemuck::cast_slice(&segments(plan.micro_batch, plan.seq_len)),
+            bytemuck::cast_slice(&segment_table(
+                &vec![plan.seq_len; plan.micro_batch as usize],
+                plan.micro_batch as usize,
+            )),
         );
         let pipelines = gpu
             .scoped("compiling the training kernels", || {
@@ -424,14 +428,6 @@ impl Trainer {
             pass.dispatch_workgroups(x, y, z);
         }
     }
-}
-
-/// The segment table (`gerbil_codegen_wgsl::kernels::Segments`) of `m`
-/// sequences of `len` rows end to end: each row's sequence's first row and
-/// length, then each sequence's.
-fn segments(m: u32, len: u32) -> Vec<u32> {
-    let rows = (0..m * len).flat_map(|r| [r / len * len, len]);
-    rows.chain((0..m).flat_map(|s| [s * len, len])).collect()
 }
 
 /// `d`'s bind group over `buffers`, and its workgroups at `T = t`.

@@ -299,18 +299,10 @@ fn masked_product(a: Operand, b: &str, store: &str, m: &str, depth: &str, skips:
         format!("\x20   if ({c}) {{ continue; }}\n")
     });
     let skip = masked.map_or(String::new(), |cond| {
-        let zero = store.replace("VALUE", "0.0f");
-        format!(
-            "\x20 if ({cond}) {{\n\
-             \x20   for (var r = 0u; r < 4u; r = r + 1u) {{\n\
-             \x20     let i = i0 + ty * 4u + r;\n\
-             \x20     for (var c = 0u; c < 4u; c = c + 1u) {{\n\
-             \x20       let j = j0 + tx * 4u + c;\n\
-             \x20       if (i < {m} && j < NC) {{ {zero} }}\n      }}\n    }}\n\
-             \x20   return;\n  }}\n"
-        )
+        let zeros = each_output("  ", m, &store.replace("VALUE", "0.0f"));
+        format!("\x20 if ({cond}) {{\n{zeros}\x20   return;\n  }}\n")
     });
-    let store = store.replace("VALUE", "acc[r][c]");
+    let stores = each_output("", m, &store.replace("VALUE", "acc[r][c]"));
     let a_load = a.load;
     let (a_i, a_l) = if a.rows_first {
         ("e % TILE", "e / TILE")
@@ -342,13 +334,23 @@ fn masked_product(a: Operand, b: &str, store: &str, m: &str, depth: &str, skips:
          \x20     let av = vec4<f32>(at[l * TILE + ty * 4u], at[l * TILE + ty * 4u + 1u], at[l * TILE + ty * 4u + 2u], at[l * TILE + ty * 4u + 3u]);\n\
          \x20     let bv = vec4<f32>(bt[l * TILE + tx * 4u], bt[l * TILE + tx * 4u + 1u], bt[l * TILE + tx * 4u + 2u], bt[l * TILE + tx * 4u + 3u]);\n\
          \x20     for (var r = 0u; r < 4u; r = r + 1u) {{ acc[r] = acc[r] + av[r] * bv; }}\n    }}\n\
-         \x20   workgroupBarrier();\n  }}\n\
-         \x20 for (var r = 0u; r < 4u; r = r + 1u) {{\n\
-         \x20   let i = i0 + ty * 4u + r;\n\
-         \x20   for (var c = 0u; c < 4u; c = c + 1u) {{\n\
-         \x20     let j = j0 + tx * 4u + c;\n\
-         \x20     if (i < {m} && j < NC) {{ {store} }}\n    }}\n  }}\n}}\n",
+         \x20   workgroupBarrier();\n  }}\n{stores}}}\n",
         staged = TILE * DEPTH,
+    )
+}
+
+/// The loop of a [`tiled_product`] thread over its 4 × 4 outputs `(i, j)`
+/// that runs `stmt` on those inside `m` rows and `NC` columns, each line
+/// indented by `pad` more.
+fn each_output(pad: &str, m: &str, stmt: &str) -> String {
+    format!(
+        "{pad}  for (var r = 0u; r < 4u; r = r + 1u) {{\n\
+         {pad}    let i = i0 + ty * 4u + r;\n\
+         {pad}    for (var c = 0u; c < 4u; c = c + 1u) {{\n\
+         {pad}      let j = j0 + tx * 4u + c;\n\
+         {pad}      if (i < {m} && j < NC) {{ {stmt} }}\n\
+         {pad}    }}\n\
+         {pad}  }}\n"
     )
 }
 
